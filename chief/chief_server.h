@@ -1,0 +1,66 @@
+#ifndef PSCLUSTER_CHIEF_CHIEF_SERVER_H_
+#define PSCLUSTER_CHIEF_CHIEF_SERVER_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "chief/task_registry.h"
+#include "common/clock.h"
+#include "common/daemon.h"
+#include "common/service_host.h"
+#include "proto/cluster.pb.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace pscluster {
+
+struct ChiefOptions {
+  // The cluster; the task must be chief:0.
+  v1::ClusterConfig cluster;
+  // Server settings; `address` is taken from the cluster spec.
+  ServiceHostOptions host;
+  // Tasks are told to send heartbeats this often.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A task without a heartbeat for this long is MISSING.
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+};
+
+// The chief daemon: serves the Coordinator service (membership, status; later the model,
+// the global step, tokens and checkpoints).
+//
+// Lifecycle: Create() -> Start() -> Stop() (any thread) -> Wait(). Thread-safe.
+class ChiefServer : public Daemon, private v1::Coordinator::Service {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChiefServer>> Create(const ChiefOptions& options);
+  ~ChiefServer() override;
+
+  absl::Status Start() override;
+  void Stop() override;
+  absl::Status Wait() override;
+
+  // The address actually served (valid after Start).
+  std::string address() const;
+
+ private:
+  explicit ChiefServer(const ChiefOptions& options);
+
+  grpc::Status RegisterTask(grpc::ServerContext* ctx, const v1::RegisterTaskRequest* req,
+                            v1::RegisterTaskResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status GetClusterStatus(grpc::ServerContext* ctx, const v1::GetClusterStatusRequest* req,
+                                v1::ClusterStatus* resp) override;
+
+  const ChiefOptions options_;
+  const absl::Time start_time_;
+  TaskRegistry registry_;
+  std::unique_ptr<ServiceHost> host_;
+  absl::Mutex mu_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_CHIEF_SERVER_H_

@@ -1,0 +1,64 @@
+#include "client/serving_task.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace pscluster {
+
+absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
+    const ServingTaskOptions& options, const std::vector<grpc::Service*>& services,
+    TaskRegistrar::StatusFiller filler) {
+  const v1::TaskId& task = options.cluster.task();
+  ServiceHostOptions host_options = options.host;
+  PS_ASSIGN_OR_RETURN(host_options.address,
+                      TaskAddress(options.cluster.cluster(), task.job(), task.index()));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServiceHost> host,
+                      ServiceHost::Start(host_options, services));
+  LOG(INFO) << TaskName(task) << " serving on " << host->address();
+
+  PS_ASSIGN_OR_RETURN(std::string chief, TaskAddress(options.cluster.cluster(), "chief", 0));
+  auto st = std::unique_ptr<ServingTask>(new ServingTask(task, std::move(host)));
+  TaskRegistrarOptions reg;
+  reg.task = task;
+  reg.address = st->host_->address();
+  reg.heartbeat_interval = options.heartbeat_interval;
+  ServiceHost* host_ptr = st->host_.get();
+  reg.on_registered = [host_ptr] { host_ptr->SetServing(true); };
+  st->registrar_ = std::make_unique<TaskRegistrar>(
+      v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials())),
+      reg, std::move(filler));
+  st->registrar_->Start();
+  return st;
+}
+
+ServingTask::ServingTask(v1::TaskId task, std::unique_ptr<ServiceHost> host)
+    : task_(std::move(task)), host_(std::move(host)) {}
+
+ServingTask::~ServingTask() { Shutdown(); }
+
+void ServingTask::RequestStop() {
+  absl::MutexLock lock(&mu_);
+  stop_requested_ = true;
+}
+
+bool ServingTask::stop_requested() const {
+  absl::MutexLock lock(&mu_);
+  return stop_requested_;
+}
+
+bool ServingTask::AwaitStopRequested(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(absl::Condition(&stop_requested_), deadline);
+}
+
+void ServingTask::Shutdown() {
+  RequestStop();
+  if (registrar_) registrar_->Stop();
+  if (host_) host_->Shutdown();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,63 @@
+#ifndef PSCLUSTER_CLIENT_SERVING_TASK_H_
+#define PSCLUSTER_CLIENT_SERVING_TASK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/task_registrar.h"
+#include "common/service_host.h"
+#include "proto/cluster.pb.h"
+
+namespace pscluster {
+
+struct ServingTaskOptions {
+  // The cluster and which task this process is.
+  v1::ClusterConfig cluster;
+  // Server settings; `address` is taken from the cluster spec.
+  ServiceHostOptions host;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+// The part every non-chief daemon shares: serve its gRPC services on the task's address, then
+// register with the chief and keep sending heartbeats. Health turns SERVING once the chief
+// has accepted the task.
+//
+// Lifecycle: Start() -> serving -> RequestStop() (any thread) -> Shutdown(). Thread-safe.
+class ServingTask {
+ public:
+  // `services` are not owned and must outlive the task. `filler` fills heartbeats.
+  static absl::StatusOr<std::unique_ptr<ServingTask>> Start(
+      const ServingTaskOptions& options, const std::vector<grpc::Service*>& services,
+      TaskRegistrar::StatusFiller filler = nullptr);
+  ~ServingTask();
+
+  const std::string& address() const { return host_->address(); }
+  const v1::TaskId& task() const { return task_; }
+
+  // Asks the owner to stop (wakes AwaitStopRequested). Idempotent.
+  void RequestStop();
+  bool stop_requested() const;
+  // Blocks until RequestStop() or the deadline; returns true if stop was requested.
+  bool AwaitStopRequested(absl::Time deadline = absl::InfiniteFuture());
+
+  // Stops heartbeats and the server (calls in flight get the grace period). Idempotent.
+  void Shutdown();
+
+ private:
+  ServingTask(v1::TaskId task, std::unique_ptr<ServiceHost> host);
+
+  const v1::TaskId task_;
+  std::unique_ptr<ServiceHost> host_;
+  std::unique_ptr<TaskRegistrar> registrar_;
+  mutable absl::Mutex mu_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_SERVING_TASK_H_

@@ -1,0 +1,68 @@
+#ifndef PSCLUSTER_CLIENT_TASK_REGISTRAR_H_
+#define PSCLUSTER_CLIENT_TASK_REGISTRAR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace pscluster {
+
+struct TaskRegistrarOptions {
+  v1::TaskId task;
+  // The address this task really serves on (with the bound port).
+  std::string address;
+  // Between heartbeats; the chief's answer to RegisterTask overrides it.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Deadline of each RPC to the chief.
+  absl::Duration rpc_timeout = absl::Seconds(2);
+  // Called (on the registrar's thread, no lock held) after every accepted registration.
+  std::function<void()> on_registered;
+};
+
+// Announces a task to the chief and keeps it known: registers (retrying while the chief is
+// unreachable), then sends heartbeats, and registers again when the chief says it does not
+// know this incarnation (it restarted). Every process start has a new random incarnation.
+//
+// Lifecycle: constructed -> Start() -> Stop(). Thread-safe.
+class TaskRegistrar {
+ public:
+  // Called before each heartbeat to fill in the step and detail.
+  using StatusFiller = std::function<void(v1::HeartbeatRequest*)>;
+
+  TaskRegistrar(std::unique_ptr<v1::Coordinator::StubInterface> stub,
+                const TaskRegistrarOptions& options, StatusFiller filler = nullptr);
+  ~TaskRegistrar();
+
+  void Start();
+  // Returns true once the chief has accepted the registration, false at the deadline.
+  bool AwaitRegistered(absl::Time deadline);
+  // Stops the background thread; idempotent.
+  void Stop();
+
+  uint64_t incarnation() const { return incarnation_; }
+
+ private:
+  void Run();
+  bool RegisterOnce();
+
+  const std::unique_ptr<v1::Coordinator::StubInterface> stub_;
+  const TaskRegistrarOptions options_;
+  const StatusFiller filler_;
+  const uint64_t incarnation_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_TASK_REGISTRAR_H_

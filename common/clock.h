@@ -1,0 +1,42 @@
+#ifndef PSCLUSTER_COMMON_CLOCK_H_
+#define PSCLUSTER_COMMON_CLOCK_H_
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pscluster {
+
+// A source of time. Injected wherever logic depends on time so that tests can use a
+// FakeClock instead of sleeping. Implementations are thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+  // Blocks on `mu` (held by the caller) until `cond` holds or `deadline` passes on this clock.
+  // Returns true if `cond` holds. Like absl::Mutex::AwaitWithDeadline, but a FakeClock wakes
+  // waiters when it is advanced.
+  virtual bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
+                                 absl::Time deadline) const = 0;
+
+  // The process-wide real clock. Never null; not owned by the caller.
+  static Clock* Real();
+};
+
+// A clock that moves only when told to. Thread-safe.
+class FakeClock : public Clock {
+ public:
+  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50));
+  absl::Time Now() const override;
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
+                         absl::Time deadline) const override;
+  void Advance(absl::Duration d);
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_CLOCK_H_

@@ -1,0 +1,40 @@
+#include "common/daemon.h"
+
+#include <cstdio>
+#include <string>
+
+#include "common/termination.h"
+#include "glog/logging.h"
+
+namespace pscluster {
+
+int RunDaemonUntilSignal(absl::string_view name, Daemon& daemon) {
+  absl::Status started = daemon.Start();
+  if (!started.ok()) {
+    LOG(ERROR) << name << " failed to start: " << started;
+    daemon.Stop();
+    return 1;
+  }
+  TerminationSignalWatcher watcher([&daemon, name](int) {
+    LOG(INFO) << name << ": stopping: no new work is taken, work in flight finishes";
+    daemon.Stop();
+  });
+  absl::Status done = daemon.Wait();
+  if (!done.ok()) {
+    LOG(ERROR) << name << " stopped with an error: " << done;
+    return 1;
+  }
+  LOG(INFO) << name << " stopped cleanly";
+  return 0;
+}
+
+int RunDaemonMain(absl::string_view name, absl::StatusOr<std::unique_ptr<Daemon>> daemon) {
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(name).c_str(),
+                 std::string(daemon.status().message()).c_str());
+    return 2;
+  }
+  return RunDaemonUntilSignal(name, **daemon);
+}
+
+}  // namespace pscluster

@@ -1,0 +1,74 @@
+#include "common/daemon_flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "common/cluster_spec.h"
+#include "common/termination.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+
+DEFINE_string(chief_hosts, "", "Comma-separated host:port of the chief task (TF1-style flags).");
+DEFINE_string(ps_hosts, "", "Comma-separated host:port list of the ps tasks.");
+DEFINE_string(worker_hosts, "", "Comma-separated host:port list of the worker tasks.");
+DEFINE_string(evaluator_hosts, "", "host:port of the evaluator task, if any.");
+DEFINE_string(job_name, "", "This task's job: chief, ps, worker or evaluator.");
+DEFINE_int32(task_index, -1, "This task's index within its job.");
+DEFINE_string(cluster_spec_file, "",
+              "A JSON file in TF_CONFIG format; used when no *_hosts flag is given.");
+DEFINE_string(port_file, "", "If set, the port actually bound is written to this file.");
+DEFINE_int32(max_message_bytes, 64 << 20, "Largest gRPC message sent or received, in bytes.");
+DEFINE_int32(shutdown_grace_ms, 2000,
+             "On SIGTERM/SIGINT, calls in flight get this long to finish, in milliseconds.");
+
+DECLARE_bool(help);
+
+namespace pscluster {
+
+void InitDaemonMain(const char* usage, int* argc, char*** argv) {
+  BlockTerminationSignals();
+  FLAGS_logtostderr = true;
+  gflags::SetUsageMessage(usage);
+  gflags::ParseCommandLineNonHelpFlags(argc, argv, true);
+  if (FLAGS_help) {
+    // gflags would exit with 1 after --help; asking for help is not an error.
+    gflags::ShowUsageWithFlags((*argv)[0]);
+    std::exit(0);
+  }
+  gflags::HandleCommandLineHelpFlags();
+  google::InitGoogleLogging((*argv)[0]);
+}
+
+absl::StatusOr<v1::ClusterConfig> ClusterConfigFromFlags() {
+  ClusterConfigSources sources;
+  sources.chief_hosts = FLAGS_chief_hosts;
+  sources.ps_hosts = FLAGS_ps_hosts;
+  sources.worker_hosts = FLAGS_worker_hosts;
+  sources.evaluator_hosts = FLAGS_evaluator_hosts;
+  sources.job_name = FLAGS_job_name;
+  sources.task_index = FLAGS_task_index;
+  sources.cluster_spec_file = FLAGS_cluster_spec_file;
+  if (const char* tf_config = std::getenv("TF_CONFIG")) sources.tf_config = tf_config;
+  return ResolveClusterConfig(sources);
+}
+
+v1::ClusterConfig ClusterConfigFromFlagsOrExit(const char* name) {
+  absl::StatusOr<v1::ClusterConfig> config = ClusterConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s: invalid cluster spec: %s\n", name,
+                 std::string(config.status().message()).c_str());
+    std::exit(2);
+  }
+  return *std::move(config);
+}
+
+ServiceHostOptions ServiceHostOptionsFromFlags() {
+  ServiceHostOptions options;
+  options.port_file = FLAGS_port_file;
+  options.max_message_bytes = FLAGS_max_message_bytes;
+  options.shutdown_grace = absl::Milliseconds(FLAGS_shutdown_grace_ms);
+  return options;
+}
+
+}  // namespace pscluster

@@ -1,0 +1,32 @@
+#ifndef PSCLUSTER_COMMON_DAEMON_FLAGS_H_
+#define PSCLUSTER_COMMON_DAEMON_FLAGS_H_
+
+#include "absl/status/statusor.h"
+#include "common/service_host.h"
+#include "proto/cluster.pb.h"
+
+namespace pscluster {
+
+// Flags shared by the daemons' main(). For binaries only: these read gflags and the
+// environment; libraries take a ClusterConfig and options structs instead.
+
+// The start of every daemon's main(): blocks SIGTERM/SIGINT (see BlockTerminationSignals),
+// logs to stderr unless --logtostderr=false, parses flags (--help lists them) and starts glog.
+void InitDaemonMain(const char* usage, int* argc, char*** argv);
+
+// The cluster spec from --ps_hosts, --worker_hosts, --chief_hosts, --evaluator_hosts,
+// --job_name, --task_index, --cluster_spec_file, then the TF_CONFIG environment variable
+// (see ClusterConfigSources).
+absl::StatusOr<v1::ClusterConfig> ClusterConfigFromFlags();
+
+// ClusterConfigFromFlags(), or on error prints "NAME: invalid cluster spec: WHY" as one line
+// to stderr and exits with code 2.
+v1::ClusterConfig ClusterConfigFromFlagsOrExit(const char* name);
+
+// Server settings from --port_file, --max_message_bytes, --shutdown_grace_ms. The address is
+// left for the daemon to take from the cluster spec.
+ServiceHostOptions ServiceHostOptionsFromFlags();
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_DAEMON_FLAGS_H_

@@ -1,0 +1,69 @@
+#ifndef PSCLUSTER_COMMON_SERVICE_HOST_H_
+#define PSCLUSTER_COMMON_SERVICE_HOST_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+
+namespace pscluster {
+
+struct ServiceHostOptions {
+  // host:port from the cluster spec. Port 0 binds any free port. A numeric host (127.0.0.1,
+  // [::1]) is bound as given; a name is served on all interfaces, as TensorFlow does.
+  std::string address = "127.0.0.1:0";
+  // When set, the bound port is written to this file (atomically) once serving.
+  std::string port_file;
+  // Largest message received or sent, in bytes.
+  int max_message_bytes = 64 << 20;
+  // On Shutdown, calls in flight get this long to finish before they are cancelled.
+  absl::Duration shutdown_grace = absl::Seconds(2);
+};
+
+// A gRPC server with the project's services plus the standard health service
+// (grpc.health.v1.Health) and server reflection.
+//
+// Lifecycle: Start() -> serving -> Shutdown() -> stopped. Health reports NOT_SERVING until
+// SetServing(true) and again from Shutdown() on. Thread-safe.
+class ServiceHost {
+ public:
+  // Binds and starts serving `services` (not owned; they must outlive the host).
+  static absl::StatusOr<std::unique_ptr<ServiceHost>> Start(
+      const ServiceHostOptions& options, const std::vector<grpc::Service*>& services);
+  ~ServiceHost();
+
+  // The port actually bound.
+  int port() const { return port_; }
+  // host:port where peers reach this server (the spec's host with the bound port).
+  const std::string& address() const { return address_; }
+
+  void SetServing(bool serving);
+
+  // Stops accepting calls, waits up to the grace period for those in flight, cancels the rest.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  ServiceHost(const ServiceHostOptions& options, std::unique_ptr<grpc::Server> server, int port,
+              std::string address);
+
+  const ServiceHostOptions options_;
+  const std::unique_ptr<grpc::Server> server_;
+  const int port_;
+  const std::string address_;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Writes `contents` to `path` through a temporary file and a rename, so readers never see a
+// partial file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_SERVICE_HOST_H_

@@ -1,0 +1,48 @@
+#ifndef PSCLUSTER_PS_SERVER_PS_SERVER_H_
+#define PSCLUSTER_PS_SERVER_PS_SERVER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/serving_task.h"
+#include "common/daemon.h"
+#include "proto/ps_service.grpc.pb.h"
+
+namespace pscluster {
+
+struct PsServerOptions {
+  // The cluster; the task must be a ps task.
+  v1::ClusterConfig cluster;
+  // Server settings; `address` is taken from the cluster spec.
+  ServiceHostOptions host;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+// The ps daemon: holds shards of the model's variables (see ParameterServer in
+// proto/ps_service.proto), serves them, and registers with the chief.
+//
+// Lifecycle: Create() -> Start() -> Stop() (any thread) -> Wait(). Thread-safe.
+class PsServer : public Daemon, private v1::ParameterServer::Service {
+ public:
+  static absl::StatusOr<std::unique_ptr<PsServer>> Create(const PsServerOptions& options);
+  ~PsServer() override;
+
+  absl::Status Start() override;
+  void Stop() override;
+  absl::Status Wait() override;
+
+ private:
+  explicit PsServer(const PsServerOptions& options);
+
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
+                         v1::TaskStatus* resp) override;
+
+  const PsServerOptions options_;
+  const absl::Time start_time_;
+  std::unique_ptr<ServingTask> task_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_PS_SERVER_H_

@@ -1,0 +1,73 @@
+#ifndef PSCLUSTER_SHARDING_PLACEMENT_H_
+#define PSCLUSTER_SHARDING_PLACEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/model.pb.h"
+
+namespace pscluster {
+
+// Decides which ps task holds each dense variable partition and each sparse virtual shard.
+// Every process that calls this with the same inputs gets the same Placement, version
+// included, so the chief, workers and ps tasks can each compute it rather than ship it.
+//
+// Dense variables are float32 (4 bytes per element; a dtype left at DT_INVALID counts as
+// DT_FLOAT32) and are split by PartitionRows(shape, 4, options.max_partition_bytes).
+// Partitions are placed in model order, variable by variable, partition by partition:
+//   ROUND_ROBIN:  the k-th partition overall goes to ps k % num_ps (TensorFlow's
+//                 replica_device_setter).
+//   GREEDY_BYTES: each goes to the ps holding the fewest dense bytes so far, the lowest index
+//                 on ties (TensorFlow's GreedyLoadBalancingStrategy).
+// Tables are listed in `tables` with their dim, in model order; their rows are spread over the
+// ps tasks by virtual shard: virtual_shard_to_ps = AssignVirtualShards(n, num_ps), with
+// n = options.num_virtual_shards, or kDefaultNumVirtualShards when that is 0.
+//
+// The result's `options` are the given options with num_virtual_shards resolved to n, and
+// `version` is PlacementVersion() of the result.
+//
+// Returns INVALID_ARGUMENT, naming the offending value, if num_ps < 1; if a variable or table
+// name is empty or used twice (variables and tables share one namespace); if a variable has a
+// negative dimension, a dtype other than DT_FLOAT32, or needs too many partitions (see
+// PartitionRows); if a table's dim is < 1; if max_partition_bytes or num_virtual_shards is
+// negative; or if the strategy is not a known value.
+//
+// Pure and deterministic; thread-safe.
+absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32_t num_ps,
+                                               const v1::PlacementOptions& options);
+
+// A fingerprint of everything in `placement` except its `version` field: FNV-1a 64 over the
+// fields, one by one, in a fixed order and encoding (integers as 8 little-endian bytes,
+// strings length-prefixed), masked to be positive (and never 0). Unlike hashing
+// SerializeAsString(), whose byte order protobuf does not promise, it is the same for every
+// build. A process can compare it with placement.version() to check a placement it received.
+//
+// Pure and deterministic; thread-safe.
+int64_t PlacementVersion(const v1::Placement& placement);
+
+// A human-readable, column-aligned listing of `placement`: one line per dense partition
+// (variable, partition, rows, ps task, bytes), then the tables, then how many virtual shards
+// and dense bytes each ps task holds. For logs and the CLI; the format may change.
+std::string PlacementDebugString(const v1::Placement& placement);
+
+// The partitions of `variable` in `placement`, in partition order. The pointers point into
+// `placement` and are valid until it is modified or destroyed.
+//
+// Returns NOT_FOUND, naming the variable, if `placement` has no partition of it.
+// Thread-safe as long as no one modifies `placement`.
+absl::StatusOr<std::vector<const v1::DensePartition*>> PartitionsOf(const v1::Placement& placement,
+                                                                    absl::string_view variable);
+
+// The ps task that holds sparse key `key` (of any table):
+// placement.virtual_shard_to_ps(VirtualShardOfKey(key, placement.virtual_shard_to_ps_size())).
+//
+// Returns -1 if `placement` has no virtual shards (for example, a default-constructed one).
+// Thread-safe as long as no one modifies `placement`.
+int32_t PsOfKey(const v1::Placement& placement, int64_t key);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_SHARDING_PLACEMENT_H_

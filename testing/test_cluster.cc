@@ -1,0 +1,171 @@
+#include "testing/test_cluster.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/cluster_spec.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/health.grpc.pb.h"
+
+namespace pscluster {
+namespace {
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+}  // namespace
+
+absl::Status AwaitServing(const std::string& address, absl::Duration timeout) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no answer";
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+    if (s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return absl::OkStatus();
+    }
+    last = s.ok() ? absl::StrCat("health status ", resp.status()) : s.error_message();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(address, " not SERVING after ",
+                                                  absl::FormatDuration(timeout), ": ", last));
+}
+
+absl::StatusOr<int> AwaitPortFile(const std::string& path, ChildProcess& process,
+                                  absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string text;
+    int port = 0;
+    if (in && std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) return port;
+    if (!process.Running()) {
+      return absl::UnavailableError(absl::StrCat(process.options().binary,
+                                                 " exited before writing its port:\n",
+                                                 process.LogTail()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no port in ", path, " after ",
+                                                  absl::FormatDuration(timeout)));
+}
+
+TestCluster::TestCluster(const TestClusterOptions& options) : options_(options) {
+  binary_dir_ = options.binary_dir.empty()
+                    ? absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/",
+                                   EnvOr("TEST_WORKSPACE", "pscluster"))
+                    : options.binary_dir;
+  work_dir_ = options.work_dir.empty()
+                  ? EnvOr("TEST_UNDECLARED_OUTPUTS_DIR", EnvOr("TEST_TMPDIR", "/tmp"))
+                  : options.work_dir;
+}
+
+TestCluster::~TestCluster() { KillAll(); }
+
+std::string TestCluster::BinaryFor(const std::string& job) const {
+  if (job == kChiefJob) return binary_dir_ + "/chief/chief";
+  if (job == kPsJob) return binary_dir_ + "/ps_server/ps_server";
+  return binary_dir_ + "/worker/worker";
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
+    const TestClusterOptions& options) {
+  auto cluster = std::unique_ptr<TestCluster>(new TestCluster(options));
+  auto add_job = [&](v1::ClusterSpec* spec, const std::string& name, int n,
+                     const std::string& address) {
+    if (n == 0) return;
+    v1::JobDef* job = spec->add_jobs();
+    job->set_name(name);
+    for (int i = 0; i < n; ++i) (*job->mutable_tasks())[i] = address;
+  };
+  // The chief's own spec: every address at port 0; the chief learns the others' real
+  // addresses when they register.
+  add_job(&cluster->spec_, "chief", 1, "127.0.0.1:0");
+  add_job(&cluster->spec_, "ps", options.num_ps, "127.0.0.1:0");
+  add_job(&cluster->spec_, "worker", options.num_workers, "127.0.0.1:0");
+  PS_RETURN_IF_ERROR(cluster->StartTask("chief", 0));
+  (*cluster->spec_.mutable_jobs(0)->mutable_tasks())[0] = cluster->chief_address();
+  for (int i = 0; i < options.num_ps; ++i) PS_RETURN_IF_ERROR(cluster->StartTask("ps", i));
+  for (int i = 0; i < options.num_workers; ++i) {
+    PS_RETURN_IF_ERROR(cluster->StartTask("worker", i));
+  }
+  return cluster;
+}
+
+absl::Status TestCluster::StartTask(const std::string& job, int index) {
+  const std::string name = absl::StrCat(job, ":", index);
+  const int n = starts_++;
+  v1::ClusterConfig config;
+  *config.mutable_cluster() = spec_;
+  *config.mutable_task() = MakeTaskId(job, index);
+
+  ChildProcessOptions child;
+  child.binary = BinaryFor(job);
+  const std::string base = absl::StrCat(work_dir_, "/", job, "-", index, ".", n);
+  const std::string port_file = base + ".port";
+  std::remove(port_file.c_str());
+  child.log_path = base + ".log";
+  child.args = {absl::StrCat("--port_file=", port_file)};
+  auto it = options_.flags.find(job);
+  if (it != options_.flags.end()) {
+    child.args.insert(child.args.end(), it->second.begin(), it->second.end());
+  }
+  child.env = {{"TF_CONFIG", ToTfConfigJson(config)}};
+
+  Task& task = tasks_[name];
+  task.process.reset();  // reaps an earlier process of this task
+  PS_ASSIGN_OR_RETURN(task.process, ChildProcess::Spawn(child));
+  PS_ASSIGN_OR_RETURN(int port, AwaitPortFile(port_file, *task.process, options_.start_timeout));
+  task.address = absl::StrCat("127.0.0.1:", port);
+  absl::Status serving = AwaitServing(task.address, options_.start_timeout);
+  if (!serving.ok()) {
+    return absl::Status(serving.code(), absl::StrCat(name, ": ", serving.message(), "\n",
+                                                     task.process->LogTail()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ChildProcess*> TestCluster::processes() {
+  std::vector<ChildProcess*> out;
+  for (auto& [name, task] : tasks_) {
+    if (!task.process || !task.process->Running()) continue;
+    // The chief first: "chief:0" sorts before "ps:*" and "worker:*" anyway.
+    out.push_back(task.process.get());
+  }
+  return out;
+}
+
+void TestCluster::KillAll() {
+  for (auto& [name, task] : tasks_) {
+    if (task.process && task.process->Running()) {
+      task.process->Signal(SIGKILL).IgnoreError();
+      task.process->WaitForExit(absl::Seconds(10)).IgnoreError();
+    }
+  }
+}
+
+std::string TestCluster::Logs(int lines) {
+  std::string out;
+  for (auto& [name, task] : tasks_) {
+    if (!task.process) continue;
+    absl::StrAppend(&out, "---- ", name, " (", task.process->options().log_path, ")\n",
+                    task.process->LogTail(lines), "\n");
+  }
+  return out;
+}
+
+}  // namespace pscluster

@@ -1,0 +1,94 @@
+#ifndef PSCLUSTER_TESTING_TEST_CLUSTER_H_
+#define PSCLUSTER_TESTING_TEST_CLUSTER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+#include "testing/child_process.h"
+
+namespace pscluster {
+
+struct TestClusterOptions {
+  int num_ps = 2;
+  int num_workers = 2;
+  // Extra command-line flags for every task of a job ("chief", "ps", "worker").
+  std::map<std::string, std::vector<std::string>> flags;
+  // Where the binaries are; empty means this test's runfiles (the test's BUILD target lists
+  // //chief:chief, //ps_server:ps_server and //worker:worker in `data`).
+  std::string binary_dir;
+  // Logs and port files go here; empty means $TEST_UNDECLARED_OUTPUTS_DIR or $TEST_TMPDIR.
+  std::string work_dir;
+  // How long each task may take to report SERVING.
+  absl::Duration start_timeout = absl::Seconds(30);
+};
+
+// A real cluster for multi-process tests: the chief, ps_server and worker binaries started as
+// child processes on 127.0.0.1 with port 0. The chief starts first; its real port (read back
+// from --port_file) goes into the TF_CONFIG of every other task, whose own entries stay at
+// port 0: each binds a free port and registers its real address with the chief.
+//
+// Start() returns once every task answers the standard gRPC health check with SERVING. The
+// destructor kills every process still running (SIGKILL) and reaps it, also when the test
+// failed. Thread-compatible.
+class TestCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const TestClusterOptions& options);
+  ~TestCluster();
+
+  ChildProcess& chief() { return *tasks_.at("chief:0").process; }
+  ChildProcess& ps(int i) { return *tasks_.at("ps:" + std::to_string(i)).process; }
+  ChildProcess& worker(int i) { return *tasks_.at("worker:" + std::to_string(i)).process; }
+  // Every running task, the chief first.
+  std::vector<ChildProcess*> processes();
+
+  // host:port where a task really serves ("chief:0", "ps:1", ...).
+  std::string address(const std::string& task) const { return tasks_.at(task).address; }
+  std::string chief_address() const { return address("chief:0"); }
+  // The cluster spec that the non-chief tasks were given.
+  const v1::ClusterSpec& spec() const { return spec_; }
+  const std::string& work_dir() const { return work_dir_; }
+
+  // (Re)starts one task (e.g. after killing it) and waits until it is SERVING.
+  absl::Status StartTask(const std::string& job, int index);
+
+  // Kills every task with SIGKILL. Also done by the destructor.
+  void KillAll();
+
+  // The last lines of every task's log, for failure messages.
+  std::string Logs(int lines = 20);
+
+ private:
+  struct Task {
+    std::unique_ptr<ChildProcess> process;
+    std::string address;
+  };
+
+  explicit TestCluster(const TestClusterOptions& options);
+  std::string BinaryFor(const std::string& job) const;
+
+  const TestClusterOptions options_;
+  std::string binary_dir_;
+  std::string work_dir_;
+  v1::ClusterSpec spec_;
+  std::map<std::string, Task> tasks_;
+  int starts_ = 0;
+};
+
+// Calls grpc.health.v1.Health/Check on `address` until it answers SERVING or `timeout`
+// passes. Returns UNAVAILABLE / DEADLINE_EXCEEDED naming the address otherwise.
+absl::Status AwaitServing(const std::string& address, absl::Duration timeout);
+
+// Reads a port written by --port_file, waiting up to `timeout` for it to appear; fails early
+// if `process` exits.
+absl::StatusOr<int> AwaitPortFile(const std::string& path, ChildProcess& process,
+                                  absl::Duration timeout);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_TESTING_TEST_CLUSTER_H_

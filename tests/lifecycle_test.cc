@@ -1,0 +1,193 @@
+// Multi-process tests of the daemons' lifecycle: the real binaries on 127.0.0.1, port 0.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
+}
+
+struct RunResult {
+  int wait_status = 0;
+  std::string output;
+};
+
+// Runs a binary to completion with the given TF_CONFIG and returns its status and output.
+RunResult RunToExit(const std::string& binary, const std::vector<std::string>& args,
+                    const std::string& tf_config) {
+  static int n = 0;
+  ChildProcessOptions options;
+  options.binary = Runfile(binary);
+  options.args = args;
+  options.env = {{"TF_CONFIG", tf_config}};
+  options.log_path = absl::StrCat(getenv("TEST_TMPDIR"), "/run", n++, ".log");
+  auto child = ChildProcess::Spawn(options);
+  CHECK(child.ok()) << child.status();
+  auto status = (*child)->WaitForExit(absl::Seconds(30));
+  CHECK(status.ok()) << status.status();
+  return {*status, (*child)->LogTail(1000)};
+}
+
+TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+
+  // The chief sees all five tasks SERVING at the addresses they really bound.
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+  v1::ClusterStatus status;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int serving = 0;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    status.Clear();
+    ASSERT_TRUE(stub->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status).ok());
+    serving = 0;
+    for (const v1::TaskStatus& t : status.tasks()) serving += t.health() == v1::HEALTH_SERVING;
+    if (serving == 5) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(serving, 5) << status.DebugString();
+  for (const v1::TaskStatus& t : status.tasks()) {
+    EXPECT_EQ(t.address(), c.address(TaskName(t.task()))) << TaskName(t.task());
+  }
+
+  std::vector<ChildProcess*> processes = c.processes();
+  ASSERT_EQ(processes.size(), 5u);
+  for (ChildProcess* p : processes) ASSERT_TRUE(p->Signal(SIGTERM).ok());
+  const absl::Time stop_deadline = absl::Now() + absl::Seconds(5);
+  for (ChildProcess* p : processes) {
+    auto exit = p->WaitForExit(std::max(stop_deadline - absl::Now(), absl::ZeroDuration()));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << p->LogTail();
+    EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0)
+        << p->options().binary << ": " << DescribeWaitStatus(*exit) << "\n" << p->LogTail();
+    EXPECT_THAT(p->LogTail(5), HasSubstr("stopped cleanly"));
+    // Reaped and gone: nothing is left behind.
+    EXPECT_EQ(kill(p->pid(), 0), -1);
+  }
+}
+
+TEST(LifecycleTest, SigintStopsADaemonToo) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 0;
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ChildProcess& ps = (*cluster)->ps(0);
+  ASSERT_TRUE(ps.Signal(SIGINT).ok());
+  auto exit = ps.WaitForExit(absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(DescribeWaitStatus(*exit), "exit 0") << ps.LogTail();
+}
+
+TEST(LifecycleTest, PsctlStatusShowsEveryTask) {
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 1;
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunResult r;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    r = RunToExit("cli/psctl", {"--chief=" + (*cluster)->chief_address(), "status"}, "");
+    if (r.output.find("all tasks serving") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 0") << r.output;
+  for (const char* task : {"chief:0", "ps:0", "ps:1", "worker:0"}) {
+    EXPECT_THAT(r.output, HasSubstr(absl::StrCat(task, "  ")));
+    EXPECT_THAT(r.output, HasSubstr((*cluster)->address(task)));
+  }
+  EXPECT_THAT(r.output, HasSubstr("state: all tasks serving"));
+
+  // Unreachable chief: a clear message and a non-zero exit.
+  (*cluster)->KillAll();
+  r = RunToExit("cli/psctl", {"--chief=" + (*cluster)->chief_address(), "status"}, "");
+  EXPECT_NE(DescribeWaitStatus(r.wait_status), "exit 0");
+  EXPECT_THAT(r.output, HasSubstr("cannot reach the chief at " + (*cluster)->chief_address()));
+}
+
+struct BadSpec {
+  const char* name;
+  const char* tf_config;
+  const char* expected;
+};
+
+class BadClusterSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(BadClusterSpecTest, EveryDaemonRefusesWithOneLine) {
+  const BadSpec& spec = GetParam();
+  for (const char* binary : {"chief/chief", "ps_server/ps_server", "worker/worker"}) {
+    SCOPED_TRACE(binary);
+    RunResult r = RunToExit(binary, {}, spec.tf_config);
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+    EXPECT_THAT(r.output, HasSubstr("invalid cluster spec: "));
+    EXPECT_THAT(r.output, HasSubstr(spec.expected));
+    // One line, ending in a newline.
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 0) << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllProblems, BadClusterSpecTest,
+    ::testing::Values(
+        BadSpec{"MalformedJson", R"({"cluster": {"ps": [)", "not a valid JSON"},
+        BadSpec{"UnknownJob",
+                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "boss": ["c:1"]},
+                    "task": {"type": "ps", "index": 0}})",
+                "unknown job \"boss\""},
+        BadSpec{"IndexOutOfRange",
+                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "worker": ["c:1"]},
+                    "task": {"type": "ps", "index": 3}})",
+                "task index 3 out of range for job \"ps\""},
+        BadSpec{"MissingTask", R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"]}})", "no task"},
+        BadSpec{"MalformedAddress",
+                R"({"cluster": {"chief": ["a:1"], "ps": ["b"]},
+                    "task": {"type": "ps", "index": 0}})",
+                "malformed address \"b\""},
+        BadSpec{"DuplicateAddress",
+                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1", "a:1"]},
+                    "task": {"type": "ps", "index": 0}})",
+                "duplicate address \"a:1\""},
+        BadSpec{"NoPs",
+                R"({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
+                    "task": {"type": "worker", "index": 0}})",
+                "no \"ps\" task"},
+        BadSpec{"TwoChiefs",
+                R"({"cluster": {"chief": ["a:1", "a:2"], "ps": ["b:1"]},
+                    "task": {"type": "ps", "index": 0}})",
+                "job \"chief\" has 2 tasks"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
+
+TEST(DaemonFlagsTest, HelpListsTheFlagsAndExitsZero) {
+  for (const char* binary : {"chief/chief", "ps_server/ps_server", "worker/worker"}) {
+    RunResult r = RunToExit(binary, {"--help"}, "");
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 0") << binary;
+    for (const char* flag : {"-port_file", "-ps_hosts", "-task_index", "-cluster_spec_file"}) {
+      EXPECT_THAT(r.output, HasSubstr(flag)) << binary;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs every Debian package the project needs. Idempotent and non-interactive:
+# packages already present are skipped, and apt waits for the dpkg lock instead of failing.
+set -euo pipefail
+
+PACKAGES=(
+  # Build: Debian's Bazel 4.2.3 and the rules it needs offline.
+  bazel-bootstrap bazel-rules-java bazel-platforms pkg-config
+  # Code generation and the libraries we link.
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
+  libabsl-dev librocksdb-dev libgoogle-glog-dev libgflags-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev zlib1g-dev
+  # --config=clang (thread-safety analysis).
+  clang
+  # Benchmarks: the loopback baseline.
+  iperf3
+  # The default dataset.
+  dataset-fashion-mnist
+  # Tests and scripts.
+  python3 procps
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+APT_OPTS=(-y -q -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+$SUDO apt-get "${APT_OPTS[@]}" update
+# iperf3 asks whether to start a daemon; answer no.
+echo "iperf3 iperf3/start_daemon boolean false" | $SUDO debconf-set-selections 2>/dev/null || true
+$SUDO apt-get "${APT_OPTS[@]}" install --no-install-recommends "${missing[@]}"
+echo "setup: done"
