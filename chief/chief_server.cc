@@ -1,11 +1,15 @@
 #include "chief/chief_server.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "client/parameter_client.h"
 #include "glog/logging.h"
+#include "sharding/placement.h"
 
 namespace pscluster {
 
@@ -24,6 +28,7 @@ ChiefServer::ChiefServer(const ChiefOptions& options)
 
 ChiefServer::~ChiefServer() {
   Stop();
+  if (init_thread_.joinable()) init_thread_.join();
   if (host_) host_->Shutdown();
 }
 
@@ -34,7 +39,76 @@ absl::Status ChiefServer::Start() {
   PS_ASSIGN_OR_RETURN(host_, ServiceHost::Start(host_options, {this}));
   LOG(INFO) << "chief:0 serving on " << host_->address();
   host_->SetServing(true);
+  init_thread_ = std::thread([this] { InitializeModel(); });
   return absl::OkStatus();
+}
+
+bool ChiefServer::stop_requested() const {
+  absl::MutexLock lock(&mu_);
+  return stop_requested_;
+}
+
+void ChiefServer::InitializeModel() {
+  const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
+  while (!registry_.AwaitServing({std::string(kPsJob)}, absl::Now() + absl::Milliseconds(200))) {
+    if (stop_requested()) return;
+  }
+  std::vector<std::string> addresses;
+  for (int i = 0; i < num_ps; ++i) {
+    addresses.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
+  }
+  absl::StatusOr<v1::Placement> placement =
+      ComputePlacement(options_.model, num_ps, options_.placement);
+  if (!placement.ok()) {
+    LOG(ERROR) << "cannot place the model: " << placement.status();
+    absl::MutexLock lock(&mu_);
+    init_state_ = absl::StrCat("cannot place the model: ", placement.status().message());
+    return;
+  }
+  LOG(INFO) << "placement of " << options_.model.variables_size() << " variables and "
+            << options_.model.tables_size() << " tables on " << num_ps << " ps tasks:\n"
+            << PlacementDebugString(*placement);
+  {
+    absl::MutexLock lock(&mu_);
+    init_state_ = "creating variables on the ps tasks";
+  }
+  ParameterClientOptions client_options;
+  client_options.max_attempts = 20;
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
+      options_.model, *placement,
+      std::make_unique<GrpcPsTransport>(addresses, options_.ps_transport), client_options);
+  absl::Status created = client.ok() ? (*client)->CreateAll(options_.sync) : client.status();
+  absl::MutexLock lock(&mu_);
+  if (!created.ok()) {
+    LOG(ERROR) << "cannot create the variables: " << created;
+    init_state_ = absl::StrCat("cannot create the variables: ", created.message());
+    return;
+  }
+  *model_.mutable_model() = options_.model;
+  *model_.mutable_placement() = *placement;
+  for (const std::string& a : addresses) model_.add_ps_addresses(a);
+  *model_.mutable_sync() = options_.sync;
+  model_ready_ = true;
+  init_state_ = "model ready";
+  LOG(INFO) << "every variable is created and initialized on its ps task";
+}
+
+grpc::Status ChiefServer::GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
+                                   v1::GetModelResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return model_ready_ || stop_requested_;
+  };
+  while (req->wait_until_ready() && !done() && !ctx->IsCancelled() &&
+         std::chrono::system_clock::now() < ctx->deadline()) {
+    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
+  }
+  if (!model_ready_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the model is not ready: ", init_state_));
+  }
+  *resp = model_;
+  return grpc::Status::OK;
 }
 
 void ChiefServer::Stop() {
@@ -47,6 +121,7 @@ absl::Status ChiefServer::Wait() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&stop_requested_));
   }
+  if (init_thread_.joinable()) init_thread_.join();
   if (host_) host_->Shutdown();
   return absl::OkStatus();
 }
@@ -90,8 +165,10 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
     names.push_back(TaskName(t));
     *resp->add_waiting_for() = t;
   }
-  resp->set_state(names.empty() ? "all tasks serving"
-                                : absl::StrCat("waiting for ", absl::StrJoin(names, ", ")));
+  absl::MutexLock lock(&mu_);
+  resp->set_state(names.empty()
+                      ? absl::StrCat("all tasks serving; ", init_state_)
+                      : absl::StrCat("waiting for ", absl::StrJoin(names, ", "), "; ", init_state_));
   return grpc::Status::OK;
 }
 

@@ -1,7 +1,16 @@
 // ps_server: a parameter server task. Parses flags and runs PsServer.
+#include <cstdio>
+
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
+#include "gflags/gflags.h"
 #include "ps_server/ps_server.h"
+
+DEFINE_string(nan_policy, "refuse",
+              "What to do with a gradient that holds NaN or Inf: refuse (INVALID_ARGUMENT, "
+              "nothing applied) or allow.");
+DEFINE_int64(pull_chunk_bytes, 1 << 20,
+             "Chunk size of streamed dense pulls when the client does not choose, in bytes.");
 
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
@@ -12,5 +21,12 @@ int main(int argc, char** argv) {
   pscluster::PsServerOptions options;
   options.cluster = pscluster::ClusterConfigFromFlagsOrExit("ps_server");
   options.host = pscluster::ServiceHostOptionsFromFlags();
+  if (FLAGS_nan_policy != "refuse" && FLAGS_nan_policy != "allow") {
+    std::fprintf(stderr, "ps_server: --nan_policy must be refuse or allow, not \"%s\"\n",
+                 FLAGS_nan_policy.c_str());
+    return 2;
+  }
+  options.store.allow_non_finite = FLAGS_nan_policy == "allow";
+  options.service.default_chunk_bytes = FLAGS_pull_chunk_bytes;
   return pscluster::RunDaemonMain("ps_server", pscluster::PsServer::Create(options));
 }

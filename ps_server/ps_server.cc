@@ -14,7 +14,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(const PsServerOptions
   return std::unique_ptr<PsServer>(new PsServer(options));
 }
 
-PsServer::PsServer(const PsServerOptions& options) : options_(options), start_time_(absl::Now()) {}
+PsServer::PsServer(const PsServerOptions& options)
+    : options_(options), store_(options.store), service_(&store_, options.service) {}
 
 PsServer::~PsServer() {
   if (task_) task_->Shutdown();
@@ -25,7 +26,8 @@ absl::Status PsServer::Start() {
   serving.cluster = options_.cluster;
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
-  PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {this}));
+  PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {&service_}));
+  service_.SetIdentity(options_.cluster.task(), task_->address());
   return absl::OkStatus();
 }
 
@@ -38,17 +40,6 @@ absl::Status PsServer::Wait() {
   task_->AwaitStopRequested();
   task_->Shutdown();
   return absl::OkStatus();
-}
-
-grpc::Status PsServer::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
-                                 v1::TaskStatus* resp) {
-  *resp->mutable_task() = options_.cluster.task();
-  resp->set_address(task_->address());
-  resp->set_health(v1::HEALTH_SERVING);
-  resp->set_start_unix_micros(absl::ToUnixMicros(start_time_));
-  resp->set_uptime_micros(absl::ToInt64Microseconds(absl::Now() - start_time_));
-  resp->set_detail("idle");
-  return grpc::Status::OK;
 }
 
 }  // namespace pscluster

@@ -7,7 +7,8 @@
 #include "absl/time/time.h"
 #include "client/serving_task.h"
 #include "common/daemon.h"
-#include "proto/ps_service.grpc.pb.h"
+#include "ps_server/parameter_store.h"
+#include "ps_server/ps_service.h"
 
 namespace pscluster {
 
@@ -17,13 +18,15 @@ struct PsServerOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  ParameterStoreOptions store;
+  PsServiceOptions service;
 };
 
 // The ps daemon: holds shards of the model's variables (see ParameterServer in
 // proto/ps_service.proto), serves them, and registers with the chief.
 //
 // Lifecycle: Create() -> Start() -> Stop() (any thread) -> Wait(). Thread-safe.
-class PsServer : public Daemon, private v1::ParameterServer::Service {
+class PsServer : public Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<PsServer>> Create(const PsServerOptions& options);
   ~PsServer() override;
@@ -35,11 +38,9 @@ class PsServer : public Daemon, private v1::ParameterServer::Service {
  private:
   explicit PsServer(const PsServerOptions& options);
 
-  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
-                         v1::TaskStatus* resp) override;
-
   const PsServerOptions options_;
-  const absl::Time start_time_;
+  ParameterStore store_;
+  PsService service_;
   std::unique_ptr<ServingTask> task_;
 };
 

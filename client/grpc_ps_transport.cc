@@ -1,0 +1,194 @@
+#include "client/grpc_ps_transport.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/wire_codec.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace pscluster {
+namespace {
+
+v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
+}  // namespace
+
+GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
+                                 const GrpcPsTransportOptions& options)
+    : options_(options), addresses_(ps_addresses) {
+  for (const std::string& address : ps_addresses) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options.max_message_bytes);
+    args.SetMaxSendMessageSize(options.max_message_bytes);
+    stubs_.push_back(v1::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+GrpcPsTransport::GrpcPsTransport(
+    std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs,
+    const GrpcPsTransportOptions& options)
+    : options_(options), stubs_(std::move(stubs)) {
+  for (size_t i = 0; i < stubs_.size(); ++i) addresses_.push_back(absl::StrCat("stub ", i));
+}
+
+void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::microseconds(absl::ToInt64Microseconds(options_.rpc_timeout)));
+}
+
+absl::Status GrpcPsTransport::Annotate(int ps, const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status s = FromGrpcStatus(status);
+  return absl::Status(s.code(), absl::StrCat("ps:", ps, " (", addresses_[ps], "): ", s.message()));
+}
+
+absl::Status GrpcPsTransport::CreateShards(int ps, const v1::CreateShardsRequest& request,
+                                           v1::CreateShardsResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return Annotate(ps, stubs_[ps]->CreateShards(&ctx, request, response));
+}
+
+absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
+                                        v1::DataType wire_dtype) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
+  v1::PullDenseRequest req;
+  for (const DenseSlice& s : slices) *req.add_shards() = s.ref;
+  req.set_wire_dtype(wire);
+  req.set_chunk_bytes(options_.chunk_bytes);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  std::unique_ptr<grpc::ClientReaderInterface<v1::TensorChunk>> reader =
+      stubs_[ps]->PullDense(&ctx, req);
+  std::vector<int64_t> received(slices.size(), 0);
+  v1::TensorChunk chunk;
+  absl::Status bad;
+  while (reader->Read(&chunk)) {
+    if (!bad.ok()) continue;  // drain, then report
+    const int64_t count = static_cast<int64_t>(chunk.data().size()) / elem_bytes;
+    if (chunk.index() < 0 || chunk.index() >= static_cast<int>(slices.size()) ||
+        chunk.offset() < 0 || chunk.offset() + count > slices[chunk.index()].num_elements) {
+      bad = absl::DataLossError(absl::StrCat("ps:", ps, " sent chunk ", chunk.index(), "@",
+                                             chunk.offset(), " outside the pulled shards"));
+      ctx.TryCancel();
+      continue;
+    }
+    const DenseSlice& s = slices[chunk.index()];
+    bad = DecodeFloats(chunk.data(), wire, s.pull_into + chunk.offset(), count);
+    received[chunk.index()] += count;
+  }
+  absl::Status finished = Annotate(ps, reader->Finish());
+  PS_RETURN_IF_ERROR(bad);
+  PS_RETURN_IF_ERROR(finished);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (received[i] != slices[i].num_elements) {
+      return absl::DataLossError(absl::StrCat(
+          "ps:", ps, " sent ", received[i], " of ", slices[i].num_elements, " elements of ",
+          slices[i].ref.variable(), "/", slices[i].ref.partition(),
+          " (is the caller's placement out of date?)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
+                                        v1::DataType wire_dtype, int64_t step, int32_t worker,
+                                        v1::PushDenseResponse* response) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  std::unique_ptr<grpc::ClientWriterInterface<v1::PushDenseRequest>> writer =
+      stubs_[ps]->PushDense(&ctx, response);
+  v1::PushDenseRequest msg;
+  v1::PushDenseHeader* header = msg.mutable_header();
+  for (const DenseSlice& s : slices) {
+    *header->add_shards() = s.ref;
+    header->add_num_elements(s.num_elements);
+  }
+  header->set_wire_dtype(wire);
+  header->set_step(step);
+  header->set_worker(worker);
+  bool open = writer->Write(msg);
+  const int64_t chunk_elems = std::max<int64_t>(1, options_.chunk_bytes / elem_bytes);
+  v1::PushDenseRequest chunk_msg;
+  v1::TensorChunk* chunk = chunk_msg.mutable_chunk();
+  for (size_t i = 0; i < slices.size() && open; ++i) {
+    const DenseSlice& s = slices[i];
+    for (int64_t offset = 0; offset < s.num_elements && open; offset += chunk_elems) {
+      const int64_t count = std::min(chunk_elems, s.num_elements - offset);
+      chunk->set_index(static_cast<int32_t>(i));
+      chunk->set_offset(offset);
+      std::string* data = chunk->mutable_data();
+      data->resize(count * elem_bytes);
+      EncodeFloatsTo(s.push_from + offset, count, wire, data->data());
+      // A false Write means the server has already answered (an error): stop and read it.
+      open = writer->Write(chunk_msg);
+    }
+  }
+  if (open) writer->WritesDone();
+  return Annotate(ps, writer->Finish());
+}
+
+absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
+                                         int64_t n, int64_t dim, v1::DataType wire_dtype,
+                                         float* out) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  v1::PullSparseRequest req;
+  req.set_table(table);
+  req.mutable_keys()->Add(keys, keys + n);
+  req.set_wire_dtype(wire);
+  v1::PullSparseResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->PullSparse(&ctx, req, &resp)));
+  absl::Status decoded = DecodeFloats(resp.values(), wire, out, n * dim);
+  if (!decoded.ok()) {
+    return absl::DataLossError(absl::StrCat("ps:", ps, " answered a pull of ", n, " rows of ",
+                                            table, ": ", decoded.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const int64_t* keys,
+                                         int64_t n, int64_t dim, const float* grads,
+                                         v1::DataType wire_dtype, int64_t step, int32_t worker,
+                                         v1::PushSparseResponse* response) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  v1::PushSparseRequest req;
+  req.set_table(table);
+  req.mutable_keys()->Add(keys, keys + n);
+  PS_RETURN_IF_ERROR(EncodeFloats(grads, n * dim, wire, req.mutable_gradients()));
+  req.set_wire_dtype(wire);
+  req.set_step(step);
+  req.set_worker(worker);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return Annotate(ps, stubs_[ps]->PushSparse(&ctx, req, response));
+}
+
+absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(int ps) {
+  v1::ListShardsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->ListShards(&ctx, v1::ListShardsRequest(), &resp)));
+  return resp;
+}
+
+absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
+    int ps, const v1::InspectShardRequest& request) {
+  v1::InspectShardResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->InspectShard(&ctx, request, &resp)));
+  return resp;
+}
+
+}  // namespace pscluster

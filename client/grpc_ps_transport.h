@@ -1,0 +1,60 @@
+#ifndef PSCLUSTER_CLIENT_GRPC_PS_TRANSPORT_H_
+#define PSCLUSTER_CLIENT_GRPC_PS_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "client/ps_transport.h"
+#include "proto/ps_service.grpc.pb.h"
+
+namespace pscluster {
+
+struct GrpcPsTransportOptions {
+  // Deadline of each RPC.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Size of each streamed chunk of a dense push or pull, in bytes.
+  int64_t chunk_bytes = 1 << 20;
+  // Largest message received, in bytes (sparse pulls come back in one message).
+  int max_message_bytes = 64 << 20;
+};
+
+// PsTransport over gRPC: one channel per ps task. Dense tensors stream in chunks, so no
+// tensor is bounded by the message size limit. Thread-safe.
+class GrpcPsTransport : public PsTransport {
+ public:
+  GrpcPsTransport(const std::vector<std::string>& ps_addresses,
+                  const GrpcPsTransportOptions& options);
+  // For tests: stubs given directly (e.g. mocks of the generated StubInterface). Owned.
+  GrpcPsTransport(std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs,
+                  const GrpcPsTransportOptions& options);
+
+  int num_ps() const override { return static_cast<int>(stubs_.size()); }
+  absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
+                            v1::CreateShardsResponse* response) override;
+  absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
+                         v1::DataType wire_dtype) override;
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
+                         int64_t step, int32_t worker, v1::PushDenseResponse* response) override;
+  absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, v1::DataType wire_dtype, float* out) override;
+  absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, const float* grads, v1::DataType wire_dtype, int64_t step,
+                          int32_t worker, v1::PushSparseResponse* response) override;
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(
+      int ps, const v1::InspectShardRequest& request) override;
+
+ private:
+  void SetDeadline(grpc::ClientContext* ctx) const;
+  absl::Status Annotate(int ps, const grpc::Status& status) const;
+
+  const GrpcPsTransportOptions options_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_GRPC_PS_TRANSPORT_H_

@@ -1,0 +1,275 @@
+#include "client/parameter_client.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "sharding/sparse_hash.h"
+
+namespace pscluster {
+
+absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
+    const v1::ModelSpec& model, const v1::Placement& placement,
+    std::unique_ptr<PsTransport> transport, const ParameterClientOptions& options) {
+  if (placement.num_ps() != transport->num_ps()) {
+    return absl::InvalidArgumentError(absl::StrCat("the placement is for ", placement.num_ps(),
+                                                   " ps tasks but ", transport->num_ps(),
+                                                   " are reachable"));
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts must be at least 1, got ", options.max_attempts));
+  }
+  auto client = std::unique_ptr<ParameterClient>(
+      new ParameterClient(model, placement, std::move(transport), options));
+  for (const v1::VariableSpec& v : model.variables()) {
+    DenseVar& var = client->dense_[v.name()];
+    int64_t row_elements = 1;
+    for (int i = 1; i < v.shape().dims_size(); ++i) row_elements *= v.shape().dims(i);
+    var.num_elements = v.shape().dims_size() == 0 ? 1 : v.shape().dims(0) * row_elements;
+  }
+  for (const v1::DensePartition& p : placement.partitions()) {
+    auto it = client->dense_.find(p.variable());
+    if (it == client->dense_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the placement has partition ", p.partition(), " of ", p.variable(),
+                       ", which is not in the model"));
+    }
+    int64_t row_elements = it->second.num_elements;
+    const v1::VariableSpec* spec = nullptr;
+    for (const v1::VariableSpec& v : model.variables()) {
+      if (v.name() == p.variable()) spec = &v;
+    }
+    if (spec->shape().dims_size() > 0 && spec->shape().dims(0) > 0) {
+      row_elements /= spec->shape().dims(0);
+    }
+    Part part;
+    part.ref.set_variable(p.variable());
+    part.ref.set_partition(p.partition());
+    part.ps = p.ps_task();
+    part.offset = p.row_begin() * row_elements;
+    part.num_elements = (p.row_end() - p.row_begin()) * row_elements;
+    if (part.ps < 0 || part.ps >= placement.num_ps()) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", p.partition(), " of ",
+                                                     p.variable(), " is placed on ps:", part.ps,
+                                                     " of ", placement.num_ps()));
+    }
+    it->second.parts.push_back(part);
+  }
+  for (const auto& [name, var] : client->dense_) {
+    int64_t covered = 0;
+    for (const Part& p : var.parts) covered += p.num_elements;
+    if (covered != var.num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat("the placement's partitions of ", name,
+                                                     " cover ", covered, " of its ",
+                                                     var.num_elements, " elements"));
+    }
+  }
+  return client;
+}
+
+ParameterClient::ParameterClient(v1::ModelSpec model, v1::Placement placement,
+                                 std::unique_ptr<PsTransport> transport,
+                                 const ParameterClientOptions& options)
+    : model_(std::move(model)),
+      placement_(std::move(placement)),
+      transport_(std::move(transport)),
+      options_(options) {}
+
+absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Status()>& fn) {
+  absl::Duration backoff = options_.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    absl::Status s = fn();
+    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_attempts) {
+      if (!s.ok() && s.code() == absl::StatusCode::kUnavailable) {
+        return absl::UnavailableError(
+            absl::StrCat(s.message(), " (gave up after ", attempt, " attempts)"));
+      }
+      return s;
+    }
+    LOG(WARNING) << "ps:" << ps << " unavailable (attempt " << attempt << " of "
+                 << options_.max_attempts << "), retrying in " << backoff << ": " << s.message();
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
+                                        const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> results(tasks.size());
+  std::vector<std::thread> threads;
+  // The first task runs on the calling thread: a call that touches one ps spawns nothing.
+  for (size_t i = 1; i < tasks.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = WithRetries(tasks[i], [&] { return fn(tasks[i]); }); });
+  }
+  if (!tasks.empty()) results[0] = WithRetries(tasks[0], [&] { return fn(tasks[0]); });
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync) {
+  std::vector<v1::CreateShardsRequest> requests(placement_.num_ps());
+  for (v1::CreateShardsRequest& r : requests) *r.mutable_sync() = sync;
+  std::map<std::string, const v1::VariableSpec*> vars;
+  for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
+  for (const v1::DensePartition& p : placement_.partitions()) {
+    v1::DenseShardSpec* spec = requests[p.ps_task()].add_dense();
+    *spec->mutable_variable() = *vars.at(p.variable());
+    *spec->mutable_partition() = p;
+  }
+  for (const v1::TableSpec& t : model_.tables()) {
+    std::vector<v1::TableShardSpec*> specs;
+    for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+      v1::TableShardSpec* spec = requests[ps].add_tables();
+      *spec->mutable_table() = t;
+      spec->set_num_virtual_shards(placement_.virtual_shard_to_ps_size());
+      specs.push_back(spec);
+    }
+    for (int v = 0; v < placement_.virtual_shard_to_ps_size(); ++v) {
+      specs[placement_.virtual_shard_to_ps(v)]->add_virtual_shards(v);
+    }
+  }
+  std::vector<int> all;
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
+  return ForEachPs(all, [&](int ps) {
+    v1::CreateShardsResponse resp;
+    return transport_->CreateShards(ps, requests[ps], &resp);
+  });
+}
+
+absl::StatusOr<const ParameterClient::DenseVar*> ParameterClient::FindVar(
+    const std::string& name) const {
+  auto it = dense_.find(name);
+  if (it == dense_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown variable ", name, " (not in the model)"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<int64_t> ParameterClient::NumElements(const std::string& variable) const {
+  PS_ASSIGN_OR_RETURN(const DenseVar* var, FindVar(variable));
+  return var->num_elements;
+}
+
+absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
+                                   std::vector<std::vector<float>>* out) {
+  out->resize(variables.size());
+  std::map<int, std::vector<DenseSlice>> by_ps;
+  for (size_t i = 0; i < variables.size(); ++i) {
+    PS_ASSIGN_OR_RETURN(const DenseVar* var, FindVar(variables[i]));
+    (*out)[i].resize(var->num_elements);
+    for (const Part& p : var->parts) {
+      DenseSlice s;
+      s.ref = p.ref;
+      s.num_elements = p.num_elements;
+      s.pull_into = (*out)[i].data() + p.offset;
+      by_ps[p.ps].push_back(s);
+    }
+  }
+  std::vector<int> tasks;
+  for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
+  return ForEachPs(tasks, [&](int ps) {
+    return transport_->PullDense(ps, by_ps.at(ps), options_.wire_dtype);
+  });
+}
+
+absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
+                                   const std::vector<const float*>& grads, int64_t step) {
+  if (grads.size() != variables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("push of ", variables.size(),
+                                                   " variables with ", grads.size(),
+                                                   " gradients"));
+  }
+  std::map<int, std::vector<DenseSlice>> by_ps;
+  for (size_t i = 0; i < variables.size(); ++i) {
+    PS_ASSIGN_OR_RETURN(const DenseVar* var, FindVar(variables[i]));
+    for (const Part& p : var->parts) {
+      DenseSlice s;
+      s.ref = p.ref;
+      s.num_elements = p.num_elements;
+      s.push_from = grads[i] + p.offset;
+      by_ps[p.ps].push_back(s);
+    }
+  }
+  std::vector<int> tasks;
+  for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
+  return ForEachPs(tasks, [&](int ps) {
+    v1::PushDenseResponse resp;
+    return transport_->PushDense(ps, by_ps.at(ps), options_.wire_dtype, step, options_.worker,
+                                 &resp);
+  });
+}
+
+absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) const {
+  for (const v1::TableSpec& t : model_.tables()) {
+    if (t.name() == table) return t.dim();
+  }
+  return absl::NotFoundError(absl::StrCat("unknown table ", table, " (not in the model)"));
+}
+
+std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys,
+                                                             int64_t n) const {
+  std::vector<std::vector<int64_t>> positions(placement_.num_ps());
+  const int32_t nvs = placement_.virtual_shard_to_ps_size();
+  for (int64_t i = 0; i < n; ++i) {
+    positions[placement_.virtual_shard_to_ps(VirtualShardOfKey(keys[i], nvs))].push_back(i);
+  }
+  return positions;
+}
+
+absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* keys, int64_t n,
+                                       float* out) {
+  PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
+  std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
+  std::vector<int> tasks;
+  for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
+    if (!positions[ps].empty()) tasks.push_back(ps);
+  }
+  return ForEachPs(tasks, [&](int ps) -> absl::Status {
+    const std::vector<int64_t>& pos = positions[ps];
+    if (pos.size() == static_cast<size_t>(n)) {
+      return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, out);
+    }
+    std::vector<int64_t> my_keys(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) my_keys[i] = keys[pos[i]];
+    std::vector<float> rows(pos.size() * dim);
+    PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.data(), my_keys.size(), dim,
+                                              options_.wire_dtype, rows.data()));
+    for (size_t i = 0; i < pos.size(); ++i) {
+      std::copy_n(rows.data() + i * dim, dim, out + pos[i] * dim);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* keys, int64_t n,
+                                       const float* grads, int64_t step) {
+  PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
+  std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
+  std::vector<int> tasks;
+  for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
+    if (!positions[ps].empty()) tasks.push_back(ps);
+  }
+  return ForEachPs(tasks, [&](int ps) -> absl::Status {
+    const std::vector<int64_t>& pos = positions[ps];
+    v1::PushSparseResponse resp;
+    if (pos.size() == static_cast<size_t>(n)) {
+      return transport_->PushSparse(ps, table, keys, n, dim, grads, options_.wire_dtype, step,
+                                    options_.worker, &resp);
+    }
+    std::vector<int64_t> my_keys(pos.size());
+    std::vector<float> my_grads(pos.size() * dim);
+    for (size_t i = 0; i < pos.size(); ++i) {
+      my_keys[i] = keys[pos[i]];
+      std::copy_n(grads + pos[i] * dim, dim, my_grads.data() + i * dim);
+    }
+    return transport_->PushSparse(ps, table, my_keys.data(), my_keys.size(), dim,
+                                  my_grads.data(), options_.wire_dtype, step, options_.worker,
+                                  &resp);
+  });
+}
+
+}  // namespace pscluster

@@ -1,0 +1,103 @@
+#ifndef PSCLUSTER_CLIENT_PARAMETER_CLIENT_H_
+#define PSCLUSTER_CLIENT_PARAMETER_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/ps_transport.h"
+#include "proto/model.pb.h"
+#include "proto/ps_service.pb.h"
+
+namespace pscluster {
+
+struct ParameterClientOptions {
+  // Encoding of pushed gradients and pulled values on the wire (--wire_dtype).
+  v1::DataType wire_dtype = v1::DT_FLOAT32;
+  // Calls that fail with UNAVAILABLE are tried this many times in all, with exponential
+  // backoff from initial_backoff up to max_backoff.
+  int max_attempts = 5;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // This client's worker index, sent with pushes (-1 for the chief and tools).
+  int32_t worker = -1;
+};
+
+// The typed client of the ps tasks, used by workers, the chief and psctl: routes each dense
+// partition and each sparse key to the ps task that holds it (per the placement), sends to all
+// tasks in parallel, and gathers the answers in the caller's order. Variables are seen whole:
+// partitions are split and joined here.
+//
+// Retries UNAVAILABLE (a task restarting) with backoff; other errors return at once, naming the
+// ps task. A retried push may be applied twice if its first answer was lost after the ps had
+// applied it, as with any at-least-once RPC.
+//
+// Thread-safe: concurrent calls are allowed.
+class ParameterClient {
+ public:
+  // INVALID_ARGUMENT if the placement does not fit the model or the transport's task count.
+  static absl::StatusOr<std::unique_ptr<ParameterClient>> Create(
+      const v1::ModelSpec& model, const v1::Placement& placement,
+      std::unique_ptr<PsTransport> transport, const ParameterClientOptions& options);
+
+  const v1::ModelSpec& model() const { return model_; }
+  const v1::Placement& placement() const { return placement_; }
+  PsTransport& transport() { return *transport_; }
+
+  // Creates every variable partition and table shard on its ps task. Harmless when repeated.
+  absl::Status CreateAll(const v1::SyncOptions& sync);
+
+  // Number of elements of a dense variable; NOT_FOUND for an unknown one.
+  absl::StatusOr<int64_t> NumElements(const std::string& variable) const;
+
+  // Pulls whole variables: (*out)[i] gets variables[i]'s values, row-major.
+  absl::Status Pull(const std::vector<std::string>& variables,
+                    std::vector<std::vector<float>>* out);
+  // Pushes gradients of whole variables: grads[i] has NumElements(variables[i]) floats.
+  absl::Status Push(const std::vector<std::string>& variables,
+                    const std::vector<const float*>& grads, int64_t step);
+
+  // Rows of `keys` of a table (created on first touch) into out[0..n*dim).
+  absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out);
+  // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
+  absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
+                        const float* grads, int64_t step);
+
+ private:
+  struct Part {
+    v1::ShardRef ref;
+    int ps = 0;
+    int64_t offset = 0;  // first element of the partition in the whole variable
+    int64_t num_elements = 0;
+  };
+  struct DenseVar {
+    int64_t num_elements = 0;
+    std::vector<Part> parts;
+  };
+
+  ParameterClient(v1::ModelSpec model, v1::Placement placement,
+                  std::unique_ptr<PsTransport> transport, const ParameterClientOptions& options);
+
+  absl::StatusOr<const DenseVar*> FindVar(const std::string& name) const;
+  absl::StatusOr<int64_t> TableDim(const std::string& table) const;
+  // Runs fn(ps) for each listed task in parallel, each with retries; returns the first error.
+  absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn);
+  absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn);
+  // Groups key positions by owning ps task.
+  std::vector<std::vector<int64_t>> RouteKeys(const int64_t* keys, int64_t n) const;
+
+  const v1::ModelSpec model_;
+  const v1::Placement placement_;
+  const std::unique_ptr<PsTransport> transport_;
+  const ParameterClientOptions options_;
+  std::map<std::string, DenseVar> dense_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_PARAMETER_CLIENT_H_

@@ -1,0 +1,161 @@
+#include "client/parameter_client.h"
+
+#include <cmath>
+#include <vector>
+
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ps_server/in_process_ps_transport.h"
+#include "ps_server/initializer.h"
+#include "sharding/placement.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ModelSpec Model() {
+  v1::ModelSpec model;
+  v1::VariableSpec* w = model.add_variables();
+  w->set_name("w");
+  w->mutable_shape()->add_dims(10);
+  w->mutable_shape()->add_dims(3);
+  w->mutable_initializer()->set_kind(v1::InitializerSpec::NORMAL);
+  w->mutable_initializer()->set_stddev(1);
+  w->mutable_initializer()->set_seed(7);
+  w->mutable_optimizer()->mutable_sgd()->set_learning_rate(0.5f);
+  v1::VariableSpec* b = model.add_variables();
+  b->set_name("b");
+  b->mutable_shape()->add_dims(3);
+  b->mutable_optimizer()->mutable_sgd()->set_learning_rate(0.5f);
+  v1::TableSpec* t = model.add_tables();
+  t->set_name("emb");
+  t->set_dim(4);
+  t->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  t->mutable_initializer()->set_min(-1);
+  t->mutable_initializer()->set_max(1);
+  t->mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0f);
+  return model;
+}
+
+struct Fixture {
+  InProcessPsTransport* transport = nullptr;  // owned by client
+  std::unique_ptr<ParameterClient> client;
+};
+
+Fixture Make(int num_ps, ParameterClientOptions options = {}) {
+  v1::PlacementOptions placement_options;
+  placement_options.set_max_partition_bytes(36);  // w: 3 rows of 12 bytes per partition
+  placement_options.set_num_virtual_shards(16);
+  auto placement = ComputePlacement(Model(), num_ps, placement_options);
+  CHECK(placement.ok()) << placement.status();
+  auto transport = std::make_unique<InProcessPsTransport>(num_ps, ParameterStoreOptions());
+  Fixture f;
+  f.transport = transport.get();
+  options.initial_backoff = absl::Milliseconds(1);
+  auto client = ParameterClient::Create(Model(), *placement, std::move(transport), options);
+  CHECK(client.ok()) << client.status();
+  f.client = *std::move(client);
+  CHECK(f.client->CreateAll(v1::SyncOptions()).ok());
+  return f;
+}
+
+TEST(ParameterClientTest, PullJoinsPartitionsFromEveryPs) {
+  Fixture f = Make(3);
+  ASSERT_GT(f.client->placement().partitions_size(), 3);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(f.client->Pull({"b", "w"}, &values).ok());
+  ASSERT_EQ(values[1].size(), 30u);
+  std::vector<float> whole(30);
+  ASSERT_TRUE(InitializeDense(Model().variables(0).initializer(), "w",
+                              Model().variables(0).shape(), 0, whole.data(), 30)
+                  .ok());
+  EXPECT_EQ(values[1], whole);
+  EXPECT_THAT(values[0], ::testing::Each(0.0f));
+  // Every ps task took part.
+  for (int ps = 0; ps < 3; ++ps) EXPECT_GT(f.transport->calls(ps), 1) << ps;
+}
+
+TEST(ParameterClientTest, PushSplitsGradientsAcrossPartitions) {
+  Fixture f = Make(2);
+  std::vector<float> gw(30), gb = {1, 2, 3};
+  for (int i = 0; i < 30; ++i) gw[i] = i;
+  std::vector<std::vector<float>> before, after;
+  ASSERT_TRUE(f.client->Pull({"w", "b"}, &before).ok());
+  ASSERT_TRUE(f.client->Push({"w", "b"}, {gw.data(), gb.data()}, 0).ok());
+  ASSERT_TRUE(f.client->Pull({"w", "b"}, &after).ok());
+  for (int i = 0; i < 30; ++i) EXPECT_FLOAT_EQ(after[0][i], before[0][i] - 0.5f * i) << i;
+  EXPECT_THAT(after[1], ::testing::ElementsAre(-0.5f, -1.0f, -1.5f));
+}
+
+TEST(ParameterClientTest, SparseRowsAreRoutedAndGatheredInOrder) {
+  Fixture f = Make(3);
+  std::vector<int64_t> keys;
+  for (int64_t k = -50; k < 50; ++k) keys.push_back(k * 7919);
+  std::vector<float> rows(keys.size() * 4);
+  ASSERT_TRUE(f.client->PullRows("emb", keys.data(), keys.size(), rows.data()).ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float expected[4];
+    ASSERT_TRUE(InitializeRow(Model().tables(0).initializer(), "emb", keys[i], 4, expected).ok());
+    for (int j = 0; j < 4; ++j) ASSERT_EQ(rows[i * 4 + j], expected[j]) << keys[i];
+  }
+  // Push 1.0 to every element of the first key twice (duplicates are summed).
+  std::vector<int64_t> push_keys = {keys[0], keys[0]};
+  std::vector<float> grads(8, 1.0f);
+  ASSERT_TRUE(f.client->PushRows("emb", push_keys.data(), 2, grads.data(), 0).ok());
+  std::vector<float> row(4);
+  ASSERT_TRUE(f.client->PullRows("emb", keys.data(), 1, row.data()).ok());
+  for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(row[j], rows[j] - 2.0f);
+}
+
+TEST(ParameterClientTest, RetriesUnavailableThenGivesUp) {
+  ParameterClientOptions options;
+  options.max_attempts = 3;
+  Fixture f = Make(2, options);
+  std::vector<std::vector<float>> values;
+  f.transport->FailNextCalls(1, 2);
+  EXPECT_TRUE(f.client->Pull({"w"}, &values).ok());
+  f.transport->FailNextCalls(1, 3);
+  absl::Status s = f.client->Pull({"w"}, &values);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ps:1 is unavailable"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 3 attempts"));
+}
+
+TEST(ParameterClientTest, Fp16WireRoundsWithinItsBound) {
+  ParameterClientOptions options;
+  options.wire_dtype = v1::DT_FLOAT16;
+  Fixture half = Make(2, options);
+  Fixture exact = Make(2);
+  std::vector<std::vector<float>> h, e;
+  ASSERT_TRUE(half.client->Pull({"w"}, &h).ok());
+  ASSERT_TRUE(exact.client->Pull({"w"}, &e).ok());
+  int differ = 0;
+  for (size_t i = 0; i < e[0].size(); ++i) {
+    EXPECT_LE(std::abs(h[0][i] - e[0][i]), std::abs(e[0][i]) * std::ldexp(1.0, -11)) << i;
+    differ += h[0][i] != e[0][i];
+  }
+  EXPECT_GT(differ, 0);  // fp16 really was used
+}
+
+TEST(ParameterClientTest, RefusesUnknownNamesAndMismatchedPlacements) {
+  Fixture f = Make(2);
+  std::vector<std::vector<float>> values;
+  absl::Status s = f.client->Pull({"nope"}, &values);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown variable nope"));
+  int64_t key = 1;
+  float row[4];
+  EXPECT_EQ(f.client->PullRows("nope", &key, 1, row).code(), absl::StatusCode::kNotFound);
+
+  auto placement = ComputePlacement(Model(), 3, v1::PlacementOptions());
+  auto client = ParameterClient::Create(
+      Model(), *placement, std::make_unique<InProcessPsTransport>(2, ParameterStoreOptions()), {});
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(client.status().message()),
+              HasSubstr("placement is for 3 ps tasks but 2 are reachable"));
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,58 @@
+#ifndef PSCLUSTER_CLIENT_PS_TRANSPORT_H_
+#define PSCLUSTER_CLIENT_PS_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/ps_service.pb.h"
+
+namespace pscluster {
+
+// A dense shard to pull into, or push from, caller memory.
+struct DenseSlice {
+  v1::ShardRef ref;
+  int64_t num_elements = 0;
+  // Pull: written, num_elements floats. Push: read. Not owned.
+  float* pull_into = nullptr;
+  const float* push_from = nullptr;
+};
+
+// The RPCs of the ps tasks, one task at a time, with tensors already in caller memory: the
+// boundary that ParameterClient routes over. Implementations encode to the wire dtype and
+// back, so an in-process fake shows the same rounding as the network.
+//
+// Implementations: GrpcPsTransport (the real one) and InProcessPsTransport (a fake over
+// ParameterStore objects, for tests). Thread-safe: calls to different or the same task may run
+// concurrently.
+class PsTransport {
+ public:
+  virtual ~PsTransport() = default;
+
+  virtual int num_ps() const = 0;
+
+  virtual absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
+                                    v1::CreateShardsResponse* response) = 0;
+  virtual absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
+                                 v1::DataType wire_dtype) = 0;
+  virtual absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices,
+                                 v1::DataType wire_dtype, int64_t step, int32_t worker,
+                                 v1::PushDenseResponse* response) = 0;
+  // out[0..n*dim) receives the rows of keys[0..n).
+  virtual absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys,
+                                  int64_t n, int64_t dim, v1::DataType wire_dtype,
+                                  float* out) = 0;
+  virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys,
+                                  int64_t n, int64_t dim, const float* grads,
+                                  v1::DataType wire_dtype, int64_t step, int32_t worker,
+                                  v1::PushSparseResponse* response) = 0;
+  virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
+  virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
+      int ps, const v1::InspectShardRequest& request) = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_PS_TRANSPORT_H_

@@ -1,0 +1,96 @@
+#ifndef PSCLUSTER_PS_SERVER_DENSE_SHARD_H_
+#define PSCLUSTER_PS_SERVER_DENSE_SHARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/optimizer.h"
+
+namespace pscluster {
+
+// Traffic counters of one shard, updated without locks.
+struct ShardCounters {
+  std::atomic<int64_t> pushes{0};
+  std::atomic<int64_t> pulls{0};
+  std::atomic<int64_t> bytes_in{0};
+  std::atomic<int64_t> bytes_out{0};
+  std::atomic<int64_t> last_update_unix_micros{0};
+  std::atomic<int64_t> dropped_stale{0};
+
+  void FillStats(v1::ShardStats* stats) const;
+};
+
+// One partition of a dense float32 variable held by a ps task: its values, the optimizer's
+// slots (stored beside the values, same layout) and the number of updates applied.
+//
+// Thread-safe: one reader/writer lock per shard. A reader sees a whole update or none of it.
+class DenseShard {
+ public:
+  // Creates the shard and fills its values from the variable's initializer: element e of the
+  // shard is element (row_begin * row_elements + e) of the whole variable, so the values do not
+  // depend on the partitioning. INVALID_ARGUMENT for a bad spec (shape, rows, optimizer,
+  // initializer), naming the variable.
+  static absl::StatusOr<std::unique_ptr<DenseShard>> Create(const v1::DenseShardSpec& spec);
+
+  const v1::DenseShardSpec& spec() const { return spec_; }
+  const std::string& name() const { return spec_.variable().name(); }
+  int32_t partition() const { return spec_.partition().partition(); }
+  // The shard's own shape: [row_end - row_begin, dims[1:]...].
+  const v1::TensorShape& shape() const { return shape_; }
+  int64_t num_elements() const { return num_elements_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+  ShardCounters& counters() const { return counters_; }
+
+  // Values plus slots, in bytes.
+  int64_t bytes() const;
+
+  // Copies the current values into out[0..num_elements()).
+  void ReadValues(float* out) const;
+
+  // Applies one optimizer step with gradient grad[0..num_elements()).
+  // REQUIRES: the caller has validated the gradient (size; finiteness where required).
+  void Apply(const float* grad);
+
+  int64_t updates() const;
+
+  // Statistics of the values (not the slots).
+  void ComputeValueStats(v1::ValueStats* stats) const;
+
+  // For checkpoints: values then each slot (num_elements() floats each), and the update count.
+  void Snapshot(std::vector<float>* values_and_slots, int64_t* updates) const;
+  // Replaces values and slots; INVALID_ARGUMENT if the size does not match.
+  absl::Status Restore(const std::vector<float>& values_and_slots, int64_t updates);
+
+ private:
+  DenseShard(v1::DenseShardSpec spec, v1::TensorShape shape, int64_t num_elements,
+             std::unique_ptr<Optimizer> optimizer);
+
+  const v1::DenseShardSpec spec_;
+  const v1::TensorShape shape_;
+  const int64_t num_elements_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  mutable ShardCounters counters_;
+
+  mutable absl::Mutex mu_;
+  // Values at [0, n), slot s at [(1 + s) * n, (2 + s) * n).
+  std::vector<float> data_ ABSL_GUARDED_BY(mu_);
+  int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Statistics of n floats (count, min, max, mean, std, L2 norm, NaN and Inf counts); NaN and
+// Inf are counted and left out of the rest.
+void ComputeFloatStats(const float* values, int64_t n, v1::ValueStats* stats);
+
+// Returns the index of the first non-finite value of v[0..n), or -1 if all are finite.
+int64_t FindNonFinite(const float* v, int64_t n);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_DENSE_SHARD_H_

@@ -1,0 +1,197 @@
+#ifndef PSCLUSTER_PS_SERVER_EMBEDDING_TABLE_H_
+#define PSCLUSTER_PS_SERVER_EMBEDDING_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/model.pb.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/optimizer.h"
+
+namespace pscluster {
+
+// One ps task's part of a sparse embedding table: int64 key -> a row of dim() floats, plus the
+// optimizer's slots for that row and the row's update count `t` (the 1-based step number that
+// Optimizer::Apply receives, which Adam's bias correction uses).
+//
+// The task owns some of the table's virtual shards (sharding/sparse_hash.h); a key whose virtual
+// shard is not among them is refused with FAILED_PRECONDITION, because a request that reaches
+// the wrong task means the client's placement and the server's disagree.
+//
+// A row is created on first touch (Pull or Push) with the values InitializeRow gives for
+// (table initializer, table name, key), so a row's initial values do not depend on which task
+// creates it or when; its slots start at the optimizer's slot_initial_value and its count at 0.
+//
+// Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
+// creates no row and updates none.
+//
+// Thread-safety: thread-safe. Rows are spread over kNumStripes stripes by a hash of the key that
+// is independent of the virtual-shard hash (so a task that owns few virtual shards still uses
+// every stripe); each stripe has its own lock, map and storage. A request takes each stripe's
+// lock at most twice (Pull: once shared, once exclusive if it creates rows). A reader sees a
+// whole row update or none of it; a request touching several stripes is not atomic across
+// them (another thread may see some of its rows updated and others not yet).
+//
+// Lifecycle: none; usable from Create until destroyed.
+class EmbeddingTable {
+ public:
+  // Number of lock stripes.
+  static constexpr int kNumStripes = 64;
+  // Counters kept by the hot-key sketch; HotKeys returns at most this many keys.
+  static constexpr int kHotKeyCounters = 64;
+  // Keys of one push that the hot-key sketch looks at, at most.
+  static constexpr int kHotKeySamplesPerPush = 128;
+
+  // Creates an empty table for `spec` that owns `owned_virtual_shards` of the table's
+  // num_virtual_shards virtual shards (duplicates are ignored; an empty list owns no key).
+  // INVALID_ARGUMENT, naming the value, if spec.name() is empty, spec.dim() is not in
+  // [1, 2^31), the initializer or the optimizer is invalid (or unset: the optimizer has no
+  // default), num_virtual_shards <= 0, or an owned shard is not in [0, num_virtual_shards).
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(
+      const v1::TableSpec& spec, std::vector<int32_t> owned_virtual_shards,
+      int32_t num_virtual_shards);
+
+  EmbeddingTable(const EmbeddingTable&) = delete;
+  EmbeddingTable& operator=(const EmbeddingTable&) = delete;
+  ~EmbeddingTable();
+
+  const v1::TableSpec& spec() const { return spec_; }
+  int64_t dim() const { return dim_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+
+  // True if `key` hashes to a virtual shard this table owns.
+  bool OwnsKey(int64_t key) const;
+
+  // Writes the row of keys[i] to out[i*dim, (i+1)*dim) for i in [0, n), creating rows on first
+  // touch. Duplicate keys are fine.
+  // FAILED_PRECONDITION if a key is not owned ("key K of table T hashes to virtual shard V, not
+  // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0; either way before
+  // anything changes.
+  // REQUIRES: keys holds n keys and out n*dim() floats (both may be null when n == 0). Not owned.
+  absl::Status Pull(const int64_t* keys, int64_t n, float* out);
+
+  // Applies gradient grads[i*dim, (i+1)*dim) to the row of keys[i], for i in [0, n). The
+  // gradients of a key that appears several times are summed first (in order of position), then
+  // each distinct row gets exactly one optimizer update with t = its update count + 1, created
+  // on first touch. Rows not pushed are untouched, slots included.
+  // Validated before anything changes: FAILED_PRECONDITION for an unowned key (as Pull);
+  // INVALID_ARGUMENT if n < 0, or, unless allow_non_finite, for the first NaN or Inf gradient
+  // element, naming the table, the key, its position and the value.
+  // (RESOURCE_EXHAUSTED if a stripe would pass 2^32 rows, about 2^38 rows in the table, is the
+  // one error found late: stripes already updated by the request then stay updated.)
+  // REQUIRES: keys holds n keys and grads n*dim() floats (both may be null when n == 0).
+  absl::Status Push(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite);
+
+  // Reads without creating. For each keys[i], in order: if its row exists (on this table; an
+  // unowned key never does), appends the key to *found and its dim() values to *rows; otherwise
+  // appends the key to *missing. Does not clear the vectors.
+  // REQUIRES: found, rows and missing are non-null. Not owned.
+  void Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>* found, std::vector<float>* rows,
+              std::vector<int64_t>* missing) const;
+
+  // Number of rows created so far.
+  int64_t num_rows() const;
+
+  // Memory estimate, in bytes, of what the rows hold: num_rows() * ((1 + num_slots) * dim
+  // floats + one int64 update count). The key index and vector slack are not counted.
+  int64_t bytes() const;
+
+  // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them.
+  // Approximate: a Space-Saving sketch of kHotKeyCounters counters is fed, by each successful
+  // Push, an evenly spaced sample of at most kHotKeySamplesPerPush of its key positions, each
+  // weighted by the sampling stride (duplicates within a push count once per occurrence). Counts
+  // are estimates of occurrences in pushes and may over-count; a key pushed much more than the
+  // others is reliably found. Empty for k <= 0.
+  std::vector<v1::HotKey> HotKeys(int k) const;
+
+  // Fills *stats over the values of every row (not the slots), accumulated in double:
+  // count, min, max, mean, std (population), l2_norm over the finite values; NaN and Inf are
+  // counted in nan_count and inf_count and left out of the rest (as ComputeFloatStats in
+  // dense_shard.h). min/max/mean/std/l2_norm are 0 when no value is finite. Stripes are read one
+  // after another, so concurrent pushes may be partly included.
+  // REQUIRES: stats is non-null. Not owned.
+  void ComputeValueStats(v1::ValueStats* stats) const;
+
+  // For checkpoints: calls fn(key, values_and_slots, t) once for every row, where
+  // values_and_slots holds (1 + num_slots) * dim floats: the dim values, then each slot's dim
+  // floats. Each stripe is copied under its lock and fn runs on the copy with no lock held, so
+  // fn may call back into the table; the rows of one stripe are a consistent snapshot, rows of
+  // different stripes may be from different moments. The pointer is valid only during the call.
+  void ForEachRow(
+      const std::function<void(int64_t key, const float* values_and_slots, int64_t t)>& fn) const;
+
+  // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
+  // floats, laid out as in ForEachRow) and update count t (for restore).
+  // FAILED_PRECONDITION if the key is not owned (as Pull); INVALID_ARGUMENT if t < 0.
+  // REQUIRES: values_and_slots holds (1 + num_slots) * dim floats. Not owned.
+  absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t);
+
+ private:
+  // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
+  // the first dim floats and slot s the dim floats at offset (1 + s) * dim; update_counts[row]
+  // is the row's t. Rows are never removed.
+  struct alignas(64) Stripe {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<int64_t, uint32_t> row_of ABSL_GUARDED_BY(mu);
+    std::vector<float> arena ABSL_GUARDED_BY(mu);
+    std::vector<int64_t> update_counts ABSL_GUARDED_BY(mu);
+  };
+
+  // A request's positions grouped by stripe with a stable counting sort: stripe s holds
+  // begin[s + 1] - begin[s] of them; with_order also lists them, in increasing order, in
+  // order[begin[s], begin[s + 1]).
+  struct StripeGroups {
+    std::vector<uint8_t> stripe_of;  // The stripe of each position.
+    int64_t begin[kNumStripes + 1];
+    std::vector<int64_t> order;
+  };
+  static void GroupByStripe(const int64_t* keys, int64_t n, bool with_order,
+                            StripeGroups* groups);
+
+  EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer,
+                 std::vector<bool> owned, int32_t num_virtual_shards);
+
+  // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
+  absl::Status CheckOwned(const int64_t* keys, int64_t n) const;
+  absl::Status NotOwnedError(int64_t key) const;
+
+  // Returns the row of `key` in `stripe`, appending an initialized one if absent. Fails only if
+  // the initializer fails (which Create rules out) or the stripe is full (2^32 rows).
+  absl::StatusOr<uint32_t> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+
+  // Feeds a sample of a successful push's keys to the hot-key sketch.
+  void SampleHotKeys(const int64_t* keys, int64_t n);
+  // One weighted Space-Saving update.
+  void CountHotKeyLocked(int64_t key, int64_t weight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hot_mu_);
+
+  const v1::TableSpec spec_;
+  const int64_t dim_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  const int num_slots_;
+  // Floats per row: (1 + num_slots_) * dim_.
+  const int64_t stride_;
+  // owned_[v] is true if this table holds virtual shard v.
+  const std::vector<bool> owned_;
+  const int32_t num_virtual_shards_;
+
+  std::unique_ptr<Stripe[]> stripes_;
+
+  // The hot-key sketch has its own small lock, taken once per push, never with a stripe lock.
+  mutable absl::Mutex hot_mu_;
+  // Space-Saving counters: key -> estimated count; at most kHotKeyCounters entries.
+  absl::flat_hash_map<int64_t, int64_t> hot_counts_ ABSL_GUARDED_BY(hot_mu_);
+  // Number of pushes sampled; varies the sampling offset from push to push.
+  uint64_t hot_pushes_ ABSL_GUARDED_BY(hot_mu_) = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_EMBEDDING_TABLE_H_

@@ -1,0 +1,653 @@
+#include "ps_server/embedding_table.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "proto/model.pb.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/initializer.h"
+#include "ps_server/optimizer.h"
+#include "sharding/sparse_hash.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+v1::TableSpec ParseTable(const std::string& text) {
+  v1::TableSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  return spec;
+}
+
+// A table that owns every key (one virtual shard).
+std::unique_ptr<EmbeddingTable> CreateOrNull(const v1::TableSpec& spec,
+                                             std::vector<int32_t> owned = {0},
+                                             int32_t num_virtual_shards = 1) {
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> table =
+      EmbeddingTable::Create(spec, std::move(owned), num_virtual_shards);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return table.ok() ? *std::move(table) : nullptr;
+}
+
+std::vector<float> PullOrDie(EmbeddingTable& table, const std::vector<int64_t>& keys) {
+  std::vector<float> out(keys.size() * table.dim(), -12345.0f);
+  absl::Status status = table.Pull(keys.data(), static_cast<int64_t>(keys.size()), out.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return out;
+}
+
+absl::Status Push(EmbeddingTable& table, const std::vector<int64_t>& keys,
+                  const std::vector<float>& grads, bool allow_non_finite = false) {
+  EXPECT_EQ(grads.size(), keys.size() * table.dim());
+  return table.Push(keys.data(), static_cast<int64_t>(keys.size()), grads.data(),
+                    allow_non_finite);
+}
+
+struct Row {
+  std::vector<float> values_and_slots;
+  int64_t t = 0;
+  // Bitwise comparison, so that NaN rows compare equal to themselves.
+  bool operator==(const Row& other) const {
+    return t == other.t && values_and_slots.size() == other.values_and_slots.size() &&
+           std::memcmp(values_and_slots.data(), other.values_and_slots.data(),
+                       values_and_slots.size() * sizeof(float)) == 0;
+  }
+};
+
+std::map<int64_t, Row> Snapshot(const EmbeddingTable& table) {
+  const int64_t stride = (1 + table.optimizer().num_slots()) * table.dim();
+  std::map<int64_t, Row> rows;
+  table.ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t) {
+    EXPECT_EQ(rows.count(key), 0u) << "key " << key << " visited twice";
+    rows[key] = Row{std::vector<float>(values_and_slots, values_and_slots + stride), t};
+  });
+  return rows;
+}
+
+std::vector<float> InitialRow(const v1::TableSpec& spec, int64_t key) {
+  std::vector<float> row(spec.dim());
+  absl::Status status = InitializeRow(spec.initializer(), spec.name(), key, spec.dim(), row.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return row;
+}
+
+// A key of num_virtual_shards shards whose virtual shard differs from `key`'s.
+int64_t KeyInOtherShard(int64_t key, int32_t num_virtual_shards) {
+  const int32_t shard = VirtualShardOfKey(key, num_virtual_shards);
+  for (int64_t other = key + 1;; ++other) {
+    if (VirtualShardOfKey(other, num_virtual_shards) != shard) return other;
+  }
+}
+
+constexpr char kNormalSgd[] = R"pb(
+  name: "emb" dim: 8
+  initializer { kind: NORMAL mean: 0.5 stddev: 2 seed: 42 }
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+TEST(EmbeddingTableTest, RowsAreCreatedOnFirstTouchFromTheInitializer) {
+  const v1::TableSpec spec = ParseTable(kNormalSgd);
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(spec);
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->num_rows(), 0);
+  const std::vector<int64_t> keys = {5, -3, int64_t{1} << 40, std::numeric_limits<int64_t>::min()};
+  const std::vector<float> first = PullOrDie(*table, keys);
+  EXPECT_EQ(table->num_rows(), 4);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_THAT(std::vector<float>(first.begin() + i * 8, first.begin() + (i + 1) * 8),
+                ElementsAreArray(InitialRow(spec, keys[i])))
+        << "key " << keys[i];
+  }
+  EXPECT_EQ(PullOrDie(*table, keys), first);
+  EXPECT_EQ(table->num_rows(), 4);
+  // Duplicates in one pull get the same row, and create it once.
+  const std::vector<float> dup = PullOrDie(*table, {77, 77});
+  EXPECT_EQ(std::vector<float>(dup.begin(), dup.begin() + 8),
+            std::vector<float>(dup.begin() + 8, dup.end()));
+  EXPECT_EQ(table->num_rows(), 5);
+}
+
+TEST(EmbeddingTableTest, RowsAreDeterministicAcrossTablesAndPlacements) {
+  const v1::TableSpec spec = ParseTable(kNormalSgd);
+  std::unique_ptr<EmbeddingTable> whole = CreateOrNull(spec);
+  std::vector<int32_t> all_shards(8);
+  for (int32_t v = 0; v < 8; ++v) all_shards[v] = v;
+  std::unique_ptr<EmbeddingTable> sharded = CreateOrNull(spec, all_shards, 8);
+  ASSERT_NE(whole, nullptr);
+  ASSERT_NE(sharded, nullptr);
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 200; ++k) keys.push_back(k * 7919 - 500);
+  const std::vector<float> a = PullOrDie(*whole, keys);
+  // The second table creates the rows in the opposite order.
+  std::vector<int64_t> reversed(keys.rbegin(), keys.rend());
+  PullOrDie(*sharded, reversed);
+  EXPECT_EQ(PullOrDie(*sharded, keys), a);
+
+  v1::TableSpec other_seed = spec;
+  other_seed.mutable_initializer()->set_seed(43);
+  std::unique_ptr<EmbeddingTable> reseeded = CreateOrNull(other_seed);
+  ASSERT_NE(reseeded, nullptr);
+  EXPECT_NE(PullOrDie(*reseeded, keys), a);
+}
+
+TEST(EmbeddingTableTest, SgdSumsDuplicateKeysIntoOneUpdate) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 2
+    initializer { kind: CONSTANT value: 1 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  // Key 7 twice: summed gradient (1 + 3, 2 + 4) = (4, 6); row = 1 - 0.5 * (4, 6) = (-1, -2).
+  // Key 9 once: row = 1 - 0.5 * (10, 20) = (-4, -9).
+  ASSERT_TRUE(Push(*table, {7, 9, 7}, {1, 2, 10, 20, 3, 4}).ok());
+  EXPECT_THAT(PullOrDie(*table, {7, 9}), ElementsAre(-1, -2, -4, -9));
+  const std::map<int64_t, Row> rows = Snapshot(*table);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows.at(7).t, 1);  // one update, not two
+  EXPECT_EQ(rows.at(9).t, 1);
+}
+
+TEST(EmbeddingTableTest, AdagradTouchesOnlyPushedRows) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 4
+    initializer { kind: UNIFORM min: -1 max: 1 seed: 7 }
+    optimizer { adagrad { learning_rate: 0.1 initial_accumulator_value: 0.1 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  std::vector<int64_t> keys;
+  for (int64_t k = 1; k <= 10; ++k) keys.push_back(k);
+  PullOrDie(*table, keys);
+  const std::map<int64_t, Row> before = Snapshot(*table);
+  ASSERT_EQ(before.size(), 10u);
+  for (const auto& [key, row] : before) {
+    EXPECT_THAT(std::vector<float>(row.values_and_slots.begin() + 4, row.values_and_slots.end()),
+                ElementsAre(0.1f, 0.1f, 0.1f, 0.1f));
+    EXPECT_EQ(row.t, 0);
+  }
+
+  const std::vector<float> grads = {0.5, -1, 2, 0, 1, 1, -3, 0.25};
+  ASSERT_TRUE(Push(*table, {3, 5}, grads).ok());
+  const std::map<int64_t, Row> after = Snapshot(*table);
+  ASSERT_EQ(after.size(), 10u);
+  for (const auto& [key, row] : after) {
+    if (key != 3 && key != 5) {
+      EXPECT_TRUE(row == before.at(key)) << "key " << key << " changed";
+      continue;
+    }
+    // The expected row: the optimizer applied once to a copy of the old row.
+    std::vector<float> expected = before.at(key).values_and_slots;
+    float* slots[] = {expected.data() + 4};
+    const float* grad = grads.data() + (key == 3 ? 0 : 4);
+    table->optimizer().Apply(expected.data(), slots, grad, 4, 1);
+    EXPECT_THAT(row.values_and_slots, ElementsAreArray(expected)) << "key " << key;
+    EXPECT_EQ(row.t, 1);
+    // accumulator = 0.1 + g^2.
+    EXPECT_FLOAT_EQ(row.values_and_slots[4 + 2], 0.1f + grad[2] * grad[2]);
+  }
+}
+
+TEST(EmbeddingTableTest, AdamCountsUpdatesPerRow) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 3
+    initializer { kind: CONSTANT value: 0.5 }
+    optimizer { adam { learning_rate: 0.01 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> g = {0.1f, -0.2f, 0.3f};
+  const std::vector<float> g2 = {0.1f, -0.2f, 0.3f, 0.1f, -0.2f, 0.3f};
+  ASSERT_TRUE(Push(*table, {1}, g).ok());
+  ASSERT_TRUE(Push(*table, {1, 2}, g2).ok());
+  ASSERT_TRUE(Push(*table, {1, 1}, g2).ok());  // duplicates: one update with 2g
+  std::map<int64_t, Row> rows = Snapshot(*table);
+  EXPECT_EQ(rows.at(1).t, 3);
+  EXPECT_EQ(rows.at(2).t, 1);
+
+  // The same three updates applied by hand, with t = 1, 2, 3.
+  std::vector<float> expected(9, 0.0f);
+  std::fill_n(expected.begin(), 3, 0.5f);
+  float* slots[] = {expected.data() + 3, expected.data() + 6};
+  const std::vector<float> doubled = {0.2f, -0.4f, 0.6f};
+  table->optimizer().Apply(expected.data(), slots, g.data(), 3, 1);
+  table->optimizer().Apply(expected.data(), slots, g.data(), 3, 2);
+  table->optimizer().Apply(expected.data(), slots, doubled.data(), 3, 3);
+  EXPECT_THAT(rows.at(1).values_and_slots, ElementsAreArray(expected));
+}
+
+TEST(EmbeddingTableTest, NonFiniteGradientIsRefusedAndChangesNothing) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 2
+    initializer { kind: CONSTANT value: 1 }
+    optimizer { adagrad { learning_rate: 0.1 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  PullOrDie(*table, {1, 2});
+  ASSERT_TRUE(Push(*table, {1}, {0.5, 0.5}).ok());
+  const std::map<int64_t, Row> before = Snapshot(*table);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+
+  // Key 100 is new: it must not be created. Key 2 at position 2 has the NaN.
+  absl::Status status = Push(*table, {1, 100, 2}, {1, 1, 1, 1, 1, nan});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("table emb"));
+  EXPECT_THAT(status.message(), HasSubstr("key 2 at position 2"));
+  EXPECT_THAT(status.message(), HasSubstr("non-finite value nan"));
+  EXPECT_EQ(table->num_rows(), 2);
+  EXPECT_TRUE(Snapshot(*table) == before);
+
+  status = Push(*table, {100, 1}, {-inf, 0, 0, 0});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("key 100 at position 0 has non-finite value -inf"));
+  EXPECT_EQ(table->num_rows(), 2);
+  EXPECT_TRUE(Snapshot(*table) == before);
+
+  // Allowed: applied like any other gradient.
+  ASSERT_TRUE(Push(*table, {1, 100, 2}, {1, 1, 1, 1, 1, nan}, /*allow_non_finite=*/true).ok());
+  EXPECT_EQ(table->num_rows(), 3);
+  const std::vector<float> row2 = PullOrDie(*table, {2});
+  EXPECT_FALSE(std::isnan(row2[0]));
+  EXPECT_TRUE(std::isnan(row2[1]));
+}
+
+TEST(EmbeddingTableTest, UnownedKeyIsRefusedAndNothingIsCreated) {
+  constexpr int32_t kShards = 16;
+  const int32_t owned_shard = VirtualShardOfKey(1, kShards);
+  std::unique_ptr<EmbeddingTable> table =
+      CreateOrNull(ParseTable(kNormalSgd), {owned_shard}, kShards);
+  ASSERT_NE(table, nullptr);
+  const int64_t stranger = KeyInOtherShard(1, kShards);
+  EXPECT_TRUE(table->OwnsKey(1));
+  EXPECT_FALSE(table->OwnsKey(stranger));
+  const std::string expected_message = absl::StrCat(
+      "key ", stranger, " of table emb hashes to virtual shard ",
+      VirtualShardOfKey(stranger, kShards), ", not held by this ps task: placement mismatch");
+
+  std::vector<int64_t> keys = {1, stranger};
+  std::vector<float> out(16);
+  absl::Status status = table->Pull(keys.data(), 2, out.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(expected_message));
+  EXPECT_EQ(table->num_rows(), 0);
+
+  status = Push(*table, keys, std::vector<float>(16, 1.0f));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(expected_message));
+  EXPECT_EQ(table->num_rows(), 0);
+
+  status = table->InsertRow(stranger, std::vector<float>(8).data(), 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(expected_message));
+  EXPECT_EQ(table->num_rows(), 0);
+  EXPECT_THAT(table->HotKeys(10), IsEmpty());
+
+  // The owned key alone is fine.
+  PullOrDie(*table, {1});
+  EXPECT_EQ(table->num_rows(), 1);
+}
+
+TEST(EmbeddingTableTest, LookupDoesNotCreate) {
+  const v1::TableSpec spec = ParseTable(kNormalSgd);
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(spec);
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> pulled = PullOrDie(*table, {1, 2});
+  std::vector<int64_t> keys = {2, 3, 1, 3};
+  std::vector<int64_t> found, missing;
+  std::vector<float> rows;
+  table->Lookup(keys.data(), 4, &found, &rows, &missing);
+  EXPECT_THAT(found, ElementsAre(2, 1));
+  EXPECT_THAT(missing, ElementsAre(3, 3));
+  std::vector<float> expected(pulled.begin() + 8, pulled.end());
+  expected.insert(expected.end(), pulled.begin(), pulled.begin() + 8);
+  EXPECT_EQ(rows, expected);
+  EXPECT_EQ(table->num_rows(), 2);
+}
+
+TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
+  const v1::TableSpec spec = ParseTable(R"pb(
+    name: "emb" dim: 8
+    initializer { kind: TRUNCATED_NORMAL stddev: 0.1 seed: 3 }
+    optimizer { adam { learning_rate: 0.01 } }
+  )pb");
+  std::unique_ptr<EmbeddingTable> source = CreateOrNull(spec);
+  std::unique_ptr<EmbeddingTable> restored = CreateOrNull(spec);
+  ASSERT_NE(source, nullptr);
+  ASSERT_NE(restored, nullptr);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int64_t> key_dist(-1000, 1000);
+  std::normal_distribution<float> grad_dist(0, 1);
+  for (int step = 0; step < 20; ++step) {
+    std::vector<int64_t> keys(50);
+    std::vector<float> grads(50 * 8);
+    for (int64_t& k : keys) k = key_dist(rng);
+    for (float& g : grads) g = grad_dist(rng);
+    ASSERT_TRUE(Push(*source, keys, grads).ok());
+  }
+  int64_t visited = 0;
+  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t) {
+    ++visited;
+    EXPECT_TRUE(restored->InsertRow(key, values_and_slots, t).ok());
+  });
+  EXPECT_EQ(visited, source->num_rows());
+  EXPECT_EQ(restored->num_rows(), source->num_rows());
+  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
+
+  std::vector<int64_t> all_keys;
+  for (const auto& [key, row] : Snapshot(*source)) all_keys.push_back(key);
+  EXPECT_EQ(PullOrDie(*restored, all_keys), PullOrDie(*source, all_keys));
+  // The restored update counts carry on: one more identical push keeps them identical.
+  const std::vector<float> grads(all_keys.size() * 8, 0.5f);
+  ASSERT_TRUE(Push(*source, all_keys, grads).ok());
+  ASSERT_TRUE(Push(*restored, all_keys, grads).ok());
+  EXPECT_EQ(PullOrDie(*restored, all_keys), PullOrDie(*source, all_keys));
+
+  // InsertRow overwrites an existing row, and refuses a negative count.
+  std::vector<float> row(24, 3.0f);
+  ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), 9).ok());
+  EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).values_and_slots, row);
+  EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).t, 9);
+  absl::Status status = restored->InsertRow(all_keys[0], row.data(), -1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("negative update count -1"));
+}
+
+TEST(EmbeddingTableTest, ConcurrentPushesLoseNoUpdateAndPullsSeeWholeRows) {
+  // Every element of a row starts at 100 and each update subtracts 0.5 * (sum of gradients of
+  // 1.0) from every element, so a row's elements are always equal (a torn read would show two
+  // values) and the final value counts the pushes exactly (all values are exact in float).
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 8
+    initializer { kind: CONSTANT value: 100 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  constexpr int kPushers = 8, kPullers = 4, kPushesPerThread = 300, kKeysPerRequest = 64;
+  constexpr int64_t kKeyRange = 512;
+  std::vector<std::vector<int64_t>> pushes_of(kPushers, std::vector<int64_t>(kKeyRange, 0));
+  std::atomic<int> pushers_running{kPushers};
+  std::atomic<int64_t> torn_rows{0}, pulled_rows{0}, failed{0};
+
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kPushers; ++p) {
+    threads.emplace_back([&, p] {
+      std::mt19937 rng(p);
+      std::uniform_int_distribution<int64_t> key_dist(0, kKeyRange - 1);
+      const std::vector<float> grads(kKeysPerRequest * 8, 1.0f);
+      std::vector<int64_t> keys(kKeysPerRequest);
+      for (int i = 0; i < kPushesPerThread; ++i) {
+        for (int64_t& k : keys) {
+          k = key_dist(rng);
+          ++pushes_of[p][k];
+        }
+        if (!table->Push(keys.data(), kKeysPerRequest, grads.data(), false).ok()) ++failed;
+      }
+      --pushers_running;
+    });
+  }
+  for (int p = 0; p < kPullers; ++p) {
+    threads.emplace_back([&, p] {
+      std::mt19937 rng(100 + p);
+      // A wider range than the pushers': pulls also create rows while pushes run.
+      std::uniform_int_distribution<int64_t> key_dist(0, kKeyRange + 64);
+      std::vector<int64_t> keys(kKeysPerRequest);
+      std::vector<float> out(kKeysPerRequest * 8);
+      do {
+        for (int64_t& k : keys) k = key_dist(rng);
+        if (!table->Pull(keys.data(), kKeysPerRequest, out.data()).ok()) ++failed;
+        for (int i = 0; i < kKeysPerRequest; ++i) {
+          for (int d = 1; d < 8; ++d) {
+            if (out[i * 8 + d] != out[i * 8]) {
+              ++torn_rows;
+              break;
+            }
+          }
+        }
+        pulled_rows += kKeysPerRequest;
+      } while (pushers_running.load() > 0);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(torn_rows.load(), 0) << "of " << pulled_rows.load() << " pulled rows";
+
+  std::vector<int64_t> keys(kKeyRange);
+  for (int64_t k = 0; k < kKeyRange; ++k) keys[k] = k;
+  const std::vector<float> rows = PullOrDie(*table, keys);
+  int64_t total = 0;
+  for (int64_t k = 0; k < kKeyRange; ++k) {
+    int64_t pushes = 0;
+    for (int p = 0; p < kPushers; ++p) pushes += pushes_of[p][k];
+    total += pushes;
+    const float expected = 100.0f - 0.5f * static_cast<float>(pushes);
+    for (int d = 0; d < 8; ++d) {
+      ASSERT_EQ(rows[k * 8 + d], expected) << "key " << k << " pushed " << pushes << " times";
+    }
+  }
+  EXPECT_EQ(total, int64_t{kPushers} * kPushesPerThread * kKeysPerRequest);
+}
+
+TEST(EmbeddingTableTest, HotKeysCountsSmallPushesExactly) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(kNormalSgd));
+  ASSERT_NE(table, nullptr);
+  const std::vector<float> grads(3 * 8, 0.0f);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Push(*table, {5, 6, 5}, grads).ok());
+  const std::vector<v1::HotKey> hot = table->HotKeys(5);
+  ASSERT_EQ(hot.size(), 2u);
+  EXPECT_EQ(hot[0].key(), 5);
+  EXPECT_EQ(hot[0].count(), 20);
+  EXPECT_EQ(hot[1].key(), 6);
+  EXPECT_EQ(hot[1].count(), 10);
+  EXPECT_THAT(table->HotKeys(0), IsEmpty());
+  EXPECT_EQ(table->HotKeys(1).size(), 1u);
+}
+
+TEST(EmbeddingTableTest, HotKeysFindsADominantKeyInLargePushes) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(kNormalSgd));
+  ASSERT_NE(table, nullptr);
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int64_t> key_dist(1000, 1000000000);
+  constexpr int kPushes = 100, kKeys = 1000;
+  const std::vector<float> grads(kKeys * 8, 0.0f);
+  int64_t true_count = 0;
+  for (int p = 0; p < kPushes; ++p) {
+    std::vector<int64_t> keys(kKeys);
+    for (int i = 0; i < kKeys; ++i) {
+      // A third of the positions are key 42, at random.
+      if (rng() % 3 == 0) {
+        keys[i] = 42;
+        ++true_count;
+      } else {
+        keys[i] = key_dist(rng);
+      }
+    }
+    ASSERT_TRUE(Push(*table, keys, grads).ok());
+  }
+  const std::vector<v1::HotKey> hot = table->HotKeys(3);
+  ASSERT_EQ(hot.size(), 3u);
+  EXPECT_EQ(hot[0].key(), 42);
+  EXPECT_GT(hot[0].count(), true_count / 2);
+  EXPECT_LT(hot[0].count(), true_count * 3 / 2);
+  EXPECT_GT(hot[0].count(), 5 * hot[1].count());
+  EXPECT_LE(table->HotKeys(1000).size(), static_cast<size_t>(EmbeddingTable::kHotKeyCounters));
+}
+
+TEST(EmbeddingTableTest, ValueStatsCoverValuesNotSlots) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 2
+    initializer { kind: CONSTANT value: 2 }
+    optimizer { adagrad { learning_rate: 0.1 initial_accumulator_value: 5 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  v1::ValueStats stats;
+  table->ComputeValueStats(&stats);
+  EXPECT_EQ(stats.count(), 0);
+
+  PullOrDie(*table, {1, 2, 3});
+  table->ComputeValueStats(&stats);
+  EXPECT_EQ(stats.count(), 6);
+  EXPECT_EQ(stats.min(), 2);
+  EXPECT_EQ(stats.max(), 2);
+  EXPECT_EQ(stats.mean(), 2);
+  EXPECT_EQ(stats.std(), 0);
+  EXPECT_DOUBLE_EQ(stats.l2_norm(), std::sqrt(24.0));
+  EXPECT_EQ(stats.nan_count(), 0);
+  EXPECT_EQ(stats.inf_count(), 0);
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(Push(*table, {1}, {nan, nan}, /*allow_non_finite=*/true).ok());
+  table->ComputeValueStats(&stats);
+  EXPECT_EQ(stats.count(), 4);
+  EXPECT_EQ(stats.nan_count(), 2);
+  EXPECT_EQ(stats.inf_count(), 0);
+  EXPECT_EQ(stats.mean(), 2);
+
+  // Values 2, 2, 2, 6 (row 3 restored by hand): mean 3, std sqrt(3).
+  std::vector<float> row = {2, 6, 5, 5};
+  ASSERT_TRUE(table->InsertRow(3, row.data(), 0).ok());
+  table->ComputeValueStats(&stats);
+  EXPECT_EQ(stats.count(), 4);
+  EXPECT_EQ(stats.min(), 2);
+  EXPECT_EQ(stats.max(), 6);
+  EXPECT_DOUBLE_EQ(stats.mean(), 3);
+  EXPECT_DOUBLE_EQ(stats.std(), std::sqrt(3.0));
+}
+
+TEST(EmbeddingTableTest, BytesCountsValuesSlotsAndUpdateCounts) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb" dim: 8
+    optimizer { adam { learning_rate: 0.01 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->bytes(), 0);
+  PullOrDie(*table, {1, 2, 3});
+  // (1 + 2 slots) * 8 floats * 4 bytes + 8 bytes of update count, per row.
+  EXPECT_EQ(table->bytes(), 3 * (3 * 8 * 4 + 8));
+}
+
+TEST(EmbeddingTableTest, CreateRefusesBadSpecs) {
+  struct Case {
+    std::string spec;
+    std::vector<int32_t> owned;
+    int32_t num_virtual_shards;
+    std::string message;
+  };
+  const std::string sgd = "optimizer { sgd { learning_rate: 0.1 } }";
+  const std::vector<Case> cases = {
+      {"dim: 8 " + sgd, {0}, 1, "table spec has an empty name"},
+      {"name: 'emb' dim: 0 " + sgd, {0}, 1, "table emb: dim 0 is not in [1, 2^31)"},
+      {"name: 'emb' dim: 2147483648 " + sgd, {0}, 1, "dim 2147483648 is not in [1, 2^31)"},
+      {"name: 'emb' dim: 8", {0}, 1, "table emb: "},
+      {"name: 'emb' dim: 8 optimizer { sgd { learning_rate: -1 } }", {0}, 1, "learning_rate"},
+      {"name: 'emb' dim: 8 initializer { kind: UNIFORM min: 1 max: 1 } " + sgd, {0}, 1,
+       "table emb: "},
+      {"name: 'emb' dim: 8 " + sgd, {0}, 0, "num_virtual_shards 0 is not positive"},
+      {"name: 'emb' dim: 8 " + sgd, {0, 4}, 4, "owned virtual shard 4 is not in [0, 4)"},
+      {"name: 'emb' dim: 8 " + sgd, {-1}, 4, "owned virtual shard -1 is not in [0, 4)"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::unique_ptr<EmbeddingTable>> table =
+        EmbeddingTable::Create(ParseTable(c.spec), c.owned, c.num_virtual_shards);
+    EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument) << c.spec;
+    EXPECT_THAT(table.status().message(), HasSubstr(c.message)) << c.spec;
+  }
+  // An empty owned list is valid: the table refuses every key.
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> empty =
+      EmbeddingTable::Create(ParseTable("name: 'emb' dim: 8 " + sgd), {}, 4);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_FALSE((*empty)->OwnsKey(1));
+}
+
+TEST(EmbeddingTableTest, NegativeCountIsRefused) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(kNormalSgd));
+  ASSERT_NE(table, nullptr);
+  absl::Status status = table->Pull(nullptr, -1, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("pull of -1 keys"));
+  status = table->Push(nullptr, -2, nullptr, false);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("push of -2 keys"));
+  EXPECT_TRUE(table->Pull(nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(table->Push(nullptr, 0, nullptr, false).ok());
+}
+
+// Prints (does not assert) the time of 100,000-key requests of 8 floats.
+TEST(EmbeddingTableTest, LargeRequestTiming) {
+  constexpr int64_t kKeys = 100000, kDim = 8;
+  for (const char* optimizer : {"sgd { learning_rate: 0.1 }", "adam { learning_rate: 0.001 }"}) {
+    std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(absl::StrCat(
+        "name: 'emb' dim: 8 initializer { kind: NORMAL stddev: 0.1 seed: 1 } optimizer { ",
+        optimizer, " }")));
+    ASSERT_NE(table, nullptr);
+    std::mt19937_64 rng(9);
+    std::vector<int64_t> keys(kKeys);
+    for (int64_t& k : keys) k = static_cast<int64_t>(rng());
+    // Keys drawn from 20,000 values: about five occurrences of each.
+    std::vector<int64_t> duplicated(kKeys);
+    for (int64_t i = 0; i < kKeys; ++i) duplicated[i] = keys[rng() % 20000];
+    std::vector<float> grads(kKeys * kDim, 0.01f);
+    std::vector<float> out(kKeys * kDim);
+
+    absl::Time start = absl::Now();
+    ASSERT_TRUE(table->Pull(keys.data(), kKeys, out.data()).ok());
+    const absl::Duration creating_pull = absl::Now() - start;
+    // The first request of each kind after the rows exist, then the fastest of three more.
+    absl::Duration pull[2], push[2], push_duplicated[2];
+    for (int round = 0; round < 4; ++round) {
+      const int i = round == 0 ? 0 : 1;
+      start = absl::Now();
+      ASSERT_TRUE(table->Pull(keys.data(), kKeys, out.data()).ok());
+      const absl::Duration pull_time = absl::Now() - start;
+      start = absl::Now();
+      ASSERT_TRUE(table->Push(keys.data(), kKeys, grads.data(), false).ok());
+      const absl::Duration push_time = absl::Now() - start;
+      start = absl::Now();
+      ASSERT_TRUE(table->Push(duplicated.data(), kKeys, grads.data(), false).ok());
+      const absl::Duration push_duplicated_time = absl::Now() - start;
+      if (round <= 1) {
+        pull[i] = pull_time;
+        push[i] = push_time;
+        push_duplicated[i] = push_duplicated_time;
+      } else {
+        pull[i] = std::min(pull[i], pull_time);
+        push[i] = std::min(push[i], push_time);
+        push_duplicated[i] = std::min(push_duplicated[i], push_duplicated_time);
+      }
+    }
+    EXPECT_EQ(table->num_rows(), kKeys);
+    std::cout << "[timing] " << table->optimizer().name()
+              << ", 100000 keys x 8 floats (first / best of 3 more):"
+              << "\n  pull creating every row  " << absl::FormatDuration(creating_pull)
+              << "\n  pull of existing rows    " << absl::FormatDuration(pull[0]) << " / "
+              << absl::FormatDuration(pull[1])
+              << "\n  push of distinct keys    " << absl::FormatDuration(push[0]) << " / "
+              << absl::FormatDuration(push[1])
+              << "\n  push, ~5 of each key     " << absl::FormatDuration(push_duplicated[0])
+              << " / " << absl::FormatDuration(push_duplicated[1]) << std::endl;
+  }
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,56 @@
+#ifndef PSCLUSTER_PS_SERVER_IN_PROCESS_PS_TRANSPORT_H_
+#define PSCLUSTER_PS_SERVER_IN_PROCESS_PS_TRANSPORT_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "client/ps_transport.h"
+#include "ps_server/parameter_store.h"
+
+namespace pscluster {
+
+// A PsTransport over ParameterStore objects in this process: the in-process fake of the ps
+// tasks, for unit tests of code that routes over them. Values still go through the wire
+// encoding, so fp16/bf16 rounding is the same as over gRPC. A task can be made unavailable to
+// test retries. Thread-safe.
+class InProcessPsTransport : public PsTransport {
+ public:
+  InProcessPsTransport(int num_ps, const ParameterStoreOptions& options);
+
+  ParameterStore& store(int ps) { return *stores_[ps]; }
+
+  // The next `n` calls to task `ps` fail with UNAVAILABLE before doing anything.
+  void FailNextCalls(int ps, int n);
+  // Calls made to task `ps` so far (failed ones included).
+  int calls(int ps) const;
+
+  int num_ps() const override { return static_cast<int>(stores_.size()); }
+  absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
+                            v1::CreateShardsResponse* response) override;
+  absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
+                         v1::DataType wire_dtype) override;
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
+                         int64_t step, int32_t worker, v1::PushDenseResponse* response) override;
+  absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, v1::DataType wire_dtype, float* out) override;
+  absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, const float* grads, v1::DataType wire_dtype, int64_t step,
+                          int32_t worker, v1::PushSparseResponse* response) override;
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(
+      int ps, const v1::InspectShardRequest& request) override;
+
+ private:
+  absl::Status Enter(int ps);
+
+  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  mutable absl::Mutex mu_;
+  std::vector<int> fail_next_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_IN_PROCESS_PS_TRANSPORT_H_

@@ -1,0 +1,283 @@
+#include "ps_server/parameter_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace pscluster {
+namespace {
+
+std::string DenseName(const std::string& variable, int32_t partition) {
+  return absl::StrCat(variable, "/", partition);
+}
+
+void Touch(ShardCounters& c, bool push, int64_t bytes) {
+  if (push) {
+    c.pushes.fetch_add(1, std::memory_order_relaxed);
+    c.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+    c.last_update_unix_micros.store(absl::ToUnixMicros(absl::Now()), std::memory_order_relaxed);
+  } else {
+    c.pulls.fetch_add(1, std::memory_order_relaxed);
+    c.bytes_out.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
+std::string ShapeString(const v1::TensorShape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape.dims(), ", "), "]");
+}
+
+ParameterStore::ParameterStore(const ParameterStoreOptions& options) : options_(options) {}
+
+absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
+                                          v1::CreateShardsResponse* response) {
+  if (request.sync().mode() != v1::ASYNC) {
+    return absl::UnimplementedError(absl::StrCat("update mode ",
+                                                 v1::UpdateMode_Name(request.sync().mode()),
+                                                 " is not supported by this ps task; only ASYNC"));
+  }
+  // Build everything first, outside the lock (initializing a large shard takes time), then
+  // check for conflicts and insert under the lock: all or nothing.
+  std::vector<std::unique_ptr<DenseShard>> dense;
+  for (const v1::DenseShardSpec& spec : request.dense()) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<DenseShard> shard, DenseShard::Create(spec));
+    dense.push_back(std::move(shard));
+  }
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  for (const v1::TableShardSpec& spec : request.tables()) {
+    std::vector<int32_t> owned(spec.virtual_shards().begin(), spec.virtual_shards().end());
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> table,
+                        EmbeddingTable::Create(spec.table(), owned, spec.num_virtual_shards()));
+    tables.push_back(std::move(table));
+  }
+
+  absl::MutexLock lock(&mu_);
+  std::vector<bool> present_dense(dense.size(), false), present_table(tables.size(), false);
+  for (size_t i = 0; i < dense.size(); ++i) {
+    auto it = dense_.find({dense[i]->name(), dense[i]->partition()});
+    if (it == dense_.end()) continue;
+    if (!google::protobuf::util::MessageDifferencer::Equals(it->second->spec(), dense[i]->spec())) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "variable ", DenseName(dense[i]->name(), dense[i]->partition()),
+          " already exists with shape ", ShapeString(it->second->spec().variable().shape()),
+          ", rows [", it->second->spec().partition().row_begin(), ", ",
+          it->second->spec().partition().row_end(), ") and optimizer ",
+          it->second->optimizer().name(), "; requested shape ",
+          ShapeString(dense[i]->spec().variable().shape()), ", rows [",
+          dense[i]->spec().partition().row_begin(), ", ", dense[i]->spec().partition().row_end(),
+          ") and optimizer ", dense[i]->optimizer().name()));
+    }
+    present_dense[i] = true;
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    auto it = tables_.find(tables[i]->spec().name());
+    if (it == tables_.end()) continue;
+    if (!google::protobuf::util::MessageDifferencer::Equals(it->second.table->spec(),
+                                                            tables[i]->spec())) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "table ", tables[i]->spec().name(), " already exists with dim ", it->second.table->dim(),
+          " and optimizer ", it->second.table->optimizer().name(), "; requested dim ",
+          tables[i]->dim(), " and optimizer ", tables[i]->optimizer().name()));
+    }
+    present_table[i] = true;
+  }
+  int created = 0, present = 0;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    if (present_dense[i]) {
+      ++present;
+      continue;
+    }
+    DenseKey key{dense[i]->name(), dense[i]->partition()};
+    dense_[key] = std::move(dense[i]);
+    ++created;
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (present_table[i]) {
+      ++present;
+      continue;
+    }
+    const std::string name = tables[i]->spec().name();
+    tables_[name] = Table{std::move(tables[i]), std::make_shared<ShardCounters>()};
+    ++created;
+  }
+  response->set_created(created);
+  response->set_already_present(present);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> ParameterStore::FindDense(
+    const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs) const {
+  std::vector<std::shared_ptr<DenseShard>> out;
+  out.reserve(refs.size());
+  absl::ReaderMutexLock lock(&mu_);
+  for (const v1::ShardRef& ref : refs) {
+    auto it = dense_.find({ref.variable(), ref.partition()});
+    if (it == dense_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("unknown variable ", DenseName(ref.variable(), ref.partition()),
+                       " on this ps task (", dense_.size(), " dense shards held)"));
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+absl::StatusOr<ParameterStore::Table> ParameterStore::FindTable(const std::string& name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown table ", name, " on this ps task"));
+  }
+  return it->second;
+}
+
+absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
+                                       const std::vector<std::vector<float>>& grads,
+                                       int64_t wire_bytes, v1::PushDenseResponse* response) {
+  if (grads.size() != shards.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a push names ", shards.size(), " shards but carries ", grads.size(), " gradients"));
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const DenseShard& s = *shards[i];
+    if (static_cast<int64_t>(grads[i].size()) != s.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable ", DenseName(s.name(), s.partition()), ": gradient has ", grads[i].size(),
+          " elements, expected ", s.num_elements(), " (shape ", ShapeString(s.shape()), ")"));
+    }
+    if (!options_.allow_non_finite) {
+      const int64_t bad = FindNonFinite(grads[i].data(), s.num_elements());
+      if (bad >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": gradient element ",
+                         bad, " is ", grads[i][bad],
+                         "; NaN and Inf gradients are refused (ps_server --nan_policy=allow "
+                         "accepts them)"));
+      }
+    }
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    shards[i]->Apply(grads[i].data());
+    Touch(shards[i]->counters(), /*push=*/true, wire_bytes / static_cast<int64_t>(shards.size()));
+  }
+  response->set_accepted(static_cast<int32_t>(shards.size()));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::PullSparse(const std::string& table, const int64_t* keys, int64_t n,
+                                        float* out, int64_t wire_bytes) {
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, out));
+  Touch(*t.counters, /*push=*/false, wire_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t* keys, int64_t n,
+                                        const float* grads, int64_t wire_bytes,
+                                        v1::PushSparseResponse* response) {
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  PS_RETURN_IF_ERROR(t.table->Push(keys, n, grads, options_.allow_non_finite));
+  Touch(*t.counters, /*push=*/true, wire_bytes);
+  response->set_accepted_rows(static_cast<int32_t>(n));
+  return absl::OkStatus();
+}
+
+v1::ListShardsResponse ParameterStore::ListShards() const {
+  v1::ListShardsResponse out;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [key, shard] : dense_) {
+    v1::ShardStats* s = out.add_shards();
+    s->set_name(key.first);
+    s->set_partition(key.second);
+    *s->mutable_shape() = shard->shape();
+    s->set_bytes(shard->bytes());
+    s->set_optimizer(std::string(shard->optimizer().name()));
+    s->set_applied_step(shard->updates());
+    shard->counters().FillStats(s);
+  }
+  for (const auto& [name, t] : tables_) {
+    v1::ShardStats* s = out.add_shards();
+    s->set_name(name);
+    s->set_partition(-1);
+    s->set_is_table(true);
+    s->mutable_shape()->add_dims(t.table->num_rows());
+    s->mutable_shape()->add_dims(t.table->dim());
+    s->set_rows(t.table->num_rows());
+    s->set_bytes(t.table->bytes());
+    s->set_optimizer(std::string(t.table->optimizer().name()));
+    t.counters->FillStats(s);
+    for (v1::HotKey& h : t.table->HotKeys(10)) *s->add_hot_keys() = std::move(h);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
+    const v1::InspectShardRequest& request) const {
+  v1::InspectShardResponse out;
+  const v1::ShardRef& ref = request.shard();
+  if (ref.partition() < 0) {
+    PS_ASSIGN_OR_RETURN(Table t, FindTable(ref.variable()));
+    v1::ShardStats* s = out.mutable_shard();
+    s->set_name(ref.variable());
+    s->set_partition(-1);
+    s->set_is_table(true);
+    s->set_rows(t.table->num_rows());
+    s->set_bytes(t.table->bytes());
+    s->set_optimizer(std::string(t.table->optimizer().name()));
+    t.counters->FillStats(s);
+    for (v1::HotKey& h : t.table->HotKeys(10)) *s->add_hot_keys() = std::move(h);
+    t.table->ComputeValueStats(out.mutable_values());
+    std::vector<int64_t> found, missing;
+    std::vector<float> rows;
+    t.table->Lookup(request.keys().data(), request.keys_size(), &found, &rows, &missing);
+    out.mutable_found_keys()->Add(found.begin(), found.end());
+    out.mutable_missing_keys()->Add(missing.begin(), missing.end());
+    out.set_found_rows(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
+    return out;
+  }
+  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
+  *refs.Add() = ref;
+  PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
+  const DenseShard& shard = *shards[0];
+  v1::ShardStats* s = out.mutable_shard();
+  s->set_name(shard.name());
+  s->set_partition(shard.partition());
+  *s->mutable_shape() = shard.shape();
+  s->set_bytes(shard.bytes());
+  s->set_optimizer(std::string(shard.optimizer().name()));
+  s->set_applied_step(shard.updates());
+  shard.counters().FillStats(s);
+  std::vector<float> values(shard.num_elements());
+  shard.ReadValues(values.data());
+  ComputeFloatStats(values.data(), shard.num_elements(), out.mutable_values());
+  const int64_t offset = request.values_offset();
+  if (offset < 0 || request.values_count() < 0 || offset > shard.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "values offset ", offset, " and count ", request.values_count(), " are outside variable ",
+        DenseName(shard.name(), shard.partition()), " of ", shard.num_elements(), " elements"));
+  }
+  const int64_t count = std::min(request.values_count(), shard.num_elements() - offset);
+  out.set_slice(reinterpret_cast<const char*>(values.data() + offset), count * sizeof(float));
+  return out;
+}
+
+int64_t ParameterStore::total_pushes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [k, s] : dense_) n += s->counters().pushes.load(std::memory_order_relaxed);
+  for (const auto& [k, t] : tables_) n += t.counters->pushes.load(std::memory_order_relaxed);
+  return n;
+}
+
+int64_t ParameterStore::total_pulls() const {
+  absl::ReaderMutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [k, s] : dense_) n += s->counters().pulls.load(std::memory_order_relaxed);
+  for (const auto& [k, t] : tables_) n += t.counters->pulls.load(std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace pscluster

@@ -1,0 +1,91 @@
+#ifndef PSCLUSTER_PS_SERVER_PARAMETER_STORE_H_
+#define PSCLUSTER_PS_SERVER_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/dense_shard.h"
+#include "ps_server/embedding_table.h"
+
+namespace pscluster {
+
+struct ParameterStoreOptions {
+  // Accept gradients that contain NaN or Inf (--nan_policy=allow). By default they are refused.
+  bool allow_non_finite = false;
+};
+
+// A ps task's shards of every dense variable and sparse table, and the rules for touching
+// them: the transport-free core of ps_server. Every request is validated whole before any of
+// it is applied, so a refused request changes nothing.
+//
+// Thread-safe. The shard maps have their own lock, held only to look shards up; each shard and
+// table then has its own lock(s), so pushes to different shards run in parallel.
+class ParameterStore {
+ public:
+  explicit ParameterStore(const ParameterStoreOptions& options);
+
+  // Creates the listed shards. A shard that already exists with the same spec is counted in
+  // already_present; with a different spec the whole request is refused (ALREADY_EXISTS,
+  // naming the variable and both shapes). INVALID_ARGUMENT for a bad spec.
+  absl::Status CreateShards(const v1::CreateShardsRequest& request,
+                            v1::CreateShardsResponse* response);
+
+  // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one.
+  absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> FindDense(
+      const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs) const;
+
+  struct Table {
+    std::shared_ptr<EmbeddingTable> table;
+    std::shared_ptr<ShardCounters> counters;
+  };
+  // NOT_FOUND naming the table.
+  absl::StatusOr<Table> FindTable(const std::string& name) const;
+
+  // Checks the gradients of `shards` (grads[i] must have shards[i]'s element count and, unless
+  // allowed, only finite values), then applies each. `wire_bytes` is what travelled, for stats.
+  absl::Status PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
+                         const std::vector<std::vector<float>>& grads, int64_t wire_bytes,
+                         v1::PushDenseResponse* response);
+
+  // Rows of `keys` (created on first touch) into out[0..n*dim).
+  absl::Status PullSparse(const std::string& table, const int64_t* keys, int64_t n, float* out,
+                          int64_t wire_bytes);
+  // Gradients grads[0..n*dim) for `keys`; duplicate keys are summed.
+  absl::Status PushSparse(const std::string& table, const int64_t* keys, int64_t n,
+                          const float* grads, int64_t wire_bytes, v1::PushSparseResponse* response);
+
+  // Every shard and table with its counters.
+  v1::ListShardsResponse ListShards() const;
+
+  // Statistics and a slice of one shard (partition -1, or a table's name, selects a table).
+  absl::StatusOr<v1::InspectShardResponse> Inspect(const v1::InspectShardRequest& request) const;
+
+  // Sum of updates applied over all shards, and the last step pushed (for status).
+  int64_t total_pushes() const;
+  int64_t total_pulls() const;
+
+  const ParameterStoreOptions& options() const { return options_; }
+
+ private:
+  using DenseKey = std::pair<std::string, int32_t>;
+
+  const ParameterStoreOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<DenseKey, std::shared_ptr<DenseShard>> dense_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+// "[3, 4]".
+std::string ShapeString(const v1::TensorShape& shape);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_PARAMETER_STORE_H_

@@ -1,0 +1,59 @@
+#ifndef PSCLUSTER_PS_SERVER_PS_SERVICE_H_
+#define PSCLUSTER_PS_SERVER_PS_SERVICE_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ps_service.grpc.pb.h"
+#include "ps_server/parameter_store.h"
+
+namespace pscluster {
+
+struct PsServiceOptions {
+  // Chunk size of streamed pulls when the request does not say, in bytes.
+  int64_t default_chunk_bytes = 1 << 20;
+  // Largest chunk a client may ask for, in bytes (kept under the message size limit).
+  int64_t max_chunk_bytes = 16 << 20;
+};
+
+// Adapts a ParameterStore to the ParameterServer gRPC service: decodes wire dtypes, streams
+// dense tensors in chunks, and turns Status into gRPC status. Thread-safe.
+class PsService : public v1::ParameterServer::Service {
+ public:
+  // `store` is not owned and must outlive the service.
+  PsService(ParameterStore* store, const PsServiceOptions& options);
+
+  // Filled into GetStatus answers.
+  void SetIdentity(const v1::TaskId& task, const std::string& address);
+
+  grpc::Status CreateShards(grpc::ServerContext* ctx, const v1::CreateShardsRequest* req,
+                            v1::CreateShardsResponse* resp) override;
+  grpc::Status PullDense(grpc::ServerContext* ctx, const v1::PullDenseRequest* req,
+                         grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status PushDense(grpc::ServerContext* ctx, grpc::ServerReader<v1::PushDenseRequest>* reader,
+                         v1::PushDenseResponse* resp) override;
+  grpc::Status PullSparse(grpc::ServerContext* ctx, const v1::PullSparseRequest* req,
+                          v1::PullSparseResponse* resp) override;
+  grpc::Status PushSparse(grpc::ServerContext* ctx, const v1::PushSparseRequest* req,
+                          v1::PushSparseResponse* resp) override;
+  grpc::Status ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest* req,
+                          v1::ListShardsResponse* resp) override;
+  grpc::Status InspectShard(grpc::ServerContext* ctx, const v1::InspectShardRequest* req,
+                            v1::InspectShardResponse* resp) override;
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
+                         v1::TaskStatus* resp) override;
+
+ private:
+  ParameterStore* const store_;  // Not owned.
+  const PsServiceOptions options_;
+  const absl::Time start_time_;
+  absl::Mutex mu_;
+  v1::TaskId task_ ABSL_GUARDED_BY(mu_);
+  std::string address_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_PS_SERVICE_H_
