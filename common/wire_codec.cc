@@ -105,48 +105,57 @@ struct BFloat16Codec {
   static uint32_t Widen(uint32_t h) { return h << 16; }
 };
 
-// Encodes values[0..count) into out[0..count), count <= kBlock.
+// Encodes values[0..kBlock) into out[0..2 kBlock).
 template <typename Codec>
-inline void NarrowBlock(const float* values, int count, uint16_t* out) {
+void NarrowBlock(const float* values, char* out) {
   uint32_t bits[kBlock];
-  for (int j = 0; j < count; ++j) bits[j] = Codec::Narrow(absl::bit_cast<uint32_t>(values[j]));
-  for (int j = 0; j < count; ++j) out[j] = static_cast<uint16_t>(bits[j]);
+  for (int j = 0; j < kBlock; ++j) bits[j] = Codec::Narrow(absl::bit_cast<uint32_t>(values[j]));
+  for (int j = 0; j < kBlock; ++j) {
+    const uint16_t narrow = static_cast<uint16_t>(bits[j]);
+    std::memcpy(out + 2 * j, &narrow, sizeof(narrow));
+  }
 }
 
-// Decodes in[0..count) into out[0..count), count <= kBlock.
+// Decodes in[0..2 kBlock) into out[0..kBlock).
 template <typename Codec>
-inline void WidenBlock(const uint16_t* in, int count, float* out) {
+void WidenBlock(const char* in, float* out) {
   uint32_t bits[kBlock];
-  for (int j = 0; j < count; ++j) bits[j] = in[j];
-  for (int j = 0; j < count; ++j) out[j] = absl::bit_cast<float>(Codec::Widen(bits[j]));
+  for (int j = 0; j < kBlock; ++j) {
+    uint16_t narrow;
+    std::memcpy(&narrow, in + 2 * j, sizeof(narrow));
+    bits[j] = narrow;
+  }
+  for (int j = 0; j < kBlock; ++j) out[j] = absl::bit_cast<float>(Codec::Widen(bits[j]));
 }
 
 // Encodes values[0..n) as 16-bit elements into out[0..2n). `out` needs no alignment.
 template <typename Codec>
 void NarrowTo16(const float* values, int64_t n, char* out) {
-  uint16_t block[kBlock];
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    NarrowBlock<Codec>(values + i, kBlock, block);
-    std::memcpy(out + 2 * i, block, sizeof(block));
-  }
-  const int rest = static_cast<int>(n - i);
-  NarrowBlock<Codec>(values + i, rest, block);
-  std::memcpy(out + 2 * i, block, 2 * static_cast<size_t>(rest));
+  for (; i + kBlock <= n; i += kBlock) NarrowBlock<Codec>(values + i, out + 2 * i);
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  // The last partial block goes through a zero-padded full one, so that every conversion
+  // loop has the constant trip count that the vectorizer wants.
+  float padded[kBlock] = {};
+  char encoded[2 * kBlock];
+  std::memcpy(padded, values + i, sizeof(float) * rest);
+  NarrowBlock<Codec>(padded, encoded);
+  std::memcpy(out + 2 * i, encoded, 2 * rest);
 }
 
 // Decodes n 16-bit elements from in[0..2n) into out[0..n). `in` needs no alignment.
 template <typename Codec>
 void WidenFrom16(const char* in, int64_t n, float* out) {
-  uint16_t block[kBlock];
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    std::memcpy(block, in + 2 * i, sizeof(block));
-    WidenBlock<Codec>(block, kBlock, out + i);
-  }
-  const int rest = static_cast<int>(n - i);
-  std::memcpy(block, in + 2 * i, 2 * static_cast<size_t>(rest));
-  WidenBlock<Codec>(block, rest, out + i);
+  for (; i + kBlock <= n; i += kBlock) WidenBlock<Codec>(in + 2 * i, out + i);
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  char padded[2 * kBlock] = {};
+  float decoded[kBlock];
+  std::memcpy(padded, in + 2 * i, 2 * rest);
+  WidenBlock<Codec>(padded, decoded);
+  std::memcpy(out + i, decoded, sizeof(float) * rest);
 }
 
 #ifdef __F16C__

@@ -15,10 +15,10 @@
 namespace pscluster {
 namespace {
 
-// MurmurHash3's 64-bit finalizer. Deliberately not splitmix64 (which VirtualShardOfKey uses):
-// the keys a task owns share their virtual-shard hash residues, and a stripe hash built from the
-// same mix could put all of them in a few stripes.
-uint64_t MixForStripe(uint64_t x) {
+// MurmurHash3's 64-bit finalizer, for choosing stripes. Deliberately not splitmix64 (which
+// VirtualShardOfKey uses): the keys a task owns share their virtual-shard hash residues, and a
+// stripe hash built from the same mix could put all of them in a few stripes.
+uint64_t Mix64(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
   x ^= x >> 33;
@@ -51,13 +51,13 @@ int64_t FindFirstNonFinite(const float* v, int64_t n) {
 // The stripe of a key: the top 6 bits of its mix.
 int StripeOfKey(int64_t key) {
   static_assert(EmbeddingTable::kNumStripes == 64, "StripeOfKey takes the top 6 bits");
-  return static_cast<int>(MixForStripe(static_cast<uint64_t>(key)) >> 58);
+  return static_cast<int>(Mix64(static_cast<uint64_t>(key)) >> 58);
 }
 
 // An open-addressing map from key to the position of its first occurrence, for summing the
-// duplicate keys of one stripe's part of a push. It is rebuilt for every stripe of every push,
-// which costs a flat_hash_map more (allocation, rehash) than this linear-probing table that
-// keeps its storage.
+// duplicate keys of one stripe's part of a push. It is rebuilt for every stripe, which costs a
+// flat_hash_map more (allocation, growth) than this linear-probing table that keeps its storage
+// from stripe to stripe.
 class FirstOccurrenceIndex {
  public:
   // Empties the index and makes room for up to max_keys keys.
@@ -71,7 +71,7 @@ class FirstOccurrenceIndex {
   // Returns the position recorded for `key`, or records and returns `position` if there is none.
   int64_t FindOrInsert(int64_t key, int64_t position) {
     // The low bits of the mix: the stripe used the top ones, so these still vary within one.
-    for (size_t i = MixForStripe(static_cast<uint64_t>(key)) & mask_;; i = (i + 1) & mask_) {
+    for (size_t i = Mix64(static_cast<uint64_t>(key)) & mask_;; i = (i + 1) & mask_) {
       Slot& slot = slots_[i];
       if (slot.position == kEmpty) {
         slot = Slot{key, position};
@@ -109,8 +109,8 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   constexpr int64_t kMaxDim = int64_t{1} << 31;
   if (spec.dim() < 1 || spec.dim() >= kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(), ": dim ", spec.dim(),
-                                                   " is not in [1, 2^31)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.name(), ": dim ", spec.dim(), " is not in [1, 2^31)"));
   }
   absl::Status initializer_status = ValidateInitializer(spec.initializer());
   if (!initializer_status.ok()) return WithTablePrefix(spec.name(), initializer_status);
@@ -123,9 +123,9 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   std::vector<bool> owned(static_cast<size_t>(num_virtual_shards), false);
   for (int32_t shard : owned_virtual_shards) {
     if (shard < 0 || shard >= num_virtual_shards) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", spec.name(), ": owned virtual shard ", shard,
-                       " is not in [0, ", num_virtual_shards, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(),
+                                                     ": owned virtual shard ", shard,
+                                                     " is not in [0, ", num_virtual_shards, ")"));
     }
     owned[static_cast<size_t>(shard)] = true;
   }
@@ -184,30 +184,41 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
   for (int64_t i = 0; i < n; ++i) groups->order[next[groups->stripe_of[i]]++] = i;
 }
 
-absl::StatusOr<uint32_t> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key) {
+absl::StatusOr<uint32_t> EmbeddingTable::FindOrAppendRowLocked(Stripe* stripe, int64_t key,
+                                                               bool* appended) {
   const size_t new_row = stripe->update_counts.size();
   auto [it, inserted] = stripe->row_of.try_emplace(key, static_cast<uint32_t>(new_row));
+  *appended = inserted;
   if (!inserted) return it->second;
   if (new_row >= std::numeric_limits<uint32_t>::max()) {
     stripe->row_of.erase(it);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table ", spec_.name(), ": cannot create the row of key ", key, ": its stripe already holds ",
-        new_row, " rows"));
+    *appended = false;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", spec_.name(), ": cannot create the row of key ", key,
+                     ": its stripe already holds ", new_row, " rows"));
   }
-  const size_t offset = new_row * static_cast<size_t>(stride_);
-  stripe->arena.resize(offset + static_cast<size_t>(stride_));
-  float* row = stripe->arena.data() + offset;
-  absl::Status status = InitializeRow(spec_.initializer(), spec_.name(), key, dim_, row);
+  stripe->arena.resize((new_row + 1) * static_cast<size_t>(stride_));
+  stripe->update_counts.push_back(0);
+  return static_cast<uint32_t>(new_row);
+}
+
+absl::StatusOr<uint32_t> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key) {
+  bool appended;
+  PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrAppendRowLocked(stripe, key, &appended));
+  if (!appended) return row;
+  float* values = stripe->arena.data() + static_cast<size_t>(row) * stride_;
+  absl::Status status = InitializeRow(spec_.initializer(), spec_.name(), key, dim_, values);
   if (!status.ok()) {
-    stripe->arena.resize(offset);
-    stripe->row_of.erase(stripe->row_of.find(key));
+    // Undo the append (it is the stripe's last row).
+    stripe->row_of.erase(key);
+    stripe->arena.resize(static_cast<size_t>(row) * stride_);
+    stripe->update_counts.pop_back();
     return WithTablePrefix(spec_.name(), status);
   }
   for (int s = 0; s < num_slots_; ++s) {
-    std::fill_n(row + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
+    std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
   }
-  stripe->update_counts.push_back(0);
-  return static_cast<uint32_t>(new_row);
+  return row;
 }
 
 absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out) {
@@ -264,10 +275,10 @@ absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* g
     const int64_t bad = FindFirstNonFinite(grads, n * dim_);
     if (bad >= 0) {
       const int64_t pos = bad / dim_;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", spec_.name(), ": gradient for key ", keys[pos], " at position ", pos,
-          " has non-finite value ", grads[bad], " (element ", bad % dim_,
-          " of its row); non-finite gradients are refused"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", spec_.name(), ": gradient for key ", keys[pos], " at position ",
+                       pos, " has non-finite value ", grads[bad], " (element ", bad % dim_,
+                       " of its row); non-finite gradients are refused"));
     }
   }
   if (n == 0) return absl::OkStatus();
@@ -348,8 +359,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
   for (int64_t pos = 0; pos < n; ++pos) {
     if (exists[pos]) {
       found->push_back(keys[pos]);
-      rows->insert(rows->end(), gathered.begin() + pos * dim_,
-                   gathered.begin() + (pos + 1) * dim_);
+      rows->insert(rows->end(), gathered.begin() + pos * dim_, gathered.begin() + (pos + 1) * dim_);
     } else {
       missing->push_back(keys[pos]);
     }
@@ -378,7 +388,7 @@ void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
   const int64_t step = (n + kHotKeySamplesPerPush - 1) / kHotKeySamplesPerPush;
   absl::MutexLock lock(&hot_mu_);
   const int64_t offset =
-      step == 1 ? 0 : static_cast<int64_t>(MixForStripe(hot_pushes_) % static_cast<uint64_t>(step));
+      step == 1 ? 0 : static_cast<int64_t>(Mix64(hot_pushes_) % static_cast<uint64_t>(step));
   ++hot_pushes_;
   for (int64_t pos = offset; pos < n; pos += step) CountHotKeyLocked(keys[pos], step);
 }
@@ -408,8 +418,8 @@ void EmbeddingTable::CountHotKeyLocked(int64_t key, int64_t weight) {
 }
 
 std::vector<v1::HotKey> EmbeddingTable::HotKeys(int k) const {
-  std::vector<std::pair<int64_t, int64_t>> counts;  // (key, count)
   if (k <= 0) return {};
+  std::vector<std::pair<int64_t, int64_t>> counts;  // (key, count)
   {
     absl::MutexLock lock(&hot_mu_);
     counts.assign(hot_counts_.begin(), hot_counts_.end());
@@ -495,8 +505,8 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   }
   Stripe& stripe = stripes_[StripeOfKey(key)];
   absl::MutexLock lock(&stripe.mu);
-  // Creating the row runs the initializer needlessly, but keeps one way to add a row.
-  PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrCreateRowLocked(&stripe, key));
+  bool appended;  // Either way, the row is overwritten below.
+  PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrAppendRowLocked(&stripe, key, &appended));
   std::memcpy(stripe.arena.data() + static_cast<size_t>(row) * stride_, values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   stripe.update_counts[row] = t;

@@ -152,18 +152,21 @@ class EmbeddingTable {
     int64_t begin[kNumStripes + 1];
     std::vector<int64_t> order;
   };
-  static void GroupByStripe(const int64_t* keys, int64_t n, bool with_order,
-                            StripeGroups* groups);
+  static void GroupByStripe(const int64_t* keys, int64_t n, bool with_order, StripeGroups* groups);
 
-  EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer,
-                 std::vector<bool> owned, int32_t num_virtual_shards);
+  EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
+                 int32_t num_virtual_shards);
 
   // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
   absl::Status CheckOwned(const int64_t* keys, int64_t n) const;
   absl::Status NotOwnedError(int64_t key) const;
 
-  // Returns the row of `key` in `stripe`, appending an initialized one if absent. Fails only if
-  // the initializer fails (which Create rules out) or the stripe is full (2^32 rows).
+  // Returns the row of `key` in `stripe`; if absent, appends one with values, slots and count 0
+  // and sets *appended. RESOURCE_EXHAUSTED, changing nothing, if the stripe holds 2^32 - 1 rows.
+  absl::StatusOr<uint32_t> FindOrAppendRowLocked(Stripe* stripe, int64_t key, bool* appended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // As FindOrAppendRowLocked, but a new row gets its initial values and slots. Fails, changing
+  // nothing, if the stripe is full or the initializer fails (which Create rules out).
   absl::StatusOr<uint32_t> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -63,8 +63,7 @@ std::vector<float> PullOrDie(EmbeddingTable& table, const std::vector<int64_t>& 
 absl::Status Push(EmbeddingTable& table, const std::vector<int64_t>& keys,
                   const std::vector<float>& grads, bool allow_non_finite = false) {
   EXPECT_EQ(grads.size(), keys.size() * table.dim());
-  return table.Push(keys.data(), static_cast<int64_t>(keys.size()), grads.data(),
-                    allow_non_finite);
+  return table.Push(keys.data(), static_cast<int64_t>(keys.size()), grads.data(), allow_non_finite);
 }
 
 struct Row {
@@ -104,7 +103,8 @@ int64_t KeyInOtherShard(int64_t key, int32_t num_virtual_shards) {
 }
 
 constexpr char kNormalSgd[] = R"pb(
-  name: "emb" dim: 8
+  name: "emb"
+  dim: 8
   initializer { kind: NORMAL mean: 0.5 stddev: 2 seed: 42 }
   optimizer { sgd { learning_rate: 0.1 } }
 )pb";
@@ -156,7 +156,8 @@ TEST(EmbeddingTableTest, RowsAreDeterministicAcrossTablesAndPlacements) {
 
 TEST(EmbeddingTableTest, SgdSumsDuplicateKeysIntoOneUpdate) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 2
+    name: "emb"
+    dim: 2
     initializer { kind: CONSTANT value: 1 }
     optimizer { sgd { learning_rate: 0.5 } }
   )pb"));
@@ -173,7 +174,8 @@ TEST(EmbeddingTableTest, SgdSumsDuplicateKeysIntoOneUpdate) {
 
 TEST(EmbeddingTableTest, AdagradTouchesOnlyPushedRows) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 4
+    name: "emb"
+    dim: 4
     initializer { kind: UNIFORM min: -1 max: 1 seed: 7 }
     optimizer { adagrad { learning_rate: 0.1 initial_accumulator_value: 0.1 } }
   )pb"));
@@ -212,7 +214,8 @@ TEST(EmbeddingTableTest, AdagradTouchesOnlyPushedRows) {
 
 TEST(EmbeddingTableTest, AdamCountsUpdatesPerRow) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 3
+    name: "emb"
+    dim: 3
     initializer { kind: CONSTANT value: 0.5 }
     optimizer { adam { learning_rate: 0.01 } }
   )pb"));
@@ -239,7 +242,8 @@ TEST(EmbeddingTableTest, AdamCountsUpdatesPerRow) {
 
 TEST(EmbeddingTableTest, NonFiniteGradientIsRefusedAndChangesNothing) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 2
+    name: "emb"
+    dim: 2
     initializer { kind: CONSTANT value: 1 }
     optimizer { adagrad { learning_rate: 0.1 } }
   )pb"));
@@ -328,7 +332,8 @@ TEST(EmbeddingTableTest, LookupDoesNotCreate) {
 
 TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
   const v1::TableSpec spec = ParseTable(R"pb(
-    name: "emb" dim: 8
+    name: "emb"
+    dim: 8
     initializer { kind: TRUNCATED_NORMAL stddev: 0.1 seed: 3 }
     optimizer { adam { learning_rate: 0.01 } }
   )pb");
@@ -379,7 +384,8 @@ TEST(EmbeddingTableTest, ConcurrentPushesLoseNoUpdateAndPullsSeeWholeRows) {
   // 1.0) from every element, so a row's elements are always equal (a torn read would show two
   // values) and the final value counts the pushes exactly (all values are exact in float).
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 8
+    name: "emb"
+    dim: 8
     initializer { kind: CONSTANT value: 100 }
     optimizer { sgd { learning_rate: 0.5 } }
   )pb"));
@@ -496,7 +502,8 @@ TEST(EmbeddingTableTest, HotKeysFindsADominantKeyInLargePushes) {
 
 TEST(EmbeddingTableTest, ValueStatsCoverValuesNotSlots) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 2
+    name: "emb"
+    dim: 2
     initializer { kind: CONSTANT value: 2 }
     optimizer { adagrad { learning_rate: 0.1 initial_accumulator_value: 5 } }
   )pb"));
@@ -537,7 +544,8 @@ TEST(EmbeddingTableTest, ValueStatsCoverValuesNotSlots) {
 
 TEST(EmbeddingTableTest, BytesCountsValuesSlotsAndUpdateCounts) {
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
-    name: "emb" dim: 8
+    name: "emb"
+    dim: 8
     optimizer { adam { learning_rate: 0.01 } }
   )pb"));
   ASSERT_NE(table, nullptr);
@@ -561,7 +569,9 @@ TEST(EmbeddingTableTest, CreateRefusesBadSpecs) {
       {"name: 'emb' dim: 2147483648 " + sgd, {0}, 1, "dim 2147483648 is not in [1, 2^31)"},
       {"name: 'emb' dim: 8", {0}, 1, "table emb: "},
       {"name: 'emb' dim: 8 optimizer { sgd { learning_rate: -1 } }", {0}, 1, "learning_rate"},
-      {"name: 'emb' dim: 8 initializer { kind: UNIFORM min: 1 max: 1 } " + sgd, {0}, 1,
+      {"name: 'emb' dim: 8 initializer { kind: UNIFORM min: 1 max: 1 } " + sgd,
+       {0},
+       1,
        "table emb: "},
       {"name: 'emb' dim: 8 " + sgd, {0}, 0, "num_virtual_shards 0 is not positive"},
       {"name: 'emb' dim: 8 " + sgd, {0, 4}, 4, "owned virtual shard 4 is not in [0, 4)"},
@@ -641,9 +651,8 @@ TEST(EmbeddingTableTest, LargeRequestTiming) {
               << ", 100000 keys x 8 floats (first / best of 3 more):"
               << "\n  pull creating every row  " << absl::FormatDuration(creating_pull)
               << "\n  pull of existing rows    " << absl::FormatDuration(pull[0]) << " / "
-              << absl::FormatDuration(pull[1])
-              << "\n  push of distinct keys    " << absl::FormatDuration(push[0]) << " / "
-              << absl::FormatDuration(push[1])
+              << absl::FormatDuration(pull[1]) << "\n  push of distinct keys    "
+              << absl::FormatDuration(push[0]) << " / " << absl::FormatDuration(push[1])
               << "\n  push, ~5 of each key     " << absl::FormatDuration(push_duplicated[0])
               << " / " << absl::FormatDuration(push_duplicated[1]) << std::endl;
   }

@@ -1,0 +1,329 @@
+// The parameter server through the real daemons: 2 ps tasks and a chief on 127.0.0.1, with
+// clients in this process.
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/grpc_ps_transport.h"
+#include "client/parameter_client.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "ps_server/in_process_ps_transport.h"
+#include "sharding/placement.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kModel[] = R"pb(
+  variables {
+    name: "w"
+    shape { dims: 64 dims: 16 }
+    initializer { kind: NORMAL stddev: 0.1 seed: 3 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  variables {
+    name: "b"
+    shape { dims: 16 }
+    optimizer { sgd { learning_rate: 0.5 } }
+  }
+  tables {
+    name: "emb"
+    dim: 8
+    initializer { kind: UNIFORM min: -0.5 max: 0.5 seed: 9 }
+    optimizer { adagrad { learning_rate: 0.1 } }
+  }
+)pb";
+
+v1::ModelSpec Model() {
+  v1::ModelSpec model;
+  CHECK(google::protobuf::TextFormat::ParseFromString(kModel, &model));
+  return model;
+}
+
+std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {}) {
+  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
+  std::ofstream(model_path) << kModel;
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 0;
+  // w is 64 rows of 64 bytes: four partitions of 16 rows, spread over both ps tasks.
+  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024"};
+  options.flags["ps"] = std::move(ps_flags);
+  auto cluster = TestCluster::Start(options);
+  CHECK(cluster.ok()) << cluster.status();
+  return *std::move(cluster);
+}
+
+v1::GetModelResponse GetModel(TestCluster& cluster) {
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetModelRequest req;
+  req.set_wait_until_ready(true);
+  v1::GetModelResponse resp;
+  grpc::Status s = chief->GetModel(&ctx, req, &resp);
+  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
+  return resp;
+}
+
+std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker) {
+  std::vector<std::string> addresses(m.ps_addresses().begin(), m.ps_addresses().end());
+  ParameterClientOptions options;
+  options.worker = worker;
+  auto client =
+      ParameterClient::Create(m.model(), m.placement(),
+                              std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()),
+                              options);
+  CHECK(client.ok()) << client.status();
+  return *std::move(client);
+}
+
+// What client `c` pushes at iteration `i`: small exact values. Dense variables use SGD, whose
+// result does not depend on the order of pushes (up to rounding); the table uses Adagrad, whose
+// result does, so each client has keys of its own and a row sees one client's order.
+void Gradients(int c, int i, std::vector<float>* gw, std::vector<float>* gb,
+               std::vector<int64_t>* keys, std::vector<float>* grows) {
+  gw->resize(64 * 16);
+  for (size_t j = 0; j < gw->size(); ++j) (*gw)[j] = ((j * 7 + i * 3 + c) % 9) * 0.125f - 0.5f;
+  gb->assign(16, c == 0 ? 0.25f : -0.125f);
+  keys->clear();
+  for (int k = 0; k < 50; ++k) keys->push_back((k * 37 + i * 11) % 3000 - 1500 + c * 100000);
+  keys->push_back(keys->front());  // a duplicate key in every push
+  grows->assign(keys->size() * 8, 0.0f);
+  for (size_t j = 0; j < grows->size(); ++j) (*grows)[j] = ((j + i + c) % 5) * 0.25f - 0.5f;
+}
+
+TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
+  std::unique_ptr<TestCluster> cluster = StartCluster();
+  v1::GetModelResponse m = GetModel(*cluster);
+  ASSERT_EQ(m.ps_addresses_size(), 2);
+  ASSERT_EQ(m.placement().partitions_size(), 5);  // w: 4 partitions, b: 1
+  std::set<int> ps_used;
+  for (const v1::DensePartition& p : m.placement().partitions()) ps_used.insert(p.ps_task());
+  ASSERT_EQ(ps_used.size(), 2u);
+
+  constexpr int kClients = 2, kIterations = 20;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<ParameterClient> client = ClientFor(m, c);
+      std::vector<float> gw, gb, grows;
+      std::vector<int64_t> keys;
+      std::vector<std::vector<float>> pulled;
+      std::vector<float> rows;
+      for (int i = 0; i < kIterations && errors[c].ok(); ++i) {
+        Gradients(c, i, &gw, &gb, &keys, &grows);
+        errors[c] = client->Pull({"w", "b"}, &pulled);
+        rows.resize(keys.size() * 8);
+        if (errors[c].ok()) errors[c] = client->PullRows("emb", keys.data(), keys.size(), rows.data());
+        if (errors[c].ok()) errors[c] = client->Push({"w", "b"}, {gw.data(), gb.data()}, i);
+        if (errors[c].ok()) {
+          errors[c] = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster->Logs();
+
+  // The same pushes, one after another, in one process with one store.
+  auto placement1 = ComputePlacement(Model(), 1, m.placement().options());
+  ASSERT_TRUE(placement1.ok());
+  auto reference = ParameterClient::Create(
+      Model(), *placement1, std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()),
+      {});
+  ASSERT_TRUE(reference.ok());
+  ASSERT_TRUE((*reference)->CreateAll(v1::SyncOptions()).ok());
+  std::set<int64_t> all_keys;
+  for (int i = 0; i < kIterations; ++i) {
+    for (int c = 0; c < kClients; ++c) {
+      std::vector<float> gw, gb, grows;
+      std::vector<int64_t> keys;
+      Gradients(c, i, &gw, &gb, &keys, &grows);
+      ASSERT_TRUE((*reference)->Push({"w", "b"}, {gw.data(), gb.data()}, i).ok());
+      ASSERT_TRUE((*reference)->PushRows("emb", keys.data(), keys.size(), grows.data(), i).ok());
+      all_keys.insert(keys.begin(), keys.end());
+    }
+  }
+  std::unique_ptr<ParameterClient> client = ClientFor(m, -1);
+  std::vector<std::vector<float>> got, want;
+  ASSERT_TRUE(client->Pull({"w", "b"}, &got).ok());
+  ASSERT_TRUE((*reference)->Pull({"w", "b"}, &want).ok());
+  for (int v = 0; v < 2; ++v) {
+    ASSERT_EQ(got[v].size(), want[v].size());
+    for (size_t j = 0; j < got[v].size(); ++j) {
+      // Concurrent clients apply in another order than the reference: float rounding only.
+      ASSERT_NEAR(got[v][j], want[v][j], 1e-5 * std::max(1.0f, std::abs(want[v][j])))
+          << (v == 0 ? "w" : "b") << "[" << j << "]";
+    }
+  }
+  std::vector<int64_t> keys(all_keys.begin(), all_keys.end());
+  std::vector<float> got_rows(keys.size() * 8), want_rows(keys.size() * 8);
+  ASSERT_TRUE(client->PullRows("emb", keys.data(), keys.size(), got_rows.data()).ok());
+  ASSERT_TRUE((*reference)->PullRows("emb", keys.data(), keys.size(), want_rows.data()).ok());
+  for (size_t j = 0; j < got_rows.size(); ++j) {
+    ASSERT_NEAR(got_rows[j], want_rows[j], 1e-5) << "emb key " << keys[j / 8];
+  }
+
+  // Both ps tasks hold part of the table, and their stats saw the traffic.
+  for (int ps = 0; ps < 2; ++ps) {
+    auto list = client->transport().ListShards(ps);
+    ASSERT_TRUE(list.ok());
+    bool saw_table = false;
+    for (const v1::ShardStats& s : list->shards()) {
+      if (s.is_table()) {
+        saw_table = true;
+        EXPECT_GT(s.rows(), 0);
+        EXPECT_EQ(s.pushes(), kClients * kIterations);
+      } else {
+        EXPECT_EQ(s.pushes(), kClients * kIterations) << s.name() << "/" << s.partition();
+        EXPECT_EQ(s.applied_step(), kClients * kIterations);
+      }
+    }
+    EXPECT_TRUE(saw_table) << ps;
+  }
+}
+
+class PsBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = StartCluster({"--max_message_bytes=1048576"});
+    model_ = GetModel(*cluster_);
+    for (const v1::DensePartition& p : model_.placement().partitions()) {
+      if (p.variable() == "b") b_ps_ = p.ps_task();
+    }
+    stub_ = v1::ParameterServer::NewStub(grpc::CreateChannel(
+        model_.ps_addresses(b_ps_), grpc::InsecureChannelCredentials()));
+    client_ = ClientFor(model_, 0);
+  }
+
+  std::vector<float> ReadB() {
+    std::vector<std::vector<float>> v;
+    CHECK(client_->Pull({"b"}, &v).ok());
+    return v[0];
+  }
+
+  // Pushes `values` as the gradient of b/0, `count` elements announced.
+  grpc::Status PushB(const std::vector<float>& values, int64_t count,
+                     v1::DataType wire = v1::DT_FLOAT32) {
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, &resp);
+    v1::PushDenseRequest header;
+    header.mutable_header()->add_shards()->set_variable("b");
+    header.mutable_header()->add_num_elements(count);
+    header.mutable_header()->set_wire_dtype(wire);
+    writer->Write(header);
+    v1::PushDenseRequest chunk;
+    chunk.mutable_chunk()->set_data(std::string(reinterpret_cast<const char*>(values.data()),
+                                                values.size() * sizeof(float)));
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  v1::GetModelResponse model_;
+  int b_ps_ = 0;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<ParameterClient> client_;
+};
+
+TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
+  const std::vector<float> before = ReadB();
+
+  grpc::Status s = PushB(std::vector<float>(15, 1.0f), 15);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("variable b/0: gradient has 15 elements, expected 16"));
+
+  std::vector<float> nan_grad(16, 1.0f);
+  nan_grad[3] = std::numeric_limits<float>::quiet_NaN();
+  s = PushB(nan_grad, 16);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("variable b/0: gradient element 3 is nan"));
+
+  s = PushB(std::vector<float>(16, 1.0f), 16, v1::DT_INT64);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("DT_INT64"));
+
+  {
+    grpc::ClientContext ctx;
+    v1::PullDenseRequest req;
+    req.add_shards()->set_variable("nope");
+    auto reader = stub_->PullDense(&ctx, req);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr("unknown variable nope/0"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CreateShardsRequest req;
+    v1::DenseShardSpec* spec = req.add_dense();
+    *spec->mutable_variable() = Model().variables(1);
+    spec->mutable_variable()->mutable_shape()->set_dims(0, 32);
+    spec->mutable_partition()->set_variable("b");
+    spec->mutable_partition()->set_row_end(32);
+    v1::CreateShardsResponse resp;
+    s = stub_->CreateShards(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_THAT(s.error_message(), HasSubstr("already exists with shape [16]"));
+    EXPECT_THAT(s.error_message(), HasSubstr("requested shape [32]"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PushSparseRequest req;
+    req.set_table("emb");
+    req.add_keys(1);
+    req.set_gradients(std::string(5 * sizeof(float), '\0'));
+    v1::PushSparseResponse resp;
+    s = stub_->PushSparse(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("1 keys of dim 8 need 32 gradient bytes"));
+    req.set_table("nope");
+    grpc::ClientContext ctx2;
+    s = stub_->PushSparse(&ctx2, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr("unknown table nope"));
+  }
+  {
+    // Over the ps task's 1 MiB message limit.
+    grpc::ClientContext ctx;
+    v1::PushSparseRequest req;
+    req.set_table("emb");
+    for (int k = 0; k < 40000; ++k) req.add_keys(k);
+    req.set_gradients(std::string(40000 * 8 * sizeof(float), '\0'));
+    v1::PushSparseResponse resp;
+    s = stub_->PushSparse(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(), HasSubstr("larger than max"));
+  }
+
+  // Nothing changed, and the daemon still serves good requests.
+  EXPECT_EQ(ReadB(), before);
+  std::vector<float> g(16, 1.0f);
+  ASSERT_TRUE(client_->Push({"b"}, {g.data()}, 0).ok());
+  std::vector<float> after = ReadB();
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f);
+  EXPECT_TRUE(AwaitServing(model_.ps_addresses(b_ps_), absl::Seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace pscluster
