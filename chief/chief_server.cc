@@ -1,34 +1,73 @@
 #include "chief/chief_server.h"
 
 #include <chrono>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "chief/evaluator.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "client/parameter_client.h"
 #include "glog/logging.h"
 #include "sharding/placement.h"
+#include "worker/input.h"
+#include "worker/model.h"
 
 namespace pscluster {
+namespace {
+
+SyncCoordinatorOptions SyncOptionsFor(const ChiefOptions& o, int num_workers) {
+  SyncCoordinatorOptions s;
+  s.num_workers = num_workers;
+  s.replicas_to_aggregate =
+      o.sync.replicas_to_aggregate() > 0 ? o.sync.replicas_to_aggregate() : num_workers;
+  s.staleness = o.sync.mode() == v1::SSP ? o.sync.staleness() : -1;
+  return s;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ChiefServer>> ChiefServer::Create(const ChiefOptions& options) {
   if (options.cluster.task().job() != kChiefJob || options.cluster.task().index() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the chief must run as task chief:0, not ", TaskName(options.cluster.task())));
   }
-  return std::unique_ptr<ChiefServer>(new ChiefServer(options));
+  ChiefOptions resolved = options;
+  if (options.config.layers_size() > 0) {
+    PS_ASSIGN_OR_RETURN(resolved.model, ModelSpecFromConfig(options.config));
+  }
+  const int workers = NumTasks(options.cluster.cluster(), kWorkerJob);
+  if (options.sync.mode() == v1::SYNC && options.sync.replicas_to_aggregate() > workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replicas_to_aggregate is ", options.sync.replicas_to_aggregate(), " but the cluster has ",
+        workers, " workers"));
+  }
+  if (resolved.sync.mode() == v1::SYNC && resolved.sync.replicas_to_aggregate() == 0) {
+    resolved.sync.set_replicas_to_aggregate(workers);
+  }
+  return std::unique_ptr<ChiefServer>(new ChiefServer(resolved));
 }
 
 ChiefServer::ChiefServer(const ChiefOptions& options)
     : options_(options),
       start_time_(absl::Now()),
-      registry_(options.cluster.cluster(), options.heartbeat_timeout, Clock::Real()) {}
+      num_workers_(NumTasks(options.cluster.cluster(), kWorkerJob)),
+      registry_(options.cluster.cluster(), options.heartbeat_timeout, Clock::Real()),
+      sync_(SyncOptionsFor(options, NumTasks(options.cluster.cluster(), kWorkerJob)),
+            Clock::Real()) {
+  absl::MutexLock lock(&mu_);
+  progress_.set_epochs(std::max(1, options.training.epochs()));
+  progress_.set_test_accuracy(-1);
+  progress_.set_test_auc(-1);
+  progress_.set_metrics_path(options.metrics_path);
+  rate_window_start_ = absl::Now();
+}
 
 ChiefServer::~ChiefServer() {
   Stop();
-  if (init_thread_.joinable()) init_thread_.join();
+  if (background_.joinable()) background_.join();
   if (host_) host_->Shutdown();
 }
 
@@ -39,8 +78,13 @@ absl::Status ChiefServer::Start() {
   PS_ASSIGN_OR_RETURN(host_, ServiceHost::Start(host_options, {this}));
   LOG(INFO) << "chief:0 serving on " << host_->address();
   host_->SetServing(true);
-  init_thread_ = std::thread([this] { InitializeModel(); });
+  background_ = std::thread([this] { Run(); });
   return absl::OkStatus();
+}
+
+void ChiefServer::Stop() {
+  absl::MutexLock lock(&mu_);
+  stop_requested_ = true;
 }
 
 bool ChiefServer::stop_requested() const {
@@ -48,10 +92,34 @@ bool ChiefServer::stop_requested() const {
   return stop_requested_;
 }
 
-void ChiefServer::InitializeModel() {
+absl::Status ChiefServer::Wait() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&stop_requested_));
+  }
+  sync_.Finish();  // wake workers waiting for tokens
+  if (background_.joinable()) background_.join();
+  if (host_) host_->Shutdown();
+  return absl::OkStatus();
+}
+
+std::string ChiefServer::address() const { return host_ ? host_->address() : ""; }
+
+void ChiefServer::Run() {
+  absl::Status s = InitializeModel();
+  if (!s.ok()) {
+    LOG(ERROR) << s;
+    absl::MutexLock lock(&mu_);
+    init_state_ = std::string(s.message());
+    return;
+  }
+  if (options_.config.layers_size() > 0) EvaluationLoop();
+}
+
+absl::Status ChiefServer::InitializeModel() {
   const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
   while (!registry_.AwaitServing({std::string(kPsJob)}, absl::Now() + absl::Milliseconds(200))) {
-    if (stop_requested()) return;
+    if (stop_requested()) return absl::OkStatus();
   }
   std::vector<std::string> addresses;
   for (int i = 0; i < num_ps; ++i) {
@@ -60,10 +128,8 @@ void ChiefServer::InitializeModel() {
   absl::StatusOr<v1::Placement> placement =
       ComputePlacement(options_.model, num_ps, options_.placement);
   if (!placement.ok()) {
-    LOG(ERROR) << "cannot place the model: " << placement.status();
-    absl::MutexLock lock(&mu_);
-    init_state_ = absl::StrCat("cannot place the model: ", placement.status().message());
-    return;
+    return absl::Status(placement.status().code(),
+                        absl::StrCat("cannot place the model: ", placement.status().message()));
   }
   LOG(INFO) << "placement of " << options_.model.variables_size() << " variables and "
             << options_.model.tables_size() << " tables on " << num_ps << " ps tasks:\n"
@@ -74,59 +140,90 @@ void ChiefServer::InitializeModel() {
   }
   ParameterClientOptions client_options;
   client_options.max_attempts = 20;
-  absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
-      options_.model, *placement,
-      std::make_unique<GrpcPsTransport>(addresses, options_.ps_transport), client_options);
-  absl::Status created = client.ok() ? (*client)->CreateAll(options_.sync) : client.status();
-  absl::MutexLock lock(&mu_);
+  PS_ASSIGN_OR_RETURN(
+      client_, ParameterClient::Create(options_.model, *placement,
+                                       std::make_unique<GrpcPsTransport>(addresses,
+                                                                         options_.ps_transport),
+                                       client_options));
+  absl::Status created = client_->CreateAll(options_.sync);
   if (!created.ok()) {
-    LOG(ERROR) << "cannot create the variables: " << created;
-    init_state_ = absl::StrCat("cannot create the variables: ", created.message());
-    return;
+    return absl::Status(created.code(),
+                        absl::StrCat("cannot create the variables: ", created.message()));
   }
+  absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;
   *model_.mutable_placement() = *placement;
   for (const std::string& a : addresses) model_.add_ps_addresses(a);
   *model_.mutable_sync() = options_.sync;
+  *model_.mutable_config() = options_.config;
+  *model_.mutable_training() = options_.training;
   model_ready_ = true;
-  init_state_ = "model ready";
+  init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
   LOG(INFO) << "every variable is created and initialized on its ps task";
-}
-
-grpc::Status ChiefServer::GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
-                                   v1::GetModelResponse* resp) {
-  absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return model_ready_ || stop_requested_;
-  };
-  while (req->wait_until_ready() && !done() && !ctx->IsCancelled() &&
-         std::chrono::system_clock::now() < ctx->deadline()) {
-    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
-  }
-  if (!model_ready_) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat("the model is not ready: ", init_state_));
-  }
-  *resp = model_;
-  return grpc::Status::OK;
-}
-
-void ChiefServer::Stop() {
-  absl::MutexLock lock(&mu_);
-  stop_requested_ = true;
-}
-
-absl::Status ChiefServer::Wait() {
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&stop_requested_));
-  }
-  if (init_thread_.joinable()) init_thread_.join();
-  if (host_) host_->Shutdown();
   return absl::OkStatus();
 }
 
-std::string ChiefServer::address() const { return host_ ? host_->address() : ""; }
+void ChiefServer::EvaluationLoop() {
+  absl::StatusOr<Dataset> test =
+      LoadDataset(options_.training.data(), options_.config.input_dim(), /*train=*/false);
+  if (!test.ok()) {
+    LOG(ERROR) << "no evaluation: cannot load the test data: " << test.status();
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<Evaluator>> evaluator =
+      Evaluator::Create(options_.config, client_.get(), *std::move(test));
+  if (!evaluator.ok()) {
+    LOG(ERROR) << "no evaluation: " << evaluator.status();
+    return;
+  }
+  std::ofstream metrics;
+  if (!options_.metrics_path.empty()) metrics.open(options_.metrics_path, std::ios::app);
+  absl::Time next_eval = absl::Now() + options_.eval_every;
+  while (true) {
+    bool all_finished = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this, next_eval]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_requested_ || progress_.workers_finished() >= num_workers_ ||
+               absl::Now() >= next_eval;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), next_eval);
+      if (stop_requested_) return;
+      all_finished = num_workers_ > 0 && progress_.workers_finished() >= num_workers_;
+    }
+    const int64_t step = sync_.global_step();
+    int64_t global_step;
+    {
+      absl::MutexLock lock(&mu_);
+      global_step = progress_.global_step();
+    }
+    absl::StatusOr<EvalResult> r = (*evaluator)->Evaluate(std::max(step, global_step));
+    next_eval = absl::Now() + options_.eval_every;
+    if (!r.ok()) {
+      LOG(WARNING) << "evaluation failed: " << r.status();
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    progress_.set_test_accuracy(r->accuracy);
+    progress_.set_test_loss(r->loss);
+    progress_.set_test_auc(r->auc);
+    progress_.set_test_step(r->step);
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_time_);
+    LOG(INFO) << absl::StrFormat("evaluation at step %d: test loss %.4f, accuracy %.4f%s",
+                                 r->step, r->loss, r->accuracy,
+                                 r->auc >= 0 ? absl::StrFormat(", AUC %.4f", r->auc) : "");
+    if (metrics.is_open()) {
+      metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(), elapsed)
+              << std::endl;
+    }
+    if (all_finished) {
+      progress_.set_finished(true);
+      init_state_ = "training finished";
+      LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f", r->accuracy);
+      return;
+    }
+  }
+}
 
 grpc::Status ChiefServer::RegisterTask(grpc::ServerContext*, const v1::RegisterTaskRequest* req,
                                        v1::RegisterTaskResponse* resp) {
@@ -144,6 +241,106 @@ grpc::Status ChiefServer::Heartbeat(grpc::ServerContext*, const v1::HeartbeatReq
   return grpc::Status::OK;
 }
 
+grpc::Status ChiefServer::GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
+                                   v1::GetModelResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return model_ready_ || stop_requested_;
+  };
+  while (req->wait_until_ready() && !done() && !ctx->IsCancelled() &&
+         std::chrono::system_clock::now() < ctx->deadline()) {
+    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
+  }
+  if (!model_ready_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the model is not ready: ", init_state_));
+  }
+  *resp = model_;
+  resp->set_global_step(sync_.global_step());
+  return grpc::Status::OK;
+}
+
+grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
+                                       const v1::AcquireTokenRequest* req,
+                                       v1::AcquireTokenResponse* resp) {
+  if (req->worker() < 0 || req->worker() >= num_workers_) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("worker ", req->worker(), " is not in the cluster (",
+                                     num_workers_, " workers)"));
+  }
+  if (options_.sync.mode() == v1::ASYNC) {
+    resp->set_step(req->step() + 1);  // async: never wait
+    return grpc::Status::OK;
+  }
+  // Wait in slices so a cancelled call or a stopping chief ends the wait.
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  while (true) {
+    const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
+    SyncCoordinator::Token token = sync_.AcquireToken(req->worker(), req->step(), slice);
+    if (token.granted || token.finished) {
+      resp->set_step(token.step);
+      resp->set_finished(token.finished && !token.granted);
+      if (token.finished) resp->set_finished(true);
+      return grpc::Status::OK;
+    }
+    if (ctx->IsCancelled() || absl::Now() >= deadline || stop_requested()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("no token yet for worker ", req->worker(),
+                                       " after step ", req->step()));
+    }
+  }
+}
+
+grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* req,
+                                     v1::ReportStepResponse* resp) {
+  if (req->worker() < 0 || req->worker() >= num_workers_) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("worker ", req->worker(), " is not in the cluster (",
+                                     num_workers_, " workers)"));
+  }
+  if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
+    sync_.ReportStep(req->worker(), req->step() - 1);
+  }
+  if (req->finished()) sync_.WorkerFinished(req->worker());
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (first_report_ == absl::InfinitePast()) {
+    first_report_ = now;
+    rate_window_start_ = now;
+  }
+  WorkerProgress& w = workers_[req->worker()];
+  w.steps = std::max(w.steps, req->step());
+  w.epoch = req->epoch();
+  if (req->finished() && !w.finished) {
+    w.finished = true;
+    progress_.set_workers_finished(progress_.workers_finished() + 1);
+    LOG(INFO) << "worker:" << req->worker() << " finished after " << w.steps << " steps ("
+              << progress_.workers_finished() << " of " << num_workers_ << " done)";
+  }
+  total_examples_ += req->examples();
+  rate_window_examples_ += req->examples();
+  const double window = absl::ToDoubleSeconds(now - rate_window_start_);
+  if (window >= 2.0) {
+    progress_.set_examples_per_second(rate_window_examples_ / window);
+    rate_window_start_ = now;
+    rate_window_examples_ = 0;
+  }
+  if (req->examples() > 0) {
+    progress_.set_loss(progress_.loss() == 0 ? req->loss()
+                                             : 0.8 * progress_.loss() + 0.2 * req->loss());
+  }
+  int64_t steps = 0;
+  int32_t epoch = 0;
+  for (const auto& [i, p] : workers_) {
+    steps += p.steps;
+    epoch = std::max(epoch, p.epoch);
+  }
+  progress_.set_global_step(options_.sync.mode() == v1::SYNC ? sync_.global_step() : steps);
+  progress_.set_epoch(epoch);
+  resp->set_global_step(progress_.global_step());
+  return grpc::Status::OK;
+}
+
 grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
                                            const v1::GetClusterStatusRequest*,
                                            v1::ClusterStatus* resp) {
@@ -155,20 +352,43 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
       t.set_health(v1::HEALTH_SERVING);
       t.set_start_unix_micros(absl::ToUnixMicros(start_time_));
       t.set_uptime_micros(absl::ToInt64Microseconds(now - start_time_));
+      t.set_step(sync_.global_step());
     }
     *resp->add_tasks() = std::move(t);
   }
-  std::vector<v1::TaskId> missing = registry_.NotServing();
   std::vector<std::string> names;
-  for (const v1::TaskId& t : missing) {
+  for (const v1::TaskId& t : registry_.NotServing()) {
     if (t.job() == kChiefJob) continue;
     names.push_back(TaskName(t));
     *resp->add_waiting_for() = t;
   }
+  resp->set_global_step(sync_.global_step());
+  *resp->mutable_sync() = options_.sync;
   absl::MutexLock lock(&mu_);
-  resp->set_state(names.empty()
-                      ? absl::StrCat("all tasks serving; ", init_state_)
-                      : absl::StrCat("waiting for ", absl::StrJoin(names, ", "), "; ", init_state_));
+  std::string state = names.empty() ? absl::StrCat("all tasks serving; ", init_state_)
+                                    : absl::StrCat("waiting for ", absl::StrJoin(names, ", "),
+                                                   " (no heartbeat); ", init_state_);
+  if (options_.sync.mode() != v1::ASYNC && model_ready_ &&
+      !progress_.finished()) {
+    std::vector<std::string> slow;
+    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
+    if (!slow.empty()) {
+      absl::StrAppend(&state, "; step ", sync_.global_step(), " waits for ",
+                      absl::StrJoin(slow, ", "));
+    }
+  }
+  for (const auto& [w, n] : sync_.dropped_per_worker()) {
+    absl::StrAppend(&state, "; worker:", w, " had ", n, " late gradients dropped");
+  }
+  resp->set_state(state);
+  *resp->mutable_progress() = progress_;
+  for (int w = 0; w < num_workers_; ++w) {
+    auto it = workers_.find(w);
+    resp->mutable_progress()->add_worker_steps(it == workers_.end() ? 0 : it->second.steps);
+  }
+  resp->mutable_progress()->set_max_lead(sync_.max_lead());
+  resp->mutable_progress()->set_elapsed_seconds(
+      first_report_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(now - first_report_));
   return grpc::Status::OK;
 }
 

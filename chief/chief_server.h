@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_CHIEF_CHIEF_SERVER_H_
 #define PSCLUSTER_CHIEF_CHIEF_SERVER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -9,14 +10,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "chief/sync_coordinator.h"
 #include "chief/task_registry.h"
 #include "client/grpc_ps_transport.h"
+#include "client/parameter_client.h"
 #include "common/clock.h"
 #include "common/daemon.h"
 #include "common/service_host.h"
 #include "proto/cluster.pb.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/model.pb.h"
+#include "proto/model_config.pb.h"
 
 namespace pscluster {
 
@@ -29,20 +33,31 @@ struct ChiefOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // A task without a heartbeat for this long is MISSING.
   absl::Duration heartbeat_timeout = absl::Seconds(5);
-  // The variables and tables the ps tasks hold. Empty: the chief only tracks membership.
+  // The model the workers train. When it has layers, the variables come from it and `model`
+  // is ignored; otherwise `model` lists the variables and tables directly (no training).
+  v1::ModelConfig config;
   v1::ModelSpec model;
+  // Served to the workers: batch size, epochs, data.
+  v1::TrainingOptions training;
   // How variables are spread over the ps tasks.
   v1::PlacementOptions placement;
-  // Update mode the ps tasks are created with.
+  // Update mode: ASYNC; SYNC with replicas_to_aggregate (0: every worker); or SSP with its
+  // staleness bound.
   v1::SyncOptions sync;
+  // Evaluate the test set this often while training, and once at the end (needs `config`).
+  absl::Duration eval_every = absl::Seconds(15);
+  // Each evaluation is appended here as a JSON line (empty: not written).
+  std::string metrics_path;
   // Settings of the chief's own calls to the ps tasks.
   GrpcPsTransportOptions ps_transport;
 };
 
-// The chief daemon: serves the Coordinator service. Its first job: wait until every ps task
-// has registered, compute the placement of the model's variables, create and initialize every
-// variable on its ps tasks (harmless if repeated), then serve the model, the placement and the
-// ps addresses to workers and tools (GetModel).
+// The chief daemon: serves the Coordinator service. It waits until every ps task has
+// registered, computes the placement of the model's variables, creates and initializes every
+// variable on its ps tasks (harmless if repeated), then serves the model, the placement and
+// the ps addresses to workers (GetModel). It owns the global step and the sync tokens, gathers
+// the workers' progress, evaluates the model periodically and at the end, and reports all of
+// it in GetClusterStatus.
 //
 // Lifecycle: Create() -> Start() -> Stop() (any thread) -> Wait(). Thread-safe.
 class ChiefServer : public Daemon, private v1::Coordinator::Service {
@@ -68,22 +83,43 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
                                 v1::ClusterStatus* resp) override;
   grpc::Status GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
                         v1::GetModelResponse* resp) override;
+  grpc::Status AcquireToken(grpc::ServerContext* ctx, const v1::AcquireTokenRequest* req,
+                            v1::AcquireTokenResponse* resp) override;
+  grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::ReportStepRequest* req,
+                          v1::ReportStepResponse* resp) override;
 
-  // Waits for the ps tasks, places and creates the variables. Runs on init_thread_.
-  void InitializeModel();
+  // Waits for the ps tasks, places and creates the variables, then evaluates periodically.
+  // Runs on background_.
+  void Run();
+  absl::Status InitializeModel();
+  void EvaluationLoop();
   bool stop_requested() const;
 
   const ChiefOptions options_;
   const absl::Time start_time_;
+  const int num_workers_;
   TaskRegistry registry_;
+  SyncCoordinator sync_;
   std::unique_ptr<ServiceHost> host_;
-  std::thread init_thread_;
+  std::thread background_;
+  std::unique_ptr<ParameterClient> client_;  // set once, before model_ready_
+
+  struct WorkerProgress {
+    int64_t steps = 0;
+    int32_t epoch = 0;
+    bool finished = false;
+  };
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
-  // Set once every variable exists on its ps task.
   bool model_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string init_state_ ABSL_GUARDED_BY(mu_) = "waiting for the ps tasks";
   v1::GetModelResponse model_ ABSL_GUARDED_BY(mu_);
+  std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);
+  v1::TrainingProgress progress_ ABSL_GUARDED_BY(mu_);
+  int64_t total_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rate_window_start_ ABSL_GUARDED_BY(mu_);
+  int64_t rate_window_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace pscluster

@@ -11,9 +11,32 @@
 DEFINE_int32(heartbeat_interval_ms, 1000, "Tasks send a heartbeat this often, in milliseconds.");
 DEFINE_int32(heartbeat_timeout_ms, 5000,
              "A task without a heartbeat for this long is reported MISSING, in milliseconds.");
+DEFINE_string(model_config, "",
+              "The model to train: a pscluster.v1.ModelConfig in text format (or JSON when the "
+              "name ends in .json), e.g. configs/mlp.pbtxt.");
 DEFINE_string(model_spec, "",
-              "The model's variables and tables: a pscluster.v1.ModelSpec in text format, or "
-              "JSON when the name ends in .json. Empty: no variables.");
+              "Instead of --model_config: variables and tables only (pscluster.v1.ModelSpec), "
+              "for a cluster that serves parameters without training.");
+DEFINE_string(mode, "async", "async, sync (SyncReplicas) or ssp (bounded staleness).");
+DEFINE_int32(replicas_to_aggregate, 0,
+             "sync: gradients averaged per step; fewer than the workers makes the slowest "
+             "ones backups. 0: every worker.");
+DEFINE_int32(staleness, 2, "ssp: how many steps the fastest worker may run ahead of the slowest.");
+DEFINE_int32(batch_size, 128, "Examples per worker per step.");
+DEFINE_int32(epochs, 10, "Passes over each worker's shard of the data.");
+DEFINE_int64(max_steps, 0, "Stop each worker after this many steps (0: run the epochs).");
+DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
+DEFINE_string(data, "fashion_mnist", "fashion_mnist, libsvm or synthetic_ctr.");
+DEFINE_string(data_path, "",
+              "fashion_mnist: the idx files' directory (default "
+              "/usr/share/datasets/fashion-mnist); libsvm: the training file.");
+DEFINE_string(test_data_path, "", "libsvm: the test file.");
+DEFINE_int64(max_train_examples, 0, "Use at most this many training examples (0: all).");
+DEFINE_int64(max_test_examples, 0, "Evaluate on at most this many test examples (0: all).");
+DEFINE_int64(synthetic_examples, 200000, "synthetic_ctr: training examples to generate.");
+DEFINE_uint64(data_seed, 7, "synthetic_ctr: seed of the planted model and the examples.");
+DEFINE_int32(eval_every_secs, 15, "Evaluate the test set this often while training.");
+DEFINE_string(metrics_file, "", "Append each evaluation here as a JSON line.");
 DEFINE_string(placement_strategy, "round_robin",
               "How variables are spread over ps tasks: round_robin (TF replica_device_setter) "
               "or greedy (by bytes, TF GreedyLoadBalancingStrategy).");
@@ -22,33 +45,78 @@ DEFINE_int64(max_partition_bytes, 0,
              "of at most this many bytes. 0: never split.");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "chief: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
       "the chief of a parameter-server training cluster.\n"
       "The cluster comes from TF_CONFIG, --cluster_spec_file, or --chief_hosts/--ps_hosts/"
       "--worker_hosts with --job_name=chief --task_index=0.",
       &argc, &argv);
+  using pscluster::v1::DataConfig;
   pscluster::ChiefOptions options;
   options.cluster = pscluster::ClusterConfigFromFlagsOrExit("chief");
   options.host = pscluster::ServiceHostOptionsFromFlags();
   options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
   options.heartbeat_timeout = absl::Milliseconds(FLAGS_heartbeat_timeout_ms);
-  if (!FLAGS_model_spec.empty()) {
+  if (!FLAGS_model_config.empty()) {
+    absl::Status read = pscluster::ReadProtoFile(FLAGS_model_config, &options.config);
+    if (!read.ok()) return Fail("--model_config: " + std::string(read.message()));
+  } else if (!FLAGS_model_spec.empty()) {
     absl::Status read = pscluster::ReadProtoFile(FLAGS_model_spec, &options.model);
-    if (!read.ok()) {
-      std::fprintf(stderr, "chief: --model_spec: %s\n", std::string(read.message()).c_str());
-      return 2;
-    }
+    if (!read.ok()) return Fail("--model_spec: " + std::string(read.message()));
   }
+  if (FLAGS_mode == "async") {
+    options.sync.set_mode(pscluster::v1::ASYNC);
+  } else if (FLAGS_mode == "sync") {
+    options.sync.set_mode(pscluster::v1::SYNC);
+    options.sync.set_replicas_to_aggregate(FLAGS_replicas_to_aggregate);
+  } else if (FLAGS_mode == "ssp") {
+    options.sync.set_mode(pscluster::v1::SSP);
+    if (FLAGS_staleness < 0) return Fail("--staleness must be >= 0");
+    options.sync.set_staleness(FLAGS_staleness);
+  } else {
+    return Fail("--mode must be async, sync or ssp, not \"" + FLAGS_mode + "\"");
+  }
+  pscluster::v1::TrainingOptions& t = options.training;
+  t.set_batch_size(FLAGS_batch_size);
+  t.set_epochs(FLAGS_epochs);
+  t.set_max_steps(FLAGS_max_steps);
+  t.set_shuffle_seed(FLAGS_shuffle_seed);
+  if (FLAGS_batch_size < 1) return Fail("--batch_size must be >= 1");
+  DataConfig& data = *t.mutable_data();
+  if (FLAGS_data == "fashion_mnist") {
+    data.set_kind(DataConfig::FASHION_MNIST);
+  } else if (FLAGS_data == "libsvm") {
+    data.set_kind(DataConfig::LIBSVM);
+  } else if (FLAGS_data == "synthetic_ctr") {
+    data.set_kind(DataConfig::SYNTHETIC_CTR);
+  } else {
+    return Fail("--data must be fashion_mnist, libsvm or synthetic_ctr, not \"" + FLAGS_data +
+                "\"");
+  }
+  data.set_path(FLAGS_data_path);
+  data.set_test_path(FLAGS_test_data_path);
+  data.set_max_train_examples(FLAGS_max_train_examples);
+  data.set_max_test_examples(FLAGS_max_test_examples);
+  data.set_synthetic_examples(FLAGS_synthetic_examples);
+  data.set_seed(FLAGS_data_seed);
+  options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
+  options.metrics_path = FLAGS_metrics_file;
   if (FLAGS_placement_strategy == "round_robin") {
     options.placement.set_strategy(pscluster::v1::PlacementOptions::ROUND_ROBIN);
   } else if (FLAGS_placement_strategy == "greedy") {
     options.placement.set_strategy(pscluster::v1::PlacementOptions::GREEDY_BYTES);
   } else {
-    std::fprintf(stderr,
-                 "chief: --placement_strategy must be round_robin or greedy, not \"%s\"\n",
-                 FLAGS_placement_strategy.c_str());
-    return 2;
+    return Fail("--placement_strategy must be round_robin or greedy, not \"" +
+                FLAGS_placement_strategy + "\"");
   }
   options.placement.set_max_partition_bytes(FLAGS_max_partition_bytes);
   options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/status_command.h"
+#include "cli/watch_command.h"
 #include "common/cluster_spec.h"
 #include "common/daemon_flags.h"
 #include "gflags/gflags.h"
@@ -12,6 +13,7 @@
 
 DEFINE_string(chief, "", "host:port of the chief. When empty, the cluster spec names it.");
 DEFINE_bool(json, false, "Print JSON instead of a table.");
+DEFINE_double(interval_secs, 5, "watch: seconds between progress lines.");
 DECLARE_string(job_name);
 DECLARE_int32(task_index);
 
@@ -21,7 +23,9 @@ constexpr char kUsage[] =
     "inspect a live parameter-server cluster.\n"
     "usage: psctl [--chief=HOST:PORT | cluster spec flags or TF_CONFIG] [--json] COMMAND\n"
     "commands:\n"
-    "  status   every task with its role, address, health, uptime and step";
+    "  status   every task with its role, address, health, uptime and step\n"
+    "  watch    training progress every --interval_secs until it finishes, then the final "
+    "test accuracy";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "psctl: %s\n", message.c_str());
@@ -54,6 +58,12 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::string> out = pscluster::RunStatusCommand(*stub, chief, FLAGS_json);
     if (!out.ok()) return Fail(std::string(out.status().message()));
     std::cout << *out;
+    return 0;
+  }
+  if (command == "watch") {
+    absl::Status s = pscluster::RunWatchCommand(*stub, chief, absl::Seconds(FLAGS_interval_secs),
+                                                absl::Seconds(30), std::cout);
+    if (!s.ok()) return Fail(std::string(s.message()));
     return 0;
   }
   return Fail("unknown command \"" + command + "\"\n" + kUsage);

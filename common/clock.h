@@ -23,7 +23,9 @@ class Clock {
   static Clock* Real();
 };
 
-// A clock that moves only when told to. Thread-safe.
+// A clock that moves only when told to (Advance), or when a wait cannot be satisfied: then
+// AwaitWithDeadline jumps the clock to the deadline and returns false at once, as if every
+// timer up to it had fired. For single-threaded tests of time-dependent logic. Thread-safe.
 class FakeClock : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50));
@@ -34,7 +36,7 @@ class FakeClock : public Clock {
 
  private:
   mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

@@ -21,6 +21,10 @@ TEST(FakeClockTest, AwaitReturnsAtOnceWhenConditionHoldsOrDeadlinePassed) {
   EXPECT_TRUE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), clock.Now()));
   ready = false;
   EXPECT_FALSE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), clock.Now()));
+  // An unsatisfiable wait jumps the clock to its deadline.
+  const absl::Time deadline = clock.Now() + absl::Minutes(3);
+  EXPECT_FALSE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), deadline));
+  EXPECT_EQ(clock.Now(), deadline);
 }
 
 }  // namespace

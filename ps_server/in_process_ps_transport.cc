@@ -72,8 +72,8 @@ absl::Status InProcessPsTransport::PullDense(int ps, const std::vector<DenseSlic
 }
 
 absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
-                                             v1::DataType wire_dtype, int64_t, int32_t,
-                                             v1::PushDenseResponse* response) {
+                                             v1::DataType wire_dtype, int64_t step,
+                                             int32_t worker, v1::PushDenseResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
   google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
   for (const DenseSlice& s : slices) *refs.Add() = s.ref;
@@ -84,7 +84,7 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
     PS_RETURN_IF_ERROR(
         RoundTrip(slices[i].push_from, slices[i].num_elements, wire_dtype, grads[i].data()));
   }
-  return stores_[ps]->PushDense(shards, grads, 0, response);
+  return stores_[ps]->PushDense(shards, grads, 0, step, worker, response);
 }
 
 absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
@@ -99,12 +99,12 @@ absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
 absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table,
                                               const int64_t* keys, int64_t n, int64_t dim,
                                               const float* grads, v1::DataType wire_dtype,
-                                              int64_t, int32_t,
+                                              int64_t step, int32_t worker,
                                               v1::PushSparseResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
   std::vector<float> g(n * dim);
   PS_RETURN_IF_ERROR(RoundTrip(grads, g.size(), wire_dtype, g.data()));
-  return stores_[ps]->PushSparse(table, keys, n, g.data(), 0, response);
+  return stores_[ps]->PushSparse(table, keys, n, g.data(), 0, step, worker, response);
 }
 
 absl::StatusOr<v1::ListShardsResponse> InProcessPsTransport::ListShards(int ps) {

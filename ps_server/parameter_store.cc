@@ -34,7 +34,7 @@ ParameterStore::ParameterStore(const ParameterStoreOptions& options) : options_(
 
 absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
                                           v1::CreateShardsResponse* response) {
-  if (request.sync().mode() != v1::ASYNC) {
+  if (request.sync().mode() == v1::SYNC) {
     return absl::UnimplementedError(absl::StrCat("update mode ",
                                                  v1::UpdateMode_Name(request.sync().mode()),
                                                  " is not supported by this ps task; only ASYNC"));
@@ -55,6 +55,16 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   }
 
   absl::MutexLock lock(&mu_);
+  if (sync_set_ && !google::protobuf::util::MessageDifferencer::Equals(sync_, request.sync())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "this ps task's shards were created with update mode ", v1::UpdateMode_Name(sync_.mode()),
+        " (replicas_to_aggregate ", sync_.replicas_to_aggregate(), "); requested ",
+        v1::UpdateMode_Name(request.sync().mode()), " (replicas_to_aggregate ",
+        request.sync().replicas_to_aggregate(), ")"));
+  }
+  sync_ = request.sync();
+  sync_set_ = true;
+  const bool sync = sync_.mode() == v1::SYNC;
   std::vector<bool> present_dense(dense.size(), false), present_table(tables.size(), false);
   for (size_t i = 0; i < dense.size(); ++i) {
     auto it = dense_.find({dense[i]->name(), dense[i]->partition()});
@@ -91,6 +101,10 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
       continue;
     }
     DenseKey key{dense[i]->name(), dense[i]->partition()};
+    if (sync) {
+      accumulators_[key] = std::make_shared<DenseAccumulator>(dense[i]->num_elements(),
+                                                              sync_.replicas_to_aggregate());
+    }
     dense_[key] = std::move(dense[i]);
     ++created;
   }
@@ -100,7 +114,11 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
       continue;
     }
     const std::string name = tables[i]->spec().name();
-    tables_[name] = Table{std::move(tables[i]), std::make_shared<ShardCounters>()};
+    std::shared_ptr<SparseAccumulator> acc;
+    if (sync) {
+      acc = std::make_shared<SparseAccumulator>(tables[i]->dim(), sync_.replicas_to_aggregate());
+    }
+    tables_[name] = Table{std::move(tables[i]), std::make_shared<ShardCounters>(), acc};
     ++created;
   }
   response->set_created(created);
@@ -134,9 +152,16 @@ absl::StatusOr<ParameterStore::Table> ParameterStore::FindTable(const std::strin
   return it->second;
 }
 
+void ParameterStore::CountDropped(int32_t worker, ShardCounters& counters) {
+  counters.dropped_stale.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&dropped_mu_);
+  ++dropped_by_worker_[worker];
+}
+
 absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
                                        const std::vector<std::vector<float>>& grads,
-                                       int64_t wire_bytes, v1::PushDenseResponse* response) {
+                                       int64_t wire_bytes, int64_t step, int32_t worker,
+                                       v1::PushDenseResponse* response) {
   if (grads.size() != shards.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a push names ", shards.size(), " shards but carries ", grads.size(), " gradients"));
@@ -159,11 +184,41 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
       }
     }
   }
-  for (size_t i = 0; i < shards.size(); ++i) {
-    shards[i]->Apply(grads[i].data());
-    Touch(shards[i]->counters(), /*push=*/true, wire_bytes / static_cast<int64_t>(shards.size()));
+  std::vector<std::shared_ptr<DenseAccumulator>> accumulators(shards.size());
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (sync_.mode() == v1::SYNC) {
+      for (size_t i = 0; i < shards.size(); ++i) {
+        accumulators[i] = accumulators_.at({shards[i]->name(), shards[i]->partition()});
+      }
+    }
   }
-  response->set_accepted(static_cast<int32_t>(shards.size()));
+  int accepted = 0, dropped = 0;
+  std::vector<float> mean;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    Touch(shards[i]->counters(), /*push=*/true, wire_bytes / static_cast<int64_t>(shards.size()));
+    if (accumulators[i] == nullptr) {
+      shards[i]->Apply(grads[i].data());
+      ++accepted;
+      continue;
+    }
+    switch (accumulators[i]->Add(step, worker, grads[i].data(), &mean)) {
+      case AccumulateOutcome::kComplete:
+        shards[i]->Apply(mean.data());
+        ++accepted;
+        break;
+      case AccumulateOutcome::kAccumulated:
+        ++accepted;
+        break;
+      case AccumulateOutcome::kStale:
+      case AccumulateOutcome::kDuplicate:
+        CountDropped(worker, shards[i]->counters());
+        ++dropped;
+        break;
+    }
+  }
+  response->set_accepted(accepted);
+  response->set_dropped_stale(dropped);
   return absl::OkStatus();
 }
 
@@ -176,17 +231,57 @@ absl::Status ParameterStore::PullSparse(const std::string& table, const int64_t*
 }
 
 absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t* keys, int64_t n,
-                                        const float* grads, int64_t wire_bytes,
-                                        v1::PushSparseResponse* response) {
+                                        const float* grads, int64_t wire_bytes, int64_t step,
+                                        int32_t worker, v1::PushSparseResponse* response) {
   PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
-  PS_RETURN_IF_ERROR(t.table->Push(keys, n, grads, options_.allow_non_finite));
+  if (t.accumulator == nullptr) {
+    PS_RETURN_IF_ERROR(t.table->Push(keys, n, grads, options_.allow_non_finite));
+    Touch(*t.counters, /*push=*/true, wire_bytes);
+    response->set_accepted_rows(static_cast<int32_t>(n));
+    return absl::OkStatus();
+  }
+  // Validate as an immediate push would (ownership, finiteness) before accumulating.
+  for (int64_t i = 0; i < n; ++i) {
+    if (!t.table->OwnsKey(keys[i])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key ", keys[i], " of table ", table, " is not held by this ps task: placement mismatch"));
+    }
+  }
+  if (!options_.allow_non_finite) {
+    const int64_t bad = FindNonFinite(grads, n * t.table->dim());
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", table, ": gradient for key ", keys[bad / t.table->dim()], " has non-finite value ",
+          grads[bad], "; NaN and Inf gradients are refused"));
+    }
+  }
   Touch(*t.counters, /*push=*/true, wire_bytes);
-  response->set_accepted_rows(static_cast<int32_t>(n));
+  std::vector<int64_t> mean_keys;
+  std::vector<float> mean;
+  switch (t.accumulator->Add(step, worker, keys, n, grads, &mean_keys, &mean)) {
+    case AccumulateOutcome::kComplete:
+      PS_RETURN_IF_ERROR(t.table->Push(mean_keys.data(), mean_keys.size(), mean.data(),
+                                       /*allow_non_finite=*/true));
+      response->set_accepted_rows(static_cast<int32_t>(n));
+      break;
+    case AccumulateOutcome::kAccumulated:
+      response->set_accepted_rows(static_cast<int32_t>(n));
+      break;
+    case AccumulateOutcome::kStale:
+    case AccumulateOutcome::kDuplicate:
+      CountDropped(worker, *t.counters);
+      response->set_dropped_stale(1);
+      break;
+  }
   return absl::OkStatus();
 }
 
 v1::ListShardsResponse ParameterStore::ListShards() const {
   v1::ListShardsResponse out;
+  {
+    absl::MutexLock lock(&dropped_mu_);
+    for (const auto& [w, n] : dropped_by_worker_) (*out.mutable_dropped_by_worker())[w] = n;
+  }
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [key, shard] : dense_) {
     v1::ShardStats* s = out.add_shards();

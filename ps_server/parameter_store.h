@@ -14,6 +14,7 @@
 #include "proto/ps_service.pb.h"
 #include "ps_server/dense_shard.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/sync_accumulator.h"
 
 namespace pscluster {
 
@@ -45,22 +46,27 @@ class ParameterStore {
   struct Table {
     std::shared_ptr<EmbeddingTable> table;
     std::shared_ptr<ShardCounters> counters;
+    std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
   };
   // NOT_FOUND naming the table.
   absl::StatusOr<Table> FindTable(const std::string& name) const;
 
   // Checks the gradients of `shards` (grads[i] must have shards[i]'s element count and, unless
-  // allowed, only finite values), then applies each. `wire_bytes` is what travelled, for stats.
+  // allowed, only finite values), then applies each: at once (ASYNC, SSP), or through the
+  // shard's accumulator for `step` (SYNC: the mean of replicas_to_aggregate workers' gradients
+  // is applied once; gradients of older steps are dropped and counted per worker).
+  // `wire_bytes` is what travelled, for stats.
   absl::Status PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
                          const std::vector<std::vector<float>>& grads, int64_t wire_bytes,
-                         v1::PushDenseResponse* response);
+                         int64_t step, int32_t worker, v1::PushDenseResponse* response);
 
   // Rows of `keys` (created on first touch) into out[0..n*dim).
   absl::Status PullSparse(const std::string& table, const int64_t* keys, int64_t n, float* out,
                           int64_t wire_bytes);
   // Gradients grads[0..n*dim) for `keys`; duplicate keys are summed.
   absl::Status PushSparse(const std::string& table, const int64_t* keys, int64_t n,
-                          const float* grads, int64_t wire_bytes, v1::PushSparseResponse* response);
+                          const float* grads, int64_t wire_bytes, int64_t step, int32_t worker,
+                          v1::PushSparseResponse* response);
 
   // Every shard and table with its counters.
   v1::ListShardsResponse ListShards() const;
@@ -76,11 +82,18 @@ class ParameterStore {
 
  private:
   using DenseKey = std::pair<std::string, int32_t>;
+  void CountDropped(int32_t worker, ShardCounters& counters);
 
   const ParameterStoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<DenseKey, std::shared_ptr<DenseShard>> dense_ ABSL_GUARDED_BY(mu_);
+  std::map<DenseKey, std::shared_ptr<DenseAccumulator>> accumulators_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
+  // Set by the first CreateShards; later ones must agree.
+  v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
+  bool sync_set_ ABSL_GUARDED_BY(mu_) = false;
+  mutable absl::Mutex dropped_mu_;
+  std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);
 };
 
 // "[3, 4]".

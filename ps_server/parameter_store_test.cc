@@ -97,7 +97,7 @@ TEST_F(ParameterStoreTest, PushAppliesSgd) {
   auto shards = store_.FindDense(Refs({"a", "b"}));
   ASSERT_TRUE(shards.ok());
   v1::PushDenseResponse resp;
-  ASSERT_TRUE(store_.PushDense(*shards, {{1, 2, 3, 4}, {10, 0, -10}}, 28, &resp).ok());
+  ASSERT_TRUE(store_.PushDense(*shards, {{1, 2, 3, 4}, {10, 0, -10}}, 28, 0, 0, &resp).ok());
   EXPECT_EQ(resp.accepted(), 2);
   EXPECT_THAT(Read(store_, "a"), ::testing::ElementsAre(0.9f, 0.8f, 0.7f, 0.6f));
   EXPECT_THAT(Read(store_, "b"), ::testing::ElementsAre(0.0f, 1.0f, 2.0f));
@@ -107,13 +107,13 @@ TEST_F(ParameterStoreTest, BadPushesChangeNothing) {
   auto shards = store_.FindDense(Refs({"a", "b"}));
   ASSERT_TRUE(shards.ok());
   v1::PushDenseResponse resp;
-  absl::Status s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, 2}}, 0, &resp);
+  absl::Status s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, 2}}, 0, 0, 0, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("variable b/0: gradient has 2 elements, expected 3 (shape [3])"));
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, nan, 3}}, 0, &resp);
+  s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, nan, 3}}, 0, 0, 0, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("variable b/0: gradient element 1 is nan"));
   // "a" was valid, but nothing of a refused request is applied.
@@ -131,7 +131,7 @@ TEST_F(ParameterStoreTest, BadPushesChangeNothing) {
   v1::PushSparseResponse sresp;
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> g = {inf, 0};
-  s = store_.PushSparse("emb", &key, 1, g.data(), 8, &sresp);
+  s = store_.PushSparse("emb", &key, 1, g.data(), 8, 0, 0, &sresp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   v1::InspectShardRequest ireq;
   ireq.mutable_shard()->set_variable("emb");
@@ -153,7 +153,7 @@ TEST(ParameterStoreNanPolicyTest, AllowAppliesNonFiniteGradients) {
   auto shards = store.FindDense(Refs({"b"}));
   v1::PushDenseResponse resp;
   ASSERT_TRUE(
-      store.PushDense(*shards, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, &resp).ok());
+      store.PushDense(*shards, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, 0, 0, &resp).ok());
   EXPECT_TRUE(std::isnan(Read(store, "b")[0]));
 }
 
@@ -161,7 +161,7 @@ TEST_F(ParameterStoreTest, SparsePushSumsDuplicatesAndStatsShowIt) {
   std::vector<int64_t> keys = {5, 9, 5};
   std::vector<float> grads = {1, 1, 2, 2, 0.5f, 0.5f};
   v1::PushSparseResponse resp;
-  ASSERT_TRUE(store_.PushSparse("emb", keys.data(), 3, grads.data(), 24, &resp).ok());
+  ASSERT_TRUE(store_.PushSparse("emb", keys.data(), 3, grads.data(), 24, 0, 0, &resp).ok());
   std::vector<float> rows(4);
   std::vector<int64_t> pull = {5, 9};
   ASSERT_TRUE(store_.PullSparse("emb", pull.data(), 2, rows.data(), 16).ok());
@@ -184,7 +184,7 @@ TEST_F(ParameterStoreTest, SparsePushSumsDuplicatesAndStatsShowIt) {
 TEST_F(ParameterStoreTest, InspectGivesStatsAndASlice) {
   auto shards = store_.FindDense(Refs({"a"}));
   v1::PushDenseResponse resp;
-  ASSERT_TRUE(store_.PushDense(*shards, {{0, 10, 0, -10}}, 16, &resp).ok());
+  ASSERT_TRUE(store_.PushDense(*shards, {{0, 10, 0, -10}}, 16, 0, 0, &resp).ok());
   v1::InspectShardRequest req;
   req.mutable_shard()->set_variable("a");
   req.set_values_offset(1);

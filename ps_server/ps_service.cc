@@ -135,7 +135,8 @@ grpc::Status PsService::PushDense(grpc::ServerContext*,
                        ": received ", received[i], " of ", grads[i].size(), " gradient elements"));
     }
   }
-  return ToGrpcStatus(store_->PushDense(*shards, grads, wire_bytes, resp));
+  return ToGrpcStatus(
+      store_->PushDense(*shards, grads, wire_bytes, header.step(), header.worker(), resp));
 }
 
 grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseRequest* req,
@@ -180,7 +181,8 @@ grpc::Status PsService::PushSparse(grpc::ServerContext*, const v1::PushSparseReq
   std::vector<float> grads(n * dim);
   PS_RETURN_IF_ERROR_GRPC(DecodeFloats(req->gradients(), wire, grads.data(), n * dim));
   return ToGrpcStatus(store_->PushSparse(req->table(), req->keys().data(), n, grads.data(),
-                                         req->gradients().size(), resp));
+                                         req->gradients().size(), req->step(), req->worker(),
+                                         resp));
 }
 
 grpc::Status PsService::ListShards(grpc::ServerContext*, const v1::ListShardsRequest*,

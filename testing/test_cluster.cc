@@ -120,9 +120,11 @@ absl::Status TestCluster::StartTask(const std::string& job, int index) {
   std::remove(port_file.c_str());
   child.log_path = base + ".log";
   child.args = {absl::StrCat("--port_file=", port_file)};
-  auto it = options_.flags.find(job);
-  if (it != options_.flags.end()) {
-    child.args.insert(child.args.end(), it->second.begin(), it->second.end());
+  for (const std::string& key : {job, name}) {
+    auto it = options_.flags.find(key);
+    if (it != options_.flags.end()) {
+      child.args.insert(child.args.end(), it->second.begin(), it->second.end());
+    }
   }
   child.env = {{"TF_CONFIG", ToTfConfigJson(config)}};
 

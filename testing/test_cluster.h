@@ -17,7 +17,8 @@ namespace pscluster {
 struct TestClusterOptions {
   int num_ps = 2;
   int num_workers = 2;
-  // Extra command-line flags for every task of a job ("chief", "ps", "worker").
+  // Extra command-line flags for every task of a job ("chief", "ps", "worker"), and for one
+  // task ("worker:2"), added after the job's.
   std::map<std::string, std::vector<std::string>> flags;
   // Where the binaries are; empty means this test's runfiles (the test's BUILD target lists
   // //chief:chief, //ps_server:ps_server and //worker:worker in `data`).

@@ -1,7 +1,21 @@
 // worker: a training worker. Parses flags and runs WorkerServer.
+#include <cstdio>
+#include <string>
+
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
+#include "gflags/gflags.h"
 #include "worker/worker_server.h"
+
+DEFINE_string(device, "cpu", "Where to compute: cpu, or gpu:N (CUDA_VISIBLE_DEVICES applies).");
+DEFINE_int64(gpu_memory_limit_mb, 0,
+             "Cap on the GPU memory this worker allocates, in MiB (0: no cap).");
+DEFINE_string(wire_dtype, "float32",
+              "Encoding of gradients and pulled values on the wire: float32, float16 or "
+              "bfloat16.");
+DEFINE_string(data_path, "", "Overrides the data location the chief names.");
+DEFINE_bool(exit_after_training, false, "Exit 0 when training is done instead of idling.");
+DEFINE_int32(step_delay_ms, 0, "Pause after every step, in milliseconds (for tests).");
 
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
@@ -12,5 +26,21 @@ int main(int argc, char** argv) {
   pscluster::WorkerOptions options;
   options.cluster = pscluster::ClusterConfigFromFlagsOrExit("worker");
   options.host = pscluster::ServiceHostOptionsFromFlags();
+  options.device = FLAGS_device;
+  options.gpu_memory_limit_bytes = FLAGS_gpu_memory_limit_mb << 20;
+  if (FLAGS_wire_dtype == "float32") {
+    options.wire_dtype = pscluster::v1::DT_FLOAT32;
+  } else if (FLAGS_wire_dtype == "float16") {
+    options.wire_dtype = pscluster::v1::DT_FLOAT16;
+  } else if (FLAGS_wire_dtype == "bfloat16") {
+    options.wire_dtype = pscluster::v1::DT_BFLOAT16;
+  } else {
+    std::fprintf(stderr, "worker: --wire_dtype must be float32, float16 or bfloat16, not \"%s\"\n",
+                 FLAGS_wire_dtype.c_str());
+    return 2;
+  }
+  options.data_path = FLAGS_data_path;
+  options.exit_after_training = FLAGS_exit_after_training;
+  options.step_delay = absl::Milliseconds(FLAGS_step_delay_ms);
   return pscluster::RunDaemonMain("worker", pscluster::WorkerServer::Create(options));
 }

@@ -1,13 +1,18 @@
 #ifndef PSCLUSTER_WORKER_WORKER_SERVER_H_
 #define PSCLUSTER_WORKER_WORKER_SERVER_H_
 
+#include <atomic>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/serving_task.h"
 #include "common/daemon.h"
+#include "proto/model.pb.h"
 #include "proto/worker_service.grpc.pb.h"
+#include "worker/kernels/kernels.h"
 
 namespace pscluster {
 
@@ -17,13 +22,29 @@ struct WorkerOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // "cpu" or "gpu:N" (N among the devices CUDA_VISIBLE_DEVICES exposes).
+  std::string device = "cpu";
+  // Cap on the GPU memory this worker allocates, in bytes (0: no cap).
+  int64_t gpu_memory_limit_bytes = 0;
+  // Encoding of gradients and pulled values on the wire.
+  v1::DataType wire_dtype = v1::DT_FLOAT32;
+  // Overrides the data path the chief names (data lives on each worker's host).
+  std::string data_path;
+  // Exit (status 0) once training is done instead of idling until SIGTERM.
+  bool exit_after_training = false;
+  // Pause after every step (tests of slow workers).
+  absl::Duration step_delay = absl::ZeroDuration();
 };
 
-// The worker daemon: serves its status and registers with the chief.
+// The worker daemon: registers with the chief, fetches the model, the placement and the
+// training options from it, and trains on its shard of the data, pulling from and pushing to
+// the ps tasks. Serves its status over gRPC.
 //
 // Lifecycle: Create() -> Start() -> Stop() (any thread) -> Wait(). Thread-safe.
 class WorkerServer : public Daemon, private v1::Worker::Service {
  public:
+  // INVALID_ARGUMENT for a bad task or device name; FAILED_PRECONDITION when the GPU asked for
+  // cannot be used (named, with the reason).
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& options);
   ~WorkerServer() override;
 
@@ -32,15 +53,25 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   absl::Status Wait() override;
 
  private:
-  explicit WorkerServer(const WorkerOptions& options);
+  WorkerServer(const WorkerOptions& options, std::unique_ptr<Kernels> kernels);
 
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::TaskStatus* resp) override;
+  // Fetches the model and trains; retries from the model fetch after a failure.
+  void TrainLoop();
+  absl::Status TrainOnce();
 
   const WorkerOptions options_;
   const absl::Time start_time_;
+  const std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<ServingTask> task_;
+  std::thread train_thread_;
+  std::atomic<int64_t> steps_{0};
+  std::atomic<bool> finished_{false};
 };
+
+// Parses --device: "cpu" or "gpu:N".
+absl::StatusOr<int> ParseGpuDevice(const std::string& device);
 
 }  // namespace pscluster
 

@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
-# Starts a local cluster (1 chief, 2 ps, 2 workers by default), each task a separate process
-# on 127.0.0.1, shows every task healthy with `psctl status`, then shuts it down cleanly.
+# The main job: starts a local cluster (1 chief, 2 ps, 2 workers by default, each a separate
+# process on 127.0.0.1), trains the MLP on Fashion-MNIST, shows progress, prints the final test
+# accuracy, and shuts everything down cleanly (also on Ctrl-C).
 #
-#   bash deploy/local/run.sh [--ps N] [--workers N] [--hold]
+#   bash deploy/local/run.sh [--mode async|sync|ssp] [--ps N] [--workers N]
+#                            [--model configs/mlp.pbtxt] [--epochs N] [--batch_size N]
+#                            [--device cpu|gpu:N] [--hold] [-- extra chief flags]
 #
-# --hold keeps the cluster up until Ctrl-C. Logs go to a fresh folder under /tmp, printed at start.
+# --hold keeps the cluster up after training until Ctrl-C. Logs and metrics go to a fresh
+# folder under /tmp, printed at the start.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+mode=async
 num_ps=2
 num_workers=2
+model=configs/mlp.pbtxt
+epochs=10
+batch_size=128
+device=cpu
 hold=0
+chief_extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --mode) mode=$2; shift 2 ;;
     --ps) num_ps=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --batch_size) batch_size=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
     --hold) hold=1; shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
-    *) echo "run.sh: unknown option $1 (expected --ps N, --workers N, --hold)" >&2; exit 2 ;;
+    --) shift; chief_extra=("$@"); break ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -27,7 +43,7 @@ bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //wor
 bin=$(bazel info bazel-bin 2>/dev/null)
 
 work=$(mktemp -d /tmp/pscluster.XXXXXX)
-echo "==> logs in $work"
+echo "==> logs and metrics in $work"
 pids=()
 names=()
 
@@ -57,23 +73,30 @@ tf_config() {  # chief_address job index
     "$1" "$ps" "$workers" "$2" "$3"
 }
 
-start_task() {  # binary job index chief_address
-  local port_file="$work/$2-$3.port"
-  TF_CONFIG=$(tf_config "$4" "$2" "$3") "$bin/$1" --port_file="$port_file" \
-    >"$work/$2-$3.log" 2>&1 &
+start_task() {  # binary job index chief_address [flags...]
+  local binary=$1 job=$2 index=$3 chief_address=$4
+  shift 4
+  local port_file="$work/$job-$index.port"
+  TF_CONFIG=$(tf_config "$chief_address" "$job" "$index") "$bin/$binary" \
+    --port_file="$port_file" "$@" >"$work/$job-$index.log" 2>&1 &
   pids+=($!)
-  names+=("$2:$3")
+  names+=("$job:$index")
   for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
-  echo "run.sh: $2:$3 did not start; see $work/$2-$3.log" >&2
-  tail -5 "$work/$2-$3.log" >&2
-  return 1
+  echo "run.sh: $job:$index did not start; see $work/$job-$index.log" >&2
+  tail -5 "$work/$job-$index.log" >&2
+  stop_all || true
+  exit 1
 }
 
-echo "==> starting 1 chief, $num_ps ps, $num_workers workers"
-start_task chief/chief chief 0 "127.0.0.1:0"
+echo "==> starting 1 chief, $num_ps ps, $num_workers workers ($mode, $(basename "$model"), $epochs epochs)"
+start_task chief/chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
+  --epochs="$epochs" --batch_size="$batch_size" --metrics_file="$work/metrics.jsonl" \
+  ${chief_extra[@]+"${chief_extra[@]}"}
 chief="127.0.0.1:$(cat "$work/chief-0.port")"
 for ((i = 0; i < num_ps; i++)); do start_task ps_server/ps_server ps "$i" "$chief"; done
-for ((i = 0; i < num_workers; i++)); do start_task worker/worker worker "$i" "$chief"; done
+for ((i = 0; i < num_workers; i++)); do
+  start_task worker/worker worker "$i" "$chief" --device="$device"
+done
 
 for _ in $(seq 100); do
   if "$bin/cli/psctl" --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi
@@ -81,11 +104,15 @@ for _ in $(seq 100); do
 done
 echo "==> psctl --chief=$chief status"
 "$bin/cli/psctl" --chief="$chief" status
+echo "==> training (psctl --chief=$chief watch)"
+status=0
+"$bin/cli/psctl" --chief="$chief" --interval_secs=5 watch || status=$?
 
 if [[ $hold -eq 1 ]]; then
   echo "==> cluster up; Ctrl-C stops it"
   while true; do sleep 1; done
 fi
 echo "==> stopping every task (SIGTERM)"
-stop_all
-echo "==> done"
+stop_all || status=1
+echo "==> logs: $work"
+exit $status

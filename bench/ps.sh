@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Benchmarks the parameter servers on 127.0.0.1, from a fresh clone, in one run:
+#   1. loopback TCP bandwidth: iperf3, one stream, ~3 s (the throughput baseline), and the
+#      round trip of 4 bytes over loopback TCP (the latency baseline, from ps_bench);
+#   2. for 1 ps + 1 worker and 2 ps + 2 workers: a chief and the ps tasks as real processes,
+#      then ps_bench: dense push/pull of 4 B, 4 KiB, 1 MiB, 16 MiB, 64 MiB variables (SGD) and
+#      sparse push/pull of 100,000 keys x 8 floats (Adagrad), throughput and p50/p99 latency,
+#      each also as a ratio to the loopback figure.
+# Prints each run's table, then every figure as `BENCH <name> <value> <unit> ratio=<r>` and
+# a markdown summary. Takes about 3 minutes after the build on 2 cores.
+#
+#   bash bench/ps.sh [--min_seconds S] [--chunk_bytes B] [--pull_chunk_bytes B]
+#                    [--configs "1x1 2x2"] [--keep_logs]
+#
+# --chunk_bytes is the client's chunk size for streamed dense pushes and pulls (the client
+# always names it in pulls, so it also sets the ps's pull chunks); --pull_chunk_bytes is the
+# ps_server flag (the chunk of pulls that do not name one). --configs lists PSxWORKERS runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+min_seconds=3
+chunk_bytes=$((1 << 20))
+pull_chunk_bytes=""
+configs="1x1 2x2"
+keep_logs=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --min_seconds) min_seconds=$2; shift 2 ;;
+    --chunk_bytes) chunk_bytes=$2; shift 2 ;;
+    --pull_chunk_bytes) pull_chunk_bytes=$2; shift 2 ;;
+    --configs) configs=$2; shift 2 ;;
+    --keep_logs) keep_logs=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+bash tools/setup.sh >/dev/null
+echo "==> building -c opt: chief, ps_server, ps_bench"
+bazel build -c opt --ui_event_filters=-info --noshow_progress //chief //ps_server //bench:ps_bench
+bin_dir=$(bazel info -c opt bazel-bin 2>/dev/null)
+
+work=$(mktemp -d /tmp/ps_bench.XXXXXX)
+echo "==> logs in $work"
+# Private copies: another build in this workspace may replace the outputs mid-run.
+for b in chief/chief ps_server/ps_server bench/ps_bench; do
+  cp "$bin_dir/$b" "$work/$(basename "$b")"
+done
+
+pids=()
+names=()
+iperf_pid=""
+status=0
+
+# Stops every daemon with SIGTERM; returns 1 if one did not exit 0.
+stop_daemons() {
+  local failed=0 i rc
+  for i in "${!pids[@]}"; do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    if [[ $rc -eq 0 ]]; then
+      echo "    ${names[$i]} exited 0"
+    else
+      echo "ps.sh: ${names[$i]} exited $rc; see $work/${names[$i]//:/-}.log" >&2
+      failed=1
+    fi
+  done
+  pids=()
+  names=()
+  return $failed
+}
+
+cleanup() {
+  local rc=$?
+  if [[ -n $iperf_pid ]]; then kill "$iperf_pid" 2>/dev/null || true; wait "$iperf_pid" 2>/dev/null || true; fi
+  if [[ ${#pids[@]} -gt 0 ]]; then stop_daemons || true; fi
+  if [[ $rc -eq 0 && $keep_logs -eq 0 ]]; then
+    rm -rf "$work"
+  else
+    echo "==> logs kept in $work"
+  fi
+}
+trap cleanup EXIT
+trap 'echo; echo "ps.sh: interrupted" >&2; exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+echo "==> loopback TCP bandwidth: iperf3, 1 stream, 3 s, 127.0.0.1"
+port=$(free_port)
+iperf3 -s -1 -B 127.0.0.1 -p "$port" >"$work/iperf3-server.log" 2>&1 &
+iperf_pid=$!
+iperf_ok=0
+for _ in $(seq 50); do
+  if iperf3 -c 127.0.0.1 -p "$port" -t 3 -P 1 -J >"$work/iperf3.json" 2>"$work/iperf3-client.log"; then
+    iperf_ok=1
+    break
+  fi
+  sleep 0.1
+done
+if [[ $iperf_ok -ne 1 ]]; then
+  echo "ps.sh: iperf3 failed; see $work/iperf3-client.log" >&2
+  exit 1
+fi
+wait "$iperf_pid" 2>/dev/null || true
+iperf_pid=""
+loopback_gbps=$(python3 -c '
+import json, sys
+print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))
+' "$work/iperf3.json")
+echo "    $loopback_gbps GB/s"
+
+echo "==> loopback TCP round trip of 4 bytes (ps_bench --loopback_rtt_only)"
+"$work/ps_bench" --loopback_rtt_only | tee "$work/rtt.out"
+loopback_rtt_us=$(awk '$2 == "loopback_rtt_4B_p50" {print $3}' "$work/rtt.out")
+
+{
+  echo "BENCH loopback_iperf3_1stream $loopback_gbps GB/s ratio=1.00"
+  grep '^BENCH ' "$work/rtt.out"
+} >"$work/bench.txt"
+
+# TF_CONFIG of one task: the chief's address is real once it has bound; the ps tasks bind
+# port 0 and register theirs with the chief. The benchmark's clients are no cluster tasks, so
+# the worker job is empty.
+tf_config() {  # chief_address num_ps job index
+  local ps="" i
+  for ((i = 0; i < $2; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
+  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[]},"task":{"type":"%s","index":%d}}' \
+    "$1" "$ps" "$3" "$4"
+}
+
+start_task() {  # binary job index chief_address num_ps [flags...]
+  local binary=$1 job=$2 index=$3 chief=$4 num_ps=$5
+  shift 5
+  local port_file="$work/$job-$index.port"
+  TF_CONFIG=$(tf_config "$chief" "$num_ps" "$job" "$index") "$work/$binary" \
+    --port_file="$port_file" "$@" >"$work/$job-$index.log" 2>&1 &
+  pids+=($!)
+  names+=("$job:$index")
+  for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
+  echo "ps.sh: $job:$index did not start; see $work/$job-$index.log" >&2
+  tail -5 "$work/$job-$index.log" >&2
+  return 1
+}
+
+# The model: SGD dense variables of 4 B to 64 MiB (rows of 4 KiB, so that they can be split
+# along the first dimension) and one 8-float Adagrad embedding table.
+cat >"$work/model.pbtxt" <<'EOF'
+variables { name: "d_4B" shape { dims: 1 } dtype: DT_FLOAT32
+  initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
+variables { name: "d_4KiB" shape { dims: 1024 } dtype: DT_FLOAT32
+  initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
+variables { name: "d_1MiB" shape { dims: 256 dims: 1024 } dtype: DT_FLOAT32
+  initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
+variables { name: "d_16MiB" shape { dims: 4096 dims: 1024 } dtype: DT_FLOAT32
+  initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
+variables { name: "d_64MiB" shape { dims: 16384 dims: 1024 } dtype: DT_FLOAT32
+  initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
+tables { name: "emb" dim: 8
+  initializer { kind: UNIFORM min: -0.05 max: 0.05 seed: 7 }
+  optimizer { adagrad { learning_rate: 0.05 initial_accumulator_value: 0.1 } } }
+EOF
+
+ps_flags=()
+if [[ -n $pull_chunk_bytes ]]; then ps_flags+=(--pull_chunk_bytes="$pull_chunk_bytes"); fi
+
+for config in $configs; do
+  num_ps=${config%x*}
+  num_workers=${config#*x}
+  tag="${num_ps}ps${num_workers}w"
+  # With more than one ps, partitions of at most 8 MiB split the 16 MiB variable in 2 and the
+  # 64 MiB one in 8; round-robin placement then gives every ps a share of both.
+  max_partition_bytes=0
+  if [[ $num_ps -gt 1 ]]; then max_partition_bytes=$((8 << 20)); fi
+  echo "==> $tag: 1 chief, $num_ps ps (max_partition_bytes=$max_partition_bytes), $num_workers client(s)"
+  start_task chief chief 0 "127.0.0.1:0" "$num_ps" \
+    --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes"
+  chief="127.0.0.1:$(cat "$work/chief-0.port")"
+  for ((i = 0; i < num_ps; i++)); do
+    start_task ps_server ps "$i" "$chief" "$num_ps" "${ps_flags[@]}"
+  done
+  # ps_bench waits for the model (GetModel with wait_until_ready) before it measures.
+  "$work/ps_bench" --chief="$chief" --workers="$num_workers" --tag="$tag" \
+    --loopback_gbps="$loopback_gbps" --loopback_rtt_us="$loopback_rtt_us" \
+    --min_seconds="$min_seconds" --chunk_bytes="$chunk_bytes" \
+    2>&1 | tee "$work/$tag.out"
+  grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
+  echo "==> $tag: stopping the daemons (SIGTERM)"
+  stop_daemons
+done
+
+echo
+echo "==> every figure (ratio = value / loopback figure of this run: iperf3 GB/s for"
+echo "    throughput, sparse as MB/s of rows; the 4-byte TCP round trip p50 for latency)"
+cat "$work/bench.txt"
+
+echo
+echo "==> summary (markdown)"
+python3 - "$work/bench.txt" "$configs" <<'EOF'
+import re, sys
+
+figures = {}
+for line in open(sys.argv[1]):
+    _, name, value, unit, ratio = line.split()
+    figures[name] = (value, unit, ratio.split("=", 1)[1])
+tags = ["%sps%sw" % tuple(c.split("x")) for c in sys.argv[2].split()]
+
+def cell(name):
+    if name not in figures:
+        return "-"
+    value, unit, ratio = figures[name]
+    return "%s %s (%s)" % (value, unit, ratio) if ratio != "n/a" else "%s %s" % (value, unit)
+
+print("loopback: iperf3 %s GB/s, TCP round trip p50 %s us\n" % (
+    figures["loopback_iperf3_1stream"][0], figures["loopback_rtt_4B_p50"][0]))
+header = ["figure"]
+for t in tags:
+    header += [t + " throughput (x loopback)", t + " p50 us (x rtt)", t + " p99 us"]
+print("| " + " | ".join(header) + " |")
+print("|" + "---|" * len(header))
+rows = []
+for name in figures:
+    m = re.match(r"((dense|sparse)_(push|pull)_([^_]+))_%s$" % re.escape(tags[0]), name)
+    if m:
+        rows.append(m.group(1))
+for base in rows:
+    line = [base]
+    for t in tags:
+        line += [cell("%s_%s" % (base, t)), cell("%s_p50_%s" % (base, t)),
+                 figures.get("%s_p99_%s" % (base, t), ("-",))[0]]
+        if base.startswith("sparse"):
+            line[-3] += " / " + cell("%s_rows_%s" % (base, t))
+    print("| " + " | ".join(line) + " |")
+EOF

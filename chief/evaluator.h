@@ -1,0 +1,55 @@
+#ifndef PSCLUSTER_CHIEF_EVALUATOR_H_
+#define PSCLUSTER_CHIEF_EVALUATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/parameter_client.h"
+#include "proto/model_config.pb.h"
+#include "worker/data/dataset.h"
+#include "worker/kernels/kernels.h"
+#include "worker/model.h"
+
+namespace pscluster {
+
+struct EvalResult {
+  int64_t step = 0;
+  int64_t examples = 0;
+  double loss = 0;
+  double accuracy = 0;
+  // Binary tasks only (-1 otherwise).
+  double auc = -1;
+};
+
+// Computes the test loss and accuracy (AUC for binary tasks) of the model's current parameters,
+// pulled from the ps tasks, with the CPU kernels. Forward passes only. Embedding rows of test ids
+// that training never touched are created by the pull, with their initial values.
+// Thread-compatible.
+class Evaluator {
+ public:
+  // `client` is not owned and must outlive the evaluator.
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const v1::ModelConfig& config,
+                                                           ParameterClient* client,
+                                                           Dataset test, int batch_size = 1000);
+
+  absl::StatusOr<EvalResult> Evaluate(int64_t step);
+
+ private:
+  Evaluator(ParameterClient* client, Dataset test, int batch_size);
+
+  ParameterClient* const client_;  // Not owned.
+  const Dataset test_;
+  const int batch_size_;
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<Model> model_;
+};
+
+// One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...}.
+std::string MetricsJsonLine(const EvalResult& result, double train_loss,
+                            double examples_per_second, double elapsed_seconds);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_EVALUATOR_H_

@@ -1,0 +1,136 @@
+#include "chief/sync_coordinator.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "glog/logging.h"
+
+namespace pscluster {
+
+SyncCoordinator::SyncCoordinator(const SyncCoordinatorOptions& options, const Clock* clock)
+    : options_(options), clock_(clock) {
+  absl::MutexLock lock(&mu_);
+  for (int w = 0; w < options.num_workers; ++w) completed_[w] = 0;
+}
+
+int64_t SyncCoordinator::SlowestLocked() const {
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const auto& [w, done] : completed_) {
+    if (finished_workers_.count(w) == 0) slowest = std::min(slowest, done);
+  }
+  return slowest;
+}
+
+bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
+  if (finished_) return true;
+  if (options_.staleness < 0) return global_step_ > last_done_step;
+  // SSP: the step to start is last_done_step + 1 (0-based count of completed steps).
+  return last_done_step + 1 - options_.staleness <= SlowestLocked();
+}
+
+SyncCoordinator::Token SyncCoordinator::AcquireToken(int worker, int64_t last_done_step,
+                                                     absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto can_start = [this, worker, last_done_step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return CanStartLocked(worker, last_done_step);
+  };
+  Token token;
+  token.granted = clock_->AwaitWithDeadline(&mu_, absl::Condition(&can_start), deadline);
+  token.finished = finished_;
+  token.step = options_.staleness < 0 ? global_step_ : last_done_step + 1;
+  if (token.granted && options_.staleness >= 0 && !finished_) {
+    const int64_t slowest = SlowestLocked();
+    if (slowest != std::numeric_limits<int64_t>::max()) {
+      max_lead_ = std::max(max_lead_, token.step - slowest);
+    }
+  }
+  return token;
+}
+
+bool SyncCoordinator::ReportStep(int worker, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (options_.staleness >= 0) {
+    completed_[worker] = std::max(completed_[worker], step + 1);
+    return true;
+  }
+  if (step < global_step_ || (step == global_step_ && reported_.count(worker))) {
+    ++dropped_[worker];
+    LOG(INFO) << "worker:" << worker << "'s gradient of step " << step
+              << " arrived after the step closed; dropped (" << dropped_[worker]
+              << " so far from this worker)";
+    return false;
+  }
+  if (step > global_step_) {
+    // Only possible after the chief restarted with an older step: follow the workers.
+    global_step_ = step;
+    reported_.clear();
+  }
+  reported_.insert(worker);
+  completed_[worker] = step + 1;
+  if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) {
+    ++global_step_;
+    reported_.clear();
+  }
+  return true;
+}
+
+void SyncCoordinator::WorkerFinished(int worker) {
+  absl::MutexLock lock(&mu_);
+  finished_workers_.insert(worker);
+  // In sync mode, with fewer active workers than replicas to aggregate nothing could advance.
+  if (options_.staleness < 0 &&
+      options_.num_workers - static_cast<int>(finished_workers_.size()) <
+          options_.replicas_to_aggregate) {
+    finished_ = true;
+  }
+}
+
+void SyncCoordinator::SetGlobalStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  global_step_ = step;
+  reported_.clear();
+}
+
+void SyncCoordinator::Finish() {
+  absl::MutexLock lock(&mu_);
+  finished_ = true;
+}
+
+int64_t SyncCoordinator::global_step() const {
+  absl::MutexLock lock(&mu_);
+  return global_step_;
+}
+
+std::map<int, int64_t> SyncCoordinator::dropped_per_worker() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
+}
+
+std::map<int, int64_t> SyncCoordinator::completed() const {
+  absl::MutexLock lock(&mu_);
+  return completed_;
+}
+
+int64_t SyncCoordinator::max_lead() const {
+  absl::MutexLock lock(&mu_);
+  return max_lead_;
+}
+
+std::vector<int> SyncCoordinator::waiting_for() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> out;
+  if (finished_) return out;
+  if (options_.staleness < 0) {
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (!reported_.count(w) && !finished_workers_.count(w)) out.push_back(w);
+    }
+  } else {
+    const int64_t slowest = SlowestLocked();
+    for (const auto& [w, done] : completed_) {
+      if (done == slowest && !finished_workers_.count(w)) out.push_back(w);
+    }
+  }
+  return out;
+}
+
+}  // namespace pscluster

@@ -1,0 +1,84 @@
+#ifndef PSCLUSTER_CHIEF_SYNC_COORDINATOR_H_
+#define PSCLUSTER_CHIEF_SYNC_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace pscluster {
+
+struct SyncCoordinatorOptions {
+  // SYNC: a step completes when this many distinct workers have reported it (the rest are
+  // backups whose late reports are dropped and counted). SSP: unused.
+  int replicas_to_aggregate = 1;
+  int num_workers = 1;
+  // SSP: a worker may start step s only while the slowest unfinished worker has completed at
+  // least s - staleness steps. Negative: synchronous mode (tokens per global step).
+  int staleness = -1;
+};
+
+// The chief's token logic for synchronous (SyncReplicas) and bounded-staleness training, without
+// transport. The global step is the one authority for which step a worker computes.
+//
+// SYNC: AcquireToken(w, last) waits until the global step is past `last` and returns it; a
+// worker's report of step s counts once; when replicas_to_aggregate distinct workers reported
+// the current step it advances. A report of an older step is dropped and counted per worker.
+// SSP: AcquireToken(w, last) waits until last + 1 - staleness <= the slowest active worker's
+// completed steps; finished workers stop holding the others back.
+//
+// Thread-safe. Waits use the injected clock's deadline.
+class SyncCoordinator {
+ public:
+  SyncCoordinator(const SyncCoordinatorOptions& options, const Clock* clock);
+
+  struct Token {
+    bool granted = false;   // false: the deadline passed
+    bool finished = false;  // training is over
+    int64_t step = 0;
+  };
+  Token AcquireToken(int worker, int64_t last_done_step, absl::Time deadline);
+
+  // Returns true if the report counted toward its step, false if it was late and dropped.
+  bool ReportStep(int worker, int64_t step);
+  void WorkerFinished(int worker);
+  // Sets the global step (restored from the ps tasks or a checkpoint after a chief restart).
+  void SetGlobalStep(int64_t step);
+  void Finish();
+
+  int64_t global_step() const;
+  std::map<int, int64_t> dropped_per_worker() const;
+  // SYNC: the workers that have not reported the current step. SSP: workers at the minimum.
+  std::vector<int> waiting_for() const;
+  // SSP: steps completed by each worker.
+  std::map<int, int64_t> completed() const;
+  // SSP: the largest lead granted so far: a started step minus the slowest worker's completed
+  // steps. Never more than `staleness`.
+  int64_t max_lead() const;
+
+ private:
+  bool CanStartLocked(int worker, int64_t last_done_step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t SlowestLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const SyncCoordinatorOptions options_;
+  const Clock* const clock_;  // Not owned.
+  mutable absl::Mutex mu_;
+  int64_t global_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> reported_ ABSL_GUARDED_BY(mu_);  // workers that reported global_step_
+  std::map<int, int64_t> dropped_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int64_t> completed_ ABSL_GUARDED_BY(mu_);  // SSP: steps done per worker
+  std::set<int> finished_workers_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t max_lead_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_SYNC_COORDINATOR_H_

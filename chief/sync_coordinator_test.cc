@@ -1,0 +1,102 @@
+#include "chief/sync_coordinator.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+SyncCoordinatorOptions Sync(int workers, int aggregate) {
+  SyncCoordinatorOptions o;
+  o.num_workers = workers;
+  o.replicas_to_aggregate = aggregate;
+  return o;
+}
+
+TEST(SyncCoordinatorTest, StepAdvancesOnceEnoughDistinctWorkersReport) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(3, 3), &clock);
+  SyncCoordinator::Token t = sync.AcquireToken(0, -1, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_EQ(t.step, 0);
+  EXPECT_TRUE(sync.ReportStep(0, 0));
+  // A repeated report of the same worker does not count twice.
+  EXPECT_FALSE(sync.ReportStep(0, 0));
+  EXPECT_TRUE(sync.ReportStep(1, 0));
+  EXPECT_EQ(sync.global_step(), 0);
+  EXPECT_EQ(sync.waiting_for(), std::vector<int>{2});
+  // Worker 0 must wait for step 1: its deadline passes on the fake clock.
+  EXPECT_FALSE(sync.AcquireToken(0, 0, clock.Now() + absl::Seconds(1)).granted);
+  EXPECT_TRUE(sync.ReportStep(2, 0));
+  EXPECT_EQ(sync.global_step(), 1);
+  t = sync.AcquireToken(0, 0, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_EQ(t.step, 1);
+}
+
+TEST(SyncCoordinatorTest, BackupWorkersLateReportsAreDroppedAndCounted) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(3, 2), &clock);
+  EXPECT_TRUE(sync.ReportStep(0, 0));
+  EXPECT_TRUE(sync.ReportStep(1, 0));
+  EXPECT_EQ(sync.global_step(), 1);
+  EXPECT_FALSE(sync.ReportStep(2, 0));  // the slow one, too late
+  EXPECT_EQ(sync.dropped_per_worker().at(2), 1);
+  // The late worker gets the current step next, not the one it missed.
+  SyncCoordinator::Token t = sync.AcquireToken(2, 0, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_EQ(t.step, 1);
+}
+
+TEST(SyncCoordinatorTest, AWaiterWakesWhenTheStepCloses) {
+  SyncCoordinator sync(Sync(2, 2), Clock::Real());
+  sync.ReportStep(0, 0);
+  std::thread waiter([&] {
+    SyncCoordinator::Token t = sync.AcquireToken(0, 0, absl::Now() + absl::Seconds(30));
+    EXPECT_TRUE(t.granted);
+    EXPECT_EQ(t.step, 1);
+  });
+  sync.ReportStep(1, 0);
+  waiter.join();
+}
+
+TEST(SyncCoordinatorTest, FinishingWorkersEndTheWaitWhenTooFewRemain) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(2, 2), &clock);
+  sync.ReportStep(0, 0);
+  sync.WorkerFinished(1);
+  SyncCoordinator::Token t = sync.AcquireToken(0, 0, clock.Now());
+  EXPECT_TRUE(t.finished);
+}
+
+TEST(SyncCoordinatorTest, SspKeepsTheFastestWithinTheBound) {
+  FakeClock clock;
+  SyncCoordinatorOptions o;
+  o.num_workers = 2;
+  o.staleness = 2;
+  SyncCoordinator ssp(o, &clock);
+  // Worker 0 may run steps 0, 1, 2 while worker 1 has done none.
+  for (int64_t done = -1; done < 2; ++done) {
+    SyncCoordinator::Token t = ssp.AcquireToken(0, done, clock.Now());
+    ASSERT_TRUE(t.granted) << done;
+    EXPECT_EQ(t.step, done + 1);
+    ssp.ReportStep(0, done + 1);
+  }
+  EXPECT_FALSE(ssp.AcquireToken(0, 2, clock.Now() + absl::Seconds(1)).granted);
+  EXPECT_EQ(ssp.waiting_for(), std::vector<int>{1});
+  EXPECT_EQ(ssp.max_lead(), 2);
+  ssp.ReportStep(1, 0);
+  EXPECT_TRUE(ssp.AcquireToken(0, 2, clock.Now()).granted);
+  // With k = 0 every step is a barrier.
+  o.staleness = 0;
+  SyncCoordinator barrier(o, &clock);
+  EXPECT_TRUE(barrier.AcquireToken(0, -1, clock.Now()).granted);
+  barrier.ReportStep(0, 0);
+  EXPECT_FALSE(barrier.AcquireToken(0, 0, clock.Now()).granted);
+  barrier.ReportStep(1, 0);
+  EXPECT_TRUE(barrier.AcquireToken(0, 0, clock.Now()).granted);
+}
+
+}  // namespace
+}  // namespace pscluster

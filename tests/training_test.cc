@@ -1,0 +1,288 @@
+// Training through the real daemons: a chief, ps tasks and workers on 127.0.0.1, on a slice of
+// Fashion-MNIST (installed by tools/setup.sh) or data the test fixes.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/grpc_ps_transport.h"
+#include "client/parameter_client.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "ps_server/in_process_ps_transport.h"
+#include "sharding/placement.h"
+#include "testing/test_cluster.h"
+#include "worker/data/shard.h"
+#include "worker/input.h"
+#include "worker/model.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
+}
+
+std::unique_ptr<v1::Coordinator::Stub> Chief(TestCluster& c) {
+  return v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+}
+
+v1::ClusterStatus Status(v1::Coordinator::Stub& chief) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ClusterStatus status;
+  grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
+  CHECK(s.ok()) << s.error_message();
+  return status;
+}
+
+// Polls the chief until `done(status)` or the timeout; returns the last status.
+v1::ClusterStatus AwaitStatus(v1::Coordinator::Stub& chief,
+                              const std::function<bool(const v1::ClusterStatus&)>& done,
+                              absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::ClusterStatus status;
+  do {
+    status = Status(chief);
+    if (done(status)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  return status;
+}
+
+bool Finished(const v1::ClusterStatus& s) { return s.progress().finished(); }
+
+class SoftmaxRegressionTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
+  const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-", GetParam(), ".jsonl");
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+                            "--mode=" + GetParam(),
+                            "--max_train_examples=8000",
+                            "--max_test_examples=2000",
+                            "--epochs=2",
+                            "--batch_size=50",
+                            "--eval_every_secs=2",
+                            "--metrics_file=" + metrics};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = Chief(**cluster);
+  v1::ClusterStatus status = AwaitStatus(*chief, Finished, absl::Seconds(240));
+  ASSERT_TRUE(status.progress().finished()) << status.DebugString() << (*cluster)->Logs();
+  // Chance is 0.10.
+  EXPECT_GE(status.progress().test_accuracy(), 0.75) << status.DebugString();
+  EXPECT_EQ(status.progress().workers_finished(), 2);
+  // 8000 examples, 2 workers, 2 epochs, batches of 50: 80 steps each.
+  EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(80, 80));
+  if (GetParam() == "sync") EXPECT_EQ(status.global_step(), 80);
+
+  // The metrics file has one JSON line per evaluation, the last one the final accuracy.
+  std::ifstream in(metrics);
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    last = line;
+    ++lines;
+  }
+  EXPECT_GE(lines, 1);
+  EXPECT_THAT(last, HasSubstr("\"test_accuracy\": "));
+  EXPECT_THAT(last, HasSubstr(absl::StrCat("\"step\": ", status.progress().test_step())));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest, ::testing::Values("async", "sync"));
+
+// N workers in sync mode with replicas_to_aggregate = N end with the parameters of one process
+// doing SGD on batches N times larger.
+TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
+  constexpr int kWorkers = 2, kBatch = 32, kExamples = 512;
+  const std::string config_path = Runfile("configs/softmax_regression.pbtxt");
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = kWorkers;
+  options.flags["chief"] = {"--model_config=" + config_path,
+                            "--mode=sync",
+                            absl::StrCat("--max_train_examples=", kExamples),
+                            "--max_test_examples=100",
+                            "--epochs=1",
+                            absl::StrCat("--batch_size=", kBatch),
+                            "--shuffle_seed=11",
+                            "--max_partition_bytes=8000"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = Chief(**cluster);
+  v1::ClusterStatus status = AwaitStatus(*chief, Finished, absl::Seconds(120));
+  ASSERT_TRUE(status.progress().finished()) << (*cluster)->Logs();
+  const int steps = kExamples / kWorkers / kBatch;
+  ASSERT_EQ(status.global_step(), steps);
+
+  grpc::ClientContext ctx;
+  v1::GetModelRequest req;
+  v1::GetModelResponse model;
+  ASSERT_TRUE(chief->GetModel(&ctx, req, &model).ok());
+  std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
+  auto remote = ParameterClient::Create(
+      model.model(), model.placement(),
+      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), {});
+  ASSERT_TRUE(remote.ok());
+
+  // One process: the same initial values, the same examples (each step's batch is the union of
+  // the workers' batches), one SGD step per global step on the mean gradient.
+  auto placement = ComputePlacement(model.model(), 1, v1::PlacementOptions());
+  ASSERT_TRUE(placement.ok());
+  auto local = ParameterClient::Create(
+      model.model(), *placement,
+      std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()), {});
+  ASSERT_TRUE(local.ok());
+  ASSERT_TRUE((*local)->CreateAll(v1::SyncOptions()).ok());
+  auto all = LoadDataset(model.training().data(), model.config().input_dim(), true);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<Dataset> shards;
+  std::vector<std::unique_ptr<BatchIterator>> iterators;
+  for (int w = 0; w < kWorkers; ++w) shards.push_back(ShardDataset(*all, w, kWorkers));
+  for (int w = 0; w < kWorkers; ++w) {
+    iterators.push_back(std::make_unique<BatchIterator>(&shards[w], kBatch, 11));
+    iterators.back()->StartEpoch(0);
+  }
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto net = Model::Create(model.config(), kernels.get(), kWorkers * kBatch);
+  ASSERT_TRUE(net.ok());
+  const std::vector<std::string>& vars = (*net)->dense_variables();
+  for (int s = 0; s < steps; ++s) {
+    Dataset big;
+    std::vector<Dataset> parts(kWorkers);
+    for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(iterators[w]->Next(&parts[w]));
+    big = parts[0];
+    for (int w = 1; w < kWorkers; ++w) {
+      big.dense.insert(big.dense.end(), parts[w].dense.begin(), parts[w].dense.end());
+      big.labels.insert(big.labels.end(), parts[w].labels.begin(), parts[w].labels.end());
+      big.num_examples += parts[w].num_examples;
+    }
+    std::vector<std::vector<float>> params;
+    ASSERT_TRUE((*local)->Pull(vars, &params).ok());
+    std::vector<const float*> ptrs;
+    for (auto& p : params) ptrs.push_back(p.data());
+    Batch b;
+    b.size = static_cast<int>(big.num_examples);
+    b.dense = big.dense.data();
+    b.labels = big.labels.data();
+    SparseInput sparse;
+    Model::PrepareSparse(b, &sparse);
+    StepResult r;
+    ASSERT_TRUE((*net)->Compute(b, sparse, ptrs, {}, true, &r).ok());
+    std::vector<const float*> grads;
+    for (auto& g : r.dense_grads) grads.push_back(g.data());
+    ASSERT_TRUE((*local)->Push(vars, grads, s).ok());
+  }
+  std::vector<std::vector<float>> got, want;
+  ASSERT_TRUE((*remote)->Pull(vars, &got).ok());
+  ASSERT_TRUE((*local)->Pull(vars, &want).ok());
+  double max_rel = 0;
+  for (size_t v = 0; v < vars.size(); ++v) {
+    ASSERT_EQ(got[v].size(), want[v].size());
+    for (size_t i = 0; i < got[v].size(); ++i) {
+      const double diff = std::abs(got[v][i] - want[v][i]);
+      max_rel = std::max(max_rel, diff / std::max(1e-2, std::abs(double(want[v][i]))));
+      ASSERT_LE(diff, 1e-5 * std::max(1.0f, std::abs(want[v][i])))
+          << vars[v] << "[" << i << "] distributed " << got[v][i] << " vs one process "
+          << want[v][i];
+    }
+  }
+  LOG(INFO) << "largest relative difference: " << max_rel;
+}
+
+// 3 workers, 2 gradients aggregated per step, one worker slowed: the step advances at the pace
+// of the fastest two, and the slow worker's late gradients are dropped and counted.
+TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 3;
+  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+                            "--mode=sync",
+                            "--replicas_to_aggregate=2",
+                            "--max_train_examples=6000",
+                            "--max_test_examples=100",
+                            "--epochs=1",
+                            "--batch_size=50",
+                            "--max_steps=40"};
+  options.flags["worker:2"] = {"--step_delay_ms=400"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = Chief(**cluster);
+  const absl::Time start = absl::Now();
+  v1::ClusterStatus status = AwaitStatus(
+      *chief, [](const v1::ClusterStatus& s) { return s.global_step() >= 40; },
+      absl::Seconds(120));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_GE(status.global_step(), 40) << (*cluster)->Logs();
+  // 40 steps at the slow worker's pace would take over 16 s.
+  EXPECT_LT(took, absl::Seconds(12)) << "the step waited for the slow worker";
+  status = AwaitStatus(
+      *chief, [](const v1::ClusterStatus& s) {
+        return s.state().find("worker:2 had") != std::string::npos;
+      },
+      absl::Seconds(30));
+  EXPECT_THAT(status.state(), HasSubstr("worker:2 had"));
+  EXPECT_THAT(status.state(), HasSubstr("late gradients dropped"));
+  // The ps task counted the dropped gradients per worker too.
+  auto ps = v1::ParameterServer::NewStub(
+      grpc::CreateChannel((*cluster)->address("ps:0"), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ListShardsResponse shards;
+  ASSERT_TRUE(ps->ListShards(&ctx, v1::ListShardsRequest(), &shards).ok());
+  ASSERT_TRUE(shards.dropped_by_worker().count(2)) << shards.DebugString();
+  EXPECT_GT(shards.dropped_by_worker().at(2), 0);
+}
+
+// SSP: with a slow worker, the fastest is never more than k steps ahead.
+TEST(SspTrainingTest, FastestWorkerStaysWithinTheBound) {
+  constexpr int kStaleness = 3;
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+                            "--mode=ssp",
+                            absl::StrCat("--staleness=", kStaleness),
+                            "--max_train_examples=2000",
+                            "--max_test_examples=100",
+                            "--epochs=1",
+                            "--batch_size=50",
+                            "--max_steps=15"};
+  options.flags["worker:1"] = {"--step_delay_ms=150"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = Chief(**cluster);
+  int64_t max_observed = 0;
+  v1::ClusterStatus status = AwaitStatus(
+      *chief,
+      [&](const v1::ClusterStatus& s) {
+        if (s.progress().worker_steps_size() == 2) {
+          max_observed = std::max(max_observed, std::abs(s.progress().worker_steps(0) -
+                                                         s.progress().worker_steps(1)));
+        }
+        return s.progress().workers_finished() == 2;
+      },
+      absl::Seconds(120));
+  ASSERT_EQ(status.progress().workers_finished(), 2) << (*cluster)->Logs();
+  // The bound was reached (the slow worker did hold the fast one back) and never passed.
+  EXPECT_EQ(status.progress().max_lead(), kStaleness);
+  // Completed-step counts may differ by one more while the slow worker is mid-step.
+  EXPECT_LE(max_observed, kStaleness + 1);
+}
+
+}  // namespace
+}  // namespace pscluster

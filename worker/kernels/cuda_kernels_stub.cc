@@ -1,0 +1,15 @@
+// NewCudaKernels for binaries built without --config=cuda.
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/kernels/kernels.h"
+
+namespace pscluster {
+
+absl::StatusOr<std::unique_ptr<Kernels>> NewCudaKernels(const CudaKernelsOptions& /*options*/) {
+  return absl::UnimplementedError("this binary was built without CUDA; rebuild with --config=cuda");
+}
+
+}  // namespace pscluster
