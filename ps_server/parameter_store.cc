@@ -34,11 +34,12 @@ ParameterStore::ParameterStore(const ParameterStoreOptions& options) : options_(
 
 absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
                                           v1::CreateShardsResponse* response) {
-  if (request.sync().mode() == v1::SYNC) {
-    return absl::UnimplementedError(absl::StrCat("update mode ",
-                                                 v1::UpdateMode_Name(request.sync().mode()),
-                                                 " is not supported by this ps task; only ASYNC"));
+  if (request.sync().mode() == v1::SYNC && request.sync().replicas_to_aggregate() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SYNC mode needs replicas_to_aggregate >= 1, got ",
+        request.sync().replicas_to_aggregate()));
   }
+
   // Build everything first, outside the lock (initializing a large shard takes time), then
   // check for conflicts and insert under the lock: all or nothing.
   std::vector<std::unique_ptr<DenseShard>> dense;

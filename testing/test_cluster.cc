@@ -1,6 +1,7 @@
 #include "testing/test_cluster.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -69,9 +70,13 @@ TestCluster::TestCluster(const TestClusterOptions& options) : options_(options) 
                     ? absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/",
                                    EnvOr("TEST_WORKSPACE", "pscluster"))
                     : options.binary_dir;
-  work_dir_ = options.work_dir.empty()
-                  ? EnvOr("TEST_UNDECLARED_OUTPUTS_DIR", EnvOr("TEST_TMPDIR", "/tmp"))
-                  : options.work_dir;
+  // Each cluster of a test binary gets its own folder, so later clusters keep earlier logs.
+  static int clusters = 0;
+  work_dir_ = absl::StrCat(options.work_dir.empty()
+                               ? EnvOr("TEST_UNDECLARED_OUTPUTS_DIR", EnvOr("TEST_TMPDIR", "/tmp"))
+                               : options.work_dir,
+                           "/cluster-", clusters++);
+  mkdir(work_dir_.c_str(), 0755);
 }
 
 TestCluster::~TestCluster() { KillAll(); }

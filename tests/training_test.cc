@@ -73,9 +73,9 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   options.num_workers = 2;
   options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
                             "--mode=" + GetParam(),
-                            "--max_train_examples=8000",
+                            "--max_train_examples=12000",
                             "--max_test_examples=2000",
-                            "--epochs=2",
+                            "--epochs=3",
                             "--batch_size=50",
                             "--eval_every_secs=2",
                             "--metrics_file=" + metrics};
@@ -87,9 +87,11 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   // Chance is 0.10.
   EXPECT_GE(status.progress().test_accuracy(), 0.75) << status.DebugString();
   EXPECT_EQ(status.progress().workers_finished(), 2);
-  // 8000 examples, 2 workers, 2 epochs, batches of 50: 80 steps each.
-  EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(80, 80));
-  if (GetParam() == "sync") EXPECT_EQ(status.global_step(), 80);
+  // 12000 examples, 2 workers, 3 epochs, batches of 50: 360 steps each.
+  EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(360, 360));
+  if (GetParam() == "sync") {
+    EXPECT_EQ(status.global_step(), 360);
+  }
 
   // The metrics file has one JSON line per evaluation, the last one the final accuracy.
   std::ifstream in(metrics);
