@@ -235,8 +235,8 @@ class SgdOptimizer final : public OptimizerBase<SgdHyperparams> {
   explicit SgdOptimizer(const SgdHyperparams& h) : OptimizerBase("sgd", h, {}) {}
 
   void Apply(float* params, float* const* /*slots*/, const float* grad, int64_t n,
-             int64_t /*t*/) const override {
-    const float lr = h().lr;
+             int64_t t) const override {
+    const float lr = h().lr * LearningRateFactor(t);
     for (int64_t i = 0; i < n; ++i) params[i] -= grad[i] * lr;
   }
 };
@@ -247,8 +247,8 @@ class MomentumOptimizer final : public OptimizerBase<MomentumHyperparams> {
       : OptimizerBase("momentum", h, {{"momentum", 0.0f}}) {}
 
   void Apply(float* params, float* const* slots, const float* grad, int64_t n,
-             int64_t /*t*/) const override {
-    const float lr = h().lr;
+             int64_t t) const override {
+    const float lr = h().lr * LearningRateFactor(t);
     const float momentum = h().momentum;
     float* accum = slots[0];
     if (h().use_nesterov) {
@@ -271,8 +271,8 @@ class AdagradOptimizer final : public OptimizerBase<AdagradHyperparams> {
       : OptimizerBase("adagrad", h, {{"accumulator", h.initial_accumulator_value}}) {}
 
   void Apply(float* params, float* const* slots, const float* grad, int64_t n,
-             int64_t /*t*/) const override {
-    const float lr = h().lr;
+             int64_t t) const override {
+    const float lr = h().lr * LearningRateFactor(t);
     const float epsilon = h().epsilon;
     float* accum = slots[0];
     for (int64_t i = 0; i < n; ++i) {
@@ -298,7 +298,8 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
     const double beta1_power = std::pow(static_cast<double>(h().beta1), static_cast<double>(t));
     const double beta2_power = std::pow(static_cast<double>(h().beta2), static_cast<double>(t));
     const float lr_t =
-        static_cast<float>(h().lr * std::sqrt(1.0 - beta2_power) / (1.0 - beta1_power));
+        static_cast<float>(h().lr * LearningRateFactor(t) * std::sqrt(1.0 - beta2_power) /
+                           (1.0 - beta1_power));
     float* m = slots[0];
     float* v = slots[1];
     for (int64_t i = 0; i < n; ++i) {
@@ -317,22 +318,23 @@ class FtrlOptimizer final : public OptimizerBase<FtrlHyperparams> {
   }
 
   void Apply(float* params, float* const* slots, const float* grad, int64_t n,
-             int64_t /*t*/) const override {
+             int64_t t) const override {
+    const float lr = h().lr * LearningRateFactor(t);
     // As TensorFlow does, the default power -0.5 takes sqrt, which is exact and faster.
     if (h().lr_power == -0.5f) {
-      ApplyWith(params, slots, grad, n, [](float x) { return std::sqrt(x); });
+      ApplyWith(params, slots, grad, n, lr, [](float x) { return std::sqrt(x); });
     } else {
       const float exponent = -h().lr_power;
-      ApplyWith(params, slots, grad, n, [exponent](float x) { return std::pow(x, exponent); });
+      ApplyWith(params, slots, grad, n, lr,
+                [exponent](float x) { return std::pow(x, exponent); });
     }
   }
 
  private:
   // `power(x)` computes x^(-learning_rate_power).
   template <typename PowerFn>
-  void ApplyWith(float* params, float* const* slots, const float* grad, int64_t n,
+  void ApplyWith(float* params, float* const* slots, const float* grad, int64_t n, float lr,
                  PowerFn power) const {
-    const float lr = h().lr;
     const float l1 = h().l1;
     const float two_l2 = 2.0f * h().l2;
     float* accum = slots[0];
@@ -357,8 +359,8 @@ class RmsPropOptimizer final : public OptimizerBase<RmsPropHyperparams> {
       : OptimizerBase("rmsprop", h, Slots(h.centered)) {}
 
   void Apply(float* params, float* const* slots, const float* grad, int64_t n,
-             int64_t /*t*/) const override {
-    const float lr = h().lr;
+             int64_t t) const override {
+    const float lr = h().lr * LearningRateFactor(t);
     const float one_minus_rho = 1.0f - h().rho;
     const float momentum = h().momentum;
     const float epsilon = h().epsilon;
@@ -400,7 +402,32 @@ absl::StatusOr<std::unique_ptr<Optimizer>> ValidateAndMake(const Options& option
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::OptimizerSpec& spec) {
+float Optimizer::LearningRateFactor(int64_t t) const {
+  if (decay_steps_ <= 0) return 1.0f;
+  return static_cast<float>(std::pow(static_cast<double>(decay_rate_),
+                                     static_cast<double>(t - 1) / decay_steps_));
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizerWithDecay(
+    std::unique_ptr<Optimizer> optimizer, const v1::OptimizerSpec& spec) {
+  if (!spec.has_decay()) return optimizer;
+  const v1::LearningRateDecay& d = spec.decay();
+  if (!(d.decay_rate() > 0.0f && d.decay_rate() <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OptimizerSpec.decay.decay_rate must be in (0, 1], got ", d.decay_rate()));
+  }
+  if (d.decay_steps() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OptimizerSpec.decay.decay_steps must be >= 1, got ", d.decay_steps()));
+  }
+  optimizer->decay_rate_ = d.decay_rate();
+  optimizer->decay_steps_ = static_cast<double>(d.decay_steps());
+  return optimizer;
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateWithoutDecay(const v1::OptimizerSpec& spec) {
   switch (spec.kind_case()) {
     case v1::OptimizerSpec::kSgd:
       return ValidateAndMake<SgdOptimizer>(spec.sgd());
@@ -420,6 +447,14 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::Optimizer
   return absl::InvalidArgumentError(
       "OptimizerSpec has no optimizer set; set one of sgd, momentum, adagrad, adam, ftrl, "
       "rmsprop");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::OptimizerSpec& spec) {
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateWithoutDecay(spec);
+  if (!optimizer.ok()) return optimizer.status();
+  return CreateOptimizerWithDecay(*std::move(optimizer), spec);
 }
 
 std::string OptimizerDebugString(const v1::OptimizerSpec& spec) {

@@ -105,6 +105,18 @@ class Optimizer {
   // params, every slot and grad hold n floats each and do not overlap. Not owned.
   virtual void Apply(float* params, float* const* slots, const float* grad, int64_t n,
                      int64_t t) const = 0;
+
+  // The learning-rate multiplier of update t: decay_rate ^ ((t - 1) / decay_steps) with a
+  // LearningRateDecay in the spec, 1 without. Every Apply scales its learning rate by it.
+  float LearningRateFactor(int64_t t) const;
+
+ protected:
+  float decay_rate_ = 1.0f;
+  double decay_steps_ = 0;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizerWithDecay(
+      std::unique_ptr<Optimizer> optimizer, const v1::OptimizerSpec& spec);
 };
 
 // A one-line description of `spec` with its defaults applied, for logs, e.g.

@@ -586,3 +586,36 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace pscluster
+
+namespace pscluster {
+namespace {
+
+TEST(LearningRateDecayTest, ExponentialDecayScalesEveryUpdate) {
+  v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_learning_rate(1.0f);
+  spec.mutable_decay()->set_decay_rate(0.5f);
+  spec.mutable_decay()->set_decay_steps(2);
+  auto opt = Optimizer::Create(spec);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  float w = 0;
+  const float g = 1;
+  // lr_t = 0.5 ^ ((t - 1) / 2): 1, 0.7071.., 0.5.
+  (*opt)->Apply(&w, nullptr, &g, 1, 1);
+  EXPECT_FLOAT_EQ(w, -1.0f);
+  (*opt)->Apply(&w, nullptr, &g, 1, 2);
+  EXPECT_FLOAT_EQ(w, -1.0f - std::sqrt(0.5f));
+  (*opt)->Apply(&w, nullptr, &g, 1, 3);
+  EXPECT_FLOAT_EQ(w, -1.5f - std::sqrt(0.5f));
+
+  spec.mutable_decay()->set_decay_rate(1.5f);
+  auto bad = Optimizer::Create(spec);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("decay_rate must be in (0, 1], got 1.5"),
+            absl::string_view::npos);
+  spec.mutable_decay()->set_decay_rate(0.5f);
+  spec.mutable_decay()->set_decay_steps(0);
+  EXPECT_EQ(Optimizer::Create(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pscluster

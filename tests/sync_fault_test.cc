@@ -1,0 +1,127 @@
+// A worker killed with SIGKILL in sync mode with no backup workers: the chief notices within the
+// heartbeat timeout and says which task is missing, nothing spins while it is gone, and training
+// resumes when the worker comes back with the same task index.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
+}
+
+// CPU time (user + system) a process has used, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which is in parentheses and may hold spaces).
+  std::istringstream rest(text.substr(text.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+v1::ClusterStatus Status(v1::Coordinator::Stub& chief) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ClusterStatus status;
+  CHECK(chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status).ok());
+  return status;
+}
+
+v1::TaskHealth HealthOf(const v1::ClusterStatus& s, const std::string& task) {
+  for (const v1::TaskStatus& t : s.tasks()) {
+    if (absl::StrCat(t.task().job(), ":", t.task().index()) == task) return t.health();
+  }
+  return v1::HEALTH_UNKNOWN;
+}
+
+TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+                            "--mode=sync",
+                            "--max_train_examples=6000",
+                            "--max_test_examples=100",
+                            "--epochs=1000",
+                            "--batch_size=20",
+                            "--heartbeat_interval_ms=200",
+                            "--heartbeat_timeout_ms=1500"};
+  // Slow enough to leave the cluster idle between steps, fast enough to make progress.
+  options.flags["worker"] = {"--step_delay_ms=20"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Status(*chief).global_step() < 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(Status(*chief).global_step(), 20) << c.Logs();
+
+  ASSERT_TRUE(c.worker(1).Signal(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(c.worker(1).WaitForExit(absl::Seconds(5)).ok());
+  v1::ClusterStatus status;
+  do {
+    status = Status(*chief);
+    if (HealthOf(status, "worker:1") == v1::HEALTH_MISSING) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() - killed < absl::Seconds(10));
+  const absl::Duration noticed = absl::Now() - killed;
+  ASSERT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_MISSING) << status.DebugString();
+  EXPECT_LT(noticed, absl::Milliseconds(1500 + 1000)) << "heartbeat timeout is 1.5 s";
+  EXPECT_THAT(status.state(), HasSubstr("waiting for worker:1 (no heartbeat)"));
+  ASSERT_EQ(status.waiting_for_size(), 1);
+  EXPECT_EQ(status.waiting_for(0).job(), "worker");
+  EXPECT_EQ(status.waiting_for(0).index(), 1);
+
+  // While it is gone: the step stands still and nobody burns CPU waiting.
+  const int64_t stuck_at = status.global_step();
+  const double chief_cpu = CpuSeconds(c.chief().pid());
+  const double worker_cpu = CpuSeconds(c.worker(0).pid());
+  const double ps_cpu = CpuSeconds(c.ps(0).pid());
+  absl::SleepFor(absl::Seconds(3));
+  status = Status(*chief);
+  EXPECT_EQ(status.global_step(), stuck_at);
+  EXPECT_LT(CpuSeconds(c.chief().pid()) - chief_cpu, 0.3) << "the chief spins";
+  EXPECT_LT(CpuSeconds(c.worker(0).pid()) - worker_cpu, 0.3) << "the waiting worker spins";
+  EXPECT_LT(CpuSeconds(c.ps(0).pid()) - ps_cpu, 0.3) << "a ps task spins";
+
+  // The worker comes back with the same index, rejoins at the current step, and training goes on.
+  ASSERT_TRUE(c.StartTask("worker", 1).ok()) << c.Logs();
+  deadline = absl::Now() + absl::Seconds(60);
+  while (Status(*chief).global_step() < stuck_at + 10 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  status = Status(*chief);
+  EXPECT_GE(status.global_step(), stuck_at + 10) << c.Logs();
+  EXPECT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_SERVING);
+  EXPECT_THAT(c.worker(1).LogTail(200), HasSubstr("registered with the chief"));
+}
+
+}  // namespace
+}  // namespace pscluster
