@@ -150,6 +150,23 @@ absl::Status ChiefServer::InitializeModel() {
     return absl::Status(created.code(),
                         absl::StrCat("cannot create the variables: ", created.message()));
   }
+  if (options_.sync.mode() == v1::SYNC) {
+    // After a chief restart the ps tasks still hold the model: the steps their accumulators
+    // have applied are the global step, so workers neither repeat nor skip steps.
+    int64_t applied = 0;
+    for (int ps = 0; ps < num_ps; ++ps) {
+      absl::StatusOr<v1::ListShardsResponse> shards = client_->transport().ListShards(ps);
+      if (!shards.ok()) return shards.status();
+      for (const v1::ShardStats& s : shards->shards()) {
+        if (!s.is_table()) applied = std::max(applied, s.applied_step());
+      }
+    }
+    if (applied > 0) {
+      LOG(INFO) << "recovered global step " << applied
+                << " from the ps tasks (steps their shards have applied)";
+      sync_.SetGlobalStep(applied);
+    }
+  }
   absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;
   *model_.mutable_placement() = *placement;

@@ -16,6 +16,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "proto/ps_service.grpc.pb.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
@@ -121,6 +122,75 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   EXPECT_GE(status.global_step(), stuck_at + 10) << c.Logs();
   EXPECT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_SERVING);
   EXPECT_THAT(c.worker(1).LogTail(200), HasSubstr("registered with the chief"));
+}
+
+}  // namespace
+}  // namespace pscluster
+
+namespace pscluster {
+namespace {
+
+// The chief killed with SIGKILL in sync mode and started again: it recovers the global step
+// from the ps tasks, so the workers go on from there without repeating or skipping a step.
+TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+                            "--mode=sync",
+                            "--max_train_examples=4000",
+                            "--max_test_examples=100",
+                            "--epochs=1000",
+                            "--batch_size=20",
+                            "--heartbeat_interval_ms=200"};
+  options.flags["worker"] = {"--step_delay_ms=10"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Status(*chief).global_step() < 30 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(c.chief().Signal(SIGKILL).ok());
+  ASSERT_TRUE(c.chief().WaitForExit(absl::Seconds(5)).ok());
+  // What the ps tasks have applied is the truth the new chief must find.
+  auto ps0 = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(c.address("ps:0"), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ListShardsResponse shards;
+  ASSERT_TRUE(ps0->ListShards(&ctx, v1::ListShardsRequest(), &shards).ok());
+  int64_t applied = 0;
+  for (const v1::ShardStats& s : shards.shards()) applied = std::max(applied, s.applied_step());
+  ASSERT_GE(applied, 30);
+
+  ASSERT_TRUE(c.StartTask("chief", 0).ok()) << c.Logs();
+  v1::ClusterStatus status;
+  deadline = absl::Now() + absl::Seconds(30);
+  do {
+    status = Status(*chief);
+    if (status.state().find("training") != std::string::npos && status.global_step() > 0) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < deadline);
+  // The step the chief resumes from is the ps tasks' (it may already have moved on).
+  EXPECT_GE(status.global_step(), applied) << c.Logs();
+  EXPECT_THAT(c.chief().LogTail(100), HasSubstr(absl::StrCat("recovered global step ", applied)));
+  const int64_t resumed = status.global_step();
+  deadline = absl::Now() + absl::Seconds(60);
+  while (Status(*chief).global_step() < resumed + 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(Status(*chief).global_step(), resumed + 20) << c.Logs();
+  // Every step was applied once on every shard: the ps tasks agree with the chief.
+  absl::SleepFor(absl::Milliseconds(200));
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(ps0->ListShards(&ctx2, v1::ListShardsRequest(), &shards).ok());
+  const int64_t chief_step = Status(*chief).global_step();
+  for (const v1::ShardStats& s : shards.shards()) {
+    EXPECT_GE(s.applied_step(), chief_step - 1) << s.name();
+    EXPECT_LE(s.applied_step(), chief_step + 1) << s.name();
+  }
 }
 
 }  // namespace
