@@ -190,16 +190,18 @@ TEST(DaemonFlagsTest, HelpListsTheFlagsAndExitsZero) {
 }
 
 TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
-  RunResult r = RunToExit("worker/worker", {"--device=gpu:7"},
-                          R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"],
-                              "worker": ["127.0.0.1:0"]}, "task": {"type": "worker", "index": 0}})");
+  const std::string tf_config =
+      R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]},
+          "task": {"type": "worker", "index": 0}})";
+  RunResult r = RunToExit("worker/worker", {"--device=gpu:7"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
   // Built without CUDA it says so; with CUDA and no such device it names the GPU.
   EXPECT_THAT(r.output, ::testing::AnyOf(HasSubstr("built without CUDA"),
                                          HasSubstr("GPU 7 does not exist"),
                                          HasSubstr("no usable CUDA driver")));
-  r = RunToExit("worker/worker", {"--device=tpu"}, "");
-  EXPECT_NE(DescribeWaitStatus(r.wait_status), "exit 0");
+  r = RunToExit("worker/worker", {"--device=tpu"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device must be cpu or gpu:N, not \"tpu\""));
 }
 
 }  // namespace
