@@ -191,4 +191,18 @@ absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
   return resp;
 }
 
+absl::Status GrpcPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
+                                         v1::SaveShardsResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return Annotate(ps, stubs_[ps]->SaveShards(&ctx, request, response));
+}
+
+absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                                            v1::RestoreShardsResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return Annotate(ps, stubs_[ps]->RestoreShards(&ctx, request, response));
+}
+
 }  // namespace pscluster

@@ -45,6 +45,10 @@ class GrpcPsTransport : public PsTransport {
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) override;
+  absl::Status SaveShards(int ps, const v1::SaveShardsRequest& request,
+                          v1::SaveShardsResponse* response) override;
+  absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                             v1::RestoreShardsResponse* response) override;
 
  private:
   void SetDeadline(grpc::ClientContext* ctx) const;

@@ -140,6 +140,43 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync) {
   });
 }
 
+absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
+    const std::string& checkpoint_path, int64_t step, int64_t* bytes) {
+  std::vector<v1::SaveShardsResponse> responses(placement_.num_ps());
+  std::vector<int> all;
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
+  PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
+    v1::SaveShardsRequest req;
+    req.set_checkpoint_path(checkpoint_path);
+    req.set_step(step);
+    req.set_ps_index(ps);
+    responses[ps].Clear();
+    return transport_->SaveShards(ps, req, &responses[ps]);
+  }));
+  std::vector<v1::SavedShard> saved;
+  *bytes = 0;
+  for (const v1::SaveShardsResponse& r : responses) {
+    saved.insert(saved.end(), r.shards().begin(), r.shards().end());
+    *bytes += r.bytes();
+  }
+  return saved;
+}
+
+absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
+                                            const std::vector<v1::SavedShard>& saved,
+                                            int64_t step) {
+  v1::RestoreShardsRequest req;
+  req.set_checkpoint_path(checkpoint_path);
+  req.mutable_saved()->Add(saved.begin(), saved.end());
+  req.set_step(step);
+  std::vector<int> all;
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
+  return ForEachPs(all, [&](int ps) {
+    v1::RestoreShardsResponse resp;
+    return transport_->RestoreShards(ps, req, &resp);
+  });
+}
+
 absl::StatusOr<const ParameterClient::DenseVar*> ParameterClient::FindVar(
     const std::string& name) const {
   auto it = dense_.find(name);

@@ -64,6 +64,15 @@ class ParameterClient {
 
   // Rows of `keys` of a table (created on first touch) into out[0..n*dim).
   absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out);
+  // Every ps task writes its shards under `checkpoint_path` (in parallel); returns what was
+  // saved, for the manifest. The caller commits the manifest.
+  absl::StatusOr<std::vector<v1::SavedShard>> SaveShards(const std::string& checkpoint_path,
+                                                         int64_t step, int64_t* bytes);
+  // Every ps task replaces its shards' values with those of a checkpoint (which may have been
+  // written by another number of ps tasks).
+  absl::Status RestoreShards(const std::string& checkpoint_path,
+                             const std::vector<v1::SavedShard>& saved, int64_t step);
+
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
                         const float* grads, int64_t step);

@@ -51,6 +51,10 @@ class PsTransport {
   virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
   virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) = 0;
+  virtual absl::Status SaveShards(int ps, const v1::SaveShardsRequest& request,
+                                  v1::SaveShardsResponse* response) = 0;
+  virtual absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                                     v1::RestoreShardsResponse* response) = 0;
 };
 
 }  // namespace pscluster

@@ -118,4 +118,16 @@ absl::StatusOr<v1::InspectShardResponse> InProcessPsTransport::InspectShard(
   return stores_[ps]->Inspect(request);
 }
 
+absl::Status InProcessPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
+                                              v1::SaveShardsResponse* response) {
+  PS_RETURN_IF_ERROR(Enter(ps));
+  return stores_[ps]->Save(request, response);
+}
+
+absl::Status InProcessPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                                                 v1::RestoreShardsResponse* response) {
+  PS_RETURN_IF_ERROR(Enter(ps));
+  return stores_[ps]->Restore(request, response);
+}
+
 }  // namespace pscluster

@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "storage/checkpoint.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace pscluster {
@@ -194,6 +195,7 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
       }
     }
   }
+  absl::ReaderMutexLock barrier(&apply_barrier_);
   int accepted = 0, dropped = 0;
   std::vector<float> mean;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -235,6 +237,7 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
                                         const float* grads, int64_t wire_bytes, int64_t step,
                                         int32_t worker, v1::PushSparseResponse* response) {
   PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  absl::ReaderMutexLock barrier(&apply_barrier_);
   if (t.accumulator == nullptr) {
     PS_RETURN_IF_ERROR(t.table->Push(keys, n, grads, options_.allow_non_finite));
     Touch(*t.counters, /*push=*/true, wire_bytes);
@@ -274,6 +277,175 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
       response->set_dropped_stale(1);
       break;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
+                                  v1::SaveShardsResponse* response) {
+  const absl::Time start = absl::Now();
+  struct DenseCopy {
+    std::shared_ptr<DenseShard> shard;
+    std::vector<float> data;
+    int64_t updates = 0;
+  };
+  struct TableCopy {
+    std::shared_ptr<EmbeddingTable> table;
+    std::vector<int64_t> keys, counts;
+    std::vector<float> rows;
+    int64_t stride = 0;
+  };
+  std::vector<DenseCopy> dense;
+  std::vector<TableCopy> tables;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, shard] : dense_) dense.push_back({shard, {}, 0});
+    for (const auto& [name, t] : tables_) tables.push_back({t.table, {}, {}, {}, 0});
+  }
+  {
+    // No push is applied while the copies are taken.
+    absl::MutexLock barrier(&apply_barrier_);
+    for (DenseCopy& d : dense) d.shard->Snapshot(&d.data, &d.updates);
+    for (TableCopy& t : tables) {
+      t.stride = t.table->dim() * (1 + t.table->optimizer().num_slots());
+      t.table->ForEachRow([&t](int64_t key, const float* row, int64_t count) {
+        t.keys.push_back(key);
+        t.counts.push_back(count);
+        t.rows.insert(t.rows.end(), row, row + t.stride);
+      });
+    }
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index()));
+  int64_t bytes = 0;
+  for (DenseCopy& d : dense) {
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
+                        writer->WriteDense(d.shard->spec(), d.updates, d.data));
+    bytes += saved.bytes();
+    *response->add_shards() = std::move(saved);
+  }
+  for (TableCopy& t : tables) {
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
+                        writer->WriteTable(t.table->spec(), std::move(t.keys), t.rows, t.counts,
+                                           t.stride));
+    bytes += saved.bytes();
+    *response->add_shards() = std::move(saved);
+  }
+  PS_RETURN_IF_ERROR(writer->Finish());
+  response->set_bytes(bytes);
+  response->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
+                                     v1::RestoreShardsResponse* response) {
+  std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
+  auto reader_for = [&](const v1::SavedShard& saved) -> absl::StatusOr<CheckpointReader*> {
+    auto& r = readers[saved.file()];
+    if (!r) {
+      PS_ASSIGN_OR_RETURN(r, CheckpointReader::Open(
+                                 absl::StrCat(request.checkpoint_path(), "/", saved.file())));
+    }
+    return r.get();
+  };
+  std::vector<std::pair<std::shared_ptr<DenseShard>, DenseKey>> dense;
+  std::vector<std::pair<std::string, Table>> tables;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, shard] : dense_) dense.push_back({shard, key});
+    for (const auto& [name, t] : tables_) tables.push_back({name, t});
+  }
+  // Read and verify everything first; apply only when all of it is good.
+  std::vector<std::vector<float>> new_data(dense.size());
+  std::vector<int64_t> new_updates(dense.size(), 0);
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const DenseShard& shard = *dense[i].first;
+    const v1::DensePartition& mine = shard.spec().partition();
+    const int64_t n = shard.num_elements();
+    const int64_t rows = mine.row_end() - mine.row_begin();
+    const int64_t row_elems = rows > 0 ? n / rows : 0;
+    const int slots = shard.optimizer().num_slots();
+    new_data[i].assign(n * (1 + slots), 0.0f);
+    int64_t covered = 0;
+    for (const v1::SavedShard& saved : request.saved()) {
+      if (saved.is_table() || saved.name() != shard.name()) continue;
+      const v1::DensePartition& theirs = saved.dense().partition();
+      const int64_t begin = std::max(mine.row_begin(), theirs.row_begin());
+      const int64_t end = std::min(mine.row_end(), theirs.row_end());
+      if (begin >= end) continue;
+      if (!google::protobuf::util::MessageDifferencer::Equals(saved.dense().variable().shape(),
+                                                              shard.spec().variable().shape()) ||
+          saved.dense().variable().optimizer().kind_case() !=
+              shard.spec().variable().optimizer().kind_case()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "variable ", shard.name(), " in the checkpoint has shape ",
+            ShapeString(saved.dense().variable().shape()), " and optimizer ",
+            saved.dense().variable().optimizer().kind_case(), "; the model has ",
+            ShapeString(shard.spec().variable().shape()), " and ",
+            shard.spec().variable().optimizer().kind_case()));
+      }
+      PS_ASSIGN_OR_RETURN(CheckpointReader* reader, reader_for(saved));
+      PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
+      const int64_t their_n = (theirs.row_end() - theirs.row_begin()) * row_elems;
+      if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
+        return absl::DataLossError(absl::StrCat("checkpoint shard ", saved.name(), "/",
+                                                saved.partition(), " in ", saved.file(),
+                                                " has ", record.values_and_slots.size(),
+                                                " floats, expected ", their_n * (1 + slots)));
+      }
+      for (int s = 0; s <= slots; ++s) {
+        std::copy_n(record.values_and_slots.data() + s * their_n +
+                        (begin - theirs.row_begin()) * row_elems,
+                    (end - begin) * row_elems,
+                    new_data[i].data() + s * n + (begin - mine.row_begin()) * row_elems);
+      }
+      new_updates[i] = std::max(new_updates[i], record.updates);
+      covered += end - begin;
+    }
+    if (covered != rows) {
+      return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ", rows,
+                                              " rows of ", shard.name(), "/",
+                                              shard.partition(), " held here"));
+    }
+  }
+  struct Row {
+    int64_t key;
+    std::vector<float> data;
+    int64_t t;
+  };
+  std::vector<std::vector<Row>> table_rows(tables.size());
+  for (size_t i = 0; i < tables.size(); ++i) {
+    EmbeddingTable& table = *tables[i].second.table;
+    for (const v1::SavedShard& saved : request.saved()) {
+      if (!saved.is_table() || saved.name() != tables[i].first) continue;
+      PS_ASSIGN_OR_RETURN(CheckpointReader* reader, reader_for(saved));
+      const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
+      PS_RETURN_IF_ERROR(reader->ReadTable(saved, [&](int64_t key, const float* row, int64_t t) {
+        if (table.OwnsKey(key)) table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
+      }));
+    }
+  }
+  // Everything verified: apply.
+  absl::MutexLock barrier(&apply_barrier_);
+  int32_t restored = 0;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    PS_RETURN_IF_ERROR(dense[i].first->Restore(new_data[i], new_updates[i]));
+    ++restored;
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    for (const Row& r : table_rows[i]) {
+      PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t));
+    }
+    ++restored;
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (auto& [key, acc] : accumulators_) acc->SetStep(request.step());
+    for (auto& [name, t] : tables_) {
+      if (t.accumulator) t.accumulator->SetStep(request.step());
+    }
+  }
+  response->set_step(request.step());
+  response->set_shards(restored);
   return absl::OkStatus();
 }
 

@@ -68,6 +68,17 @@ class ParameterStore {
                           const float* grads, int64_t wire_bytes, int64_t step, int32_t worker,
                           v1::PushSparseResponse* response);
 
+  // Writes every shard and table part into <checkpoint_path>/ps-<ps_index>. Pushes are held
+  // while the values are copied, so every shard reflects the same moment; the copy is then
+  // written without holding anything.
+  absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response);
+
+  // Replaces the values of the shards this task holds with a checkpoint's (see
+  // RestoreShardsRequest): dense rows from the overlapping saved partitions, table rows whose
+  // keys this task owns. Nothing is changed unless everything needed reads and verifies.
+  absl::Status Restore(const v1::RestoreShardsRequest& request,
+                       v1::RestoreShardsResponse* response);
+
   // Every shard and table with its counters.
   v1::ListShardsResponse ListShards() const;
 
@@ -85,6 +96,8 @@ class ParameterStore {
   void CountDropped(int32_t worker, ShardCounters& counters);
 
   const ParameterStoreOptions options_;
+  // Pushes hold it shared; Save holds it exclusively while copying: a consistent cut.
+  absl::Mutex apply_barrier_;
   mutable absl::Mutex mu_;
   std::map<DenseKey, std::shared_ptr<DenseShard>> dense_ ABSL_GUARDED_BY(mu_);
   std::map<DenseKey, std::shared_ptr<DenseAccumulator>> accumulators_ ABSL_GUARDED_BY(mu_);

@@ -199,6 +199,16 @@ grpc::Status PsService::InspectShard(grpc::ServerContext*, const v1::InspectShar
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest* req,
+                                   v1::SaveShardsResponse* resp) {
+  return ToGrpcStatus(store_->Save(*req, resp));
+}
+
+grpc::Status PsService::RestoreShards(grpc::ServerContext*, const v1::RestoreShardsRequest* req,
+                                      v1::RestoreShardsResponse* resp) {
+  return ToGrpcStatus(store_->Restore(*req, resp));
+}
+
 grpc::Status PsService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
                                   v1::TaskStatus* resp) {
   {

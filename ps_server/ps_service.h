@@ -44,6 +44,10 @@ class PsService : public v1::ParameterServer::Service {
                             v1::InspectShardResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::TaskStatus* resp) override;
+  grpc::Status SaveShards(grpc::ServerContext* ctx, const v1::SaveShardsRequest* req,
+                          v1::SaveShardsResponse* resp) override;
+  grpc::Status RestoreShards(grpc::ServerContext* ctx, const v1::RestoreShardsRequest* req,
+                             v1::RestoreShardsResponse* resp) override;
 
  private:
   ParameterStore* const store_;  // Not owned.

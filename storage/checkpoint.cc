@@ -1,0 +1,359 @@
+#include "storage/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <map>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "rocksdb/options.h"
+#include "storage/rocksdb_status.h"
+
+namespace pscluster {
+namespace {
+
+constexpr char kManifest[] = "MANIFEST.json";
+constexpr char kCheckpointPrefix[] = "ckpt-";
+
+std::string DenseKey(const std::string& name, int32_t partition) {
+  return absl::StrCat("d/", name, "/", partition);
+}
+
+std::string TablePrefix(const std::string& name) { return absl::StrCat("t/", name, "/"); }
+
+// Big-endian with the sign bit flipped: byte order equals numeric order.
+std::string EncodeKey(int64_t key) {
+  uint64_t u = static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    out[i] = static_cast<char>(u & 0xff);
+    u >>= 8;
+  }
+  return out;
+}
+
+int64_t DecodeKey(absl::string_view bytes) {
+  uint64_t u = 0;
+  for (int i = 0; i < 8; ++i) u = (u << 8) | static_cast<uint8_t>(bytes[i]);
+  return static_cast<int64_t>(u ^ (uint64_t{1} << 63));
+}
+
+uint32_t Crc(uint32_t crc, absl::string_view bytes) {
+  return static_cast<uint32_t>(
+      crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+}
+
+std::string Record(int64_t count, const float* values, int64_t n) {
+  std::string out(sizeof(int64_t) + n * sizeof(float), '\0');
+  std::memcpy(out.data(), &count, sizeof(count));
+  std::memcpy(out.data() + sizeof(count), values, n * sizeof(float));
+  return out;
+}
+
+absl::Status SyncPath(const std::string& path, bool directory) {
+  const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  const int r = fsync(fd);
+  close(fd);
+  if (r != 0) return absl::UnavailableError(absl::StrCat("fsync ", path, ": ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+bool ParseStep(const std::string& name, int64_t* step) {
+  return absl::StartsWith(name, kCheckpointPrefix) &&
+         absl::SimpleAtoi(name.substr(strlen(kCheckpointPrefix)), step);
+}
+
+}  // namespace
+
+std::string CheckpointDirName(int64_t step) {
+  return absl::StrFormat("%s%010d", kCheckpointPrefix, step);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
+    const std::string& checkpoint_path, int ps_index) {
+  std::error_code ec;
+  std::filesystem::create_directories(checkpoint_path, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create checkpoint directory ", checkpoint_path, ": ", ec.message()));
+  }
+  const std::string file = absl::StrCat("ps-", ps_index);
+  const std::string path = absl::StrCat(checkpoint_path, "/", file);
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.error_if_exists = true;  // a checkpoint is written once
+  rocksdb::DB* db = nullptr;
+  PS_RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(options, path, &db), "creating " + path));
+  return std::unique_ptr<CheckpointWriter>(
+      new CheckpointWriter(file, std::unique_ptr<rocksdb::DB>(db)));
+}
+
+CheckpointWriter::CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db)
+    : file_(std::move(file)), db_(std::move(db)) {}
+
+CheckpointWriter::~CheckpointWriter() = default;
+
+absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteDense(
+    const v1::DenseShardSpec& spec, int64_t updates, const std::vector<float>& values_and_slots) {
+  const std::string key = DenseKey(spec.variable().name(), spec.partition().partition());
+  const std::string value = Record(updates, values_and_slots.data(), values_and_slots.size());
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->Put(rocksdb::WriteOptions(), key, value),
+                                 absl::StrCat("writing ", key, " to ", file_)));
+  v1::SavedShard saved;
+  saved.set_name(spec.variable().name());
+  saved.set_partition(spec.partition().partition());
+  saved.set_file(file_);
+  saved.set_checksum(Crc(Crc(0, key), value));
+  saved.set_bytes(static_cast<int64_t>(value.size()));
+  saved.set_rows(spec.partition().row_end() - spec.partition().row_begin());
+  *saved.mutable_dense() = spec;
+  return saved;
+}
+
+absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec& spec,
+                                                            std::vector<int64_t> keys,
+                                                            const std::vector<float>& rows,
+                                                            const std::vector<int64_t>& counts,
+                                                            int64_t stride) {
+  std::vector<size_t> order(keys.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  const std::string prefix = TablePrefix(spec.name());
+  rocksdb::WriteBatch batch;
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  for (size_t i : order) {
+    const std::string key = prefix + EncodeKey(keys[i]);
+    const std::string value = Record(counts[i], rows.data() + i * stride, stride);
+    crc = Crc(Crc(crc, key), value);
+    bytes += static_cast<int64_t>(value.size());
+    batch.Put(key, value);
+    if (batch.Count() >= 4096) {
+      PS_RETURN_IF_ERROR(FromRocksDb(db_->Write(rocksdb::WriteOptions(), &batch),
+                                     absl::StrCat("writing table ", spec.name(), " to ", file_)));
+      batch.Clear();
+    }
+  }
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->Write(rocksdb::WriteOptions(), &batch),
+                                 absl::StrCat("writing table ", spec.name(), " to ", file_)));
+  v1::SavedShard saved;
+  saved.set_name(spec.name());
+  saved.set_partition(-1);
+  saved.set_is_table(true);
+  saved.set_file(file_);
+  saved.set_checksum(crc);
+  saved.set_bytes(bytes);
+  saved.set_rows(static_cast<int64_t>(keys.size()));
+  *saved.mutable_table() = spec;
+  return saved;
+}
+
+absl::Status CheckpointWriter::Finish() {
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->Flush(flush), "flushing " + file_));
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->SyncWAL(), "syncing " + file_));
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->Close(), "closing " + file_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& db_path) {
+  rocksdb::Options options;
+  options.create_if_missing = false;
+  options.paranoid_checks = true;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, db_path, &db);
+  if (!s.ok()) {
+    absl::Status st = FromRocksDb(s, "opening checkpoint shard file " + db_path);
+    // A shard file that cannot be opened is lost data, whatever RocksDB calls it.
+    return absl::DataLossError(st.message());
+  }
+  return std::unique_ptr<CheckpointReader>(
+      new CheckpointReader(db_path, std::unique_ptr<rocksdb::DB>(db)));
+}
+
+CheckpointReader::CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db)
+    : path_(std::move(path)), db_(std::move(db)) {}
+
+CheckpointReader::~CheckpointReader() = default;
+
+absl::StatusOr<DenseRecord> CheckpointReader::ReadDense(const v1::SavedShard& saved) {
+  const std::string key = DenseKey(saved.name(), saved.partition());
+  std::string value;
+  rocksdb::ReadOptions read;
+  read.verify_checksums = true;
+  rocksdb::Status s = db_->Get(read, key, &value);
+  if (!s.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": cannot read ",
+                                            saved.name(), "/", saved.partition(), ": ",
+                                            s.ToString()));
+  }
+  if (Crc(Crc(0, key), value) != saved.checksum() ||
+      (value.size() - sizeof(int64_t)) % sizeof(float) != 0 || value.size() < sizeof(int64_t)) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": ", saved.name(), "/",
+                                            saved.partition(),
+                                            " fails its checksum (the file is corrupt)"));
+  }
+  DenseRecord r;
+  std::memcpy(&r.updates, value.data(), sizeof(int64_t));
+  r.values_and_slots.resize((value.size() - sizeof(int64_t)) / sizeof(float));
+  std::memcpy(r.values_and_slots.data(), value.data() + sizeof(int64_t),
+              r.values_and_slots.size() * sizeof(float));
+  return r;
+}
+
+absl::Status CheckpointReader::ReadTable(
+    const v1::SavedShard& saved,
+    const std::function<void(int64_t key, const float* row, int64_t t)>& fn) {
+  const std::string prefix = TablePrefix(saved.name());
+  rocksdb::ReadOptions read;
+  read.verify_checksums = true;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+  uint32_t crc = 0;
+  int64_t rows = 0;
+  std::vector<int64_t> keys, counts;
+  std::vector<float> values;
+  int64_t stride = -1;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice k = it->key(), v = it->value();
+    crc = Crc(Crc(crc, absl::string_view(k.data(), k.size())), absl::string_view(v.data(), v.size()));
+    if (k.size() != prefix.size() + 8 || v.size() < sizeof(int64_t) ||
+        (stride >= 0 && static_cast<int64_t>(v.size()) != 8 + stride * 4)) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
+                                              " has a malformed row"));
+    }
+    stride = (static_cast<int64_t>(v.size()) - 8) / 4;
+    keys.push_back(DecodeKey(absl::string_view(k.data() + prefix.size(), 8)));
+    int64_t t;
+    std::memcpy(&t, v.data(), 8);
+    counts.push_back(t);
+    const size_t at = values.size();
+    values.resize(at + stride);
+    std::memcpy(values.data() + at, v.data() + 8, stride * 4);
+    ++rows;
+  }
+  if (!it->status().ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": reading table ",
+                                            saved.name(), ": ", it->status().ToString()));
+  }
+  if (crc != saved.checksum() || rows != saved.rows()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
+                                            " fails its checksum (", rows, " rows read, ",
+                                            saved.rows(), " saved)"));
+  }
+  for (int64_t i = 0; i < rows; ++i) fn(keys[i], values.data() + i * stride, counts[i]);
+  return absl::OkStatus();
+}
+
+absl::Status CommitManifest(const std::string& checkpoint_path,
+                            const v1::CheckpointManifest& manifest) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(manifest, &json, options).ok()) {
+    return absl::InternalError("cannot encode the manifest");
+  }
+  const std::string tmp = absl::StrCat(checkpoint_path, "/", kManifest, ".tmp");
+  const std::string final_path = absl::StrCat(checkpoint_path, "/", kManifest);
+  {
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+    const bool ok = write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()) &&
+                    fsync(fd) == 0;
+    close(fd);
+    if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
+  }
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
+  }
+  return SyncPath(checkpoint_path, /*directory=*/true);
+}
+
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path) {
+  const std::string path = absl::StrCat(checkpoint_path, "/", kManifest);
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no committed manifest at ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  v1::CheckpointManifest manifest;
+  google::protobuf::util::JsonParseOptions options;
+  if (!google::protobuf::util::JsonStringToMessage(ss.str(), &manifest, options).ok()) {
+    return absl::DataLossError(absl::StrCat("manifest ", path, " does not parse"));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return std::vector<std::string>();
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    int64_t step = 0;
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !ParseStep(name, &step)) continue;
+    if (std::filesystem::exists(entry.path() / kManifest)) {
+      found.emplace_back(step, entry.path().string());
+    }
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+absl::Status PruneCheckpoints(const std::string& dir, int keep) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> committed, ListCheckpoints(dir));
+  std::error_code ec;
+  for (size_t i = std::max(keep, 1); i < committed.size(); ++i) {
+    std::filesystem::remove_all(committed[i], ec);
+  }
+  if (committed.empty()) return absl::OkStatus();
+  int64_t newest = 0;
+  ParseStep(std::filesystem::path(committed[0]).filename().string(), &newest);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    int64_t step = 0;
+    if (entry.is_directory() && ParseStep(entry.path().filename().string(), &step) &&
+        step < newest && !std::filesystem::exists(entry.path() / kManifest)) {
+      std::filesystem::remove_all(entry.path(), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyCheckpoint(const std::string& checkpoint_path) {
+  PS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(checkpoint_path));
+  std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
+  for (const v1::SavedShard& saved : manifest.shards()) {
+    auto& reader = readers[saved.file()];
+    if (!reader) {
+      PS_ASSIGN_OR_RETURN(reader,
+                          CheckpointReader::Open(absl::StrCat(checkpoint_path, "/", saved.file())));
+    }
+    if (saved.is_table()) {
+      PS_RETURN_IF_ERROR(reader->ReadTable(saved, [](int64_t, const float*, int64_t) {}));
+    } else {
+      PS_RETURN_IF_ERROR(reader->ReadDense(saved).status());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster

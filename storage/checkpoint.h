@@ -1,0 +1,101 @@
+#ifndef PSCLUSTER_STORAGE_CHECKPOINT_H_
+#define PSCLUSTER_STORAGE_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/coordinator_service.pb.h"
+#include "proto/ps_service.pb.h"
+#include "rocksdb/db.h"
+
+namespace pscluster {
+
+// Checkpoints on disk:
+//
+//   <checkpoint_dir>/ckpt-<step, 10 digits>/
+//       ps-0/ ... ps-<N-1>/   one RocksDB per ps task that wrote shards
+//       MANIFEST.json         committed last; without it the checkpoint does not exist
+//
+// A dense partition is one record "d/<variable>/<partition>": its update count (8 bytes,
+// little-endian) then its values and each optimizer slot (float32). A table's part is one
+// record per row, "t/<table>/<key as 8 big-endian bytes, sign bit flipped>" (so rows sort by
+// key): the row's update count then its values and slots. Each shard's CRC-32 (zlib) over its
+// records' keys and values, in key order, is kept in the manifest and checked on every read.
+
+// "ckpt-0000000120".
+std::string CheckpointDirName(int64_t step);
+
+// Writes one ps task's shards into <checkpoint_path>/ps-<index>. Thread-compatible.
+class CheckpointWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Open(const std::string& checkpoint_path,
+                                                                int ps_index);
+  ~CheckpointWriter();
+
+  absl::StatusOr<v1::SavedShard> WriteDense(const v1::DenseShardSpec& spec, int64_t updates,
+                                            const std::vector<float>& values_and_slots);
+  // rows holds keys.size() rows of `stride` floats (values then slots); counts the update
+  // count of each row.
+  absl::StatusOr<v1::SavedShard> WriteTable(const v1::TableSpec& spec, std::vector<int64_t> keys,
+                                            const std::vector<float>& rows,
+                                            const std::vector<int64_t>& counts, int64_t stride);
+  // Flushes and syncs everything written; call once, last.
+  absl::Status Finish();
+
+ private:
+  CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db);
+
+  const std::string file_;  // "ps-3"
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+struct DenseRecord {
+  int64_t updates = 0;
+  std::vector<float> values_and_slots;
+};
+
+// Reads shards from one RocksDB of a checkpoint, read-only. Thread-compatible.
+class CheckpointReader {
+ public:
+  // `db_path` is <checkpoint_path>/<SavedShard.file>. NOT_FOUND / DATA_LOSS naming it.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& db_path);
+  ~CheckpointReader();
+
+  // DATA_LOSS naming the file and shard when the record is missing, short or fails its checksum.
+  absl::StatusOr<DenseRecord> ReadDense(const v1::SavedShard& saved);
+  // Calls fn for every row of the table part, after its checksum has been verified.
+  absl::Status ReadTable(const v1::SavedShard& saved,
+                         const std::function<void(int64_t key, const float* row, int64_t t)>& fn);
+
+ private:
+  CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);
+
+  const std::string path_;
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+// Commits a checkpoint: MANIFEST.json.tmp written and fsynced, renamed to MANIFEST.json, the
+// directory fsynced. A crash at any point leaves either no manifest or the whole one.
+absl::Status CommitManifest(const std::string& checkpoint_path,
+                            const v1::CheckpointManifest& manifest);
+// NOT_FOUND when the checkpoint has no committed manifest; DATA_LOSS when it does not parse.
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path);
+
+// Paths of the committed checkpoints under `dir`, newest (highest step) first.
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
+
+// Deletes all but the newest `keep` committed checkpoints, and any uncommitted checkpoint
+// directory older than the newest committed one (a crashed write).
+absl::Status PruneCheckpoints(const std::string& dir, int keep);
+
+// Verifies every shard of a committed checkpoint against its checksum. OK, or the first
+// DATA_LOSS / NOT_FOUND.
+absl::Status VerifyCheckpoint(const std::string& checkpoint_path);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_STORAGE_CHECKPOINT_H_

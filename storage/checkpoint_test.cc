@@ -1,0 +1,139 @@
+#include "storage/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Dir(const std::string& name) {
+  const std::string d = absl::StrCat(getenv("TEST_TMPDIR"), "/", name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+v1::DenseShardSpec Spec() {
+  v1::DenseShardSpec spec;
+  spec.mutable_variable()->set_name("w");
+  spec.mutable_variable()->mutable_shape()->add_dims(3);
+  spec.mutable_partition()->set_variable("w");
+  spec.mutable_partition()->set_partition(1);
+  spec.mutable_partition()->set_row_begin(1);
+  spec.mutable_partition()->set_row_end(3);
+  return spec;
+}
+
+// Writes ckpt-<step> with one dense partition and a table part, and commits it.
+v1::CheckpointManifest Write(const std::string& dir, int64_t step) {
+  const std::string path = absl::StrCat(dir, "/", CheckpointDirName(step));
+  auto writer = CheckpointWriter::Open(path, 0);
+  CHECK(writer.ok()) << writer.status();
+  v1::CheckpointManifest manifest;
+  manifest.set_step(step);
+  auto dense = (*writer)->WriteDense(Spec(), 7, {1, 2, 3, 4});
+  CHECK(dense.ok());
+  *manifest.add_shards() = *dense;
+  v1::TableSpec table;
+  table.set_name("emb");
+  table.set_dim(2);
+  auto rows = (*writer)->WriteTable(table, {5, -9, 1LL << 40}, {1, 2, 3, 4, 5, 6}, {1, 2, 3}, 2);
+  CHECK(rows.ok());
+  *manifest.add_shards() = *rows;
+  CHECK((*writer)->Finish().ok());
+  CHECK(CommitManifest(path, manifest).ok());
+  return manifest;
+}
+
+TEST(CheckpointTest, WrittenShardsReadBackAndVerify) {
+  const std::string dir = Dir("roundtrip");
+  v1::CheckpointManifest m = Write(dir, 120);
+  const std::string path = dir + "/ckpt-0000000120";
+  auto manifest = ReadManifest(path);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step(), 120);
+  auto reader = CheckpointReader::Open(path + "/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto dense = (*reader)->ReadDense(m.shards(0));
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->updates, 7);
+  EXPECT_THAT(dense->values_and_slots, ::testing::ElementsAre(1, 2, 3, 4));
+  std::vector<int64_t> keys;
+  std::vector<float> firsts;
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(m.shards(1),
+                              [&](int64_t key, const float* row, int64_t t) {
+                                keys.push_back(key);
+                                firsts.push_back(row[0]);
+                                EXPECT_EQ(t, key == 5 ? 1 : key == -9 ? 2 : 3);
+                              })
+                  .ok());
+  EXPECT_THAT(keys, ::testing::ElementsAre(-9, 5, 1LL << 40));  // sorted by key
+  EXPECT_THAT(firsts, ::testing::ElementsAre(3, 1, 5));
+  EXPECT_TRUE(VerifyCheckpoint(path).ok());
+}
+
+TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
+  const std::string dir = Dir("list");
+  Write(dir, 10);
+  Write(dir, 20);
+  Write(dir, 30);
+  // A crashed write: shards but no manifest.
+  auto writer = CheckpointWriter::Open(dir + "/" + CheckpointDirName(25), 0);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 3u);
+  EXPECT_THAT((*listed)[0], HasSubstr("ckpt-0000000030"));
+  EXPECT_EQ(ReadManifest(dir + "/" + CheckpointDirName(25)).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(PruneCheckpoints(dir, 2).ok());
+  listed = ListCheckpoints(dir);
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(10)));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(25)));
+}
+
+TEST(CheckpointTest, ACorruptedShardFileIsDataLossNamingTheFile) {
+  const std::string dir = Dir("corrupt");
+  v1::CheckpointManifest m = Write(dir, 5);
+  const std::string path = dir + "/" + CheckpointDirName(5);
+  // Flip bytes in the middle of every table file of the shard's RocksDB.
+  int corrupted = 0;
+  for (const auto& f : std::filesystem::directory_iterator(path + "/ps-0")) {
+    if (f.path().extension() != ".sst") continue;
+    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff size = file.tellg();
+    for (std::streamoff at = 0; at < size / 2; at += 7) {
+      file.seekp(at);
+      file.put('\x5a');
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  absl::Status s = VerifyCheckpoint(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(path + "/ps-0"));
+
+  // A manifest whose checksum disagrees with intact data is caught too.
+  const std::string dir2 = Dir("badsum");
+  v1::CheckpointManifest m2 = Write(dir2, 6);
+  m2.mutable_shards(0)->set_checksum(m2.shards(0).checksum() ^ 1);
+  auto reader = CheckpointReader::Open(dir2 + "/" + CheckpointDirName(6) + "/ps-0");
+  ASSERT_TRUE(reader.ok());
+  auto dense = (*reader)->ReadDense(m2.shards(0));
+  EXPECT_EQ(dense.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(dense.status().message()), HasSubstr("w/1 fails its checksum"));
+}
+
+}  // namespace
+}  // namespace pscluster
