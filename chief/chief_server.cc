@@ -1,6 +1,7 @@
 #include "chief/chief_server.h"
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "sharding/placement.h"
+#include "storage/checkpoint.h"
 #include "worker/input.h"
 #include "worker/model.h"
 
@@ -113,7 +115,224 @@ void ChiefServer::Run() {
     init_state_ = std::string(s.message());
     return;
   }
-  if (options_.config.layers_size() > 0) EvaluationLoop();
+  if (stop_requested()) return;
+  std::thread evaluation;
+  if (options_.config.layers_size() > 0) evaluation = std::thread([this] { EvaluationLoop(); });
+  MaintenanceLoop();
+  if (evaluation.joinable()) evaluation.join();
+}
+
+int64_t ChiefServer::CurrentStep() const {
+  if (options_.sync.mode() == v1::SYNC) return sync_.global_step();
+  absl::MutexLock lock(&mu_);
+  return progress_.global_step();
+}
+
+void ChiefServer::MaintenanceLoop() {
+  const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
+  int64_t last_step = CurrentStep();
+  absl::Time last_time = absl::Now();
+  while (!stop_requested()) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_requested_), absl::Milliseconds(200));
+      if (stop_requested_) return;
+    }
+    std::vector<int> restarted;
+    for (int i = 0; i < num_ps; ++i) {
+      const uint64_t now = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
+      if (now != 0 && now != ps_incarnations_[i]) restarted.push_back(i);
+    }
+    if (!restarted.empty()) {
+      RecoverRestartedPs(restarted);
+      continue;
+    }
+    if (options_.checkpoint_dir.empty()) continue;
+    bool finished;
+    {
+      absl::MutexLock lock(&mu_);
+      finished = progress_.finished();
+    }
+    const int64_t step = CurrentStep();
+    const bool due_steps = options_.checkpoint_every_steps > 0 &&
+                           step >= last_step + options_.checkpoint_every_steps;
+    const bool due_time = options_.checkpoint_every > absl::ZeroDuration() &&
+                          absl::Now() >= last_time + options_.checkpoint_every && step > last_step;
+    if (finished || (!due_steps && !due_time)) continue;
+    absl::StatusOr<v1::CheckpointResponse> r =
+        TakeCheckpoint(due_steps ? "every N steps" : "periodic");
+    if (r.ok()) {
+      last_step = r->step();
+      last_time = absl::Now();
+    } else {
+      LOG(WARNING) << "checkpoint skipped: " << r.status();
+      last_time = absl::Now();
+    }
+  }
+}
+
+void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
+  std::vector<std::string> names;
+  for (int i : restarted) names.push_back(absl::StrCat("ps:", i));
+  const int64_t step_before = CurrentStep();
+  LOG(WARNING) << absl::StrJoin(names, ", ")
+               << " restarted and lost its shards: holding the workers and restoring every ps "
+                  "task to the latest checkpoint";
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    busy_ = true;
+    init_state_ = absl::StrCat("recovering: ", absl::StrJoin(names, ", "), " restarted");
+  }
+  sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(5));
+  const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
+  for (int i = 0; i < num_ps; ++i) {
+    ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
+  }
+  absl::Status s = client_->CreateAll(options_.sync);
+  std::string outcome;
+  if (s.ok()) {
+    absl::StatusOr<int64_t> restored = RestoreLatestCheckpoint(step_before);
+    if (restored.ok()) {
+      outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                             "; progress lost: the updates of steps ", *restored, "..",
+                             step_before);
+    } else if (restored.status().code() == absl::StatusCode::kNotFound) {
+      outcome = "no checkpoint to restore: the restarted shards start from their initial values";
+    } else {
+      outcome = absl::StrCat("restore failed: ", restored.status().message());
+    }
+  } else {
+    outcome = absl::StrCat("cannot re-create the shards: ", s.message());
+    // Try again on the next round.
+    for (int i : restarted) ps_incarnations_[i] = 0;
+  }
+  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome;
+  sync_.Resume();
+  absl::MutexLock lock(&mu_);
+  busy_ = false;
+  init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
+}
+
+absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator_step) {
+  if (options_.checkpoint_dir.empty()) return absl::NotFoundError("no --checkpoint_dir");
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints,
+                      ListCheckpoints(options_.checkpoint_dir));
+  if (checkpoints.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no committed checkpoint in ", options_.checkpoint_dir));
+  }
+  absl::Status last_error;
+  for (const std::string& path : checkpoints) {
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(path);
+    if (!manifest.ok()) {
+      last_error = manifest.status();
+      LOG(ERROR) << "checkpoint " << path << " is unreadable: " << manifest.status()
+                 << "; falling back to the previous one";
+      continue;
+    }
+    const std::vector<v1::SavedShard> saved(manifest->shards().begin(), manifest->shards().end());
+    const int64_t acc_step = accumulator_step >= 0 ? accumulator_step : manifest->step();
+    const absl::Time start = absl::Now();
+    absl::Status s = client_->RestoreShards(path, saved, acc_step);
+    if (s.ok()) {
+      LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step() << ", written by "
+                << manifest->num_ps() << " ps tasks, restored into "
+                << NumTasks(options_.cluster.cluster(), kPsJob) << ") in "
+                << absl::FormatDuration(absl::Now() - start);
+      return manifest->step();
+    }
+    last_error = s;
+    LOG(ERROR) << "checkpoint " << path << " cannot be restored: " << s
+               << "; falling back to the previous one";
+  }
+  return absl::DataLossError(
+      absl::StrCat("no checkpoint in ", options_.checkpoint_dir, " restores: ", last_error.message()));
+}
+
+absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::string& reason) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "the chief has no --checkpoint_dir: checkpoints are off");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) return absl::UnavailableError("the model is not ready yet");
+    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    busy_ = true;
+  }
+  auto done = [this](absl::StatusOr<v1::CheckpointResponse> r) {
+    sync_.Resume();
+    absl::MutexLock lock(&mu_);
+    busy_ = false;
+    return r;
+  };
+  if (!sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(10))) {
+    std::vector<std::string> slow;
+    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
+    return done(absl::UnavailableError(absl::StrCat(
+        "no step boundary within 10 s (step ", sync_.global_step(), " waits for ",
+        absl::StrJoin(slow, ", "), ")")));
+  }
+  const int64_t step = CurrentStep();
+  const std::string path =
+      absl::StrCat(options_.checkpoint_dir, "/", CheckpointDirName(step));
+  v1::CheckpointResponse resp;
+  resp.set_path(path);
+  resp.set_step(step);
+  if (ReadManifest(path).ok()) return done(resp);  // this step is already saved
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // an earlier, uncommitted attempt
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0;
+  absl::StatusOr<std::vector<v1::SavedShard>> saved = client_->SaveShards(path, step, &bytes);
+  if (!saved.ok()) return done(saved.status());
+  // Commit only a whole model: every partition, and every table from every ps task. A ps task
+  // that restarted since its shards were created has nothing to give.
+  const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
+  int64_t dense = 0, tables = 0;
+  for (const v1::SavedShard& shard : *saved) (shard.is_table() ? tables : dense) += 1;
+  if (dense != client_->placement().partitions_size() ||
+      tables != static_cast<int64_t>(client_->model().tables_size()) * num_ps) {
+    std::filesystem::remove_all(path, ec);
+    return done(absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks gave ", dense, " of ", client_->placement().partitions_size(),
+        " dense partitions and ", tables, " of ", client_->model().tables_size() * num_ps,
+        " table parts (did a ps task restart?); not committed")));
+  }
+  v1::CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+  manifest.set_num_ps(NumTasks(options_.cluster.cluster(), kPsJob));
+  *manifest.mutable_model() = client_->model();
+  *manifest.mutable_placement() = client_->placement();
+  *manifest.mutable_config() = options_.config;
+  *manifest.mutable_sync() = options_.sync;
+  *manifest.mutable_cluster() = options_.cluster.cluster();
+  manifest.mutable_shards()->Add(saved->begin(), saved->end());
+  manifest.set_bytes(bytes);
+  manifest.set_write_micros(absl::ToInt64Microseconds(absl::Now() - start));
+  absl::Status committed = CommitManifest(path, manifest);
+  if (!committed.ok()) return done(committed);
+  resp.set_bytes(bytes);
+  resp.set_micros(manifest.write_micros());
+  LOG(INFO) << absl::StrFormat("checkpoint of step %d committed (%s): %.2f MiB in %.1f ms at %s",
+                               step, reason, bytes / 1048576.0, resp.micros() / 1000.0, path);
+  absl::Status pruned = PruneCheckpoints(options_.checkpoint_dir, options_.keep_checkpoints);
+  if (!pruned.ok()) LOG(WARNING) << "cannot delete old checkpoints: " << pruned;
+  {
+    absl::MutexLock lock(&mu_);
+    last_checkpoint_ = path;
+  }
+  return done(resp);
+}
+
+grpc::Status ChiefServer::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest*,
+                                     v1::CheckpointResponse* resp) {
+  absl::StatusOr<v1::CheckpointResponse> r = TakeCheckpoint("requested");
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
 }
 
 absl::Status ChiefServer::InitializeModel() {
@@ -145,12 +364,31 @@ absl::Status ChiefServer::InitializeModel() {
                                        std::make_unique<GrpcPsTransport>(addresses,
                                                                          options_.ps_transport),
                                        client_options));
-  absl::Status created = client_->CreateAll(options_.sync);
+  for (int i = 0; i < num_ps; ++i) {
+    ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
+  }
+  int64_t fresh = 0;
+  absl::Status created = client_->CreateAll(options_.sync, &fresh);
   if (!created.ok()) {
     return absl::Status(created.code(),
                         absl::StrCat("cannot create the variables: ", created.message()));
   }
-  if (options_.sync.mode() == v1::SYNC) {
+  int64_t restored_step = -1;
+  if (fresh > 0 && !options_.checkpoint_dir.empty()) {
+    // New variables: start from the newest checkpoint if there is one.
+    absl::StatusOr<int64_t> restored = RestoreLatestCheckpoint(-1);
+    if (restored.ok()) {
+      restored_step = *restored;
+      sync_.SetGlobalStep(restored_step);
+      absl::MutexLock lock(&mu_);
+      progress_.set_global_step(restored_step);
+    } else if (restored.status().code() != absl::StatusCode::kNotFound) {
+      LOG(ERROR) << restored.status() << "; starting from initial values";
+    }
+  } else if (fresh == 0) {
+    LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
+  }
+  if (options_.sync.mode() == v1::SYNC && restored_step < 0) {
     // After a chief restart the ps tasks still hold the model: the steps their accumulators
     // have applied are the global step, so workers neither repeat nor skip steps.
     int64_t applied = 0;
@@ -220,20 +458,29 @@ void ChiefServer::EvaluationLoop() {
       LOG(WARNING) << "evaluation failed: " << r.status();
       continue;
     }
-    absl::MutexLock lock(&mu_);
-    progress_.set_test_accuracy(r->accuracy);
-    progress_.set_test_loss(r->loss);
-    progress_.set_test_auc(r->auc);
-    progress_.set_test_step(r->step);
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_time_);
-    LOG(INFO) << absl::StrFormat("evaluation at step %d: test loss %.4f, accuracy %.4f%s",
-                                 r->step, r->loss, r->accuracy,
-                                 r->auc >= 0 ? absl::StrFormat(", AUC %.4f", r->auc) : "");
-    if (metrics.is_open()) {
-      metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(), elapsed)
-              << std::endl;
+    {
+      absl::MutexLock lock(&mu_);
+      progress_.set_test_accuracy(r->accuracy);
+      progress_.set_test_loss(r->loss);
+      progress_.set_test_auc(r->auc);
+      progress_.set_test_step(r->step);
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_time_);
+      LOG(INFO) << absl::StrFormat("evaluation at step %d: test loss %.4f, accuracy %.4f%s",
+                                   r->step, r->loss, r->accuracy,
+                                   r->auc >= 0 ? absl::StrFormat(", AUC %.4f", r->auc) : "");
+      if (metrics.is_open()) {
+        metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(),
+                                   elapsed)
+                << std::endl;
+      }
     }
     if (all_finished) {
+      // The trained model is saved before anyone is told training is over.
+      if (!options_.checkpoint_dir.empty()) {
+        absl::StatusOr<v1::CheckpointResponse> c = TakeCheckpoint("training finished");
+        if (!c.ok()) LOG(WARNING) << "final checkpoint failed: " << c.status();
+      }
+      absl::MutexLock lock(&mu_);
       progress_.set_finished(true);
       init_state_ = "training finished";
       LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f", r->accuracy);
@@ -398,6 +645,7 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
     absl::StrAppend(&state, "; worker:", w, " had ", n, " late gradients dropped");
   }
   resp->set_state(state);
+  resp->set_last_checkpoint(last_checkpoint_);
   *resp->mutable_progress() = progress_;
   for (int w = 0; w < num_workers_; ++w) {
     auto it = workers_.find(w);

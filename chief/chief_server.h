@@ -50,6 +50,15 @@ struct ChiefOptions {
   std::string metrics_path;
   // Settings of the chief's own calls to the ps tasks.
   GrpcPsTransportOptions ps_transport;
+  // Checkpoints go here (empty: none). The newest committed one is restored when the chief
+  // starts with freshly created variables, and when a ps task restarts.
+  std::string checkpoint_dir;
+  // Take a checkpoint every this many global steps and/or this often (0: not on that trigger),
+  // and once when training ends.
+  int64_t checkpoint_every_steps = 0;
+  absl::Duration checkpoint_every = absl::ZeroDuration();
+  // Committed checkpoints kept; older ones are deleted.
+  int keep_checkpoints = 3;
 };
 
 // The chief daemon: serves the Coordinator service. It waits until every ps task has
@@ -87,6 +96,21 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
                             v1::AcquireTokenResponse* resp) override;
   grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::ReportStepRequest* req,
                           v1::ReportStepResponse* resp) override;
+  grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
+                          v1::CheckpointResponse* resp) override;
+
+  // Writes a checkpoint of the current model (sync: at a step boundary) and commits its
+  // manifest. One at a time.
+  absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason);
+  // Restores the newest committed checkpoint that verifies, falling back to older ones.
+  // Sync accumulators continue at `accumulator_step` (or the checkpoint's step when < 0).
+  // Returns the checkpoint's step; NOT_FOUND when there is none.
+  absl::StatusOr<int64_t> RestoreLatestCheckpoint(int64_t accumulator_step);
+  // Takes periodic checkpoints and restores every ps task when one restarts. Runs on
+  // background_ after initialization.
+  void MaintenanceLoop();
+  void RecoverRestartedPs(const std::vector<int>& restarted);
+  int64_t CurrentStep() const;
 
   // Waits for the ps tasks, places and creates the variables, then evaluates periodically.
   // Runs on background_.
@@ -103,6 +127,7 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   std::unique_ptr<ServiceHost> host_;
   std::thread background_;
   std::unique_ptr<ParameterClient> client_;  // set once, before model_ready_
+  std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
 
   struct WorkerProgress {
     int64_t steps = 0;
@@ -120,6 +145,9 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   absl::Time rate_window_start_ ABSL_GUARDED_BY(mu_);
   int64_t rate_window_examples_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // A checkpoint or recovery is running.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::string last_checkpoint_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

@@ -44,6 +44,12 @@ DEFINE_int64(max_partition_bytes, 0,
              "Variables larger than this are split along their first dimension into partitions "
              "of at most this many bytes. 0: never split.");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
+DEFINE_string(checkpoint_dir, "",
+              "Checkpoints go here; the newest is restored at start and when a ps task restarts. "
+              "Empty: no checkpoints.");
+DEFINE_int64(checkpoint_every_steps, 0, "Checkpoint every this many global steps (0: off).");
+DEFINE_int32(checkpoint_every_secs, 60, "Checkpoint this often while training (0: off).");
+DEFINE_int32(keep_checkpoints, 3, "Committed checkpoints kept; older ones are deleted.");
 
 namespace {
 
@@ -120,5 +126,9 @@ int main(int argc, char** argv) {
   }
   options.placement.set_max_partition_bytes(FLAGS_max_partition_bytes);
   options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);
+  options.checkpoint_dir = FLAGS_checkpoint_dir;
+  options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;
+  options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
+  options.keep_checkpoints = FLAGS_keep_checkpoints;
   return pscluster::RunDaemonMain("chief", pscluster::ChiefServer::Create(options));
 }

@@ -23,6 +23,7 @@ int64_t SyncCoordinator::SlowestLocked() const {
 
 bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
   if (finished_) return true;
+  if (paused_) return false;
   if (options_.staleness < 0) return global_step_ > last_done_step;
   // SSP: the step to start is last_done_step + 1 (0-based count of completed steps).
   return last_done_step + 1 - options_.staleness <= SlowestLocked();
@@ -31,6 +32,16 @@ bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
 SyncCoordinator::Token SyncCoordinator::AcquireToken(int worker, int64_t last_done_step,
                                                      absl::Time deadline) {
   absl::MutexLock lock(&mu_);
+  if (options_.staleness < 0 && last_done_step == global_step_ && !reported_.count(worker)) {
+    // Asking for the next token says the step is done: a report that went to a chief that has
+    // since restarted is not lost.
+    reported_.insert(worker);
+    completed_[worker] = last_done_step + 1;
+    if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) {
+      ++global_step_;
+      reported_.clear();
+    }
+  }
   auto can_start = [this, worker, last_done_step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return CanStartLocked(worker, last_done_step);
   };
@@ -83,6 +94,21 @@ void SyncCoordinator::WorkerFinished(int worker) {
           options_.replicas_to_aggregate) {
     finished_ = true;
   }
+}
+
+bool SyncCoordinator::PauseAtStepBoundary(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  paused_ = true;
+  if (options_.staleness >= 0) return true;
+  auto at_boundary = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reported_.empty() || finished_;
+  };
+  return clock_->AwaitWithDeadline(&mu_, absl::Condition(&at_boundary), deadline);
+}
+
+void SyncCoordinator::Resume() {
+  absl::MutexLock lock(&mu_);
+  paused_ = false;
 }
 
 void SyncCoordinator::SetGlobalStep(int64_t step) {

@@ -27,8 +27,9 @@ struct SyncCoordinatorOptions {
 // The chief's token logic for synchronous (SyncReplicas) and bounded-staleness training, without
 // transport. The global step is the one authority for which step a worker computes.
 //
-// SYNC: AcquireToken(w, last) waits until the global step is past `last` and returns it; a
-// worker's report of step s counts once; when replicas_to_aggregate distinct workers reported
+// SYNC: AcquireToken(w, last) waits until the global step is past `last` and returns it (a
+// request after finishing the current step counts as its report); a worker's report of step s
+// counts once; when replicas_to_aggregate distinct workers reported
 // the current step it advances. A report of an older step is dropped and counted per worker.
 // SSP: AcquireToken(w, last) waits until last + 1 - staleness <= the slowest active worker's
 // completed steps; finished workers stop holding the others back.
@@ -48,6 +49,11 @@ class SyncCoordinator {
   // Returns true if the report counted toward its step, false if it was late and dropped.
   bool ReportStep(int worker, int64_t step);
   void WorkerFinished(int worker);
+  // Stops granting tokens (a checkpoint or a recovery is under way). In SYNC mode, waits until
+  // the step in progress has closed (a step boundary) or the deadline passes; returns true at a
+  // boundary. Resume() grants tokens again.
+  bool PauseAtStepBoundary(absl::Time deadline);
+  void Resume();
   // Sets the global step (restored from the ps tasks or a checkpoint after a chief restart).
   void SetGlobalStep(int64_t step);
   void Finish();
@@ -77,6 +83,7 @@ class SyncCoordinator {
   std::set<int> finished_workers_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int64_t max_lead_ ABSL_GUARDED_BY(mu_) = 0;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pscluster

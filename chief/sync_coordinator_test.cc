@@ -35,6 +35,16 @@ TEST(SyncCoordinatorTest, StepAdvancesOnceEnoughDistinctWorkersReport) {
   EXPECT_EQ(t.step, 1);
 }
 
+TEST(SyncCoordinatorTest, ATokenRequestAfterTheStepCountsAsItsReport) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(2, 2), &clock);
+  sync.SetGlobalStep(7);  // a restarted chief; worker 1's report of step 7 went to the old one
+  EXPECT_TRUE(sync.ReportStep(0, 7));
+  SyncCoordinator::Token t = sync.AcquireToken(1, 7, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_EQ(t.step, 8);
+}
+
 TEST(SyncCoordinatorTest, BackupWorkersLateReportsAreDroppedAndCounted) {
   FakeClock clock;
   SyncCoordinator sync(Sync(3, 2), &clock);
@@ -47,6 +57,18 @@ TEST(SyncCoordinatorTest, BackupWorkersLateReportsAreDroppedAndCounted) {
   SyncCoordinator::Token t = sync.AcquireToken(2, 0, clock.Now());
   ASSERT_TRUE(t.granted);
   EXPECT_EQ(t.step, 1);
+}
+
+TEST(SyncCoordinatorTest, PauseHoldsTokensAndWaitsForTheStepBoundary) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(2, 2), &clock);
+  sync.ReportStep(0, 0);  // step 0 half done: not a boundary
+  EXPECT_FALSE(sync.PauseAtStepBoundary(clock.Now() + absl::Seconds(1)));
+  sync.ReportStep(1, 0);  // step 0 closes
+  EXPECT_TRUE(sync.PauseAtStepBoundary(clock.Now()));
+  EXPECT_FALSE(sync.AcquireToken(0, 0, clock.Now() + absl::Seconds(1)).granted);
+  sync.Resume();
+  EXPECT_TRUE(sync.AcquireToken(0, 0, clock.Now()).granted);
 }
 
 TEST(SyncCoordinatorTest, AWaiterWakesWhenTheStepCloses) {

@@ -134,6 +134,12 @@ bool TaskRegistry::AwaitServing(const std::vector<std::string>& jobs, absl::Time
   return clock_->AwaitWithDeadline(&mu_, absl::Condition(&all_serving), deadline);
 }
 
+uint64_t TaskRegistry::IncarnationOf(const v1::TaskId& task) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(Key(task));
+  return it == index_.end() ? 0 : entries_[it->second].incarnation;
+}
+
 absl::StatusOr<std::string> TaskRegistry::AddressOf(const v1::TaskId& task) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(Key(task));

@@ -48,6 +48,9 @@ class TaskRegistry {
   // Blocks until every task of `jobs` is SERVING or `deadline` passes. Returns true if all are.
   bool AwaitServing(const std::vector<std::string>& jobs, absl::Time deadline) const;
 
+  // The incarnation a task registered with (0 before it has).
+  uint64_t IncarnationOf(const v1::TaskId& task) const;
+
   // The registered address of a task, or the spec's address if it has not registered.
   absl::StatusOr<std::string> AddressOf(const v1::TaskId& task) const;
 

@@ -110,7 +110,7 @@ absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync) {
+absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* created) {
   std::vector<v1::CreateShardsRequest> requests(placement_.num_ps());
   for (v1::CreateShardsRequest& r : requests) *r.mutable_sync() = sync;
   std::map<std::string, const v1::VariableSpec*> vars;
@@ -134,10 +134,15 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync) {
   }
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
-  return ForEachPs(all, [&](int ps) {
-    v1::CreateShardsResponse resp;
-    return transport_->CreateShards(ps, requests[ps], &resp);
-  });
+  std::vector<v1::CreateShardsResponse> responses(placement_.num_ps());
+  PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
+    return transport_->CreateShards(ps, requests[ps], &responses[ps]);
+  }));
+  if (created != nullptr) {
+    *created = 0;
+    for (const v1::CreateShardsResponse& r : responses) *created += r.created();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(

@@ -50,7 +50,9 @@ class ParameterClient {
   PsTransport& transport() { return *transport_; }
 
   // Creates every variable partition and table shard on its ps task. Harmless when repeated.
-  absl::Status CreateAll(const v1::SyncOptions& sync);
+  // `*created` (optional) receives how many shards were new (0: the ps tasks already held
+  // everything, e.g. after a chief restart).
+  absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr);
 
   // Number of elements of a dense variable; NOT_FOUND for an unknown one.
   absl::StatusOr<int64_t> NumElements(const std::string& variable) const;

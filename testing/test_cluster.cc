@@ -118,9 +118,11 @@ absl::Status TestCluster::StartTask(const std::string& job, int index) {
   *config.mutable_cluster() = spec_;
   *config.mutable_task() = MakeTaskId(job, index);
 
-  if (job == kChiefJob && tasks_.count(name)) {
-    // A restarted chief must come back at the address every other task knows.
-    (*config.mutable_cluster()->mutable_jobs(0)->mutable_tasks())[0] = tasks_[name].address;
+  if (tasks_.count(name)) {
+    // A restarted task comes back at the address the others know.
+    for (v1::JobDef& j : *config.mutable_cluster()->mutable_jobs()) {
+      if (j.name() == job) (*j.mutable_tasks())[index] = tasks_[name].address;
+    }
   }
   ChildProcessOptions child;
   child.binary = BinaryFor(job);

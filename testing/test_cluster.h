@@ -56,7 +56,7 @@ class TestCluster {
   const std::string& work_dir() const { return work_dir_; }
 
   // (Re)starts one task (e.g. after killing it) and waits until it is SERVING. A restarted
-  // chief binds the address it had.
+  // task binds the address it had.
   absl::Status StartTask(const std::string& job, int index);
 
   // Kills every task with SIGKILL. Also done by the destructor.

@@ -155,6 +155,8 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   }
   ASSERT_TRUE(c.chief().Signal(SIGKILL).ok());
   ASSERT_TRUE(c.chief().WaitForExit(absl::Seconds(5)).ok());
+  // Steps granted before the kill may still complete; without a chief no new one starts.
+  absl::SleepFor(absl::Seconds(1));
   // What the ps tasks have applied is the truth the new chief must find.
   auto ps0 = v1::ParameterServer::NewStub(
       grpc::CreateChannel(c.address("ps:0"), grpc::InsecureChannelCredentials()));

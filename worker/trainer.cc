@@ -18,13 +18,6 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
                     std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
 }
 
-// A batch and its deduplicated sparse ids, assembled ahead of the step that uses it.
-struct PreparedBatch {
-  bool valid = false;
-  Dataset data;
-  SparseInput sparse;
-};
-
 Batch AsBatch(const Dataset& d) {
   Batch b;
   b.size = static_cast<int>(d.num_examples);
@@ -64,12 +57,62 @@ absl::Status Trainer::Report(int64_t step, int64_t examples, double loss_sum,
   return FromGrpcStatus(chief_->ReportStep(&ctx, req, &resp));
 }
 
+absl::Status Trainer::RunStep(bool sync, int64_t last_done_step, Model& model,
+                              const PreparedBatch& current,
+                              std::vector<std::vector<float>>* params,
+                              std::vector<std::vector<float>>* rows, StepResult* result,
+                              int64_t* step, const std::function<bool()>& stop) {
+  *step = steps_.load();
+  if (sync) {
+    // Long-poll for the token of the next step; each wait has a deadline, and a stop request
+    // ends it.
+    v1::AcquireTokenResponse resp;
+    while (true) {
+      v1::AcquireTokenRequest req;
+      req.set_worker(options_.worker);
+      req.set_step(last_done_step);
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, absl::Seconds(1));
+      absl::Status s = FromGrpcStatus(chief_->AcquireToken(&ctx, req, &resp));
+      if (s.ok()) break;
+      if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+      if (stop()) return absl::OkStatus();
+    }
+    if (resp.finished()) {
+      *step = -1;
+      return absl::OkStatus();
+    }
+    *step = resp.step();
+  }
+  const std::vector<std::string>& variables = model.dense_variables();
+  PS_RETURN_IF_ERROR(client_->Pull(variables, params));
+  const Batch batch = AsBatch(current.data);
+  for (size_t t = 0; t < model.tables().size(); ++t) {
+    (*rows)[t].resize(current.sparse.unique_ids.size() * model.table_dims()[t]);
+    PS_RETURN_IF_ERROR(client_->PullRows(model.tables()[t], current.sparse.unique_ids.data(),
+                                         current.sparse.unique_ids.size(), (*rows)[t].data()));
+  }
+  std::vector<const float*> param_ptrs, row_ptrs;
+  for (const auto& p : *params) param_ptrs.push_back(p.data());
+  for (const auto& r : *rows) row_ptrs.push_back(r.data());
+  PS_RETURN_IF_ERROR(model.Compute(batch, current.sparse, param_ptrs, row_ptrs,
+                                   /*backward=*/true, result));
+  std::vector<const float*> grads;
+  for (const auto& g : result->dense_grads) grads.push_back(g.data());
+  PS_RETURN_IF_ERROR(client_->Push(variables, grads, *step));
+  for (size_t t = 0; t < model.tables().size(); ++t) {
+    PS_RETURN_IF_ERROR(client_->PushRows(model.tables()[t], current.sparse.unique_ids.data(),
+                                         current.sparse.unique_ids.size(),
+                                         result->row_grads[t].data(), *step));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Run(const std::function<bool()>& stop) {
   const v1::TrainingOptions& training = model_.training();
   const int batch_size = training.batch_size() > 0 ? training.batch_size() : 128;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       Model::Create(model_.config(), kernels_, batch_size));
-  const std::vector<std::string>& variables = model->dense_variables();
   // SYNC and SSP both wait for a token before each step and report every step.
   const bool sync = model_.sync().mode() != v1::ASYNC;
   BatchIterator batches(&train_, batch_size, training.shuffle_seed());
@@ -97,45 +140,27 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       if (!current.valid) break;
       next = std::async(std::launch::async, prepare);  // the next batch, while this one computes
 
-      int64_t step = steps_.load();
-      if (sync) {
-        // Long-poll for the token of the next global step; each wait has a deadline, and a
-        // stop request ends it.
-        v1::AcquireTokenResponse resp;
-        while (true) {
-          v1::AcquireTokenRequest req;
-          req.set_worker(options_.worker);
-          req.set_step(last_done_step);
-          grpc::ClientContext ctx;
-          SetDeadline(&ctx, absl::Seconds(1));
-          absl::Status s = FromGrpcStatus(chief_->AcquireToken(&ctx, req, &resp));
-          if (s.ok()) break;
-          if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
-          if (stop()) return absl::OkStatus();
+      // A step that fails because a ps task or the chief is briefly gone (restarting, being
+      // restored) is tried again with the same batch, so the data position is kept.
+      int64_t step = 0;
+      absl::Status step_status;
+      for (int attempt = 0;; ++attempt) {
+        step_status = RunStep(sync, last_done_step, *model, current, &params, &rows, &result,
+                              &step, stop);
+        if (step_status.ok() || stop()) break;
+        const absl::StatusCode code = step_status.code();
+        if ((code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kNotFound &&
+             code != absl::StatusCode::kDeadlineExceeded) ||
+            attempt >= options_.max_step_retries) {
+          return step_status;
         }
-        if (resp.finished()) break;
-        step = resp.step();
+        LOG(WARNING) << "worker:" << options_.worker << " step failed (" << step_status
+                     << "); trying it again";
+        absl::SleepFor(absl::Milliseconds(200));
       }
-      PS_RETURN_IF_ERROR(client_->Pull(variables, &params));
+      if (stop()) return absl::OkStatus();
+      if (step < 0) break;  // the chief says training is over
       const Batch batch = AsBatch(current.data);
-      for (size_t t = 0; t < model->tables().size(); ++t) {
-        rows[t].resize(current.sparse.unique_ids.size() * model->table_dims()[t]);
-        PS_RETURN_IF_ERROR(client_->PullRows(model->tables()[t], current.sparse.unique_ids.data(),
-                                             current.sparse.unique_ids.size(), rows[t].data()));
-      }
-      std::vector<const float*> param_ptrs, row_ptrs;
-      for (const auto& p : params) param_ptrs.push_back(p.data());
-      for (const auto& r : rows) row_ptrs.push_back(r.data());
-      PS_RETURN_IF_ERROR(model->Compute(batch, current.sparse, param_ptrs, row_ptrs,
-                                        /*backward=*/true, &result));
-      std::vector<const float*> grads;
-      for (const auto& g : result.dense_grads) grads.push_back(g.data());
-      PS_RETURN_IF_ERROR(client_->Push(variables, grads, step));
-      for (size_t t = 0; t < model->tables().size(); ++t) {
-        PS_RETURN_IF_ERROR(client_->PushRows(model->tables()[t], current.sparse.unique_ids.data(),
-                                             current.sparse.unique_ids.size(),
-                                             result.row_grads[t].data(), step));
-      }
       last_done_step = step;
       steps_.fetch_add(1);
       if (options_.step_counter != nullptr) options_.step_counter->store(steps_.load());
@@ -148,8 +173,14 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
                                        options_.worker, steps_.load(), epoch + 1, epochs,
                                        report_loss / report_steps);
         }
-        PS_RETURN_IF_ERROR(
-            Report(last_done_step + 1, report_examples, report_loss, report_steps, false));
+        // The chief may be restarting: a report is retried, never given up while it matters.
+        absl::Status reported;
+        for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
+          reported = Report(last_done_step + 1, report_examples, report_loss, report_steps, false);
+          if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
+          absl::SleepFor(absl::Milliseconds(200));
+        }
+        PS_RETURN_IF_ERROR(reported);
         report_examples = report_steps = 0;
         report_loss = 0;
         last_report = absl::Now();

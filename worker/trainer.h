@@ -16,6 +16,13 @@
 
 namespace pscluster {
 
+// A batch and its deduplicated sparse ids, assembled ahead of the step that uses it.
+struct PreparedBatch {
+  bool valid = false;
+  Dataset data;
+  SparseInput sparse;
+};
+
 struct TrainerOptions {
   int32_t worker = 0;
   int32_t num_workers = 1;
@@ -25,6 +32,9 @@ struct TrainerOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   // A pause after every step, for tests that need a slow worker. Zero in real use.
   absl::Duration step_delay = absl::ZeroDuration();
+  // A step failing with UNAVAILABLE, NOT_FOUND or DEADLINE_EXCEEDED (a task restarting or
+  // being restored) is tried again this many times before Run gives up.
+  int max_step_retries = 300;
   // Updated with the number of completed steps, for heartbeats. Not owned; may be null.
   std::atomic<int64_t>* step_counter = nullptr;
 };
@@ -51,6 +61,12 @@ class Trainer {
 
  private:
   // Tells the chief that steps up to `step` - 1 are done (SYNC: global step `step` - 1).
+  // Token (sync/ssp), pull, compute, push of one step. *step gets the step computed, or -1
+  // when the chief says training is over.
+  absl::Status RunStep(bool sync, int64_t last_done_step, Model& model,
+                       const PreparedBatch& current, std::vector<std::vector<float>>* params,
+                       std::vector<std::vector<float>>* rows, StepResult* result, int64_t* step,
+                       const std::function<bool()>& stop);
   absl::Status Report(int64_t step, int64_t examples, double loss_sum, int64_t steps_in_report,
                       bool finished);
 

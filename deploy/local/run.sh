@@ -91,6 +91,7 @@ start_task() {  # binary job index chief_address [flags...]
 echo "==> starting 1 chief, $num_ps ps, $num_workers workers ($mode, $(basename "$model"), $epochs epochs)"
 start_task chief/chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
   --epochs="$epochs" --batch_size="$batch_size" --metrics_file="$work/metrics.jsonl" \
+  --checkpoint_dir="$work/checkpoints" --checkpoint_every_secs=20 \
   ${chief_extra[@]+"${chief_extra[@]}"}
 chief="127.0.0.1:$(cat "$work/chief-0.port")"
 for ((i = 0; i < num_ps; i++)); do start_task ps_server/ps_server ps "$i" "$chief"; done
@@ -115,4 +116,5 @@ fi
 echo "==> stopping every task (SIGTERM)"
 stop_all || status=1
 echo "==> logs: $work"
+echo "==> checkpoints: $work/checkpoints ($(ls "$work/checkpoints" 2>/dev/null | tr '\n' ' '))"
 exit $status
