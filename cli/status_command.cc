@@ -1,14 +1,22 @@
 #include "cli/status_command.h"
 
 #include <chrono>
+#include <future>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/time.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "cli/live_cluster.h"
 #include "cli/table.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
-#include "google/protobuf/util/json_util.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/ps_service.grpc.pb.h"
+#include "proto/worker_service.grpc.pb.h"
 
 namespace pscluster {
 namespace {
@@ -31,34 +39,145 @@ std::string Uptime(int64_t micros) {
   return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(absl::Microseconds(micros))));
 }
 
-}  // namespace
-
-std::string FormatClusterStatus(const v1::ClusterStatus& status) {
-  TextTable table({"TASK", "ADDRESS", "HEALTH", "UPTIME", "STEP", "DETAIL"});
-  for (const v1::TaskStatus& t : status.tasks()) {
-    table.AddRow({TaskName(t.task()), t.address(), HealthName(t.health()),
-                  Uptime(t.uptime_micros()), absl::StrCat(t.step()), t.detail()});
+std::string ModeName(const v1::SyncOptions& sync) {
+  switch (sync.mode()) {
+    case v1::SYNC:
+      return sync.replicas_to_aggregate() > 0
+                 ? absl::StrCat("sync (", sync.replicas_to_aggregate(), " replicas per step)")
+                 : "sync (every worker each step)";
+    case v1::SSP:
+      return absl::StrCat("ssp (staleness ", sync.staleness(), ")");
+    default:
+      return "async";
   }
-  return absl::StrCat(table.ToString(), "\nstate: ", status.state(), "\n");
 }
 
-absl::StatusOr<std::string> RunStatusCommand(v1::Coordinator::StubInterface& chief,
-                                             const std::string& chief_address, bool json) {
+// One reading of a task's counters.
+struct Sample {
+  absl::Status status;  // OK when the task answered
+  absl::Time at;
+  int64_t pushes = 0;
+  int64_t pulls = 0;
+};
+
+bool ShouldProbe(const v1::TaskStatus& t) {
+  if (t.address().empty()) return false;
+  if (t.task().job() != kPsJob && t.task().job() != kWorkerJob) return false;
+  return t.health() == v1::HEALTH_SERVING || t.health() == v1::HEALTH_MISSING;
+}
+
+Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
+  auto channel = grpc::CreateChannel(t.address(), grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::ClusterStatus status;
-  grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
-  if (!s.ok()) {
-    absl::Status err = FromGrpcStatus(s);
-    return absl::Status(err.code(), absl::StrCat("cannot reach the chief at ", chief_address,
-                                                 ": ", err.message()));
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  Sample sample;
+  grpc::Status s;
+  if (t.task().job() == kPsJob) {
+    v1::ListShardsResponse shards;
+    s = v1::ParameterServer::NewStub(channel)->ListShards(&ctx, v1::ListShardsRequest(), &shards);
+    for (const v1::ShardStats& shard : shards.shards()) {
+      sample.pushes += shard.pushes();
+      sample.pulls += shard.pulls();
+    }
+  } else {
+    v1::TaskStatus worker;
+    s = v1::Worker::NewStub(channel)->GetStatus(&ctx, v1::GetStatusRequest(), &worker);
+    sample.pushes = sample.pulls = worker.step();
   }
-  if (!json) return FormatClusterStatus(status);
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  google::protobuf::util::MessageToJsonString(status, &out, options);
+  sample.at = absl::Now();
+  if (!s.ok()) {
+    sample.status = absl::UnavailableError(absl::StrCat("cannot reach ", TaskName(t.task()), " at ",
+                                                        t.address(), ": ", s.error_message()));
+  }
+  return sample;
+}
+
+// Probes every task that should answer, in parallel; keyed by task name.
+std::map<std::string, Sample> ProbeAll(const v1::ClusterStatus& status, absl::Duration timeout) {
+  std::map<std::string, std::future<Sample>> pending;
+  for (const v1::TaskStatus& t : status.tasks()) {
+    if (!ShouldProbe(t)) continue;
+    pending.emplace(TaskName(t.task()), std::async(std::launch::async, Probe, t, timeout));
+  }
+  std::map<std::string, Sample> out;
+  for (auto& [name, f] : pending) out.emplace(name, f.get());
+  return out;
+}
+
+absl::Status GetStatus(v1::Coordinator::StubInterface& chief, const std::string& chief_address,
+                       absl::Duration timeout, v1::ClusterStatus* status) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  return ChiefError(chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), status),
+                    chief_address);
+}
+
+}  // namespace
+
+std::string FormatClusterStatus(const v1::ClusterStatus& status,
+                                const std::set<std::string>& measured) {
+  TextTable table({"TASK", "ADDRESS", "HEALTH", "UPTIME", "STEP", "PUSH/S", "PULL/S", "DETAIL"});
+  for (const v1::TaskStatus& t : status.tasks()) {
+    const bool has_rates = measured.count(TaskName(t.task())) > 0;
+    table.AddRow({TaskName(t.task()), t.address(), HealthName(t.health()),
+                  Uptime(t.uptime_micros()), absl::StrCat(t.step()),
+                  has_rates ? absl::StrFormat("%.1f", t.pushes_per_second()) : "-",
+                  has_rates ? absl::StrFormat("%.1f", t.pulls_per_second()) : "-", t.detail()});
+  }
+  std::string out = absl::StrCat(table.ToString(), "\nglobal step: ", status.global_step(),
+                                 ", mode: ", ModeName(status.sync()), "\n");
+  if (status.waiting_for_size() > 0) {
+    std::vector<std::string> names;
+    for (const v1::TaskId& t : status.waiting_for()) names.push_back(TaskName(t));
+    absl::StrAppend(&out, "waiting for: ", absl::StrJoin(names, ", "), "\n");
+  }
+  if (!status.last_checkpoint().empty()) {
+    absl::StrAppend(&out, "last checkpoint: ", status.last_checkpoint(), "\n");
+  }
+  absl::StrAppend(&out, "state: ", status.state(), "\n");
+  return out;
+}
+
+CommandOutput RunStatusCommand(v1::Coordinator::StubInterface& chief,
+                               const std::string& chief_address, const StatusOptions& options) {
+  CommandOutput out;
+  v1::ClusterStatus status;
+  out.status = GetStatus(chief, chief_address, options.rpc_timeout, &status);
+  if (!out.status.ok()) return out;
+
+  std::map<std::string, Sample> first = ProbeAll(status, options.rpc_timeout);
+  std::map<std::string, Sample> second;
+  if (options.rate_window > absl::ZeroDuration()) {
+    absl::SleepFor(options.rate_window);
+    // The later picture is the one shown; if the chief stopped answering meanwhile, the first.
+    v1::ClusterStatus later;
+    if (GetStatus(chief, chief_address, options.rpc_timeout, &later).ok()) status = later;
+    second = ProbeAll(status, options.rpc_timeout);
+  }
+
+  std::vector<absl::Status> errors;
+  std::set<std::string> measured;
+  for (v1::TaskStatus& t : *status.mutable_tasks()) {
+    const std::string name = TaskName(t.task());
+    auto a = first.find(name);
+    auto b = second.find(name);
+    const Sample* last = b != second.end() ? &b->second : a != first.end() ? &a->second : nullptr;
+    if (last == nullptr) continue;
+    if (!last->status.ok()) {
+      errors.push_back(last->status);
+      t.set_detail(t.detail().empty() ? "unreachable" : absl::StrCat(t.detail(), "; unreachable"));
+      continue;
+    }
+    if (a == first.end() || b == second.end() || !a->second.status.ok()) continue;
+    const double seconds = absl::ToDoubleSeconds(b->second.at - a->second.at);
+    if (seconds <= 0) continue;
+    t.set_pushes_per_second((b->second.pushes - a->second.pushes) / seconds);
+    t.set_pulls_per_second((b->second.pulls - a->second.pulls) / seconds);
+    measured.insert(name);
+  }
+  out.status = MergeErrors(errors);
+  out.text = options.format == OutputFormat::kJson ? ReportToJson(status)
+                                                   : FormatClusterStatus(status, measured);
   return out;
 }
 

@@ -1,0 +1,56 @@
+#include "cli/status_command.h"
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(StatusCommandTest, TableShowsRatesOfMeasuredTasksAndWhoTheStepWaitsFor) {
+  v1::ClusterStatus status;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        tasks {
+          task { job: "chief" index: 0 }
+          address: "h:1"
+          health: HEALTH_SERVING
+          uptime_micros: 65000000
+          step: 12
+        }
+        tasks {
+          task { job: "ps" index: 0 }
+          address: "h:2"
+          health: HEALTH_SERVING
+          pushes_per_second: 41.5
+          pulls_per_second: 40
+        }
+        tasks {
+          task { job: "worker" index: 1 }
+          address: "h:3"
+          health: HEALTH_MISSING
+          detail: "unreachable"
+        }
+        global_step: 12
+        sync { mode: SYNC replicas_to_aggregate: 2 }
+        state: "waiting for worker:1 (no heartbeat); step 12 waits for worker:1"
+        waiting_for { job: "worker" index: 1 }
+      )pb",
+      &status));
+  const std::string text = FormatClusterStatus(status, {"ps:0"});
+  EXPECT_THAT(text, HasSubstr("TASK      ADDRESS  HEALTH   UPTIME  STEP  PUSH/S  PULL/S  DETAIL\n"
+                              "chief:0   h:1      SERVING  1m5s    12    -       -       \n"
+                              "ps:0      h:2      SERVING  -       0     41.5    40.0    \n"
+                              "worker:1  h:3      MISSING  -       0     -       -       "
+                              "unreachable\n"));
+  EXPECT_THAT(text, HasSubstr("global step: 12, mode: sync (2 replicas per step)\n"));
+  EXPECT_THAT(text, HasSubstr("waiting for: worker:1\n"));
+  EXPECT_THAT(text, HasSubstr("state: waiting for worker:1 (no heartbeat); step 12 waits for"));
+  EXPECT_THAT(FormatClusterStatus(status), Not(HasSubstr("41.5")));
+}
+
+}  // namespace
+}  // namespace pscluster

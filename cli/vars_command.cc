@@ -1,0 +1,219 @@
+#include "cli/vars_command.h"
+
+#include <future>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/table.h"
+#include "sharding/placement.h"
+
+namespace pscluster {
+namespace {
+
+using ShardKey = std::pair<std::string, int32_t>;  // (name, partition); -1 for a table
+
+struct PsListing {
+  absl::Status status;
+  std::map<ShardKey, v1::ShardStats> shards;
+};
+
+std::vector<PsListing> ListEveryPs(LiveCluster& cluster) {
+  std::vector<std::future<absl::StatusOr<v1::ListShardsResponse>>> pending;
+  for (int ps = 0; ps < cluster.num_ps(); ++ps) {
+    pending.push_back(std::async(
+        std::launch::async, [&cluster, ps] { return cluster.client->transport().ListShards(ps); }));
+  }
+  std::vector<PsListing> out(pending.size());
+  for (size_t ps = 0; ps < pending.size(); ++ps) {
+    absl::StatusOr<v1::ListShardsResponse> list = pending[ps].get();
+    if (!list.ok()) {
+      out[ps].status = list.status();
+      continue;
+    }
+    for (const v1::ShardStats& s : list->shards()) {
+      out[ps].shards[{s.name(), s.is_table() ? -1 : s.partition()}] = s;
+    }
+  }
+  return out;
+}
+
+std::string StrategyName(v1::PlacementOptions::Strategy s) {
+  switch (s) {
+    case v1::PlacementOptions::ROUND_ROBIN:
+      return "round_robin";
+    case v1::PlacementOptions::GREEDY_BYTES:
+      return "greedy_bytes";
+    default:
+      return absl::StrCat("strategy ", static_cast<int>(s));
+  }
+}
+
+std::string Address(const LiveCluster& cluster, int ps) {
+  return ps >= 0 && ps < cluster.model.ps_addresses_size() ? cluster.model.ps_addresses(ps) : "";
+}
+
+// A total that misses the parts that could not be read is a lower bound: ">= 6.0 KiB".
+std::string AtLeast(const std::string& total, bool complete) {
+  return complete ? total : ">= " + total;
+}
+
+}  // namespace
+
+psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
+  const v1::Placement& placement = cluster.model.placement();
+  psctl::VarsReport report;
+  report.set_num_ps(placement.num_ps());
+  report.set_placement_version(placement.version());
+  report.set_placement_strategy(StrategyName(placement.options().strategy()));
+  report.set_max_partition_bytes(placement.options().max_partition_bytes());
+
+  std::vector<PsListing> listings = ListEveryPs(cluster);
+  std::vector<absl::Status> errors;
+  for (int ps = 0; ps < static_cast<int>(listings.size()); ++ps) {
+    psctl::PsTaskInfo* info = report.add_ps_tasks();
+    info->set_index(ps);
+    info->set_address(Address(cluster, ps));
+    info->set_reachable(listings[ps].status.ok());
+    if (!listings[ps].status.ok()) {
+      info->set_error(std::string(listings[ps].status.message()));
+      errors.push_back(listings[ps].status);
+    }
+    info->set_shards(static_cast<int32_t>(listings[ps].shards.size()));
+    for (const auto& [key, s] : listings[ps].shards) info->set_bytes(info->bytes() + s.bytes());
+  }
+  for (int32_t owner : placement.virtual_shard_to_ps()) {
+    if (owner >= 0 && owner < report.ps_tasks_size()) {
+      psctl::PsTaskInfo* info = report.mutable_ps_tasks(owner);
+      info->set_virtual_shards(info->virtual_shards() + 1);
+    }
+  }
+
+  for (const v1::VariableSpec& spec : cluster.model.model().variables()) {
+    psctl::VariableInfo* var = report.add_variables();
+    var->set_name(spec.name());
+    var->mutable_shape()->CopyFrom(spec.shape().dims());
+    var->set_dtype(DtypeName(spec.dtype()));
+    var->set_optimizer(OptimizerDescription(spec.optimizer()));
+    absl::StatusOr<std::vector<const v1::DensePartition*>> parts =
+        PartitionsOf(placement, spec.name());
+    if (!parts.ok()) {
+      errors.push_back(absl::FailedPreconditionError(
+          absl::StrCat("the chief's placement has no partition of variable ", spec.name())));
+      continue;
+    }
+    for (const v1::DensePartition* p : *parts) {
+      psctl::PartitionInfo* info = var->add_partitions();
+      info->set_partition(p->partition());
+      info->set_row_begin(p->row_begin());
+      info->set_row_end(p->row_end());
+      info->set_ps_task(p->ps_task());
+      info->set_ps_address(Address(cluster, p->ps_task()));
+      if (p->ps_task() < 0 || p->ps_task() >= static_cast<int>(listings.size()) ||
+          !listings[p->ps_task()].status.ok()) {
+        continue;
+      }
+      const auto& held = listings[p->ps_task()].shards;
+      auto it = held.find({spec.name(), p->partition()});
+      if (it == held.end()) {
+        errors.push_back(absl::FailedPreconditionError(
+            absl::StrCat("the placement puts ", spec.name(), "/", p->partition(), " on ",
+                         cluster.PsName(p->ps_task()), ", which does not hold it")));
+        continue;
+      }
+      info->set_held(true);
+      info->set_bytes(it->second.bytes());
+      info->set_updates(it->second.applied_step());
+      var->set_bytes(var->bytes() + it->second.bytes());
+    }
+  }
+
+  for (const v1::TableSpec& spec : cluster.model.model().tables()) {
+    psctl::TableInfo* table = report.add_tables();
+    table->set_name(spec.name());
+    table->set_dim(spec.dim());
+    table->set_optimizer(OptimizerDescription(spec.optimizer()));
+    for (int ps = 0; ps < static_cast<int>(listings.size()); ++ps) {
+      psctl::TablePart* part = table->add_parts();
+      part->set_ps_task(ps);
+      part->set_ps_address(Address(cluster, ps));
+      part->set_reachable(listings[ps].status.ok());
+      auto it = listings[ps].shards.find({spec.name(), -1});
+      if (it == listings[ps].shards.end()) continue;
+      part->set_rows(it->second.rows());
+      part->set_bytes(it->second.bytes());
+      part->set_pushes(it->second.pushes());
+      part->set_pulls(it->second.pulls());
+      table->set_rows(table->rows() + part->rows());
+      table->set_bytes(table->bytes() + part->bytes());
+    }
+  }
+  *status = MergeErrors(errors);
+  return report;
+}
+
+std::string FormatVarsReport(const psctl::VarsReport& report) {
+  auto ps_name = [](int ps) { return absl::StrCat("ps:", ps); };
+  std::string out;
+  if (report.variables_size() > 0) {
+    TextTable vars({"VARIABLE", "SHAPE", "DTYPE", "PARTITIONS", "BYTES", "OPTIMIZER"});
+    TextTable parts({"PARTITION", "ROWS", "PS", "ADDRESS", "BYTES", "UPDATES"});
+    for (const psctl::VariableInfo& v : report.variables()) {
+      v1::TensorShape shape;
+      shape.mutable_dims()->CopyFrom(v.shape());
+      bool complete = true;
+      for (const psctl::PartitionInfo& p : v.partitions()) complete = complete && p.held();
+      vars.AddRow({v.name(), ShapeString(shape), v.dtype(), absl::StrCat(v.partitions_size()),
+                   AtLeast(HumanBytes(v.bytes()), complete), v.optimizer()});
+      for (const psctl::PartitionInfo& p : v.partitions()) {
+        parts.AddRow({absl::StrCat(v.name(), "/", p.partition()),
+                      absl::StrCat("[", p.row_begin(), ", ", p.row_end(), ")"),
+                      ps_name(p.ps_task()), p.ps_address(), p.held() ? HumanBytes(p.bytes()) : "?",
+                      p.held() ? absl::StrCat(p.updates()) : "?"});
+      }
+    }
+    absl::StrAppend(&out, vars.ToString(), "\n", parts.ToString());
+  }
+  if (report.tables_size() > 0) {
+    TextTable tables({"TABLE", "DIM", "ROWS", "BYTES", "OPTIMIZER"});
+    TextTable parts({"TABLE", "PS", "ADDRESS", "ROWS", "BYTES", "PUSHES", "PULLS"});
+    for (const psctl::TableInfo& t : report.tables()) {
+      bool complete = true;
+      for (const psctl::TablePart& p : t.parts()) complete = complete && p.reachable();
+      tables.AddRow({t.name(), absl::StrCat(t.dim()), AtLeast(absl::StrCat(t.rows()), complete),
+                     AtLeast(HumanBytes(t.bytes()), complete), t.optimizer()});
+      for (const psctl::TablePart& p : t.parts()) {
+        parts.AddRow({t.name(), ps_name(p.ps_task()), p.ps_address(),
+                      p.reachable() ? absl::StrCat(p.rows()) : "?",
+                      p.reachable() ? HumanBytes(p.bytes()) : "?",
+                      p.reachable() ? absl::StrCat(p.pushes()) : "?",
+                      p.reachable() ? absl::StrCat(p.pulls()) : "?"});
+      }
+    }
+    if (!out.empty()) out += "\n";
+    absl::StrAppend(&out, tables.ToString(), "\n", parts.ToString());
+  }
+  TextTable ps({"PS", "ADDRESS", "SHARDS", "BYTES", "VIRTUAL SHARDS", "STATUS"});
+  for (const psctl::PsTaskInfo& p : report.ps_tasks()) {
+    ps.AddRow({ps_name(p.index()), p.address(), p.reachable() ? absl::StrCat(p.shards()) : "?",
+               p.reachable() ? HumanBytes(p.bytes()) : "?", absl::StrCat(p.virtual_shards()),
+               p.reachable() ? "ok" : "unreachable"});
+  }
+  if (!out.empty()) out += "\n";
+  absl::StrAppend(&out, ps.ToString(), "\nplacement: ", report.placement_strategy(), ", ",
+                  report.num_ps(), " ps tasks, max partition ",
+                  report.max_partition_bytes() > 0 ? HumanBytes(report.max_partition_bytes())
+                                                   : std::string("unlimited"),
+                  ", version ", report.placement_version(), "\n");
+  return out;
+}
+
+CommandOutput RunVarsCommand(LiveCluster& cluster, OutputFormat format) {
+  CommandOutput out;
+  psctl::VarsReport report = BuildVarsReport(cluster, &out.status);
+  out.text = format == OutputFormat::kJson ? ReportToJson(report) : FormatVarsReport(report);
+  return out;
+}
+
+}  // namespace pscluster
