@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks the parameter servers on 127.0.0.1, from a fresh clone, in one run:
-#   1. loopback TCP bandwidth: iperf3, one stream, ~3 s (the throughput baseline), and the
-#      round trip of 4 bytes over loopback TCP (the latency baseline, from ps_bench);
+#   1. loopback TCP bandwidth: iperf3, one stream, median of 3 x 3 s (the throughput baseline),
+#      and the round trip of 4 bytes over loopback TCP (the latency baseline, from ps_bench);
 #   2. for 1 ps + 1 worker and 2 ps + 2 workers: a chief and the ps tasks as real processes,
 #      then ps_bench: dense push/pull of 4 B, 4 KiB, 1 MiB, 16 MiB, 64 MiB variables (SGD) and
 #      sparse push/pull of 100,000 keys x 8 floats (Adagrad), throughput and p50/p99 latency,
@@ -9,16 +9,19 @@
 # Prints each run's table, then every figure as `BENCH <name> <value> <unit> ratio=<r>` and
 # a markdown summary. Takes about 3 minutes after the build on 2 cores.
 #
-#   bash bench/ps.sh [--min_seconds S] [--chunk_bytes B] [--pull_chunk_bytes B]
-#                    [--configs "1x1 2x2"] [--keep_logs]
+#   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
+#                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--keep_logs]
 #
+# Each figure is measured --repeats times (default 3), each trial at least --min_seconds
+# (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
 # --chunk_bytes is the client's chunk size for streamed dense pushes and pulls (the client
 # always names it in pulls, so it also sets the ps's pull chunks); --pull_chunk_bytes is the
 # ps_server flag (the chunk of pulls that do not name one). --configs lists PSxWORKERS runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-min_seconds=3
+min_seconds=1.5
+repeats=3
 chunk_bytes=$((1 << 20))
 pull_chunk_bytes=""
 configs="1x1 2x2"
@@ -26,11 +29,12 @@ keep_logs=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --min_seconds) min_seconds=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
     --chunk_bytes) chunk_bytes=$2; shift 2 ;;
     --pull_chunk_bytes) pull_chunk_bytes=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -50,7 +54,6 @@ done
 pids=()
 names=()
 iperf_pid=""
-status=0
 
 # Stops every daemon with SIGTERM; returns 1 if one did not exit 0.
 stop_daemons() {
@@ -62,7 +65,7 @@ stop_daemons() {
     if [[ $rc -eq 0 ]]; then
       echo "    ${names[$i]} exited 0"
     else
-      echo "ps.sh: ${names[$i]} exited $rc; see $work/${names[$i]//:/-}.log" >&2
+      echo "ps.sh: ${names[$i]} exited $rc; see $work/${names[$i]}.log" >&2
       failed=1
     fi
   done
@@ -84,33 +87,51 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "ps.sh: interrupted" >&2; exit 130' INT TERM
 
+# Percent of CPU time used over 2 s by anything (this script's daemons are idle then): other
+# work on the machine lowers every figure, so each run reports it.
+cpu_busy_percent() {
+  local a b c d e f g t1 i1 t2 i2
+  read -r _ a b c d e f g _ </proc/stat; t1=$((a + b + c + d + e + f + g)); i1=$((d + e))
+  sleep 2
+  read -r _ a b c d e f g _ </proc/stat; t2=$((a + b + c + d + e + f + g)); i2=$((d + e))
+  echo $((100 - 100 * (i2 - i1) / (t2 - t1)))
+}
+
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-echo "==> loopback TCP bandwidth: iperf3, 1 stream, 3 s, 127.0.0.1"
+echo "==> machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); CPU busy before the run: $(cpu_busy_percent)%"
+echo "==> loopback TCP bandwidth: iperf3, 1 stream, 3 x 3 s, 127.0.0.1"
 port=$(free_port)
-iperf3 -s -1 -B 127.0.0.1 -p "$port" >"$work/iperf3-server.log" 2>&1 &
+iperf3 -s -B 127.0.0.1 -p "$port" >"$work/iperf3-server.log" 2>&1 &
 iperf_pid=$!
-iperf_ok=0
-for _ in $(seq 50); do
-  if iperf3 -c 127.0.0.1 -p "$port" -t 3 -P 1 -J >"$work/iperf3.json" 2>"$work/iperf3-client.log"; then
-    iperf_ok=1
-    break
-  fi
-  sleep 0.1
+# Listening yet? (/proc/net/tcp: 127.0.0.1:port, state 0A = LISTEN.)
+listen_entry="0100007F:$(printf '%04X' "$port") 00000000:0000 0A"
+for _ in $(seq 100); do grep -q "$listen_entry" /proc/net/tcp && break; sleep 0.05; done
+# Three runs, the median is the baseline. iperf3 3.12 exits 0 even when it cannot connect;
+# the JSON says whether it measured.
+for i in 1 2 3; do
+  iperf3 -c 127.0.0.1 -p "$port" -t 3 -P 1 -J >"$work/iperf3-$i.json" 2>>"$work/iperf3-client.log" || true
 done
-if [[ $iperf_ok -ne 1 ]]; then
-  echo "ps.sh: iperf3 failed; see $work/iperf3-client.log" >&2
-  exit 1
-fi
+kill "$iperf_pid" 2>/dev/null || true
 wait "$iperf_pid" 2>/dev/null || true
 iperf_pid=""
-loopback_gbps=$(python3 -c '
+if ! loopback_gbps=$(python3 -c '
 import json, sys
-print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))
-' "$work/iperf3.json")
-echo "    $loopback_gbps GB/s"
+rates = []
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    if r.get("error"):
+        sys.exit("iperf3: %s (%s)" % (r["error"], path))
+    rates.append(r["end"]["sum_received"]["bits_per_second"] / 8e9)
+print("runs (GB/s): " + " ".join("%.3f" % x for x in rates), file=sys.stderr)
+print("%.3f" % sorted(rates)[len(rates) // 2])
+' "$work"/iperf3-{1,2,3}.json); then
+  echo "ps.sh: iperf3 did not measure; see $work/iperf3-*.json" >&2
+  exit 1
+fi
+echo "    median $loopback_gbps GB/s"
 
 echo "==> loopback TCP round trip of 4 bytes (ps_bench --loopback_rtt_only)"
 "$work/ps_bench" --loopback_rtt_only | tee "$work/rtt.out"
@@ -131,17 +152,18 @@ tf_config() {  # chief_address num_ps job index
     "$1" "$ps" "$3" "$4"
 }
 
-start_task() {  # binary job index chief_address num_ps [flags...]
-  local binary=$1 job=$2 index=$3 chief=$4 num_ps=$5
-  shift 5
-  local port_file="$work/$job-$index.port"
+start_task() {  # tag binary job index chief_address num_ps [flags...]
+  local tag=$1 binary=$2 job=$3 index=$4 chief=$5 num_ps=$6
+  shift 6
+  local port_file="$work/$tag-$job-$index.port" log="$work/$tag-$job-$index.log"
+  rm -f "$port_file"
   TF_CONFIG=$(tf_config "$chief" "$num_ps" "$job" "$index") "$work/$binary" \
-    --port_file="$port_file" "$@" >"$work/$job-$index.log" 2>&1 &
+    --port_file="$port_file" "$@" >"$log" 2>&1 &
   pids+=($!)
-  names+=("$job:$index")
+  names+=("$tag-$job-$index")
   for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
-  echo "ps.sh: $job:$index did not start; see $work/$job-$index.log" >&2
-  tail -5 "$work/$job-$index.log" >&2
+  echo "ps.sh: $job:$index did not start; see $log" >&2
+  tail -n 5 "$log" >&2
   return 1
 }
 
@@ -175,16 +197,17 @@ for config in $configs; do
   max_partition_bytes=0
   if [[ $num_ps -gt 1 ]]; then max_partition_bytes=$((8 << 20)); fi
   echo "==> $tag: 1 chief, $num_ps ps (max_partition_bytes=$max_partition_bytes), $num_workers client(s)"
-  start_task chief chief 0 "127.0.0.1:0" "$num_ps" \
+  start_task "$tag" chief chief 0 "127.0.0.1:0" "$num_ps" \
     --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes"
-  chief="127.0.0.1:$(cat "$work/chief-0.port")"
+  chief="127.0.0.1:$(cat "$work/$tag-chief-0.port")"
   for ((i = 0; i < num_ps; i++)); do
-    start_task ps_server ps "$i" "$chief" "$num_ps" "${ps_flags[@]}"
+    start_task "$tag" ps_server ps "$i" "$chief" "$num_ps" "${ps_flags[@]}"
   done
+  echo "    CPU busy with the daemons idle: $(cpu_busy_percent)%"
   # ps_bench waits for the model (GetModel with wait_until_ready) before it measures.
   "$work/ps_bench" --chief="$chief" --workers="$num_workers" --tag="$tag" \
     --loopback_gbps="$loopback_gbps" --loopback_rtt_us="$loopback_rtt_us" \
-    --min_seconds="$min_seconds" --chunk_bytes="$chunk_bytes" \
+    --min_seconds="$min_seconds" --repeats="$repeats" --chunk_bytes="$chunk_bytes" \
     2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
   echo "==> $tag: stopping the daemons (SIGTERM)"

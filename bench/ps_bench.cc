@@ -18,18 +18,20 @@
 //   BENCH <name> <value> <unit> ratio=<value / baseline>
 // Baselines: throughput against --loopback_gbps (iperf3 on 127.0.0.1; sparse rates are
 // compared as MB/s of rows), latency against the p50 round trip of 4 bytes over a loopback
-// TCP connection (--loopback_rtt_us, measured here when 0). `--loopback_rtt_only` measures
-// that baseline, prints it and exits.
+// TCP connection whose ends run on two different cores (--loopback_rtt_us, measured here when
+// 0). `--loopback_rtt_only` measures that baseline (and the one-core and unpinned round
+// trips, for reference), prints it and exits.
 //
 //   ps_bench --chief=127.0.0.1:PORT --workers=2 --tag=2ps2w --loopback_gbps=2.59
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -48,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -75,15 +78,16 @@ DEFINE_double(loopback_gbps, 0,
               "Loopback TCP bandwidth in GB/s (iperf3), the baseline of throughput ratios. "
               "0: no throughput ratios.");
 DEFINE_double(loopback_rtt_us, 0,
-              "p50 round trip of 4 bytes over loopback TCP in microseconds, the baseline of "
-              "latency ratios. 0: measured here.");
-DEFINE_bool(loopback_rtt_only, false, "Measure the loopback round trip, print it and exit.");
+              "p50 round trip of 4 bytes over loopback TCP between two cores, in microseconds: "
+              "the baseline of latency ratios. 0: measured here.");
+DEFINE_bool(loopback_rtt_only, false,
+            "Measure the loopback round trip (ends on two cores: the baseline; on one core; "
+            "unpinned), print it and exit.");
 DEFINE_int32(loopback_rtt_round_trips, 10000,
              "Round trips timed in each trial of the loopback baseline.");
-DEFINE_int32(loopback_rtt_trials, 5,
+DEFINE_int32(loopback_rtt_trials, 3,
              "Trials of the loopback baseline, each on a fresh connection and threads; the "
-             "baseline is the median of their p50s (the scheduler may place the two ends on one "
-             "core or on two, which differ by an order of magnitude on some VMs).");
+             "baseline is the median of their p50s.");
 DEFINE_double(min_seconds, 1.5, "Each trial of a figure lasts at least this long, in seconds.");
 DEFINE_int32(iterations, 5, "Each client does at least this many operations per trial.");
 DEFINE_int32(repeats, 3,
@@ -102,6 +106,10 @@ DEFINE_int64(sparse_key_space, 1000000,
 DEFINE_bool(separate_connections, true,
             "Give each client its own TCP connections (a local subchannel pool). false: the "
             "clients' channels share one connection per ps task, as gRPC does by default.");
+DEFINE_string(channel_args, "",
+              "Extra integer gRPC channel arguments of the clients' channels, e.g. "
+              "grpc.http2.lookahead_bytes=4194304,grpc.http2.write_buffer_size=1048576 "
+              "(with --separate_connections).");
 DEFINE_string(only, "",
               "Comma-separated variables and tables to measure (e.g. d_64MiB,emb). Empty: all.");
 DEFINE_double(model_timeout_seconds, 120, "How long to wait for the chief's model, in seconds.");
@@ -118,7 +126,7 @@ double SecondsSince(SteadyClock::time_point t) {
 // When a measurement stops.
 struct RunLimits {
   double warmup_seconds = 0.3;
-  double min_seconds = 2;
+  double min_seconds = 1.5;
   double max_seconds = 30;
   int64_t min_ops = 5;  // per client
   int repeats = 3;
@@ -275,9 +283,21 @@ class ScopedFd {
   const int fd_;
 };
 
+// Pins the calling thread to `cpu`; no-op when cpu < 0.
+void PinToCpu(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 // Round trips of 4 bytes over a TCP connection on 127.0.0.1 (TCP_NODELAY, an echo thread on
 // the other end), in microseconds, sorted: the floor under any RPC's latency on this machine.
-absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips) {
+// The sending end runs on `client_cpu`, the echo on `echo_cpu` (-1: wherever the scheduler
+// puts them).
+absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips, int client_cpu,
+                                                      int echo_cpu) {
   ScopedFd listener(socket(AF_INET, SOCK_STREAM, 0));
   if (listener.get() < 0) return ErrnoError("socket");
   sockaddr_in addr{};
@@ -293,7 +313,8 @@ absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips) {
     return ErrnoError("getsockname");
   }
   const int one = 1;
-  std::thread echo([&listener, one] {
+  std::thread echo([&listener, one, echo_cpu] {
+    PinToCpu(echo_cpu);
     ScopedFd conn(accept(listener.get(), nullptr, nullptr));
     if (conn.get() < 0) return;
     setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -303,7 +324,9 @@ absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips) {
   });
   Measurement m;
   absl::Status status;
-  {
+  // The measuring thread, so that pinning it leaves the caller's affinity alone.
+  std::thread client([&] {
+    PinToCpu(client_cpu);
     ScopedFd conn(socket(AF_INET, SOCK_STREAM, 0));
     if (conn.get() < 0 ||
         connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -326,7 +349,8 @@ absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips) {
         }
       }
     }
-  }  // closing the connection ends the echo thread
+  });  // closing the connection ends the echo thread
+  client.join();
   echo.join();
   PS_RETURN_IF_ERROR(status);
   m.ops = static_cast<int64_t>(m.latencies_us.size());
@@ -359,9 +383,24 @@ absl::StatusOr<v1::GetModelResponse> FetchModel(const std::string& chief,
 }
 
 // A client of its own, as one worker process would have.
+// "a=1,b=2" -> {{"a", 1}, {"b", 2}}; INVALID_ARGUMENT naming the bad entry.
+absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseChannelArgs(const std::string& text) {
+  std::vector<std::pair<std::string, int>> args;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    int value = 0;
+    if (kv.first.empty() || !absl::SimpleAtoi(kv.second, &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--channel_args entry \"", entry, "\" is not NAME=INTEGER"));
+    }
+    args.emplace_back(kv.first, value);
+  }
+  return args;
+}
+
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
     const v1::GetModelResponse& model, int worker, const GrpcPsTransportOptions& options,
-    bool separate_connections) {
+    bool separate_connections, const std::vector<std::pair<std::string, int>>& channel_args) {
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
   std::unique_ptr<GrpcPsTransport> transport;
   if (separate_connections) {
@@ -373,6 +412,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
       args.SetMaxReceiveMessageSize(options.max_message_bytes);
       args.SetMaxSendMessageSize(options.max_message_bytes);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      for (const auto& [name, value] : channel_args) args.SetInt(name, value);
       stubs.push_back(v1::ParameterServer::NewStub(
           grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
     }
@@ -631,7 +671,7 @@ void PrintResults(const std::vector<Row>& rows, const Baselines& base, const std
       absl::StrAppend(&throughput, " (", FormatValue(r.payload.value), " ", r.payload.unit, ")");
     }
     cells.push_back({r.op, r.kind, r.size, absl::StrCat(r.ops), throughput,
-                     absl::StrCat(FormatValue(r.slowest), "-", FormatValue(r.fastest)),
+                     absl::StrCat(FormatValue(r.slowest), "..", FormatValue(r.fastest)),
                      FormatRatio(r.throughput), FormatValue(r.p50.value),
                      FormatValue(r.p99.value), FormatRatio(r.p50)});
   }
@@ -668,23 +708,44 @@ int Fail(const std::string& message, int code) {
   return code;
 }
 
-// The loopback round-trip baseline: the medians, over `trials` trials, of each trial's p50 and
-// p99, in microseconds.
-absl::StatusOr<std::pair<double, double>> LoopbackRoundTripBaseline(int trials, int round_trips) {
+// The loopback round trip, p50 and p99 in microseconds, each the median over `trials` trials.
+absl::StatusOr<std::pair<double, double>> LoopbackRoundTrip(int trials, int round_trips,
+                                                            int client_cpu, int echo_cpu) {
   std::vector<double> p50s;
   std::vector<double> p99s;
   for (int t = 0; t < trials; ++t) {
-    PS_ASSIGN_OR_RETURN(Measurement m, MeasureLoopbackRoundTrips(round_trips));
+    PS_ASSIGN_OR_RETURN(Measurement m, MeasureLoopbackRoundTrips(round_trips, client_cpu, echo_cpu));
     p50s.push_back(m.PercentileUs(50));
     p99s.push_back(m.PercentileUs(99));
   }
-  std::fprintf(stderr, "ps_bench: loopback round trip p50 of each trial (us): %s\n",
-               absl::StrJoin(p50s, " ", [](std::string* out, double v) {
-                 absl::StrAppend(out, FormatValue(v));
-               }).c_str());
   std::sort(p50s.begin(), p50s.end());
   std::sort(p99s.begin(), p99s.end());
   return std::make_pair(p50s[(trials - 1) / 2], p99s[(trials - 1) / 2]);
+}
+
+// The latency baseline: the two ends of the connection pinned to two different cores, as a
+// client and a ps task that run at the same time are (unpinned, the scheduler sometimes puts
+// both on one core, and on a VM whose idle cores halt the two placements differ by an order of
+// magnitude). With `print`, also prints the one-core and the unpinned figures as BENCH lines.
+absl::StatusOr<double> LoopbackRoundTripBaseline(int trials, int round_trips, bool print) {
+  const bool two_cores = std::thread::hardware_concurrency() >= 2;
+  PS_ASSIGN_OR_RETURN(auto cross,
+                      LoopbackRoundTrip(trials, round_trips, two_cores ? 0 : -1, two_cores ? 1 : -1));
+  if (!print) return cross.first;
+  const double base = cross.first;
+  auto line = [base](const std::string& name, double us) {
+    std::printf("BENCH %s %s us ratio=%s\n", name.c_str(), FormatValue(us).c_str(),
+                FormatValue(us / base).c_str());
+  };
+  line("loopback_rtt_4B_p50", cross.first);
+  line("loopback_rtt_4B_p99", cross.second);
+  PS_ASSIGN_OR_RETURN(auto same, LoopbackRoundTrip(trials, round_trips, 0, 0));
+  line("loopback_rtt_4B_onecore_p50", same.first);
+  line("loopback_rtt_4B_onecore_p99", same.second);
+  PS_ASSIGN_OR_RETURN(auto free, LoopbackRoundTrip(trials, round_trips, -1, -1));
+  line("loopback_rtt_4B_unpinned_p50", free.first);
+  line("loopback_rtt_4B_unpinned_p99", free.second);
+  return base;
 }
 
 int Main() {
@@ -695,16 +756,11 @@ int Main() {
   base.loopback_gbps = FLAGS_loopback_gbps;
   base.loopback_rtt_us = FLAGS_loopback_rtt_us;
   if (FLAGS_loopback_rtt_only || base.loopback_rtt_us <= 0) {
-    absl::StatusOr<std::pair<double, double>> rtt =
-        LoopbackRoundTripBaseline(FLAGS_loopback_rtt_trials, FLAGS_loopback_rtt_round_trips);
+    absl::StatusOr<double> rtt = LoopbackRoundTripBaseline(
+        FLAGS_loopback_rtt_trials, FLAGS_loopback_rtt_round_trips, FLAGS_loopback_rtt_only);
     if (!rtt.ok()) return Fail(absl::StrCat("loopback round trip: ", rtt.status().message()), 1);
-    base.loopback_rtt_us = rtt->first;
-    if (FLAGS_loopback_rtt_only) {
-      std::printf("BENCH loopback_rtt_4B_p50 %s us ratio=1.00\n", FormatValue(rtt->first).c_str());
-      std::printf("BENCH loopback_rtt_4B_p99 %s us ratio=%s\n", FormatValue(rtt->second).c_str(),
-                  FormatValue(rtt->second / rtt->first).c_str());
-      return 0;
-    }
+    if (FLAGS_loopback_rtt_only) return 0;
+    base.loopback_rtt_us = *rtt;
   }
   if (FLAGS_chief.empty()) return Fail("--chief=HOST:PORT is required", 2);
   if (FLAGS_workers < 1) return Fail(absl::StrCat("--workers must be >= 1, got ", FLAGS_workers), 2);
@@ -735,12 +791,18 @@ int Main() {
               static_cast<long long>(FLAGS_chunk_bytes));
   PrintPlacement(*model);
 
+  absl::StatusOr<std::vector<std::pair<std::string, int>>> channel_args =
+      ParseChannelArgs(FLAGS_channel_args);
+  if (!channel_args.ok()) return Fail(std::string(channel_args.status().message()), 2);
+  if (!channel_args->empty() && !FLAGS_separate_connections) {
+    return Fail("--channel_args needs --separate_connections", 2);
+  }
   GrpcPsTransportOptions transport_options;
   transport_options.chunk_bytes = FLAGS_chunk_bytes;
   std::vector<std::unique_ptr<ParameterClient>> clients;
   for (int w = 0; w < FLAGS_workers; ++w) {
     absl::StatusOr<std::unique_ptr<ParameterClient>> client =
-        ConnectClient(*model, w, transport_options, FLAGS_separate_connections);
+        ConnectClient(*model, w, transport_options, FLAGS_separate_connections, *channel_args);
     if (!client.ok()) return Fail(std::string(client.status().message()), 1);
     clients.push_back(*std::move(client));
   }

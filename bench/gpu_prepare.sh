@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
+# (chief, ps_server, worker, train_bench, cluster_probe, cuda_kernels_test; and psctl, for
+# looking at the cluster there, left out with a warning when it does not build), packs them
+# with their shared libraries into a device bundle (../shared/tools/device-bundle; stripped,
+# and stored as payload.tar.gz holding its run, bin/ and lib/), and copies in the
+# Fashion-MNIST .gz files (data/), the model configs (configs/) and the scripts (bench/).
+# The GPU machine has no /usr/share/datasets and no build tools: everything comes from the
+# bundle. Then, on the GPU machine (the device tool, carrying the bundle folder):
+#   bash .devbundle/bench/gpu_train.sh
+#
+#   bash bench/gpu_prepare.sh [--out DIR] [--cpu]
+# --out: the bundle folder (default .devbundle, which .git/info/exclude keeps out of git).
+# --cpu: build the default (CPU-only) configuration instead, to try gpu_train.sh's logic on a
+#        machine without a GPU: DEVICE=cpu bash DIR/bench/gpu_train.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=.devbundle
+cuda=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --cpu) cuda=0; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu_prepare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+bundler=../shared/tools/device-bundle
+[[ -x $bundler ]] || { echo "gpu_prepare.sh: $bundler not found" >&2; exit 1; }
+data_dir=/usr/share/datasets/fashion-mnist
+
+bash tools/setup.sh >/dev/null
+targets=(//chief //ps_server //worker //bench:train_bench //bench:cluster_probe)
+config=()
+if [[ $cuda -eq 1 ]]; then
+  targets+=(//worker/kernels:cuda_kernels_test)
+  config=(--config=cuda)
+fi
+echo "==> building ${config[*]:-(default config)}: ${targets[*]}"
+bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progress "${targets[@]}"
+bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
+binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
+  "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe")
+if bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progress \
+  //cli:psctl; then
+  binaries+=("$bin_dir/cli/psctl")
+else
+  echo "gpu_prepare.sh: warning: //cli:psctl does not build now; the bundle has no psctl" \
+    "(gpu_train.sh does not need it)" >&2
+fi
+[[ $cuda -eq 1 ]] && binaries+=("$bin_dir/worker/kernels/cuda_kernels_test")
+rm -rf "${out:?}"
+"$bundler" "$out" "${binaries[@]}"
+if [[ $cuda -eq 1 ]]; then
+  # Another build in this workspace (without --config=cuda) may have replaced the outputs
+  # between the build and the copy: the bundle's worker and train_bench must link cuBLAS.
+  for b in worker train_bench; do
+    if ! ldd "$out/bin/$b" 2>/dev/null | grep -q libcublas; then
+      echo "gpu_prepare.sh: $out/bin/$b does not link cuBLAS (replaced by a CPU-only build" \
+        "meanwhile?); run again" >&2
+      exit 1
+    fi
+  done
+fi
+# Small enough to carry (the device tool takes at most 64 MiB with the tree, and the data alone
+# is 30 MB): no debug symbols, and the binaries and libraries in one gzip'd tar, which
+# gpu_train.sh unpacks into a temporary folder there.
+chmod u+w "$out"/bin/* "$out"/lib/*
+strip --strip-unneeded "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+tar -C "$out" -czf "$out/payload.tar.gz" run bin lib
+rm -rf "${out:?}/run" "${out:?}/bin" "${out:?}/lib"
+
+mkdir -p "$out/data" "$out/configs" "$out/bench"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+  t10k-labels-idx1-ubyte.gz; do
+  cp "$data_dir/$f" "$out/data/"
+done
+cp configs/*.pbtxt "$out/configs/"
+cp bench/gpu_train.sh bench/torch_mlp.py bench/train_rate.py bench/train_cluster.sh "$out/bench/"
+echo "==> $out: $(du -sh "$out" | cut -f1) (the device tool carries at most 64 MiB with the tree)"
+echo "    on the GPU machine: bash $out/bench/gpu_train.sh   (device run, carry [\"$out\"])"

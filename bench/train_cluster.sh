@@ -1,0 +1,158 @@
+# shellcheck shell=bash disable=SC2154
+# Sourced by bench/train.sh and bench/gpu_train.sh: start a local training cluster (1 chief,
+# N ps, M workers, each its own process on 127.0.0.1, TF_CONFIG as in deploy/local/run.sh),
+# measure its steady-state examples/s, stop it with SIGTERM and check that every task exits 0.
+#
+# The caller defines:
+#   launch NAME ARGS...   exec the binary NAME (chief, ps_server, worker, cluster_probe) with
+#                         ARGS
+#   work                  a folder for logs
+#   rate_py               the path of bench/train_rate.py
+# and may set cl_model (model config file), cl_data_path (Fashion-MNIST folder, "" for the
+# default) and cl_chief_flags (an array of extra chief flags).
+
+cl_pids=()
+cl_names=()
+cl_chief=""
+cl_dir=""
+cl_num_workers=0
+cl_model=${cl_model:-configs/mlp.pbtxt}
+cl_data_path=${cl_data_path:-}
+
+# The chief's ClusterStatus as one line of JSON (what `psctl status --json` is built on).
+cl_status() { (launch cluster_probe --chief="$cl_chief"); }
+
+# TF_CONFIG for one task: the chief's address is fixed once it has bound; every other task
+# binds port 0 and registers its real address with the chief.
+cl_tf_config() {  # chief_address job index num_ps num_workers
+  local ps="" workers="" i
+  for ((i = 0; i < $4; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
+  for ((i = 0; i < $5; i++)); do workers+="${workers:+,}\"127.0.0.1:0\""; done
+  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]},"task":{"type":"%s","index":%d}}' \
+    "$1" "$ps" "$workers" "$2" "$3"
+}
+
+cl_start_task() {  # binary job index chief_address num_ps num_workers [flags...]
+  local binary=$1 job=$2 index=$3 chief=$4 num_ps=$5 num_workers=$6
+  shift 6
+  local port_file="$cl_dir/$job-$index.port" tf
+  tf=$(cl_tf_config "$chief" "$job" "$index" "$num_ps" "$num_workers")
+  (export TF_CONFIG="$tf"; launch "$binary" --port_file="$port_file" "$@") \
+    >"$cl_dir/$job-$index.log" 2>&1 &
+  cl_pids+=($!)
+  cl_names+=("$job:$index")
+  local _
+  for _ in $(seq 600); do [[ -s $port_file ]] && return 0; sleep 0.05; done
+  echo "train_cluster: $job:$index did not start; see $cl_dir/$job-$index.log" >&2
+  tail -5 "$cl_dir/$job-$index.log" >&2
+  return 1
+}
+
+# Stops every task with SIGTERM; returns 1 if one did not exit 0.
+cl_stop() {
+  local failed=0 i rc
+  for i in "${!cl_pids[@]}"; do kill -TERM "${cl_pids[$i]}" 2>/dev/null || true; done
+  for i in "${!cl_pids[@]}"; do
+    rc=0
+    wait "${cl_pids[$i]}" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+      echo "train_cluster: ${cl_names[$i]} exited $rc on SIGTERM; see $cl_dir" >&2
+      failed=1
+    fi
+  done
+  if [[ $failed -eq 0 && ${#cl_pids[@]} -gt 0 ]]; then
+    echo "    stopped with SIGTERM: ${cl_names[*]} all exited 0"
+  fi
+  cl_pids=()
+  cl_names=()
+  return $failed
+}
+
+# cl_start NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE
+cl_start() {
+  local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 i
+  cl_dir="$work/$name"
+  cl_num_workers=$num_workers
+  mkdir -p "$cl_dir"
+  local data_flag=()
+  [[ -n $cl_data_path ]] && data_flag=(--data_path="$cl_data_path")
+  # No evaluation while measuring: it would take the cores from the workers.
+  cl_start_task chief chief 0 "127.0.0.1:0" "$num_ps" "$num_workers" \
+    --model_config="$cl_model" --mode="$mode" --epochs="$epochs" --batch_size="$batch" \
+    --eval_every_secs=1000000 --metrics_file="$cl_dir/metrics.jsonl" \
+    ${data_flag[@]+"${data_flag[@]}"} ${cl_chief_flags[@]+"${cl_chief_flags[@]}"} || return 1
+  cl_chief="127.0.0.1:$(cat "$cl_dir/chief-0.port")"
+  for ((i = 0; i < num_ps; i++)); do
+    cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" || return 1
+  done
+  for ((i = 0; i < num_workers; i++)); do
+    cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" --device="$device" \
+      ${data_flag[@]+"${data_flag[@]}"} || return 1
+  done
+  # Training has started once every worker has reported a step (async: every 2 s).
+  local _ steps
+  for _ in $(seq 600); do
+    steps=$(cl_status 2>/dev/null | python3 -c '
+import json, sys
+try:
+    p = json.load(sys.stdin).get("progress", {})
+except ValueError:
+    sys.exit(0)
+w = [int(x) for x in p.get("worker_steps", p.get("workerSteps", []))]
+print("ok" if w and min(w) > 0 else "")' || true)
+    [[ $steps == ok ]] && return 0
+    sleep 0.2
+  done
+  echo "train_cluster: $name: the workers did not start training in 120 s; see $cl_dir" >&2
+  return 1
+}
+
+# CPU seconds (user + system) each task has used so far: lines `job:index seconds`, then
+# `machine seconds` for every process of the machine together.
+cl_cpu() {
+  local i f tck
+  tck=$(getconf CLK_TCK)
+  for i in "${!cl_pids[@]}"; do
+    # Fields 14 and 15 of /proc/PID/stat (after the parenthesized name): utime, stime.
+    f=$(sed 's/^.*) //' "/proc/${cl_pids[$i]}/stat" 2>/dev/null | awk '{print $12 + $13}')
+    echo "${cl_names[$i]} $(awk -v t="${f:-0}" -v k="$tck" 'BEGIN {printf "%.3f", t / k}')"
+  done
+  # The whole machine (every process, ours and others'): busy = all but idle and iowait.
+  awk -v k="$tck" '$1 == "cpu" {printf "machine %.3f\n", ($2 + $3 + $4 + $7 + $8 + $9) / k}' \
+    /proc/stat
+}
+
+# cl_measure WARMUP SECONDS BATCH MODE: after WARMUP s of training, measures SECONDS s (whole
+# seconds), sampling the chief's ClusterStatus every 2 s and the tasks' CPU time at both ends;
+# prints the RATE line of train_rate.py (and keeps it in $cl_dir/rate).
+cl_measure() {
+  local warmup=$1 seconds=$2 batch=$3 mode=$4 t0 t1 now left logs=() i
+  sleep "$warmup"
+  local samples="$cl_dir/status_samples"
+  : >"$samples"
+  sample() { { printf '%s ' "$(date +%s.%N)"; cl_status | tr -d '\n'; echo; } >>"$samples"; }
+  cl_cpu >"$cl_dir/cpu0"
+  t0=$(date +%s%N)
+  t1=$((t0 + ${seconds%.*} * 1000000000))
+  while true; do
+    sample
+    now=$(date +%s%N)
+    ((now + 2000000000 < t1)) || break
+    sleep 2
+  done
+  left=$((t1 - $(date +%s%N)))
+  ((left > 0)) && sleep "$((left / 1000000000)).$(printf '%09d' $((left % 1000000000)))"
+  sample
+  cl_cpu >"$cl_dir/cpu1"
+  for ((i = 0; i < cl_num_workers; i++)); do logs+=("$cl_dir/worker-$i.log"); done
+  local sync_flag=()
+  [[ $mode == sync ]] && sync_flag=(--sync)
+  python3 "$rate_py" --t0="$((t0 / 1000000000)).$(printf '%09d' $((t0 % 1000000000)))" \
+    --t1="$((t1 / 1000000000)).$(printf '%09d' $((t1 % 1000000000)))" --batch="$batch" \
+    --status_samples="$samples" --cpu0="$cl_dir/cpu0" --cpu1="$cl_dir/cpu1" \
+    ${sync_flag[@]+"${sync_flag[@]}"} "${logs[@]}" |
+    tee "$cl_dir/rate"
+}
+
+# kv KEY FILE: the value of KEY=... on the RATE/TRAIN_BENCH line of FILE.
+kv() { grep -o "\b$1=[^ ]*" "$2" | tail -1 | cut -d= -f2; }
