@@ -280,7 +280,12 @@ absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::st
   v1::CheckpointResponse resp;
   resp.set_path(path);
   resp.set_step(step);
-  if (ReadManifest(path).ok()) return done(resp);  // this step is already saved
+  if (absl::StatusOr<v1::CheckpointManifest> existing = ReadManifest(path); existing.ok()) {
+    // This step is already saved.
+    resp.set_bytes(existing->bytes());
+    resp.set_micros(existing->write_micros());
+    return done(resp);
+  }
   std::error_code ec;
   std::filesystem::remove_all(path, ec);  // an earlier, uncommitted attempt
   const absl::Time start = absl::Now();
@@ -626,7 +631,7 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
     names.push_back(TaskName(t));
     *resp->add_waiting_for() = t;
   }
-  resp->set_global_step(sync_.global_step());
+  resp->set_global_step(CurrentStep());
   *resp->mutable_sync() = options_.sync;
   absl::MutexLock lock(&mu_);
   std::string state = names.empty() ? absl::StrCat("all tasks serving; ", init_state_)
