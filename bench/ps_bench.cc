@@ -507,7 +507,9 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The measurements of one run: the clients and the figures gathered so far.
+// The measurements of one run: the clients and the figures gathered so far. Each Dense or
+// Sparse call runs the clients concurrently and returns when its figures are in rows().
+// Not thread-safe: one call at a time.
 class PsBench {
  public:
   PsBench(std::vector<std::unique_ptr<ParameterClient>> clients, const RunLimits& limits,
