@@ -21,8 +21,20 @@ int64_t SyncCoordinator::SlowestLocked() const {
   return slowest;
 }
 
+bool SyncCoordinator::OpenStepForLocked(int64_t last_done_step) const {
+  if (options_.staleness >= 0 || global_step_ <= last_done_step) return false;
+  // Only a step that can still close: enough reports given or still to come.
+  int could_report = static_cast<int>(reported_.size());
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (!reported_.count(w) && !finished_workers_.count(w)) ++could_report;
+  }
+  return could_report >= options_.replicas_to_aggregate;
+}
+
 bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
-  if (finished_) return true;
+  // Once training is over, a worker still gets the step that is open for it (the others may
+  // have finished while it was on its way), and then the news that it is over.
+  if (finished_ && !OpenStepForLocked(last_done_step)) return true;
   if (paused_) return false;
   if (options_.staleness < 0) return global_step_ > last_done_step;
   // SSP: the step to start is last_done_step + 1 (0-based count of completed steps).
@@ -47,7 +59,7 @@ SyncCoordinator::Token SyncCoordinator::AcquireToken(int worker, int64_t last_do
   };
   Token token;
   token.granted = clock_->AwaitWithDeadline(&mu_, absl::Condition(&can_start), deadline);
-  token.finished = finished_;
+  token.finished = finished_ && !OpenStepForLocked(last_done_step);
   token.step = options_.staleness < 0 ? global_step_ : last_done_step + 1;
   if (token.granted && options_.staleness >= 0 && !finished_) {
     const int64_t slowest = SlowestLocked();

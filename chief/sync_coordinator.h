@@ -71,6 +71,8 @@ class SyncCoordinator {
  private:
   bool CanStartLocked(int worker, int64_t last_done_step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SYNC: the global step is one this worker has not done yet, and it can still close.
+  bool OpenStepForLocked(int64_t last_done_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t SlowestLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SyncCoordinatorOptions options_;

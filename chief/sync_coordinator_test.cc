@@ -92,6 +92,21 @@ TEST(SyncCoordinatorTest, FinishingWorkersEndTheWaitWhenTooFewRemain) {
   EXPECT_TRUE(t.finished);
 }
 
+TEST(SyncCoordinatorTest, ALateWorkerStillGetsTheOpenStepAfterTheOtherFinished) {
+  FakeClock clock;
+  SyncCoordinator sync(Sync(2, 2), &clock);
+  // Step 0 is open; worker 0 does it and runs out of data before worker 1 asks for its token.
+  sync.ReportStep(0, 0);
+  sync.WorkerFinished(0);
+  SyncCoordinator::Token t = sync.AcquireToken(1, -1, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_FALSE(t.finished);
+  EXPECT_EQ(t.step, 0);
+  EXPECT_TRUE(sync.ReportStep(1, 0));
+  EXPECT_EQ(sync.global_step(), 1);
+  EXPECT_TRUE(sync.AcquireToken(1, 0, clock.Now()).finished);
+}
+
 TEST(SyncCoordinatorTest, SspKeepsTheFastestWithinTheBound) {
   FakeClock clock;
   SyncCoordinatorOptions o;

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "glog/logging.h"
 #include "proto/health.grpc.pb.h"
 
 namespace pscluster {
@@ -25,6 +26,20 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 }
 
 }  // namespace
+
+std::string RunfilePath(const std::string& path) {
+  return absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/", EnvOr("TEST_WORKSPACE", "pscluster"), "/",
+                      path);
+}
+
+v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ClusterStatus status;
+  grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
+  CHECK(s.ok()) << "the chief does not answer GetClusterStatus: " << s.error_message();
+  return status;
+}
 
 absl::Status AwaitServing(const std::string& address, absl::Duration timeout) {
   auto stub = grpc::health::v1::Health::NewStub(
@@ -66,10 +81,7 @@ absl::StatusOr<int> AwaitPortFile(const std::string& path, ChildProcess& process
 }
 
 TestCluster::TestCluster(const TestClusterOptions& options) : options_(options) {
-  binary_dir_ = options.binary_dir.empty()
-                    ? absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/",
-                                   EnvOr("TEST_WORKSPACE", "pscluster"))
-                    : options.binary_dir;
+  binary_dir_ = options.binary_dir.empty() ? RunfilePath("") : options.binary_dir;
   // Each cluster of a test binary gets its own folder, so later clusters keep earlier logs.
   static int clusters = 0;
   work_dir_ = absl::StrCat(options.work_dir.empty()

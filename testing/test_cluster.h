@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
+#include "proto/coordinator_service.grpc.pb.h"
 #include "testing/child_process.h"
 
 namespace pscluster {
@@ -81,6 +82,13 @@ class TestCluster {
   std::map<std::string, Task> tasks_;
   int starts_ = 0;
 };
+
+// The path of a data dependency of the running test (a file in its runfiles).
+std::string RunfilePath(const std::string& path);
+
+// The chief's GetClusterStatus (5 s deadline); CHECK-fails when the chief does not answer,
+// which in a test is the failure to report.
+v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief);
 
 // Calls grpc.health.v1.Health/Check on `address` until it answers SERVING or `timeout`
 // passes. Returns UNAVAILABLE / DEADLINE_EXCEEDED naming the address otherwise.

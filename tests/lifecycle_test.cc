@@ -20,10 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
-}
-
 struct RunResult {
   int wait_status = 0;
   std::string output;
@@ -34,7 +30,7 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& a
                     const std::string& tf_config) {
   static int n = 0;
   ChildProcessOptions options;
-  options.binary = Runfile(binary);
+  options.binary = RunfilePath(binary);
   options.args = args;
   options.env = {{"TF_CONFIG", tf_config}};
   options.log_path = absl::StrCat(getenv("TEST_TMPDIR"), "/run", n++, ".log");

@@ -67,10 +67,6 @@ constexpr char kModel[] = R"pb(
 
 std::string TmpDir() { return getenv("TEST_TMPDIR"); }
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
-}
-
 // A cluster of a chief and 2 ps tasks serving kModel; layer/kernel is 64 rows of 64 bytes, in
 // four partitions of 16 rows over both ps tasks.
 std::unique_ptr<TestCluster> StartCluster(const std::string& checkpoint_dir) {
@@ -140,7 +136,7 @@ std::string ReadFile(const std::string& path) {
 RunResult Psctl(const std::vector<std::string>& args) {
   static int n = 0;
   const std::string base = absl::StrCat(TmpDir(), "/psctl-run", n++);
-  std::string command = "exec " + Quote(Runfile("cli/psctl"));
+  std::string command = "exec " + Quote(RunfilePath("cli/psctl"));
   for (const std::string& a : args) command += " " + Quote(a);
   command += " >" + Quote(base + ".out") + " 2>" + Quote(base + ".err");
   ChildProcessOptions options;

@@ -20,23 +20,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
-}
-
-v1::ClusterStatus Status(v1::Coordinator::Stub& chief) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::ClusterStatus status;
-  grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
-  return status;
-}
-
 v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   v1::ClusterStatus s;
   do {
-    s = Status(chief);
+    s = ClusterStatusOf(chief);
     if (s.progress().finished()) break;
     absl::SleepFor(absl::Milliseconds(100));
   } while (absl::Now() < deadline);
@@ -45,7 +33,7 @@ v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration tim
 
 std::vector<std::string> ChiefFlags(const std::string& checkpoint_dir,
                                     const std::string& mode = "async") {
-  return {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
           "--mode=" + mode,
           "--max_train_examples=12000",
           "--max_test_examples=2000",

@@ -24,10 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
-}
-
 // CPU time (user + system) a process has used, in seconds.
 double CpuSeconds(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
@@ -43,14 +39,6 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
 }
 
-v1::ClusterStatus Status(v1::Coordinator::Stub& chief) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::ClusterStatus status;
-  CHECK(chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status).ok());
-  return status;
-}
-
 v1::TaskHealth HealthOf(const v1::ClusterStatus& s, const std::string& task) {
   for (const v1::TaskStatus& t : s.tasks()) {
     if (absl::StrCat(t.task().job(), ":", t.task().index()) == task) return t.health();
@@ -62,7 +50,7 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=sync",
                             "--max_train_examples=6000",
                             "--max_test_examples=100",
@@ -78,17 +66,17 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   auto chief = v1::Coordinator::NewStub(
       grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
   absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (Status(*chief).global_step() < 20 && absl::Now() < deadline) {
+  while (ClusterStatusOf(*chief).global_step() < 20 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_GE(Status(*chief).global_step(), 20) << c.Logs();
+  ASSERT_GE(ClusterStatusOf(*chief).global_step(), 20) << c.Logs();
 
   ASSERT_TRUE(c.worker(1).Signal(SIGKILL).ok());
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(c.worker(1).WaitForExit(absl::Seconds(5)).ok());
   v1::ClusterStatus status;
   do {
-    status = Status(*chief);
+    status = ClusterStatusOf(*chief);
     if (HealthOf(status, "worker:1") == v1::HEALTH_MISSING) break;
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() - killed < absl::Seconds(10));
@@ -106,7 +94,7 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   const double worker_cpu = CpuSeconds(c.worker(0).pid());
   const double ps_cpu = CpuSeconds(c.ps(0).pid());
   absl::SleepFor(absl::Seconds(3));
-  status = Status(*chief);
+  status = ClusterStatusOf(*chief);
   EXPECT_EQ(status.global_step(), stuck_at);
   EXPECT_LT(CpuSeconds(c.chief().pid()) - chief_cpu, 0.3) << "the chief spins";
   EXPECT_LT(CpuSeconds(c.worker(0).pid()) - worker_cpu, 0.3) << "the waiting worker spins";
@@ -115,10 +103,10 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   // The worker comes back with the same index, rejoins at the current step, and training goes on.
   ASSERT_TRUE(c.StartTask("worker", 1).ok()) << c.Logs();
   deadline = absl::Now() + absl::Seconds(60);
-  while (Status(*chief).global_step() < stuck_at + 10 && absl::Now() < deadline) {
+  while (ClusterStatusOf(*chief).global_step() < stuck_at + 10 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  status = Status(*chief);
+  status = ClusterStatusOf(*chief);
   EXPECT_GE(status.global_step(), stuck_at + 10) << c.Logs();
   EXPECT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_SERVING);
   EXPECT_THAT(c.worker(1).LogTail(200), HasSubstr("registered with the chief"));
@@ -136,7 +124,7 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=sync",
                             "--max_train_examples=4000",
                             "--max_test_examples=100",
@@ -150,7 +138,7 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   auto chief = v1::Coordinator::NewStub(
       grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
   absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (Status(*chief).global_step() < 30 && absl::Now() < deadline) {
+  while (ClusterStatusOf(*chief).global_step() < 30 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_TRUE(c.chief().Signal(SIGKILL).ok());
@@ -171,7 +159,7 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   v1::ClusterStatus status;
   deadline = absl::Now() + absl::Seconds(30);
   do {
-    status = Status(*chief);
+    status = ClusterStatusOf(*chief);
     if (status.state().find("training") != std::string::npos && status.global_step() > 0) break;
     absl::SleepFor(absl::Milliseconds(20));
   } while (absl::Now() < deadline);
@@ -180,15 +168,15 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   EXPECT_THAT(c.chief().LogTail(100), HasSubstr(absl::StrCat("recovered global step ", applied)));
   const int64_t resumed = status.global_step();
   deadline = absl::Now() + absl::Seconds(60);
-  while (Status(*chief).global_step() < resumed + 20 && absl::Now() < deadline) {
+  while (ClusterStatusOf(*chief).global_step() < resumed + 20 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_GE(Status(*chief).global_step(), resumed + 20) << c.Logs();
+  EXPECT_GE(ClusterStatusOf(*chief).global_step(), resumed + 20) << c.Logs();
   // Every step was applied once on every shard: the ps tasks agree with the chief.
   absl::SleepFor(absl::Milliseconds(200));
   grpc::ClientContext ctx2;
   ASSERT_TRUE(ps0->ListShards(&ctx2, v1::ListShardsRequest(), &shards).ok());
-  const int64_t chief_step = Status(*chief).global_step();
+  const int64_t chief_step = ClusterStatusOf(*chief).global_step();
   for (const v1::ShardStats& s : shards.shards()) {
     EXPECT_GE(s.applied_step(), chief_step - 1) << s.name();
     EXPECT_LE(s.applied_step(), chief_step + 1) << s.name();

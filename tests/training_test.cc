@@ -30,22 +30,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
-}
-
 std::unique_ptr<v1::Coordinator::Stub> Chief(TestCluster& c) {
   return v1::Coordinator::NewStub(
       grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-}
-
-v1::ClusterStatus Status(v1::Coordinator::Stub& chief) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::ClusterStatus status;
-  grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
-  CHECK(s.ok()) << s.error_message();
-  return status;
 }
 
 // Polls the chief until `done(status)` or the timeout; returns the last status.
@@ -55,7 +42,7 @@ v1::ClusterStatus AwaitStatus(v1::Coordinator::Stub& chief,
   const absl::Time deadline = absl::Now() + timeout;
   v1::ClusterStatus status;
   do {
-    status = Status(chief);
+    status = ClusterStatusOf(chief);
     if (done(status)) break;
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() < deadline);
@@ -71,7 +58,7 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=" + GetParam(),
                             "--max_train_examples=12000",
                             "--max_test_examples=2000",
@@ -112,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest, ::testing::Values("async"
 // doing SGD on batches N times larger.
 TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
   constexpr int kWorkers = 2, kBatch = 32, kExamples = 512;
-  const std::string config_path = Runfile("configs/softmax_regression.pbtxt");
+  const std::string config_path = RunfilePath("configs/softmax_regression.pbtxt");
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = kWorkers;
@@ -213,7 +200,7 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
   TestClusterOptions options;
   options.num_ps = 1;
   options.num_workers = 3;
-  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=sync",
                             "--replicas_to_aggregate=2",
                             "--max_train_examples=6000",
@@ -256,7 +243,7 @@ TEST(SspTrainingTest, FastestWorkerStaysWithinTheBound) {
   TestClusterOptions options;
   options.num_ps = 1;
   options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + Runfile("configs/softmax_regression.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=ssp",
                             absl::StrCat("--staleness=", kStaleness),
                             "--max_train_examples=2000",
