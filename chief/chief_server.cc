@@ -537,6 +537,15 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
                         absl::StrCat("worker ", req->worker(), " is not in the cluster (",
                                      num_workers_, " workers)"));
   }
+  {
+    // Until the chief knows the global step (a restarted chief reads it from the ps tasks),
+    // no token is granted and no report is counted.
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the chief is starting: ", init_state_));
+    }
+  }
   if (options_.sync.mode() == v1::ASYNC) {
     resp->set_step(req->step() + 1);  // async: never wait
     return grpc::Status::OK;
@@ -566,6 +575,13 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("worker ", req->worker(), " is not in the cluster (",
                                      num_workers_, " workers)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the chief is starting: ", init_state_));
+    }
   }
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
     sync_.ReportStep(req->worker(), req->step() - 1);

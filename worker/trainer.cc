@@ -194,8 +194,14 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   if (stop()) return absl::OkStatus();
   LOG(INFO) << "worker:" << options_.worker << " finished training after " << steps_.load()
             << " steps";
-  return Report(last_done_step + 1, report_examples, report_loss, report_steps,
-                /*finished=*/true);
+  absl::Status reported;
+  for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
+    reported = Report(last_done_step + 1, report_examples, report_loss, report_steps,
+                      /*finished=*/true);
+    if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return reported;
 }
 
 }  // namespace pscluster
