@@ -25,6 +25,30 @@ void Touch(ShardCounters& c, bool push, int64_t bytes) {
   }
 }
 
+void FillDenseStats(const DenseShard& shard, v1::ShardStats* s) {
+  s->set_name(shard.name());
+  s->set_partition(shard.partition());
+  *s->mutable_shape() = shard.shape();
+  s->set_bytes(shard.bytes());
+  s->set_optimizer(std::string(shard.optimizer().name()));
+  s->set_applied_step(shard.updates());
+  shard.counters().FillStats(s);
+}
+
+void FillTableStats(const std::string& name, const EmbeddingTable& table,
+                    const ShardCounters& counters, v1::ShardStats* s) {
+  s->set_name(name);
+  s->set_partition(-1);
+  s->set_is_table(true);
+  s->mutable_shape()->add_dims(table.num_rows());
+  s->mutable_shape()->add_dims(table.dim());
+  s->set_rows(table.num_rows());
+  s->set_bytes(table.bytes());
+  s->set_optimizer(std::string(table.optimizer().name()));
+  counters.FillStats(s);
+  for (v1::HotKey& h : table.HotKeys(10)) *s->add_hot_keys() = std::move(h);
+}
+
 }  // namespace
 
 std::string ShapeString(const v1::TensorShape& shape) {
@@ -456,28 +480,9 @@ v1::ListShardsResponse ParameterStore::ListShards() const {
     for (const auto& [w, n] : dropped_by_worker_) (*out.mutable_dropped_by_worker())[w] = n;
   }
   absl::ReaderMutexLock lock(&mu_);
-  for (const auto& [key, shard] : dense_) {
-    v1::ShardStats* s = out.add_shards();
-    s->set_name(key.first);
-    s->set_partition(key.second);
-    *s->mutable_shape() = shard->shape();
-    s->set_bytes(shard->bytes());
-    s->set_optimizer(std::string(shard->optimizer().name()));
-    s->set_applied_step(shard->updates());
-    shard->counters().FillStats(s);
-  }
+  for (const auto& [key, shard] : dense_) FillDenseStats(*shard, out.add_shards());
   for (const auto& [name, t] : tables_) {
-    v1::ShardStats* s = out.add_shards();
-    s->set_name(name);
-    s->set_partition(-1);
-    s->set_is_table(true);
-    s->mutable_shape()->add_dims(t.table->num_rows());
-    s->mutable_shape()->add_dims(t.table->dim());
-    s->set_rows(t.table->num_rows());
-    s->set_bytes(t.table->bytes());
-    s->set_optimizer(std::string(t.table->optimizer().name()));
-    t.counters->FillStats(s);
-    for (v1::HotKey& h : t.table->HotKeys(10)) *s->add_hot_keys() = std::move(h);
+    FillTableStats(name, *t.table, *t.counters, out.add_shards());
   }
   return out;
 }
@@ -488,15 +493,7 @@ absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
   const v1::ShardRef& ref = request.shard();
   if (ref.partition() < 0) {
     PS_ASSIGN_OR_RETURN(Table t, FindTable(ref.variable()));
-    v1::ShardStats* s = out.mutable_shard();
-    s->set_name(ref.variable());
-    s->set_partition(-1);
-    s->set_is_table(true);
-    s->set_rows(t.table->num_rows());
-    s->set_bytes(t.table->bytes());
-    s->set_optimizer(std::string(t.table->optimizer().name()));
-    t.counters->FillStats(s);
-    for (v1::HotKey& h : t.table->HotKeys(10)) *s->add_hot_keys() = std::move(h);
+    FillTableStats(ref.variable(), *t.table, *t.counters, out.mutable_shard());
     t.table->ComputeValueStats(out.mutable_values());
     std::vector<int64_t> found, missing;
     std::vector<float> rows;
@@ -510,14 +507,7 @@ absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
   *refs.Add() = ref;
   PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
   const DenseShard& shard = *shards[0];
-  v1::ShardStats* s = out.mutable_shard();
-  s->set_name(shard.name());
-  s->set_partition(shard.partition());
-  *s->mutable_shape() = shard.shape();
-  s->set_bytes(shard.bytes());
-  s->set_optimizer(std::string(shard.optimizer().name()));
-  s->set_applied_step(shard.updates());
-  shard.counters().FillStats(s);
+  FillDenseStats(shard, out.mutable_shard());
   std::vector<float> values(shard.num_elements());
   shard.ReadValues(values.data());
   ComputeFloatStats(values.data(), shard.num_elements(), out.mutable_values());

@@ -57,6 +57,19 @@ absl::Status Trainer::Report(int64_t step, int64_t examples, double loss_sum,
   return FromGrpcStatus(chief_->ReportStep(&ctx, req, &resp));
 }
 
+absl::Status Trainer::ReportWithRetries(int64_t step, int64_t examples, double loss_sum,
+                                        int64_t steps_in_report, bool finished,
+                                        const std::function<bool()>& stop) {
+  // The chief may be restarting: UNAVAILABLE is retried, as a failed step is.
+  absl::Status reported;
+  for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
+    reported = Report(step, examples, loss_sum, steps_in_report, finished);
+    if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return reported;
+}
+
 absl::Status Trainer::RunStep(bool sync, int64_t last_done_step, Model& model,
                               const PreparedBatch& current,
                               std::vector<std::vector<float>>* params,
@@ -173,14 +186,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
                                        options_.worker, steps_.load(), epoch + 1, epochs,
                                        report_loss / report_steps);
         }
-        // The chief may be restarting: a report is retried, never given up while it matters.
-        absl::Status reported;
-        for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
-          reported = Report(last_done_step + 1, report_examples, report_loss, report_steps, false);
-          if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
-          absl::SleepFor(absl::Milliseconds(200));
-        }
-        PS_RETURN_IF_ERROR(reported);
+        PS_RETURN_IF_ERROR(ReportWithRetries(last_done_step + 1, report_examples, report_loss,
+                                             report_steps, /*finished=*/false, stop));
         report_examples = report_steps = 0;
         report_loss = 0;
         last_report = absl::Now();
@@ -194,14 +201,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   if (stop()) return absl::OkStatus();
   LOG(INFO) << "worker:" << options_.worker << " finished training after " << steps_.load()
             << " steps";
-  absl::Status reported;
-  for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
-    reported = Report(last_done_step + 1, report_examples, report_loss, report_steps,
-                      /*finished=*/true);
-    if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  return reported;
+  return ReportWithRetries(last_done_step + 1, report_examples, report_loss, report_steps,
+                           /*finished=*/true, stop);
 }
 
 }  // namespace pscluster

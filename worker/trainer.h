@@ -67,6 +67,10 @@ class Trainer {
                        const PreparedBatch& current, std::vector<std::vector<float>>* params,
                        std::vector<std::vector<float>>* rows, StepResult* result, int64_t* step,
                        const std::function<bool()>& stop);
+  // Report, retried while the chief is UNAVAILABLE (restarting) unless stop() turns true.
+  absl::Status ReportWithRetries(int64_t step, int64_t examples, double loss_sum,
+                                 int64_t steps_in_report, bool finished,
+                                 const std::function<bool()>& stop);
   absl::Status Report(int64_t step, int64_t examples, double loss_sum, int64_t steps_in_report,
                       bool finished);
 
