@@ -85,7 +85,7 @@ std::string CheckpointDirName(int64_t step) {
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
-    const std::string& checkpoint_path, int ps_index) {
+    const std::string& checkpoint_path, int ps_index, CrashPoints* crash_points) {
   std::error_code ec;
   std::filesystem::create_directories(checkpoint_path, ec);
   if (ec) {
@@ -99,12 +99,18 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
   options.error_if_exists = true;  // a checkpoint is written once
   rocksdb::DB* db = nullptr;
   PS_RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(options, path, &db), "creating " + path));
+  MaybeCrash(crash_points, kCrashSaveOpened);
   return std::unique_ptr<CheckpointWriter>(
-      new CheckpointWriter(file, std::unique_ptr<rocksdb::DB>(db)));
+      new CheckpointWriter(file, std::unique_ptr<rocksdb::DB>(db), crash_points));
 }
 
-CheckpointWriter::CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db)
-    : file_(std::move(file)), db_(std::move(db)) {}
+CheckpointWriter::CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db,
+                                   CrashPoints* crash_points)
+    : file_(std::move(file)), db_(std::move(db)), crash_points_(crash_points) {}
+
+void CheckpointWriter::Written() {
+  if (++shards_written_ == 1) MaybeCrash(crash_points_, kCrashSaveMidway);
+}
 
 CheckpointWriter::~CheckpointWriter() = default;
 
@@ -122,6 +128,7 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteDense(
   saved.set_bytes(static_cast<int64_t>(value.size()));
   saved.set_rows(spec.partition().row_end() - spec.partition().row_begin());
   *saved.mutable_dense() = spec;
+  Written();
   return saved;
 }
 
@@ -160,15 +167,18 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
   saved.set_bytes(bytes);
   saved.set_rows(static_cast<int64_t>(keys.size()));
   *saved.mutable_table() = spec;
+  Written();
   return saved;
 }
 
 absl::Status CheckpointWriter::Finish() {
+  MaybeCrash(crash_points_, kCrashSaveBeforeSync);
   rocksdb::FlushOptions flush;
   flush.wait = true;
   PS_RETURN_IF_ERROR(FromRocksDb(db_->Flush(flush), "flushing " + file_));
   PS_RETURN_IF_ERROR(FromRocksDb(db_->SyncWAL(), "syncing " + file_));
   PS_RETURN_IF_ERROR(FromRocksDb(db_->Close(), "closing " + file_));
+  MaybeCrash(crash_points_, kCrashSaveDone);
   return absl::OkStatus();
 }
 
@@ -262,7 +272,8 @@ absl::Status CheckpointReader::ReadTable(
 }
 
 absl::Status CommitManifest(const std::string& checkpoint_path,
-                            const v1::CheckpointManifest& manifest) {
+                            const v1::CheckpointManifest& manifest, CrashPoints* crash_points) {
+  MaybeCrash(crash_points, kCrashManifestBeforeWrite);
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -280,9 +291,11 @@ absl::Status CommitManifest(const std::string& checkpoint_path,
     close(fd);
     if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
   }
+  MaybeCrash(crash_points, kCrashManifestBeforeRename);
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
   }
+  MaybeCrash(crash_points, kCrashManifestBeforeDirSync);
   return SyncPath(checkpoint_path, /*directory=*/true);
 }
 

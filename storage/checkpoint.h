@@ -11,6 +11,7 @@
 #include "proto/coordinator_service.pb.h"
 #include "proto/ps_service.pb.h"
 #include "rocksdb/db.h"
+#include "storage/crash_points.h"
 
 namespace pscluster {
 
@@ -32,8 +33,10 @@ std::string CheckpointDirName(int64_t step);
 // Writes one ps task's shards into <checkpoint_path>/ps-<index>. Thread-compatible.
 class CheckpointWriter {
  public:
+  // `crash_points` (not owned, may be null) is for fault-injection tests.
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Open(const std::string& checkpoint_path,
-                                                                int ps_index);
+                                                                int ps_index,
+                                                                CrashPoints* crash_points = nullptr);
   ~CheckpointWriter();
 
   absl::StatusOr<v1::SavedShard> WriteDense(const v1::DenseShardSpec& spec, int64_t updates,
@@ -47,10 +50,13 @@ class CheckpointWriter {
   absl::Status Finish();
 
  private:
-  CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db);
+  CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db, CrashPoints* crash_points);
+  void Written();  // after each shard's records
 
   const std::string file_;  // "ps-3"
   std::unique_ptr<rocksdb::DB> db_;
+  CrashPoints* const crash_points_;  // Not owned; may be null.
+  int64_t shards_written_ = 0;
 };
 
 struct DenseRecord {
@@ -80,8 +86,10 @@ class CheckpointReader {
 
 // Commits a checkpoint: MANIFEST.json.tmp written and fsynced, renamed to MANIFEST.json, the
 // directory fsynced. A crash at any point leaves either no manifest or the whole one.
+// `crash_points` (not owned, may be null) is for fault-injection tests.
 absl::Status CommitManifest(const std::string& checkpoint_path,
-                            const v1::CheckpointManifest& manifest);
+                            const v1::CheckpointManifest& manifest,
+                            CrashPoints* crash_points = nullptr);
 // NOT_FOUND when the checkpoint has no committed manifest; DATA_LOSS when it does not parse.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path);
 

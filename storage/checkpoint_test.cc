@@ -1,5 +1,7 @@
 #include "storage/checkpoint.h"
 
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -32,9 +34,11 @@ v1::DenseShardSpec Spec() {
 }
 
 // Writes ckpt-<step> with one dense partition and a table part, and commits it.
-v1::CheckpointManifest Write(const std::string& dir, int64_t step) {
+// `crash_points` may kill the process on the way.
+v1::CheckpointManifest Write(const std::string& dir, int64_t step,
+                             CrashPoints* crash_points = nullptr) {
   const std::string path = absl::StrCat(dir, "/", CheckpointDirName(step));
-  auto writer = CheckpointWriter::Open(path, 0);
+  auto writer = CheckpointWriter::Open(path, 0, crash_points);
   CHECK(writer.ok()) << writer.status();
   v1::CheckpointManifest manifest;
   manifest.set_step(step);
@@ -48,7 +52,7 @@ v1::CheckpointManifest Write(const std::string& dir, int64_t step) {
   CHECK(rows.ok());
   *manifest.add_shards() = *rows;
   CHECK((*writer)->Finish().ok());
-  CHECK(CommitManifest(path, manifest).ok());
+  CHECK(CommitManifest(path, manifest, crash_points).ok());
   return manifest;
 }
 
@@ -133,6 +137,48 @@ TEST(CheckpointTest, ACorruptedShardFileIsDataLossNamingTheFile) {
   auto dense = (*reader)->ReadDense(m2.shards(0));
   EXPECT_EQ(dense.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(dense.status().message()), HasSubstr("w/1 fails its checksum"));
+}
+
+// A process killed at any point of writing a checkpoint leaves the committed ones intact and
+// never a half checkpoint that lists or restores. Each write runs in a forked child that
+// really dies of SIGKILL at the point.
+TEST(CheckpointDeathTest, AKillAtAnyPointOfAWriteLeavesOnlyWholeCheckpoints) {
+  ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  const struct {
+    const char* point;
+    bool committed;  // the new checkpoint exists after the crash
+  } kCases[] = {
+      {kCrashSaveOpened, false},           {kCrashSaveMidway, false},
+      {kCrashSaveBeforeSync, false},       {kCrashSaveDone, false},
+      {kCrashManifestBeforeWrite, false},  {kCrashManifestBeforeRename, false},
+      {kCrashManifestBeforeDirSync, true},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(c.point);
+    const std::string dir = Dir(absl::StrCat("crash-", c.point));
+    Write(dir, 10);
+    auto write_and_crash = [&dir, point = c.point]() {
+      auto crash = CrashPoints::Parse(point);
+      CHECK(crash.ok());
+      Write(dir, 20, crash->get());
+      std::exit(0);  // not reached: the point kills the child
+    };
+    EXPECT_EXIT(write_and_crash(), ::testing::KilledBySignal(SIGKILL),
+                absl::StrCat("crash point ", c.point, "@1 reached"));
+    auto listed = ListCheckpoints(dir);
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), c.committed ? 2u : 1u);
+    for (const std::string& path : *listed) EXPECT_TRUE(VerifyCheckpoint(path).ok()) << path;
+    EXPECT_THAT(listed->back(), HasSubstr(CheckpointDirName(10)));
+    if (!c.committed) {
+      EXPECT_EQ(ReadManifest(dir + "/" + CheckpointDirName(20)).status().code(),
+                absl::StatusCode::kNotFound);
+      // The next write of the same step starts over (the chief clears the leftovers first).
+      std::filesystem::remove_all(dir + "/" + CheckpointDirName(20));
+      Write(dir, 20);
+      EXPECT_TRUE(VerifyCheckpoint(dir + "/" + CheckpointDirName(20)).ok());
+    }
+  }
 }
 
 }  // namespace

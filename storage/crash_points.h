@@ -1,0 +1,64 @@
+#ifndef PSCLUSTER_STORAGE_CRASH_POINTS_H_
+#define PSCLUSTER_STORAGE_CRASH_POINTS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pscluster {
+
+// Fault injection for the checkpoint path: named places where a test makes the process die
+// with SIGKILL, as a power cut or the OOM killer would take it, to show that a crash at any
+// point of a checkpoint write leaves every committed checkpoint intact.
+//
+// The daemons arm one point from --crash_at; production code passes a null CrashPoints and
+// nothing happens.
+
+// A ps task's CheckpointWriter: its RocksDB created, nothing written yet.
+inline constexpr char kCrashSaveOpened[] = "save_opened";
+// After the first shard's record is written, before the others.
+inline constexpr char kCrashSaveMidway[] = "save_midway";
+// Every record written, before the RocksDB is flushed and synced.
+inline constexpr char kCrashSaveBeforeSync[] = "save_before_sync";
+// The ps task's file is complete and synced; the chief has not heard back.
+inline constexpr char kCrashSaveDone[] = "save_done";
+// The chief's CommitManifest: before MANIFEST.json.tmp is written.
+inline constexpr char kCrashManifestBeforeWrite[] = "manifest_before_write";
+// MANIFEST.json.tmp written and synced, before the rename that commits it.
+inline constexpr char kCrashManifestBeforeRename[] = "manifest_before_rename";
+// Renamed (committed), before the directory is synced.
+inline constexpr char kCrashManifestBeforeDirSync[] = "manifest_before_dir_sync";
+
+// One armed point. Thread-safe.
+class CrashPoints {
+ public:
+  // `spec` is "<point>" or "<point>@<n>": die the n-th time (counting from 1) the point is
+  // reached; "" gives null (nothing armed). INVALID_ARGUMENT naming the known points for an
+  // unknown one or a bad count.
+  static absl::StatusOr<std::unique_ptr<CrashPoints>> Parse(absl::string_view spec);
+
+  // Kills this process with SIGKILL when `point` is the armed one and this is its n-th visit.
+  void Reach(absl::string_view point);
+
+  const std::string& point() const { return point_; }
+
+ private:
+  CrashPoints(std::string point, int64_t nth) : point_(std::move(point)), nth_(nth) {}
+
+  const std::string point_;
+  const int64_t nth_;
+  std::atomic<int64_t> visits_{0};
+};
+
+// Reach(point) when crash_points is not null.
+inline void MaybeCrash(CrashPoints* crash_points, absl::string_view point) {
+  if (crash_points != nullptr) crash_points->Reach(point);
+}
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_STORAGE_CRASH_POINTS_H_
