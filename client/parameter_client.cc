@@ -110,9 +110,14 @@ absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* created) {
+absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* created,
+                                        const CreateShardsOptions& create) {
   std::vector<v1::CreateShardsRequest> requests(placement_.num_ps());
-  for (v1::CreateShardsRequest& r : requests) *r.mutable_sync() = sync;
+  for (v1::CreateShardsRequest& r : requests) {
+    *r.mutable_sync() = sync;
+    r.set_start_step(create.start_step);
+    r.set_hold_until_restored(create.hold_until_restored);
+  }
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
   for (const v1::DensePartition& p : placement_.partitions()) {

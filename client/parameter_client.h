@@ -28,6 +28,16 @@ struct ParameterClientOptions {
   int32_t worker = -1;
 };
 
+// How ParameterClient::CreateAll creates shards.
+struct CreateShardsOptions {
+  // SYNC: the step the accumulators of newly created shards start at.
+  int64_t start_step = 0;
+  // Newly created shards refuse pulls and pushes until RestoreShards (or CreateAll without
+  // this) succeeds; see CreateShardsRequest.hold_until_restored.
+  bool hold_until_restored = false;
+};
+
+
 // The typed client of the ps tasks, used by workers, the chief and psctl: routes each dense
 // partition and each sparse key to the ps task that holds it (per the placement), sends to all
 // tasks in parallel, and gathers the answers in the caller's order. Variables are seen whole:
@@ -52,7 +62,8 @@ class ParameterClient {
   // Creates every variable partition and table shard on its ps task. Harmless when repeated.
   // `*created` (optional) receives how many shards were new (0: the ps tasks already held
   // everything, e.g. after a chief restart).
-  absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr);
+  absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr,
+                         const CreateShardsOptions& create = CreateShardsOptions());
 
   // Number of elements of a dense variable; NOT_FOUND for an unknown one.
   absl::StatusOr<int64_t> NumElements(const std::string& variable) const;

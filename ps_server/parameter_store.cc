@@ -128,8 +128,10 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     }
     DenseKey key{dense[i]->name(), dense[i]->partition()};
     if (sync) {
-      accumulators_[key] = std::make_shared<DenseAccumulator>(dense[i]->num_elements(),
-                                                              sync_.replicas_to_aggregate());
+      auto acc = std::make_shared<DenseAccumulator>(dense[i]->num_elements(),
+                                                    sync_.replicas_to_aggregate());
+      acc->SetStep(request.start_step());
+      accumulators_[key] = std::move(acc);
     }
     dense_[key] = std::move(dense[i]);
     ++created;
@@ -143,9 +145,15 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     std::shared_ptr<SparseAccumulator> acc;
     if (sync) {
       acc = std::make_shared<SparseAccumulator>(tables[i]->dim(), sync_.replicas_to_aggregate());
+      acc->SetStep(request.start_step());
     }
     tables_[name] = Table{std::move(tables[i]), std::make_shared<ShardCounters>(), acc};
     ++created;
+  }
+  if (!request.hold_until_restored()) {
+    holding_for_restore_ = false;
+  } else if (created > 0) {
+    holding_for_restore_ = true;
   }
   response->set_created(created);
   response->set_already_present(present);
@@ -157,6 +165,7 @@ absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> ParameterStore::FindDen
   std::vector<std::shared_ptr<DenseShard>> out;
   out.reserve(refs.size());
   absl::ReaderMutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(CheckNotHeldLocked());
   for (const v1::ShardRef& ref : refs) {
     auto it = dense_.find({ref.variable(), ref.partition()});
     if (it == dense_.end()) {
@@ -171,11 +180,18 @@ absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> ParameterStore::FindDen
 
 absl::StatusOr<ParameterStore::Table> ParameterStore::FindTable(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(CheckNotHeldLocked());
   auto it = tables_.find(name);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown table ", name, " on this ps task"));
   }
   return it->second;
+}
+
+absl::Status ParameterStore::CheckNotHeldLocked() const {
+  if (!holding_for_restore_) return absl::OkStatus();
+  return absl::UnavailableError(
+      "this ps task restarted and waits for the chief to restore its shards from a checkpoint");
 }
 
 void ParameterStore::CountDropped(int32_t worker, ShardCounters& counters) {
@@ -239,6 +255,7 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
         break;
       case AccumulateOutcome::kStale:
       case AccumulateOutcome::kDuplicate:
+      case AccumulateOutcome::kAhead:
         CountDropped(worker, shards[i]->counters());
         ++dropped;
         break;
@@ -297,6 +314,7 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
       break;
     case AccumulateOutcome::kStale:
     case AccumulateOutcome::kDuplicate:
+    case AccumulateOutcome::kAhead:
       CountDropped(worker, *t.counters);
       response->set_dropped_stale(1);
       break;
@@ -339,7 +357,8 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
     }
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index()));
+                      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index(),
+                                             options_.crash_points));
   int64_t bytes = 0;
   for (DenseCopy& d : dense) {
     PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
@@ -462,11 +481,12 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     ++restored;
   }
   {
-    absl::ReaderMutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [key, acc] : accumulators_) acc->SetStep(request.step());
     for (auto& [name, t] : tables_) {
       if (t.accumulator) t.accumulator->SetStep(request.step());
     }
+    holding_for_restore_ = false;
   }
   response->set_step(request.step());
   response->set_shards(restored);

@@ -15,12 +15,15 @@
 #include "ps_server/dense_shard.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/sync_accumulator.h"
+#include "storage/crash_points.h"
 
 namespace pscluster {
 
 struct ParameterStoreOptions {
   // Accept gradients that contain NaN or Inf (--nan_policy=allow). By default they are refused.
   bool allow_non_finite = false;
+  // Fault injection for tests (ps_server --crash_at). Not owned; null in real use.
+  CrashPoints* crash_points = nullptr;
 };
 
 // A ps task's shards of every dense variable and sparse table, and the rules for touching
@@ -39,7 +42,8 @@ class ParameterStore {
   absl::Status CreateShards(const v1::CreateShardsRequest& request,
                             v1::CreateShardsResponse* response);
 
-  // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one.
+  // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one;
+  // UNAVAILABLE while shards created with hold_until_restored wait for their restore.
   absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> FindDense(
       const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs) const;
 
@@ -48,7 +52,7 @@ class ParameterStore {
     std::shared_ptr<ShardCounters> counters;
     std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
   };
-  // NOT_FOUND naming the table.
+  // NOT_FOUND naming the table; UNAVAILABLE as FindDense.
   absl::StatusOr<Table> FindTable(const std::string& name) const;
 
   // Checks the gradients of `shards` (grads[i] must have shards[i]'s element count and, unless
@@ -94,6 +98,8 @@ class ParameterStore {
  private:
   using DenseKey = std::pair<std::string, int32_t>;
   void CountDropped(int32_t worker, ShardCounters& counters);
+  // UNAVAILABLE while shards created for a restore wait for it.
+  absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ParameterStoreOptions options_;
   // Pushes hold it shared; Save holds it exclusively while copying: a consistent cut.
@@ -105,6 +111,8 @@ class ParameterStore {
   // Set by the first CreateShards; later ones must agree.
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;
+  // See CreateShardsRequest.hold_until_restored.
+  bool holding_for_restore_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);
 };

@@ -14,11 +14,7 @@ AccumulateOutcome DenseAccumulator::Add(int64_t step, int worker, const float* g
                                         std::vector<float>* mean) {
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
-  if (step > step_) {
-    step_ = step;
-    workers_.clear();
-    std::fill(sum_.begin(), sum_.end(), 0.0);
-  }
+  if (step > step_) return AccumulateOutcome::kAhead;
   if (!workers_.insert(worker).second) return AccumulateOutcome::kDuplicate;
   for (int64_t i = 0; i < n_; ++i) sum_[i] += grad[i];
   if (static_cast<int>(workers_.size()) < replicas_) return AccumulateOutcome::kAccumulated;
@@ -56,10 +52,7 @@ AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t
                                          std::vector<float>* mean) {
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
-  if (step > step_) {
-    step_ = step;
-    ResetLocked();
-  }
+  if (step > step_) return AccumulateOutcome::kAhead;
   if (!workers_.insert(worker).second) return AccumulateOutcome::kDuplicate;
   absl::flat_hash_map<int64_t, bool> seen_in_this_gradient;
   for (int64_t i = 0; i < n; ++i) {

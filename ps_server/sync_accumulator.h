@@ -17,13 +17,16 @@ enum class AccumulateOutcome {
   kComplete,     // the step's last needed gradient: the mean is ready to apply, exactly once
   kStale,        // for a step already applied: dropped
   kDuplicate,    // this worker already gave a gradient for this step: dropped
+  kAhead,        // for a step after the current one (computed before the global step went
+                 // back to a checkpoint's): dropped
 };
 
 // SyncReplicas' conditional accumulator for one dense shard: takes gradients tagged with the
 // step they were computed from, drops those of older steps, and once `replicas` distinct
 // workers have given a gradient of the current step hands out their mean (and moves on to the
-// next step). A gradient of a newer step than the current one (after a ps restart) restarts the
-// accumulation at that step. Thread-safe.
+// next step). A gradient of a newer step than the current one is dropped too: in sync mode
+// every ps task finishes step s before any worker gets the token of s + 1, so such a gradient
+// can only come from before a recovery set the step back (SetStep). Thread-safe.
 class DenseAccumulator {
  public:
   DenseAccumulator(int64_t num_elements, int replicas);
