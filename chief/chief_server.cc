@@ -130,14 +130,28 @@ int64_t ChiefServer::CurrentStep() const {
 
 void ChiefServer::MaintenanceLoop() {
   const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
+  const int64_t every = options_.checkpoint_every_steps;
+  // SYNC checkpoints every N steps are cut exactly at multiples of N: the coordinator pauses
+  // itself there. ASYNC has no global step order; it checkpoints once N more steps are done.
+  const bool exact = !options_.checkpoint_dir.empty() && every > 0 &&
+                     options_.sync.mode() == v1::SYNC;
   int64_t last_step = CurrentStep();
+  int64_t next_due = 0;
+  auto schedule = [&](int64_t from) {
+    last_step = from;
+    next_due = exact ? (from / every + 1) * every : from + every;
+    if (exact) sync_.PauseAtStep(next_due);
+  };
+  schedule(last_step);
   absl::Time last_time = absl::Now();
   while (!stop_requested()) {
-    {
+    if (exact && CurrentStep() < next_due) {
+      sync_.AwaitStep(next_due, absl::Now() + absl::Milliseconds(200));
+    } else {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stop_requested_), absl::Milliseconds(200));
-      if (stop_requested_) return;
     }
+    if (stop_requested()) return;
     std::vector<int> restarted;
     for (int i = 0; i < num_ps; ++i) {
       const uint64_t now = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
@@ -145,6 +159,8 @@ void ChiefServer::MaintenanceLoop() {
     }
     if (!restarted.empty()) {
       RecoverRestartedPs(restarted);
+      schedule(CurrentStep());  // the step may have gone back
+      last_time = absl::Now();
       continue;
     }
     if (options_.checkpoint_dir.empty()) continue;
@@ -154,27 +170,22 @@ void ChiefServer::MaintenanceLoop() {
       finished = progress_.finished();
     }
     const int64_t step = CurrentStep();
-    const bool due_steps = options_.checkpoint_every_steps > 0 &&
-                           step >= last_step + options_.checkpoint_every_steps;
+    const bool due_steps = every > 0 && step >= next_due;
     const bool due_time = options_.checkpoint_every > absl::ZeroDuration() &&
                           absl::Now() >= last_time + options_.checkpoint_every && step > last_step;
     if (finished || (!due_steps && !due_time)) continue;
     absl::StatusOr<v1::CheckpointResponse> r =
         TakeCheckpoint(due_steps ? "every N steps" : "periodic");
-    if (r.ok()) {
-      last_step = r->step();
-      last_time = absl::Now();
-    } else {
-      LOG(WARNING) << "checkpoint skipped: " << r.status();
-      last_time = absl::Now();
-    }
+    if (!r.ok()) LOG(WARNING) << "checkpoint skipped: " << r.status();
+    schedule(r.ok() ? r->step() : step);
+    last_time = absl::Now();
   }
 }
 
 void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   std::vector<std::string> names;
   for (int i : restarted) names.push_back(absl::StrCat("ps:", i));
-  const int64_t step_before = CurrentStep();
+  const absl::Time start = absl::Now();
   LOG(WARNING) << absl::StrJoin(names, ", ")
                << " restarted and lost its shards: holding the workers and restoring every ps "
                   "task to the latest checkpoint";
@@ -184,30 +195,70 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
     busy_ = true;
     init_state_ = absl::StrCat("recovering: ", absl::StrJoin(names, ", "), " restarted");
   }
-  sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(5));
+  // No new tokens; a step in progress may never close (a gradient went to the dead task).
+  sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(2));
+  const int64_t step_before = CurrentStep();
+  // SYNC goes back to the restored step and computes the lost steps again, from the same
+  // batches (a worker's batch is a function of the step): the run ends with the model an
+  // undisturbed run would have. ASYNC has no global order to replay: the updates since the
+  // checkpoint are lost.
+  const bool rewind = options_.sync.mode() == v1::SYNC;
   const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
   for (int i = 0; i < num_ps; ++i) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
   }
-  absl::Status s = client_->CreateAll(options_.sync);
+  bool have_checkpoint = false;
+  if (!options_.checkpoint_dir.empty()) {
+    absl::StatusOr<std::vector<std::string>> listed = ListCheckpoints(options_.checkpoint_dir);
+    have_checkpoint = listed.ok() && !listed->empty();
+  }
+  CreateShardsOptions create;
+  create.start_step = step_before;
+  create.hold_until_restored = have_checkpoint;
+  absl::Status s = client_->CreateAll(options_.sync, nullptr, create);
   std::string outcome;
+  int64_t resume_step = step_before;
   if (s.ok()) {
-    absl::StatusOr<int64_t> restored = RestoreLatestCheckpoint(step_before);
-    if (restored.ok()) {
+    absl::StatusOr<int64_t> restored =
+        have_checkpoint ? RestoreLatestCheckpoint(rewind ? -1 : step_before)
+                        : absl::StatusOr<int64_t>(absl::NotFoundError("no checkpoint"));
+    if (restored.ok() && rewind) {
+      resume_step = *restored;
+      outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                             "; the global step goes back from ", step_before, " to ", *restored,
+                             ": steps ", *restored, "..", step_before - 1,
+                             " are computed again from the same batches (", step_before - *restored,
+                             " steps of work lost)");
+    } else if (restored.ok()) {
       outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
                              "; progress lost: the updates of steps ", *restored, "..",
                              step_before);
-    } else if (restored.status().code() == absl::StatusCode::kNotFound) {
-      outcome = "no checkpoint to restore: the restarted shards start from their initial values";
     } else {
-      outcome = absl::StrCat("restore failed: ", restored.status().message());
+      if (have_checkpoint) {
+        // Nothing restored: let the created shards serve.
+        create.hold_until_restored = false;
+        absl::Status released = client_->CreateAll(options_.sync, nullptr, create);
+        if (!released.ok()) LOG(ERROR) << "cannot release the held shards: " << released;
+      }
+      outcome = restored.status().code() == absl::StatusCode::kNotFound
+                    ? "no checkpoint to restore: the restarted shards start from their initial "
+                      "values"
+                    : absl::StrCat("restore failed: ", restored.status().message(),
+                                   "; the restarted shards start from their initial values");
+      if (rewind) absl::StrAppend(&outcome, "; step ", step_before, " starts over");
     }
   } else {
     outcome = absl::StrCat("cannot re-create the shards: ", s.message());
     // Try again on the next round.
     for (int i : restarted) ps_incarnations_[i] = 0;
   }
-  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome;
+  if (rewind && s.ok()) {
+    sync_.Rewind(resume_step);
+    absl::MutexLock lock(&mu_);
+    progress_.set_global_step(resume_step);
+  }
+  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome << " (took "
+               << absl::FormatDuration(absl::Now() - start) << ")";
   sync_.Resume();
   absl::MutexLock lock(&mu_);
   busy_ = false;
@@ -317,7 +368,7 @@ absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::st
   manifest.mutable_shards()->Add(saved->begin(), saved->end());
   manifest.set_bytes(bytes);
   manifest.set_write_micros(absl::ToInt64Microseconds(absl::Now() - start));
-  absl::Status committed = CommitManifest(path, manifest);
+  absl::Status committed = CommitManifest(path, manifest, options_.crash_points);
   if (!committed.ok()) return done(committed);
   resp.set_bytes(bytes);
   resp.set_micros(manifest.write_micros());
@@ -387,6 +438,7 @@ absl::Status ChiefServer::InitializeModel() {
       sync_.SetGlobalStep(restored_step);
       absl::MutexLock lock(&mu_);
       progress_.set_global_step(restored_step);
+      steps_before_ = restored_step;
     } else if (restored.status().code() != absl::StatusCode::kNotFound) {
       LOG(ERROR) << restored.status() << "; starting from initial values";
     }
@@ -554,9 +606,11 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   while (true) {
     const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
-    SyncCoordinator::Token token = sync_.AcquireToken(req->worker(), req->step(), slice);
+    SyncCoordinator::Token token =
+        sync_.AcquireToken(req->worker(), req->step(), req->generation(), slice);
     if (token.granted || token.finished) {
       resp->set_step(token.step);
+      resp->set_generation(token.generation);
       resp->set_finished(token.finished && !token.granted);
       if (token.finished) resp->set_finished(true);
       return grpc::Status::OK;
@@ -584,7 +638,7 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
     }
   }
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
-    sync_.ReportStep(req->worker(), req->step() - 1);
+    sync_.ReportStep(req->worker(), req->step() - 1, req->generation());
   }
   if (req->finished()) sync_.WorkerFinished(req->worker());
   absl::MutexLock lock(&mu_);
@@ -620,7 +674,8 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
     steps += p.steps;
     epoch = std::max(epoch, p.epoch);
   }
-  progress_.set_global_step(options_.sync.mode() == v1::SYNC ? sync_.global_step() : steps);
+  progress_.set_global_step(options_.sync.mode() == v1::SYNC ? sync_.global_step()
+                                                              : steps_before_ + steps);
   progress_.set_epoch(epoch);
   resp->set_global_step(progress_.global_step());
   return grpc::Status::OK;

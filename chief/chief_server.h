@@ -21,6 +21,7 @@
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/model.pb.h"
 #include "proto/model_config.pb.h"
+#include "storage/crash_points.h"
 
 namespace pscluster {
 
@@ -59,6 +60,8 @@ struct ChiefOptions {
   absl::Duration checkpoint_every = absl::ZeroDuration();
   // Committed checkpoints kept; older ones are deleted.
   int keep_checkpoints = 3;
+  // Fault injection for tests (chief --crash_at). Not owned; null in real use.
+  CrashPoints* crash_points = nullptr;
 };
 
 // The chief daemon: serves the Coordinator service. It waits until every ps task has
@@ -142,6 +145,9 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);
   v1::TrainingProgress progress_ ABSL_GUARDED_BY(mu_);
   int64_t total_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  // ASYNC: the global step of the checkpoint this run started from; the workers' steps add up
+  // from there.
+  int64_t steps_before_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time rate_window_start_ ABSL_GUARDED_BY(mu_);
   int64_t rate_window_examples_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -7,6 +7,7 @@
 #include "common/daemon_flags.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
+#include "storage/crash_points.h"
 
 DEFINE_int32(heartbeat_interval_ms, 1000, "Tasks send a heartbeat this often, in milliseconds.");
 DEFINE_int32(heartbeat_timeout_ms, 5000,
@@ -50,6 +51,9 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_int64(checkpoint_every_steps, 0, "Checkpoint every this many global steps (0: off).");
 DEFINE_int32(checkpoint_every_secs, 60, "Checkpoint this often while training (0: off).");
 DEFINE_int32(keep_checkpoints, 3, "Committed checkpoints kept; older ones are deleted.");
+DEFINE_string(crash_at, "",
+              "Tests only: die of SIGKILL at a point of the checkpoint commit, "
+              "\"<point>[@<n>]\" (the n-th time; see storage/crash_points.h).");
 
 namespace {
 
@@ -130,5 +134,8 @@ int main(int argc, char** argv) {
   options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;
   options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
   options.keep_checkpoints = FLAGS_keep_checkpoints;
+  auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
+  if (!crash_points.ok()) return Fail("--crash_at: " + std::string(crash_points.status().message()));
+  options.crash_points = crash_points->get();
   return pscluster::RunDaemonMain("chief", pscluster::ChiefServer::Create(options));
 }

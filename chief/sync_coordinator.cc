@@ -31,7 +31,7 @@ bool SyncCoordinator::OpenStepForLocked(int64_t last_done_step) const {
   return could_report >= options_.replicas_to_aggregate;
 }
 
-bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
+bool SyncCoordinator::CanStartLocked(int64_t last_done_step) const {
   // Once training is over, a worker still gets the step that is open for it (the others may
   // have finished while it was on its way), and then the news that it is over.
   if (finished_ && !OpenStepForLocked(last_done_step)) return true;
@@ -41,26 +41,39 @@ bool SyncCoordinator::CanStartLocked(int worker, int64_t last_done_step) const {
   return last_done_step + 1 - options_.staleness <= SlowestLocked();
 }
 
+int64_t SyncCoordinator::LastDoneLocked(int64_t reported_last_done, int64_t generation) const {
+  if (generation == generation_) return reported_last_done;
+  return std::min(reported_last_done, global_step_ - 1);
+}
+
+void SyncCoordinator::AdvanceLocked() {
+  ++global_step_;
+  reported_.clear();
+  started_.clear();
+  if (global_step_ == pause_at_) paused_ = true;
+}
+
 SyncCoordinator::Token SyncCoordinator::AcquireToken(int worker, int64_t last_done_step,
-                                                     absl::Time deadline) {
+                                                     int64_t generation, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  if (options_.staleness < 0 && last_done_step == global_step_ && !reported_.count(worker)) {
+  if (options_.staleness < 0 && generation == generation_ && last_done_step == global_step_ &&
+      !reported_.count(worker)) {
     // Asking for the next token says the step is done: a report that went to a chief that has
     // since restarted is not lost.
     reported_.insert(worker);
     completed_[worker] = last_done_step + 1;
-    if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) {
-      ++global_step_;
-      reported_.clear();
-    }
+    if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) AdvanceLocked();
   }
-  auto can_start = [this, worker, last_done_step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return CanStartLocked(worker, last_done_step);
+  auto can_start = [this, last_done_step, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return CanStartLocked(LastDoneLocked(last_done_step, generation));
   };
   Token token;
   token.granted = clock_->AwaitWithDeadline(&mu_, absl::Condition(&can_start), deadline);
-  token.finished = finished_ && !OpenStepForLocked(last_done_step);
-  token.step = options_.staleness < 0 ? global_step_ : last_done_step + 1;
+  const int64_t last_done = LastDoneLocked(last_done_step, generation);
+  token.finished = finished_ && !OpenStepForLocked(last_done);
+  token.step = options_.staleness < 0 ? global_step_ : last_done + 1;
+  token.generation = generation_;
+  if (token.granted && options_.staleness < 0 && !token.finished) started_.insert(worker);
   if (token.granted && options_.staleness >= 0 && !finished_) {
     const int64_t slowest = SlowestLocked();
     if (slowest != std::numeric_limits<int64_t>::max()) {
@@ -70,11 +83,17 @@ SyncCoordinator::Token SyncCoordinator::AcquireToken(int worker, int64_t last_do
   return token;
 }
 
-bool SyncCoordinator::ReportStep(int worker, int64_t step) {
+bool SyncCoordinator::ReportStep(int worker, int64_t step, int64_t generation) {
   absl::MutexLock lock(&mu_);
   if (options_.staleness >= 0) {
     completed_[worker] = std::max(completed_[worker], step + 1);
     return true;
+  }
+  if (generation != generation_ || step > global_step_) {
+    LOG(INFO) << "worker:" << worker << "'s report of step " << step << " (generation "
+              << generation << ") was computed before the global step went back to "
+              << global_step_ << " (generation " << generation_ << "); dropped";
+    return false;
   }
   if (step < global_step_ || (step == global_step_ && reported_.count(worker))) {
     ++dropped_[worker];
@@ -83,17 +102,9 @@ bool SyncCoordinator::ReportStep(int worker, int64_t step) {
               << " so far from this worker)";
     return false;
   }
-  if (step > global_step_) {
-    // Only possible after the chief restarted with an older step: follow the workers.
-    global_step_ = step;
-    reported_.clear();
-  }
   reported_.insert(worker);
   completed_[worker] = step + 1;
-  if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) {
-    ++global_step_;
-    reported_.clear();
-  }
+  if (static_cast<int>(reported_.size()) >= options_.replicas_to_aggregate) AdvanceLocked();
   return true;
 }
 
@@ -112,8 +123,9 @@ bool SyncCoordinator::PauseAtStepBoundary(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   paused_ = true;
   if (options_.staleness >= 0) return true;
+  // A boundary: nobody holds a token of the current step (or has reported it).
   auto at_boundary = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return reported_.empty() || finished_;
+    return (started_.empty() && reported_.empty()) || finished_;
   };
   return clock_->AwaitWithDeadline(&mu_, absl::Condition(&at_boundary), deadline);
 }
@@ -123,10 +135,32 @@ void SyncCoordinator::Resume() {
   paused_ = false;
 }
 
+void SyncCoordinator::PauseAtStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  pause_at_ = step;
+}
+
+bool SyncCoordinator::AwaitStep(int64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return global_step_ >= step;
+  };
+  return clock_->AwaitWithDeadline(&mu_, absl::Condition(&reached), deadline);
+}
+
 void SyncCoordinator::SetGlobalStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   global_step_ = step;
   reported_.clear();
+  started_.clear();
+}
+
+void SyncCoordinator::Rewind(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  global_step_ = step;
+  reported_.clear();
+  started_.clear();
+  ++generation_;
 }
 
 void SyncCoordinator::Finish() {

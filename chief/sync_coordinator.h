@@ -31,6 +31,8 @@ struct SyncCoordinatorOptions {
 // request after finishing the current step counts as its report); a worker's report of step s
 // counts once; when replicas_to_aggregate distinct workers reported
 // the current step it advances. A report of an older step is dropped and counted per worker.
+// A report of a step after the global step, or of an older generation, was computed before a
+// recovery set the global step back (Rewind): dropped.
 // SSP: AcquireToken(w, last) waits until last + 1 - staleness <= the slowest active worker's
 // completed steps; finished workers stop holding the others back.
 //
@@ -43,19 +45,33 @@ class SyncCoordinator {
     bool granted = false;   // false: the deadline passed
     bool finished = false;  // training is over
     int64_t step = 0;
+    int64_t generation = 0;
   };
-  Token AcquireToken(int worker, int64_t last_done_step, absl::Time deadline);
+  // `generation`: that of the worker's last token (0 before any).
+  Token AcquireToken(int worker, int64_t last_done_step, int64_t generation, absl::Time deadline);
 
-  // Returns true if the report counted toward its step, false if it was late and dropped.
-  bool ReportStep(int worker, int64_t step);
+  // Returns true if the report counted toward its step, false if it was late (or of an older
+  // generation) and dropped.
+  bool ReportStep(int worker, int64_t step, int64_t generation);
   void WorkerFinished(int worker);
   // Stops granting tokens (a checkpoint or a recovery is under way). In SYNC mode, waits until
   // the step in progress has closed (a step boundary) or the deadline passes; returns true at a
   // boundary. Resume() grants tokens again.
   bool PauseAtStepBoundary(absl::Time deadline);
   void Resume();
+  // SYNC: pauses by itself when the global step reaches `step` (a checkpoint is due there),
+  // so the cut is exactly at that step; Resume() goes on.
+  void PauseAtStep(int64_t step);
+  // Waits until the global step is at least `step` or the deadline passes. True unless the
+  // deadline passed.
+  bool AwaitStep(int64_t step, absl::Time deadline);
   // Sets the global step (restored from the ps tasks or a checkpoint after a chief restart).
   void SetGlobalStep(int64_t step);
+  // SYNC: sends the global step back to `step` (a recovery restored the ps tasks to a
+  // checkpoint of that step, or restarts the step in progress) and starts a new generation.
+  // Every worker's next token is `step`, whatever it had done; its reports of the older
+  // generation belong to the abandoned steps and are dropped. Call while paused.
+  void Rewind(int64_t step);
   void Finish();
 
   int64_t global_step() const;
@@ -69,11 +85,16 @@ class SyncCoordinator {
   int64_t max_lead() const;
 
  private:
-  bool CanStartLocked(int worker, int64_t last_done_step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanStartLocked(int64_t last_done_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current step closed: the next one is open to every worker.
+  void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SYNC: the global step is one this worker has not done yet, and it can still close.
   bool OpenStepForLocked(int64_t last_done_step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t SlowestLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step a worker last did, as far as tokens go: for an older generation, at most the one
+  // just before the global step.
+  int64_t LastDoneLocked(int64_t reported_last_done, int64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SyncCoordinatorOptions options_;
   const Clock* const clock_;  // Not owned.
@@ -86,6 +107,11 @@ class SyncCoordinator {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int64_t max_lead_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t pause_at_ ABSL_GUARDED_BY(mu_) = -1;  // see PauseAtStep
+  // Incremented by every Rewind.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // SYNC: workers granted a token of global_step_; the step is under way while not empty.
+  std::set<int> started_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

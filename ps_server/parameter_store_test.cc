@@ -93,6 +93,40 @@ TEST_F(ParameterStoreTest, CreatingAgainIsHarmlessButADifferentShapeIsRefused) {
   EXPECT_EQ(store_.FindDense(Refs({"new"})).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A restarted ps task whose shards the chief creates again to restore them serves nothing
+// until the restore: no worker may see or update initial values meanwhile.
+TEST(ParameterStoreRestoreTest, ShardsCreatedForARestoreAreHeldUntilIt) {
+  ParameterStore store{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("a", {2}));
+  *req.add_tables() = Table("emb", 2);
+  req.mutable_sync()->set_mode(v1::SYNC);
+  req.mutable_sync()->set_replicas_to_aggregate(1);
+  req.set_start_step(40);
+  req.set_hold_until_restored(true);
+  v1::CreateShardsResponse resp;
+  ASSERT_TRUE(store.CreateShards(req, &resp).ok());
+  absl::Status held = store.FindDense(Refs({"a"})).status();
+  EXPECT_EQ(held.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(held.message()), HasSubstr("waits for the chief to restore"));
+  EXPECT_EQ(store.FindTable("emb").status().code(), absl::StatusCode::kUnavailable);
+  // CreateShards without the flag (the chief found nothing to restore) lets it serve.
+  req.set_hold_until_restored(false);
+  ASSERT_TRUE(store.CreateShards(req, &resp).ok());
+  auto shards = store.FindDense(Refs({"a"}));
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  // The accumulators start at the given step: older gradients are stale, newer ones dropped.
+  v1::PushDenseResponse push;
+  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 39, 0, &push).ok());
+  EXPECT_EQ(push.dropped_stale(), 1);
+  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 41, 0, &push).ok());
+  EXPECT_EQ(push.dropped_stale(), 1);
+  EXPECT_THAT(Read(store, "a"), ::testing::ElementsAre(1.0f, 1.0f));
+  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 40, 0, &push).ok());
+  EXPECT_EQ(push.accepted(), 1);
+  EXPECT_THAT(Read(store, "a"), ::testing::ElementsAre(0.9f, 0.9f));
+}
+
 TEST_F(ParameterStoreTest, PushAppliesSgd) {
   auto shards = store_.FindDense(Refs({"a", "b"}));
   ASSERT_TRUE(shards.ok());

@@ -25,12 +25,16 @@ TEST(DenseAccumulatorTest, AveragesReplicasOnceThenDropsStale) {
   EXPECT_EQ(acc.Add(1, 0, g0, &mean), AccumulateOutcome::kAccumulated);
 }
 
-TEST(DenseAccumulatorTest, ANewerStepRestartsTheAccumulation) {
+TEST(DenseAccumulatorTest, SetStepStartsOverAndNewerStepsAreDropped) {
   DenseAccumulator acc(1, 2);
   std::vector<float> mean;
   const float a[] = {10}, b[] = {2}, c[] = {4};
+  EXPECT_EQ(acc.Add(7, 0, a, &mean), AccumulateOutcome::kAhead);  // step 0 is current
   EXPECT_EQ(acc.Add(0, 0, a, &mean), AccumulateOutcome::kAccumulated);
-  EXPECT_EQ(acc.Add(5, 1, b, &mean), AccumulateOutcome::kAccumulated);  // step 0's part is gone
+  // A recovery sets the step (to a checkpoint's): the part of the old step is gone.
+  acc.SetStep(5);
+  EXPECT_EQ(acc.Add(6, 1, b, &mean), AccumulateOutcome::kAhead);
+  EXPECT_EQ(acc.Add(5, 1, b, &mean), AccumulateOutcome::kAccumulated);
   EXPECT_EQ(acc.Add(5, 0, c, &mean), AccumulateOutcome::kComplete);
   EXPECT_THAT(mean, ElementsAre(3.0f));
   EXPECT_EQ(acc.step(), 6);
@@ -52,6 +56,9 @@ TEST(SparseAccumulatorTest, AveragesPerKeyOverTheGradientsThatHaveIt) {
     EXPECT_FLOAT_EQ(mean[i], keys[i] == 7 ? 5.0f : 10.0f) << keys[i];
   }
   EXPECT_EQ(acc.Add(0, 2, k1, 1, g1, &keys, &mean), AccumulateOutcome::kStale);
+  EXPECT_EQ(acc.Add(2, 2, k1, 1, g1, &keys, &mean), AccumulateOutcome::kAhead);
+  acc.SetStep(2);
+  EXPECT_EQ(acc.Add(2, 2, k1, 1, g1, &keys, &mean), AccumulateOutcome::kAccumulated);
 }
 
 }  // namespace

@@ -60,6 +60,12 @@ class TestCluster {
   // task binds the address it had.
   absl::Status StartTask(const std::string& job, int index);
 
+  // Replaces the extra flags of a job or task (a key of TestClusterOptions::flags) for the
+  // tasks started from now on, e.g. to restart without a fault-injection flag.
+  void SetFlags(const std::string& key, std::vector<std::string> flags) {
+    options_.flags[key] = std::move(flags);
+  }
+
   // Kills every task with SIGKILL. Also done by the destructor.
   void KillAll();
 
@@ -75,7 +81,7 @@ class TestCluster {
   explicit TestCluster(const TestClusterOptions& options);
   std::string BinaryFor(const std::string& job) const;
 
-  const TestClusterOptions options_;
+  TestClusterOptions options_;
   std::string binary_dir_;
   std::string work_dir_;
   v1::ClusterSpec spec_;

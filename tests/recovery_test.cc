@@ -1,9 +1,18 @@
 // Recovery from killed processes through the real daemons, with checkpoints in RocksDB.
+//
+// Every test trains the same model in sync mode and kills one process with SIGKILL on the way:
+// a ps task, a worker, the chief, or a ps task or the chief in the middle of writing a
+// checkpoint (at several points of the write, through --crash_at). The killed process is
+// started again, as a supervisor (Kubernetes, systemd) would; training then has to finish by
+// itself with the final accuracy of an undisturbed run (within 0.5 points; sync training
+// replays lost steps from the same batches, so in practice it is the same number), and every
+// committed checkpoint has to load and verify.
 #include <signal.h>
+#include <sys/wait.h>
 
-#include <chrono>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -13,12 +22,41 @@
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "storage/checkpoint.h"
+#include "storage/crash_points.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
 namespace {
 
 using ::testing::HasSubstr;
+
+constexpr double kTolerance = 0.005;  // 0.5 percentage points
+
+std::string TestDir(const std::string& name) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/", name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+std::vector<std::string> ChiefFlags(const std::string& checkpoint_dir,
+                                    const std::string& mode = "sync") {
+  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+          "--mode=" + mode,
+          "--max_train_examples=12000",
+          "--max_test_examples=2000",
+          "--epochs=2",
+          "--batch_size=50",
+          "--eval_every_secs=60",
+          "--heartbeat_interval_ms=200",
+          "--heartbeat_timeout_ms=1500",
+          "--checkpoint_dir=" + checkpoint_dir,
+          "--checkpoint_every_steps=40"};
+}
+
+std::unique_ptr<v1::Coordinator::Stub> ChiefStub(const TestCluster& cluster) {
+  return v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
+}
 
 v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -31,98 +69,191 @@ v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration tim
   return s;
 }
 
-std::vector<std::string> ChiefFlags(const std::string& checkpoint_dir,
-                                    const std::string& mode = "async") {
-  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-          "--mode=" + mode,
-          "--max_train_examples=12000",
-          "--max_test_examples=2000",
-          "--epochs=4",
-          "--batch_size=50",
-          "--eval_every_secs=60",
-          "--heartbeat_interval_ms=200",
-          "--heartbeat_timeout_ms=1500",
-          "--checkpoint_dir=" + checkpoint_dir,
-          "--checkpoint_every_steps=50"};
+// Waits until the chief reports a global step of at least `step`.
+bool AwaitStep(v1::Coordinator::Stub& chief, int64_t step, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (ClusterStatusOf(chief).global_step() >= step) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
 }
 
-// A ps task killed with SIGKILL during training and restarted at the same address: the chief
-// notices, re-creates its shards, restores every ps task to the latest checkpoint, and training
-// finishes by itself with the accuracy of an undisturbed run. Sync mode, so that the undisturbed
-// run is deterministic and the comparison measures the recovery, not async noise.
-TEST(RecoveryTest, KilledPsIsRestoredFromTheLatestCheckpoint) {
-  const std::string base = absl::StrCat(getenv("TEST_TMPDIR"), "/ps-kill");
-  std::filesystem::remove_all(base);
-  double undisturbed = 0;
-  {
-    TestClusterOptions options;
-    options.num_ps = 2;
-    options.num_workers = 2;
-    options.flags["chief"] = ChiefFlags(base + "/undisturbed", "sync");
-    options.flags["worker"] = {"--step_delay_ms=5"};
-    auto cluster = TestCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto chief = v1::Coordinator::NewStub(grpc::CreateChannel(
-        (*cluster)->chief_address(), grpc::InsecureChannelCredentials()));
-    v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
-    ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
-    undisturbed = s.progress().test_accuracy();
-  }
-  TestClusterOptions options;
-  options.num_ps = 2;
-  options.num_workers = 2;
-  const std::string dir = base + "/disturbed";
-  options.flags["chief"] = ChiefFlags(dir, "sync");
-  options.flags["worker"] = {"--step_delay_ms=5"};
-  auto cluster = TestCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  TestCluster& c = **cluster;
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-  // Wait for a committed checkpoint, then kill ps:1.
-  absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while ((*ListCheckpoints(dir)).empty() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_FALSE((*ListCheckpoints(dir)).empty()) << c.Logs();
-  ASSERT_TRUE(c.ps(1).Signal(SIGKILL).ok());
-  ASSERT_TRUE(c.ps(1).WaitForExit(absl::Seconds(5)).ok());
-  absl::SleepFor(absl::Milliseconds(500));
-  ASSERT_TRUE(c.StartTask("ps", 1).ok()) << c.Logs();
-  v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(180));
-  ASSERT_TRUE(s.progress().finished()) << c.Logs();
-  EXPECT_THAT(c.chief().LogTail(400), HasSubstr("ps:1 restarted and lost its shards"));
-  EXPECT_THAT(c.chief().LogTail(400), HasSubstr("restored every ps task to the checkpoint of step"));
-  // The updates since the last checkpoint (at most 50 steps here) are lost and not redone, and
-  // this short run (480 steps) is far from converged, so they show in the accuracy: within 2
-  // points. (The issue asks for 0.5 points on a converged run; not there yet.)
-  EXPECT_NEAR(s.progress().test_accuracy(), undisturbed, 0.02)
-      << "undisturbed " << undisturbed << ", after a ps was killed "
-      << s.progress().test_accuracy();
-  // Every committed checkpoint still loads and verifies.
-  auto committed = ListCheckpoints(dir);
-  ASSERT_TRUE(committed.ok());
+// Kills a task with SIGKILL and waits until it is gone.
+void Kill(ChildProcess& process) {
+  ASSERT_TRUE(process.Signal(SIGKILL).ok());
+  ASSERT_TRUE(process.WaitForExit(absl::Seconds(5)).ok());
+}
+
+// Every committed checkpoint verifies, and no uncommitted leftover outlives the run (a
+// crashed write is deleted by the next prune).
+void ExpectOnlyWholeCheckpoints(const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> committed = ListCheckpoints(dir);
+  ASSERT_TRUE(committed.ok()) << committed.status();
   ASSERT_FALSE(committed->empty());
   for (const std::string& path : *committed) {
-    EXPECT_TRUE(VerifyCheckpoint(path).ok()) << path;
+    EXPECT_TRUE(VerifyCheckpoint(path).ok()) << path << ": " << VerifyCheckpoint(path);
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_TRUE(ReadManifest(entry.path().string()).ok())
+        << entry.path() << " is an uncommitted leftover";
   }
 }
+
+class RecoveryTest : public ::testing::Test {
+ protected:
+  // The final test accuracy of the run nothing disturbs, trained once per test binary.
+  static double Undisturbed() {
+    static double accuracy = [] {
+      TestClusterOptions options;
+      options.flags["chief"] = ChiefFlags(TestDir("undisturbed"));
+      auto cluster = TestCluster::Start(options);
+      CHECK(cluster.ok()) << cluster.status();
+      auto chief = ChiefStub(**cluster);
+      v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(240));
+      CHECK(s.progress().finished()) << (*cluster)->Logs();
+      LOG(INFO) << "undisturbed run: final test accuracy " << s.progress().test_accuracy()
+                << " after " << s.global_step() << " steps";
+      return s.progress().test_accuracy();
+    }();
+    return accuracy;
+  }
+
+  // Starts the cluster with `flags` added per job or task; the checkpoints go to a fresh dir.
+  void StartCluster(const std::string& name,
+                    std::map<std::string, std::vector<std::string>> flags = {}) {
+    undisturbed_ = Undisturbed();
+    dir_ = TestDir(name);
+    TestClusterOptions options;
+    options.flags = std::move(flags);
+    options.flags["chief"] = ChiefFlags(dir_);
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    chief_ = ChiefStub(*cluster_);
+  }
+
+  // Training finishes by itself, as well as the undisturbed run, with only whole checkpoints.
+  void ExpectFinishedAsUndisturbed() {
+    v1::ClusterStatus s = AwaitFinished(*chief_, absl::Seconds(240));
+    ASSERT_TRUE(s.progress().finished()) << cluster_->Logs(40);
+    EXPECT_NEAR(s.progress().test_accuracy(), undisturbed_, kTolerance)
+        << "undisturbed " << undisturbed_ << ", this run " << s.progress().test_accuracy();
+    LOG(INFO) << "final test accuracy " << s.progress().test_accuracy() << " (undisturbed "
+              << undisturbed_ << ")";
+    ExpectOnlyWholeCheckpoints(dir_);
+  }
+
+  double undisturbed_ = 0;
+  std::string dir_;
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<v1::Coordinator::Stub> chief_;
+};
+
+// (a) A ps task killed during training and restarted at the same address: the chief notices,
+// holds the workers, re-creates its shards, restores every ps task to the latest checkpoint,
+// sends the global step back to it, and the lost steps are computed again.
+TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
+  StartCluster("ps-kill");
+  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  Kill(cluster_->ps(1));
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(cluster_->StartTask("ps", 1).ok()) << cluster_->Logs();
+  ExpectFinishedAsUndisturbed();
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr("ps:1 restarted and lost its shards"));
+  EXPECT_THAT(log, HasSubstr("restored every ps task to the checkpoint of step "));
+  EXPECT_THAT(log, HasSubstr("are computed again from the same batches"));
+}
+
+// (b) A worker killed and restarted rejoins at the current global step.
+TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
+  StartCluster("worker-kill");
+  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  Kill(cluster_->worker(1));
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(cluster_->StartTask("worker", 1).ok()) << cluster_->Logs();
+  ExpectFinishedAsUndisturbed();
+  EXPECT_THAT(cluster_->chief().LogTail(400), HasSubstr("worker:1 restarted (new incarnation)"));
+}
+
+// (c) The chief killed and restarted at the same address resumes from the cluster's state:
+// the global step is read back from the ps tasks.
+TEST_F(RecoveryTest, AKilledChiefResumesFromTheClustersState) {
+  StartCluster("chief-kill");
+  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  Kill(cluster_->chief());
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(cluster_->StartTask("chief", 0).ok()) << cluster_->Logs();
+  ExpectFinishedAsUndisturbed();
+  EXPECT_THAT(cluster_->chief().LogTail(400),
+              HasSubstr("the ps tasks already hold every variable: resuming"));
+}
+
+// (d) A ps task or the chief dies of SIGKILL in the middle of writing a checkpoint, at each
+// point of the write (the second checkpoint, at step 80).
+struct CrashCase {
+  std::string task;   // "ps:1", "chief"
+  std::string point;  // a crash point of storage/crash_points.h
+};
+
+class CheckpointCrashTest : public RecoveryTest,
+                            public ::testing::WithParamInterface<CrashCase> {};
+
+TEST_P(CheckpointCrashTest, EveryCommittedCheckpointSurvivesAndTrainingFinishes) {
+  const CrashCase& c = GetParam();
+  const std::string flag = absl::StrCat("--crash_at=", c.point, "@2");
+  StartCluster(absl::StrCat("crash-", c.point), {{c.task == "chief" ? "chief:0" : c.task, {flag}}});
+  ChildProcess& victim = c.task == "chief" ? cluster_->chief() : cluster_->ps(1);
+  absl::StatusOr<int> status = victim.WaitForExit(absl::Seconds(120));
+  ASSERT_TRUE(status.ok()) << "no crash at " << c.point << ": " << cluster_->Logs();
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
+      << DescribeWaitStatus(*status);
+  EXPECT_THAT(victim.LogTail(5), HasSubstr(absl::StrCat("crash point ", c.point, "@2 reached")));
+  // What is on disk right after the crash: the first checkpoint, whole; the second only if the
+  // crash came after its manifest was renamed into place.
+  absl::StatusOr<std::vector<std::string>> committed = ListCheckpoints(dir_);
+  ASSERT_TRUE(committed.ok());
+  const bool second_committed = c.point == kCrashManifestBeforeDirSync;
+  ASSERT_EQ(committed->size(), second_committed ? 2u : 1u);
+  for (const std::string& path : *committed) EXPECT_TRUE(VerifyCheckpoint(path).ok()) << path;
+
+  // Started again without the fault.
+  cluster_->SetFlags(c.task == "chief" ? "chief:0" : c.task, {});
+  if (c.task == "chief") {
+    ASSERT_TRUE(cluster_->StartTask("chief", 0).ok()) << cluster_->Logs();
+  } else {
+    ASSERT_TRUE(cluster_->StartTask("ps", 1).ok()) << cluster_->Logs();
+  }
+  ExpectFinishedAsUndisturbed();
+  if (c.task != "chief") {
+    EXPECT_THAT(cluster_->chief().LogTail(400),
+                HasSubstr("restored every ps task to the checkpoint of step 40"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CrashPoints, CheckpointCrashTest,
+    ::testing::Values(CrashCase{"ps:1", kCrashSaveOpened}, CrashCase{"ps:1", kCrashSaveMidway},
+                      CrashCase{"ps:1", kCrashSaveDone},
+                      CrashCase{"chief", kCrashManifestBeforeWrite},
+                      CrashCase{"chief", kCrashManifestBeforeRename},
+                      CrashCase{"chief", kCrashManifestBeforeDirSync}),
+    [](const ::testing::TestParamInfo<CrashCase>& info) {
+      return absl::StrCat(info.param.task == "chief" ? "Chief" : "Ps", "_", info.param.point);
+    });
 
 // The whole cluster stopped and started again resumes from the latest checkpoint, which may be
 // restored into a different number of ps tasks.
-TEST(RecoveryTest, ARestartedClusterResumesFromItsCheckpointWithAnotherPsCount) {
-  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/whole-cluster");
-  std::filesystem::remove_all(dir);
+TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
+  const std::string dir = TestDir("whole-cluster");
   int64_t saved_step = 0;
   {
     TestClusterOptions options;
-    options.num_ps = 2;
-    options.num_workers = 2;
-    options.flags["chief"] = ChiefFlags(dir);
+    options.flags["chief"] = ChiefFlags(dir, "async");
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto chief = v1::Coordinator::NewStub(grpc::CreateChannel(
-        (*cluster)->chief_address(), grpc::InsecureChannelCredentials()));
+    auto chief = ChiefStub(**cluster);
     v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
     ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
     ASSERT_FALSE(s.last_checkpoint().empty());
@@ -135,18 +266,19 @@ TEST(RecoveryTest, ARestartedClusterResumesFromItsCheckpointWithAnotherPsCount) 
   TestClusterOptions options;
   options.num_ps = 3;
   options.num_workers = 1;
-  std::vector<std::string> flags = ChiefFlags(dir);
+  std::vector<std::string> flags = ChiefFlags(dir, "async");
   flags.push_back("--epochs=1");
   flags.push_back("--max_steps=1");
   options.flags["chief"] = flags;
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto chief = v1::Coordinator::NewStub(grpc::CreateChannel(
-      (*cluster)->chief_address(), grpc::InsecureChannelCredentials()));
+  auto chief = ChiefStub(**cluster);
   v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
   EXPECT_THAT((*cluster)->chief().LogTail(400),
               HasSubstr(absl::StrCat("(step ", saved_step, ", written by 2 ps tasks, restored into 3)")));
+  // The global step goes on from the checkpoint's.
+  EXPECT_EQ(s.global_step(), saved_step + 1);
   // One more step from the restored model is as good as the trained one, far above the 0.10
   // of fresh weights.
   EXPECT_GE(s.progress().test_accuracy(), 0.75);

@@ -51,6 +51,7 @@ absl::Status Trainer::Report(int64_t step, int64_t examples, double loss_sum,
   req.set_loss(steps_in_report > 0 ? static_cast<float>(loss_sum / steps_in_report) : 0.0f);
   req.set_epoch(epoch_.load());
   req.set_finished(finished);
+  req.set_generation(generation_);
   v1::ReportStepResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx, options_.rpc_timeout);
@@ -70,33 +71,25 @@ absl::Status Trainer::ReportWithRetries(int64_t step, int64_t examples, double l
   return reported;
 }
 
-absl::Status Trainer::RunStep(bool sync, int64_t last_done_step, Model& model,
-                              const PreparedBatch& current,
-                              std::vector<std::vector<float>>* params,
-                              std::vector<std::vector<float>>* rows, StepResult* result,
-                              int64_t* step, const std::function<bool()>& stop) {
-  *step = steps_.load();
-  if (sync) {
-    // Long-poll for the token of the next step; each wait has a deadline, and a stop request
-    // ends it.
-    v1::AcquireTokenResponse resp;
-    while (true) {
-      v1::AcquireTokenRequest req;
-      req.set_worker(options_.worker);
-      req.set_step(last_done_step);
-      grpc::ClientContext ctx;
-      SetDeadline(&ctx, absl::Seconds(1));
-      absl::Status s = FromGrpcStatus(chief_->AcquireToken(&ctx, req, &resp));
-      if (s.ok()) break;
-      if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
-      if (stop()) return absl::OkStatus();
-    }
-    if (resp.finished()) {
-      *step = -1;
-      return absl::OkStatus();
-    }
-    *step = resp.step();
+absl::Status Trainer::AcquireToken(int64_t last_done_step, v1::AcquireTokenResponse* resp,
+                                  const std::function<bool()>& stop) {
+  // Long-poll: each wait has a deadline, and a stop request ends it.
+  while (true) {
+    v1::AcquireTokenRequest req;
+    req.set_worker(options_.worker);
+    req.set_step(last_done_step);
+    req.set_generation(generation_);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(1));
+    absl::Status s = FromGrpcStatus(chief_->AcquireToken(&ctx, req, resp));
+    if (s.ok() || s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+    if (stop()) return absl::OkStatus();
   }
+}
+
+absl::Status Trainer::ComputeAndPush(int64_t step, Model& model, const PreparedBatch& current,
+                                     std::vector<std::vector<float>>* params,
+                                     std::vector<std::vector<float>>* rows, StepResult* result) {
   const std::vector<std::string>& variables = model.dense_variables();
   PS_RETURN_IF_ERROR(client_->Pull(variables, params));
   const Batch batch = AsBatch(current.data);
@@ -112,13 +105,107 @@ absl::Status Trainer::RunStep(bool sync, int64_t last_done_step, Model& model,
                                    /*backward=*/true, result));
   std::vector<const float*> grads;
   for (const auto& g : result->dense_grads) grads.push_back(g.data());
-  PS_RETURN_IF_ERROR(client_->Push(variables, grads, *step));
+  PS_RETURN_IF_ERROR(client_->Push(variables, grads, step));
   for (size_t t = 0; t < model.tables().size(); ++t) {
     PS_RETURN_IF_ERROR(client_->PushRows(model.tables()[t], current.sparse.unique_ids.data(),
                                          current.sparse.unique_ids.size(),
-                                         result->row_grads[t].data(), *step));
+                                         result->row_grads[t].data(), step));
   }
   return absl::OkStatus();
+}
+
+bool Trainer::RetryStep(const absl::Status& status, int* failures) const {
+  const absl::StatusCode code = status.code();
+  if ((code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kNotFound &&
+       code != absl::StatusCode::kDeadlineExceeded) ||
+      ++*failures > options_.max_step_retries) {
+    return false;
+  }
+  LOG(WARNING) << "worker:" << options_.worker << " step failed (" << status
+               << "); trying it again";
+  absl::SleepFor(absl::Milliseconds(200));
+  return true;
+}
+
+absl::Status Trainer::RunSync(Model& model, int batch_size, const std::function<bool()>& stop) {
+  const v1::TrainingOptions& training = model_.training();
+  BatchIterator batches(&train_, batch_size, training.shuffle_seed());
+  const int64_t per_epoch = batches.batches_per_epoch();
+  if (per_epoch == 0) return absl::FailedPreconditionError("this worker's shard of the data is empty");
+  const int epochs = std::max(1, training.epochs());
+  int64_t end = epochs * per_epoch;
+  if (training.max_steps() > 0) end = std::min(end, training.max_steps());
+  // The batch of global step s is batch s % per_epoch of epoch s / per_epoch, whatever happened
+  // before: a step computed again after a recovery uses the batch it used the first time.
+  auto prepare = [&batches, per_epoch](int64_t step) {
+    PreparedBatch p;
+    const int64_t epoch = step / per_epoch, index = step % per_epoch;
+    if (batches.epoch() != epoch || batches.next_batch() != index) batches.Seek(epoch, index);
+    p.valid = batches.Next(&p.data);
+    if (p.valid) Model::PrepareSparse(AsBatch(p.data), &p.sparse);
+    return p;
+  };
+  PreparedBatch current;
+  int64_t current_step = -1;
+  std::future<PreparedBatch> next;  // the batch of current_step + 1, assembled meanwhile
+  int64_t last_done = -1;
+  int failures = 0;
+  absl::Time last_log = absl::Now();
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<float>> rows(model.tables().size());
+  StepResult result;
+  while (!stop()) {
+    v1::AcquireTokenResponse token;
+    absl::Status s = AcquireToken(last_done, &token, stop);
+    if (stop()) break;
+    int64_t step = -1;
+    if (s.ok()) {
+      if (token.finished() || token.step() >= end) break;
+      step = token.step();
+      generation_ = token.generation();
+      if (last_done >= 0 && step <= last_done) {
+        LOG(WARNING) << "worker:" << options_.worker << " the chief sent the global step back from "
+                     << last_done + 1 << " to " << step
+                     << " (a recovery restored a checkpoint); computing again from there";
+      }
+      if (step != current_step) {
+        if (next.valid() && current_step + 1 == step) {
+          current = next.get();
+        } else {
+          if (next.valid()) next.wait();
+          current = prepare(step);
+        }
+        current_step = step;
+        next = step + 1 < end ? std::async(std::launch::async, prepare, step + 1)
+                              : std::future<PreparedBatch>();
+      }
+      s = ComputeAndPush(step, model, current, &params, &rows, &result);
+    }
+    if (!s.ok()) {
+      // The chief or a ps task is briefly gone (restarting, being restored): ask for the token
+      // again, which may name another step after a recovery.
+      if (RetryStep(s, &failures)) continue;
+      return s;
+    }
+    failures = 0;
+    last_done = step;
+    steps_.fetch_add(1);
+    epoch_ = static_cast<int32_t>(step / per_epoch);
+    if (options_.step_counter != nullptr) options_.step_counter->store(steps_.load());
+    if (absl::Now() - last_log >= options_.report_every) {
+      LOG(INFO) << absl::StrFormat("worker:%d global step %d epoch %d/%d loss %.4f",
+                                   options_.worker, step, epoch_.load() + 1, epochs, result.loss);
+      last_log = absl::Now();
+    }
+    PS_RETURN_IF_ERROR(ReportWithRetries(step + 1, current.data.num_examples, result.loss, 1,
+                                         /*finished=*/false, stop));
+    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+  }
+  if (next.valid()) next.wait();
+  if (stop()) return absl::OkStatus();
+  LOG(INFO) << "worker:" << options_.worker << " finished training after " << steps_.load()
+            << " steps (global step " << last_done + 1 << ")";
+  return ReportWithRetries(last_done + 1, 0, 0, 0, /*finished=*/true, stop);
 }
 
 absl::Status Trainer::Run(const std::function<bool()>& stop) {
@@ -126,8 +213,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   const int batch_size = training.batch_size() > 0 ? training.batch_size() : 128;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       Model::Create(model_.config(), kernels_, batch_size));
-  // SYNC and SSP both wait for a token before each step and report every step.
-  const bool sync = model_.sync().mode() != v1::ASYNC;
+  if (model_.sync().mode() == v1::SYNC) return RunSync(*model, batch_size, stop);
+  // ASYNC and SSP: each worker walks its own epochs; SSP waits for a token before each step
+  // and reports every step.
+  const bool ssp = model_.sync().mode() == v1::SSP;
   BatchIterator batches(&train_, batch_size, training.shuffle_seed());
 
   int64_t report_examples = 0, report_steps = 0;
@@ -155,24 +244,24 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
 
       // A step that fails because a ps task or the chief is briefly gone (restarting, being
       // restored) is tried again with the same batch, so the data position is kept.
-      int64_t step = 0;
-      absl::Status step_status;
-      for (int attempt = 0;; ++attempt) {
-        step_status = RunStep(sync, last_done_step, *model, current, &params, &rows, &result,
-                              &step, stop);
-        if (step_status.ok() || stop()) break;
-        const absl::StatusCode code = step_status.code();
-        if ((code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kNotFound &&
-             code != absl::StatusCode::kDeadlineExceeded) ||
-            attempt >= options_.max_step_retries) {
-          return step_status;
+      int64_t step = steps_.load();
+      int failures = 0;
+      bool over = false;
+      while (!stop()) {
+        absl::Status s;
+        if (ssp) {
+          v1::AcquireTokenResponse token;
+          s = AcquireToken(last_done_step, &token, stop);
+          if (s.ok() && token.finished()) over = true;
+          if (s.ok()) step = token.step();
         }
-        LOG(WARNING) << "worker:" << options_.worker << " step failed (" << step_status
-                     << "); trying it again";
-        absl::SleepFor(absl::Milliseconds(200));
+        if (stop() || over) break;
+        if (s.ok()) s = ComputeAndPush(step, *model, current, &params, &rows, &result);
+        if (s.ok()) break;
+        if (!RetryStep(s, &failures)) return s;
       }
       if (stop()) return absl::OkStatus();
-      if (step < 0) break;  // the chief says training is over
+      if (over) break;  // the chief says training is over
       const Batch batch = AsBatch(current.data);
       last_done_step = step;
       steps_.fetch_add(1);
@@ -180,7 +269,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       report_examples += batch.size;
       report_loss += result.loss;
       ++report_steps;
-      if (sync || absl::Now() - last_report >= options_.report_every) {
+      if (ssp || absl::Now() - last_report >= options_.report_every) {
         if (absl::Now() - last_report >= options_.report_every) {
           LOG(INFO) << absl::StrFormat("worker:%d step %d epoch %d/%d loss %.4f",
                                        options_.worker, steps_.load(), epoch + 1, epochs,

@@ -44,6 +44,11 @@ struct TrainerOptions {
 // backward -> push the gradients tagged with the step they came from -> report progress to
 // the chief. The next batch is assembled on another thread while the current one computes.
 //
+// SYNC: the token's global step s picks the batch (batch s mod B of epoch s / B, B batches
+// per epoch), so a run that a recovery sent back to a checkpoint's step computes the same
+// steps from the same batches again. Training ends at epochs * B steps (or max_steps), or when
+// the chief says so. ASYNC / SSP: each worker walks its epochs in order.
+//
 // Thread-compatible; steps() may be read from any thread.
 class Trainer {
  public:
@@ -60,13 +65,19 @@ class Trainer {
   int32_t epoch() const { return epoch_.load(); }
 
  private:
-  // Tells the chief that steps up to `step` - 1 are done (SYNC: global step `step` - 1).
-  // Token (sync/ssp), pull, compute, push of one step. *step gets the step computed, or -1
-  // when the chief says training is over.
-  absl::Status RunStep(bool sync, int64_t last_done_step, Model& model,
-                       const PreparedBatch& current, std::vector<std::vector<float>>* params,
-                       std::vector<std::vector<float>>* rows, StepResult* result, int64_t* step,
-                       const std::function<bool()>& stop);
+  // SYNC: the batch of each step is a function of the global step (see RunSync in the .cc).
+  absl::Status RunSync(Model& model, int batch_size, const std::function<bool()>& stop);
+  // Long-polls the chief for the token after `last_done_step`. OK with an empty response
+  // when stop() turned true.
+  absl::Status AcquireToken(int64_t last_done_step, v1::AcquireTokenResponse* resp,
+                            const std::function<bool()>& stop);
+  // Pull, forward and backward, push of one step's batch, tagged with `step`.
+  absl::Status ComputeAndPush(int64_t step, Model& model, const PreparedBatch& current,
+                              std::vector<std::vector<float>>* params,
+                              std::vector<std::vector<float>>* rows, StepResult* result);
+  // True (after a pause) when a failed step should be tried again: a task briefly gone, and
+  // fewer than max_step_retries failures in a row.
+  bool RetryStep(const absl::Status& status, int* failures) const;
   // Report, retried while the chief is UNAVAILABLE (restarting) unless stop() turns true.
   absl::Status ReportWithRetries(int64_t step, int64_t examples, double loss_sum,
                                  int64_t steps_in_report, bool finished,
@@ -82,6 +93,8 @@ class Trainer {
   const TrainerOptions options_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int32_t> epoch_{0};
+  // SYNC: the generation of the last token (see AcquireTokenRequest.generation).
+  int64_t generation_ = 0;
 };
 
 }  // namespace pscluster

@@ -34,7 +34,15 @@ void BatchIterator::StartEpoch(int64_t epoch) {
   std::mt19937_64 rng(CombineSeeds(seed_, static_cast<uint64_t>(epoch)));
   FisherYatesShuffle(&order_, &rng);
   next_ = 0;
+  epoch_ = epoch;
   started_ = true;
+}
+
+void BatchIterator::Seek(int64_t epoch, int64_t batch) {
+  CHECK(batch >= 0 && batch < batches_per_epoch())
+      << "batch " << batch << " of " << batches_per_epoch();
+  if (!started_ || epoch_ != epoch) StartEpoch(epoch);
+  next_ = static_cast<size_t>(batch) * static_cast<size_t>(batch_size_);
 }
 
 bool BatchIterator::Next(Dataset* batch) {

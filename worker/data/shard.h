@@ -44,6 +44,12 @@ class BatchIterator {
   // Starts epoch `epoch` (any value, e.g. 0, 1, 2, ...) from its first batch.
   void StartEpoch(int64_t epoch);
 
+  // Positions the iterator at batch `batch` (0-based) of epoch `epoch`: the next Next returns
+  // it. The epoch's order is computed again only when the epoch changes. Sync training uses
+  // it to give global step s the same batch on every run, also after a recovery goes back.
+  // REQUIRES: 0 <= batch < batches_per_epoch() (checked).
+  void Seek(int64_t epoch, int64_t batch);
+
   // Fills *batch with the next batch (fewer than batch_size at the end unless drop_remainder,
   // which skips a final short batch); returns false at the end of the epoch, leaving *batch
   // unchanged. Reuses the capacity of *batch's vectors.
@@ -52,6 +58,9 @@ class BatchIterator {
 
   // Batches per epoch: ceil(n / batch_size), or floor with drop_remainder.
   int64_t batches_per_epoch() const;
+  // The current epoch (-1 before StartEpoch) and the index of the batch Next returns next.
+  int64_t epoch() const { return started_ ? epoch_ : -1; }
+  int64_t next_batch() const { return static_cast<int64_t>(next_ / batch_size_); }
 
   // The current epoch's order: positions into the dataset, in the order Next returns them.
   // Empty before the first StartEpoch.
@@ -63,6 +72,7 @@ class BatchIterator {
   const uint64_t seed_;
   const bool drop_remainder_;
   bool started_ = false;
+  int64_t epoch_ = 0;
   std::vector<int64_t> order_;
   size_t next_ = 0;  // Index into order_ of the next batch's first example.
 };

@@ -151,6 +151,31 @@ TEST(BatchIteratorTest, StartEpochMidwayRestarts) {
   EXPECT_EQ(EpochOrder(&batches, 0).size(), 10u);
 }
 
+// Seek(e, b) gives exactly the b-th batch of epoch e of a sequential pass, in any order of
+// seeks (how a sync worker finds the batch of a global step, also after a rewind).
+TEST(BatchIteratorTest, SeekGivesTheSameBatchAsTheSequentialPass) {
+  const Dataset data = Numbered(23);
+  BatchIterator sequential(&data, 5, /*seed=*/4);
+  std::vector<std::vector<int64_t>> expected;  // [epoch * 5 + batch]
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    sequential.StartEpoch(epoch);
+    Dataset batch;
+    while (sequential.Next(&batch)) expected.push_back(Positions(batch));
+  }
+  ASSERT_EQ(expected.size(), 10u);
+  BatchIterator seeking(&data, 5, /*seed=*/4);
+  EXPECT_EQ(seeking.epoch(), -1);
+  for (int64_t step : {7, 2, 9, 0, 4, 5, 5, 3}) {
+    seeking.Seek(step / 5, step % 5);
+    EXPECT_EQ(seeking.epoch(), step / 5);
+    EXPECT_EQ(seeking.next_batch(), step % 5);
+    Dataset batch;
+    ASSERT_TRUE(seeking.Next(&batch));
+    EXPECT_EQ(Positions(batch), expected[step]) << "step " << step;
+    ExpectIntact(batch);
+  }
+}
+
 TEST(BatchIteratorTest, EmptyDatasetHasNoBatches) {
   const Dataset data;
   BatchIterator batches(&data, 4, /*seed=*/3);
