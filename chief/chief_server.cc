@@ -58,7 +58,8 @@ ChiefServer::ChiefServer(const ChiefOptions& options)
       num_workers_(NumTasks(options.cluster.cluster(), kWorkerJob)),
       registry_(options.cluster.cluster(), options.heartbeat_timeout, Clock::Real()),
       sync_(SyncOptionsFor(options, NumTasks(options.cluster.cluster(), kWorkerJob)),
-            Clock::Real()) {
+            Clock::Real()),
+      gate_(Clock::Real()) {
   absl::MutexLock lock(&mu_);
   progress_.set_epochs(std::max(1, options.training.epochs()));
   progress_.set_test_accuracy(-1);
@@ -195,8 +196,8 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
     busy_ = true;
     init_state_ = absl::StrCat("recovering: ", absl::StrJoin(names, ", "), " restarted");
   }
-  // No new tokens; a step in progress may never close (a gradient went to the dead task).
-  sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(2));
+  // No new steps; a step in progress may never close (a gradient went to the dead task).
+  HoldWorkersAtStepBoundary(absl::Seconds(2)).IgnoreError();
   const int64_t step_before = CurrentStep();
   // SYNC goes back to the restored step and computes the lost steps again, from the same
   // batches (a worker's batch is a function of the step): the run ends with the model an
@@ -259,7 +260,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   }
   LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome << " (took "
                << absl::FormatDuration(absl::Now() - start) << ")";
-  sync_.Resume();
+  ResumeWorkers();
   absl::MutexLock lock(&mu_);
   busy_ = false;
   init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
@@ -301,6 +302,40 @@ absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator
       absl::StrCat("no checkpoint in ", options_.checkpoint_dir, " restores: ", last_error.message()));
 }
 
+absl::Status ChiefServer::HoldWorkersAtStepBoundary(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (options_.sync.mode() != v1::ASYNC) {
+    if (sync_.PauseAtStepBoundary(deadline)) return absl::OkStatus();
+    std::vector<std::string> slow;
+    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
+    return absl::UnavailableError(absl::StrCat("no step boundary within ",
+                                               absl::FormatDuration(timeout), " (step ",
+                                               sync_.global_step(), " waits for ",
+                                               absl::StrJoin(slow, ", "), ")"));
+  }
+  // ASYNC: every worker inside a step comes back to the gate, except those that are gone (no
+  // heartbeat): they push nothing more.
+  while (!gate_.Close(std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+    for (const v1::TaskId& t : registry_.NotServing()) {
+      if (t.job() == kWorkerJob) gate_.Leave(t.index());
+    }
+    if (absl::Now() >= deadline) {
+      std::vector<std::string> slow;
+      for (int w : gate_.inside()) slow.push_back(absl::StrCat("worker:", w));
+      return absl::UnavailableError(absl::StrCat("no step boundary within ",
+                                                 absl::FormatDuration(timeout), " (",
+                                                 absl::StrJoin(slow, ", "),
+                                                 " still inside a step)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ChiefServer::ResumeWorkers() {
+  sync_.Resume();
+  gate_.Open();
+}
+
 absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::string& reason) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(
@@ -313,17 +348,13 @@ absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::st
     busy_ = true;
   }
   auto done = [this](absl::StatusOr<v1::CheckpointResponse> r) {
-    sync_.Resume();
+    ResumeWorkers();
     absl::MutexLock lock(&mu_);
     busy_ = false;
     return r;
   };
-  if (!sync_.PauseAtStepBoundary(absl::Now() + absl::Seconds(10))) {
-    std::vector<std::string> slow;
-    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
-    return done(absl::UnavailableError(absl::StrCat(
-        "no step boundary within 10 s (step ", sync_.global_step(), " waits for ",
-        absl::StrJoin(slow, ", "), ")")));
+  if (absl::Status held = HoldWorkersAtStepBoundary(absl::Seconds(10)); !held.ok()) {
+    return done(held);
   }
   const int64_t step = CurrentStep();
   const std::string path =
@@ -598,12 +629,20 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
                           absl::StrCat("the chief is starting: ", init_state_));
     }
   }
-  if (options_.sync.mode() == v1::ASYNC) {
-    resp->set_step(req->step() + 1);  // async: never wait
-    return grpc::Status::OK;
-  }
   // Wait in slices so a cancelled call or a stopping chief ends the wait.
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  if (options_.sync.mode() == v1::ASYNC) {
+    // No waiting for other workers; only a checkpoint or a recovery closes the gate.
+    while (!gate_.Pass(req->worker(), std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+      if (ctx->IsCancelled() || absl::Now() >= deadline || stop_requested()) {
+        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            absl::StrCat("worker ", req->worker(),
+                                         " is held: a checkpoint or a recovery is under way"));
+      }
+    }
+    resp->set_step(req->step() + 1);
+    return grpc::Status::OK;
+  }
   while (true) {
     const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
     SyncCoordinator::Token token =
@@ -640,7 +679,10 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
     sync_.ReportStep(req->worker(), req->step() - 1, req->generation());
   }
-  if (req->finished()) sync_.WorkerFinished(req->worker());
+  if (req->finished()) {
+    sync_.WorkerFinished(req->worker());
+    gate_.Leave(req->worker());
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (first_report_ == absl::InfinitePast()) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "chief/step_gate.h"
 #include "chief/sync_coordinator.h"
 #include "chief/task_registry.h"
 #include "client/grpc_ps_transport.h"
@@ -104,6 +105,11 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
 
   // Writes a checkpoint of the current model (sync: at a step boundary) and commits its
   // manifest. One at a time.
+  // Stops new steps and waits until none is under way (SYNC: the current step closed; ASYNC:
+  // every live worker is back at the gate). UNAVAILABLE naming the workers still inside after
+  // `timeout`; the workers stay held either way until ResumeWorkers().
+  absl::Status HoldWorkersAtStepBoundary(absl::Duration timeout);
+  void ResumeWorkers();
   absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason);
   // Restores the newest committed checkpoint that verifies, falling back to older ones.
   // Sync accumulators continue at `accumulator_step` (or the checkpoint's step when < 0).
@@ -127,6 +133,7 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   const int num_workers_;
   TaskRegistry registry_;
   SyncCoordinator sync_;
+  StepGate gate_;  // ASYNC: where workers are held for a checkpoint or a recovery
   std::unique_ptr<ServiceHost> host_;
   std::thread background_;
   std::unique_ptr<ParameterClient> client_;  // set once, before model_ready_

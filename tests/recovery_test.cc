@@ -251,6 +251,7 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
   {
     TestClusterOptions options;
     options.flags["chief"] = ChiefFlags(dir, "async");
+    options.flags["worker"] = {"--step_delay_ms=10"};  // several checkpoints on the way
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto chief = ChiefStub(**cluster);
@@ -261,6 +262,28 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
     ASSERT_TRUE(manifest.ok());
     saved_step = manifest->step();
     EXPECT_EQ(manifest->num_ps(), 2);
+    // Async checkpoints are a consistent cut too: every worker step pushes to both partitions
+    // (the kernel on ps:0, the bias on ps:1), so at one moment between steps both have taken
+    // the same number of updates. A push in flight during the copy would make them differ
+    // (rarely caught here, the window being short; chief/step_gate_test covers the logic).
+    auto committed = ListCheckpoints(dir);
+    ASSERT_TRUE(committed.ok());
+    ASSERT_GE(committed->size(), 2u);
+    for (const std::string& path : *committed) {
+      auto m = ReadManifest(path);
+      ASSERT_TRUE(m.ok());
+      std::vector<int64_t> updates;
+      for (const v1::SavedShard& shard : m->shards()) {
+        auto reader = CheckpointReader::Open(absl::StrCat(path, "/", shard.file()));
+        ASSERT_TRUE(reader.ok()) << reader.status();
+        auto record = (*reader)->ReadDense(shard);
+        ASSERT_TRUE(record.ok()) << record.status();
+        updates.push_back(record->updates);
+      }
+      ASSERT_EQ(updates.size(), 2u);
+      EXPECT_EQ(updates[0], updates[1]) << path;
+      EXPECT_GT(updates[0], 0) << path;
+    }
     for (ChildProcess* p : (*cluster)->processes()) ASSERT_TRUE(p->Signal(SIGTERM).ok());
   }
   TestClusterOptions options;
@@ -279,9 +302,9 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
               HasSubstr(absl::StrCat("(step ", saved_step, ", written by 2 ps tasks, restored into 3)")));
   // The global step goes on from the checkpoint's.
   EXPECT_EQ(s.global_step(), saved_step + 1);
-  // One more step from the restored model is as good as the trained one, far above the 0.10
-  // of fresh weights.
-  EXPECT_GE(s.progress().test_accuracy(), 0.75);
+  // One more step from the restored model keeps what was learned, far above the 0.10 of fresh
+  // weights (one async step of batch 50 may move it a few points).
+  EXPECT_GE(s.progress().test_accuracy(), 0.6);
 }
 
 }  // namespace

@@ -214,8 +214,9 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       Model::Create(model_.config(), kernels_, batch_size));
   if (model_.sync().mode() == v1::SYNC) return RunSync(*model, batch_size, stop);
-  // ASYNC and SSP: each worker walks its own epochs; SSP waits for a token before each step
-  // and reports every step.
+  // ASYNC and SSP: each worker walks its own epochs and asks for a token before each step (SSP:
+  // to stay within the staleness bound, reporting every step; ASYNC: answered at once, unless
+  // the chief holds the workers for a checkpoint or a recovery).
   const bool ssp = model_.sync().mode() == v1::SSP;
   BatchIterator batches(&train_, batch_size, training.shuffle_seed());
 
@@ -248,13 +249,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       int failures = 0;
       bool over = false;
       while (!stop()) {
-        absl::Status s;
-        if (ssp) {
-          v1::AcquireTokenResponse token;
-          s = AcquireToken(last_done_step, &token, stop);
-          if (s.ok() && token.finished()) over = true;
-          if (s.ok()) step = token.step();
-        }
+        v1::AcquireTokenResponse token;
+        absl::Status s = AcquireToken(last_done_step, &token, stop);
+        if (s.ok() && token.finished()) over = true;
+        if (s.ok() && ssp) step = token.step();
         if (stop() || over) break;
         if (s.ok()) s = ComputeAndPush(step, *model, current, &params, &rows, &result);
         if (s.ok()) break;
