@@ -196,14 +196,16 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
     busy_ = true;
     init_state_ = absl::StrCat("recovering: ", absl::StrJoin(names, ", "), " restarted");
   }
-  // No new steps; a step in progress may never close (a gradient went to the dead task).
-  HoldWorkersAtStepBoundary(absl::Seconds(2)).IgnoreError();
-  const int64_t step_before = CurrentStep();
   // SYNC goes back to the restored step and computes the lost steps again, from the same
   // batches (a worker's batch is a function of the step): the run ends with the model an
   // undisturbed run would have. ASYNC has no global order to replay: the updates since the
   // checkpoint are lost.
   const bool rewind = options_.sync.mode() == v1::SYNC;
+  // No new steps. SYNC does not wait for the step under way: it may never close (a gradient
+  // went to the dead task), and it is abandoned anyway. ASYNC waits (briefly) for the workers'
+  // steps to end, so no push lands on a task after its restore.
+  HoldWorkersAtStepBoundary(rewind ? absl::ZeroDuration() : absl::Seconds(2)).IgnoreError();
+  const int64_t step_before = CurrentStep();
   const int num_ps = NumTasks(options_.cluster.cluster(), kPsJob);
   for (int i = 0; i < num_ps; ++i) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));

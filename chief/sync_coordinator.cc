@@ -42,7 +42,12 @@ bool SyncCoordinator::CanStartLocked(int64_t last_done_step) const {
 }
 
 int64_t SyncCoordinator::LastDoneLocked(int64_t reported_last_done, int64_t generation) const {
-  if (generation == generation_) return reported_last_done;
+  // SYNC: in the current generation no worker can be past the global step; one that says so
+  // (or is of an older generation) is before the current step. SSP has no global step.
+  if (options_.staleness >= 0 ||
+      (generation == generation_ && reported_last_done <= global_step_)) {
+    return reported_last_done;
+  }
   return std::min(reported_last_done, global_step_ - 1);
 }
 

@@ -85,6 +85,11 @@ TEST(SyncCoordinatorTest, ARewindSendsEveryWorkerBackToTheCheckpointStep) {
   t = sync.AcquireToken(1, 9, 0, clock.Now());
   ASSERT_TRUE(t.granted);
   EXPECT_EQ(t.step, 5);
+  // Worker 1's step 5 failed (a ps task still unreachable): asking again in generation 1 with
+  // the last step it had done in generation 0 gets step 5 again.
+  t = sync.AcquireToken(1, 9, 1, clock.Now());
+  ASSERT_TRUE(t.granted);
+  EXPECT_EQ(t.step, 5);
   // A worker that had done step 4 (or nothing, after its own restart) also gets 5.
   t = sync.AcquireToken(0, -1, 0, clock.Now());
   ASSERT_TRUE(t.granted);

@@ -25,6 +25,11 @@ GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options.max_message_bytes);
     args.SetMaxSendMessageSize(options.max_message_bytes);
+    // A ps task that restarts comes back at the same address within seconds: reconnect
+    // quickly instead of gRPC's default backoff (1 s growing to 120 s).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stubs_.push_back(v1::ParameterServer::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }

@@ -162,11 +162,14 @@ absl::Status Trainer::RunSync(Model& model, int batch_size, const std::function<
     if (s.ok()) {
       if (token.finished() || token.step() >= end) break;
       step = token.step();
-      generation_ = token.generation();
-      if (last_done >= 0 && step <= last_done) {
+      if (token.generation() != generation_) {
+        // A recovery sent the global step back: what this worker did since belongs to
+        // abandoned steps, and its position is now just before the step it was given.
         LOG(WARNING) << "worker:" << options_.worker << " the chief sent the global step back from "
                      << last_done + 1 << " to " << step
                      << " (a recovery restored a checkpoint); computing again from there";
+        generation_ = token.generation();
+        last_done = step - 1;
       }
       if (step != current_step) {
         if (next.valid() && current_step + 1 == step) {
