@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,55 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<CrashCase>& info) {
       return absl::StrCat(info.param.task == "chief" ? "Chief" : "Ps", "_", info.param.point);
     });
+
+// A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
+// chief restores the previous one instead, saying so.
+TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
+  const std::string dir = TestDir("corrupt");
+  {
+    TestClusterOptions options;
+    options.flags["chief"] = ChiefFlags(dir);
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    v1::ClusterStatus s = AwaitFinished(*ChiefStub(**cluster), absl::Seconds(120));
+    ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
+  }
+  auto committed = ListCheckpoints(dir);
+  ASSERT_TRUE(committed.ok());
+  ASSERT_GE(committed->size(), 2u);
+  const std::string newest = (*committed)[0];
+  const std::string previous = (*committed)[1];
+  auto previous_manifest = ReadManifest(previous);
+  ASSERT_TRUE(previous_manifest.ok());
+  // Overwrite the middle of every table file of ps-0's RocksDB in the newest checkpoint.
+  int corrupted = 0;
+  for (const auto& f : std::filesystem::directory_iterator(newest + "/ps-0")) {
+    if (f.path().extension() != ".sst") continue;
+    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff size = file.tellg();
+    for (std::streamoff at = size / 4; at < size / 2; at += 7) {
+      file.seekp(at);
+      file.put('\x5a');
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  EXPECT_EQ(VerifyCheckpoint(newest).code(), absl::StatusCode::kDataLoss);
+
+  TestClusterOptions options;
+  options.flags["chief"] = ChiefFlags(dir);
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  v1::ClusterStatus s = AwaitFinished(*ChiefStub(**cluster), absl::Seconds(120));
+  ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
+  const std::string log = (*cluster)->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("checkpoint ", newest, " cannot be restored: DATA_LOSS")));
+  EXPECT_THAT(log, HasSubstr(newest + "/ps-0"));
+  EXPECT_THAT(log, HasSubstr("falling back to the previous one"));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("restored checkpoint ", previous, " (step ",
+                                          previous_manifest->step(), ",")));
+}
 
 // The whole cluster stopped and started again resumes from the latest checkpoint, which may be
 // restored into a different number of ps tasks.
