@@ -41,26 +41,12 @@ bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //wor
 bin_dir=$(bazel info bazel-bin 2>/dev/null)
 work=$(mktemp -d /tmp/recovery_bench.XXXXXX)
 echo "==> logs in $work"
-mkdir -p "$work/bin"
-for b in chief/chief ps_server/ps_server worker/worker bench/cluster_probe; do
-  cp "$bin_dir/$b" "$work/bin/"
-done
-launch() { local name=$1; shift; exec "$work/bin/$name" "$@"; }
 # shellcheck source=bench/train_cluster.sh
 source bench/train_cluster.sh
+cl_private_bins "$bin_dir" chief/chief ps_server/ps_server worker/worker bench/cluster_probe
 
 status=0
-cleanup() {
-  local rc=$?
-  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
-  if [[ $rc -eq 0 && $status -eq 0 && $keep_logs -eq 0 ]]; then
-    rm -rf "$work"
-  else
-    echo "==> logs kept in $work"
-  fi
-}
-trap cleanup EXIT
-trap 'echo; echo "recovery.sh: interrupted"; exit 130' INT TERM
+cl_exit_trap recovery.sh
 
 # A field of the chief's ClusterStatus (python expression over `s`).
 status_field() {

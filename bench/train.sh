@@ -58,28 +58,14 @@ bin_dir=$(bazel info bazel-bin 2>/dev/null)
 
 work=$(mktemp -d /tmp/train_bench.XXXXXX)
 echo "==> logs in $work"
-# Private copies: another build in this workspace may replace the outputs mid-run.
-mkdir -p "$work/bin"
-for b in chief/chief ps_server/ps_server worker/worker bench/train_bench bench/cluster_probe; do
-  cp "$bin_dir/$b" "$work/bin/"
-done
-launch() { local name=$1; shift; exec "$work/bin/$name" "$@"; }
 rate_py=bench/train_rate.py
 # shellcheck source=bench/train_cluster.sh
 source bench/train_cluster.sh
+cl_private_bins "$bin_dir" chief/chief ps_server/ps_server worker/worker bench/train_bench \
+  bench/cluster_probe
 
 status=0
-cleanup() {
-  local rc=$?
-  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
-  if [[ $rc -eq 0 && $status -eq 0 && $keep_logs -eq 0 ]]; then
-    rm -rf "$work"
-  else
-    echo "==> logs kept in $work"
-  fi
-}
-trap cleanup EXIT
-trap 'echo; echo "train.sh: interrupted"; exit 130' INT TERM
+cl_exit_trap train.sh
 
 # Waits up to $quiet_wait s until the machine's processes use under 0.2 cores (over 1 s).
 await_quiet() {

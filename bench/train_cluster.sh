@@ -5,11 +5,39 @@
 #
 # The caller defines:
 #   launch NAME ARGS...   exec the binary NAME (chief, ps_server, worker, cluster_probe) with
-#                         ARGS
+#                         ARGS (cl_private_bins below defines it from built binaries)
 #   work                  a folder for logs
 #   rate_py               the path of bench/train_rate.py
 # and may set cl_model (model config file), cl_data_path (Fashion-MNIST folder, "" for the
 # default) and cl_chief_flags (an array of extra chief flags).
+
+# cl_private_bins BIN_DIR PATH...: copies built binaries (bazel-bin relative paths) into
+# $work/bin, since another build in this workspace may replace the outputs mid-run, and defines
+# `launch` to run them.
+cl_private_bins() {
+  local bin_dir=$1 b
+  shift
+  mkdir -p "$work/bin"
+  for b in "$@"; do cp "$bin_dir/$b" "$work/bin/"; done
+  launch() { local name=$1; shift; exec "$work/bin/$name" "$@"; }
+}
+
+# cl_exit_trap SCRIPT: on exit, stops a cluster still running and deletes $work, unless the
+# run failed, $status is non-zero or $keep_logs is 1; Ctrl-C ends the script.
+cl_exit_trap() {
+  cl_script=$1
+  cl_on_exit() {
+    local rc=$?
+    if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
+    if [[ $rc -eq 0 && ${status:-0} -eq 0 && ${keep_logs:-0} -eq 0 ]]; then
+      rm -rf "$work"
+    else
+      echo "==> logs kept in $work"
+    fi
+  }
+  trap cl_on_exit EXIT
+  trap 'echo; echo "$cl_script: interrupted"; exit 130' INT TERM
+}
 
 cl_pids=()
 cl_names=()

@@ -145,6 +145,17 @@ class RecoveryTest : public ::testing::Test {
     ExpectOnlyWholeCheckpoints(dir_);
   }
 
+  // SIGKILLs a task ("ps", 1), waits until it is gone, and starts it again at its address
+  // half a second later, as a supervisor would.
+  void KillAndRestart(const std::string& job, int index) {
+    ChildProcess& process = job == "chief" ? cluster_->chief()
+                            : job == "ps"  ? cluster_->ps(index)
+                                           : cluster_->worker(index);
+    Kill(process);
+    absl::SleepFor(absl::Milliseconds(500));
+    ASSERT_TRUE(cluster_->StartTask(job, index).ok()) << cluster_->Logs();
+  }
+
   double undisturbed_ = 0;
   std::string dir_;
   std::unique_ptr<TestCluster> cluster_;
@@ -157,9 +168,7 @@ class RecoveryTest : public ::testing::Test {
 TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
   StartCluster("ps-kill");
   ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
-  Kill(cluster_->ps(1));
-  absl::SleepFor(absl::Milliseconds(500));
-  ASSERT_TRUE(cluster_->StartTask("ps", 1).ok()) << cluster_->Logs();
+  KillAndRestart("ps", 1);
   ExpectFinishedAsUndisturbed();
   const std::string log = cluster_->chief().LogTail(400);
   EXPECT_THAT(log, HasSubstr("ps:1 restarted and lost its shards"));
@@ -171,9 +180,7 @@ TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
 TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
   StartCluster("worker-kill");
   ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
-  Kill(cluster_->worker(1));
-  absl::SleepFor(absl::Milliseconds(500));
-  ASSERT_TRUE(cluster_->StartTask("worker", 1).ok()) << cluster_->Logs();
+  KillAndRestart("worker", 1);
   ExpectFinishedAsUndisturbed();
   EXPECT_THAT(cluster_->chief().LogTail(400), HasSubstr("worker:1 restarted (new incarnation)"));
 }
@@ -183,9 +190,7 @@ TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
 TEST_F(RecoveryTest, AKilledChiefResumesFromTheClustersState) {
   StartCluster("chief-kill");
   ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
-  Kill(cluster_->chief());
-  absl::SleepFor(absl::Milliseconds(500));
-  ASSERT_TRUE(cluster_->StartTask("chief", 0).ok()) << cluster_->Logs();
+  KillAndRestart("chief", 0);
   ExpectFinishedAsUndisturbed();
   EXPECT_THAT(cluster_->chief().LogTail(400),
               HasSubstr("the ps tasks already hold every variable: resuming"));
