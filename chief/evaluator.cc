@@ -22,7 +22,8 @@ Evaluator::Evaluator(ParameterClient* client, Dataset test, int batch_size)
 
 absl::StatusOr<EvalResult> Evaluator::Evaluate(int64_t step) {
   std::vector<std::vector<float>> params;
-  PS_RETURN_IF_ERROR(client_->Pull(model_->dense_variables(), &params));
+  // Sync: the model as of `step` (complete later steps stay pending; see PullDenseRequest.step).
+  PS_RETURN_IF_ERROR(client_->Pull(model_->dense_variables(), &params, step));
   std::vector<const float*> param_ptrs;
   for (const auto& p : params) param_ptrs.push_back(p.data());
   EvalResult r;
@@ -53,7 +54,7 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(int64_t step) {
     for (size_t t = 0; t < rows.size(); ++t) {
       rows[t].resize(sparse.unique_ids.size() * model_->table_dims()[t]);
       PS_RETURN_IF_ERROR(client_->PullRows(model_->tables()[t], sparse.unique_ids.data(),
-                                           sparse.unique_ids.size(), rows[t].data()));
+                                           sparse.unique_ids.size(), rows[t].data(), step));
       row_ptrs.push_back(rows[t].data());
     }
     PS_RETURN_IF_ERROR(model_->Compute(b, sparse, param_ptrs, row_ptrs, /*backward=*/false, &out));

@@ -61,12 +61,13 @@ absl::Status GrpcPsTransport::CreateShards(int ps, const v1::CreateShardsRequest
 }
 
 absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
-                                        v1::DataType wire_dtype) {
+                                        v1::DataType wire_dtype, int64_t step) {
   const v1::DataType wire = WireOrFloat(wire_dtype);
   PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
   v1::PullDenseRequest req;
   for (const DenseSlice& s : slices) *req.add_shards() = s.ref;
   req.set_wire_dtype(wire);
+  if (step >= 0) req.set_step(step);
   req.set_chunk_bytes(options_.chunk_bytes);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -144,12 +145,13 @@ absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& s
 
 absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
                                          int64_t n, int64_t dim, v1::DataType wire_dtype,
-                                         float* out) {
+                                         int64_t step, float* out) {
   const v1::DataType wire = WireOrFloat(wire_dtype);
   v1::PullSparseRequest req;
   req.set_table(table);
   req.mutable_keys()->Add(keys, keys + n);
   req.set_wire_dtype(wire);
+  if (step >= 0) req.set_step(step);
   v1::PullSparseResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -202,7 +202,7 @@ absl::StatusOr<int64_t> ParameterClient::NumElements(const std::string& variable
 }
 
 absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
-                                   std::vector<std::vector<float>>* out) {
+                                   std::vector<std::vector<float>>* out, int64_t step) {
   out->resize(variables.size());
   std::map<int, std::vector<DenseSlice>> by_ps;
   for (size_t i = 0; i < variables.size(); ++i) {
@@ -219,7 +219,7 @@ absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
   std::vector<int> tasks;
   for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
   return ForEachPs(tasks, [&](int ps) {
-    return transport_->PullDense(ps, by_ps.at(ps), options_.wire_dtype);
+    return transport_->PullDense(ps, by_ps.at(ps), options_.wire_dtype, step);
   });
 }
 
@@ -268,7 +268,7 @@ std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys
 }
 
 absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* keys, int64_t n,
-                                       float* out) {
+                                       float* out, int64_t step) {
   PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
   std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
   std::vector<int> tasks;
@@ -278,13 +278,13 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
   return ForEachPs(tasks, [&](int ps) -> absl::Status {
     const std::vector<int64_t>& pos = positions[ps];
     if (pos.size() == static_cast<size_t>(n)) {
-      return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, out);
+      return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
     }
     std::vector<int64_t> my_keys(pos.size());
     for (size_t i = 0; i < pos.size(); ++i) my_keys[i] = keys[pos[i]];
     std::vector<float> rows(pos.size() * dim);
     PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.data(), my_keys.size(), dim,
-                                              options_.wire_dtype, rows.data()));
+                                              options_.wire_dtype, step, rows.data()));
     for (size_t i = 0; i < pos.size(); ++i) {
       std::copy_n(rows.data() + i * dim, dim, out + pos[i] * dim);
     }

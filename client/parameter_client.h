@@ -68,15 +68,17 @@ class ParameterClient {
   // Number of elements of a dense variable; NOT_FOUND for an unknown one.
   absl::StatusOr<int64_t> NumElements(const std::string& variable) const;
 
-  // Pulls whole variables: (*out)[i] gets variables[i]'s values, row-major.
+  // Pulls whole variables: (*out)[i] gets variables[i]'s values, row-major. `step`: the sync
+  // step the values are for (see PullDenseRequest.step); -1 for the newest values.
   absl::Status Pull(const std::vector<std::string>& variables,
-                    std::vector<std::vector<float>>* out);
+                    std::vector<std::vector<float>>* out, int64_t step = -1);
   // Pushes gradients of whole variables: grads[i] has NumElements(variables[i]) floats.
   absl::Status Push(const std::vector<std::string>& variables,
                     const std::vector<const float*>& grads, int64_t step);
 
   // Rows of `keys` of a table (created on first touch) into out[0..n*dim).
-  absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out);
+  absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out,
+                        int64_t step = -1);
   // Every ps task writes its shards under `checkpoint_path` (in parallel); returns what was
   // saved, for the manifest. The caller commits the manifest.
   absl::StatusOr<std::vector<v1::SavedShard>> SaveShards(const std::string& checkpoint_path,

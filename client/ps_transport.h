@@ -35,14 +35,15 @@ class PsTransport {
 
   virtual absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
                                     v1::CreateShardsResponse* response) = 0;
+  // `step`: the sync step the values are for (PullDenseRequest.step); -1: none.
   virtual absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
-                                 v1::DataType wire_dtype) = 0;
+                                 v1::DataType wire_dtype, int64_t step) = 0;
   virtual absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices,
                                  v1::DataType wire_dtype, int64_t step, int32_t worker,
                                  v1::PushDenseResponse* response) = 0;
   // out[0..n*dim) receives the rows of keys[0..n).
   virtual absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys,
-                                  int64_t n, int64_t dim, v1::DataType wire_dtype,
+                                  int64_t n, int64_t dim, v1::DataType wire_dtype, int64_t step,
                                   float* out) = 0;
   virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys,
                                   int64_t n, int64_t dim, const float* grads,

@@ -52,11 +52,12 @@ absl::Status InProcessPsTransport::CreateShards(int ps, const v1::CreateShardsRe
 }
 
 absl::Status InProcessPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
-                                             v1::DataType wire_dtype) {
+                                             v1::DataType wire_dtype, int64_t step) {
   PS_RETURN_IF_ERROR(Enter(ps));
   google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
   for (const DenseSlice& s : slices) *refs.Add() = s.ref;
   PS_ASSIGN_OR_RETURN(auto shards, stores_[ps]->FindDense(refs));
+  stores_[ps]->SettleDense(shards, step);
   for (size_t i = 0; i < slices.size(); ++i) {
     if (shards[i]->num_elements() != slices[i].num_elements) {
       return absl::DataLossError(absl::StrCat("ps:", ps, " holds ", shards[i]->num_elements(),
@@ -89,10 +90,10 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
 
 absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
                                               const int64_t* keys, int64_t n, int64_t dim,
-                                              v1::DataType wire_dtype, float* out) {
+                                              v1::DataType wire_dtype, int64_t step, float* out) {
   PS_RETURN_IF_ERROR(Enter(ps));
   std::vector<float> rows(n * dim);
-  PS_RETURN_IF_ERROR(stores_[ps]->PullSparse(table, keys, n, rows.data(), 0));
+  PS_RETURN_IF_ERROR(stores_[ps]->PullSparse(table, keys, n, rows.data(), 0, step));
   return RoundTrip(rows.data(), rows.size(), wire_dtype, out);
 }
 

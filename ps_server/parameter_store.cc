@@ -1,5 +1,7 @@
 #include "ps_server/parameter_store.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -237,7 +239,6 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
   }
   absl::ReaderMutexLock barrier(&apply_barrier_);
   int accepted = 0, dropped = 0;
-  std::vector<float> mean;
   for (size_t i = 0; i < shards.size(); ++i) {
     Touch(shards[i]->counters(), /*push=*/true, wire_bytes / static_cast<int64_t>(shards.size()));
     if (accumulators[i] == nullptr) {
@@ -245,11 +246,10 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
       ++accepted;
       continue;
     }
-    switch (accumulators[i]->Add(step, worker, grads[i].data(), &mean)) {
-      case AccumulateOutcome::kComplete:
-        shards[i]->Apply(mean.data());
-        ++accepted;
-        break;
+    DenseShard* shard = shards[i].get();
+    switch (accumulators[i]->Add(step, worker, grads[i].data(),
+                                 [shard](const float* mean) { shard->Apply(mean); })) {
+      case AccumulateOutcome::kComplete:  // pending until the next step needs it
       case AccumulateOutcome::kAccumulated:
         ++accepted;
         break;
@@ -266,9 +266,51 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
   return absl::OkStatus();
 }
 
+void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
+                                 int64_t before_step) {
+  std::vector<std::shared_ptr<DenseAccumulator>> accumulators;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (sync_.mode() != v1::SYNC) return;
+    for (const auto& shard : shards) {
+      auto it = accumulators_.find({shard->name(), shard->partition()});
+      accumulators.push_back(it == accumulators_.end() ? nullptr : it->second);
+    }
+  }
+  absl::ReaderMutexLock barrier(&apply_barrier_);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (accumulators[i] == nullptr) continue;
+    DenseShard* shard = shards[i].get();
+    accumulators[i]->Settle(before_step, [shard](const float* mean) { shard->Apply(mean); });
+  }
+}
+
+void ParameterStore::SettleTable(const Table& t, int64_t before_step) {
+  if (t.accumulator == nullptr) return;
+  absl::ReaderMutexLock barrier(&apply_barrier_);
+  EmbeddingTable* table = t.table.get();
+  t.accumulator->Settle(before_step, [table](const int64_t* keys, int64_t n, const float* mean) {
+    // Keys this task owns (checked on push) and finite means: cannot fail.
+    table->Push(keys, n, mean, /*allow_non_finite=*/true).IgnoreError();
+  });
+}
+
+void ParameterStore::SettleAll() {
+  std::vector<std::shared_ptr<DenseShard>> dense;
+  std::vector<Table> tables;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [key, shard] : dense_) dense.push_back(shard);
+    for (const auto& [name, t] : tables_) tables.push_back(t);
+  }
+  SettleDense(dense, -1);
+  for (const Table& t : tables) SettleTable(t, -1);
+}
+
 absl::Status ParameterStore::PullSparse(const std::string& table, const int64_t* keys, int64_t n,
-                                        float* out, int64_t wire_bytes) {
+                                        float* out, int64_t wire_bytes, int64_t step) {
   PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  SettleTable(t, step);
   PS_RETURN_IF_ERROR(t.table->Pull(keys, n, out));
   Touch(*t.counters, /*push=*/false, wire_bytes);
   return absl::OkStatus();
@@ -301,14 +343,13 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
     }
   }
   Touch(*t.counters, /*push=*/true, wire_bytes);
-  std::vector<int64_t> mean_keys;
-  std::vector<float> mean;
-  switch (t.accumulator->Add(step, worker, keys, n, grads, &mean_keys, &mean)) {
-    case AccumulateOutcome::kComplete:
-      PS_RETURN_IF_ERROR(t.table->Push(mean_keys.data(), mean_keys.size(), mean.data(),
-                                       /*allow_non_finite=*/true));
-      response->set_accepted_rows(static_cast<int32_t>(n));
-      break;
+  EmbeddingTable* table_ptr = t.table.get();
+  const SparseAccumulator::ApplyFn apply = [table_ptr](const int64_t* k, int64_t m,
+                                                       const float* mean) {
+    table_ptr->Push(k, m, mean, /*allow_non_finite=*/true).IgnoreError();
+  };
+  switch (t.accumulator->Add(step, worker, keys, n, grads, apply)) {
+    case AccumulateOutcome::kComplete:  // pending until the next step needs it
     case AccumulateOutcome::kAccumulated:
       response->set_accepted_rows(static_cast<int32_t>(n));
       break;
@@ -325,6 +366,8 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response) {
   const absl::Time start = absl::Now();
+  // The checkpoint holds every complete step (the workers are held at a step boundary).
+  SettleAll();
   struct DenseCopy {
     std::shared_ptr<DenseShard> shard;
     std::vector<float> data;
@@ -500,7 +543,15 @@ v1::ListShardsResponse ParameterStore::ListShards() const {
     for (const auto& [w, n] : dropped_by_worker_) (*out.mutable_dropped_by_worker())[w] = n;
   }
   absl::ReaderMutexLock lock(&mu_);
-  for (const auto& [key, shard] : dense_) FillDenseStats(*shard, out.add_shards());
+  for (const auto& [key, shard] : dense_) {
+    v1::ShardStats* stats = out.add_shards();
+    FillDenseStats(*shard, stats);
+    // SYNC: a complete step counts as applied, also while its update is pending.
+    auto acc = accumulators_.find(key);
+    if (acc != accumulators_.end()) {
+      stats->set_applied_step(std::max(stats->applied_step(), acc->second->step()));
+    }
+  }
   for (const auto& [name, t] : tables_) {
     FillTableStats(name, *t.table, *t.counters, out.add_shards());
   }

@@ -58,15 +58,25 @@ class ParameterStore {
   // Checks the gradients of `shards` (grads[i] must have shards[i]'s element count and, unless
   // allowed, only finite values), then applies each: at once (ASYNC, SSP), or through the
   // shard's accumulator for `step` (SYNC: the mean of replicas_to_aggregate workers' gradients
-  // is applied once; gradients of older steps are dropped and counted per worker).
+  // is applied once, when the next step needs it; gradients of older steps are dropped and
+  // counted per worker).
   // `wire_bytes` is what travelled, for stats.
   absl::Status PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
                          const std::vector<std::vector<float>>& grads, int64_t wire_bytes,
                          int64_t step, int32_t worker, v1::PushDenseResponse* response);
 
-  // Rows of `keys` (created on first touch) into out[0..n*dim).
+  // SYNC: a complete step's update is pending until a later step needs it (see
+  // DenseAccumulator). Applies the pending updates of `shards` that belong to steps before
+  // `before_step` (every one when negative): a pull for step s calls it with s, anything else
+  // (evaluation, inspection) with -1. No-op in ASYNC and SSP.
+  void SettleDense(const std::vector<std::shared_ptr<DenseShard>>& shards, int64_t before_step);
+  // Every shard and table.
+  void SettleAll();
+
+  // Rows of `keys` (created on first touch) into out[0..n*dim), for step `step` (-1: any; see
+  // SettleDense).
   absl::Status PullSparse(const std::string& table, const int64_t* keys, int64_t n, float* out,
-                          int64_t wire_bytes);
+                          int64_t wire_bytes, int64_t step = -1);
   // Gradients grads[0..n*dim) for `keys`; duplicate keys are summed.
   absl::Status PushSparse(const std::string& table, const int64_t* keys, int64_t n,
                           const float* grads, int64_t wire_bytes, int64_t step, int32_t worker,
@@ -98,6 +108,7 @@ class ParameterStore {
  private:
   using DenseKey = std::pair<std::string, int32_t>;
   void CountDropped(int32_t worker, ShardCounters& counters);
+  void SettleTable(const Table& t, int64_t before_step);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

@@ -51,9 +51,11 @@ google::protobuf::RepeatedPtrField<v1::ShardRef> Refs(std::vector<std::string> n
   return refs;
 }
 
-std::vector<float> Read(const ParameterStore& store, const std::string& name) {
+// The newest values (every complete sync step applied).
+std::vector<float> Read(ParameterStore& store, const std::string& name) {
   auto shards = store.FindDense(Refs({name}));
   CHECK(shards.ok());
+  store.SettleDense(*shards, -1);
   std::vector<float> v((*shards)[0]->num_elements());
   (*shards)[0]->ReadValues(v.data());
   return v;
@@ -125,6 +127,37 @@ TEST(ParameterStoreRestoreTest, ShardsCreatedForARestoreAreHeldUntilIt) {
   ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 40, 0, &push).ok());
   EXPECT_EQ(push.accepted(), 1);
   EXPECT_THAT(Read(store, "a"), ::testing::ElementsAre(0.9f, 0.9f));
+}
+
+// SYNC: a complete step's update waits until a later step needs it, so a worker restarted in
+// the middle of its pushes of step s pulls the same values for step s as the first time.
+TEST(ParameterStoreSyncTest, ACompleteStepIsAppliedWhenALaterStepNeedsIt) {
+  ParameterStore store{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("a", {2}));
+  req.mutable_sync()->set_mode(v1::SYNC);
+  req.mutable_sync()->set_replicas_to_aggregate(2);
+  v1::CreateShardsResponse resp;
+  ASSERT_TRUE(store.CreateShards(req, &resp).ok());
+  auto shards = store.FindDense(Refs({"a"}));
+  ASSERT_TRUE(shards.ok());
+  v1::PushDenseResponse push;
+  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 0, 0, &push).ok());
+  ASSERT_TRUE(store.PushDense(*shards, {{3, 3}}, 8, 0, 1, &push).ok());
+  // Step 0 is complete (counted as applied) but a pull for step 0 still sees the old values.
+  EXPECT_EQ(store.ListShards().shards(0).applied_step(), 1);
+  store.SettleDense(*shards, 0);
+  std::vector<float> values(2);
+  (*shards)[0]->ReadValues(values.data());
+  EXPECT_THAT(values, ::testing::ElementsAre(1.0f, 1.0f));
+  // Worker 1 pushes step 0 again (restarted): stale, dropped.
+  ASSERT_TRUE(store.PushDense(*shards, {{3, 3}}, 8, 0, 1, &push).ok());
+  EXPECT_EQ(push.dropped_stale(), 1);
+  // A pull for step 1 applies the mean (2, 2) with SGD at rate 0.1, once.
+  store.SettleDense(*shards, 1);
+  store.SettleDense(*shards, 1);
+  (*shards)[0]->ReadValues(values.data());
+  EXPECT_THAT(values, ::testing::ElementsAre(0.8f, 0.8f));
 }
 
 TEST_F(ParameterStoreTest, PushAppliesSgd) {

@@ -32,6 +32,7 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
   absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> shards =
       store_->FindDense(req->shards());
   if (!shards.ok()) return ToGrpcStatus(shards.status());
+  store_->SettleDense(*shards, req->has_step() ? req->step() : -1);
   const v1::DataType wire = WireOrFloat(req->wire_dtype());
   absl::StatusOr<int> elem_bytes = WireBytesPerElement(wire);
   if (!elem_bytes.ok()) return ToGrpcStatus(elem_bytes.status());
@@ -152,11 +153,13 @@ grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseReq
   if (wire == v1::DT_FLOAT32) {
     out->resize(n * dim * sizeof(float));
     PS_RETURN_IF_ERROR_GRPC(store_->PullSparse(req->table(), req->keys().data(), n,
-                                               reinterpret_cast<float*>(out->data()), out->size()));
+                                               reinterpret_cast<float*>(out->data()), out->size(),
+                                               req->has_step() ? req->step() : -1));
   } else {
     std::vector<float> rows(n * dim);
     PS_RETURN_IF_ERROR_GRPC(store_->PullSparse(req->table(), req->keys().data(), n, rows.data(),
-                                               n * dim * *elem_bytes));
+                                               n * dim * *elem_bytes,
+                                               req->has_step() ? req->step() : -1));
     out->resize(n * dim * *elem_bytes);
     EncodeFloatsTo(rows.data(), n * dim, wire, out->data());
   }
@@ -193,6 +196,7 @@ grpc::Status PsService::ListShards(grpc::ServerContext*, const v1::ListShardsReq
 
 grpc::Status PsService::InspectShard(grpc::ServerContext*, const v1::InspectShardRequest* req,
                                      v1::InspectShardResponse* resp) {
+  store_->SettleAll();  // an operator sees every complete step
   absl::StatusOr<v1::InspectShardResponse> r = store_->Inspect(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);

@@ -10,20 +10,37 @@ DenseAccumulator::DenseAccumulator(int64_t num_elements, int replicas)
   sum_.assign(n_, 0.0);
 }
 
+void DenseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) {
+  // The pending update is step step_ - 1's.
+  if (!pending_ || (before_step >= 0 && step_ - 1 >= before_step)) return;
+  apply(mean_.data());
+  pending_ = false;
+}
+
 AccumulateOutcome DenseAccumulator::Add(int64_t step, int worker, const float* grad,
-                                        std::vector<float>* mean) {
+                                        const ApplyFn& apply) {
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
   if (step > step_) return AccumulateOutcome::kAhead;
-  if (!workers_.insert(worker).second) return AccumulateOutcome::kDuplicate;
+  if (workers_.count(worker)) return AccumulateOutcome::kDuplicate;
+  SettleLocked(step, apply);
+  workers_.insert(worker);
   for (int64_t i = 0; i < n_; ++i) sum_[i] += grad[i];
   if (static_cast<int>(workers_.size()) < replicas_) return AccumulateOutcome::kAccumulated;
-  mean->resize(n_);
-  for (int64_t i = 0; i < n_; ++i) (*mean)[i] = static_cast<float>(sum_[i] / replicas_);
+  mean_.resize(n_);
+  for (int64_t i = 0; i < n_; ++i) mean_[i] = static_cast<float>(sum_[i] / replicas_);
+  pending_ = true;
   ++step_;
   workers_.clear();
   std::fill(sum_.begin(), sum_.end(), 0.0);
   return AccumulateOutcome::kComplete;
+}
+
+bool DenseAccumulator::Settle(int64_t before_step, const ApplyFn& apply) {
+  absl::MutexLock lock(&mu_);
+  const bool had = pending_;
+  SettleLocked(before_step, apply);
+  return had && !pending_;
 }
 
 int64_t DenseAccumulator::step() const {
@@ -36,6 +53,7 @@ void DenseAccumulator::SetStep(int64_t step) {
   step_ = step;
   workers_.clear();
   std::fill(sum_.begin(), sum_.end(), 0.0);
+  pending_ = false;
 }
 
 SparseAccumulator::SparseAccumulator(int64_t dim, int replicas)
@@ -46,14 +64,20 @@ void SparseAccumulator::ResetLocked() {
   sums_.clear();
 }
 
+void SparseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) {
+  if (!pending_ || (before_step >= 0 && step_ - 1 >= before_step)) return;
+  apply(pending_keys_.data(), static_cast<int64_t>(pending_keys_.size()), pending_mean_.data());
+  pending_ = false;
+}
+
 AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t* keys,
-                                         int64_t n, const float* grads,
-                                         std::vector<int64_t>* out_keys,
-                                         std::vector<float>* mean) {
+                                         int64_t n, const float* grads, const ApplyFn& apply) {
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
   if (step > step_) return AccumulateOutcome::kAhead;
-  if (!workers_.insert(worker).second) return AccumulateOutcome::kDuplicate;
+  if (workers_.count(worker)) return AccumulateOutcome::kDuplicate;
+  SettleLocked(step, apply);
+  workers_.insert(worker);
   absl::flat_hash_map<int64_t, bool> seen_in_this_gradient;
   for (int64_t i = 0; i < n; ++i) {
     KeySum& ks = sums_[keys[i]];
@@ -62,15 +86,23 @@ AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t
     if (seen_in_this_gradient.emplace(keys[i], true).second) ++ks.count;
   }
   if (static_cast<int>(workers_.size()) < replicas_) return AccumulateOutcome::kAccumulated;
-  out_keys->clear();
-  mean->clear();
+  pending_keys_.clear();
+  pending_mean_.clear();
   for (auto& [key, ks] : sums_) {
-    out_keys->push_back(key);
-    for (int64_t j = 0; j < dim_; ++j) mean->push_back(ks.sum[j] / ks.count);
+    pending_keys_.push_back(key);
+    for (int64_t j = 0; j < dim_; ++j) pending_mean_.push_back(ks.sum[j] / ks.count);
   }
+  pending_ = true;
   ++step_;
   ResetLocked();
   return AccumulateOutcome::kComplete;
+}
+
+bool SparseAccumulator::Settle(int64_t before_step, const ApplyFn& apply) {
+  absl::MutexLock lock(&mu_);
+  const bool had = pending_;
+  SettleLocked(before_step, apply);
+  return had && !pending_;
 }
 
 int64_t SparseAccumulator::step() const {
@@ -82,6 +114,7 @@ void SparseAccumulator::SetStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   step_ = step;
   ResetLocked();
+  pending_ = false;
 }
 
 }  // namespace pscluster

@@ -15,7 +15,9 @@ DEFINE_string(wire_dtype, "float32",
               "bfloat16.");
 DEFINE_string(data_path, "", "Overrides the data location the chief names.");
 DEFINE_bool(exit_after_training, false, "Exit 0 when training is done instead of idling.");
-DEFINE_int32(step_delay_ms, 0, "Pause after every step, in milliseconds (for tests).");
+DEFINE_int32(step_delay_ms, 0,
+             "Pause between computing each step's gradients and pushing them, in milliseconds "
+             "(a straggler, for tests).");
 
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(

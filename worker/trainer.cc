@@ -91,18 +91,23 @@ absl::Status Trainer::ComputeAndPush(int64_t step, Model& model, const PreparedB
                                      std::vector<std::vector<float>>* params,
                                      std::vector<std::vector<float>>* rows, StepResult* result) {
   const std::vector<std::string>& variables = model.dense_variables();
-  PS_RETURN_IF_ERROR(client_->Pull(variables, params));
+  // SYNC: the values from before step `step` (see PullDenseRequest.step); others: the newest.
+  const int64_t pull_step = model_.sync().mode() == v1::SYNC ? step : -1;
+  PS_RETURN_IF_ERROR(client_->Pull(variables, params, pull_step));
   const Batch batch = AsBatch(current.data);
   for (size_t t = 0; t < model.tables().size(); ++t) {
     (*rows)[t].resize(current.sparse.unique_ids.size() * model.table_dims()[t]);
     PS_RETURN_IF_ERROR(client_->PullRows(model.tables()[t], current.sparse.unique_ids.data(),
-                                         current.sparse.unique_ids.size(), (*rows)[t].data()));
+                                         current.sparse.unique_ids.size(), (*rows)[t].data(),
+                                         pull_step));
   }
   std::vector<const float*> param_ptrs, row_ptrs;
   for (const auto& p : *params) param_ptrs.push_back(p.data());
   for (const auto& r : *rows) row_ptrs.push_back(r.data());
   PS_RETURN_IF_ERROR(model.Compute(batch, current.sparse, param_ptrs, row_ptrs,
                                    /*backward=*/true, result));
+  // A straggler, for tests: in sync mode its gradients arrive after the step closed.
+  if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
   std::vector<const float*> grads;
   for (const auto& g : result->dense_grads) grads.push_back(g.data());
   PS_RETURN_IF_ERROR(client_->Push(variables, grads, step));
@@ -202,7 +207,6 @@ absl::Status Trainer::RunSync(Model& model, int batch_size, const std::function<
     }
     PS_RETURN_IF_ERROR(ReportWithRetries(step + 1, current.data.num_examples, result.loss, 1,
                                          /*finished=*/false, stop));
-    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
   }
   if (next.valid()) next.wait();
   if (stop()) return absl::OkStatus();
@@ -282,7 +286,6 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
         report_loss = 0;
         last_report = absl::Now();
       }
-      if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
       if (training.max_steps() > 0 && steps_.load() >= training.max_steps()) break;
     }
     if (next.valid()) next.wait();

@@ -30,7 +30,8 @@ struct TrainerOptions {
   absl::Duration report_every = absl::Seconds(2);
   // Deadline of each call to the chief.
   absl::Duration rpc_timeout = absl::Seconds(30);
-  // A pause after every step, for tests that need a slow worker. Zero in real use.
+  // A pause between computing a step's gradients and pushing them, for tests that need a slow
+  // worker (a straggler). Zero in real use.
   absl::Duration step_delay = absl::ZeroDuration();
   // A step failing with UNAVAILABLE, NOT_FOUND or DEADLINE_EXCEEDED (a task restarting or
   // being restored) is tried again this many times before Run gives up.
