@@ -70,6 +70,9 @@ Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
   auto channel = grpc::CreateChannel(t.address(), grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  // A first connection attempt that fails is tried again within the deadline: only a task
+  // that stays unreachable for the whole timeout is reported so.
+  ctx.set_wait_for_ready(true);
   Sample sample;
   grpc::Status s;
   if (t.task().job() == kPsJob) {
