@@ -1,5 +1,6 @@
 #include "cli/status_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <map>
@@ -69,10 +70,14 @@ bool ShouldProbe(const v1::TaskStatus& t) {
 Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
   auto channel = grpc::CreateChannel(t.address(), grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-  // A first connection attempt that fails is tried again within the deadline: only a task
-  // that stays unreachable for the whole timeout is reported so.
-  ctx.set_wait_for_ready(true);
+  // A task the chief sees serving whose first connection attempt fails is tried again (gRPC
+  // reconnects within about a second) for up to 3 s: only one that stays unreachable is
+  // reported so. A MISSING task (no heartbeat) is likely gone: one attempt.
+  const bool retry_connect = t.health() == v1::HEALTH_SERVING;
+  ctx.set_wait_for_ready(retry_connect);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(retry_connect ? std::min(timeout, absl::Seconds(3))
+                                                            : timeout));
   Sample sample;
   grpc::Status s;
   if (t.task().job() == kPsJob) {
