@@ -168,11 +168,13 @@ absl::Status Trainer::RunSync(Model& model, int batch_size, const std::function<
       if (token.finished() || token.step() >= end) break;
       step = token.step();
       if (token.generation() != generation_) {
-        // A recovery sent the global step back: what this worker did since belongs to
-        // abandoned steps, and its position is now just before the step it was given.
-        LOG(WARNING) << "worker:" << options_.worker << " the chief sent the global step back from "
-                     << last_done + 1 << " to " << step
-                     << " (a recovery restored a checkpoint); computing again from there";
+        // A recovery sent the global step back (or the chief restarted): what this worker did
+        // since belongs to abandoned steps, and its position is now just before its token.
+        if (step <= last_done) {
+          LOG(WARNING) << "worker:" << options_.worker
+                       << " the chief sent the global step back from " << last_done + 1 << " to "
+                       << step << " (a recovery restored a checkpoint); computing again from there";
+        }
         generation_ = token.generation();
         last_done = step - 1;
       }
