@@ -16,6 +16,18 @@ std::string DenseName(const std::string& variable, int32_t partition) {
   return absl::StrCat(variable, "/", partition);
 }
 
+// How a complete sync step's mean reaches its shard or table.
+DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard) {
+  return [shard](const float* mean) { shard->Apply(mean); };
+}
+
+SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table) {
+  return [table](const int64_t* keys, int64_t n, const float* mean) {
+    // Keys this task owns (checked on push) and finite means: cannot fail.
+    table->Push(keys, n, mean, /*allow_non_finite=*/true).IgnoreError();
+  };
+}
+
 void Touch(ShardCounters& c, bool push, int64_t bytes) {
   if (push) {
     c.pushes.fetch_add(1, std::memory_order_relaxed);
@@ -228,15 +240,7 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
       }
     }
   }
-  std::vector<std::shared_ptr<DenseAccumulator>> accumulators(shards.size());
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (sync_.mode() == v1::SYNC) {
-      for (size_t i = 0; i < shards.size(); ++i) {
-        accumulators[i] = accumulators_.at({shards[i]->name(), shards[i]->partition()});
-      }
-    }
-  }
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(shards);
   absl::ReaderMutexLock barrier(&apply_barrier_);
   int accepted = 0, dropped = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -246,9 +250,7 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
       ++accepted;
       continue;
     }
-    DenseShard* shard = shards[i].get();
-    switch (accumulators[i]->Add(step, worker, grads[i].data(),
-                                 [shard](const float* mean) { shard->Apply(mean); })) {
+    switch (accumulators[i]->Add(step, worker, grads[i].data(), ApplyTo(shards[i].get()))) {
       case AccumulateOutcome::kComplete:  // pending until the next step needs it
       case AccumulateOutcome::kAccumulated:
         ++accepted;
@@ -266,33 +268,32 @@ absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseSh
   return absl::OkStatus();
 }
 
+std::vector<std::shared_ptr<DenseAccumulator>> ParameterStore::AccumulatorsOf(
+    const std::vector<std::shared_ptr<DenseShard>>& shards) const {
+  std::vector<std::shared_ptr<DenseAccumulator>> out(shards.size());
+  absl::ReaderMutexLock lock(&mu_);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    auto it = accumulators_.find({shards[i]->name(), shards[i]->partition()});
+    if (it != accumulators_.end()) out[i] = it->second;
+  }
+  return out;
+}
+
 void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
                                  int64_t before_step) {
-  std::vector<std::shared_ptr<DenseAccumulator>> accumulators;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (sync_.mode() != v1::SYNC) return;
-    for (const auto& shard : shards) {
-      auto it = accumulators_.find({shard->name(), shard->partition()});
-      accumulators.push_back(it == accumulators_.end() ? nullptr : it->second);
-    }
-  }
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(shards);
   absl::ReaderMutexLock barrier(&apply_barrier_);
   for (size_t i = 0; i < shards.size(); ++i) {
-    if (accumulators[i] == nullptr) continue;
-    DenseShard* shard = shards[i].get();
-    accumulators[i]->Settle(before_step, [shard](const float* mean) { shard->Apply(mean); });
+    if (accumulators[i] != nullptr) {
+      accumulators[i]->Settle(before_step, ApplyTo(shards[i].get()));
+    }
   }
 }
 
 void ParameterStore::SettleTable(const Table& t, int64_t before_step) {
   if (t.accumulator == nullptr) return;
   absl::ReaderMutexLock barrier(&apply_barrier_);
-  EmbeddingTable* table = t.table.get();
-  t.accumulator->Settle(before_step, [table](const int64_t* keys, int64_t n, const float* mean) {
-    // Keys this task owns (checked on push) and finite means: cannot fail.
-    table->Push(keys, n, mean, /*allow_non_finite=*/true).IgnoreError();
-  });
+  t.accumulator->Settle(before_step, ApplyTo(t.table.get()));
 }
 
 void ParameterStore::SettleAll() {
@@ -343,12 +344,7 @@ absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t*
     }
   }
   Touch(*t.counters, /*push=*/true, wire_bytes);
-  EmbeddingTable* table_ptr = t.table.get();
-  const SparseAccumulator::ApplyFn apply = [table_ptr](const int64_t* k, int64_t m,
-                                                       const float* mean) {
-    table_ptr->Push(k, m, mean, /*allow_non_finite=*/true).IgnoreError();
-  };
-  switch (t.accumulator->Add(step, worker, keys, n, grads, apply)) {
+  switch (t.accumulator->Add(step, worker, keys, n, grads, ApplyTo(t.table.get()))) {
     case AccumulateOutcome::kComplete:  // pending until the next step needs it
     case AccumulateOutcome::kAccumulated:
       response->set_accepted_rows(static_cast<int32_t>(n));

@@ -109,6 +109,9 @@ class ParameterStore {
   using DenseKey = std::pair<std::string, int32_t>;
   void CountDropped(int32_t worker, ShardCounters& counters);
   void SettleTable(const Table& t, int64_t before_step);
+  // The sync accumulator of each shard (null where there is none: ASYNC and SSP).
+  std::vector<std::shared_ptr<DenseAccumulator>> AccumulatorsOf(
+      const std::vector<std::shared_ptr<DenseShard>>& shards) const;
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

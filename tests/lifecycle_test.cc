@@ -200,5 +200,21 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   EXPECT_THAT(r.output, HasSubstr("--device must be cpu or gpu:N, not \"tpu\""));
 }
 
+TEST(DaemonFlagsTest, AnUnknownCrashPointIsRefused) {
+  const std::string tf_config =
+      R"({"cluster": {"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"]},
+          "task": {"type": "TASK", "index": 0}})";
+  for (const char* job : {"chief", "ps"}) {
+    std::string config = tf_config;
+    config.replace(config.find("TASK"), 4, job);
+    RunResult r = RunToExit(std::string(job) == "chief" ? "chief/chief" : "ps_server/ps_server",
+                            {"--crash_at=save_somewhere@2"}, config);
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << job << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--crash_at: unknown crash point \"save_somewhere\"; "
+                                    "expected one of save_opened"))
+        << job;
+  }
+}
+
 }  // namespace
 }  // namespace pscluster
