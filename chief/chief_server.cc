@@ -483,7 +483,7 @@ absl::Status ChiefServer::InitializeModel() {
     // have applied are the global step, so workers neither repeat nor skip steps.
     int64_t applied = 0;
     for (int ps = 0; ps < num_ps; ++ps) {
-      absl::StatusOr<v1::ListShardsResponse> shards = client_->transport().ListShards(ps);
+      absl::StatusOr<v1::ListShardsResponse> shards = client_->ListShards(ps);
       if (!shards.ok()) return shards.status();
       for (const v1::ShardStats& s : shards->shards()) {
         if (!s.is_table()) applied = std::max(applied, s.applied_step());

@@ -30,7 +30,7 @@ struct LiveCluster {
   v1::GetModelResponse model;
   std::unique_ptr<ParameterClient> client;
 
-  int num_ps() const { return client->transport().num_ps(); }
+  int num_ps() const { return client->num_ps(); }
   // "ps:1 (host:port)".
   std::string PsName(int ps) const;
 };

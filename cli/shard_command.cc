@@ -118,7 +118,7 @@ psctl::ShardReport BuildShardReport(LiveCluster& cluster, absl::string_view shar
     request.set_values_offset(options.values_count > 0 ? options.values_offset : 0);
     request.set_values_count(std::max<int64_t>(0, options.values_count));
     pending.push_back(std::async(std::launch::async, [&cluster, p, request] {
-      return cluster.client->transport().InspectShard(p->ps_task(), request);
+      return cluster.client->InspectShard(p->ps_task(), request);
     }));
   }
   std::vector<absl::Status> errors;
@@ -241,7 +241,7 @@ psctl::TableReport BuildTableReport(LiveCluster& cluster, absl::string_view tabl
     request.mutable_shard()->set_partition(-1);
     request.mutable_keys()->Add(keys_of[ps].begin(), keys_of[ps].end());
     pending.push_back(std::async(std::launch::async, [&cluster, ps, request] {
-      return cluster.client->transport().InspectShard(ps, request);
+      return cluster.client->InspectShard(ps, request);
     }));
   }
   std::vector<absl::Status> errors;

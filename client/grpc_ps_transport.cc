@@ -105,9 +105,8 @@ absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& s
 }
 
 absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
-                                        v1::DataType wire_dtype, int64_t step, int32_t worker,
-                                        v1::PushDenseResponse* response) {
-  const v1::DataType wire = WireOrFloat(wire_dtype);
+                                        const PushMeta& meta, v1::PushDenseResponse* response) {
+  const v1::DataType wire = WireOrFloat(meta.wire_dtype);
   PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -120,8 +119,9 @@ absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& s
     header->add_num_elements(s.num_elements);
   }
   header->set_wire_dtype(wire);
-  header->set_step(step);
-  header->set_worker(worker);
+  header->set_step(meta.step);
+  header->set_worker(meta.worker);
+  *header->mutable_request_id() = meta.request_id;
   bool open = writer->Write(msg);
   const int64_t chunk_elems = std::max<int64_t>(1, options_.chunk_bytes / elem_bytes);
   v1::PushDenseRequest chunk_msg;
@@ -149,7 +149,7 @@ absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const
   const v1::DataType wire = WireOrFloat(wire_dtype);
   v1::PullSparseRequest req;
   req.set_table(table);
-  req.mutable_keys()->Add(keys, keys + n);
+  req.set_packed_keys(reinterpret_cast<const char*>(keys), n * sizeof(int64_t));
   req.set_wire_dtype(wire);
   if (step >= 0) req.set_step(step);
   v1::PullSparseResponse resp;
@@ -166,16 +166,18 @@ absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const
 
 absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const int64_t* keys,
                                          int64_t n, int64_t dim, const float* grads,
-                                         v1::DataType wire_dtype, int64_t step, int32_t worker,
-                                         v1::PushSparseResponse* response) {
-  const v1::DataType wire = WireOrFloat(wire_dtype);
+                                         const PushMeta& meta, v1::PushSparseResponse* response) {
+  const v1::DataType wire = WireOrFloat(meta.wire_dtype);
   v1::PushSparseRequest req;
   req.set_table(table);
-  req.mutable_keys()->Add(keys, keys + n);
+  req.set_packed_keys(reinterpret_cast<const char*>(keys), n * sizeof(int64_t));
   PS_RETURN_IF_ERROR(EncodeFloats(grads, n * dim, wire, req.mutable_gradients()));
   req.set_wire_dtype(wire);
-  req.set_step(step);
-  req.set_worker(worker);
+  req.set_step(meta.step);
+  req.set_worker(meta.worker);
+  *req.mutable_request_id() = meta.request_id;
+  req.set_part(meta.part);
+  req.set_num_parts(meta.num_parts);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   return Annotate(ps, stubs_[ps]->PushSparse(&ctx, req, response));
@@ -210,6 +212,14 @@ absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsReque
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   return Annotate(ps, stubs_[ps]->RestoreShards(&ctx, request, response));
+}
+
+absl::StatusOr<v1::TaskStatus> GrpcPsTransport::GetStatus(int ps) {
+  v1::TaskStatus resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->GetStatus(&ctx, v1::GetStatusRequest(), &resp)));
+  return resp;
 }
 
 }  // namespace pscluster

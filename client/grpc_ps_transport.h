@@ -16,7 +16,8 @@ struct GrpcPsTransportOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Size of each streamed chunk of a dense push or pull, in bytes.
   int64_t chunk_bytes = 1 << 20;
-  // Largest message received, in bytes (sparse pulls come back in one message).
+  // Largest message sent or received, in bytes (a sparse request and its answer are one
+  // message; ParameterClient splits larger ones).
   int max_message_bytes = 64 << 20;
 };
 
@@ -35,14 +36,14 @@ class GrpcPsTransport : public PsTransport {
                             v1::CreateShardsResponse* response) override;
   absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
                          v1::DataType wire_dtype, int64_t step) override;
-  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
-                         int64_t step, int32_t worker, v1::PushDenseResponse* response) override;
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, const PushMeta& meta,
+                         v1::PushDenseResponse* response) override;
   absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                           int64_t dim, v1::DataType wire_dtype, int64_t step,
                           float* out) override;
   absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
-                          int64_t dim, const float* grads, v1::DataType wire_dtype, int64_t step,
-                          int32_t worker, v1::PushSparseResponse* response) override;
+                          int64_t dim, const float* grads, const PushMeta& meta,
+                          v1::PushSparseResponse* response) override;
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) override;
@@ -50,6 +51,7 @@ class GrpcPsTransport : public PsTransport {
                           v1::SaveShardsResponse* response) override;
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
+  absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
 
  private:
   void SetDeadline(grpc::ClientContext* ctx) const;

@@ -1,6 +1,7 @@
 #include "client/parameter_client.h"
 
 #include <algorithm>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -70,20 +71,52 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
   return client;
 }
 
+namespace {
+
+// A random, non-zero id for this client's pushes: a restarted process is a new client.
+uint64_t NewClientId() {
+  std::random_device device;
+  std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device() ^
+                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  uint64_t id = 0;
+  while (id == 0) id = rng();
+  return id;
+}
+
+}  // namespace
+
 ParameterClient::ParameterClient(v1::ModelSpec model, v1::Placement placement,
                                  std::unique_ptr<PsTransport> transport,
                                  const ParameterClientOptions& options)
     : model_(std::move(model)),
       placement_(std::move(placement)),
       transport_(std::move(transport)),
-      options_(options) {}
+      options_(options),
+      client_id_(NewClientId()) {
+  const int threads = options.fan_out_threads > 0 ? options.fan_out_threads
+                                                  : std::max(0, transport_->num_ps() - 1);
+  fan_out_ = std::make_unique<ThreadPool>(threads);
+}
 
-absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Status()>& fn) {
+v1::RequestId ParameterClient::NextRequestId() {
+  v1::RequestId id;
+  id.set_client(client_id_);
+  id.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+  return id;
+}
+
+absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Status()>& fn,
+                                          bool push) {
   absl::Duration backoff = options_.initial_backoff;
+  auto retryable = [push](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kUnavailable ||
+           (push && (s.code() == absl::StatusCode::kDeadlineExceeded ||
+                     s.code() == absl::StatusCode::kCancelled));
+  };
   for (int attempt = 1;; ++attempt) {
     absl::Status s = fn();
-    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_attempts) {
-      if (!s.ok() && s.code() == absl::StatusCode::kUnavailable) {
+    if (!retryable(s) || attempt >= options_.max_attempts) {
+      if (!s.ok() && retryable(s)) {
         return absl::UnavailableError(
             absl::StrCat(s.message(), " (gave up after ", attempt, " attempts)"));
       }
@@ -97,15 +130,15 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
 }
 
 absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
-                                        const std::function<absl::Status(int)>& fn) {
+                                        const std::function<absl::Status(int)>& fn,
+                                        bool push) {
   std::vector<absl::Status> results(tasks.size());
-  std::vector<std::thread> threads;
-  // The first task runs on the calling thread: a call that touches one ps spawns nothing.
-  for (size_t i = 1; i < tasks.size(); ++i) {
-    threads.emplace_back([&, i] { results[i] = WithRetries(tasks[i], [&] { return fn(tasks[i]); }); });
-  }
-  if (!tasks.empty()) results[0] = WithRetries(tasks[0], [&] { return fn(tasks[0]); });
-  for (std::thread& t : threads) t.join();
+  // The first task runs on the calling thread: a call that touches one ps hands nothing off.
+  fan_out_->ParallelFor(static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      results[i] = WithRetries(tasks[i], [&] { return fn(tasks[i]); }, push);
+    }
+  });
   for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
@@ -243,11 +276,24 @@ absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
   }
   std::vector<int> tasks;
   for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
-  return ForEachPs(tasks, [&](int ps) {
-    v1::PushDenseResponse resp;
-    return transport_->PushDense(ps, by_ps.at(ps), options_.wire_dtype, step, options_.worker,
-                                 &resp);
-  });
+  // One id per ps request, kept across its retries.
+  std::map<int, PushMeta> meta;
+  for (int ps : tasks) {
+    PushMeta& m = meta[ps];
+    m.wire_dtype = options_.wire_dtype;
+    m.step = step;
+    m.worker = options_.worker;
+    m.request_id = NextRequestId();
+  }
+  return ForEachPs(
+      tasks,
+      [&](int ps) {
+        v1::PushDenseResponse resp;
+        PS_RETURN_IF_ERROR(transport_->PushDense(ps, by_ps.at(ps), meta.at(ps), &resp));
+        if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+        return absl::OkStatus();
+      },
+      /*push=*/true);
 }
 
 absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) const {
@@ -267,6 +313,12 @@ std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys
   return positions;
 }
 
+int64_t ParameterClient::KeysPerPart(int64_t dim) const {
+  const int64_t by_bytes =
+      options_.max_sparse_request_bytes / std::max<int64_t>(1, dim * int64_t{sizeof(float)});
+  return std::max<int64_t>(1, std::min(options_.max_sparse_keys_per_request, by_bytes));
+}
+
 absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* keys, int64_t n,
                                        float* out, int64_t step) {
   PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
@@ -275,18 +327,23 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
   for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
     if (!positions[ps].empty()) tasks.push_back(ps);
   }
+  const int64_t per_part = KeysPerPart(dim);
   return ForEachPs(tasks, [&](int ps) -> absl::Status {
     const std::vector<int64_t>& pos = positions[ps];
-    if (pos.size() == static_cast<size_t>(n)) {
+    const int64_t m = static_cast<int64_t>(pos.size());
+    if (m == n && m <= per_part) {
       return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
     }
-    std::vector<int64_t> my_keys(pos.size());
-    for (size_t i = 0; i < pos.size(); ++i) my_keys[i] = keys[pos[i]];
-    std::vector<float> rows(pos.size() * dim);
-    PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.data(), my_keys.size(), dim,
-                                              options_.wire_dtype, step, rows.data()));
-    for (size_t i = 0; i < pos.size(); ++i) {
-      std::copy_n(rows.data() + i * dim, dim, out + pos[i] * dim);
+    std::vector<int64_t> my_keys(std::min(m, per_part));
+    std::vector<float> rows(my_keys.size() * dim);
+    for (int64_t begin = 0; begin < m; begin += per_part) {
+      const int64_t count = std::min(per_part, m - begin);
+      for (int64_t i = 0; i < count; ++i) my_keys[i] = keys[pos[begin + i]];
+      PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.data(), count, dim,
+                                                options_.wire_dtype, step, rows.data()));
+      for (int64_t i = 0; i < count; ++i) {
+        std::copy_n(rows.data() + i * dim, dim, out + pos[begin + i] * dim);
+      }
     }
     return absl::OkStatus();
   });
@@ -300,23 +357,83 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
   for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
     if (!positions[ps].empty()) tasks.push_back(ps);
   }
-  return ForEachPs(tasks, [&](int ps) -> absl::Status {
-    const std::vector<int64_t>& pos = positions[ps];
-    v1::PushSparseResponse resp;
-    if (pos.size() == static_cast<size_t>(n)) {
-      return transport_->PushSparse(ps, table, keys, n, dim, grads, options_.wire_dtype, step,
-                                    options_.worker, &resp);
-    }
-    std::vector<int64_t> my_keys(pos.size());
-    std::vector<float> my_grads(pos.size() * dim);
-    for (size_t i = 0; i < pos.size(); ++i) {
-      my_keys[i] = keys[pos[i]];
-      std::copy_n(grads + pos[i] * dim, dim, my_grads.data() + i * dim);
-    }
-    return transport_->PushSparse(ps, table, my_keys.data(), my_keys.size(), dim,
-                                  my_grads.data(), options_.wire_dtype, step, options_.worker,
-                                  &resp);
-  });
+  const int64_t per_part = KeysPerPart(dim);
+  // The ids of every part of every ps request, drawn before anything is sent.
+  std::map<int, std::vector<v1::RequestId>> ids;
+  for (int ps : tasks) {
+    const int64_t parts = (static_cast<int64_t>(positions[ps].size()) + per_part - 1) / per_part;
+    for (int64_t p = 0; p < parts; ++p) ids[ps].push_back(NextRequestId());
+  }
+  return ForEachPs(
+      tasks,
+      [&](int ps) -> absl::Status {
+        const std::vector<int64_t>& pos = positions[ps];
+        const int64_t m = static_cast<int64_t>(pos.size());
+        const std::vector<v1::RequestId>& part_ids = ids.at(ps);
+        PushMeta meta;
+        meta.wire_dtype = options_.wire_dtype;
+        meta.step = step;
+        meta.worker = options_.worker;
+        meta.num_parts = static_cast<int32_t>(part_ids.size());
+        v1::PushSparseResponse resp;
+        if (m == n && m <= per_part) {
+          meta.request_id = part_ids[0];
+          PS_RETURN_IF_ERROR(transport_->PushSparse(ps, table, keys, n, dim, grads, meta, &resp));
+          if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+          return absl::OkStatus();
+        }
+        std::vector<int64_t> my_keys(std::min(m, per_part));
+        std::vector<float> my_grads(my_keys.size() * dim);
+        for (int64_t begin = 0, part = 0; begin < m; begin += per_part, ++part) {
+          const int64_t count = std::min(per_part, m - begin);
+          for (int64_t i = 0; i < count; ++i) {
+            my_keys[i] = keys[pos[begin + i]];
+            std::copy_n(grads + pos[begin + i] * dim, dim, my_grads.data() + i * dim);
+          }
+          meta.part = static_cast<int32_t>(part);
+          meta.request_id = part_ids[part];
+          // A part already applied is answered as a duplicate when the whole is retried.
+          PS_RETURN_IF_ERROR(WithRetries(
+              ps,
+              [&] {
+                resp.Clear();
+                return transport_->PushSparse(ps, table, my_keys.data(), count, dim,
+                                              my_grads.data(), meta, &resp);
+              },
+              /*push=*/true));
+          if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+        }
+        return absl::OkStatus();
+      },
+      /*push=*/true);
+}
+
+absl::StatusOr<v1::ListShardsResponse> ParameterClient::ListShards(int ps) {
+  absl::StatusOr<v1::ListShardsResponse> out;
+  PS_RETURN_IF_ERROR(WithRetries(ps, [&] {
+    out = transport_->ListShards(ps);
+    return out.status();
+  }));
+  return out;
+}
+
+absl::StatusOr<v1::InspectShardResponse> ParameterClient::InspectShard(
+    int ps, const v1::InspectShardRequest& request) {
+  absl::StatusOr<v1::InspectShardResponse> out;
+  PS_RETURN_IF_ERROR(WithRetries(ps, [&] {
+    out = transport_->InspectShard(ps, request);
+    return out.status();
+  }));
+  return out;
+}
+
+absl::StatusOr<v1::TaskStatus> ParameterClient::GetStatus(int ps) {
+  absl::StatusOr<v1::TaskStatus> out;
+  PS_RETURN_IF_ERROR(WithRetries(ps, [&] {
+    out = transport_->GetStatus(ps);
+    return out.status();
+  }));
+  return out;
 }
 
 }  // namespace pscluster

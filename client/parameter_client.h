@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_CLIENT_PARAMETER_CLIENT_H_
 #define PSCLUSTER_CLIENT_PARAMETER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/ps_transport.h"
+#include "common/thread_pool.h"
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
 
@@ -26,6 +28,12 @@ struct ParameterClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   // This client's worker index, sent with pushes (-1 for the chief and tools).
   int32_t worker = -1;
+  // Sparse requests of more keys than this are sent in parts (each at most this many keys
+  // and max_sparse_request_bytes of rows).
+  int64_t max_sparse_keys_per_request = 1 << 20;
+  int64_t max_sparse_request_bytes = 32 << 20;
+  // Threads that send to several ps tasks at once (0: one per ps task beyond the first).
+  int fan_out_threads = 0;
 };
 
 // How ParameterClient::CreateAll creates shards.
@@ -43,9 +51,11 @@ struct CreateShardsOptions {
 // tasks in parallel, and gathers the answers in the caller's order. Variables are seen whole:
 // partitions are split and joined here.
 //
-// Retries UNAVAILABLE (a task restarting) with backoff; other errors return at once, naming the
-// ps task. A retried push may be applied twice if its first answer was lost after the ps had
-// applied it, as with any at-least-once RPC.
+// Retries UNAVAILABLE (a task restarting) and, for pushes, DEADLINE_EXCEEDED and CANCELLED, with
+// backoff; other errors return at once, naming the ps task. Every push carries a request id
+// (a random client id chosen at Create, and a sequence number), and a retry sends the same id:
+// the ps applies a push once, and answers a retry of one it applied with `duplicate`.
+// Sparse requests larger than the options allow are split into parts.
 //
 // Thread-safe: concurrent calls are allowed.
 class ParameterClient {
@@ -57,7 +67,9 @@ class ParameterClient {
 
   const v1::ModelSpec& model() const { return model_; }
   const v1::Placement& placement() const { return placement_; }
-  PsTransport& transport() { return *transport_; }
+  int num_ps() const { return transport_->num_ps(); }
+  // The id this client's pushes carry (RequestId.client).
+  uint64_t client_id() const { return client_id_; }
 
   // Creates every variable partition and table shard on its ps task. Harmless when repeated.
   // `*created` (optional) receives how many shards were new (0: the ps tasks already held
@@ -92,6 +104,17 @@ class ParameterClient {
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
                         const float* grads, int64_t step);
 
+  // One ps task's shard list, a shard's statistics, and task status (for the chief and
+  // psctl), with the same retries.
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps);
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(int ps,
+                                                        const v1::InspectShardRequest& request);
+  absl::StatusOr<v1::TaskStatus> GetStatus(int ps);
+
+  // Pushes answered as duplicates of a push the ps had applied (retries that found their
+  // first attempt applied), for tests and statistics.
+  int64_t duplicate_pushes() const { return duplicate_pushes_.load(); }
+
  private:
   struct Part {
     v1::ShardRef ref;
@@ -110,8 +133,14 @@ class ParameterClient {
   absl::StatusOr<const DenseVar*> FindVar(const std::string& name) const;
   absl::StatusOr<int64_t> TableDim(const std::string& table) const;
   // Runs fn(ps) for each listed task in parallel, each with retries; returns the first error.
-  absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn);
-  absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn);
+  absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn,
+                         bool push = false);
+  // Keys of one sparse request of rows of `dim` floats.
+  int64_t KeysPerPart(int64_t dim) const;
+  // Retries UNAVAILABLE; with `push`, also DEADLINE_EXCEEDED and CANCELLED (the push's id
+  // makes a retry safe).
+  absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false);
+  v1::RequestId NextRequestId();
   // Groups key positions by owning ps task.
   std::vector<std::vector<int64_t>> RouteKeys(const int64_t* keys, int64_t n) const;
 
@@ -119,7 +148,11 @@ class ParameterClient {
   const v1::Placement placement_;
   const std::unique_ptr<PsTransport> transport_;
   const ParameterClientOptions options_;
+  const uint64_t client_id_;
+  std::atomic<uint64_t> next_seq_{1};
+  std::atomic<int64_t> duplicate_pushes_{0};
   std::map<std::string, DenseVar> dense_;
+  std::unique_ptr<ThreadPool> fan_out_;
 };
 
 }  // namespace pscluster

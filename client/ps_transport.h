@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/ps_service.pb.h"
+#include "proto/status.pb.h"
 
 namespace pscluster {
 
@@ -20,13 +21,31 @@ struct DenseSlice {
   const float* push_from = nullptr;
 };
 
+// The tags every push carries (PushDenseHeader / PushSparseRequest).
+struct PushMeta {
+  // Encoding of the gradients on the wire.
+  v1::DataType wire_dtype = v1::DT_FLOAT32;
+  // The global step the gradient was computed from (sync mode drops other steps').
+  int64_t step = 0;
+  // The pushing worker's index (-1: not a worker).
+  int32_t worker = -1;
+  // Names this push for the ps's retry detection (see RequestId); client 0: none.
+  v1::RequestId request_id;
+  // Sparse pushes split into several requests: this one's part of num_parts (see
+  // PushSparseRequest.part).
+  int32_t part = 0;
+  int32_t num_parts = 1;
+};
+
 // The RPCs of the ps tasks, one task at a time, with tensors already in caller memory: the
 // boundary that ParameterClient routes over. Implementations encode to the wire dtype and
 // back, so an in-process fake shows the same rounding as the network.
 //
-// Implementations: GrpcPsTransport (the real one) and InProcessPsTransport (a fake over
-// ParameterStore objects, for tests). Thread-safe: calls to different or the same task may run
-// concurrently.
+// Implementations: GrpcPsTransport (everything over gRPC), TcpPsTransport (pulls and pushes
+// over the tensor data plane, the rest over gRPC) and InProcessPsTransport (over ParameterStore
+// objects in this process, for tests and the single-process benchmark). One conformance suite
+// (client/ps_transport_conformance.h) runs against each. Thread-safe: calls to different or the
+// same task may run concurrently.
 class PsTransport {
  public:
   virtual ~PsTransport() = default;
@@ -39,16 +58,14 @@ class PsTransport {
   virtual absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
                                  v1::DataType wire_dtype, int64_t step) = 0;
   virtual absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices,
-                                 v1::DataType wire_dtype, int64_t step, int32_t worker,
-                                 v1::PushDenseResponse* response) = 0;
+                                 const PushMeta& meta, v1::PushDenseResponse* response) = 0;
   // out[0..n*dim) receives the rows of keys[0..n).
   virtual absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys,
                                   int64_t n, int64_t dim, v1::DataType wire_dtype, int64_t step,
                                   float* out) = 0;
   virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys,
                                   int64_t n, int64_t dim, const float* grads,
-                                  v1::DataType wire_dtype, int64_t step, int32_t worker,
-                                  v1::PushSparseResponse* response) = 0;
+                                  const PushMeta& meta, v1::PushSparseResponse* response) = 0;
   virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
   virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) = 0;
@@ -56,6 +73,7 @@ class PsTransport {
                                   v1::SaveShardsResponse* response) = 0;
   virtual absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) = 0;
+  virtual absl::StatusOr<v1::TaskStatus> GetStatus(int ps) = 0;
 };
 
 }  // namespace pscluster

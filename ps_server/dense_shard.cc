@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "ps_server/initializer.h"
 
 namespace pscluster {
@@ -21,53 +22,17 @@ void ShardCounters::FillStats(v1::ShardStats* stats) const {
   stats->set_dropped_stale(dropped_stale.load(std::memory_order_relaxed));
 }
 
-void ComputeFloatStats(const float* values, int64_t n, v1::ValueStats* stats) {
-  int64_t count = 0, nan = 0, inf = 0;
-  double min = std::numeric_limits<double>::infinity();
-  double max = -min;
-  double sum = 0, sum_sq = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = values[i];
-    if (std::isnan(v)) {
-      ++nan;
-    } else if (std::isinf(v)) {
-      ++inf;
-    } else {
-      ++count;
-      min = std::min(min, v);
-      max = std::max(max, v);
-      sum += v;
-      sum_sq += v * v;
-    }
-  }
-  stats->set_count(count);
-  stats->set_nan_count(nan);
-  stats->set_inf_count(inf);
-  if (count == 0) return;
-  const double mean = sum / count;
-  stats->set_min(min);
-  stats->set_max(max);
-  stats->set_mean(mean);
-  stats->set_std(std::sqrt(std::max(0.0, sum_sq / count - mean * mean)));
-  stats->set_l2_norm(std::sqrt(sum_sq));
-}
+namespace {
 
-int64_t FindNonFinite(const float* v, int64_t n) {
-  // A branch-free pass first (vectorizes); only a hit pays for the search.
-  uint32_t all_exp = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &v[i], sizeof(bits));
-    all_exp |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (all_exp == 0) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return i;
-  }
-  return -1;
-}
+// What a spec describes, validated: the shard's shape, element count and the element offset
+// of its first row in the whole variable.
+struct DenseGeometry {
+  v1::TensorShape shape;
+  int64_t num_elements = 0;
+  int64_t first_element = 0;
+};
 
-absl::StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const v1::DenseShardSpec& spec) {
+absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
   const v1::VariableSpec& var = spec.variable();
   const v1::DensePartition& part = spec.partition();
   if (var.name().empty()) return absl::InvalidArgumentError("a variable has an empty name");
@@ -76,27 +41,61 @@ absl::StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const v1::DenseSh
                                                    v1::DataType_Name(var.dtype()),
                                                    "; only DT_FLOAT32 variables are supported"));
   }
+  // Every size below is checked against this bound before it is multiplied, so no product
+  // overflows: a request for 10^12 elements is a clear error, not a wrapped number.
+  constexpr int64_t kMaxElements = int64_t{1} << 56;
   const auto& dims = var.shape().dims();
-  int64_t rows = dims.empty() ? 1 : dims[0];
+  const int64_t rows = dims.empty() ? 1 : dims[0];
   int64_t row_elements = 1;
   for (int i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("variable ", var.name(), " has negative dimension ", dims[i]));
     }
-    if (i > 0) row_elements *= dims[i];
+    if (i > 0) {
+      if (dims[i] != 0 && row_elements > kMaxElements / dims[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "variable ", var.name(), " of shape ", absl::StrJoin(dims, "x"), " is too large"));
+      }
+      row_elements *= dims[i];
+    }
   }
   if (part.row_begin() < 0 || part.row_end() < part.row_begin() || part.row_end() > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "variable ", var.name(), " partition ", part.partition(), ": rows [", part.row_begin(),
         ", ", part.row_end(), ") are not within the variable's ", rows, " rows"));
   }
-  v1::TensorShape shape;
-  if (!dims.empty()) {
-    shape.add_dims(part.row_end() - part.row_begin());
-    for (int i = 1; i < dims.size(); ++i) shape.add_dims(dims[i]);
+  if (row_elements != 0 && rows > kMaxElements / row_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "variable ", var.name(), " of shape [", absl::StrJoin(dims, ", "), "] is too large"));
   }
-  const int64_t n = (part.row_end() - part.row_begin()) * row_elements;
+  DenseGeometry g;
+  if (!dims.empty()) {
+    g.shape.add_dims(part.row_end() - part.row_begin());
+    for (int i = 1; i < dims.size(); ++i) g.shape.add_dims(dims[i]);
+  }
+  g.num_elements = (part.row_end() - part.row_begin()) * row_elements;
+  g.first_element = part.row_begin() * row_elements;
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> DenseShard::BytesFor(const v1::DenseShardSpec& spec) {
+  PS_ASSIGN_OR_RETURN(DenseGeometry g, GeometryOf(spec));
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.variable().optimizer());
+  if (!optimizer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", spec.variable().name(), ": ", optimizer.status().message()));
+  }
+  return g.num_elements * (1 + (*optimizer)->num_slots()) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const v1::DenseShardSpec& spec) {
+  const v1::VariableSpec& var = spec.variable();
+  PS_ASSIGN_OR_RETURN(DenseGeometry geometry, GeometryOf(spec));
+  v1::TensorShape shape = std::move(geometry.shape);
+  const int64_t n = geometry.num_elements;
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(var.optimizer());
   if (!optimizer.ok()) {
     return absl::InvalidArgumentError(
@@ -108,7 +107,7 @@ absl::StatusOr<std::unique_ptr<DenseShard>> DenseShard::Create(const v1::DenseSh
   const int slots = shard->optimizer_->num_slots();
   shard->data_.assign(static_cast<size_t>(n) * (1 + slots), 0.0f);
   absl::Status init = InitializeDense(var.initializer(), var.name(), var.shape(),
-                                      part.row_begin() * row_elements, shard->data_.data(), n);
+                                      geometry.first_element, shard->data_.data(), n);
   if (!init.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("variable ", var.name(), ": ", init.message()));
   }
@@ -134,13 +133,24 @@ void DenseShard::ReadValues(float* out) const {
   std::memcpy(out, data_.data(), num_elements_ * sizeof(float));
 }
 
-void DenseShard::Apply(const float* grad) {
+void DenseShard::Apply(const float* grad, ThreadPool* pool) {
+  // Blocks below this size are not worth a hand-off to another thread.
+  constexpr int64_t kMinParallelBlock = 32 << 10;
   absl::MutexLock lock(&mu_);
   const int slots = optimizer_->num_slots();
-  float* slot_ptrs[8];
-  for (int s = 0; s < slots; ++s) slot_ptrs[s] = data_.data() + (1 + s) * num_elements_;
-  ++updates_;
-  optimizer_->Apply(data_.data(), slot_ptrs, grad, num_elements_, updates_);
+  float* const data = data_.data();
+  const int64_t n = num_elements_;
+  const int64_t t = ++updates_;
+  auto apply = [this, data, n, slots, grad, t](int64_t begin, int64_t end) {
+    float* slot_ptrs[8];
+    for (int s = 0; s < slots; ++s) slot_ptrs[s] = data + (1 + s) * n + begin;
+    optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
+  };
+  if (pool == nullptr || n < 2 * kMinParallelBlock) {
+    apply(0, n);
+  } else {
+    pool->ParallelFor(n, kMinParallelBlock, apply);
+  }
   counters_.last_update_unix_micros.store(absl::ToUnixMicros(absl::Now()),
                                           std::memory_order_relaxed);
 }

@@ -11,9 +11,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/float_stats.h"
 #include "ps_server/optimizer.h"
 
 namespace pscluster {
+
+class ThreadPool;
 
 // Traffic counters of one shard, updated without locks.
 struct ShardCounters {
@@ -38,6 +41,9 @@ class DenseShard {
   // depend on the partitioning. INVALID_ARGUMENT for a bad spec (shape, rows, optimizer,
   // initializer), naming the variable.
   static absl::StatusOr<std::unique_ptr<DenseShard>> Create(const v1::DenseShardSpec& spec);
+  // The bytes (values and optimizer slots) Create(spec) would allocate, or Create's error for
+  // a bad spec; allocates nothing. INVALID_ARGUMENT also for a size that overflows.
+  static absl::StatusOr<int64_t> BytesFor(const v1::DenseShardSpec& spec);
 
   const v1::DenseShardSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.variable().name(); }
@@ -54,9 +60,19 @@ class DenseShard {
   // Copies the current values into out[0..num_elements()).
   void ReadValues(float* out) const;
 
-  // Applies one optimizer step with gradient grad[0..num_elements()).
+  // Applies one optimizer step with gradient grad[0..num_elements()). With a pool, a large
+  // shard is updated in parallel blocks; the optimizers are element-wise, so the result is the
+  // same bits either way.
   // REQUIRES: the caller has validated the gradient (size; finiteness where required).
-  void Apply(const float* grad);
+  void Apply(const float* grad, ThreadPool* pool = nullptr);
+
+  // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
+  // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.
+  template <typename Fn>
+  auto WithValues(Fn fn) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return fn(static_cast<const float*>(data_.data()), num_elements_);
+  }
 
   int64_t updates() const;
 
@@ -83,13 +99,6 @@ class DenseShard {
   std::vector<float> data_ ABSL_GUARDED_BY(mu_);
   int64_t updates_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// Statistics of n floats (count, min, max, mean, std, L2 norm, NaN and Inf counts); NaN and
-// Inf are counted and left out of the rest.
-void ComputeFloatStats(const float* values, int64_t n, v1::ValueStats* stats);
-
-// Returns the index of the first non-finite value of v[0..n), or -1 if all are finite.
-int64_t FindNonFinite(const float* v, int64_t n);
 
 }  // namespace pscluster
 

@@ -9,6 +9,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ps_server/float_stats.h"
 #include "ps_server/initializer.h"
 #include "sharding/sparse_hash.h"
 
@@ -25,27 +26,6 @@ uint64_t Mix64(uint64_t x) {
   x *= 0xc4ceb9fe1a85ec53ULL;
   x ^= x >> 33;
   return x;
-}
-
-// Returns the index of the first NaN or Inf in v[0..n), or -1 if there is none.
-int64_t FindFirstNonFinite(const float* v, int64_t n) {
-  constexpr uint32_t kExponentMask = 0x7f800000u;
-  constexpr int64_t kBlock = 1024;
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t end = std::min(n, begin + kBlock);
-    // A branch-free scan that vectorizes; only a block with a hit is searched.
-    uint32_t any = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &v[i], sizeof(bits));
-      any |= static_cast<uint32_t>((bits & kExponentMask) == kExponentMask);
-    }
-    if (any == 0) continue;
-    for (int64_t i = begin; i < end; ++i) {
-      if (!std::isfinite(v[i])) return i;
-    }
-  }
-  return -1;
 }
 
 // The stripe of a key: the top 6 bits of its mix.
@@ -264,15 +244,15 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out) {
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* grads,
-                                  bool allow_non_finite) {
+absl::Status EmbeddingTable::CheckPush(const int64_t* keys, int64_t n, const float* grads,
+                                       bool allow_non_finite) const {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": push of ", n, " keys"));
   }
   PS_RETURN_IF_ERROR(CheckOwned(keys, n));
   if (!allow_non_finite) {
-    const int64_t bad = FindFirstNonFinite(grads, n * dim_);
+    const int64_t bad = FindNonFinite(grads, n * dim_);
     if (bad >= 0) {
       const int64_t pos = bad / dim_;
       return absl::InvalidArgumentError(
@@ -281,6 +261,16 @@ absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* g
                        " of its row); non-finite gradients are refused"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* grads,
+                                  bool allow_non_finite) {
+  PS_RETURN_IF_ERROR(CheckPush(keys, n, grads, allow_non_finite));
+  return ApplyPush(keys, n, grads);
+}
+
+absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const float* grads) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, /*with_order=*/false, &groups);
@@ -437,43 +427,14 @@ std::vector<v1::HotKey> EmbeddingTable::HotKeys(int k) const {
 }
 
 void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
-  int64_t count = 0, nan_count = 0, inf_count = 0;
-  double min = std::numeric_limits<double>::infinity();
-  double max = -min;
-  double sum = 0, sum_sq = 0;
+  FloatStats all;
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
     const size_t num_rows = stripe.update_counts.size();
-    for (size_t row = 0; row < num_rows; ++row) {
-      const float* values = stripe.arena.data() + row * stride_;
-      for (int64_t d = 0; d < dim_; ++d) {
-        const double v = values[d];
-        if (std::isnan(v)) {
-          ++nan_count;
-        } else if (std::isinf(v)) {
-          ++inf_count;
-        } else {
-          ++count;
-          min = std::min(min, v);
-          max = std::max(max, v);
-          sum += v;
-          sum_sq += v * v;
-        }
-      }
-    }
+    for (size_t row = 0; row < num_rows; ++row) all.Add(stripe.arena.data() + row * stride_, dim_);
   }
-  stats->Clear();
-  stats->set_count(count);
-  stats->set_nan_count(nan_count);
-  stats->set_inf_count(inf_count);
-  if (count == 0) return;
-  const double mean = sum / static_cast<double>(count);
-  stats->set_min(min);
-  stats->set_max(max);
-  stats->set_mean(mean);
-  stats->set_std(std::sqrt(std::max(0.0, sum_sq / static_cast<double>(count) - mean * mean)));
-  stats->set_l2_norm(std::sqrt(sum_sq));
+  all.Fill(stats);
 }
 
 void EmbeddingTable::ForEachRow(

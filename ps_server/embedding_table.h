@@ -89,6 +89,14 @@ class EmbeddingTable {
   // REQUIRES: keys holds n keys and grads n*dim() floats (both may be null when n == 0).
   absl::Status Push(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite);
 
+  // Push in two halves, for callers that validate before deciding how to apply (a sync
+  // accumulator): CheckPush returns the errors Push would, changing nothing; ApplyPush then
+  // applies without checking again (only RESOURCE_EXHAUSTED, as Push).
+  absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads,
+                         bool allow_non_finite) const;
+  // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
+  absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads);
+
   // Reads without creating. For each keys[i], in order: if its row exists (on this table; an
   // unowned key never does), appends the key to *found and its dim() values to *rows; otherwise
   // appends the key to *missing. Does not clear the vectors.

@@ -7,16 +7,52 @@
 namespace pscluster {
 namespace {
 
-// What travelling over the wire does to values: encode, decode.
-absl::Status RoundTrip(const float* in, int64_t n, v1::DataType wire, float* out) {
-  if (wire == v1::DT_INVALID || wire == v1::DT_FLOAT32) {
-    std::copy(in, in + n, out);
+v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
+// float32 values as the bytes that would travel, without a copy; other dtypes encoded.
+absl::string_view WireBytes(const float* values, int64_t n, v1::DataType wire,
+                            std::string* scratch) {
+  if (WireOrFloat(wire) == v1::DT_FLOAT32) {
+    return absl::string_view(reinterpret_cast<const char*>(values), n * sizeof(float));
+  }
+  scratch->clear();
+  EncodeFloats(values, n, wire, scratch).IgnoreError();  // the store reports a bad dtype
+  return *scratch;
+}
+
+// Decodes a pull's values into caller memory, as a client of the network would.
+class SliceSink : public DensePullSink {
+ public:
+  SliceSink(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire)
+      : ps_(ps), slices_(slices), wire_(WireOrFloat(wire)) {}
+
+  absl::Status Begin(const std::vector<int64_t>& num_elements) override {
+    for (size_t i = 0; i < slices_.size(); ++i) {
+      if (num_elements[i] != slices_[i].num_elements) {
+        return absl::DataLossError(absl::StrCat("ps:", ps_, " holds ", num_elements[i],
+                                                " elements of ", slices_[i].ref.variable(),
+                                                ", the caller expects ", slices_[i].num_elements));
+      }
+    }
     return absl::OkStatus();
   }
-  std::string bytes;
-  PS_RETURN_IF_ERROR(EncodeFloats(in, n, wire, &bytes));
-  return DecodeFloats(bytes, wire, out, n);
-}
+  absl::Status Values(int index, const float* values, int64_t n) override {
+    if (wire_ == v1::DT_FLOAT32) {
+      std::copy_n(values, n, slices_[index].pull_into);
+      return absl::OkStatus();
+    }
+    PS_RETURN_IF_ERROR(EncodeFloats(values, n, wire_, &scratch_));
+    absl::Status s = DecodeFloats(scratch_, wire_, slices_[index].pull_into, n);
+    scratch_.clear();
+    return s;
+  }
+
+ private:
+  const int ps_;
+  const std::vector<DenseSlice>& slices_;
+  const v1::DataType wire_;
+  std::string scratch_;
+};
 
 }  // namespace
 
@@ -54,58 +90,74 @@ absl::Status InProcessPsTransport::CreateShards(int ps, const v1::CreateShardsRe
 absl::Status InProcessPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
                                              v1::DataType wire_dtype, int64_t step) {
   PS_RETURN_IF_ERROR(Enter(ps));
-  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
-  for (const DenseSlice& s : slices) *refs.Add() = s.ref;
-  PS_ASSIGN_OR_RETURN(auto shards, stores_[ps]->FindDense(refs));
-  stores_[ps]->SettleDense(shards, step);
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (shards[i]->num_elements() != slices[i].num_elements) {
-      return absl::DataLossError(absl::StrCat("ps:", ps, " holds ", shards[i]->num_elements(),
-                                              " elements of ", slices[i].ref.variable(),
-                                              ", the caller expects ", slices[i].num_elements));
-    }
-    std::vector<float> values(slices[i].num_elements);
-    shards[i]->ReadValues(values.data());
-    PS_RETURN_IF_ERROR(
-        RoundTrip(values.data(), values.size(), wire_dtype, slices[i].pull_into));
-  }
-  return absl::OkStatus();
+  v1::PullDenseRequest req;
+  for (const DenseSlice& s : slices) *req.add_shards() = s.ref;
+  req.set_wire_dtype(WireOrFloat(wire_dtype));
+  if (step >= 0) req.set_step(step);
+  SliceSink sink(ps, slices, wire_dtype);
+  return stores_[ps]->PullDense(req, &sink);
 }
 
 absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
-                                             v1::DataType wire_dtype, int64_t step,
-                                             int32_t worker, v1::PushDenseResponse* response) {
+                                             const PushMeta& meta,
+                                             v1::PushDenseResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
-  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
-  for (const DenseSlice& s : slices) *refs.Add() = s.ref;
-  PS_ASSIGN_OR_RETURN(auto shards, stores_[ps]->FindDense(refs));
-  std::vector<std::vector<float>> grads(slices.size());
-  for (size_t i = 0; i < slices.size(); ++i) {
-    grads[i].resize(slices[i].num_elements);
-    PS_RETURN_IF_ERROR(
-        RoundTrip(slices[i].push_from, slices[i].num_elements, wire_dtype, grads[i].data()));
+  v1::PushDenseHeader header;
+  for (const DenseSlice& s : slices) {
+    *header.add_shards() = s.ref;
+    header.add_num_elements(s.num_elements);
   }
-  return stores_[ps]->PushDense(shards, grads, 0, step, worker, response);
+  header.set_wire_dtype(WireOrFloat(meta.wire_dtype));
+  header.set_step(meta.step);
+  header.set_worker(meta.worker);
+  *header.mutable_request_id() = meta.request_id;
+  DensePush push;
+  PS_RETURN_IF_ERROR(stores_[ps]->StartPushDense(header, &push));
+  std::string scratch;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    PS_RETURN_IF_ERROR(push.AddChunk(
+        static_cast<int>(i), 0,
+        WireBytes(slices[i].push_from, slices[i].num_elements, meta.wire_dtype, &scratch)));
+  }
+  return stores_[ps]->FinishPushDense(&push, response);
 }
 
 absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
                                               const int64_t* keys, int64_t n, int64_t dim,
                                               v1::DataType wire_dtype, int64_t step, float* out) {
   PS_RETURN_IF_ERROR(Enter(ps));
-  std::vector<float> rows(n * dim);
-  PS_RETURN_IF_ERROR(stores_[ps]->PullSparse(table, keys, n, rows.data(), 0, step));
-  return RoundTrip(rows.data(), rows.size(), wire_dtype, out);
+  v1::PullSparseRequest req;
+  req.set_table(table);
+  req.set_wire_dtype(WireOrFloat(wire_dtype));
+  if (step >= 0) req.set_step(step);
+  std::vector<float> rows;
+  PS_RETURN_IF_ERROR(stores_[ps]->PullSparse(req, keys, n, &rows));
+  if (static_cast<int64_t>(rows.size()) != n * dim) {
+    return absl::DataLossError(absl::StrCat("ps:", ps, " answered a pull of ", n, " rows of ",
+                                            table, " with ", rows.size(), " values, expected ",
+                                            n * dim));
+  }
+  std::string scratch;
+  return DecodeFloats(WireBytes(rows.data(), n * dim, wire_dtype, &scratch),
+                      WireOrFloat(wire_dtype), out, n * dim);
 }
 
 absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table,
                                               const int64_t* keys, int64_t n, int64_t dim,
-                                              const float* grads, v1::DataType wire_dtype,
-                                              int64_t step, int32_t worker,
+                                              const float* grads, const PushMeta& meta,
                                               v1::PushSparseResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
-  std::vector<float> g(n * dim);
-  PS_RETURN_IF_ERROR(RoundTrip(grads, g.size(), wire_dtype, g.data()));
-  return stores_[ps]->PushSparse(table, keys, n, g.data(), 0, step, worker, response);
+  v1::PushSparseRequest req;
+  req.set_table(table);
+  req.set_wire_dtype(WireOrFloat(meta.wire_dtype));
+  req.set_step(meta.step);
+  req.set_worker(meta.worker);
+  *req.mutable_request_id() = meta.request_id;
+  req.set_part(meta.part);
+  req.set_num_parts(meta.num_parts);
+  std::string scratch;
+  return stores_[ps]->PushSparse(req, keys, n, WireBytes(grads, n * dim, meta.wire_dtype, &scratch),
+                                 response);
 }
 
 absl::StatusOr<v1::ListShardsResponse> InProcessPsTransport::ListShards(int ps) {
@@ -129,6 +181,18 @@ absl::Status InProcessPsTransport::RestoreShards(int ps, const v1::RestoreShards
                                                  v1::RestoreShardsResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
   return stores_[ps]->Restore(request, response);
+}
+
+absl::StatusOr<v1::TaskStatus> InProcessPsTransport::GetStatus(int ps) {
+  PS_RETURN_IF_ERROR(Enter(ps));
+  v1::TaskStatus status;
+  status.mutable_task()->set_job("ps");
+  status.mutable_task()->set_index(ps);
+  status.set_address(absl::StrCat("in-process:", ps));
+  status.set_health(v1::HEALTH_SERVING);
+  status.set_detail(absl::StrCat(stores_[ps]->total_pushes(), " pushes, ",
+                                 stores_[ps]->total_pulls(), " pulls"));
+  return status;
 }
 
 }  // namespace pscluster

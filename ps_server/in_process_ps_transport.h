@@ -12,8 +12,10 @@
 namespace pscluster {
 
 // A PsTransport over ParameterStore objects in this process: the in-process fake of the ps
-// tasks, for unit tests of code that routes over them. Values still go through the wire
-// encoding, so fp16/bf16 rounding is the same as over gRPC. A task can be made unavailable to
+// tasks, for unit tests of code that routes over them and for the single-process benchmark.
+// It only marshals: requests are built as the other transports build them and carried out by
+// the same ParameterStore operations, and values go through the wire encoding, so validation,
+// errors and fp16/bf16 rounding are those of the network. A task can be made unavailable to
 // test retries. Thread-safe.
 class InProcessPsTransport : public PsTransport {
  public:
@@ -31,14 +33,14 @@ class InProcessPsTransport : public PsTransport {
                             v1::CreateShardsResponse* response) override;
   absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
                          v1::DataType wire_dtype, int64_t step) override;
-  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
-                         int64_t step, int32_t worker, v1::PushDenseResponse* response) override;
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, const PushMeta& meta,
+                         v1::PushDenseResponse* response) override;
   absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                           int64_t dim, v1::DataType wire_dtype, int64_t step,
                           float* out) override;
   absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
-                          int64_t dim, const float* grads, v1::DataType wire_dtype, int64_t step,
-                          int32_t worker, v1::PushSparseResponse* response) override;
+                          int64_t dim, const float* grads, const PushMeta& meta,
+                          v1::PushSparseResponse* response) override;
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) override;
@@ -46,6 +48,7 @@ class InProcessPsTransport : public PsTransport {
                           v1::SaveShardsResponse* response) override;
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
+  absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
 
  private:
   absl::Status Enter(int ps);

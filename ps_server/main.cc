@@ -1,5 +1,9 @@
 // ps_server: a parameter server task. Parses flags and runs PsServer.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
@@ -12,6 +16,20 @@ DEFINE_string(nan_policy, "refuse",
               "nothing applied) or allow.");
 DEFINE_int64(pull_chunk_bytes, 1 << 20,
              "Chunk size of streamed dense pulls when the client does not choose, in bytes.");
+
+DEFINE_bool(data_plane, true,
+            "Serve pulls and pushes over the tensor data plane (plain TCP beside gRPC; see "
+            "common/tensor_wire.h) as well as over gRPC.");
+DEFINE_int32(data_port, 0,
+             "Port of the tensor data plane (0: any free one; clients find it through "
+             "GetStatus).");
+DEFINE_int32(apply_threads, -1,
+             "Threads that apply large dense updates in parallel blocks, beside the calling "
+             "one (-1: one per core beyond the first, at most 7).");
+DEFINE_int64(memory_budget_mb, -1,
+             "Memory this ps task may give to dense shards (values and optimizer slots), in "
+             "MiB; shards beyond it are refused (-1: 90% of the machine's memory, 0: no limit).");
+DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 
 DEFINE_string(crash_at, "",
               "Tests only: die of SIGKILL at a point of the checkpoint write, \"<point>[@<n>]\" "
@@ -33,6 +51,22 @@ int main(int argc, char** argv) {
   }
   options.store.allow_non_finite = FLAGS_nan_policy == "allow";
   options.service.default_chunk_bytes = FLAGS_pull_chunk_bytes;
+  options.serve_data_plane = FLAGS_data_plane;
+  options.data_plane.port = FLAGS_data_port;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  options.store.apply_threads =
+      FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));
+  if (FLAGS_memory_budget_mb < 0) {
+    const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    options.store.memory_budget_bytes = pages > 0 && page > 0 ? pages / 10 * 9 * page : 0;
+  } else {
+    options.store.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
+  }
+  if (FLAGS_max_sparse_keys < 1) {
+    std::fprintf(stderr, "ps_server: --max_sparse_keys must be >= 1\n");
+    return 2;
+  }
+  options.store.max_sparse_keys = FLAGS_max_sparse_keys;
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
   if (!crash_points.ok()) {
     std::fprintf(stderr, "ps_server: --crash_at: %s\n",

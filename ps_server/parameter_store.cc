@@ -1,13 +1,17 @@
 #include "ps_server/parameter_store.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "storage/checkpoint.h"
+#include "common/wire_codec.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "ps_server/float_stats.h"
+#include "storage/checkpoint.h"
 
 namespace pscluster {
 namespace {
@@ -16,15 +20,17 @@ std::string DenseName(const std::string& variable, int32_t partition) {
   return absl::StrCat(variable, "/", partition);
 }
 
+v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
 // How a complete sync step's mean reaches its shard or table.
-DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard) {
-  return [shard](const float* mean) { shard->Apply(mean); };
+DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard, ThreadPool* pool) {
+  return [shard, pool](const float* mean) { shard->Apply(mean, pool); };
 }
 
 SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table) {
   return [table](const int64_t* keys, int64_t n, const float* mean) {
     // Keys this task owns (checked on push) and finite means: cannot fail.
-    table->Push(keys, n, mean, /*allow_non_finite=*/true).IgnoreError();
+    table->ApplyPush(keys, n, mean).IgnoreError();
   };
 }
 
@@ -63,13 +69,93 @@ void FillTableStats(const std::string& name, const EmbeddingTable& table,
   for (v1::HotKey& h : table.HotKeys(10)) *s->add_hot_keys() = std::move(h);
 }
 
+absl::Status RequestIdTooOld(const v1::RequestId& id) {
+  return absl::AbortedError(absl::StrCat(
+      "push ", id.seq(), " of client ", absl::Hex(id.client()),
+      " is older than every push this ps task remembers of that client: whether it was applied "
+      "cannot be told, so it is not applied again"));
+}
+
 }  // namespace
 
 std::string ShapeString(const v1::TensorShape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape.dims(), ", "), "]");
 }
 
-ParameterStore::ParameterStore(const ParameterStoreOptions& options) : options_(options) {}
+// ---- DensePush
+
+absl::Status DensePush::CheckChunk(int index, int64_t offset, int64_t count) const {
+  if (index < 0 || index >= num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk for shard index ", index,
+                                                   " of a push naming ", num_shards(), " shards"));
+  }
+  const Buffer& b = grads_[index];
+  const DenseShard& shard = *shards_[index];
+  // Written so that no sum can overflow, whatever offset and count a client sends.
+  if (offset < 0 || count < 0 || offset > b.size || count > b.size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", count, " elements at offset ", offset, " does not fit variable ",
+        DenseName(shard.name(), shard.partition()), " of ", b.size, " elements"));
+  }
+  if (offset != b.received) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk at offset ", offset, " of variable ", DenseName(shard.name(), shard.partition()),
+        " out of order: ", b.received,
+        " elements have arrived, so the next chunk must start there (chunks of a shard come in "
+        "order, each element once)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DensePush::Scan(int index, int64_t offset, int64_t count) const {
+  if (allow_non_finite_) return absl::OkStatus();
+  const float* g = grads_[index].data.data() + offset;
+  const int64_t bad = FindNonFinite(g, count);
+  if (bad < 0) return absl::OkStatus();
+  const DenseShard& shard = *shards_[index];
+  return absl::InvalidArgumentError(absl::StrCat(
+      "variable ", DenseName(shard.name(), shard.partition()), ": gradient element ",
+      offset + bad, " is ", g[bad], "; NaN and Inf gradients are refused (ps_server --nan_policy)"));
+}
+
+absl::Status DensePush::AddChunk(int index, int64_t offset, absl::string_view bytes) {
+  if (bytes.size() % elem_bytes_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a chunk of ", bytes.size(), " bytes is not a whole number of ",
+        v1::DataType_Name(wire_), " elements (", elem_bytes_, " bytes each)"));
+  }
+  const int64_t count = static_cast<int64_t>(bytes.size()) / elem_bytes_;
+  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
+  Buffer& b = grads_[index];
+  PS_RETURN_IF_ERROR(DecodeFloats(bytes, wire_, b.data.data() + offset, count));
+  PS_RETURN_IF_ERROR(Scan(index, offset, count));
+  b.received += count;
+  received_bytes_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> DensePush::Destination(int index, int64_t offset, int64_t count) {
+  if (wire_ != v1::DT_FLOAT32) {
+    return absl::InternalError("Destination() is for float32 pushes; use AddChunk()");
+  }
+  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
+  return grads_[index].data.data() + offset;
+}
+
+absl::Status DensePush::Received(int index, int64_t offset, int64_t count) {
+  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
+  PS_RETURN_IF_ERROR(Scan(index, offset, count));
+  grads_[index].received += count;
+  received_bytes_ += count * elem_bytes_;
+  return absl::OkStatus();
+}
+
+// ---- ParameterStore
+
+ParameterStore::ParameterStore(const ParameterStoreOptions& options)
+    : options_(options),
+      apply_pool_(options.apply_threads),
+      ledger_(options.push_ids_per_client, options.max_push_clients) {}
 
 absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
                                           v1::CreateShardsResponse* response) {
@@ -77,6 +163,33 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     return absl::InvalidArgumentError(absl::StrCat(
         "SYNC mode needs replicas_to_aggregate >= 1, got ",
         request.sync().replicas_to_aggregate()));
+  }
+
+  // Sizes first: a request whose shards do not fit the budget is refused before anything is
+  // allocated (initializing a huge shard would itself exhaust the memory).
+  std::vector<int64_t> dense_bytes;
+  for (const v1::DenseShardSpec& spec : request.dense()) {
+    PS_ASSIGN_OR_RETURN(const int64_t bytes, DenseShard::BytesFor(spec));
+    dense_bytes.push_back(bytes);
+  }
+  if (options_.memory_budget_bytes > 0) {
+    int64_t needed = 0, held = 0;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      held = dense_bytes_;
+      for (int i = 0; i < request.dense_size(); ++i) {
+        const v1::DenseShardSpec& spec = request.dense(i);
+        if (dense_.count({spec.variable().name(), spec.partition().partition()}) == 0) {
+          needed += dense_bytes[i];
+        }
+      }
+    }
+    if (needed > options_.memory_budget_bytes - held) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the shards requested need ", needed, " bytes (values and optimizer slots) but this ps "
+          "task's memory budget is ", options_.memory_budget_bytes, " bytes, of which ", held,
+          " are in use (ps_server --memory_budget_mb); place the model on more ps tasks"));
+    }
   }
 
   // Build everything first, outside the lock (initializing a large shard takes time), then
@@ -147,6 +260,7 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
       acc->SetStep(request.start_step());
       accumulators_[key] = std::move(acc);
     }
+    dense_bytes_ += dense[i]->bytes();
     dense_[key] = std::move(dense[i]);
     ++created;
   }
@@ -214,60 +328,6 @@ void ParameterStore::CountDropped(int32_t worker, ShardCounters& counters) {
   ++dropped_by_worker_[worker];
 }
 
-absl::Status ParameterStore::PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
-                                       const std::vector<std::vector<float>>& grads,
-                                       int64_t wire_bytes, int64_t step, int32_t worker,
-                                       v1::PushDenseResponse* response) {
-  if (grads.size() != shards.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a push names ", shards.size(), " shards but carries ", grads.size(), " gradients"));
-  }
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const DenseShard& s = *shards[i];
-    if (static_cast<int64_t>(grads[i].size()) != s.num_elements()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "variable ", DenseName(s.name(), s.partition()), ": gradient has ", grads[i].size(),
-          " elements, expected ", s.num_elements(), " (shape ", ShapeString(s.shape()), ")"));
-    }
-    if (!options_.allow_non_finite) {
-      const int64_t bad = FindNonFinite(grads[i].data(), s.num_elements());
-      if (bad >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": gradient element ",
-                         bad, " is ", grads[i][bad],
-                         "; NaN and Inf gradients are refused (ps_server --nan_policy=allow "
-                         "accepts them)"));
-      }
-    }
-  }
-  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(shards);
-  absl::ReaderMutexLock barrier(&apply_barrier_);
-  int accepted = 0, dropped = 0;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    Touch(shards[i]->counters(), /*push=*/true, wire_bytes / static_cast<int64_t>(shards.size()));
-    if (accumulators[i] == nullptr) {
-      shards[i]->Apply(grads[i].data());
-      ++accepted;
-      continue;
-    }
-    switch (accumulators[i]->Add(step, worker, grads[i].data(), ApplyTo(shards[i].get()))) {
-      case AccumulateOutcome::kComplete:  // pending until the next step needs it
-      case AccumulateOutcome::kAccumulated:
-        ++accepted;
-        break;
-      case AccumulateOutcome::kStale:
-      case AccumulateOutcome::kDuplicate:
-      case AccumulateOutcome::kAhead:
-        CountDropped(worker, shards[i]->counters());
-        ++dropped;
-        break;
-    }
-  }
-  response->set_accepted(accepted);
-  response->set_dropped_stale(dropped);
-  return absl::OkStatus();
-}
-
 std::vector<std::shared_ptr<DenseAccumulator>> ParameterStore::AccumulatorsOf(
     const std::vector<std::shared_ptr<DenseShard>>& shards) const {
   std::vector<std::shared_ptr<DenseAccumulator>> out(shards.size());
@@ -285,7 +345,7 @@ void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>&
   absl::ReaderMutexLock barrier(&apply_barrier_);
   for (size_t i = 0; i < shards.size(); ++i) {
     if (accumulators[i] != nullptr) {
-      accumulators[i]->Settle(before_step, ApplyTo(shards[i].get()));
+      accumulators[i]->Settle(before_step, ApplyTo(shards[i].get(), &apply_pool_));
     }
   }
 }
@@ -308,54 +368,238 @@ void ParameterStore::SettleAll() {
   for (const Table& t : tables) SettleTable(t, -1);
 }
 
-absl::Status ParameterStore::PullSparse(const std::string& table, const int64_t* keys, int64_t n,
-                                        float* out, int64_t wire_bytes, int64_t step) {
-  PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
-  SettleTable(t, step);
-  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, out));
-  Touch(*t.counters, /*push=*/false, wire_bytes);
+
+absl::Status ParameterStore::CheckSparseSize(const std::string& table, const char* what,
+                                             int64_t n, int64_t dim) const {
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", table, ": ", what, " of ", n, " keys"));
+  }
+  // n * dim * 4 without overflow: both limits are far below 2^63 / dim.
+  const bool too_many = n > options_.max_sparse_keys;
+  const bool too_big = !too_many && n * dim > options_.max_sparse_bytes / int64_t{sizeof(float)};
+  if (too_many || too_big) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table, ": a ", what, " of ", n, " keys of dim ", dim,
+        " is over this ps task's limit of ", options_.max_sparse_keys, " keys and ",
+        options_.max_sparse_bytes, " bytes of rows per request; split it (nothing was done)"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status ParameterStore::PushSparse(const std::string& table, const int64_t* keys, int64_t n,
-                                        const float* grads, int64_t wire_bytes, int64_t step,
-                                        int32_t worker, v1::PushSparseResponse* response) {
+absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards,
+                      FindDense(request.shards()));
+  PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
+  SettleDense(shards, request.has_step() ? request.step() : -1);
+  std::vector<int64_t> counts(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) counts[i] = shards[i]->num_elements();
+  PS_RETURN_IF_ERROR(sink->Begin(counts));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    PS_RETURN_IF_ERROR(shards[i]->WithValues([&](const float* values, int64_t n) {
+      return sink->Values(static_cast<int>(i), values, n);
+    }));
+    Touch(shards[i]->counters(), /*push=*/false, counts[i] * elem_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, DensePush* push) {
+  push->shards_.clear();
+  push->payload_bytes_ = 0;
+  push->received_bytes_ = 0;
+  PS_ASSIGN_OR_RETURN(push->shards_, FindDense(header.shards()));
+  if (header.num_elements_size() != header.shards_size()) {
+    push->shards_.clear();
+    return absl::InvalidArgumentError(
+        absl::StrCat("the push header names ", header.shards_size(), " shards but gives ",
+                     header.num_elements_size(), " element counts"));
+  }
+  push->wire_ = WireOrFloat(header.wire_dtype());
+  absl::StatusOr<int> elem_bytes = WireBytesPerElement(push->wire_);
+  if (!elem_bytes.ok()) {
+    push->shards_.clear();
+    return elem_bytes.status();
+  }
+  push->elem_bytes_ = *elem_bytes;
+  push->allow_non_finite_ = options_.allow_non_finite;
+  const int n = static_cast<int>(push->shards_.size());
+  if (static_cast<int>(push->grads_.size()) < n) push->grads_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const DenseShard& s = *push->shards_[i];
+    for (int j = 0; j < i; ++j) {
+      if (push->shards_[j] == push->shards_[i]) {
+        push->shards_.clear();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "variable ", DenseName(s.name(), s.partition()),
+            " is named twice in one push (positions ", j, " and ", i, "); each shard once"));
+      }
+    }
+    if (header.num_elements(i) != s.num_elements()) {
+      const std::string message = absl::StrCat(
+          "variable ", DenseName(s.name(), s.partition()), ": gradient has ",
+          header.num_elements(i), " elements, expected ", s.num_elements(), " (shape ",
+          ShapeString(s.shape()), ")");
+      push->shards_.clear();
+      return absl::InvalidArgumentError(message);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    DensePush::Buffer& b = push->grads_[i];
+    b.size = push->shards_[i]->num_elements();
+    b.received = 0;
+    if (static_cast<int64_t>(b.data.size()) < b.size) b.data.resize(b.size);
+    push->payload_bytes_ += b.size * push->elem_bytes_;
+  }
+  push->header_ = header;
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseResponse* response) {
+  const v1::PushDenseHeader& header = push->header_;
+  const int n = push->num_shards();
+  if (n == 0 && header.shards_size() > 0) {
+    return absl::FailedPreconditionError("FinishPushDense without a successful StartPushDense");
+  }
+  for (int i = 0; i < n; ++i) {
+    const DensePush::Buffer& b = push->grads_[i];
+    if (b.received != b.size) {
+      const DenseShard& s = *push->shards_[i];
+      return absl::InvalidArgumentError(absl::StrCat("variable ", DenseName(s.name(), s.partition()),
+                                                     ": received ", b.received, " of ", b.size,
+                                                     " gradient elements"));
+    }
+  }
+  PushOutcome outcome;
+  switch (ledger_.Begin(header.request_id(), &outcome)) {
+    case PushLedger::Claim::kDuplicate:
+      response->set_accepted(outcome.accepted);
+      response->set_dropped_stale(outcome.dropped_stale);
+      response->set_duplicate(true);
+      return absl::OkStatus();
+    case PushLedger::Claim::kTooOld:
+      return RequestIdTooOld(header.request_id());
+    case PushLedger::Claim::kNew:
+      break;
+  }
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators =
+      AccumulatorsOf(push->shards_);
+  {
+    absl::ReaderMutexLock barrier(&apply_barrier_);
+    for (int i = 0; i < n; ++i) {
+      DenseShard& shard = *push->shards_[i];
+      const float* grad = push->grads_[i].data.data();
+      const int64_t bytes = push->grads_[i].size * push->elem_bytes_;
+      if (accumulators[i] == nullptr) {
+        shard.Apply(grad, &apply_pool_);
+        Touch(shard.counters(), /*push=*/true, bytes);
+        ++outcome.accepted;
+        continue;
+      }
+      Touch(shard.counters(), /*push=*/true, bytes);
+      switch (accumulators[i]->Add(header.step(), header.worker(), grad,
+                                   ApplyTo(&shard, &apply_pool_))) {
+        case AccumulateOutcome::kComplete:  // pending until the next step needs it
+        case AccumulateOutcome::kAccumulated:
+          ++outcome.accepted;
+          break;
+        case AccumulateOutcome::kStale:
+        case AccumulateOutcome::kDuplicate:
+        case AccumulateOutcome::kAhead:
+          CountDropped(header.worker(), shard.counters());
+          ++outcome.dropped_stale;
+          break;
+      }
+    }
+  }
+  ledger_.Record(header.request_id(), outcome);
+  response->set_accepted(outcome.accepted);
+  response->set_dropped_stale(outcome.dropped_stale);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParameterStore::TableDim(const std::string& table) const {
   PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
-  absl::ReaderMutexLock barrier(&apply_barrier_);
-  if (t.accumulator == nullptr) {
-    PS_RETURN_IF_ERROR(t.table->Push(keys, n, grads, options_.allow_non_finite));
-    Touch(*t.counters, /*push=*/true, wire_bytes);
-    response->set_accepted_rows(static_cast<int32_t>(n));
-    return absl::OkStatus();
+  return t.table->dim();
+}
+
+absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, const int64_t* keys,
+                                        int64_t n, std::vector<float>* rows) {
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(request.table()));
+  PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
+  const int64_t dim = t.table->dim();
+  PS_RETURN_IF_ERROR(CheckSparseSize(request.table(), "pull", n, dim));
+  SettleTable(t, request.has_step() ? request.step() : -1);
+  rows->resize(n * dim);
+  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data()));
+  Touch(*t.counters, /*push=*/false, n * dim * elem_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, const int64_t* keys,
+                                        int64_t n, absl::string_view gradient_bytes,
+                                        v1::PushSparseResponse* response) {
+  const std::string& table = request.table();
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  const v1::DataType wire = WireOrFloat(request.wire_dtype());
+  PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(wire));
+  const int64_t dim = t.table->dim();
+  PS_RETURN_IF_ERROR(CheckSparseSize(table, "push", n, dim));
+  if (static_cast<int64_t>(gradient_bytes.size()) != n * dim * elem_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", table, ": ", n, " keys of dim ", dim, " need ", n * dim * elem_bytes,
+        " gradient bytes of ", v1::DataType_Name(wire), ", got ", gradient_bytes.size()));
   }
-  // Validate as an immediate push would (ownership, finiteness) before accumulating.
-  for (int64_t i = 0; i < n; ++i) {
-    if (!t.table->OwnsKey(keys[i])) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "key ", keys[i], " of table ", table, " is not held by this ps task: placement mismatch"));
+  // float32 gradients are used where they lie when aligned; others are decoded first.
+  const float* grads = reinterpret_cast<const float*>(gradient_bytes.data());
+  std::vector<float> decoded;
+  if (wire != v1::DT_FLOAT32 || reinterpret_cast<uintptr_t>(grads) % alignof(float) != 0) {
+    decoded.resize(n * dim);
+    PS_RETURN_IF_ERROR(DecodeFloats(gradient_bytes, wire, decoded.data(), n * dim));
+    grads = decoded.data();
+  }
+  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite));
+  PushOutcome outcome;
+  switch (ledger_.Begin(request.request_id(), &outcome)) {
+    case PushLedger::Claim::kDuplicate:
+      response->set_accepted_rows(outcome.accepted);
+      response->set_dropped_stale(outcome.dropped_stale);
+      response->set_duplicate(true);
+      return absl::OkStatus();
+    case PushLedger::Claim::kTooOld:
+      return RequestIdTooOld(request.request_id());
+    case PushLedger::Claim::kNew:
+      break;
+  }
+  absl::Status applied;
+  {
+    absl::ReaderMutexLock barrier(&apply_barrier_);
+    Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
+    if (t.accumulator == nullptr) {
+      applied = t.table->ApplyPush(keys, n, grads);
+      if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
+    } else {
+      switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
+                                 request.num_parts(), keys, n, grads, ApplyTo(t.table.get()))) {
+        case AccumulateOutcome::kComplete:  // pending until the next step needs it
+        case AccumulateOutcome::kAccumulated:
+          outcome.accepted = static_cast<int32_t>(n);
+          break;
+        case AccumulateOutcome::kStale:
+        case AccumulateOutcome::kDuplicate:
+        case AccumulateOutcome::kAhead:
+          CountDropped(request.worker(), *t.counters);
+          outcome.dropped_stale = 1;
+          break;
+      }
     }
   }
-  if (!options_.allow_non_finite) {
-    const int64_t bad = FindNonFinite(grads, n * t.table->dim());
-    if (bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table ", table, ": gradient for key ", keys[bad / t.table->dim()], " has non-finite value ",
-          grads[bad], "; NaN and Inf gradients are refused"));
-    }
+  if (!applied.ok()) {
+    ledger_.Release(request.request_id());
+    return applied;
   }
-  Touch(*t.counters, /*push=*/true, wire_bytes);
-  switch (t.accumulator->Add(step, worker, keys, n, grads, ApplyTo(t.table.get()))) {
-    case AccumulateOutcome::kComplete:  // pending until the next step needs it
-    case AccumulateOutcome::kAccumulated:
-      response->set_accepted_rows(static_cast<int32_t>(n));
-      break;
-    case AccumulateOutcome::kStale:
-    case AccumulateOutcome::kDuplicate:
-    case AccumulateOutcome::kAhead:
-      CountDropped(worker, *t.counters);
-      response->set_dropped_stale(1);
-      break;
-  }
+  ledger_.Record(request.request_id(), outcome);
+  response->set_accepted_rows(outcome.accepted);
+  response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
 }
 
@@ -555,11 +799,12 @@ v1::ListShardsResponse ParameterStore::ListShards() const {
 }
 
 absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
-    const v1::InspectShardRequest& request) const {
+    const v1::InspectShardRequest& request) {
   v1::InspectShardResponse out;
   const v1::ShardRef& ref = request.shard();
   if (ref.partition() < 0) {
     PS_ASSIGN_OR_RETURN(Table t, FindTable(ref.variable()));
+    SettleTable(t, -1);
     FillTableStats(ref.variable(), *t.table, *t.counters, out.mutable_shard());
     t.table->ComputeValueStats(out.mutable_values());
     std::vector<int64_t> found, missing;
@@ -573,19 +818,21 @@ absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
   google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
   *refs.Add() = ref;
   PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
+  SettleDense(shards, -1);
   const DenseShard& shard = *shards[0];
-  FillDenseStats(shard, out.mutable_shard());
-  std::vector<float> values(shard.num_elements());
-  shard.ReadValues(values.data());
-  ComputeFloatStats(values.data(), shard.num_elements(), out.mutable_values());
+  const int64_t n = shard.num_elements();
   const int64_t offset = request.values_offset();
-  if (offset < 0 || request.values_count() < 0 || offset > shard.num_elements()) {
+  if (offset < 0 || request.values_count() < 0 || offset > n) {
     return absl::InvalidArgumentError(absl::StrCat(
         "values offset ", offset, " and count ", request.values_count(), " are outside variable ",
-        DenseName(shard.name(), shard.partition()), " of ", shard.num_elements(), " elements"));
+        DenseName(shard.name(), shard.partition()), " of ", n, " elements"));
   }
-  const int64_t count = std::min(request.values_count(), shard.num_elements() - offset);
-  out.set_slice(reinterpret_cast<const char*>(values.data() + offset), count * sizeof(float));
+  FillDenseStats(shard, out.mutable_shard());
+  const int64_t count = std::min(request.values_count(), n - offset);
+  shard.WithValues([&](const float* values, int64_t) {
+    ComputeFloatStats(values, n, out.mutable_values());
+    out.set_slice(reinterpret_cast<const char*>(values + offset), count * sizeof(float));
+  });
   return out;
 }
 

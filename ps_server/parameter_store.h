@@ -10,10 +10,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_pool.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/dense_shard.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/push_ledger.h"
 #include "ps_server/sync_accumulator.h"
 #include "storage/crash_points.h"
 
@@ -24,11 +27,87 @@ struct ParameterStoreOptions {
   bool allow_non_finite = false;
   // Fault injection for tests (ps_server --crash_at). Not owned; null in real use.
   CrashPoints* crash_points = nullptr;
+  // Bytes of values and optimizer slots this ps task may hold in dense shards; a CreateShards
+  // that would pass it is refused (RESOURCE_EXHAUSTED). 0: no limit (ps_server sets it from
+  // --memory_budget_mb, by default 90% of the machine's memory).
+  int64_t memory_budget_bytes = 0;
+  // Threads that apply large dense updates in parallel blocks, beside the calling thread
+  // (0: the calling thread does all).
+  int apply_threads = 0;
+  // Largest sparse request: keys per pull or push, and bytes of rows pulled or gradients pushed.
+  // Larger requests are refused before anything changes; clients split theirs.
+  int64_t max_sparse_keys = 8 << 20;
+  int64_t max_sparse_bytes = 256 << 20;
+  // Push ids remembered per client, and clients remembered (see PushLedger).
+  int push_ids_per_client = 4096;
+  int max_push_clients = 4096;
 };
 
-// A ps task's shards of every dense variable and sparse table, and the rules for touching
-// them: the transport-free core of ps_server. Every request is validated whole before any of
-// it is applied, so a refused request changes nothing.
+// Where a dense pull's values go: the transport's side of ParameterStore::PullDense.
+class DensePullSink {
+ public:
+  virtual ~DensePullSink() = default;
+  // Called once, after the request was validated and before any values, with each shard's
+  // element count. An error ends the pull.
+  virtual absl::Status Begin(const std::vector<int64_t>& num_elements) = 0;
+  // Shard `index`'s values, the shards in order, each called under the shard's reader lock so
+  // that it is one consistent update: encode or send them, do not keep the pointer.
+  virtual absl::Status Values(int index, const float* values, int64_t n) = 0;
+};
+
+// One dense push being received: the gradient buffers of the shards it names, filled chunk by
+// chunk, each chunk checked (bounds, order, finiteness) as it arrives. Reusable: the store's
+// StartPushDense resets it and keeps its buffers, so a transport that keeps one per
+// connection allocates nothing per push in the steady state. Thread-compatible.
+class DensePush {
+ public:
+  DensePush() = default;
+  DensePush(const DensePush&) = delete;
+  DensePush& operator=(const DensePush&) = delete;
+
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  int64_t num_elements(int index) const { return grads_[index].size; }
+  // Bytes of payload the whole push carries (every shard's elements in the wire dtype).
+  int64_t payload_bytes() const { return payload_bytes_; }
+  v1::DataType wire_dtype() const { return wire_; }
+  int wire_bytes_per_element() const { return elem_bytes_; }
+
+  // Elements [offset, offset + bytes / element size) of shard `index`'s gradient, in the wire
+  // dtype. Chunks of a shard must come in order, without gaps or overlaps. INVALID_ARGUMENT
+  // naming the shard for a chunk outside the shard, out of order, not of whole elements, or
+  // (unless the ps allows them) with a NaN or Inf.
+  absl::Status AddChunk(int index, int64_t offset, absl::string_view bytes);
+
+  // For a float32 wire: the transport receives `count` elements straight into Destination(),
+  // then calls Received() to check them as AddChunk would.
+  absl::StatusOr<float*> Destination(int index, int64_t offset, int64_t count);
+  absl::Status Received(int index, int64_t offset, int64_t count);
+
+ private:
+  friend class ParameterStore;
+  struct Buffer {
+    std::vector<float> data;  // capacity kept between pushes
+    int64_t size = 0;
+    int64_t received = 0;
+  };
+  absl::Status CheckChunk(int index, int64_t offset, int64_t count) const;
+  absl::Status Scan(int index, int64_t offset, int64_t count) const;
+
+  v1::PushDenseHeader header_;
+  std::vector<std::shared_ptr<DenseShard>> shards_;
+  std::vector<Buffer> grads_;
+  v1::DataType wire_ = v1::DT_FLOAT32;
+  int elem_bytes_ = 4;
+  int64_t payload_bytes_ = 0;
+  int64_t received_bytes_ = 0;
+  bool allow_non_finite_ = false;
+};
+
+// A ps task's shards of every dense variable and sparse table, and every operation on them:
+// the transport-free core of ps_server. The gRPC service, the tensor data plane and the
+// in-process transport only marshal; validation, settling of sync steps, wire decoding,
+// idempotency and the statistics all happen here, once. Every request is validated whole
+// before any of it is applied, so a refused request changes nothing.
 //
 // Thread-safe. The shard maps have their own lock, held only to look shards up; each shard and
 // table then has its own lock(s), so pushes to different shards run in parallel.
@@ -38,49 +117,41 @@ class ParameterStore {
 
   // Creates the listed shards. A shard that already exists with the same spec is counted in
   // already_present; with a different spec the whole request is refused (ALREADY_EXISTS,
-  // naming the variable and both shapes). INVALID_ARGUMENT for a bad spec.
+  // naming the variable and both shapes). INVALID_ARGUMENT for a bad spec or a size that
+  // overflows; RESOURCE_EXHAUSTED when the new shards do not fit the memory budget.
   absl::Status CreateShards(const v1::CreateShardsRequest& request,
                             v1::CreateShardsResponse* response);
 
-  // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one;
-  // UNAVAILABLE while shards created with hold_until_restored wait for their restore.
-  absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> FindDense(
-      const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs) const;
+  // Streams the values of the requested shards into `sink` (see DensePullSink). SYNC: the
+  // complete steps before request.step() (every one when unset) are applied first.
+  // NOT_FOUND naming the first unknown shard; UNAVAILABLE while shards created with
+  // hold_until_restored wait for their restore; INVALID_ARGUMENT for a bad wire dtype.
+  absl::Status PullDense(const v1::PullDenseRequest& request, DensePullSink* sink);
 
-  struct Table {
-    std::shared_ptr<EmbeddingTable> table;
-    std::shared_ptr<ShardCounters> counters;
-    std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
-  };
-  // NOT_FOUND naming the table; UNAVAILABLE as FindDense.
-  absl::StatusOr<Table> FindTable(const std::string& name) const;
+  // A dense push in three parts: StartPushDense validates the header (shards exist, counts
+  // match, no shard twice, wire dtype) and prepares `push`; the transport feeds the chunks
+  // into it; FinishPushDense checks that every element arrived and applies the gradients:
+  // at once (ASYNC, SSP), or through the shard's accumulator for header.step (SYNC: the mean
+  // of replicas_to_aggregate workers' gradients is applied once, when the next step needs it;
+  // gradients of other steps are dropped and counted per worker). A request id seen before is
+  // answered with the first outcome (`duplicate`), applying nothing.
+  absl::Status StartPushDense(const v1::PushDenseHeader& header, DensePush* push);
+  absl::Status FinishPushDense(DensePush* push, v1::PushDenseResponse* response);
 
-  // Checks the gradients of `shards` (grads[i] must have shards[i]'s element count and, unless
-  // allowed, only finite values), then applies each: at once (ASYNC, SSP), or through the
-  // shard's accumulator for `step` (SYNC: the mean of replicas_to_aggregate workers' gradients
-  // is applied once, when the next step needs it; gradients of older steps are dropped and
-  // counted per worker).
-  // `wire_bytes` is what travelled, for stats.
-  absl::Status PushDense(const std::vector<std::shared_ptr<DenseShard>>& shards,
-                         const std::vector<std::vector<float>>& grads, int64_t wire_bytes,
-                         int64_t step, int32_t worker, v1::PushDenseResponse* response);
+  // The dim of a table's rows. NOT_FOUND / UNAVAILABLE as PullDense.
+  absl::StatusOr<int64_t> TableDim(const std::string& table) const;
 
-  // SYNC: a complete step's update is pending until a later step needs it (see
-  // DenseAccumulator). Applies the pending updates of `shards` that belong to steps before
-  // `before_step` (every one when negative): a pull for step s calls it with s, anything else
-  // (evaluation, inspection) with -1. No-op in ASYNC and SSP.
-  void SettleDense(const std::vector<std::shared_ptr<DenseShard>>& shards, int64_t before_step);
-  // Every shard and table.
-  void SettleAll();
-
-  // Rows of `keys` (created on first touch) into out[0..n*dim), for step `step` (-1: any; see
-  // SettleDense).
-  absl::Status PullSparse(const std::string& table, const int64_t* keys, int64_t n, float* out,
-                          int64_t wire_bytes, int64_t step = -1);
-  // Gradients grads[0..n*dim) for `keys`; duplicate keys are summed.
-  absl::Status PushSparse(const std::string& table, const int64_t* keys, int64_t n,
-                          const float* grads, int64_t wire_bytes, int64_t step, int32_t worker,
-                          v1::PushSparseResponse* response);
+  // Rows of `keys` (created on first touch) into *rows (resized to n * dim), for
+  // request.step() as PullDense. The request's own keys are ignored: `keys` is what the
+  // transport decoded. INVALID_ARGUMENT for more keys or bytes than the limits, before any row
+  // is created; FAILED_PRECONDITION for a key this task does not own.
+  absl::Status PullSparse(const v1::PullSparseRequest& request, const int64_t* keys, int64_t n,
+                          std::vector<float>* rows);
+  // Gradients for the rows of `keys`: n * dim elements of request.wire_dtype() in
+  // `gradient_bytes`. Duplicate keys are summed. Applied at once (ASYNC, SSP) or accumulated
+  // for request.step() (SYNC: the per-key mean). Idempotent by request id, as dense pushes.
+  absl::Status PushSparse(const v1::PushSparseRequest& request, const int64_t* keys, int64_t n,
+                          absl::string_view gradient_bytes, v1::PushSparseResponse* response);
 
   // Writes every shard and table part into <checkpoint_path>/ps-<ps_index>. Pushes are held
   // while the values are copied, so every shard reflects the same moment; the copy is then
@@ -96,10 +167,14 @@ class ParameterStore {
   // Every shard and table with its counters.
   v1::ListShardsResponse ListShards() const;
 
-  // Statistics and a slice of one shard (partition -1, or a table's name, selects a table).
-  absl::StatusOr<v1::InspectShardResponse> Inspect(const v1::InspectShardRequest& request) const;
+  // Statistics and a slice of one shard (partition -1, or a table's name, selects a table),
+  // with every complete sync step applied first: an operator sees the newest values.
+  absl::StatusOr<v1::InspectShardResponse> Inspect(const v1::InspectShardRequest& request);
 
-  // Sum of updates applied over all shards, and the last step pushed (for status).
+  // Applies every pending sync update (for evaluation and checkpoints).
+  void SettleAll();
+
+  // Sum of updates applied over all shards, and of pulls served (for status).
   int64_t total_pushes() const;
   int64_t total_pulls() const;
 
@@ -107,21 +182,43 @@ class ParameterStore {
 
  private:
   using DenseKey = std::pair<std::string, int32_t>;
-  void CountDropped(int32_t worker, ShardCounters& counters);
+  struct Table {
+    std::shared_ptr<EmbeddingTable> table;
+    std::shared_ptr<ShardCounters> counters;
+    std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
+  };
+
+  // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one;
+  // UNAVAILABLE while shards created with hold_until_restored wait for their restore.
+  absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> FindDense(
+      const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs) const;
+  absl::StatusOr<Table> FindTable(const std::string& name) const;
+  // SYNC: applies the pending updates of `shards` that belong to steps before `before_step`
+  // (every one when negative). No-op in ASYNC and SSP.
+  void SettleDense(const std::vector<std::shared_ptr<DenseShard>>& shards, int64_t before_step);
   void SettleTable(const Table& t, int64_t before_step);
   // The sync accumulator of each shard (null where there is none: ASYNC and SSP).
   std::vector<std::shared_ptr<DenseAccumulator>> AccumulatorsOf(
       const std::vector<std::shared_ptr<DenseShard>>& shards) const;
+  void CountDropped(int32_t worker, ShardCounters& counters);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The keys and byte limits of a sparse request of n keys of `dim`.
+  absl::Status CheckSparseSize(const std::string& table, const char* what, int64_t n,
+                               int64_t dim) const;
 
   const ParameterStoreOptions options_;
+  // Applies large dense updates in parallel (options_.apply_threads).
+  ThreadPool apply_pool_;
+  PushLedger ledger_;
   // Pushes hold it shared; Save holds it exclusively while copying: a consistent cut.
   absl::Mutex apply_barrier_;
   mutable absl::Mutex mu_;
   std::map<DenseKey, std::shared_ptr<DenseShard>> dense_ ABSL_GUARDED_BY(mu_);
   std::map<DenseKey, std::shared_ptr<DenseAccumulator>> accumulators_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
+  // Bytes of values and slots held by dense shards (the memory budget's measure).
+  int64_t dense_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the first CreateShards; later ones must agree.
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;

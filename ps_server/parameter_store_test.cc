@@ -7,6 +7,7 @@
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status_macros.h"
 #include "ps_server/initializer.h"
 #include "sharding/placement.h"
 
@@ -51,14 +52,74 @@ google::protobuf::RepeatedPtrField<v1::ShardRef> Refs(std::vector<std::string> n
   return refs;
 }
 
-// The newest values (every complete sync step applied).
-std::vector<float> Read(ParameterStore& store, const std::string& name) {
-  auto shards = store.FindDense(Refs({name}));
-  CHECK(shards.ok());
-  store.SettleDense(*shards, -1);
-  std::vector<float> v((*shards)[0]->num_elements());
-  (*shards)[0]->ReadValues(v.data());
-  return v;
+// Collects a pull's values.
+class VectorSink : public DensePullSink {
+ public:
+  absl::Status Begin(const std::vector<int64_t>& n) override {
+    values.assign(n.size(), {});
+    return absl::OkStatus();
+  }
+  absl::Status Values(int index, const float* v, int64_t n) override {
+    values[index].assign(v, v + n);
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<float>> values;
+};
+
+// The values of `name` as a pull for `step` sees them (-1: the newest, every complete sync
+// step applied).
+std::vector<float> Read(ParameterStore& store, const std::string& name, int64_t step = -1) {
+  v1::PullDenseRequest req;
+  *req.mutable_shards() = Refs({name});
+  if (step >= 0) req.set_step(step);
+  VectorSink sink;
+  absl::Status s = store.PullDense(req, &sink);
+  CHECK(s.ok()) << s;
+  return sink.values[0];
+}
+
+// A whole push of float32 gradients, one per named shard.
+absl::Status Push(ParameterStore& store, const std::vector<std::string>& names,
+                  const std::vector<std::vector<float>>& grads, int64_t step, int32_t worker,
+                  v1::PushDenseResponse* resp, v1::RequestId id = v1::RequestId()) {
+  v1::PushDenseHeader header;
+  *header.mutable_shards() = Refs(names);
+  for (const auto& g : grads) header.add_num_elements(static_cast<int64_t>(g.size()));
+  header.set_step(step);
+  header.set_worker(worker);
+  *header.mutable_request_id() = id;
+  DensePush push;
+  PS_RETURN_IF_ERROR(store.StartPushDense(header, &push));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    PS_RETURN_IF_ERROR(push.AddChunk(
+        static_cast<int>(i), 0,
+        absl::string_view(reinterpret_cast<const char*>(grads[i].data()), grads[i].size() * 4)));
+  }
+  return store.FinishPushDense(&push, resp);
+}
+
+absl::Status PushSparse(ParameterStore& store, const std::string& table,
+                        const std::vector<int64_t>& keys, const std::vector<float>& grads,
+                        v1::PushSparseResponse* resp) {
+  v1::PushSparseRequest req;
+  req.set_table(table);
+  return store.PushSparse(
+      req, keys.data(), static_cast<int64_t>(keys.size()),
+      absl::string_view(reinterpret_cast<const char*>(grads.data()), grads.size() * 4), resp);
+}
+
+absl::Status PullSparse(ParameterStore& store, const std::string& table,
+                        const std::vector<int64_t>& keys, std::vector<float>* rows) {
+  v1::PullSparseRequest req;
+  req.set_table(table);
+  return store.PullSparse(req, keys.data(), static_cast<int64_t>(keys.size()), rows);
+}
+
+absl::StatusCode PullCode(ParameterStore& store, const std::string& name) {
+  v1::PullDenseRequest req;
+  *req.mutable_shards() = Refs({name});
+  VectorSink sink;
+  return store.PullDense(req, &sink).code();
 }
 
 class ParameterStoreTest : public ::testing::Test {
@@ -92,7 +153,7 @@ TEST_F(ParameterStoreTest, CreatingAgainIsHarmlessButADifferentShapeIsRefused) {
               HasSubstr("variable a/0 already exists with shape [2, 2]"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("requested shape [4, 2]"));
   // All or nothing: "new" was not created either.
-  EXPECT_EQ(store_.FindDense(Refs({"new"})).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(PullCode(store_, "new"), absl::StatusCode::kNotFound);
 }
 
 // A restarted ps task whose shards the chief creates again to restore them serves nothing
@@ -108,23 +169,24 @@ TEST(ParameterStoreRestoreTest, ShardsCreatedForARestoreAreHeldUntilIt) {
   req.set_hold_until_restored(true);
   v1::CreateShardsResponse resp;
   ASSERT_TRUE(store.CreateShards(req, &resp).ok());
-  absl::Status held = store.FindDense(Refs({"a"})).status();
+  v1::PullDenseRequest pull;
+  *pull.mutable_shards() = Refs({"a"});
+  VectorSink sink;
+  absl::Status held = store.PullDense(pull, &sink);
   EXPECT_EQ(held.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(held.message()), HasSubstr("waits for the chief to restore"));
-  EXPECT_EQ(store.FindTable("emb").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store.TableDim("emb").status().code(), absl::StatusCode::kUnavailable);
   // CreateShards without the flag (the chief found nothing to restore) lets it serve.
   req.set_hold_until_restored(false);
   ASSERT_TRUE(store.CreateShards(req, &resp).ok());
-  auto shards = store.FindDense(Refs({"a"}));
-  ASSERT_TRUE(shards.ok()) << shards.status();
   // The accumulators start at the given step: older gradients are stale, newer ones dropped.
   v1::PushDenseResponse push;
-  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 39, 0, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{1, 1}}, 39, 0, &push).ok());
   EXPECT_EQ(push.dropped_stale(), 1);
-  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 41, 0, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{1, 1}}, 41, 0, &push).ok());
   EXPECT_EQ(push.dropped_stale(), 1);
   EXPECT_THAT(Read(store, "a"), ::testing::ElementsAre(1.0f, 1.0f));
-  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 40, 0, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{1, 1}}, 40, 0, &push).ok());
   EXPECT_EQ(push.accepted(), 1);
   EXPECT_THAT(Read(store, "a"), ::testing::ElementsAre(0.9f, 0.9f));
 }
@@ -139,66 +201,53 @@ TEST(ParameterStoreSyncTest, ACompleteStepIsAppliedWhenALaterStepNeedsIt) {
   req.mutable_sync()->set_replicas_to_aggregate(2);
   v1::CreateShardsResponse resp;
   ASSERT_TRUE(store.CreateShards(req, &resp).ok());
-  auto shards = store.FindDense(Refs({"a"}));
-  ASSERT_TRUE(shards.ok());
   v1::PushDenseResponse push;
-  ASSERT_TRUE(store.PushDense(*shards, {{1, 1}}, 8, 0, 0, &push).ok());
-  ASSERT_TRUE(store.PushDense(*shards, {{3, 3}}, 8, 0, 1, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{1, 1}}, 0, 0, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{3, 3}}, 0, 1, &push).ok());
   // Step 0 is complete (counted as applied) but a pull for step 0 still sees the old values.
   EXPECT_EQ(store.ListShards().shards(0).applied_step(), 1);
-  store.SettleDense(*shards, 0);
-  std::vector<float> values(2);
-  (*shards)[0]->ReadValues(values.data());
-  EXPECT_THAT(values, ::testing::ElementsAre(1.0f, 1.0f));
+  EXPECT_THAT(Read(store, "a", 0), ::testing::ElementsAre(1.0f, 1.0f));
   // Worker 1 pushes step 0 again (restarted): stale, dropped.
-  ASSERT_TRUE(store.PushDense(*shards, {{3, 3}}, 8, 0, 1, &push).ok());
+  ASSERT_TRUE(Push(store, {"a"}, {{3, 3}}, 0, 1, &push).ok());
   EXPECT_EQ(push.dropped_stale(), 1);
   // A pull for step 1 applies the mean (2, 2) with SGD at rate 0.1, once.
-  store.SettleDense(*shards, 1);
-  store.SettleDense(*shards, 1);
-  (*shards)[0]->ReadValues(values.data());
-  EXPECT_THAT(values, ::testing::ElementsAre(0.8f, 0.8f));
+  EXPECT_THAT(Read(store, "a", 1), ::testing::ElementsAre(0.8f, 0.8f));
+  EXPECT_THAT(Read(store, "a", 1), ::testing::ElementsAre(0.8f, 0.8f));
 }
 
 TEST_F(ParameterStoreTest, PushAppliesSgd) {
-  auto shards = store_.FindDense(Refs({"a", "b"}));
-  ASSERT_TRUE(shards.ok());
   v1::PushDenseResponse resp;
-  ASSERT_TRUE(store_.PushDense(*shards, {{1, 2, 3, 4}, {10, 0, -10}}, 28, 0, 0, &resp).ok());
+  ASSERT_TRUE(Push(store_, {"a", "b"}, {{1, 2, 3, 4}, {10, 0, -10}}, 0, 0, &resp).ok());
   EXPECT_EQ(resp.accepted(), 2);
   EXPECT_THAT(Read(store_, "a"), ::testing::ElementsAre(0.9f, 0.8f, 0.7f, 0.6f));
   EXPECT_THAT(Read(store_, "b"), ::testing::ElementsAre(0.0f, 1.0f, 2.0f));
 }
 
 TEST_F(ParameterStoreTest, BadPushesChangeNothing) {
-  auto shards = store_.FindDense(Refs({"a", "b"}));
-  ASSERT_TRUE(shards.ok());
   v1::PushDenseResponse resp;
-  absl::Status s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, 2}}, 0, 0, 0, &resp);
+  absl::Status s = Push(store_, {"a", "b"}, {{1, 2, 3, 4}, {1, 2}}, 0, 0, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("variable b/0: gradient has 2 elements, expected 3 (shape [3])"));
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  s = store_.PushDense(*shards, {{1, 2, 3, 4}, {1, nan, 3}}, 0, 0, 0, &resp);
+  s = Push(store_, {"a", "b"}, {{1, 2, 3, 4}, {1, nan, 3}}, 0, 0, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("variable b/0: gradient element 1 is nan"));
   // "a" was valid, but nothing of a refused request is applied.
   EXPECT_THAT(Read(store_, "a"), ::testing::Each(1.0f));
   EXPECT_THAT(Read(store_, "b"), ::testing::Each(1.0f));
 
-  EXPECT_EQ(store_.FindDense(Refs({"nope"})).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(store_.FindDense(Refs({"nope"})).status().message()),
-              HasSubstr("unknown variable nope/0"));
-  std::vector<float> out(2);
-  int64_t key = 7;
-  s = store_.PullSparse("nope", &key, 1, out.data(), 0);
+  s = Push(store_, {"nope"}, {{1}}, 0, 0, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown variable nope/0"));
+  std::vector<float> out;
+  s = PullSparse(store_, "nope", {7}, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown table nope"));
   v1::PushSparseResponse sresp;
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> g = {inf, 0};
-  s = store_.PushSparse("emb", &key, 1, g.data(), 8, 0, 0, &sresp);
+  s = PushSparse(store_, "emb", {7}, {inf, 0}, &sresp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   v1::InspectShardRequest ireq;
   ireq.mutable_shard()->set_variable("emb");
@@ -217,21 +266,17 @@ TEST(ParameterStoreNanPolicyTest, AllowAppliesNonFiniteGradients) {
   *req.add_dense() = Whole(Var("b", {2}));
   v1::CreateShardsResponse cresp;
   ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
-  auto shards = store.FindDense(Refs({"b"}));
   v1::PushDenseResponse resp;
   ASSERT_TRUE(
-      store.PushDense(*shards, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, 0, 0, &resp).ok());
+      Push(store, {"b"}, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, 0, &resp).ok());
   EXPECT_TRUE(std::isnan(Read(store, "b")[0]));
 }
 
 TEST_F(ParameterStoreTest, SparsePushSumsDuplicatesAndStatsShowIt) {
-  std::vector<int64_t> keys = {5, 9, 5};
-  std::vector<float> grads = {1, 1, 2, 2, 0.5f, 0.5f};
   v1::PushSparseResponse resp;
-  ASSERT_TRUE(store_.PushSparse("emb", keys.data(), 3, grads.data(), 24, 0, 0, &resp).ok());
-  std::vector<float> rows(4);
-  std::vector<int64_t> pull = {5, 9};
-  ASSERT_TRUE(store_.PullSparse("emb", pull.data(), 2, rows.data(), 16).ok());
+  ASSERT_TRUE(PushSparse(store_, "emb", {5, 9, 5}, {1, 1, 2, 2, 0.5f, 0.5f}, &resp).ok());
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(store_, "emb", {5, 9}, &rows).ok());
   // Zero-initialized rows, SGD lr 1: row 5 gets -(1 + 0.5), row 9 gets -2.
   EXPECT_THAT(rows, ::testing::ElementsAre(-1.5f, -1.5f, -2.0f, -2.0f));
 
@@ -249,9 +294,8 @@ TEST_F(ParameterStoreTest, SparsePushSumsDuplicatesAndStatsShowIt) {
 }
 
 TEST_F(ParameterStoreTest, InspectGivesStatsAndASlice) {
-  auto shards = store_.FindDense(Refs({"a"}));
   v1::PushDenseResponse resp;
-  ASSERT_TRUE(store_.PushDense(*shards, {{0, 10, 0, -10}}, 16, 0, 0, &resp).ok());
+  ASSERT_TRUE(Push(store_, {"a"}, {{0, 10, 0, -10}}, 0, 0, &resp).ok());
   v1::InspectShardRequest req;
   req.mutable_shard()->set_variable("a");
   req.set_values_offset(1);
@@ -297,18 +341,134 @@ TEST(ParameterStorePlacementTest, ShardsFromAPlacementHoldTheWholeVariable) {
   // Joining the partitions, wherever they live, gives the variable a single process would make.
   std::vector<float> joined;
   for (const v1::DensePartition& p : placement->partitions()) {
-    google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
-    refs.Add()->set_variable("big");
-    refs.Mutable(0)->set_partition(p.partition());
-    auto shard = stores[p.ps_task()]->FindDense(refs);
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    std::vector<float> v((*shard)[0]->num_elements());
-    (*shard)[0]->ReadValues(v.data());
-    joined.insert(joined.end(), v.begin(), v.end());
+    v1::PullDenseRequest req;
+    req.add_shards()->set_variable("big");
+    req.mutable_shards(0)->set_partition(p.partition());
+    VectorSink sink;
+    ASSERT_TRUE(stores[p.ps_task()]->PullDense(req, &sink).ok());
+    joined.insert(joined.end(), sink.values[0].begin(), sink.values[0].end());
   }
   std::vector<float> whole(40);
   ASSERT_TRUE(InitializeDense(big.initializer(), "big", big.shape(), 0, whole.data(), 40).ok());
   EXPECT_EQ(joined, whole);
+}
+
+// The push path's defects found with a client written from proto/ alone, at the store: each is
+// refused with a message naming the problem, and nothing is applied.
+TEST_F(ParameterStoreTest, AChunkWhoseEndOverflowsIsRefused) {
+  v1::PushDenseHeader header;
+  *header.mutable_shards() = Refs({"a"});
+  header.add_num_elements(4);
+  DensePush push;
+  ASSERT_TRUE(store_.StartPushDense(header, &push).ok());
+  const float g = 1;
+  absl::Status s = push.AddChunk(0, std::numeric_limits<int64_t>::max(),
+                                 absl::string_view(reinterpret_cast<const char*>(&g), 4));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("does not fit variable a/0 of 4 elements"));
+  s = push.AddChunk(0, -1, absl::string_view(reinterpret_cast<const char*>(&g), 4));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(push.Destination(0, 2, std::numeric_limits<int64_t>::max()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Read(store_, "a"), ::testing::Each(1.0f));
+}
+
+TEST_F(ParameterStoreTest, AChunkSentTwiceOrOutOfOrderIsRefused) {
+  v1::PushDenseHeader header;
+  *header.mutable_shards() = Refs({"a"});
+  header.add_num_elements(4);
+  DensePush push;
+  ASSERT_TRUE(store_.StartPushDense(header, &push).ok());
+  const float g[2] = {1, 1};
+  const absl::string_view two(reinterpret_cast<const char*>(g), 8);
+  ASSERT_TRUE(push.AddChunk(0, 0, two).ok());
+  absl::Status s = push.AddChunk(0, 0, two);  // the same chunk again
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("out of order"));
+  // The element count adds up with the repeated chunk, but the push is incomplete.
+  v1::PushDenseResponse resp;
+  s = store_.FinishPushDense(&push, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("received 2 of 4 gradient elements"));
+  EXPECT_THAT(Read(store_, "a"), ::testing::Each(1.0f));
+}
+
+TEST_F(ParameterStoreTest, AHeaderNamingAShardTwiceIsRefused) {
+  v1::PushDenseResponse resp;
+  absl::Status s = Push(store_, {"b", "b"}, {{1, 1, 1}, {1, 1, 1}}, 0, 0, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("variable b/0 is named twice in one push"));
+  EXPECT_THAT(Read(store_, "b"), ::testing::Each(1.0f));
+}
+
+TEST_F(ParameterStoreTest, ARetriedPushIsAppliedOnce) {
+  v1::RequestId id;
+  id.set_client(42);
+  id.set_seq(1);
+  v1::PushDenseResponse first, retry;
+  ASSERT_TRUE(Push(store_, {"b"}, {{1, 1, 1}}, 0, 0, &first, id).ok());
+  EXPECT_FALSE(first.duplicate());
+  ASSERT_TRUE(Push(store_, {"b"}, {{1, 1, 1}}, 0, 0, &retry, id).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(retry.accepted(), 1);
+  EXPECT_THAT(Read(store_, "b"), ::testing::Each(0.9f));  // one SGD step of 0.1, not two
+  // A sparse push likewise.
+  v1::PushSparseRequest req;
+  req.set_table("emb");
+  *req.mutable_request_id() = id;
+  req.mutable_request_id()->set_seq(2);
+  const int64_t key = 3;
+  const float g[2] = {1, 1};
+  const absl::string_view bytes(reinterpret_cast<const char*>(g), 8);
+  v1::PushSparseResponse s1, s2;
+  ASSERT_TRUE(store_.PushSparse(req, &key, 1, bytes, &s1).ok());
+  ASSERT_TRUE(store_.PushSparse(req, &key, 1, bytes, &s2).ok());
+  EXPECT_FALSE(s1.duplicate());
+  EXPECT_TRUE(s2.duplicate());
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(store_, "emb", {3}, &rows).ok());
+  EXPECT_THAT(rows, ::testing::ElementsAre(-1.0f, -1.0f));  // SGD at rate 1, once
+}
+
+TEST(ParameterStoreLimitsTest, ASparsePullOverTheLimitCreatesNothing) {
+  ParameterStoreOptions options;
+  options.max_sparse_keys = 100;
+  ParameterStore store(options);
+  v1::CreateShardsRequest req;
+  *req.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  std::vector<int64_t> keys(101);
+  for (int i = 0; i < 101; ++i) keys[i] = i;
+  std::vector<float> rows;
+  absl::Status s = PullSparse(store, "emb", keys, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("over this ps task's limit of 100 keys"));
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 0);
+}
+
+TEST(ParameterStoreLimitsTest, ShardsBeyondTheMemoryBudgetAreRefusedBeforeAllocating) {
+  ParameterStoreOptions options;
+  options.memory_budget_bytes = 1 << 20;
+  ParameterStore store(options);
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("huge", {1000000, 1000000}));  // 10^12 elements
+  v1::CreateShardsResponse resp;
+  absl::Status s = store.CreateShards(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("4000000000000 bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("memory budget is 1048576 bytes"));
+  // Sizes whose product overflows are refused as such.
+  v1::CreateShardsRequest overflow;
+  *overflow.add_dense() = Whole(Var("wrap", {int64_t{1} << 40, int64_t{1} << 40}));
+  s = store.CreateShards(overflow, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is too large"));
+  // What fits is created.
+  v1::CreateShardsRequest small;
+  *small.add_dense() = Whole(Var("small", {1000}));
+  ASSERT_TRUE(store.CreateShards(small, &resp).ok());
+  EXPECT_EQ(resp.created(), 1);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "ps_server/ps_server.h"
 
+#include <arpa/inet.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 
@@ -19,15 +22,49 @@ PsServer::PsServer(const PsServerOptions& options)
 
 PsServer::~PsServer() {
   if (task_) task_->Shutdown();
+  if (data_plane_) data_plane_->Shutdown();
 }
+
+namespace {
+
+// The data plane binds the gRPC address's host when it is numeric, else every interface (as
+// ServiceHost does for a name).
+std::string DataPlaneHost(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned char buf[16];
+  if (inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1) {
+    return host;
+  }
+  return "0.0.0.0";
+}
+
+}  // namespace
 
 absl::Status PsServer::Start() {
   ServingTaskOptions serving;
   serving.cluster = options_.cluster;
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
+  int data_port = 0;
+  if (options_.serve_data_plane) {
+    const v1::TaskId& task = options_.cluster.task();
+    PS_ASSIGN_OR_RETURN(std::string address,
+                        TaskAddress(options_.cluster.cluster(), task.job(), task.index()));
+    TensorServerOptions data = options_.data_plane;
+    data.host = DataPlaneHost(address);
+    PS_ASSIGN_OR_RETURN(data_plane_, TensorServer::Start(&store_, data));
+    data_port = data_plane_->port();
+  }
+  // The data port is known before the first call can ask for it.
+  service_.SetIdentity(options_.cluster.task(), "", data_port);
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {&service_}));
-  service_.SetIdentity(options_.cluster.task(), task_->address());
+  service_.SetIdentity(options_.cluster.task(), task_->address(), data_port);
+  if (data_plane_) {
+    LOG(INFO) << TaskName(options_.cluster.task()) << " tensor data plane on port " << data_port;
+  }
   return absl::OkStatus();
 }
 
@@ -39,6 +76,7 @@ absl::Status PsServer::Wait() {
   if (!task_) return absl::FailedPreconditionError("ps_server was not started");
   task_->AwaitStopRequested();
   task_->Shutdown();
+  if (data_plane_) data_plane_->Shutdown();
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include "common/daemon.h"
 #include "ps_server/parameter_store.h"
 #include "ps_server/ps_service.h"
+#include "ps_server/tensor_server.h"
 
 namespace pscluster {
 
@@ -20,6 +21,11 @@ struct PsServerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   ParameterStoreOptions store;
   PsServiceOptions service;
+  // The tensor data plane (pulls and pushes over plain TCP, beside gRPC). Its host is taken
+  // from the task's address (a numeric host as given, a name: every interface); its port is
+  // data_plane.port (0: any free one), which GetStatus reports.
+  bool serve_data_plane = true;
+  TensorServerOptions data_plane;
 };
 
 // The ps daemon: holds shards of the model's variables (see ParameterServer in
@@ -41,6 +47,7 @@ class PsServer : public Daemon {
   const PsServerOptions options_;
   ParameterStore store_;
   PsService service_;
+  std::unique_ptr<TensorServer> data_plane_;
   std::unique_ptr<ServingTask> task_;
 };
 

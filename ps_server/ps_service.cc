@@ -1,6 +1,7 @@
 #include "ps_server/ps_service.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -11,15 +12,96 @@ namespace {
 
 v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
 
+// A pull streamed as TensorChunks: each shard is encoded under its lock into a buffer (one
+// copy), then written in chunks once the lock is released, so a slow client holds no shard.
+class ChunkStreamSink : public DensePullSink {
+ public:
+  // `index`: the position of the (one) shard pulled in the client's request.
+  ChunkStreamSink(grpc::ServerContext* ctx, grpc::ServerWriter<v1::TensorChunk>* writer,
+                  v1::DataType wire, int64_t chunk_bytes, int index)
+      : ctx_(ctx), writer_(writer), wire_(wire), chunk_bytes_(chunk_bytes), index_(index) {}
+
+  absl::Status Begin(const std::vector<int64_t>&) override {
+    absl::StatusOr<int> elem = WireBytesPerElement(wire_);
+    if (!elem.ok()) return elem.status();
+    elem_bytes_ = *elem;
+    return absl::OkStatus();
+  }
+
+  absl::Status Values(int, const float* values, int64_t n) override {
+    encoded_.resize(n * elem_bytes_);
+    EncodeFloatsTo(values, n, wire_, encoded_.data());
+    pending_ = true;
+    return absl::OkStatus();
+  }
+
+  // Streams what the last Values() encoded. Called after it returned (no lock held).
+  absl::Status Flush() {
+    if (!pending_) return absl::OkStatus();
+    pending_ = false;
+    const int64_t total = static_cast<int64_t>(encoded_.size());
+    const int64_t step = std::max<int64_t>(elem_bytes_, chunk_bytes_ / elem_bytes_ * elem_bytes_);
+    int64_t offset = 0;
+    do {
+      const int64_t bytes = std::min(step, total - offset);
+      chunk_.set_index(index_);
+      chunk_.set_offset(offset / elem_bytes_);
+      chunk_.mutable_data()->assign(encoded_.data() + offset, bytes);
+      if (!writer_->Write(chunk_)) {
+        return absl::CancelledError("the client went away during a pull");
+      }
+      offset += bytes;
+    } while (offset < total);
+    if (ctx_->IsCancelled()) return absl::CancelledError("pull cancelled");
+    return absl::OkStatus();
+  }
+
+ private:
+  grpc::ServerContext* const ctx_;
+  grpc::ServerWriter<v1::TensorChunk>* const writer_;
+  const v1::DataType wire_;
+  const int64_t chunk_bytes_;
+  int elem_bytes_ = 4;
+  std::string encoded_;
+  v1::TensorChunk chunk_;
+  const int index_;
+  bool pending_ = false;
+};
+
+// The keys of a sparse request: `packed_keys` (8-byte little-endian) or `keys`, not both.
+absl::StatusOr<const int64_t*> RequestKeys(const google::protobuf::RepeatedField<int64_t>& keys,
+                                           const std::string& packed, std::vector<int64_t>* copy,
+                                           int64_t* n) {
+  if (!packed.empty() && !keys.empty()) {
+    return absl::InvalidArgumentError("a sparse request has both keys and packed_keys; send one");
+  }
+  if (packed.empty()) {
+    *n = keys.size();
+    return keys.data();
+  }
+  if (packed.size() % sizeof(int64_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "packed_keys has ", packed.size(), " bytes, not a whole number of 8-byte keys"));
+  }
+  *n = static_cast<int64_t>(packed.size() / sizeof(int64_t));
+  if (reinterpret_cast<uintptr_t>(packed.data()) % alignof(int64_t) == 0) {
+    return reinterpret_cast<const int64_t*>(packed.data());
+  }
+  copy->resize(*n);
+  std::memcpy(copy->data(), packed.data(), packed.size());
+  return copy->data();
+}
+
 }  // namespace
 
 PsService::PsService(ParameterStore* store, const PsServiceOptions& options)
     : store_(store), options_(options), start_time_(absl::Now()) {}
 
-void PsService::SetIdentity(const v1::TaskId& task, const std::string& address) {
+void PsService::SetIdentity(const v1::TaskId& task, const std::string& address, int data_port) {
   absl::MutexLock lock(&mu_);
   task_ = task;
   address_ = address;
+  data_port_ = data_port;
 }
 
 grpc::Status PsService::CreateShards(grpc::ServerContext*, const v1::CreateShardsRequest* req,
@@ -29,41 +111,17 @@ grpc::Status PsService::CreateShards(grpc::ServerContext*, const v1::CreateShard
 
 grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseRequest* req,
                                   grpc::ServerWriter<v1::TensorChunk>* writer) {
-  absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> shards =
-      store_->FindDense(req->shards());
-  if (!shards.ok()) return ToGrpcStatus(shards.status());
-  store_->SettleDense(*shards, req->has_step() ? req->step() : -1);
-  const v1::DataType wire = WireOrFloat(req->wire_dtype());
-  absl::StatusOr<int> elem_bytes = WireBytesPerElement(wire);
-  if (!elem_bytes.ok()) return ToGrpcStatus(elem_bytes.status());
   int64_t chunk_bytes = req->chunk_bytes() > 0 ? req->chunk_bytes() : options_.default_chunk_bytes;
   chunk_bytes = std::min(chunk_bytes, options_.max_chunk_bytes);
-  const int64_t chunk_elems = std::max<int64_t>(1, chunk_bytes / *elem_bytes);
-
-  std::vector<float> values;
-  v1::TensorChunk chunk;
-  for (size_t i = 0; i < shards->size(); ++i) {
-    const DenseShard& shard = *(*shards)[i];
-    // A consistent snapshot of the whole shard, taken under its lock, then streamed.
-    values.resize(shard.num_elements());
-    shard.ReadValues(values.data());
-    const int64_t n = shard.num_elements();
-    int64_t offset = 0;
-    do {
-      const int64_t count = std::min(chunk_elems, n - offset);
-      chunk.set_index(static_cast<int32_t>(i));
-      chunk.set_offset(offset);
-      std::string* data = chunk.mutable_data();
-      data->resize(count * *elem_bytes);
-      EncodeFloatsTo(values.data() + offset, count, wire, data->data());
-      if (!writer->Write(chunk)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away during a pull");
-      }
-      offset += count;
-    } while (offset < n);
-    shard.counters().pulls.fetch_add(1, std::memory_order_relaxed);
-    shard.counters().bytes_out.fetch_add(n * *elem_bytes, std::memory_order_relaxed);
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "pull cancelled");
+  // One shard at a time: encoded under its lock by the store, streamed after.
+  for (int i = 0; i < req->shards_size(); ++i) {
+    v1::PullDenseRequest one = *req;
+    one.clear_shards();
+    *one.add_shards() = req->shards(i);
+    ChunkStreamSink sink(ctx, writer, WireOrFloat(req->wire_dtype()), chunk_bytes, i);
+    absl::Status s = store_->PullDense(one, &sink);
+    if (s.ok()) s = sink.Flush();
+    if (!s.ok()) return ToGrpcStatus(s);
   }
   return grpc::Status::OK;
 }
@@ -76,116 +134,47 @@ grpc::Status PsService::PushDense(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a PushDense stream must start with a header");
   }
-  const v1::PushDenseHeader header = msg.header();
-  absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> shards =
-      store_->FindDense(header.shards());
-  if (!shards.ok()) return ToGrpcStatus(shards.status());
-  if (header.num_elements_size() != header.shards_size()) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("the push header names ", header.shards_size(), " shards but gives ",
-                     header.num_elements_size(), " element counts"));
+  DensePush push;
+  if (absl::Status s = store_->StartPushDense(msg.header(), &push); !s.ok()) {
+    return ToGrpcStatus(s);
   }
-  const v1::DataType wire = WireOrFloat(header.wire_dtype());
-  absl::StatusOr<int> elem_bytes = WireBytesPerElement(wire);
-  if (!elem_bytes.ok()) return ToGrpcStatus(elem_bytes.status());
-  std::vector<std::vector<float>> grads(shards->size());
-  std::vector<int64_t> received(shards->size(), 0);
-  for (size_t i = 0; i < shards->size(); ++i) {
-    const DenseShard& s = *(*shards)[i];
-    if (header.num_elements(i) != s.num_elements()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("variable ", s.name(), "/", s.partition(), ": gradient has ",
-                                       header.num_elements(i), " elements, expected ",
-                                       s.num_elements(), " (shape ", ShapeString(s.shape()), ")"));
-    }
-    grads[i].resize(s.num_elements());
-  }
-  int64_t wire_bytes = 0;
   while (reader->Read(&msg)) {
     if (!msg.has_chunk()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a PushDense stream has a second header");
     }
     const v1::TensorChunk& c = msg.chunk();
-    if (c.index() < 0 || c.index() >= static_cast<int>(grads.size())) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("chunk for shard index ", c.index(), " of a push naming ",
-                                       grads.size(), " shards"));
-    }
-    std::vector<float>& g = grads[c.index()];
-    const int64_t count = static_cast<int64_t>(c.data().size()) / *elem_bytes;
-    if (c.offset() < 0 || c.offset() + count > static_cast<int64_t>(g.size()) ||
-        c.data().size() % *elem_bytes != 0) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("chunk [", c.offset(), ", +", c.data().size(),
-                       " bytes) does not fit variable ", header.shards(c.index()).variable(),
-                       " of ", g.size(), " elements"));
-    }
-    absl::Status decoded = DecodeFloats(c.data(), wire, g.data() + c.offset(), count);
-    if (!decoded.ok()) return ToGrpcStatus(decoded);
-    received[c.index()] += count;
-    wire_bytes += c.data().size();
-  }
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (received[i] != static_cast<int64_t>(grads[i].size())) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("variable ", header.shards(i).variable(), "/", header.shards(i).partition(),
-                       ": received ", received[i], " of ", grads[i].size(), " gradient elements"));
+    if (absl::Status s = push.AddChunk(c.index(), c.offset(), c.data()); !s.ok()) {
+      return ToGrpcStatus(s);
     }
   }
-  return ToGrpcStatus(
-      store_->PushDense(*shards, grads, wire_bytes, header.step(), header.worker(), resp));
+  return ToGrpcStatus(store_->FinishPushDense(&push, resp));
 }
 
 grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseRequest* req,
                                    v1::PullSparseResponse* resp) {
-  absl::StatusOr<ParameterStore::Table> t = store_->FindTable(req->table());
-  if (!t.ok()) return ToGrpcStatus(t.status());
+  std::vector<int64_t> key_copy;
+  int64_t n = 0;
+  absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+  std::vector<float> rows;
+  if (absl::Status s = store_->PullSparse(*req, *keys, n, &rows); !s.ok()) return ToGrpcStatus(s);
   const v1::DataType wire = WireOrFloat(req->wire_dtype());
-  absl::StatusOr<int> elem_bytes = WireBytesPerElement(wire);
-  if (!elem_bytes.ok()) return ToGrpcStatus(elem_bytes.status());
-  const int64_t n = req->keys_size();
-  const int64_t dim = t->table->dim();
+  // The store already checked the dtype.
+  const int elem_bytes = WireBytesPerElement(wire).value_or(4);
   std::string* out = resp->mutable_values();
-  if (wire == v1::DT_FLOAT32) {
-    out->resize(n * dim * sizeof(float));
-    PS_RETURN_IF_ERROR_GRPC(store_->PullSparse(req->table(), req->keys().data(), n,
-                                               reinterpret_cast<float*>(out->data()), out->size(),
-                                               req->has_step() ? req->step() : -1));
-  } else {
-    std::vector<float> rows(n * dim);
-    PS_RETURN_IF_ERROR_GRPC(store_->PullSparse(req->table(), req->keys().data(), n, rows.data(),
-                                               n * dim * *elem_bytes,
-                                               req->has_step() ? req->step() : -1));
-    out->resize(n * dim * *elem_bytes);
-    EncodeFloatsTo(rows.data(), n * dim, wire, out->data());
-  }
+  out->resize(rows.size() * elem_bytes);
+  EncodeFloatsTo(rows.data(), static_cast<int64_t>(rows.size()), wire, out->data());
   return grpc::Status::OK;
 }
 
 grpc::Status PsService::PushSparse(grpc::ServerContext*, const v1::PushSparseRequest* req,
                                    v1::PushSparseResponse* resp) {
-  absl::StatusOr<ParameterStore::Table> t = store_->FindTable(req->table());
-  if (!t.ok()) return ToGrpcStatus(t.status());
-  const v1::DataType wire = WireOrFloat(req->wire_dtype());
-  absl::StatusOr<int> elem_bytes = WireBytesPerElement(wire);
-  if (!elem_bytes.ok()) return ToGrpcStatus(elem_bytes.status());
-  const int64_t n = req->keys_size();
-  const int64_t dim = t->table->dim();
-  if (static_cast<int64_t>(req->gradients().size()) != n * dim * *elem_bytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("table ", req->table(), ": ", n, " keys of dim ", dim,
-                                     " need ", n * dim * *elem_bytes, " gradient bytes of ",
-                                     v1::DataType_Name(wire), ", got ", req->gradients().size()));
-  }
-  std::vector<float> grads(n * dim);
-  PS_RETURN_IF_ERROR_GRPC(DecodeFloats(req->gradients(), wire, grads.data(), n * dim));
-  return ToGrpcStatus(store_->PushSparse(req->table(), req->keys().data(), n, grads.data(),
-                                         req->gradients().size(), req->step(), req->worker(),
-                                         resp));
+  std::vector<int64_t> key_copy;
+  int64_t n = 0;
+  absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+  return ToGrpcStatus(store_->PushSparse(*req, *keys, n, req->gradients(), resp));
 }
 
 grpc::Status PsService::ListShards(grpc::ServerContext*, const v1::ListShardsRequest*,
@@ -196,7 +185,6 @@ grpc::Status PsService::ListShards(grpc::ServerContext*, const v1::ListShardsReq
 
 grpc::Status PsService::InspectShard(grpc::ServerContext*, const v1::InspectShardRequest* req,
                                      v1::InspectShardResponse* resp) {
-  store_->SettleAll();  // an operator sees every complete step
   absl::StatusOr<v1::InspectShardResponse> r = store_->Inspect(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -219,6 +207,7 @@ grpc::Status PsService::GetStatus(grpc::ServerContext*, const v1::GetStatusReque
     absl::MutexLock lock(&mu_);
     *resp->mutable_task() = task_;
     resp->set_address(address_);
+    resp->set_data_port(data_port_);
   }
   resp->set_health(v1::HEALTH_SERVING);
   resp->set_start_unix_micros(absl::ToUnixMicros(start_time_));

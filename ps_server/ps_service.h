@@ -18,15 +18,16 @@ struct PsServiceOptions {
   int64_t max_chunk_bytes = 16 << 20;
 };
 
-// Adapts a ParameterStore to the ParameterServer gRPC service: decodes wire dtypes, streams
-// dense tensors in chunks, and turns Status into gRPC status. Thread-safe.
+// Adapts a ParameterStore to the ParameterServer gRPC service: marshals requests into the
+// store's operations (which validate and decode), streams dense tensors in chunks, and turns
+// Status into gRPC status. Thread-safe.
 class PsService : public v1::ParameterServer::Service {
  public:
   // `store` is not owned and must outlive the service.
   PsService(ParameterStore* store, const PsServiceOptions& options);
 
-  // Filled into GetStatus answers.
-  void SetIdentity(const v1::TaskId& task, const std::string& address);
+  // Filled into GetStatus answers; data_port is the tensor data plane's (0: none).
+  void SetIdentity(const v1::TaskId& task, const std::string& address, int data_port);
 
   grpc::Status CreateShards(grpc::ServerContext* ctx, const v1::CreateShardsRequest* req,
                             v1::CreateShardsResponse* resp) override;
@@ -56,6 +57,7 @@ class PsService : public v1::ParameterServer::Service {
   absl::Mutex mu_;
   v1::TaskId task_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
+  int data_port_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pscluster

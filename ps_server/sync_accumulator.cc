@@ -60,7 +60,8 @@ SparseAccumulator::SparseAccumulator(int64_t dim, int replicas)
     : dim_(dim), replicas_(std::max(1, replicas)) {}
 
 void SparseAccumulator::ResetLocked() {
-  workers_.clear();
+  parts_.clear();
+  complete_workers_ = 0;
   sums_.clear();
 }
 
@@ -72,12 +73,24 @@ void SparseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) 
 
 AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t* keys,
                                          int64_t n, const float* grads, const ApplyFn& apply) {
+  return Add(step, worker, 0, 1, keys, n, grads, apply);
+}
+
+AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, int part, int num_parts,
+                                         const int64_t* keys, int64_t n, const float* grads,
+                                         const ApplyFn& apply) {
+  num_parts = std::max(1, num_parts);
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
   if (step > step_) return AccumulateOutcome::kAhead;
-  if (workers_.count(worker)) return AccumulateOutcome::kDuplicate;
+  std::set<int>& parts = parts_[worker];
+  if (part < 0 || part >= num_parts || parts.count(part) ||
+      static_cast<int>(parts.size()) >= num_parts) {
+    return AccumulateOutcome::kDuplicate;
+  }
   SettleLocked(step, apply);
-  workers_.insert(worker);
+  parts.insert(part);
+  if (static_cast<int>(parts.size()) == num_parts) ++complete_workers_;
   absl::flat_hash_map<int64_t, bool> seen_in_this_gradient;
   for (int64_t i = 0; i < n; ++i) {
     KeySum& ks = sums_[keys[i]];
@@ -85,7 +98,7 @@ AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t
     for (int64_t j = 0; j < dim_; ++j) ks.sum[j] += grads[i * dim_ + j];
     if (seen_in_this_gradient.emplace(keys[i], true).second) ++ks.count;
   }
-  if (static_cast<int>(workers_.size()) < replicas_) return AccumulateOutcome::kAccumulated;
+  if (complete_workers_ < replicas_) return AccumulateOutcome::kAccumulated;
   pending_keys_.clear();
   pending_mean_.clear();
   for (auto& [key, ks] : sums_) {

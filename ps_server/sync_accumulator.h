@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -78,6 +79,11 @@ class SparseAccumulator {
 
   AccumulateOutcome Add(int64_t step, int worker, const int64_t* keys, int64_t n,
                         const float* grads, const ApplyFn& apply);
+  // One part of a worker's gradient split over several pushes (disjoint keys): the worker
+  // counts towards the step once all num_parts parts arrived; a part given twice (or a part
+  // number outside [0, num_parts)) is kDuplicate.
+  AccumulateOutcome Add(int64_t step, int worker, int part, int num_parts, const int64_t* keys,
+                        int64_t n, const float* grads, const ApplyFn& apply);
   bool Settle(int64_t before_step, const ApplyFn& apply);
   int64_t step() const;
   void SetStep(int64_t step);
@@ -94,7 +100,9 @@ class SparseAccumulator {
   const int replicas_;
   mutable absl::Mutex mu_;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<int> workers_ ABSL_GUARDED_BY(mu_);
+  // The parts each worker gave for the current step, and how many workers gave all of theirs.
+  std::map<int, std::set<int>> parts_ ABSL_GUARDED_BY(mu_);
+  int complete_workers_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int64_t, KeySum> sums_ ABSL_GUARDED_BY(mu_);
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> pending_keys_ ABSL_GUARDED_BY(mu_);

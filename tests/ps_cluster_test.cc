@@ -182,7 +182,7 @@ TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
 
   // Both ps tasks hold part of the table, and their stats saw the traffic.
   for (int ps = 0; ps < 2; ++ps) {
-    auto list = client->transport().ListShards(ps);
+    auto list = client->ListShards(ps);
     ASSERT_TRUE(list.ok());
     bool saw_table = false;
     for (const v1::ShardStats& s : list->shards()) {

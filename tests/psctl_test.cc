@@ -238,7 +238,7 @@ class PsctlTest : public ::testing::Test {
     auto client = ClientFor(*model_);
     int64_t rows = 0;
     for (int ps = 0; ps < 2; ++ps) {
-      auto list = client->transport().ListShards(ps);
+      auto list = client->ListShards(ps);
       CHECK(list.ok());
       for (const v1::ShardStats& s : list->shards()) rows += s.is_table() ? s.rows() : 0;
     }
@@ -251,7 +251,7 @@ class PsctlTest : public ::testing::Test {
       req.mutable_shard()->set_variable("emb");
       req.mutable_shard()->set_partition(-1);
       req.add_keys(key);
-      auto r = client->transport().InspectShard(ps, req);
+      auto r = client->InspectShard(ps, req);
       CHECK(r.ok());
       if (r->found_keys_size() > 0) return true;
     }

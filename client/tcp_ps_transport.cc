@@ -1,0 +1,344 @@
+#include "client/tcp_ps_transport.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/wire_codec.h"
+
+namespace pscluster {
+namespace {
+
+v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
+// "host" of "host:port" ("[::1]" of "[::1]:5").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+iovec Bytes(const void* p, int64_t n) { return iovec{const_cast<void*>(p), static_cast<size_t>(n)}; }
+
+// Reads a payload of exactly `expected` bytes into floats, decoding a 16-bit wire.
+absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expected_elements,
+                        v1::DataType wire, float* out, std::string* scratch,
+                        absl::Duration timeout) {
+  const int elem = WireBytesPerElement(wire).value_or(4);
+  if (payload_bytes != static_cast<uint64_t>(expected_elements * elem)) {
+    return absl::DataLossError(absl::StrCat("the answer carries ", payload_bytes,
+                                            " bytes, expected ", expected_elements * elem));
+  }
+  if (wire == v1::DT_FLOAT32) return socket.ReadExact(out, expected_elements * elem, timeout);
+  scratch->resize(payload_bytes);
+  PS_RETURN_IF_ERROR(socket.ReadExact(scratch->data(), static_cast<int64_t>(payload_bytes), timeout));
+  return DecodeFloats(*scratch, wire, out, expected_elements);
+}
+
+}  // namespace
+
+TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
+                               std::vector<std::string> addresses,
+                               const TcpPsTransportOptions& options)
+    : grpc_(std::move(grpc)), addresses_(std::move(addresses)), options_(options) {
+  for (const std::string& a : addresses_) {
+    hosts_.push_back(HostOf(a));
+    endpoints_.push_back(std::make_unique<Endpoint>());
+  }
+}
+
+TcpPsTransport::~TcpPsTransport() = default;
+
+int TcpPsTransport::connections_opened(int ps) const {
+  absl::MutexLock lock(&endpoints_[ps]->mu);
+  return endpoints_[ps]->opened;
+}
+
+absl::Status TcpPsTransport::Annotate(int ps, const absl::Status& status) const {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("ps:", ps, " (", addresses_[ps],
+                                                  ", data plane): ", status.message()));
+}
+
+absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acquire(int ps,
+                                                                                    bool* pooled) {
+  Endpoint& e = *endpoints_[ps];
+  int port = 0;
+  {
+    absl::MutexLock lock(&e.mu);
+    if (!e.idle.empty()) {
+      std::unique_ptr<Connection> c = std::move(e.idle.back());
+      e.idle.pop_back();
+      *pooled = true;
+      return c;
+    }
+    port = e.port;
+    if (port < 0 && absl::Now() - e.looked_up > absl::Seconds(10)) port = 0;
+  }
+  *pooled = false;
+  if (port == 0) {
+    PS_ASSIGN_OR_RETURN(v1::TaskStatus status, grpc_->GetStatus(ps));
+    port = status.data_port() > 0 ? status.data_port() : -1;
+    absl::MutexLock lock(&e.mu);
+    e.port = port;
+    e.looked_up = absl::Now();
+  }
+  if (port < 0) return std::unique_ptr<Connection>();
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<WireSocket> socket,
+                      WireSocket::Connect(hosts_[ps], port, options_.connect_timeout,
+                                          options_.socket_buffer_bytes));
+  auto c = std::make_unique<Connection>();
+  c->socket = std::move(socket);
+  absl::MutexLock lock(&e.mu);
+  ++e.opened;
+  return c;
+}
+
+void TcpPsTransport::Release(int ps, std::unique_ptr<Connection> connection) {
+  Endpoint& e = *endpoints_[ps];
+  absl::MutexLock lock(&e.mu);
+  e.idle.push_back(std::move(connection));
+}
+
+void TcpPsTransport::Forget(int ps) {
+  Endpoint& e = *endpoints_[ps];
+  std::vector<std::unique_ptr<Connection>> dropped;
+  absl::MutexLock lock(&e.mu);
+  e.port = 0;
+  dropped.swap(e.idle);
+}
+
+absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
+  *in_step = false;
+  char raw[kFrameHeaderBytes];
+  uint64_t payload = 0;
+  for (const iovec& v : x->payload) payload += v.iov_len;
+  x->request.meta_bytes = static_cast<uint32_t>(x->meta.size());
+  x->request.payload_bytes = payload;
+  EncodeFrameHeader(x->request, raw);
+  std::vector<iovec> iov;
+  iov.reserve(2 + x->payload.size());
+  iov.push_back(Bytes(raw, sizeof(raw)));
+  iov.push_back(Bytes(x->meta.data(), static_cast<int64_t>(x->meta.size())));
+  iov.insert(iov.end(), x->payload.begin(), x->payload.end());
+  PS_RETURN_IF_ERROR(
+      c.socket->WriteAll(iov.data(), static_cast<int>(iov.size()), options_.io_timeout));
+  PS_RETURN_IF_ERROR(c.socket->ReadExact(raw, kFrameHeaderBytes, options_.io_timeout));
+  PS_ASSIGN_OR_RETURN(FrameHeader response, DecodeFrameHeader(raw));
+  if (response.op != (x->request.op | kResponseBit) || response.tag != x->request.tag) {
+    return absl::DataLossError(absl::StrCat("answer ", WireOpName(response.op), " tag ",
+                                            response.tag, " to request ",
+                                            WireOpName(x->request.op), " tag ", x->request.tag));
+  }
+  if (response.meta_bytes > (16u << 20)) {
+    return absl::DataLossError(absl::StrCat("an answer with ", response.meta_bytes,
+                                            " bytes of meta"));
+  }
+  x->response_meta.resize(response.meta_bytes);
+  PS_RETURN_IF_ERROR(
+      c.socket->ReadExact(x->response_meta.data(), response.meta_bytes, options_.io_timeout));
+  if (response.status != 0) {
+    // The ps's own error: the connection stays in step (an error carries no payload).
+    *in_step = response.payload_bytes == 0;
+    if (!*in_step) return absl::DataLossError("an error answer with a payload");
+    return WireErrorStatus(response.status, x->response_meta);
+  }
+  absl::Status s;
+  if (x->read_payload) {
+    s = x->read_payload(*c.socket, response.payload_bytes, c);
+  } else if (response.payload_bytes != 0) {
+    s = absl::DataLossError(absl::StrCat("an unexpected payload of ", response.payload_bytes,
+                                         " bytes"));
+  }
+  *in_step = s.ok();
+  return s;
+}
+
+absl::Status TcpPsTransport::Call(int ps, Exchange* x, bool* no_data_plane) {
+  *no_data_plane = false;
+  x->request.tag = next_tag_.fetch_add(1, std::memory_order_relaxed);
+  for (int attempt = 0;; ++attempt) {
+    bool pooled = false;
+    absl::StatusOr<std::unique_ptr<Connection>> c = Acquire(ps, &pooled);
+    if (!c.ok()) {
+      Forget(ps);
+      return Annotate(ps, c.status());
+    }
+    if (*c == nullptr) {
+      *no_data_plane = true;
+      return absl::OkStatus();
+    }
+    bool in_step = false;
+    absl::Status s = CallOn(**c, x, &in_step);
+    if (in_step) {
+      Release(ps, *std::move(c));
+      return Annotate(ps, s);
+    }
+    // The connection is out of step (an I/O failure or a garbled answer): drop it, and the
+    // pool with it, since the ps may have restarted.
+    Forget(ps);
+    // A pooled connection may have died with a restarted ps: one more try on a new one.
+    if (!pooled || attempt > 0 || absl::IsDeadlineExceeded(s)) return Annotate(ps, s);
+  }
+}
+
+absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
+                                       v1::DataType wire_dtype, int64_t step) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kPullDense);
+  v1::PullDenseRequest req;
+  int64_t total = 0;
+  for (const DenseSlice& s : slices) {
+    *req.add_shards() = s.ref;
+    total += s.num_elements;
+  }
+  req.set_wire_dtype(wire);
+  if (step >= 0) req.set_step(step);
+  x.meta = req.SerializeAsString();
+  x.read_payload = [&](WireSocket& socket, uint64_t bytes, Connection& c) -> absl::Status {
+    if (bytes != static_cast<uint64_t>(total * elem)) {
+      return absl::DataLossError(absl::StrCat(
+          "the pull's answer carries ", bytes, " bytes; the ", slices.size(), " shards asked for ",
+          "hold ", total * elem, " (is the caller's placement out of date?)"));
+    }
+    for (const DenseSlice& s : slices) {
+      PS_RETURN_IF_ERROR(ReadFloats(socket, s.num_elements * elem, s.num_elements, wire,
+                                    s.pull_into, &c.scratch, options_.io_timeout));
+    }
+    return absl::OkStatus();
+  };
+  bool no_data_plane = false;
+  absl::Status s = Call(ps, &x, &no_data_plane);
+  if (no_data_plane) return grpc_->PullDense(ps, slices, wire_dtype, step);
+  return s;
+}
+
+absl::Status TcpPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
+                                       const PushMeta& meta, v1::PushDenseResponse* response) {
+  const v1::DataType wire = WireOrFloat(meta.wire_dtype);
+  PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kPushDense);
+  v1::PushDenseHeader header;
+  int64_t total = 0;
+  for (const DenseSlice& s : slices) {
+    *header.add_shards() = s.ref;
+    header.add_num_elements(s.num_elements);
+    total += s.num_elements;
+  }
+  header.set_wire_dtype(wire);
+  header.set_step(meta.step);
+  header.set_worker(meta.worker);
+  *header.mutable_request_id() = meta.request_id;
+  x.meta = header.SerializeAsString();
+  // float32 gradients are sent from the caller's memory; others are encoded first.
+  std::string encoded;
+  if (wire == v1::DT_FLOAT32) {
+    for (const DenseSlice& s : slices) x.payload.push_back(Bytes(s.push_from, s.num_elements * 4));
+  } else {
+    encoded.resize(total * elem);
+    int64_t at = 0;
+    for (const DenseSlice& s : slices) {
+      EncodeFloatsTo(s.push_from, s.num_elements, wire, encoded.data() + at);
+      at += s.num_elements * elem;
+    }
+    x.payload.push_back(Bytes(encoded.data(), static_cast<int64_t>(encoded.size())));
+  }
+  bool no_data_plane = false;
+  absl::Status s = Call(ps, &x, &no_data_plane);
+  if (no_data_plane) return grpc_->PushDense(ps, slices, meta, response);
+  PS_RETURN_IF_ERROR(s);
+  if (!response->ParseFromString(x.response_meta)) {
+    return Annotate(ps, absl::DataLossError("the push's answer is not a PushDenseResponse"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
+                                        int64_t n, int64_t dim, v1::DataType wire_dtype,
+                                        int64_t step, float* out) {
+  const v1::DataType wire = WireOrFloat(wire_dtype);
+  PS_RETURN_IF_ERROR(WireBytesPerElement(wire).status());
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kPullSparse);
+  v1::PullSparseRequest req;
+  req.set_table(table);
+  req.set_wire_dtype(wire);
+  if (step >= 0) req.set_step(step);
+  x.meta = req.SerializeAsString();
+  x.payload.push_back(Bytes(keys, n * static_cast<int64_t>(sizeof(int64_t))));
+  x.read_payload = [&](WireSocket& socket, uint64_t bytes, Connection& c) -> absl::Status {
+    return ReadFloats(socket, bytes, n * dim, wire, out, &c.scratch, options_.io_timeout);
+  };
+  bool no_data_plane = false;
+  absl::Status s = Call(ps, &x, &no_data_plane);
+  if (no_data_plane) return grpc_->PullSparse(ps, table, keys, n, dim, wire_dtype, step, out);
+  return s;
+}
+
+absl::Status TcpPsTransport::PushSparse(int ps, const std::string& table, const int64_t* keys,
+                                        int64_t n, int64_t dim, const float* grads,
+                                        const PushMeta& meta, v1::PushSparseResponse* response) {
+  const v1::DataType wire = WireOrFloat(meta.wire_dtype);
+  PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kPushSparse);
+  v1::PushSparseRequest req;
+  req.set_table(table);
+  req.set_wire_dtype(wire);
+  req.set_step(meta.step);
+  req.set_worker(meta.worker);
+  *req.mutable_request_id() = meta.request_id;
+  req.set_part(meta.part);
+  req.set_num_parts(meta.num_parts);
+  req.set_num_keys(n);
+  x.meta = req.SerializeAsString();
+  x.payload.push_back(Bytes(keys, n * static_cast<int64_t>(sizeof(int64_t))));
+  std::string encoded;
+  if (wire == v1::DT_FLOAT32) {
+    x.payload.push_back(Bytes(grads, n * dim * 4));
+  } else {
+    encoded.resize(n * dim * elem);
+    EncodeFloatsTo(grads, n * dim, wire, encoded.data());
+    x.payload.push_back(Bytes(encoded.data(), static_cast<int64_t>(encoded.size())));
+  }
+  bool no_data_plane = false;
+  absl::Status s = Call(ps, &x, &no_data_plane);
+  if (no_data_plane) return grpc_->PushSparse(ps, table, keys, n, dim, grads, meta, response);
+  PS_RETURN_IF_ERROR(s);
+  if (!response->ParseFromString(x.response_meta)) {
+    return Annotate(ps, absl::DataLossError("the push's answer is not a PushSparseResponse"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpPsTransport::CreateShards(int ps, const v1::CreateShardsRequest& request,
+                                          v1::CreateShardsResponse* response) {
+  return grpc_->CreateShards(ps, request, response);
+}
+
+absl::StatusOr<v1::ListShardsResponse> TcpPsTransport::ListShards(int ps) {
+  return grpc_->ListShards(ps);
+}
+
+absl::StatusOr<v1::InspectShardResponse> TcpPsTransport::InspectShard(
+    int ps, const v1::InspectShardRequest& request) {
+  return grpc_->InspectShard(ps, request);
+}
+
+absl::Status TcpPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
+                                        v1::SaveShardsResponse* response) {
+  return grpc_->SaveShards(ps, request, response);
+}
+
+absl::Status TcpPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                                           v1::RestoreShardsResponse* response) {
+  return grpc_->RestoreShards(ps, request, response);
+}
+
+absl::StatusOr<v1::TaskStatus> TcpPsTransport::GetStatus(int ps) { return grpc_->GetStatus(ps); }
+
+}  // namespace pscluster

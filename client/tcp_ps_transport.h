@@ -1,0 +1,122 @@
+#ifndef PSCLUSTER_CLIENT_TCP_PS_TRANSPORT_H_
+#define PSCLUSTER_CLIENT_TCP_PS_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/grpc_ps_transport.h"
+#include "client/ps_transport.h"
+#include "common/tensor_wire.h"
+
+namespace pscluster {
+
+struct TcpPsTransportOptions {
+  // Each read or write of a call must finish within this (DEADLINE_EXCEEDED otherwise).
+  absl::Duration io_timeout = absl::Seconds(30);
+  absl::Duration connect_timeout = absl::Seconds(2);
+  // Send and receive buffers of each connection, in bytes (0: the system's).
+  int socket_buffer_bytes = 4 << 20;
+};
+
+// PsTransport with pulls and pushes over the tensor data plane (common/tensor_wire.h) and
+// everything else over gRPC. Each ps task's data port is asked of its gRPC service
+// (GetStatus.data_port) on first use and again after a connection to it fails, so a ps task
+// that restarts on another port is found; a ps task without a data plane is served over gRPC.
+//
+// Connections are pooled per ps task: a call takes an idle one (or opens one) and gives it
+// back, so concurrent calls to one task use several connections. float32 tensors are written
+// from and read into the caller's memory with no copy. A call that fails on a connection
+// taken from the pool (the ps may have restarted meanwhile) is tried once more on a new one;
+// pushes carry a request id, so the ps recognises a push that did arrive the first time.
+//
+// Errors: UNAVAILABLE (no connection, the ps went away), DEADLINE_EXCEEDED, or the ps's own
+// status, each naming the ps task. Thread-safe.
+class TcpPsTransport : public PsTransport {
+ public:
+  // `grpc` carries the control plane and the data-port lookups; owned. `addresses` are the ps
+  // tasks' gRPC addresses (host:port), whose hosts the data ports are on.
+  TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc, std::vector<std::string> addresses,
+                 const TcpPsTransportOptions& options);
+  ~TcpPsTransport() override;
+
+  int num_ps() const override { return grpc_->num_ps(); }
+  absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
+                            v1::CreateShardsResponse* response) override;
+  absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
+                         v1::DataType wire_dtype, int64_t step) override;
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, const PushMeta& meta,
+                         v1::PushDenseResponse* response) override;
+  absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, v1::DataType wire_dtype, int64_t step,
+                          float* out) override;
+  absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                          int64_t dim, const float* grads, const PushMeta& meta,
+                          v1::PushSparseResponse* response) override;
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(
+      int ps, const v1::InspectShardRequest& request) override;
+  absl::Status SaveShards(int ps, const v1::SaveShardsRequest& request,
+                          v1::SaveShardsResponse* response) override;
+  absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
+                             v1::RestoreShardsResponse* response) override;
+  absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
+
+  // Connections opened so far to task `ps` (for tests).
+  int connections_opened(int ps) const;
+
+ private:
+  struct Connection {
+    std::unique_ptr<WireSocket> socket;
+    std::string scratch;  // encodings of non-float32 tensors, kept between calls
+  };
+  struct Endpoint {
+    mutable absl::Mutex mu;
+    // 0: not looked up yet; -1: the ps had no data plane when asked at `looked_up` (use gRPC;
+    // asked again after a while).
+    int port ABSL_GUARDED_BY(mu) = 0;
+    absl::Time looked_up ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
+    int opened ABSL_GUARDED_BY(mu) = 0;
+  };
+  // What one call sends and how it reads the answer.
+  struct Exchange {
+    FrameHeader request;
+    std::string meta;
+    std::vector<iovec> payload;
+    // Reads the response's payload (status OK) from the socket; called with its size.
+    std::function<absl::Status(WireSocket&, uint64_t payload_bytes, Connection&)> read_payload;
+    // The response's meta on success.
+    std::string response_meta;
+  };
+
+  // A connection to ps's data plane; *pooled tells whether it came from the idle pool.
+  // nullptr with OK: the ps has no data plane.
+  absl::StatusOr<std::unique_ptr<Connection>> Acquire(int ps, bool* pooled);
+  void Release(int ps, std::unique_ptr<Connection> connection);
+  // Forgets the port and the idle connections of ps (after a failure).
+  void Forget(int ps);
+  // Runs the exchange, retrying once on a fresh connection when a pooled one fails. Sets
+  // *no_data_plane when the ps has none (nothing was sent).
+  absl::Status Call(int ps, Exchange* exchange, bool* no_data_plane);
+  // One exchange on one connection. *in_step: the connection can carry the next call.
+  absl::Status CallOn(Connection& c, Exchange* exchange, bool* in_step);
+  absl::Status Annotate(int ps, const absl::Status& status) const;
+
+  const std::unique_ptr<GrpcPsTransport> grpc_;
+  const std::vector<std::string> addresses_;
+  std::vector<std::string> hosts_;
+  const TcpPsTransportOptions options_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::atomic<uint64_t> next_tag_{1};
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_TCP_PS_TRANSPORT_H_

@@ -1,0 +1,254 @@
+#include "common/tensor_wire.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace pscluster {
+namespace {
+
+absl::Status IoError(const char* what, int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK || err == ETIMEDOUT) {
+    return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
+  }
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+// Milliseconds until `deadline` for poll(): -1 for no deadline, 0 once it passed.
+int PollMillis(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return -1;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+}
+
+absl::Time DeadlineAfter(absl::Duration timeout) {
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+}
+
+// Waits for `events` on fd until the deadline.
+absl::Status Await(int fd, short events, absl::Time deadline, const char* what) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, PollMillis(deadline));
+    if (r > 0) {
+      if ((p.revents & POLLNVAL) != 0) return absl::UnavailableError(absl::StrCat(what, ": closed"));
+      return absl::OkStatus();  // readable, writable, or an error the next call reports
+    }
+    if (r == 0) return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
+    if (errno != EINTR) return IoError(what, errno);
+  }
+}
+
+}  // namespace
+
+void EncodeFrameHeader(const FrameHeader& h, char* out) {
+  absl::little_endian::Store32(out, kFrameMagic);
+  absl::little_endian::Store16(out + 4, h.op);
+  absl::little_endian::Store16(out + 6, h.flags);
+  absl::little_endian::Store32(out + 8, h.status);
+  absl::little_endian::Store32(out + 12, h.meta_bytes);
+  absl::little_endian::Store64(out + 16, h.payload_bytes);
+  absl::little_endian::Store64(out + 24, h.tag);
+}
+
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const char* in) {
+  const uint32_t magic = absl::little_endian::Load32(in);
+  if (magic != kFrameMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "not a tensor wire frame: it starts with 0x", absl::Hex(magic, absl::kZeroPad8),
+        ", expected the magic \"PSW1\" (is a gRPC client talking to the data port?)"));
+  }
+  FrameHeader h;
+  h.op = absl::little_endian::Load16(in + 4);
+  h.flags = absl::little_endian::Load16(in + 6);
+  h.status = absl::little_endian::Load32(in + 8);
+  h.meta_bytes = absl::little_endian::Load32(in + 12);
+  h.payload_bytes = absl::little_endian::Load64(in + 16);
+  h.tag = absl::little_endian::Load64(in + 24);
+  return h;
+}
+
+std::string WireOpName(uint16_t op) {
+  switch (static_cast<WireOp>(op & ~kResponseBit)) {
+    case WireOp::kPullDense:
+      return "PullDense";
+    case WireOp::kPushDense:
+      return "PushDense";
+    case WireOp::kPullSparse:
+      return "PullSparse";
+    case WireOp::kPushSparse:
+      return "PushSparse";
+  }
+  return absl::StrCat("op ", op & ~kResponseBit);
+}
+
+absl::Status WireErrorStatus(uint32_t code, absl::string_view message) {
+  if (code == 0) return absl::OkStatus();
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+void ConfigureWireSocket(int fd, int buffer_bytes) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes));
+  }
+}
+
+WireSocket::~WireSocket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::string& host, int port,
+                                                                absl::Duration timeout,
+                                                                int buffer_bytes) {
+  const std::string where = absl::StrCat(host, ":", port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  // A bracketed IPv6 literal ("[::1]") is looked up without its brackets.
+  std::string name = host;
+  if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
+  if (const int err = getaddrinfo(name.c_str(), service.c_str(), &hints, &found); err != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve the data port ", where, ": ", gai_strerror(err)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", where));
+  const absl::Time deadline = DeadlineAfter(timeout);
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last = IoError("socket", errno);
+      continue;
+    }
+    auto sock = std::make_unique<WireSocket>(fd);
+    // Buffers are set before connecting so the window scale is negotiated for them.
+    ConfigureWireSocket(fd, buffer_bytes);
+    const int flags = fcntl(fd, F_GETFL, 0);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int r = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      absl::Status waited = Await(fd, POLLOUT, deadline, "connect");
+      if (!waited.ok()) {
+        last = absl::Status(waited.code(), absl::StrCat("connecting to ", where, ": ", waited.message()));
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      r = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (r != 0) {
+      last = absl::UnavailableError(
+          absl::StrCat("connecting to the data port ", where, ": ", std::strerror(errno)));
+      continue;
+    }
+    freeaddrinfo(found);
+    return sock;
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  while (count > 0) {
+    if (iov->iov_len == 0) {
+      ++iov;
+      --count;
+      continue;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, 64));
+    const ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (absl::Status s = Await(fd_, POLLOUT, deadline, "send"); !s.ok()) return s;
+        continue;
+      }
+      return IoError("send", errno);
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0 && left > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSocket::Write(absl::string_view bytes, absl::Duration timeout) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  return WriteAll(&iov, 1, timeout);
+}
+
+absl::Status WireSocket::ReadExact(void* out, int64_t n, absl::Duration timeout) {
+  char* p = static_cast<char*>(out);
+  const absl::Time deadline = DeadlineAfter(timeout);
+  while (n > 0) {
+    const ssize_t got = recv(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)),
+                             MSG_DONTWAIT);
+    if (got > 0) {
+      p += got;
+      n -= got;
+      continue;
+    }
+    if (got == 0) return absl::UnavailableError("the peer closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status s = Await(fd_, POLLIN, deadline, "receive"); !s.ok()) return s;
+      continue;
+    }
+    return IoError("receive", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSocket::Discard(int64_t n, absl::Duration timeout) {
+  std::vector<char> sink(static_cast<size_t>(std::min<int64_t>(n, 1 << 20)));
+  while (n > 0) {
+    const int64_t part = std::min<int64_t>(n, static_cast<int64_t>(sink.size()));
+    if (absl::Status s = ReadExact(sink.data(), part, timeout); !s.ok()) return s;
+    n -= part;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSocket::AwaitReadable(absl::Duration timeout) {
+  return Await(fd_, POLLIN, DeadlineAfter(timeout), "waiting for a request");
+}
+
+void WireSocket::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+
+}  // namespace pscluster

@@ -1,0 +1,121 @@
+#ifndef PSCLUSTER_COMMON_TENSOR_WIRE_H_
+#define PSCLUSTER_COMMON_TENSOR_WIRE_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace pscluster {
+
+// The tensor data plane: pulls and pushes of dense shards and sparse rows over a plain TCP
+// connection to a ps task, beside its gRPC service (which stays the control plane: creation,
+// inspection, checkpoints). Its messages are those of proto/ps_service.proto; only the
+// framing is new, so that tensors go from the socket into shard memory with no serialization
+// step and no per-message copy (docs/wire.md has the measurements that chose it).
+//
+// A connection carries one request at a time: the client writes a request frame, the server
+// answers with one response frame. A frame is a fixed 32-byte header, then `meta_bytes` of a
+// serialized protobuf message, then `payload_bytes` of raw little-endian data:
+//
+//   offset  size  field
+//        0     4  magic "PSW1"
+//        4     2  op (WireOp); a response has the request's op | kResponseBit
+//        6     2  flags (0)
+//        8     4  status: a response's google.rpc / absl status code (0 = OK); 0 in requests
+//       12     4  meta_bytes
+//       16     8  payload_bytes
+//       24     8  tag: any value; the response carries the request's
+//
+// Requests (meta; payload):
+//   kPullDense    PullDenseRequest;            none
+//   kPushDense    PushDenseHeader;             each shard's gradient, in order, in wire dtype
+//   kPullSparse   PullSparseRequest (no keys); the keys, int64 each
+//   kPushSparse   PushSparseRequest (no keys or gradients, num_keys set); the keys, int64 each,
+//                 then num_keys * dim gradient elements in wire dtype
+// Responses with status 0 (meta; payload):
+//   kPullDense    none;                the shards' values, in order, in wire dtype
+//   kPushDense    PushDenseResponse;   none
+//   kPullSparse   none;                the rows, in the order of the keys, in wire dtype
+//   kPushSparse   PushSparseResponse;  none
+// A response with a non-zero status has the error message (UTF-8) as meta and no payload. A
+// request the server cannot frame (bad magic, sizes over its limits) gets such a response and
+// the connection is closed; any other refused request leaves the connection usable.
+enum class WireOp : uint16_t {
+  kPullDense = 1,
+  kPushDense = 2,
+  kPullSparse = 3,
+  kPushSparse = 4,
+};
+constexpr uint16_t kResponseBit = 0x8000;
+constexpr uint32_t kFrameMagic = 0x31575350;  // "PSW1" read as a little-endian uint32
+constexpr int kFrameHeaderBytes = 32;
+
+struct FrameHeader {
+  uint16_t op = 0;
+  uint16_t flags = 0;
+  uint32_t status = 0;
+  uint32_t meta_bytes = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t tag = 0;
+};
+
+// Writes `header` into out[0, kFrameHeaderBytes).
+void EncodeFrameHeader(const FrameHeader& header, char* out);
+// INVALID_ARGUMENT when the bytes do not start with the magic.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const char* in);
+
+// "PullDense", "PushDense", ..., or "op N" for an unknown value (the response bit ignored).
+std::string WireOpName(uint16_t op);
+
+// A connected TCP socket, owned: closed by the destructor. Blocking I/O with a timeout per call
+// (DEADLINE_EXCEEDED when it passes); a peer that went away is UNAVAILABLE. Thread-compatible;
+// Shutdown() may be called from another thread to make blocked calls return.
+class WireSocket {
+ public:
+  explicit WireSocket(int fd) : fd_(fd) {}
+  ~WireSocket();
+  WireSocket(const WireSocket&) = delete;
+  WireSocket& operator=(const WireSocket&) = delete;
+
+  // Connects to host:port within `timeout`, with TCP_NODELAY and the given socket buffer
+  // sizes (0: the system's). UNAVAILABLE naming the address when nothing answers.
+  static absl::StatusOr<std::unique_ptr<WireSocket>> Connect(const std::string& host, int port,
+                                                             absl::Duration timeout,
+                                                             int buffer_bytes);
+
+  int fd() const { return fd_; }
+
+  // Sends every byte of the buffers, in order.
+  absl::Status WriteAll(struct iovec* iov, int count, absl::Duration timeout);
+  absl::Status Write(absl::string_view bytes, absl::Duration timeout);
+  // Receives exactly n bytes.
+  absl::Status ReadExact(void* out, int64_t n, absl::Duration timeout);
+  // Receives and drops n bytes.
+  absl::Status Discard(int64_t n, absl::Duration timeout);
+  // Waits until a byte can be read, the peer closes, or `timeout` passes (DEADLINE_EXCEEDED).
+  // infinite timeout: no limit.
+  absl::Status AwaitReadable(absl::Duration timeout);
+
+  // Makes blocked and later calls fail. Safe from any thread.
+  void Shutdown();
+
+ private:
+  const int fd_;
+};
+
+// Sets TCP_NODELAY and the send and receive buffers (0: leave them) of a connected socket.
+void ConfigureWireSocket(int fd, int buffer_bytes);
+
+// An error frame's parts: absl::Status <-> (status, meta).
+absl::Status WireErrorStatus(uint32_t code, absl::string_view message);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_TENSOR_WIRE_H_

@@ -1,0 +1,44 @@
+#ifndef PSCLUSTER_COMMON_THREAD_POOL_H_
+#define PSCLUSTER_COMMON_THREAD_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace pscluster {
+
+// A fixed set of worker threads (Eigen's non-blocking pool, the one TensorFlow's runtime uses)
+// with the two things this project asks of one: run a closure later, and split a loop over
+// [0, n) into blocks that run in parallel, the calling thread taking one of them.
+//
+// Thread-safe. The destructor waits for scheduled closures to finish.
+class ThreadPool {
+ public:
+  // `num_threads` >= 0; with 0, Schedule runs the closure at once on the calling thread and
+  // ParallelFor runs the whole loop there.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Runs `fn` on a pool thread.
+  void Schedule(std::function<void()> fn);
+
+  // Calls fn(begin, end) for consecutive blocks covering [0, n), each at least `min_block`
+  // long (but the last), at most num_threads() + 1 of them, and returns when every call has
+  // returned. The blocks run concurrently: fn must be safe to call from several threads on
+  // disjoint ranges. Block boundaries depend only on n, min_block and num_threads().
+  void ParallelFor(int64_t n, int64_t min_block, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  struct Impl;  // Eigen's pool, kept out of this header
+  const int num_threads_;
+  std::unique_ptr<Impl> impl_;  // null when num_threads_ is 0
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_THREAD_POOL_H_

@@ -1,0 +1,65 @@
+#include "common/thread_pool.h"
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+// Every index is visited exactly once, in blocks of at least min_block (but the last), on as
+// many threads as the pool has plus the caller.
+TEST(ThreadPoolTest, ParallelForCoversTheRangeOnceInBigEnoughBlocks) {
+  for (int threads : {0, 1, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 7, 100, 1000}) {
+      std::vector<std::atomic<int>> seen(n);
+      std::mutex mu;
+      std::vector<std::pair<int64_t, int64_t>> blocks;
+      pool.ParallelFor(n, 10, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+        std::lock_guard<std::mutex> lock(mu);
+        blocks.push_back({begin, end});
+      });
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[i].load(), 1) << "n=" << n << " i=" << i;
+      EXPECT_LE(static_cast<int>(blocks.size()), threads + 1);
+      for (const auto& [begin, end] : blocks) {
+        if (end != n) EXPECT_GE(end - begin, 10) << "n=" << n;
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ParallelForUsesOtherThreads) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  pool.ParallelFor(3, 1, [&](int64_t, int64_t) {
+    // Long enough that one thread cannot take every block.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids.count(std::this_thread::get_id()), 1u);
+}
+
+TEST(ThreadPoolTest, ScheduleRunsEverythingBeforeTheDestructorReturns) {
+  std::atomic<int> ran{0};
+  {
+    ThreadPool pool(2);
+    for (int i = 0; i < 100; ++i) pool.Schedule([&ran] { ran.fetch_add(1); });
+  }
+  EXPECT_EQ(ran.load(), 100);
+  ThreadPool inline_pool(0);
+  inline_pool.Schedule([&ran] { ran.fetch_add(1); });
+  EXPECT_EQ(ran.load(), 101);
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,95 @@
+#include "ps_server/push_ledger.h"
+
+#include <algorithm>
+
+namespace pscluster {
+
+PushLedger::PushLedger(int ids_per_client, int max_clients)
+    : ids_per_client_(std::max(1, ids_per_client)), max_clients_(std::max(1, max_clients)) {}
+
+PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcome) {
+  if (id.client() == 0) return Claim::kNew;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto cit = clients_.find(id.client());
+    if (cit == clients_.end()) {
+      Client& c = clients_[id.client()];
+      c.last_seen = ++clock_;
+      c.ids[id.seq()].done = false;
+      EvictLocked();
+      return Claim::kNew;
+    }
+    Client& c = cit->second;
+    c.last_seen = ++clock_;
+    auto it = c.ids.find(id.seq());
+    if (it == c.ids.end()) {
+      if (id.seq() < c.floor) return Claim::kTooOld;
+      c.ids[id.seq()].done = false;
+      while (static_cast<int>(c.ids.size()) > ids_per_client_) {
+        // Forget the oldest finished id; one still being applied stays.
+        auto oldest = c.ids.begin();
+        while (oldest != c.ids.end() && !oldest->second.done) ++oldest;
+        if (oldest == c.ids.end()) break;
+        c.floor = std::max(c.floor, oldest->first + 1);
+        c.ids.erase(oldest);
+      }
+      return Claim::kNew;
+    }
+    if (it->second.done) {
+      *outcome = it->second.outcome;
+      return Claim::kDuplicate;
+    }
+    // The first attempt is being applied: wait for its outcome (or its release).
+    const uint64_t client = id.client(), seq = id.seq();
+    auto settled = [this, client, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto c = clients_.find(client);
+      if (c == clients_.end()) return true;
+      auto e = c->second.ids.find(seq);
+      return e == c->second.ids.end() || e->second.done;
+    };
+    mu_.Await(absl::Condition(&settled));
+  }
+}
+
+void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome) {
+  if (id.client() == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto cit = clients_.find(id.client());
+  if (cit == clients_.end()) return;
+  auto it = cit->second.ids.find(id.seq());
+  if (it == cit->second.ids.end()) return;
+  it->second.done = true;
+  it->second.outcome = outcome;
+}
+
+void PushLedger::Release(const v1::RequestId& id) {
+  if (id.client() == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto cit = clients_.find(id.client());
+  if (cit == clients_.end()) return;
+  auto it = cit->second.ids.find(id.seq());
+  if (it != cit->second.ids.end() && !it->second.done) cit->second.ids.erase(it);
+}
+
+void PushLedger::EvictLocked() {
+  while (static_cast<int>(clients_.size()) > max_clients_) {
+    auto oldest = clients_.end();
+    for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+      bool busy = false;
+      for (const auto& [seq, e] : it->second.ids) busy |= !e.done;
+      if (busy) continue;
+      if (oldest == clients_.end() || it->second.last_seen < oldest->second.last_seen) oldest = it;
+    }
+    if (oldest == clients_.end()) return;
+    clients_.erase(oldest);
+  }
+}
+
+int64_t PushLedger::size() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [client, c] : clients_) n += static_cast<int64_t>(c.ids.size());
+  return n;
+}
+
+}  // namespace pscluster

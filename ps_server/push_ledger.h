@@ -1,0 +1,73 @@
+#ifndef PSCLUSTER_PS_SERVER_PUSH_LEDGER_H_
+#define PSCLUSTER_PS_SERVER_PUSH_LEDGER_H_
+
+#include <cstdint>
+#include <map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps_service.pb.h"
+
+namespace pscluster {
+
+// What a push did, remembered so that a retry of it can be told.
+struct PushOutcome {
+  int32_t accepted = 0;
+  int32_t dropped_stale = 0;
+};
+
+// The memory that makes pushes idempotent: for each client (RequestId.client) the outcome of
+// its latest pushes by sequence number. A push claims its id before it is applied and records
+// its outcome after; a retry of a recorded id gets the outcome instead of a second apply, and
+// a retry that arrives while the first attempt is being applied waits for it.
+//
+// Bounded: at most `ids_per_client` ids per client (the lowest go first) and `max_clients`
+// clients (the least recently seen go first). A retry of an id older than what is kept is
+// refused (ABORTED), since whether it was applied can no longer be told.
+//
+// Thread-safe.
+class PushLedger {
+ public:
+  PushLedger(int ids_per_client, int max_clients);
+
+  enum class Claim {
+    kNew,        // not seen: apply it, then Record() or Release()
+    kDuplicate,  // seen and done: *outcome is what it did
+    kTooOld,     // older than every id kept for its client
+  };
+  // An id with client 0 is always kNew and never remembered.
+  Claim Begin(const v1::RequestId& id, PushOutcome* outcome);
+  // The push claimed by Begin() was applied (or dropped as stale): remember what it did.
+  void Record(const v1::RequestId& id, const PushOutcome& outcome);
+  // The push claimed by Begin() was refused before anything changed: forget the claim, so a
+  // retry is applied.
+  void Release(const v1::RequestId& id);
+
+  // Ids remembered (for tests and statistics).
+  int64_t size() const;
+
+ private:
+  struct Entry {
+    bool done = false;
+    PushOutcome outcome;
+  };
+  struct Client {
+    std::map<uint64_t, Entry> ids;
+    // Every id below this was forgotten (or never seen from this incarnation).
+    uint64_t floor = 0;
+    uint64_t last_seen = 0;  // ledger clock
+  };
+
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int ids_per_client_;
+  const int max_clients_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Client> clients_ ABSL_GUARDED_BY(mu_);
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_PUSH_LEDGER_H_

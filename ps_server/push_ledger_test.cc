@@ -1,0 +1,96 @@
+#include "ps_server/push_ledger.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+v1::RequestId Id(uint64_t client, uint64_t seq) {
+  v1::RequestId id;
+  id.set_client(client);
+  id.set_seq(seq);
+  return id;
+}
+
+TEST(PushLedgerTest, ARecordedPushIsADuplicateWithItsOutcome) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kNew);
+  ledger.Record(Id(7, 1), PushOutcome{3, 1});
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(outcome.accepted, 3);
+  EXPECT_EQ(outcome.dropped_stale, 1);
+  // Another sequence number, or another client with the same one, is new.
+  EXPECT_EQ(ledger.Begin(Id(7, 2), &outcome), PushLedger::Claim::kNew);
+  EXPECT_EQ(ledger.Begin(Id(8, 1), &outcome), PushLedger::Claim::kNew);
+}
+
+TEST(PushLedgerTest, AReleasedPushMayBeAppliedByItsRetry) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kNew);
+  ledger.Release(Id(7, 1));  // refused before anything changed
+  EXPECT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kNew);
+}
+
+TEST(PushLedgerTest, NoIdIsNeverRemembered) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  EXPECT_EQ(ledger.Begin(Id(0, 1), &outcome), PushLedger::Claim::kNew);
+  ledger.Record(Id(0, 1), PushOutcome{1, 0});
+  EXPECT_EQ(ledger.Begin(Id(0, 1), &outcome), PushLedger::Claim::kNew);
+  EXPECT_EQ(ledger.size(), 0);
+}
+
+// A retry that arrives while the first attempt is still being applied waits for it and gets
+// its outcome: it is never applied a second time.
+TEST(PushLedgerTest, ARetryWaitsForTheAttemptInProgress) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kNew);
+  std::atomic<bool> returned{false};
+  PushLedger::Claim claim = PushLedger::Claim::kNew;
+  PushOutcome retry_outcome;
+  std::thread retry([&] {
+    claim = ledger.Begin(Id(7, 1), &retry_outcome);
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned.load());
+  ledger.Record(Id(7, 1), PushOutcome{2, 0});
+  retry.join();
+  EXPECT_EQ(claim, PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(retry_outcome.accepted, 2);
+}
+
+TEST(PushLedgerTest, IdsOlderThanTheWindowAreRefused) {
+  PushLedger ledger(/*ids_per_client=*/4, 8);
+  PushOutcome outcome;
+  for (uint64_t seq = 1; seq <= 10; ++seq) {
+    ASSERT_EQ(ledger.Begin(Id(7, seq), &outcome), PushLedger::Claim::kNew);
+    ledger.Record(Id(7, seq), PushOutcome{1, 0});
+  }
+  EXPECT_EQ(ledger.size(), 4);
+  EXPECT_EQ(ledger.Begin(Id(7, 3), &outcome), PushLedger::Claim::kTooOld);
+  EXPECT_EQ(ledger.Begin(Id(7, 10), &outcome), PushLedger::Claim::kDuplicate);
+}
+
+TEST(PushLedgerTest, TheLeastRecentlySeenClientIsForgottenFirst) {
+  PushLedger ledger(8, /*max_clients=*/2);
+  PushOutcome outcome;
+  for (uint64_t client : {1, 2}) {
+    ASSERT_EQ(ledger.Begin(Id(client, 1), &outcome), PushLedger::Claim::kNew);
+    ledger.Record(Id(client, 1), PushOutcome{1, 0});
+  }
+  ASSERT_EQ(ledger.Begin(Id(1, 1), &outcome), PushLedger::Claim::kDuplicate);  // 1 seen again
+  ASSERT_EQ(ledger.Begin(Id(3, 1), &outcome), PushLedger::Claim::kNew);        // 2 forgotten
+  ledger.Record(Id(3, 1), PushOutcome{1, 0});
+  EXPECT_EQ(ledger.Begin(Id(1, 1), &outcome), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(ledger.Begin(Id(2, 1), &outcome), PushLedger::Claim::kNew);
+}
+
+}  // namespace
+}  // namespace pscluster

@@ -1,0 +1,450 @@
+#include "ps_server/tensor_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/wire_codec.h"
+#include "glog/logging.h"
+
+namespace pscluster {
+namespace {
+
+v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
+// Responses up to this size are assembled and sent with one system call.
+constexpr int64_t kSmallResponseBytes = 64 << 10;
+// Pieces in which payloads are received and encoded.
+constexpr int64_t kPieceBytes = 1 << 20;
+
+}  // namespace
+
+// One accepted connection: reads a request, answers it, and again, until the peer closes, an
+// I/O error or a request that cannot be framed ends it.
+class TensorServer::Connection {
+ public:
+  Connection(ParameterStore* store, const TensorServerOptions& options, int fd)
+      : store_(store), options_(options), socket_(fd) {}
+
+  void Serve() {
+    while (true) {
+      // Idle connections wait without a limit; Shutdown() wakes them.
+      if (!socket_.AwaitReadable(absl::InfiniteDuration()).ok()) break;
+      char raw[kFrameHeaderBytes];
+      absl::Status s = socket_.ReadExact(raw, kFrameHeaderBytes, options_.io_timeout);
+      if (!s.ok()) break;
+      absl::StatusOr<FrameHeader> header = DecodeFrameHeader(raw);
+      if (!header.ok()) {
+        Fatal(FrameHeader(), header.status());
+        break;
+      }
+      if (!Handle(*header)) break;
+    }
+    done_.store(true);
+  }
+
+  void Shutdown() { socket_.Shutdown(); }
+  bool done() const { return done_.load(); }
+
+ private:
+  // Serves one request; false when the connection must close.
+  bool Handle(const FrameHeader& request) {
+    if (request.meta_bytes > options_.max_meta_bytes) {
+      return Fatal(request, absl::InvalidArgumentError(absl::StrCat(
+                                "a ", WireOpName(request.op), " request with ", request.meta_bytes,
+                                " bytes of meta; at most ", options_.max_meta_bytes)));
+    }
+    meta_.resize(request.meta_bytes);
+    if (!socket_.ReadExact(meta_.data(), request.meta_bytes, options_.io_timeout).ok()) {
+      return false;
+    }
+    switch (static_cast<WireOp>(request.op)) {
+      case WireOp::kPullDense:
+        return PullDense(request);
+      case WireOp::kPushDense:
+        return PushDense(request);
+      case WireOp::kPullSparse:
+        return PullSparse(request);
+      case WireOp::kPushSparse:
+        return PushSparse(request);
+    }
+    return Refuse(request, request.payload_bytes,
+                  absl::UnimplementedError(absl::StrCat(
+                      "unknown tensor wire op ", request.op,
+                      " (this ps serves PullDense 1, PushDense 2, PullSparse 3, PushSparse 4)")));
+  }
+
+  bool PullDense(const FrameHeader& request) {
+    v1::PullDenseRequest req;
+    if (!req.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("PullDenseRequest"));
+    }
+    if (request.payload_bytes != 0) {
+      return Refuse(request, request.payload_bytes,
+                    absl::InvalidArgumentError("a PullDense request carries no payload"));
+    }
+    const v1::DataType wire = WireOrFloat(req.wire_dtype());
+    Sink sink(this, request, wire);
+    absl::Status s = store_->PullDense(req, &sink);
+    if (sink.streaming()) return s.ok() && sink.io().ok();  // a broken stream cannot be answered
+    if (!s.ok()) return Respond(request, s, "", nullptr, 0);
+    return Respond(request, absl::OkStatus(), "", small_.data(),
+                   static_cast<int64_t>(small_.size()));
+  }
+
+  bool PushDense(const FrameHeader& request) {
+    v1::PushDenseHeader header;
+    if (!header.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("PushDenseHeader"));
+    }
+    if (absl::Status s = store_->StartPushDense(header, &push_); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
+    if (request.payload_bytes != static_cast<uint64_t>(push_.payload_bytes())) {
+      return Refuse(request, request.payload_bytes,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "the push carries ", request.payload_bytes,
+                        " payload bytes; the shards of its header need ", push_.payload_bytes())));
+    }
+    const int elem = push_.wire_bytes_per_element();
+    const int64_t piece = kPieceBytes / elem;
+    uint64_t left = request.payload_bytes;
+    absl::Status bad;
+    for (int i = 0; i < push_.num_shards() && bad.ok(); ++i) {
+      for (int64_t offset = 0; offset < push_.num_elements(i) && bad.ok(); offset += piece) {
+        const int64_t count = std::min(piece, push_.num_elements(i) - offset);
+        if (push_.wire_dtype() == v1::DT_FLOAT32) {
+          // Straight into the gradient buffer.
+          absl::StatusOr<float*> dst = push_.Destination(i, offset, count);
+          if (!dst.ok()) {
+            bad = dst.status();
+            break;
+          }
+          if (!socket_.ReadExact(*dst, count * elem, options_.io_timeout).ok()) return false;
+          left -= count * elem;
+          bad = push_.Received(i, offset, count);
+        } else {
+          scratch_.resize(count * elem);
+          if (!socket_.ReadExact(scratch_.data(), count * elem, options_.io_timeout).ok()) {
+            return false;
+          }
+          left -= count * elem;
+          bad = push_.AddChunk(i, offset, scratch_);
+        }
+      }
+    }
+    if (!bad.ok()) return Refuse(request, left, bad);
+    v1::PushDenseResponse resp;
+    absl::Status s = store_->FinishPushDense(&push_, &resp);
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  bool PullSparse(const FrameHeader& request) {
+    v1::PullSparseRequest req;
+    if (!req.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("PullSparseRequest"));
+    }
+    if (absl::Status s = CheckSparsePayload(request, request.payload_bytes); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
+    const int64_t n = static_cast<int64_t>(request.payload_bytes / sizeof(int64_t));
+    keys_.resize(n);
+    if (!socket_.ReadExact(keys_.data(), n * sizeof(int64_t), options_.io_timeout).ok()) {
+      return false;
+    }
+    absl::Status s = store_->PullSparse(req, keys_.data(), n, &rows_);
+    if (!s.ok()) return Respond(request, s, "", nullptr, 0);
+    const v1::DataType wire = WireOrFloat(req.wire_dtype());
+    const int64_t count = static_cast<int64_t>(rows_.size());
+    if (wire == v1::DT_FLOAT32) {
+      return Respond(request, s, "", reinterpret_cast<const char*>(rows_.data()),
+                     count * static_cast<int64_t>(sizeof(float)));
+    }
+    const int elem = WireBytesPerElement(wire).value_or(4);  // checked by the store
+    scratch_.resize(count * elem);
+    EncodeFloatsTo(rows_.data(), count, wire, scratch_.data());
+    return Respond(request, s, "", scratch_.data(), static_cast<int64_t>(scratch_.size()));
+  }
+
+  bool PushSparse(const FrameHeader& request) {
+    v1::PushSparseRequest req;
+    if (!req.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("PushSparseRequest"));
+    }
+    const int64_t n = req.num_keys();
+    absl::Status s = CheckSparsePayload(request, 0);
+    if (s.ok() && (n < 0 || static_cast<uint64_t>(n) > request.payload_bytes / sizeof(int64_t))) {
+      s = absl::InvalidArgumentError(absl::StrCat("a PushSparse of ", n, " keys carries only ",
+                                                  request.payload_bytes, " payload bytes"));
+    }
+    if (!s.ok()) return Refuse(request, request.payload_bytes, s);
+    keys_.resize(n);
+    if (!socket_.ReadExact(keys_.data(), n * sizeof(int64_t), options_.io_timeout).ok()) {
+      return false;
+    }
+    const int64_t grad_bytes = static_cast<int64_t>(request.payload_bytes) - n * 8;
+    // Floats, so the gradient bytes are aligned for use in place.
+    grads_.resize((grad_bytes + sizeof(float) - 1) / sizeof(float));
+    if (!socket_.ReadExact(grads_.data(), grad_bytes, options_.io_timeout).ok()) return false;
+    v1::PushSparseResponse resp;
+    s = store_->PushSparse(req, keys_.data(), n,
+                           absl::string_view(reinterpret_cast<const char*>(grads_.data()),
+                                             grad_bytes),
+                           &resp);
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  absl::Status CheckSparsePayload(const FrameHeader& request, uint64_t keys_bytes) const {
+    if (request.payload_bytes > static_cast<uint64_t>(options_.max_sparse_payload_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a ", WireOpName(request.op), " request of ", request.payload_bytes,
+          " payload bytes; this ps takes at most ", options_.max_sparse_payload_bytes,
+          " per request (split it)"));
+    }
+    if (keys_bytes % sizeof(int64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a PullSparse payload of ", keys_bytes, " bytes is not a whole number of 8-byte keys"));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status BadMeta(const char* message) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request's meta is not a valid ", message, " message"));
+  }
+
+  // Drops the rest of a refused request's payload and answers with the error; a payload too
+  // large to drain closes the connection instead.
+  bool Refuse(const FrameHeader& request, uint64_t payload_left, const absl::Status& error) {
+    const uint64_t limit =
+        std::max<uint64_t>(static_cast<uint64_t>(options_.max_sparse_payload_bytes), 1ull << 32);
+    if (payload_left > limit) return Fatal(request, error);
+    if (!socket_.Discard(static_cast<int64_t>(payload_left), options_.io_timeout).ok()) {
+      return false;
+    }
+    return Respond(request, error, "", nullptr, 0);
+  }
+
+  // Answers with the error and ends the connection.
+  bool Fatal(const FrameHeader& request, const absl::Status& error) {
+    Respond(request, error, "", nullptr, 0);
+    return false;
+  }
+
+  // Sends a whole response: the header, the meta (the error message when !status.ok()) and
+  // the payload, with one system call.
+  bool Respond(const FrameHeader& request, const absl::Status& status, const std::string& meta,
+               const char* payload, int64_t payload_bytes) {
+    FrameHeader h;
+    h.op = request.op | kResponseBit;
+    h.tag = request.tag;
+    h.status = static_cast<uint32_t>(status.code());
+    const std::string error = status.ok() ? "" : std::string(status.message());
+    const std::string& m = status.ok() ? meta : error;
+    h.meta_bytes = static_cast<uint32_t>(m.size());
+    h.payload_bytes = status.ok() ? static_cast<uint64_t>(payload_bytes) : 0;
+    char raw[kFrameHeaderBytes];
+    EncodeFrameHeader(h, raw);
+    iovec iov[3] = {{raw, sizeof(raw)},
+                    {const_cast<char*>(m.data()), m.size()},
+                    {const_cast<char*>(payload), static_cast<size_t>(h.payload_bytes)}};
+    return socket_.WriteAll(iov, 3, options_.io_timeout).ok();
+  }
+
+  // A pull's response: small ones are gathered and sent at once (Respond), large ones stream
+  // straight from shard memory.
+  class Sink : public DensePullSink {
+   public:
+    Sink(Connection* c, const FrameHeader& request, v1::DataType wire)
+        : c_(c), request_(request), wire_(wire) {}
+
+    absl::Status Begin(const std::vector<int64_t>& num_elements) override {
+      PS_ASSIGN_OR_RETURN(elem_, WireBytesPerElement(wire_));
+      int64_t total = 0;
+      for (int64_t n : num_elements) total += n * elem_;
+      c_->small_.clear();
+      if (total <= kSmallResponseBytes) return absl::OkStatus();
+      streaming_ = true;
+      FrameHeader h;
+      h.op = request_.op | kResponseBit;
+      h.tag = request_.tag;
+      h.payload_bytes = static_cast<uint64_t>(total);
+      char raw[kFrameHeaderBytes];
+      EncodeFrameHeader(h, raw);
+      io_ = c_->socket_.Write(absl::string_view(raw, sizeof(raw)), c_->options_.io_timeout);
+      return io_;
+    }
+
+    absl::Status Values(int, const float* values, int64_t n) override {
+      if (!streaming_) {
+        const size_t at = c_->small_.size();
+        c_->small_.resize(at + n * elem_);
+        EncodeFloatsTo(values, n, wire_, c_->small_.data() + at);
+        return absl::OkStatus();
+      }
+      if (wire_ == v1::DT_FLOAT32) {
+        io_ = c_->socket_.Write(
+            absl::string_view(reinterpret_cast<const char*>(values), n * sizeof(float)),
+            c_->options_.io_timeout);
+        return io_;
+      }
+      const int64_t piece = kPieceBytes / elem_;
+      for (int64_t offset = 0; offset < n && io_.ok(); offset += piece) {
+        const int64_t count = std::min(piece, n - offset);
+        c_->scratch_.resize(count * elem_);
+        EncodeFloatsTo(values + offset, count, wire_, c_->scratch_.data());
+        io_ = c_->socket_.Write(c_->scratch_, c_->options_.io_timeout);
+      }
+      return io_;
+    }
+
+    bool streaming() const { return streaming_; }
+    const absl::Status& io() const { return io_; }
+
+   private:
+    Connection* const c_;
+    const FrameHeader request_;
+    const v1::DataType wire_;
+    int elem_ = 4;
+    bool streaming_ = false;
+    absl::Status io_;
+  };
+
+  ParameterStore* const store_;  // Not owned.
+  const TensorServerOptions& options_;
+  WireSocket socket_;
+  std::atomic<bool> done_{false};
+  // Kept from request to request.
+  std::string meta_;
+  std::string small_;
+  std::string scratch_;
+  DensePush push_;
+  std::vector<int64_t> keys_;
+  std::vector<float> rows_;
+  std::vector<float> grads_;
+};
+
+absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(
+    ParameterStore* store, const TensorServerOptions& options) {
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  int family = AF_INET;
+  std::string host = options.host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+      inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<uint16_t>(options.port));
+    addr_len = sizeof(sockaddr_in);
+  } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+             inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
+    family = AF_INET6;
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(options.port));
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the tensor data plane binds a numeric address, not \"", options.host, "\""));
+  }
+  const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || listen(fd, 128) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot serve the tensor data plane on ",
+                                               options.host, ":", options.port, ": ",
+                                               std::strerror(err)));
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  const int port = family == AF_INET
+                       ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
+                       : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  auto server = std::unique_ptr<TensorServer>(new TensorServer(store, options, fd, port));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+TensorServer::TensorServer(ParameterStore* store, const TensorServerOptions& options,
+                           int listen_fd, int port)
+    : store_(store), options_(options), listen_fd_(listen_fd), port_(port) {}
+
+TensorServer::~TensorServer() {
+  Shutdown();
+  close(listen_fd_);
+}
+
+int64_t TensorServer::connections_accepted() const {
+  absl::MutexLock lock(&mu_);
+  return accepted_;
+}
+
+void TensorServer::AcceptLoop() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      LOG(WARNING) << "tensor data plane: accept failed: " << std::strerror(errno);
+      continue;
+    }
+    ConfigureWireSocket(fd, options_.socket_buffer_bytes);
+    absl::MutexLock lock(&mu_);
+    ReapLocked();
+    if (shut_down_ || static_cast<int>(connections_.size()) >= options_.max_connections) {
+      if (!shut_down_) {
+        LOG(WARNING) << "tensor data plane: " << connections_.size()
+                     << " connections open, the most allowed; closing a new one";
+      }
+      close(fd);
+      if (shut_down_) return;
+      continue;
+    }
+    ++accepted_;
+    auto connection = std::make_shared<Connection>(store_, options_, fd);
+    connections_.push_back(Served{connection, std::thread([connection] { connection->Serve(); })});
+  }
+}
+
+void TensorServer::ReapLocked() {
+  for (size_t i = 0; i < connections_.size();) {
+    if (connections_[i].connection->done()) {
+      connections_[i].thread.join();
+      connections_[i] = std::move(connections_.back());
+      connections_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void TensorServer::Shutdown() {
+  std::vector<Served> served;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    served = std::move(connections_);
+    connections_.clear();
+  }
+  // Wakes accept() (it then fails and sees shut_down_) and every blocked connection.
+  shutdown(listen_fd_, SHUT_RDWR);
+  for (Served& s : served) s.connection->Shutdown();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  for (Served& s : served) s.thread.join();
+}
+
+}  // namespace pscluster
