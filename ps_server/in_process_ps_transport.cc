@@ -58,7 +58,14 @@ class SliceSink : public DensePullSink {
 
 InProcessPsTransport::InProcessPsTransport(int num_ps, const ParameterStoreOptions& options)
     : fail_next_(num_ps, 0), calls_(num_ps, 0) {
-  for (int i = 0; i < num_ps; ++i) stores_.push_back(std::make_unique<ParameterStore>(options));
+  for (int i = 0; i < num_ps; ++i) stores_.push_back(std::make_shared<ParameterStore>(options));
+}
+
+InProcessPsTransport::InProcessPsTransport(std::vector<std::shared_ptr<ParameterStore>> stores)
+    : stores_(std::move(stores)), fail_next_(stores_.size(), 0), calls_(stores_.size(), 0) {}
+
+std::unique_ptr<InProcessPsTransport> InProcessPsTransport::Share() const {
+  return std::unique_ptr<InProcessPsTransport>(new InProcessPsTransport(stores_));
 }
 
 void InProcessPsTransport::FailNextCalls(int ps, int n) {

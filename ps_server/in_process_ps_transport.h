@@ -22,6 +22,8 @@ class InProcessPsTransport : public PsTransport {
   InProcessPsTransport(int num_ps, const ParameterStoreOptions& options);
 
   ParameterStore& store(int ps) { return *stores_[ps]; }
+  // Another transport to the same stores (with its own failure injection).
+  std::unique_ptr<InProcessPsTransport> Share() const;
 
   // The next `n` calls to task `ps` fail with UNAVAILABLE before doing anything.
   void FailNextCalls(int ps, int n);
@@ -53,7 +55,9 @@ class InProcessPsTransport : public PsTransport {
  private:
   absl::Status Enter(int ps);
 
-  std::vector<std::unique_ptr<ParameterStore>> stores_;
+  explicit InProcessPsTransport(std::vector<std::shared_ptr<ParameterStore>> stores);
+
+  std::vector<std::shared_ptr<ParameterStore>> stores_;
   mutable absl::Mutex mu_;
   std::vector<int> fail_next_ ABSL_GUARDED_BY(mu_);
   std::vector<int> calls_ ABSL_GUARDED_BY(mu_);

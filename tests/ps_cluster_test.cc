@@ -202,7 +202,7 @@ TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
 class PsBadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    cluster_ = StartCluster({"--max_message_bytes=1048576"});
+    cluster_ = StartCluster({"--max_message_bytes=1048576", "--memory_budget_mb=64"});
     model_ = GetModel(*cluster_);
     for (const v1::DensePartition& p : model_.placement().partitions()) {
       if (p.variable() == "b") b_ps_ = p.ps_task();
@@ -316,6 +316,77 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
     EXPECT_THAT(s.error_message(), HasSubstr("larger than max"));
   }
 
+  {
+    // A chunk whose offset + count overflows int64 (it crashed the ps once).
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, &resp);
+    v1::PushDenseRequest header;
+    header.mutable_header()->add_shards()->set_variable("b");
+    header.mutable_header()->add_num_elements(16);
+    writer->Write(header);
+    v1::PushDenseRequest chunk;
+    chunk.mutable_chunk()->set_offset(std::numeric_limits<int64_t>::max());
+    chunk.mutable_chunk()->set_data(std::string(4 * sizeof(float), '\0'));
+    writer->Write(chunk);
+    writer->WritesDone();
+    s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("does not fit variable b/0 of 16 elements"));
+  }
+  {
+    // The same 8-element chunk twice: the count adds up to 16, but it is one chunk repeated.
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, &resp);
+    v1::PushDenseRequest header;
+    header.mutable_header()->add_shards()->set_variable("b");
+    header.mutable_header()->add_num_elements(16);
+    writer->Write(header);
+    v1::PushDenseRequest chunk;
+    std::vector<float> ones(8, 1.0f);
+    chunk.mutable_chunk()->set_data(
+        std::string(reinterpret_cast<const char*>(ones.data()), 8 * sizeof(float)));
+    writer->Write(chunk);
+    writer->Write(chunk);
+    writer->WritesDone();
+    s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("out of order"));
+  }
+  {
+    // A header naming b twice.
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, &resp);
+    v1::PushDenseRequest header;
+    for (int i = 0; i < 2; ++i) {
+      header.mutable_header()->add_shards()->set_variable("b");
+      header.mutable_header()->add_num_elements(16);
+    }
+    writer->Write(header);
+    writer->WritesDone();
+    s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("variable b/0 is named twice in one push"));
+  }
+  {
+    // 10^12 elements: beyond this ps task's memory budget, refused before allocating.
+    grpc::ClientContext ctx;
+    v1::CreateShardsRequest req;
+    v1::DenseShardSpec* spec = req.add_dense();
+    *spec->mutable_variable() = Model().variables(1);
+    spec->mutable_variable()->set_name("huge");
+    spec->mutable_variable()->mutable_shape()->set_dims(0, 1000000);
+    spec->mutable_variable()->mutable_shape()->add_dims(1000000);
+    spec->mutable_partition()->set_variable("huge");
+    spec->mutable_partition()->set_row_end(1000000);
+    v1::CreateShardsResponse resp;
+    s = stub_->CreateShards(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(), HasSubstr("memory budget"));
+  }
+
   // Nothing changed, and the daemon still serves good requests.
   EXPECT_EQ(ReadB(), before);
   std::vector<float> g(16, 1.0f);
@@ -323,6 +394,44 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
   std::vector<float> after = ReadB();
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f);
   EXPECT_TRUE(AwaitServing(model_.ps_addresses(b_ps_), absl::Seconds(1)).ok());
+}
+
+// A push whose client cancels it after its last chunk may have been applied; retried with its
+// id, it is applied exactly once, and the client is told which happened.
+TEST_F(PsBadInputTest, ACancelledPushRetriedWithItsIdIsAppliedOnce) {
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    const std::vector<float> before = ReadB();
+    std::vector<float> ones(16, 1.0f);
+    v1::PushDenseRequest header;
+    header.mutable_header()->add_shards()->set_variable("b");
+    header.mutable_header()->add_num_elements(16);
+    header.mutable_header()->mutable_request_id()->set_client(1234);
+    header.mutable_header()->mutable_request_id()->set_seq(seq);
+    v1::PushDenseRequest chunk;
+    chunk.mutable_chunk()->set_data(
+        std::string(reinterpret_cast<const char*>(ones.data()), 16 * sizeof(float)));
+    {
+      grpc::ClientContext ctx;
+      v1::PushDenseResponse resp;
+      auto writer = stub_->PushDense(&ctx, &resp);
+      writer->Write(header);
+      writer->Write(chunk);
+      writer->WritesDone();
+      ctx.TryCancel();
+      writer->Finish().error_code();  // CANCELLED or OK, depending on the race
+    }
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, &resp);
+    writer->Write(header);
+    writer->Write(chunk);
+    writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.accepted(), 1);
+    const std::vector<float> after = ReadB();
+    for (int i = 0; i < 16; ++i) ASSERT_FLOAT_EQ(after[i], before[i] - 0.5f) << "seq " << seq;
+  }
 }
 
 }  // namespace

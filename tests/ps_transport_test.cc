@@ -1,0 +1,275 @@
+// The PsTransport conformance suite against real ps_server daemons, over gRPC and over the
+// tensor data plane; and requests no well-behaved client sends, written on the data plane's
+// socket by hand.
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "client/grpc_ps_transport.h"
+#include "client/parameter_client.h"
+#include "client/ps_transport_conformance.h"
+#include "client/tcp_ps_transport.h"
+#include "common/tensor_wire.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define PS_CHECK_OK(expr)                    \
+  do {                                       \
+    const absl::Status ps_check_ = (expr);   \
+    CHECK(ps_check_.ok()) << ps_check_;      \
+  } while (0)
+
+
+// A chief and two ps tasks holding ConformanceModel().
+class DaemonEnvironment : public PsTransportEnvironment {
+ public:
+  explicit DaemonEnvironment(bool tcp, std::vector<std::string> ps_flags = {}) : tcp_(tcp) {
+    const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/conformance_model.pbtxt");
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(ConformanceModel(), &text);
+    std::ofstream(model_path) << text;
+    TestClusterOptions options;
+    options.num_ps = 2;
+    options.num_workers = 0;
+    options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
+                              "--num_virtual_shards=1024"};
+    options.flags["ps"] = {absl::StrCat("--max_sparse_keys=", kConformanceMaxSparseKeys)};
+    for (std::string& f : ps_flags) options.flags["ps"].push_back(std::move(f));
+    auto cluster = TestCluster::Start(options);
+    CHECK(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    auto chief = v1::Coordinator::NewStub(
+        grpc::CreateChannel(cluster_->chief_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GetModelRequest req;
+    req.set_wait_until_ready(true);
+    grpc::Status s = chief->GetModel(&ctx, req, &model_);
+    CHECK(s.ok()) << s.error_message() << "\n" << cluster_->Logs();
+    CHECK_EQ(model_.placement().version(), ConformancePlacement().version());
+  }
+
+  std::unique_ptr<PsTransport> NewTransport() override {
+    std::vector<std::string> addresses(model_.ps_addresses().begin(),
+                                       model_.ps_addresses().end());
+    auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
+    if (!tcp_) return grpc;
+    return std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
+  }
+  std::string Logs() override { return cluster_->Logs(); }
+
+  TestCluster& cluster() { return *cluster_; }
+  const v1::GetModelResponse& model() const { return model_; }
+
+ private:
+  const bool tcp_;
+  std::unique_ptr<TestCluster> cluster_;
+  v1::GetModelResponse model_;
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Daemons, PsTransportConformanceTest,
+    ::testing::Values(
+        PsTransportFactory{"grpc", [] { return std::make_unique<DaemonEnvironment>(false); }},
+        PsTransportFactory{"tensor_wire",
+                           [] { return std::make_unique<DaemonEnvironment>(true); }}),
+    PsTransportFactoryName);
+
+// A client of the data plane written from common/tensor_wire.h alone.
+class RawWireTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    env_ = std::make_unique<DaemonEnvironment>(true);
+    for (const v1::DensePartition& p : env_->model().placement().partitions()) {
+      if (p.variable() == "b") b_ps_ = p.ps_task();
+    }
+    grpc_ = std::make_unique<GrpcPsTransport>(
+        std::vector<std::string>(env_->model().ps_addresses().begin(),
+                                 env_->model().ps_addresses().end()),
+        GrpcPsTransportOptions());
+    auto status = grpc_->GetStatus(b_ps_);
+    ASSERT_TRUE(status.ok()) << status.status();
+    ASSERT_GT(status->data_port(), 0);
+    port_ = status->data_port();
+  }
+
+  std::unique_ptr<WireSocket> Connect() {
+    auto s = WireSocket::Connect("127.0.0.1", port_, absl::Seconds(5), 0);
+    CHECK(s.ok()) << s.status();
+    return *std::move(s);
+  }
+
+  // Sends a frame; returns the answer's status and meta (the error message).
+  absl::Status Send(WireSocket& socket, WireOp op, const std::string& meta,
+                    const std::string& payload, uint64_t declared_payload,
+                    std::string* answer_meta = nullptr) {
+    FrameHeader h;
+    h.op = static_cast<uint16_t>(op);
+    h.meta_bytes = static_cast<uint32_t>(meta.size());
+    h.payload_bytes = declared_payload;
+    h.tag = 7;
+    char raw[kFrameHeaderBytes];
+    EncodeFrameHeader(h, raw);
+    PS_CHECK_OK(socket.Write(absl::string_view(raw, sizeof(raw)), absl::Seconds(5)));
+    PS_CHECK_OK(socket.Write(meta, absl::Seconds(5)));
+    PS_CHECK_OK(socket.Write(payload, absl::Seconds(5)));
+    return ReadAnswer(socket, answer_meta);
+  }
+
+  absl::Status ReadAnswer(WireSocket& socket, std::string* answer_meta) {
+    char raw[kFrameHeaderBytes];
+    absl::Status io = socket.ReadExact(raw, kFrameHeaderBytes, absl::Seconds(5));
+    if (!io.ok()) return io;
+    auto answer = DecodeFrameHeader(raw);
+    CHECK(answer.ok());
+    std::string m(answer->meta_bytes, '\0');
+    CHECK(socket.ReadExact(m.data(), m.size(), absl::Seconds(5)).ok());
+    std::string payload(answer->payload_bytes, '\0');
+    CHECK(socket.ReadExact(payload.data(), payload.size(), absl::Seconds(5)).ok());
+    if (answer_meta != nullptr) *answer_meta = m;
+    return WireErrorStatus(answer->status, m);
+  }
+
+  std::vector<float> ReadB() {
+    std::vector<float> v(16);
+    DenseSlice slice;
+    slice.ref.set_variable("b");
+    slice.num_elements = 16;
+    slice.pull_into = v.data();
+    CHECK(grpc_->PullDense(b_ps_, {slice}, v1::DT_FLOAT32, -1).ok());
+    return v;
+  }
+
+  static std::string PushHeaderOfB(int64_t count, uint64_t seq = 0) {
+    v1::PushDenseHeader header;
+    header.add_shards()->set_variable("b");
+    header.add_num_elements(count);
+    if (seq > 0) {
+      header.mutable_request_id()->set_client(99);
+      header.mutable_request_id()->set_seq(seq);
+    }
+    return header.SerializeAsString();
+  }
+
+  static std::string Floats(int n, float v) {
+    std::vector<float> f(n, v);
+    return std::string(reinterpret_cast<const char*>(f.data()), n * sizeof(float));
+  }
+
+  std::unique_ptr<DaemonEnvironment> env_;
+  std::unique_ptr<GrpcPsTransport> grpc_;
+  int b_ps_ = 0;
+  int port_ = 0;
+};
+
+TEST_F(RawWireTest, BadFramesAreRefusedAndTheDaemonKeepsServing) {
+  const std::vector<float> before = ReadB();
+  {
+    // Not a frame at all (here, the start of an HTTP/2 preface).
+    std::unique_ptr<WireSocket> s = Connect();
+    PS_CHECK_OK(s->Write(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n01234567"), absl::Seconds(5)));
+    std::string message;
+    absl::Status answer = ReadAnswer(*s, &message);
+    EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument) << answer;
+    EXPECT_THAT(message, HasSubstr("not a tensor wire frame"));
+  }
+  {
+    std::unique_ptr<WireSocket> s = Connect();
+    // The payload disagrees with the header's shards: refused, and the connection still
+    // serves the next request.
+    absl::Status a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16), Floats(15, 1), 60);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("carries 60 payload bytes"));
+    // A NaN in the middle.
+    std::string g = Floats(16, 1);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(&g[5 * 4], &nan, 4);
+    a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16), g, g.size());
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("variable b/0: gradient element 5 is nan"));
+    // The same shard twice in the header.
+    v1::PushDenseHeader twice;
+    twice.add_shards()->set_variable("b");
+    twice.add_shards()->set_variable("b");
+    twice.add_num_elements(16);
+    twice.add_num_elements(16);
+    a = Send(*s, WireOp::kPushDense, twice.SerializeAsString(), Floats(32, 1), 128);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("named twice"));
+    // Meta that does not parse; an unknown op.
+    a = Send(*s, WireOp::kPullDense, std::string("\xff\xff\xff", 3), "", 0);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    a = Send(*s, static_cast<WireOp>(77), "", "", 0);
+    EXPECT_EQ(a.code(), absl::StatusCode::kUnimplemented) << a;
+    // A sparse push whose key count exceeds its payload.
+    v1::PushSparseRequest sparse;
+    sparse.set_table("emb");
+    sparse.set_num_keys(1000);
+    a = Send(*s, WireOp::kPushSparse, sparse.SerializeAsString(), std::string(16, '\0'), 16);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("carries only 16 payload bytes"));
+    // A good push on the same connection.
+    a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16), Floats(16, 1), 64);
+    EXPECT_TRUE(a.ok()) << a;
+  }
+  {
+    // A frame announcing 2^63 payload bytes: refused and the connection closed, not read.
+    std::unique_ptr<WireSocket> s = Connect();
+    v1::PullSparseRequest pull;
+    pull.set_table("emb");
+    absl::Status a = Send(*s, WireOp::kPullSparse, pull.SerializeAsString(), "",
+                          uint64_t{1} << 63);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+  }
+  std::vector<float> after = ReadB();
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(after[i], before[i] - 0.5f) << i;
+  EXPECT_TRUE(AwaitServing(env_->model().ps_addresses(b_ps_), absl::Seconds(1)).ok());
+}
+
+// A push whose client went away after sending it (it never read the answer) may or may not
+// have been applied; sent again with its id, it is applied exactly once either way, and the
+// answer says which happened.
+TEST_F(RawWireTest, APushCutOffAfterItsLastByteAndRetriedIsAppliedOnce) {
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    const std::vector<float> before = ReadB();
+    {
+      std::unique_ptr<WireSocket> s = Connect();
+      FrameHeader h;
+      h.op = static_cast<uint16_t>(WireOp::kPushDense);
+      const std::string meta = PushHeaderOfB(16, seq);
+      const std::string payload = Floats(16, 1);
+      h.meta_bytes = static_cast<uint32_t>(meta.size());
+      h.payload_bytes = payload.size();
+      char raw[kFrameHeaderBytes];
+      EncodeFrameHeader(h, raw);
+      PS_CHECK_OK(s->Write(std::string(raw, sizeof(raw)) + meta + payload, absl::Seconds(5)));
+      // Gone without reading the answer.
+    }
+    std::unique_ptr<WireSocket> s = Connect();
+    std::string answer;
+    absl::Status a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16, seq), Floats(16, 1), 64,
+                          &answer);
+    ASSERT_TRUE(a.ok()) << a;
+    v1::PushDenseResponse resp;
+    ASSERT_TRUE(resp.ParseFromString(answer));
+    EXPECT_EQ(resp.accepted(), 1);
+    const std::vector<float> after = ReadB();
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << "seq " << seq;
+  }
+}
+
+}  // namespace
+}  // namespace pscluster
