@@ -10,13 +10,19 @@
 # a markdown summary. Takes about 3 minutes after the build on 2 cores.
 #
 #   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
-#                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--keep_logs]
+#                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
+#                    [--only d_1MiB,emb] [--keep_logs]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
-# --chunk_bytes is the client's chunk size for streamed dense pushes and pulls (the client
-# always names it in pulls, so it also sets the ps's pull chunks); --pull_chunk_bytes is the
-# ps_server flag (the chunk of pulls that do not name one). --configs lists PSxWORKERS runs.
+# --transports lists how the clients pull and push: tensor_wire (the ps tasks' TCP data plane,
+# what workers use) and/or grpc; each is a run of its own with its own figures (names end in
+# _grpc for gRPC). --chunk_bytes is the gRPC client's chunk size for streamed dense pushes and
+# pulls (it also sets the ps's gRPC pull chunks); --pull_chunk_bytes is the ps_server flag.
+# --configs lists PSxWORKERS runs; --only measures those variables and tables alone.
+# Every figure also gets the CPU seconds the clients and the ps tasks spent per GB moved.
+# Before each run the script waits (up to 60 s) for the machine to be quiet (under 10% busy)
+# and says so when it was not. Temporary files go under $TMPDIR (default /tmp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +31,8 @@ repeats=3
 chunk_bytes=$((1 << 20))
 pull_chunk_bytes=""
 configs="1x1 2x2"
+transports="tensor_wire"
+only=""
 keep_logs=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -33,18 +41,23 @@ while [[ $# -gt 0 ]]; do
     --chunk_bytes) chunk_bytes=$2; shift 2 ;;
     --pull_chunk_bytes) pull_chunk_bytes=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
+    --transports) transports=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 bash tools/setup.sh >/dev/null
 echo "==> building -c opt: chief, ps_server, ps_bench"
-bazel build -c opt --ui_event_filters=-info --noshow_progress //chief //ps_server //bench:ps_bench
-bin_dir=$(bazel info -c opt bazel-bin 2>/dev/null)
+# A strict action environment: a shell with another PATH does not rebuild everything.
+build_flags=(-c opt --incompatible_strict_action_env)
+bazel build "${build_flags[@]}" --ui_event_filters=-info --noshow_progress //chief //ps_server \
+  //bench:ps_bench
+bin_dir=$(bazel info "${build_flags[@]}" bazel-bin 2>/dev/null)
 
-work=$(mktemp -d /tmp/ps_bench.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/ps_bench.XXXXXX")
 echo "==> logs in $work"
 # Private copies: another build in this workspace may replace the outputs mid-run.
 for b in chief/chief ps_server/ps_server bench/ps_bench; do
@@ -95,6 +108,19 @@ cpu_busy_percent() {
   sleep 2
   read -r _ a b c d e f g _ </proc/stat; t2=$((a + b + c + d + e + f + g)); i2=$((d + e))
   echo $((100 - 100 * (i2 - i1) / (t2 - t1)))
+}
+
+# Waits up to 60 s for the machine to be under 10% busy; says how busy it stayed otherwise.
+await_quiet() {
+  local busy i
+  for i in $(seq 30); do
+    busy=$(cpu_busy_percent)
+    if [[ $busy -lt 10 ]]; then
+      echo "    machine quiet: ${busy}% busy"
+      return 0
+    fi
+  done
+  echo "    WARNING: the machine stayed ${busy}% busy for 60 s; the figures below are low" >&2
 }
 
 free_port() {
@@ -188,10 +214,12 @@ EOF
 ps_flags=()
 if [[ -n $pull_chunk_bytes ]]; then ps_flags+=(--pull_chunk_bytes="$pull_chunk_bytes"); fi
 
+for transport in $transports; do
 for config in $configs; do
   num_ps=${config%x*}
   num_workers=${config#*x}
   tag="${num_ps}ps${num_workers}w"
+  [[ $transport == grpc ]] && tag="${tag}_grpc"
   # With more than one ps, partitions of at most 8 MiB split the 16 MiB variable in 2 and the
   # 64 MiB one in 8; round-robin placement then gives every ps a share of both.
   max_partition_bytes=0
@@ -203,15 +231,18 @@ for config in $configs; do
   for ((i = 0; i < num_ps; i++)); do
     start_task "$tag" ps_server ps "$i" "$chief" "$num_ps" "${ps_flags[@]}"
   done
-  echo "    CPU busy with the daemons idle: $(cpu_busy_percent)%"
+  await_quiet
+  ps_pids=$(IFS=,; echo "${pids[*]:1}")
   # ps_bench waits for the model (GetModel with wait_until_ready) before it measures.
   "$work/ps_bench" --chief="$chief" --workers="$num_workers" --tag="$tag" \
+    --transport="$transport" --ps_pids="$ps_pids" --only="$only" \
     --loopback_gbps="$loopback_gbps" --loopback_rtt_us="$loopback_rtt_us" \
     --min_seconds="$min_seconds" --repeats="$repeats" --chunk_bytes="$chunk_bytes" \
     2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
   echo "==> $tag: stopping the daemons (SIGTERM)"
   stop_daemons
+done
 done
 
 echo
@@ -221,14 +252,17 @@ cat "$work/bench.txt"
 
 echo
 echo "==> summary (markdown)"
-python3 - "$work/bench.txt" "$configs" <<'EOF'
+python3 - "$work/bench.txt" "$configs" "$transports" <<'EOF'
 import re, sys
 
 figures = {}
 for line in open(sys.argv[1]):
     _, name, value, unit, ratio = line.split()
     figures[name] = (value, unit, ratio.split("=", 1)[1])
-tags = ["%sps%sw" % tuple(c.split("x")) for c in sys.argv[2].split()]
+tags = []
+for t in sys.argv[3].split():
+    tags += ["%sps%sw%s" % (*c.split("x"), "_grpc" if t == "grpc" else "")
+             for c in sys.argv[2].split()]
 
 def cell(name):
     if name not in figures:
@@ -240,7 +274,8 @@ print("loopback: iperf3 %s GB/s, TCP round trip p50 %s us\n" % (
     figures["loopback_iperf3_1stream"][0], figures["loopback_rtt_4B_p50"][0]))
 header = ["figure"]
 for t in tags:
-    header += [t + " throughput (x loopback)", t + " p50 us (x rtt)", t + " p99 us"]
+    header += [t + " throughput (x loopback)", t + " p50 us (x rtt)", t + " p99 us",
+               t + " CPU s/GB client / ps"]
 print("| " + " | ".join(header) + " |")
 print("|" + "---|" * len(header))
 rows = []
@@ -252,8 +287,10 @@ for base in rows:
     line = [base]
     for t in tags:
         line += [cell("%s_%s" % (base, t)), cell("%s_p50_%s" % (base, t)),
-                 figures.get("%s_p99_%s" % (base, t), ("-",))[0]]
+                 figures.get("%s_p99_%s" % (base, t), ("-",))[0],
+                 "%s / %s" % (figures.get("%s_cpu_%s_client" % (base, t), ("-",))[0],
+                              figures.get("%s_cpu_%s_ps" % (base, t), ("-",))[0])]
         if base.startswith("sparse"):
-            line[-3] += " / " + cell("%s_rows_%s" % (base, t))
+            line[-4] += " = " + cell("%s_keys_%s" % (base, t))
     print("| " + " | ".join(line) + " |")
 EOF

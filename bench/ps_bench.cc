@@ -58,8 +58,13 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include <sys/resource.h>
+
+#include <fstream>
+
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
+#include "client/tcp_ps_transport.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "gflags/gflags.h"
@@ -110,6 +115,12 @@ DEFINE_string(channel_args, "",
               "Extra integer gRPC channel arguments of the clients' channels, e.g. "
               "grpc.http2.lookahead_bytes=4194304,grpc.http2.write_buffer_size=1048576 "
               "(with --separate_connections).");
+DEFINE_string(transport, "tensor_wire",
+              "How the clients pull and push: tensor_wire (the ps tasks' TCP data plane) or "
+              "grpc.");
+DEFINE_string(ps_pids, "",
+              "Comma-separated process ids of the ps tasks (bench/ps.sh passes them), for the "
+              "server CPU seconds per GB moved; empty: client CPU only.");
 DEFINE_string(only, "",
               "Comma-separated variables and tables to measure (e.g. d_64MiB,emb). Empty: all.");
 DEFINE_double(model_timeout_seconds, 120, "How long to wait for the chief's model, in seconds.");
@@ -121,6 +132,32 @@ using SteadyClock = std::chrono::steady_clock;
 
 double SecondsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+// CPU seconds (user + system) this process has used, every thread.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU seconds of other processes, from /proc/PID/stat (utime + stime); 0 for one that is gone.
+double PidsCpuSeconds(const std::vector<int>& pids) {
+  double total = 0;
+  for (int pid : pids) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+    double utime = 0, stime = 0;
+    if (fields.size() > 12 && absl::SimpleAtod(fields[11], &utime) &&
+        absl::SimpleAtod(fields[12], &stime)) {
+      total += (utime + stime) / sysconf(_SC_CLK_TCK);
+    }
+  }
+  return total;
 }
 
 // When a measurement stops.
@@ -424,6 +461,12 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
   client_options.worker = worker;
   // A retried call would hide a failure inside a latency figure.
   client_options.max_attempts = 1;
+  if (FLAGS_transport == "tensor_wire") {
+    return ParameterClient::Create(
+        model.model(), model.placement(),
+        std::make_unique<TcpPsTransport>(std::move(transport), addresses, TcpPsTransportOptions()),
+        client_options);
+  }
   return ParameterClient::Create(model.model(), model.placement(), std::move(transport),
                                  client_options);
 }
@@ -460,9 +503,13 @@ struct Row {
   // The slowest and fastest trial's throughput, in throughput.unit.
   double slowest = 0;
   double fastest = 0;
-  Figure payload;  // sparse only: MB/s of rows
+  Figure payload;  // sparse only: Mkeys/s
   Figure p50;
   Figure p99;
+  // CPU seconds per GB of payload moved, over every operation measured (warm-ups included):
+  // the clients' (this process) and the ps tasks' (-1: not measured).
+  double client_cpu_s_per_gb = 0;
+  double ps_cpu_s_per_gb = -1;
 };
 
 std::string Name(const std::string& kind, const std::string& op, const std::string& size,
@@ -513,8 +560,12 @@ uint64_t SplitMix64(uint64_t x) {
 class PsBench {
  public:
   PsBench(std::vector<std::unique_ptr<ParameterClient>> clients, const RunLimits& limits,
-          const Baselines& base, std::string tag)
-      : clients_(std::move(clients)), limits_(limits), base_(base), tag_(std::move(tag)) {}
+          const Baselines& base, std::string tag, std::vector<int> ps_pids)
+      : clients_(std::move(clients)),
+        limits_(limits),
+        base_(base),
+        tag_(std::move(tag)),
+        ps_pids_(std::move(ps_pids)) {}
 
   const std::vector<Row>& rows() const { return rows_; }
   int workers() const { return static_cast<int>(clients_.size()); }
@@ -530,15 +581,20 @@ class PsBench {
     std::vector<std::vector<std::vector<float>>> pulled(workers());
 
     std::fprintf(stderr, "ps_bench %s: dense push %s\n", tag_.c_str(), variable.c_str());
-    PS_ASSIGN_OR_RETURN(Measurement push, MeasureRepeated(workers(), limits_, [&](int w) {
-                          return clients_[w]->Push(vars, {grads[w].data()}, /*step=*/0);
-                        }));
-    AddDenseRow("push", size, bytes, push);
+    Row push_row;
+    PS_ASSIGN_OR_RETURN(Measurement push, Measure(
+                                              [&](int w) {
+                                                return clients_[w]->Push(
+                                                    vars, {grads[w].data()}, /*step=*/0);
+                                              },
+                                              bytes, &push_row));
+    AddDenseRow("push", size, bytes, push, push_row);
     std::fprintf(stderr, "ps_bench %s: dense pull %s\n", tag_.c_str(), variable.c_str());
-    PS_ASSIGN_OR_RETURN(Measurement pull, MeasureRepeated(workers(), limits_, [&](int w) {
-                          return clients_[w]->Pull(vars, &pulled[w]);
-                        }));
-    AddDenseRow("pull", size, bytes, pull);
+    Row pull_row;
+    PS_ASSIGN_OR_RETURN(
+        Measurement pull,
+        Measure([&](int w) { return clients_[w]->Pull(vars, &pulled[w]); }, bytes, &pull_row));
+    AddDenseRow("pull", size, bytes, pull, pull_row);
     return absl::OkStatus();
   }
 
@@ -586,25 +642,34 @@ class PsBench {
     const double row_bytes = static_cast<double>(dim) * sizeof(float);
 
     std::fprintf(stderr, "ps_bench %s: sparse push %s\n", tag_.c_str(), size.c_str());
-    PS_ASSIGN_OR_RETURN(Measurement push, MeasureRepeated(workers(), limits_, [&](int w) {
-                          const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
-                          return clients_[w]->PushRows(table, k.data(), keys, buffers[w].data(),
-                                                       /*step=*/0);
-                        }));
-    AddSparseRow("push", size, keys, row_bytes, push);
+    const double op_bytes = row_bytes * static_cast<double>(keys);
+    Row push_row;
+    PS_ASSIGN_OR_RETURN(
+        Measurement push,
+        Measure(
+            [&](int w) {
+              const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
+              return clients_[w]->PushRows(table, k.data(), keys, buffers[w].data(), /*step=*/0);
+            },
+            op_bytes, &push_row));
+    AddSparseRow("push", size, keys, row_bytes, push, push_row);
     std::fprintf(stderr, "ps_bench %s: sparse pull %s\n", tag_.c_str(), size.c_str());
-    PS_ASSIGN_OR_RETURN(Measurement pull, MeasureRepeated(workers(), limits_, [&](int w) {
-                          const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
-                          return clients_[w]->PullRows(table, k.data(), keys, buffers[w].data());
-                        }));
-    AddSparseRow("pull", size, keys, row_bytes, pull);
+    Row pull_row;
+    PS_ASSIGN_OR_RETURN(
+        Measurement pull,
+        Measure(
+            [&](int w) {
+              const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
+              return clients_[w]->PullRows(table, k.data(), keys, buffers[w].data());
+            },
+            op_bytes, &pull_row));
+    AddSparseRow("pull", size, keys, row_bytes, pull, pull_row);
     return absl::OkStatus();
   }
 
  private:
   void AddDenseRow(const std::string& op, const std::string& size, double bytes,
-                   const Measurement& m) {
-    Row row;
+                   const Measurement& m, Row row) {
     row.kind = "dense";
     row.op = op;
     row.size = size;
@@ -617,28 +682,46 @@ class PsBench {
   }
 
   void AddSparseRow(const std::string& op, const std::string& size, int64_t keys,
-                    double row_bytes, const Measurement& m) {
-    Row row;
+                    double row_bytes, const Measurement& m, Row row) {
     row.kind = "sparse";
     row.op = op;
     row.size = size;
     const double keys_per_second = static_cast<double>(keys) * m.ops / m.seconds;
     const double loopback_mbps = base_.loopback_gbps * 1000;
-    // Both sparse figures compare the row payload's MB/s with loopback MB/s.
-    row.throughput = {Name("sparse", op, size, "", tag_), keys_per_second / 1e6, "Mkeys/s",
-                      loopback_mbps / row_bytes};
-    row.payload = {Name("sparse", op, size, "rows", tag_), keys_per_second * row_bytes / 1e6,
-                   "MB/s", loopback_mbps};
-    row.slowest = static_cast<double>(keys) * m.trial_rates.front() / 1e6;
-    row.fastest = static_cast<double>(keys) * m.trial_rates.back() / 1e6;
+    // The main sparse figure is MB/s of rows against loopback MB/s; keys/s beside it.
+    row.throughput = {Name("sparse", op, size, "", tag_), keys_per_second * row_bytes / 1e6,
+                      "MB/s", loopback_mbps};
+    row.payload = {Name("sparse", op, size, "keys", tag_), keys_per_second / 1e6, "Mkeys/s",
+                   0};
+    row.slowest = static_cast<double>(keys) * row_bytes * m.trial_rates.front() / 1e6;
+    row.fastest = static_cast<double>(keys) * row_bytes * m.trial_rates.back() / 1e6;
     FillLatency(m, "sparse", op, size, tag_, base_, &row);
     rows_.push_back(row);
+  }
+
+  // MeasureRepeated, counting every operation and the CPU the clients and the ps tasks used
+  // meanwhile; `bytes` is one operation's payload.
+  absl::StatusOr<Measurement> Measure(const Operation& op, double bytes, Row* row) {
+    std::atomic<int64_t> done{0};
+    const double client0 = ProcessCpuSeconds(), ps0 = PidsCpuSeconds(ps_pids_);
+    PS_ASSIGN_OR_RETURN(Measurement m, MeasureRepeated(workers(), limits_, [&](int w) {
+                          absl::Status s = op(w);
+                          done.fetch_add(1, std::memory_order_relaxed);
+                          return s;
+                        }));
+    const double gb = bytes * static_cast<double>(done.load()) / 1e9;
+    if (gb > 0) {
+      row->client_cpu_s_per_gb = (ProcessCpuSeconds() - client0) / gb;
+      if (!ps_pids_.empty()) row->ps_cpu_s_per_gb = (PidsCpuSeconds(ps_pids_) - ps0) / gb;
+    }
+    return m;
   }
 
   const std::vector<std::unique_ptr<ParameterClient>> clients_;
   const RunLimits limits_;
   const Baselines base_;
   const std::string tag_;
+  const std::vector<int> ps_pids_;
   std::vector<Row> rows_;
 };
 
@@ -665,7 +748,8 @@ std::string AlignedTable(const std::vector<std::vector<std::string>>& cells) {
 void PrintResults(const std::vector<Row>& rows, const Baselines& base, const std::string& tag) {
   std::vector<std::vector<std::string>> cells = {{"op", "kind", "size", "ops", "throughput",
                                                   "trials min-max", "x loopback", "p50 us",
-                                                  "p99 us", "p50 x rtt"}};
+                                                  "p99 us", "p50 x rtt", "client CPU s/GB",
+                                                  "ps CPU s/GB"}};
   for (const Row& r : rows) {
     std::string throughput =
         absl::StrCat(FormatValue(r.throughput.value), " ", r.throughput.unit);
@@ -675,7 +759,9 @@ void PrintResults(const std::vector<Row>& rows, const Baselines& base, const std
     cells.push_back({r.op, r.kind, r.size, absl::StrCat(r.ops), throughput,
                      absl::StrCat(FormatValue(r.slowest), "..", FormatValue(r.fastest)),
                      FormatRatio(r.throughput), FormatValue(r.p50.value),
-                     FormatValue(r.p99.value), FormatRatio(r.p50)});
+                     FormatValue(r.p99.value), FormatRatio(r.p50),
+                     FormatValue(r.client_cpu_s_per_gb),
+                     r.ps_cpu_s_per_gb < 0 ? "-" : FormatValue(r.ps_cpu_s_per_gb)});
   }
   std::printf("\n%s: loopback %s GB/s (iperf3), loopback TCP round trip p50 %s us\n",
               tag.c_str(), base.loopback_gbps > 0 ? FormatValue(base.loopback_gbps).c_str() : "?",
@@ -686,6 +772,14 @@ void PrintResults(const std::vector<Row>& rows, const Baselines& base, const std
       if (f->name.empty()) continue;
       std::printf("BENCH %s %s %s ratio=%s\n", f->name.c_str(), FormatValue(f->value).c_str(),
                   f->unit.c_str(), FormatRatio(*f).c_str());
+    }
+    // CPU per GB moved has no baseline of its own.
+    const std::string cpu = Name(r.kind, r.op, r.size, "cpu", tag);
+    std::printf("BENCH %s_client %s s/GB ratio=n/a\n", cpu.c_str(),
+                FormatValue(r.client_cpu_s_per_gb).c_str());
+    if (r.ps_cpu_s_per_gb >= 0) {
+      std::printf("BENCH %s_ps %s s/GB ratio=n/a\n", cpu.c_str(),
+                  FormatValue(r.ps_cpu_s_per_gb).c_str());
     }
   }
   std::fflush(stdout);
@@ -766,6 +860,9 @@ int Main() {
   }
   if (FLAGS_chief.empty()) return Fail("--chief=HOST:PORT is required", 2);
   if (FLAGS_workers < 1) return Fail(absl::StrCat("--workers must be >= 1, got ", FLAGS_workers), 2);
+  if (FLAGS_transport != "tensor_wire" && FLAGS_transport != "grpc") {
+    return Fail(absl::StrCat("--transport must be tensor_wire or grpc, not ", FLAGS_transport), 2);
+  }
   if (FLAGS_chunk_bytes < 4) {
     return Fail(absl::StrCat("--chunk_bytes must be >= 4, got ", FLAGS_chunk_bytes), 2);
   }
@@ -786,11 +883,11 @@ int Main() {
   const std::string tag = FLAGS_tag.empty() ? absl::StrCat(model->placement().num_ps(), "ps",
                                                            FLAGS_workers, "w")
                                             : FLAGS_tag;
-  std::printf("ps_bench %s: %d ps (%s), %d client(s), %s connections, chunk %lld bytes\n",
-              tag.c_str(), model->placement().num_ps(),
-              absl::StrJoin(model->ps_addresses(), " ").c_str(), FLAGS_workers,
-              FLAGS_separate_connections ? "separate" : "shared",
-              static_cast<long long>(FLAGS_chunk_bytes));
+  std::printf(
+      "ps_bench %s: %d ps (%s), %d client(s) over %s, %s connections, gRPC chunk %lld bytes\n",
+      tag.c_str(), model->placement().num_ps(), absl::StrJoin(model->ps_addresses(), " ").c_str(),
+      FLAGS_workers, FLAGS_transport.c_str(), FLAGS_separate_connections ? "separate" : "shared",
+      static_cast<long long>(FLAGS_chunk_bytes));
   PrintPlacement(*model);
 
   absl::StatusOr<std::vector<std::pair<std::string, int>>> channel_args =
@@ -808,7 +905,13 @@ int Main() {
     if (!client.ok()) return Fail(std::string(client.status().message()), 1);
     clients.push_back(*std::move(client));
   }
-  PsBench bench(std::move(clients), limits, base, tag);
+  std::vector<int> ps_pids;
+  for (absl::string_view p : absl::StrSplit(FLAGS_ps_pids, ',', absl::SkipEmpty())) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(p, &pid)) return Fail(absl::StrCat("--ps_pids: not a pid: ", p), 2);
+    ps_pids.push_back(pid);
+  }
+  PsBench bench(std::move(clients), limits, base, tag, std::move(ps_pids));
   const std::set<std::string> only = absl::StrSplit(FLAGS_only, ',', absl::SkipEmpty());
   for (const v1::VariableSpec& v : model->model().variables()) {
     if (!only.empty() && only.count(v.name()) == 0) continue;

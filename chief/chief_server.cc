@@ -635,7 +635,15 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   if (options_.sync.mode() == v1::ASYNC) {
     // No waiting for other workers; only a checkpoint or a recovery closes the gate.
-    while (!gate_.Pass(req->worker(), std::min(deadline, absl::Now() + absl::Milliseconds(200)))) {
+    while (true) {
+      const StepGate::Result r =
+          gate_.Pass(req->worker(), std::min(deadline, absl::Now() + absl::Milliseconds(200)),
+                     req->pushes_in_flight());
+      if (r == StepGate::Result::kPassed) break;
+      if (r == StepGate::Result::kDrain) {
+        resp->set_drain(true);
+        return grpc::Status::OK;
+      }
       if (ctx->IsCancelled() || absl::Now() >= deadline || stop_requested()) {
         return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                             absl::StrCat("worker ", req->worker(),
@@ -711,6 +719,8 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
   if (req->examples() > 0) {
     progress_.set_loss(progress_.loss() == 0 ? req->loss()
                                              : 0.8 * progress_.loss() + 0.2 * req->loss());
+    progress_.set_max_staleness(std::max(progress_.max_staleness(), req->max_staleness()));
+    progress_.set_mean_staleness(0.8 * progress_.mean_staleness() + 0.2 * req->mean_staleness());
   }
   int64_t steps = 0;
   int32_t epoch = 0;

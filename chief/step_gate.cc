@@ -2,13 +2,26 @@
 
 namespace pscluster {
 
-bool StepGate::Pass(int worker, absl::Time deadline) {
+StepGate::Result StepGate::Pass(int worker, absl::Time deadline, int pushes_in_flight) {
   absl::MutexLock lock(&mu_);
-  inside_.erase(worker);  // its previous step is over
+  if (pushes_in_flight > 0) {
+    // Its pushes are not over: it stays inside, and only goes on while the gate is open.
+    if (closed_) return Result::kDrain;
+    inside_.insert(worker);
+    return Result::kPassed;
+  }
+  inside_.erase(worker);  // its previous steps are over
   auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closed_; };
-  if (!clock_->AwaitWithDeadline(&mu_, absl::Condition(&open), deadline)) return false;
+  if (!clock_->AwaitWithDeadline(&mu_, absl::Condition(&open), deadline)) {
+    return Result::kTimedOut;
+  }
   inside_.insert(worker);
-  return true;
+  return Result::kPassed;
+}
+
+bool StepGate::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
 }
 
 void StepGate::Leave(int worker) {

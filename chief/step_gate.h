@@ -22,9 +22,17 @@ class StepGate {
  public:
   explicit StepGate(const Clock* clock) : clock_(clock) {}
 
-  // Worker `worker` wants to start a step (its previous one, if any, is over). Waits while the
-  // gate is closed; returns true once the worker is let in, false when the deadline passed.
-  bool Pass(int worker, absl::Time deadline);
+  enum class Result {
+    kPassed,    // the worker is let into a step
+    kTimedOut,  // the gate stayed closed until the deadline
+    kDrain,     // the gate is closed and the worker still pushes: it finishes, then asks again
+  };
+  // Worker `worker` wants to start a step. With pushes_in_flight == 0 its earlier steps are
+  // over (pull, compute and push to every ps task): it leaves, then waits while the gate is
+  // closed. A pipelined worker asks while its last step's pushes are still in flight
+  // (pushes_in_flight > 0): it stays inside; let in at once when the gate is open, told to
+  // drain when it is closed.
+  Result Pass(int worker, absl::Time deadline, int pushes_in_flight = 0);
   // The worker runs no more steps (it finished, or it is gone and will start over).
   void Leave(int worker);
 
@@ -35,6 +43,7 @@ class StepGate {
 
   // Workers inside a step (let in and not come back yet).
   std::set<int> inside() const;
+  bool closed() const;
 
  private:
   const Clock* const clock_;  // Not owned.

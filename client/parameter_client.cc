@@ -257,7 +257,8 @@ absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
 }
 
 absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
-                                   const std::vector<const float*>& grads, int64_t step) {
+                                   const std::vector<const float*>& grads, int64_t step,
+                                   PushTicket* ticket) {
   if (grads.size() != variables.size()) {
     return absl::InvalidArgumentError(absl::StrCat("push of ", variables.size(),
                                                    " variables with ", grads.size(),
@@ -274,26 +275,39 @@ absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
       by_ps[p.ps].push_back(s);
     }
   }
+  // One id per ps request, kept across its retries (and the ticket's later attempts); a ps task
+  // that answered an earlier attempt is not sent the push again.
+  PushTicket local;
+  if (ticket == nullptr) ticket = &local;
   std::vector<int> tasks;
-  for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
-  // One id per ps request, kept across its retries.
+  for (const auto& [ps, slices] : by_ps) {
+    if (ticket->done.count(ps) == 0) tasks.push_back(ps);
+  }
   std::map<int, PushMeta> meta;
   for (int ps : tasks) {
+    std::vector<v1::RequestId>& ids = ticket->ids[ps];
+    if (ids.empty()) ids.push_back(NextRequestId());
     PushMeta& m = meta[ps];
     m.wire_dtype = options_.wire_dtype;
     m.step = step;
     m.worker = options_.worker;
-    m.request_id = NextRequestId();
+    m.request_id = ids[0];
   }
-  return ForEachPs(
+  std::vector<char> answered(placement_.num_ps(), 0);
+  absl::Status s = ForEachPs(
       tasks,
       [&](int ps) {
         v1::PushDenseResponse resp;
         PS_RETURN_IF_ERROR(transport_->PushDense(ps, by_ps.at(ps), meta.at(ps), &resp));
         if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+        answered[ps] = 1;
         return absl::OkStatus();
       },
       /*push=*/true);
+  for (int ps : tasks) {
+    if (answered[ps]) ticket->done.insert(ps);
+  }
+  return s;
 }
 
 absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) const {
@@ -350,7 +364,7 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
 }
 
 absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* keys, int64_t n,
-                                       const float* grads, int64_t step) {
+                                       const float* grads, int64_t step, PushTicket* ticket) {
   PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
   std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
   std::vector<int> tasks;
@@ -358,11 +372,14 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
     if (!positions[ps].empty()) tasks.push_back(ps);
   }
   const int64_t per_part = KeysPerPart(dim);
-  // The ids of every part of every ps request, drawn before anything is sent.
-  std::map<int, std::vector<v1::RequestId>> ids;
+  // The ids of every part of every ps request, drawn before anything is sent (or taken from
+  // the ticket of an earlier attempt).
+  PushTicket local;
+  if (ticket == nullptr) ticket = &local;
+  std::map<int, std::vector<v1::RequestId>>& ids = ticket->ids;
   for (int ps : tasks) {
     const int64_t parts = (static_cast<int64_t>(positions[ps].size()) + per_part - 1) / per_part;
-    for (int64_t p = 0; p < parts; ++p) ids[ps].push_back(NextRequestId());
+    while (static_cast<int64_t>(ids[ps].size()) < parts) ids[ps].push_back(NextRequestId());
   }
   return ForEachPs(
       tasks,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,15 @@ struct CreateShardsOptions {
 };
 
 
+// The identity of one push across its attempts: the request ids it carries, per ps task (and
+// per part of a split sparse push). Empty at first and filled by the first attempt; a push
+// sent again with the same ticket carries the same ids, so the ps tasks apply it at most once.
+struct PushTicket {
+  std::map<int, std::vector<v1::RequestId>> ids;
+  // ps tasks that answered (the push applied or dropped there): not sent again.
+  std::set<int> done;
+};
+
 // The typed client of the ps tasks, used by workers, the chief and psctl: routes each dense
 // partition and each sparse key to the ps task that holds it (per the placement), sends to all
 // tasks in parallel, and gathers the answers in the caller's order. Variables are seen whole:
@@ -85,8 +95,10 @@ class ParameterClient {
   absl::Status Pull(const std::vector<std::string>& variables,
                     std::vector<std::vector<float>>* out, int64_t step = -1);
   // Pushes gradients of whole variables: grads[i] has NumElements(variables[i]) floats.
+  // `ticket` (optional) names the push across attempts (see PushTicket).
   absl::Status Push(const std::vector<std::string>& variables,
-                    const std::vector<const float*>& grads, int64_t step);
+                    const std::vector<const float*>& grads, int64_t step,
+                    PushTicket* ticket = nullptr);
 
   // Rows of `keys` of a table (created on first touch) into out[0..n*dim).
   absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out,
@@ -102,7 +114,7 @@ class ParameterClient {
 
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
-                        const float* grads, int64_t step);
+                        const float* grads, int64_t step, PushTicket* ticket = nullptr);
 
   // One ps task's shard list, a shard's statistics, and task status (for the chief and
   // psctl), with the same retries.

@@ -197,7 +197,13 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
                                          HasSubstr("no usable CUDA driver")));
   r = RunToExit("worker/worker", {"--device=tpu"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
-  EXPECT_THAT(r.output, HasSubstr("--device must be cpu or gpu:N, not \"tpu\""));
+  EXPECT_THAT(r.output, HasSubstr("--device must be cpu, gpu:N, or GPUs gpu:N,gpu:M,..., not \"tpu\""));
+  r = RunToExit("worker/worker", {"--device=gpu:0,gpu:0"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device names gpu:0 twice"));
+  r = RunToExit("worker/worker", {"--pipeline_staleness=-1"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--pipeline_staleness must be >= 0, got -1"));
 }
 
 TEST(DaemonFlagsTest, AnUnknownCrashPointIsRefused) {

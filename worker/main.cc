@@ -7,13 +7,21 @@
 #include "gflags/gflags.h"
 #include "worker/worker_server.h"
 
-DEFINE_string(device, "cpu", "Where to compute: cpu, or gpu:N (CUDA_VISIBLE_DEVICES applies).");
+DEFINE_string(device, "cpu",
+              "Where to compute: cpu, gpu:N, or several GPUs gpu:0,gpu:1,... that split each batch "
+              "and sum their gradients with NCCL (CUDA_VISIBLE_DEVICES applies).");
+DEFINE_int32(pipeline_staleness, 1,
+             "ASYNC and SSP: how many of this worker's own steps' pushes the parameters of a step "
+             "may miss, so that pulls and pushes overlap compute (0: none). SYNC uses 0.");
 DEFINE_int64(gpu_memory_limit_mb, 0,
              "Cap on the GPU memory this worker allocates, in MiB (0: no cap).");
 DEFINE_string(wire_dtype, "float32",
               "Encoding of gradients and pulled values on the wire: float32, float16 or "
               "bfloat16.");
 DEFINE_string(data_path, "", "Overrides the data location the chief names.");
+DEFINE_string(ps_transport, "tensor_wire",
+              "How pulls and pushes travel: tensor_wire (the ps tasks' TCP data plane, found "
+              "through their gRPC service; gRPC where a ps has none) or grpc.");
 DEFINE_bool(exit_after_training, false, "Exit 0 when training is done instead of idling.");
 DEFINE_int32(step_delay_ms, 0,
              "Pause between computing each step's gradients and pushing them, in milliseconds "
@@ -29,6 +37,7 @@ int main(int argc, char** argv) {
   options.cluster = pscluster::ClusterConfigFromFlagsOrExit("worker");
   options.host = pscluster::ServiceHostOptionsFromFlags();
   options.device = FLAGS_device;
+  options.pipeline_staleness = FLAGS_pipeline_staleness;
   options.gpu_memory_limit_bytes = FLAGS_gpu_memory_limit_mb << 20;
   if (FLAGS_wire_dtype == "float32") {
     options.wire_dtype = pscluster::v1::DT_FLOAT32;
@@ -42,6 +51,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.data_path = FLAGS_data_path;
+  if (FLAGS_ps_transport != "tensor_wire" && FLAGS_ps_transport != "grpc") {
+    std::fprintf(stderr, "worker: --ps_transport must be tensor_wire or grpc, not \"%s\"\n",
+                 FLAGS_ps_transport.c_str());
+    return 2;
+  }
+  options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
   options.exit_after_training = FLAGS_exit_after_training;
   options.step_delay = absl::Milliseconds(FLAGS_step_delay_ms);
   return pscluster::RunDaemonMain("worker", pscluster::WorkerServer::Create(options));

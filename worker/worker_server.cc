@@ -1,12 +1,15 @@
 #include "worker/worker_server.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
+#include "client/tcp_ps_transport.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -15,18 +18,27 @@
 #include "grpcpp/security/credentials.h"
 #include "worker/data/shard.h"
 #include "worker/input.h"
+#include "worker/step_source.h"
 #include "worker/trainer.h"
 
 namespace pscluster {
 
-absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
-  if (device == "cpu") return -1;
-  int n = -1;
-  if (!absl::StartsWith(device, "gpu:") || !absl::SimpleAtoi(device.substr(4), &n) || n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device must be cpu or gpu:N, not \"", device, "\""));
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& device) {
+  std::vector<int> gpus;
+  if (device == "cpu") return gpus;
+  for (absl::string_view part : absl::StrSplit(device, ',')) {
+    int n = -1;
+    if (!absl::StartsWith(part, "gpu:") || !absl::SimpleAtoi(part.substr(4), &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device must be cpu, gpu:N, or GPUs gpu:N,gpu:M,..., not \"", device, "\""));
+    }
+    if (std::find(gpus.begin(), gpus.end(), n) != gpus.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device names gpu:", n, " twice in \"", device, "\""));
+    }
+    gpus.push_back(n);
   }
-  return n;
+  return gpus;
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
@@ -34,21 +46,28 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
     return absl::InvalidArgumentError(absl::StrCat(
         "the worker must run as a worker task, not ", TaskName(options.cluster.task())));
   }
-  PS_ASSIGN_OR_RETURN(int gpu, ParseGpuDevice(options.device));
-  std::unique_ptr<Kernels> kernels;
-  if (gpu < 0) {
-    kernels = NewCpuKernels();
-  } else {
+  PS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseDevices(options.device));
+  if (options.pipeline_staleness < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--pipeline_staleness must be >= 0, got ",
+                                                   options.pipeline_staleness));
+  }
+  std::vector<std::unique_ptr<Kernels>> kernels;
+  if (gpus.empty()) kernels.push_back(NewCpuKernels());
+  for (int gpu : gpus) {
     CudaKernelsOptions cuda;
     cuda.device = gpu;
     cuda.memory_limit_bytes = options.gpu_memory_limit_bytes;
-    PS_ASSIGN_OR_RETURN(kernels, NewCudaKernels(cuda));
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<Kernels> k, NewCudaKernels(cuda));
+    kernels.push_back(std::move(k));
   }
-  LOG(INFO) << TaskName(options.cluster.task()) << " computes on " << kernels->name();
+  for (const auto& k : kernels) {
+    LOG(INFO) << TaskName(options.cluster.task()) << " computes on " << k->name();
+  }
   return std::unique_ptr<WorkerServer>(new WorkerServer(options, std::move(kernels)));
 }
 
-WorkerServer::WorkerServer(const WorkerOptions& options, std::unique_ptr<Kernels> kernels)
+WorkerServer::WorkerServer(const WorkerOptions& options,
+                           std::vector<std::unique_ptr<Kernels>> kernels)
     : options_(options), start_time_(absl::Now()), kernels_(std::move(kernels)) {}
 
 WorkerServer::~WorkerServer() {
@@ -64,7 +83,7 @@ absl::Status WorkerServer::Start() {
   serving.heartbeat_interval = options_.heartbeat_interval;
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {this}, [this](v1::HeartbeatRequest* r) {
                         r->set_step(steps_.load());
-                        r->set_detail(finished_.load() ? "finished" : "training");
+                        r->set_detail(Detail());
                       }));
   train_thread_ = std::thread([this] { TrainLoop(); });
   return absl::OkStatus();
@@ -126,19 +145,35 @@ absl::Status WorkerServer::TrainOnce() {
   ParameterClientOptions client_options;
   client_options.wire_dtype = options_.wire_dtype;
   client_options.worker = index;
+  auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
+  std::unique_ptr<PsTransport> transport;
+  if (options_.tensor_wire) {
+    transport = std::make_unique<TcpPsTransport>(std::move(grpc), addresses,
+                                                 TcpPsTransportOptions());
+  } else {
+    transport = std::move(grpc);
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterClient> client,
                       ParameterClient::Create(model.model(), model.placement(),
-                                              std::make_unique<GrpcPsTransport>(
-                                                  addresses, GrpcPsTransportOptions()),
-                                              client_options));
+                                              std::move(transport), client_options));
   TrainerOptions trainer_options;
   trainer_options.worker = index;
   trainer_options.num_workers = count;
   trainer_options.step_delay = options_.step_delay;
   trainer_options.step_counter = &steps_;
-  Trainer trainer(model, std::move(shard), client.get(), kernels_.get(), chief.get(),
-                  trainer_options);
-  return trainer.Run([this] { return task_->stop_requested(); });
+  trainer_options.staleness = options_.pipeline_staleness;
+  ChiefStepSourceOptions source_options;
+  source_options.worker = index;
+  ChiefStepSource source(chief.get(), source_options);
+  std::vector<Kernels*> towers;
+  for (const auto& k : kernels_) towers.push_back(k.get());
+  Trainer trainer(model, std::move(shard), client.get(), towers, &source, trainer_options);
+  absl::Status s = trainer.Run([this, &trainer] {
+    max_staleness_ = trainer.max_staleness();
+    return task_->stop_requested();
+  });
+  max_staleness_ = trainer.max_staleness();
+  return s;
 }
 
 grpc::Status WorkerServer::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
@@ -149,8 +184,14 @@ grpc::Status WorkerServer::GetStatus(grpc::ServerContext*, const v1::GetStatusRe
   resp->set_start_unix_micros(absl::ToUnixMicros(start_time_));
   resp->set_uptime_micros(absl::ToInt64Microseconds(absl::Now() - start_time_));
   resp->set_step(steps_.load());
-  resp->set_detail(finished_.load() ? "finished" : "training");
+  resp->set_detail(Detail());
   return grpc::Status::OK;
+}
+
+std::string WorkerServer::Detail() const {
+  return absl::StrCat(finished_.load() ? "finished" : "training", " on ", kernels_.size(),
+                      " device(s); pipeline staleness max ", max_staleness_.load(), " (bound ",
+                      options_.pipeline_staleness, ")");
 }
 
 }  // namespace pscluster

@@ -22,12 +22,18 @@ struct WorkerOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // "cpu" or "gpu:N" (N among the devices CUDA_VISIBLE_DEVICES exposes).
+  // "cpu", "gpu:N" (N among the devices CUDA_VISIBLE_DEVICES exposes), or several GPUs
+  // "gpu:0,gpu:1,..." whose towers split each batch and sum their gradients (NCCL).
   std::string device = "cpu";
+  // ASYNC and SSP: how many of its own steps' pushes a step's parameters may miss (the step
+  // pipeline's depth; 0: no overlap between steps). SYNC always uses 0.
+  int pipeline_staleness = 1;
   // Cap on the GPU memory this worker allocates, in bytes (0: no cap).
   int64_t gpu_memory_limit_bytes = 0;
   // Encoding of gradients and pulled values on the wire.
   v1::DataType wire_dtype = v1::DT_FLOAT32;
+  // Pulls and pushes over the ps tasks' tensor data plane (true) or over gRPC.
+  bool tensor_wire = true;
   // Overrides the data path the chief names (data lives on each worker's host).
   std::string data_path;
   // Exit (status 0) once training is done instead of idling until SIGTERM.
@@ -53,25 +59,28 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   absl::Status Wait() override;
 
  private:
-  WorkerServer(const WorkerOptions& options, std::unique_ptr<Kernels> kernels);
+  WorkerServer(const WorkerOptions& options, std::vector<std::unique_ptr<Kernels>> kernels);
 
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::TaskStatus* resp) override;
   // Fetches the model and trains; retries from the model fetch after a failure.
   void TrainLoop();
+  // For GetStatus and heartbeats: training or finished, devices, staleness.
+  std::string Detail() const;
   absl::Status TrainOnce();
 
   const WorkerOptions options_;
   const absl::Time start_time_;
-  const std::unique_ptr<Kernels> kernels_;
+  const std::vector<std::unique_ptr<Kernels>> kernels_;  // one per tower
   std::unique_ptr<ServingTask> task_;
   std::thread train_thread_;
   std::atomic<int64_t> steps_{0};
+  std::atomic<int> max_staleness_{0};
   std::atomic<bool> finished_{false};
 };
 
-// Parses --device: "cpu" or "gpu:N".
-absl::StatusOr<int> ParseGpuDevice(const std::string& device);
+// Parses --device: "cpu" (an empty list) or "gpu:N[,gpu:M...]" (the GPU ordinals, distinct).
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& device);
 
 }  // namespace pscluster
 

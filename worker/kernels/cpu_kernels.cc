@@ -250,6 +250,45 @@ class CpuKernels final : public Kernels {
     if (n > 0) std::fill_n(x, n, value);
   }
 
+  void Scale(int64_t n, float alpha, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
+  }
+
+  bool device_is_host() const override { return true; }
+
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
+    void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), kAlignment,
+                             std::nothrow);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: out of memory allocating ", bytes, " bytes of host memory"));
+    }
+    return p;
+  }
+  void FreeHost(void* p) override {
+    if (p != nullptr) ::operator delete(p, kAlignment);
+  }
+
+  void CopyToDeviceAsync(Stream, const void* host, void* device, int64_t bytes) override {
+    if (bytes > 0 && host != device) std::memcpy(device, host, static_cast<size_t>(bytes));
+  }
+  void CopyToHostAsync(Stream, const void* device, void* host, int64_t bytes) override {
+    if (bytes > 0 && host != device) std::memcpy(host, device, static_cast<size_t>(bytes));
+  }
+  void CopyRowsToDeviceAsync(Stream, const void* host, int64_t host_pitch, void* device,
+                             int64_t device_pitch, int64_t row_bytes, int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(device) + r * device_pitch,
+                  static_cast<const char*>(host) + r * host_pitch, static_cast<size_t>(row_bytes));
+    }
+  }
+
+  // Every call completes at once: an event is always reached.
+  std::unique_ptr<Event> NewEvent() override { return std::make_unique<Event>(); }
+  void Record(Event*, Stream) override {}
+  void Wait(Stream, Event*) override {}
+  void Synchronize(Event*) override {}
+
  private:
   absl::StatusOr<void*> Allocate(int64_t n, int64_t element_size, const char* what) {
     if (n < 0) {

@@ -7,14 +7,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+
+#include <nccl.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "worker/kernels/cuda_device.h"
 #include "worker/kernels/kernels.h"
@@ -312,15 +318,23 @@ class CudaKernels final : public Kernels {
   // down for a device error.
   ~CudaKernels() override {
     LogIfError(cudaSetDevice(device_), "cudaSetDevice");
-    if (stream_ != nullptr) LogIfError(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
+      if (s != nullptr) LogIfError(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    }
     for (const auto& [p, bytes] : allocations_) LogIfError(cudaFree(p), "cudaFree");
+    {
+      absl::MutexLock lock(&host_mu_);
+      for (void* p : host_allocations_) LogIfError(cudaFreeHost(p), "cudaFreeHost");
+    }
     if (cublas_ != nullptr) {
       const cublasStatus_t s = cublasDestroy(cublas_);
       if (s != CUBLAS_STATUS_SUCCESS) {
         LOG(ERROR) << "cublasDestroy failed: " << cublasGetStatusString(s);
       }
     }
-    if (stream_ != nullptr) LogIfError(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+    for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
+      if (s != nullptr) LogIfError(cudaStreamDestroy(s), "cudaStreamDestroy");
+    }
   }
 
   // Creates the stream and the cuBLAS handle. Called once, by NewCudaKernels.
@@ -331,8 +345,10 @@ class CudaKernels final : public Kernels {
     if (err != cudaSuccess) return DeviceError("cudaDeviceGetAttribute", err);
     // Non-blocking: no implicit synchronization with other libraries' work on the legacy
     // default stream.
-    err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    if (err != cudaSuccess) return DeviceError("cudaStreamCreateWithFlags", err);
+    for (cudaStream_t* s : {&stream_, &upload_stream_, &download_stream_}) {
+      err = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+      if (err != cudaSuccess) return DeviceError("cudaStreamCreateWithFlags", err);
+    }
     cublasStatus_t s = cublasCreate(&cublas_);
     if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasCreate", s);
     s = cublasSetStream(cublas_, stream_);
@@ -535,7 +551,110 @@ class CudaKernels final : public Kernels {
     PS_CUDA_CHECK_LAUNCH("FillKernel");
   }
 
+  void Scale(int64_t n, float alpha, float* y) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    ScaleKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(y, n, alpha);
+    PS_CUDA_CHECK_LAUNCH("ScaleKernel");
+  }
+
+  bool device_is_host() const override { return false; }
+
+  // Page-locked and portable (usable with every device's streams: towers share buffers).
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
+    MakeCurrent();
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)),
+                                          cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(name_, ": cudaHostAlloc of ", bytes,
+                                                       " bytes failed: ", cudaGetErrorString(err)));
+    }
+    absl::MutexLock lock(&host_mu_);
+    host_allocations_.insert(p);
+    return p;
+  }
+
+  void FreeHost(void* p) override {
+    if (p == nullptr) return;
+    {
+      absl::MutexLock lock(&host_mu_);
+      CHECK(host_allocations_.erase(p) == 1) << "FreeHost(" << p << "): not from " << name_;
+    }
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaFreeHost(p));
+  }
+
+  void CopyToDeviceAsync(Stream stream, const void* host, void* device, int64_t bytes) override {
+    if (bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes),
+                                  cudaMemcpyHostToDevice, StreamOf(stream)));
+  }
+
+  void CopyToHostAsync(Stream stream, const void* device, void* host, int64_t bytes) override {
+    if (bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes),
+                                  cudaMemcpyDeviceToHost, StreamOf(stream)));
+  }
+
+  void CopyRowsToDeviceAsync(Stream stream, const void* host, int64_t host_pitch, void* device,
+                             int64_t device_pitch, int64_t row_bytes, int64_t rows) override {
+    if (rows <= 0 || row_bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpy2DAsync(device, static_cast<size_t>(device_pitch), host,
+                                    static_cast<size_t>(host_pitch),
+                                    static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
+                                    cudaMemcpyHostToDevice, StreamOf(stream)));
+  }
+
+  std::unique_ptr<Event> NewEvent() override {
+    MakeCurrent();
+    auto e = std::make_unique<CudaEvent>();
+    PS_CUDA_CHECK(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming));
+    return e;
+  }
+
+  void Record(Event* event, Stream stream) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent*>(event)->event, StreamOf(stream)));
+  }
+
+  void Wait(Stream stream, Event* event) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaStreamWaitEvent(StreamOf(stream), static_cast<CudaEvent*>(event)->event, 0));
+  }
+
+  void Synchronize(Event* event) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent*>(event)->event));
+  }
+
+  int device() const { return device_; }
+  cudaStream_t compute_stream() const { return stream_; }
+
  private:
+  struct CudaEvent final : Event {
+    ~CudaEvent() override {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    cudaEvent_t event = nullptr;
+  };
+
+  cudaStream_t StreamOf(Stream s) const {
+    switch (s) {
+      case Stream::kUpload:
+        return upload_stream_;
+      case Stream::kDownload:
+        return download_stream_;
+      case Stream::kCompute:
+        break;
+    }
+    return stream_;
+  }
+
   static void LogIfError(cudaError_t err, const char* call) {
     if (err != cudaSuccess) LOG(ERROR) << call << " failed: " << cudaGetErrorString(err);
   }
@@ -623,14 +742,87 @@ class CudaKernels final : public Kernels {
   const std::string name_;
   const int64_t memory_limit_bytes_;  // 0: no cap
   int multiprocessors_ = 1;
-  cudaStream_t stream_ = nullptr;    // Owned.
+  cudaStream_t stream_ = nullptr;    // Owned: compute.
+  cudaStream_t upload_stream_ = nullptr;    // Owned: host-to-device copies.
+  cudaStream_t download_stream_ = nullptr;  // Owned: device-to-host copies.
   cublasHandle_t cublas_ = nullptr;  // Owned; bound to stream_.
+  // Page-locked host memory; taken and freed from any thread.
+  absl::Mutex host_mu_;
+  std::unordered_set<void*> host_allocations_ ABSL_GUARDED_BY(host_mu_);
   // Every live allocation and its size in bytes; the destructor frees what is left.
   std::unordered_map<void*, int64_t> allocations_;
   int64_t bytes_in_use_ = 0;
 };
 
+// Towers on several devices of this process: one NCCL communicator per device, an all-reduce
+// in a group so that one thread issues every device's part.
+class NcclTowerReducer final : public TowerReducer {
+ public:
+  NcclTowerReducer(std::vector<CudaKernels*> towers, std::vector<ncclComm_t> comms)
+      : towers_(std::move(towers)), comms_(std::move(comms)) {}
+  ~NcclTowerReducer() override {
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+  }
+
+  absl::Status AllReduceSum(const std::vector<float*>& buffers, int64_t n) override {
+    if (buffers.size() != towers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("AllReduceSum of ", buffers.size(),
+                                                     " buffers over ", towers_.size(), " towers"));
+    }
+    if (n <= 0) return absl::OkStatus();
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < towers_.size() && r == ncclSuccess; ++i) {
+      PS_CUDA_CHECK(cudaSetDevice(towers_[i]->device()));
+      r = ncclAllReduce(buffers[i], buffers[i], static_cast<size_t>(n), ncclFloat, ncclSum,
+                        comms_[i], towers_[i]->compute_stream());
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    if (r != ncclSuccess) {
+      return absl::InternalError(absl::StrCat("ncclAllReduce over ", towers_.size(),
+                                              " GPUs failed: ", ncclGetErrorString(r)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<CudaKernels*> towers_;  // Not owned.
+  std::vector<ncclComm_t> comms_;
+};
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
+    const std::vector<Kernels*>& towers) {
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: never let NCCL use
+  // it, whatever the environment of whoever started this process says (an explicit setting
+  // is kept).
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  std::vector<CudaKernels*> cuda;
+  std::vector<int> devices;
+  for (Kernels* k : towers) {
+    auto* c = dynamic_cast<CudaKernels*>(k);
+    if (c == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(k->name(), " is not a CUDA device"));
+    }
+    for (int d : devices) {
+      if (d == c->device()) {
+        return absl::InvalidArgumentError(absl::StrCat("GPU ", d, " is named twice"));
+      }
+    }
+    cuda.push_back(c);
+    devices.push_back(c->device());
+  }
+  std::vector<ncclComm_t> comms(devices.size());
+  const ncclResult_t r =
+      ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
+  if (r != ncclSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat("NCCL cannot join GPUs ",
+                                                      absl::StrJoin(devices, ", "), ": ",
+                                                      ncclGetErrorString(r)));
+  }
+  return std::unique_ptr<TowerReducer>(new NcclTowerReducer(std::move(cuda), std::move(comms)));
+}
 
 absl::StatusOr<std::unique_ptr<Kernels>> NewCudaKernels(const CudaKernelsOptions& options) {
   if (options.memory_limit_bytes < 0) {

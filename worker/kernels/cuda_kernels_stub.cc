@@ -12,4 +12,9 @@ absl::StatusOr<std::unique_ptr<Kernels>> NewCudaKernels(const CudaKernelsOptions
   return absl::UnimplementedError("this binary was built without CUDA; rebuild with --config=cuda");
 }
 
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
+    const std::vector<Kernels*>& /*towers*/) {
+  return absl::UnimplementedError("this binary was built without CUDA; rebuild with --config=cuda");
+}
+
 }  // namespace pscluster

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -16,13 +17,31 @@ enum class Activation { kLinear, kRelu, kSigmoid, kTanh };
 // (cuBLAS for the products, small kernels for the rest) behind one interface. No RPC in here.
 //
 // All pointers given to the compute methods are device memory from Allocate*() of the same
-// Kernels object (host memory for the CPU backend). Matrices are row-major. Calls are issued in
-// order on one stream; results are visible to CopyToHost(), which waits for them.
+// Kernels object (host memory for the CPU backend). Matrices are row-major. Compute calls are
+// issued in order on the compute stream; results are visible to CopyToHost(), which waits for
+// them.
 //
-// Thread-compatible: one Kernels per training thread.
+// Overlap: besides the compute stream there are two copy streams (uploads and downloads), host
+// memory that copies on them can use without staging (page-locked, for CUDA), and events to
+// order work across streams and with the host. The CPU backend does every copy at once and its
+// events are always complete.
+//
+// Thread-safety: the compute methods, Allocate*/Free and the synchronous copies are
+// thread-compatible (one thread at a time, e.g. the training thread). The asynchronous copies,
+// AllocateHost/FreeHost and the event methods may be called from any thread, concurrently
+// with the rest (a pull thread uploads parameters while the training thread computes).
 class Kernels {
  public:
   virtual ~Kernels() = default;
+
+  enum class Stream { kCompute = 0, kUpload = 1, kDownload = 2 };
+
+  // A point in a stream's work. Owned by the caller; created by NewEvent() of the Kernels it
+  // is used with.
+  class Event {
+   public:
+    virtual ~Event() = default;
+  };
 
   // "cpu" or "cuda:N (<device name>)".
   virtual std::string name() const = 0;
@@ -85,7 +104,59 @@ class Kernels {
 
   // Sets n floats to `value`.
   virtual void Fill(float* x, int64_t n, float value) = 0;
+
+  // y[i] *= alpha for i in [0, n).
+  virtual void Scale(int64_t n, float alpha, float* y) = 0;
+
+  // ---- Overlap of transfers with compute ----
+
+  // True when device memory is host memory (the CPU backend): a caller may hand host buffers
+  // to the compute methods and skip the copies.
+  virtual bool device_is_host() const = 0;
+
+  // Host memory for the asynchronous copies (CUDA: page-locked, so a copy needs no staging
+  // and runs while the host goes on). RESOURCE_EXHAUSTED when none is left.
+  virtual absl::StatusOr<void*> AllocateHost(int64_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
+
+  // Copies on `stream`, after the stream's earlier work. The host buffer must stay valid (and,
+  // for an upload, unchanged) until an event recorded after the copy is complete. CPU: done at
+  // once.
+  virtual void CopyToDeviceAsync(Stream stream, const void* host, void* device,
+                                 int64_t bytes) = 0;
+  virtual void CopyToHostAsync(Stream stream, const void* device, void* host,
+                               int64_t bytes) = 0;
+  // `rows` rows of `row_bytes` each, from host rows `host_pitch` bytes apart to device rows
+  // `device_pitch` bytes apart (the dense features of a batch into the first columns of the
+  // model's input).
+  virtual void CopyRowsToDeviceAsync(Stream stream, const void* host, int64_t host_pitch,
+                                     void* device, int64_t device_pitch, int64_t row_bytes,
+                                     int64_t rows) = 0;
+
+  virtual std::unique_ptr<Event> NewEvent() = 0;
+  // Marks the current end of `stream`'s work in `event` (replacing what it marked before).
+  virtual void Record(Event* event, Stream stream) = 0;
+  // Work issued on `stream` from now on starts after `event`'s point (the host does not wait).
+  virtual void Wait(Stream stream, Event* event) = 0;
+  // The host waits until `event`'s point is reached. An event never recorded is complete.
+  virtual void Synchronize(Event* event) = 0;
 };
+
+// Sums equal-sized float buffers that live on several Kernels (the towers of a multi-GPU
+// worker) in place, so that every buffer ends up holding the sum: NCCL's all-reduce for CUDA
+// devices, a plain loop for CPU ones. Each Kernels' compute stream runs its part, after the
+// work issued on it so far. Thread-compatible.
+class TowerReducer {
+ public:
+  virtual ~TowerReducer() = default;
+  // buffers[i] is device memory of the i-th Kernels given at creation, n floats each.
+  virtual absl::Status AllReduceSum(const std::vector<float*>& buffers, int64_t n) = 0;
+};
+
+// A reducer over `towers` (not owned; they outlive it), all of one backend. One tower: a
+// reducer that does nothing. INVALID_ARGUMENT for mixed backends; FAILED_PRECONDITION when NCCL
+// cannot set up the devices; UNIMPLEMENTED for CUDA towers in a build without --config=cuda.
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewTowerReducer(const std::vector<Kernels*>& towers);
 
 // The CPU backend. Never fails.
 std::unique_ptr<Kernels> NewCpuKernels();
@@ -101,6 +172,12 @@ struct CudaKernelsOptions {
 // The CUDA backend. FAILED_PRECONDITION naming the device when it does not exist or no driver
 // is present; UNIMPLEMENTED when the binary was built without --config=cuda.
 absl::StatusOr<std::unique_ptr<Kernels>> NewCudaKernels(const CudaKernelsOptions& options);
+
+// NewTowerReducer's CUDA case: NCCL communicators over the towers' devices (one process, one
+// communicator per device). REQUIRES: every tower came from NewCudaKernels, on distinct devices.
+// UNIMPLEMENTED without --config=cuda.
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
+    const std::vector<Kernels*>& towers);
 
 }  // namespace pscluster
 

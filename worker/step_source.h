@@ -1,0 +1,80 @@
+#ifndef PSCLUSTER_WORKER_STEP_SOURCE_H_
+#define PSCLUSTER_WORKER_STEP_SOURCE_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace pscluster {
+
+// What the chief answers a worker that wants to run a step.
+struct StepGrant {
+  // The step to compute (SYNC: the global step; SSP: this worker's next step; ASYNC: the last
+  // done + 1, which the worker need not use).
+  int64_t step = 0;
+  // SYNC: the generation the step belongs to (see AcquireTokenRequest.generation).
+  int64_t generation = 0;
+  // Training is over: stop.
+  bool finished = false;
+  // ASYNC: the gate is closed and the worker still pushes: finish the pushes, ask again.
+  bool drain = false;
+};
+
+// One progress report (ReportStepRequest).
+struct StepReport {
+  // Steps completed so far (the next step to do).
+  int64_t step = 0;
+  int64_t examples = 0;
+  // Mean training loss of the reported steps.
+  float loss = 0;
+  int32_t epoch = 0;
+  bool finished = false;
+  int64_t generation = 0;
+  float mean_staleness = 0;
+  int32_t max_staleness = 0;
+};
+
+// The chief's side of a worker's training loop: tokens (sync), the staleness bound (SSP), the
+// gate (async), and progress reports. The loop depends on this interface only, so that unit
+// tests run it against the chief's own logic in this process (InProcessStepSource) and the
+// worker against the real chief over gRPC (ChiefStepSource). Thread-compatible.
+class StepSource {
+ public:
+  virtual ~StepSource() = default;
+
+  // Waits until this worker may run a step after `last_done_step`, with `pushes_in_flight` of
+  // its steps still being pushed. OK with an empty grant (step -1) when stop() turned true.
+  // UNAVAILABLE while the chief is gone or starting.
+  virtual absl::Status Acquire(int64_t last_done_step, int64_t generation, int pushes_in_flight,
+                               const std::function<bool()>& stop, StepGrant* grant) = 0;
+  virtual absl::Status Report(const StepReport& report) = 0;
+};
+
+struct ChiefStepSourceOptions {
+  int32_t worker = 0;
+  // Deadline of a report; a token request long-polls in slices of token_poll.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration token_poll = absl::Seconds(1);
+};
+
+// StepSource over the chief's Coordinator service. Thread-compatible.
+class ChiefStepSource : public StepSource {
+ public:
+  // `chief` is not owned and must outlive this object.
+  ChiefStepSource(v1::Coordinator::StubInterface* chief, const ChiefStepSourceOptions& options);
+
+  absl::Status Acquire(int64_t last_done_step, int64_t generation, int pushes_in_flight,
+                       const std::function<bool()>& stop, StepGrant* grant) override;
+  absl::Status Report(const StepReport& report) override;
+
+ private:
+  v1::Coordinator::StubInterface* const chief_;  // Not owned.
+  const ChiefStepSourceOptions options_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_WORKER_STEP_SOURCE_H_
