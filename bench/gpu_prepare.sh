@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
-# (chief, ps_server, worker, train_bench, cluster_probe, cuda_kernels_test; and psctl, for
+# (chief, ps_server, worker, train_bench, cluster_probe, cuda_kernels_test, cuda_trainer_test;
+# and psctl, for
 # looking at the cluster there, left out with a warning when it does not build), packs them
 # with their shared libraries into a device bundle (../shared/tools/device-bundle; stripped,
 # and stored as payload.tar.gz holding its run, bin/ and lib/), and copies in the
@@ -34,7 +35,7 @@ bash tools/setup.sh >/dev/null
 targets=(//chief //ps_server //worker //bench:train_bench //bench:cluster_probe)
 config=()
 if [[ $cuda -eq 1 ]]; then
-  targets+=(//worker/kernels:cuda_kernels_test)
+  targets+=(//worker/kernels:cuda_kernels_test //worker:cuda_trainer_test)
   config=(--config=cuda)
 fi
 echo "==> building ${config[*]:-(default config)}: ${targets[*]}"
@@ -49,7 +50,8 @@ else
   echo "gpu_prepare.sh: warning: //cli:psctl does not build now; the bundle has no psctl" \
     "(gpu_train.sh does not need it)" >&2
 fi
-[[ $cuda -eq 1 ]] && binaries+=("$bin_dir/worker/kernels/cuda_kernels_test")
+[[ $cuda -eq 1 ]] && binaries+=("$bin_dir/worker/kernels/cuda_kernels_test"
+  "$bin_dir/worker/cuda_trainer_test")
 rm -rf "${out:?}"
 "$bundler" "$out" "${binaries[@]}"
 if [[ $cuda -eq 1 ]]; then
@@ -77,6 +79,7 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
   cp "$data_dir/$f" "$out/data/"
 done
 cp configs/*.pbtxt "$out/configs/"
-cp bench/gpu_train.sh bench/torch_mlp.py bench/train_rate.py bench/train_cluster.sh "$out/bench/"
+cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/train_rate.py \
+  bench/train_cluster.sh "$out/bench/"
 echo "==> $out: $(du -sh "$out" | cut -f1) (the device tool carries at most 64 MiB with the tree)"
 echo "    on the GPU machine: bash $out/bench/gpu_train.sh   (device run, carry [\"$out\"])"

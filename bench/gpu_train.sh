@@ -1,53 +1,68 @@
 #!/usr/bin/env bash
-# Training throughput on the GPU machine, against PyTorch on the same GPU, in one call.
+# Training throughput on the GPU machine, against PyTorch on the same GPUs, in one call.
 # Runs from the device bundle that bench/gpu_prepare.sh packs here (.devbundle: payload.tar.gz
 # with the binaries, their libraries and the device-bundle `run` wrapper, unpacked into /tmp
 # at the start; data/ with the Fashion-MNIST .gz files; configs/; bench/); nothing is built
 # there and nothing is written into the bundle.
-# For each batch size (128 and 1024 by default):
-#   1. bench/torch_mlp.py: the same MLP (784-256-256-10, Adam 1e-3) in eager PyTorch, the data
-#      on the GPU -- the baseline (skipped, saying so, when `import torch` fails);
-#   2. train_bench --device=$DEVICE: a worker's step (pull, compute on the CUDA kernels, push)
-#      against in-process parameter stores, no RPC;
-#   3. a local cluster of 1 chief + 2 ps + 1 worker --device=$DEVICE, async, steady-state
-#      examples/s (bench/train_rate.py; the same measurement as bench/train.sh).
-# Before that, the CUDA kernels' own test (cuda_kernels_test) runs when it is in the bundle.
-# Prints a table and BENCH lines with ratios against PyTorch of the same batch:
-#   BENCH gpu_torch_b<B> <ex/s> ex/s ratio=1.00
-#   BENCH gpu_train_bench_b<B> <ex/s> ex/s ratio=<vs PyTorch>
-#   BENCH gpu_1w2ps_b<B> <ex/s> ex/s ratio=<vs PyTorch>
-# (ratio=n/a where PyTorch did not run). With $OUT set (the device tool), the report and the
-# logs are also written there (gpu_train.txt, gpu_train_logs.tar.gz).
 #
-#   bash .devbundle/bench/gpu_train.sh [--device gpu:0] [--batches "128 1024"] [--seconds S]
-#                                      [--warmup S] [--no_kernel_test]
-# Environment: DEVICE (default gpu:0) and BATCHES, SECONDS_MEASURE, WARMUP as the flags, and
-# PYTHON (default python3, the one with PyTorch). Run with DEVICE=cpu to try the logic on a
-# machine without a GPU (PyTorch then runs on the CPU too, if it is there).
+# First the CUDA tests in the bundle (cuda_kernels_test, cuda_trainer_test: the kernels, the
+# pipelined trainer against in-process ps stores, and with 2+ GPUs the towers), then for each
+# batch size B (128 and 1024 by default), the MLP of configs/mlp.pbtxt (784-256-256-10, Adam
+# 1e-3 on the ps tasks) on Fashion-MNIST:
+#   1. bench/torch_mlp.py: the same MLP in eager PyTorch on one GPU, the data on the GPU -- the
+#      baseline of every one-GPU ratio (skipped, saying so, when `import torch` fails);
+#   2. train_bench --loop=sequential (pull, compute, push one after another against in-process
+#      stores: the push_ms figure) and --loop=pipelined (the worker's own loop, no RPC);
+#   3. local clusters of 1 chief + P ps + 1 worker --device=gpu:0, async, for each P of
+#      --ps_counts (1 2 4), steady-state examples/s (bench/train_rate.py).
+# With G >= 2 GPUs visible (--gpus, default: all of them), for each B (per GPU):
+#   4. PyTorch DistributedDataParallel (bench/torch_ddp_mlp.py under torchrun, NCCL, one process
+#      per GPU) on 1, 2 and G GPUs;
+#   5. clusters of W single-GPU workers (worker i on gpu:i) and G ps tasks, W = 2 and G;
+#   6. a cluster of one worker with G towers (--device=gpu:0,...), batch G*B, and G ps tasks.
+# Prints a table and BENCH lines, each with ratio= against PyTorch of the same call:
+#   BENCH gpu_mlp_b<B>_<run> <ex/s> ex/s ratio=<vs PyTorch one GPU, batch B>
+#   BENCH gpu_<G>gpu_b<B>_<run> <ex/s> ex/s ratio=<vs DDP on the same number of GPUs>
+#   BENCH gpu_<G>gpu_b<B>_<run>_vs_torch1 <x> x ratio=<vs PyTorch one GPU>
+# (ratio=n/a where PyTorch did not run). NVLink multicast stays off (NCCL_NVLS_ENABLE=0). With
+# $OUT set (the device tool), the report and the logs are also written there.
+#
+#   bash .devbundle/bench/gpu_train.sh [--batches "128 1024"] [--ps_counts "1 2 4"]
+#       [--gpus G] [--seconds S] [--warmup S] [--no_tests] [--no_single] [--no_train_bench]
+# --no_single skips 1-3 (PyTorch on one GPU included); --no_train_bench skips 2.
+# Environment: PYTHON (default python3, the one with PyTorch). DEVICE=cpu tries the logic on a
+# machine without a GPU (PyTorch then runs on the CPU too, if it is there; no multi-GPU part).
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 device=${DEVICE:-gpu:0}
-batches=${BATCHES:-"128 1024"}
-seconds=${SECONDS_MEASURE:-15}
-warmup=${WARMUP:-5}
+batches="128 1024"
+ps_counts="1 2 4"
+seconds=10
+warmup=4
+gpus=""
 python=${PYTHON:-python3}
-kernel_test=1
+run_tests=1
+run_single=1
+run_train_bench=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --device) device=$2; shift 2 ;;
     --batches) batches=$2; shift 2 ;;
+    --ps_counts) ps_counts=$2; shift 2 ;;
+    --gpus) gpus=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
-    --no_kernel_test) kernel_test=0; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --no_tests) run_tests=0; shift ;;
+    --no_single) run_single=0; shift ;;
+    --no_train_bench) run_train_bench=0; shift ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-work=$(mktemp -d /tmp/gpu_train.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_train.XXXXXX")
 report="$work/gpu_train.txt"
-# The binaries: the bundle's run, bin/ and lib/, or its payload.tar.gz unpacked here.
 runner=$bundle/run
 if [[ ! -x $runner && -f $bundle/payload.tar.gz ]]; then
   mkdir -p "$work/payload"
@@ -82,26 +97,34 @@ trap finish EXIT
 trap 'echo; echo "gpu_train.sh: interrupted"; exit 130' INT TERM
 
 say() { echo "$@" | tee -a "$report"; }
+visible=0
+if [[ $device == gpu:* ]] && command -v nvidia-smi >/dev/null; then
+  visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+fi
+[[ -z $gpus ]] && gpus=$visible
 say "==> machine: $(nproc) cores, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
-if command -v nvidia-smi >/dev/null; then
-  say "==> $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
-    2>&1 | head -1)"
+if [[ $visible -gt 0 ]]; then
+  say "==> $visible GPU(s): $(nvidia-smi --query-gpu=name,memory.total,driver_version \
+    --format=csv,noheader 2>&1 | head -1)"
 fi
-say "==> device $device; batches: $batches; ${warmup} s warm-up, ${seconds} s timed per run"
+say "==> batches: $batches; ${warmup} s warm-up, ${seconds} s timed per run; multi-GPU part on" \
+  "$gpus GPU(s)"
 
-if [[ $kernel_test -eq 1 && -x $bin_dir/cuda_kernels_test && $device == gpu:* ]]; then
-  echo "==> cuda_kernels_test"
-  if "$runner" cuda_kernels_test >"$work/cuda_kernels_test.log" 2>&1; then
-    say "    cuda_kernels_test: $(grep -E '^\[  PASSED  \]' "$work/cuda_kernels_test.log" ||
-      echo passed)"
-  else
-    say "    cuda_kernels_test FAILED (see $work/cuda_kernels_test.log); figures below are suspect"
-    tail -20 "$work/cuda_kernels_test.log"
-    status=1
-  fi
+if [[ $run_tests -eq 1 && $device == gpu:* ]]; then
+  for t in cuda_kernels_test cuda_trainer_test; do
+    [[ -x $bin_dir/$t ]] || continue
+    echo "==> $t"
+    if "$runner" "$t" >"$work/$t.log" 2>&1; then
+      say "    $t: $(grep -E '^\[  PASSED  \]' "$work/$t.log" || echo passed);" \
+        "$(grep -c '^\[  SKIPPED \]' "$work/$t.log" || true) skipped"
+    else
+      say "    $t FAILED (see $work/$t.log)"
+      grep -E 'Failure|FAILED|Check failed' -A3 "$work/$t.log" | head -30 | tee -a "$report"
+      status=1
+    fi
+  done
 fi
 
-# PyTorch on the same device: gpu:N -> cuda:N (cpu -> cpu, to try the script).
 torch_device=cpu
 [[ $device == gpu:* ]] && torch_device=cuda:${device#gpu:}
 torch_ok=0
@@ -110,67 +133,132 @@ if $python -c "import torch, numpy; assert '$torch_device' == 'cpu' or torch.cud
   torch_ok=1
   say "==> PyTorch $($python -c 'import torch; print(torch.__version__)') on $torch_device"
 else
-  say "==> PyTorch is not available here ($python -c 'import torch, numpy' failed, or it sees" \
-    "no GPU): the PyTorch baseline is skipped and ratios are n/a"
+  say "==> PyTorch is not available here: the PyTorch baselines are skipped and ratios are n/a"
 fi
 
-declare -A torch_eps torch_ms bench_eps bench_ms bench_split bench_cpu cluster_eps cluster_ms \
-  cluster_check cluster_cpu
+declare -A eps ms cpu_split note
+# run_cluster KEY NUM_PS NUM_WORKERS BATCH DEVICE: one async cluster, its figures under KEY.
+run_cluster() {
+  local key=$1 num_ps=$2 num_workers=$3 batch=$4 dev=$5 f
+  echo "==> $key: 1 chief + $num_ps ps + $num_workers worker(s) --device=$dev, batch $batch"
+  cl_start "$key" async "$num_ps" "$num_workers" "$batch" 100000 "$dev"
+  cl_measure "$warmup" "$seconds" "$batch" async
+  f=$cl_dir/rate
+  eps[$key]=$(kv examples_per_second "$f")
+  ms[$key]=$(kv step_ms "$f")
+  cpu_split[$key]="$(kv cpu_ms_per_step_worker "$f") / $(kv cpu_ms_per_step_ps "$f")"
+  note[$key]="status check $(kv status_examples_per_second "$f") ex/s"
+  cl_stop || status=1
+}
+
 for b in $batches; do
-  if [[ $torch_ok -eq 1 ]]; then
-    echo "==> batch $b: PyTorch (bench/torch_mlp.py)"
-    $python "$bundle/bench/torch_mlp.py" --data="$bundle/data" --device="$torch_device" \
-      --batch_size="$b" --warmup_seconds="$warmup" --seconds="$seconds" | tee "$work/torch_b$b"
-    torch_eps[$b]=$(kv examples_per_second "$work/torch_b$b")
-    torch_ms[$b]=$(kv step_ms "$work/torch_b$b")
+  if [[ $run_single -eq 1 ]]; then
+    if [[ $torch_ok -eq 1 ]]; then
+      echo "==> batch $b: PyTorch (bench/torch_mlp.py)"
+      $python "$bundle/bench/torch_mlp.py" --data="$bundle/data" --device="$torch_device" \
+        --batch_size="$b" --warmup_seconds="$warmup" --seconds="$seconds" | tee "$work/torch_b$b"
+      eps[torch_b$b]=$(kv examples_per_second "$work/torch_b$b")
+      ms[torch_b$b]=$(kv step_ms "$work/torch_b$b")
+    fi
+    for loop in sequential pipelined; do
+      [[ $run_train_bench -eq 1 ]] || break
+      key=bench_${loop}_b$b
+      echo "==> batch $b: train_bench --loop=$loop --device=$device (in-process stores, no RPC)"
+      "$runner" train_bench --loop="$loop" --device="$device" --batch_size="$b" --num_ps=2 \
+        --data_path="$bundle/data" --model_config="$bundle/configs/mlp.pbtxt" \
+        --warmup_seconds="$warmup" --seconds="$seconds" 2>"$work/$key.log" | tee "$work/$key"
+      eps[$key]=$(kv examples_per_second "$work/$key")
+      ms[$key]=$(kv step_ms "$work/$key")
+      cpu_split[$key]="$(kv cpu_ms "$work/$key") (all)"
+      if [[ $loop == sequential ]]; then
+        note[$key]="pull / compute / push ms: $(kv pull_ms "$work/$key") / $(kv compute_ms "$work/$key") / $(kv push_ms "$work/$key")"
+        eps[push_ms_b$b]=$(kv push_ms "$work/$key")
+      else
+        note[$key]="staleness max $(kv max_staleness "$work/$key")"
+      fi
+    done
+    for p in $ps_counts; do run_cluster "b${b}_1w${p}ps" "$p" 1 "$b" "$device"; done
   fi
 
-  echo "==> batch $b: train_bench --device=$device (one process, in-process parameter stores)"
-  "$runner" train_bench --device="$device" --batch_size="$b" --data_path="$bundle/data" \
-    --model_config="$bundle/configs/mlp.pbtxt" --warmup_seconds="$warmup" \
-    --seconds="$seconds" 2>"$work/train_bench_b$b.log" | tee "$work/train_bench_b$b"
-  bench_eps[$b]=$(kv examples_per_second "$work/train_bench_b$b")
-  bench_ms[$b]=$(kv step_ms "$work/train_bench_b$b")
-  f=$work/train_bench_b$b
-  bench_split[$b]="$(kv pull_ms "$f") / $(kv compute_ms "$f") / $(kv push_ms "$f")"
-  bench_cpu[$b]="$(kv cpu_ms "$work/train_bench_b$b") (all)"
-
-  echo "==> batch $b: 1 chief + 2 ps + 1 worker --device=$device, async"
-  # Epochs enough for any rate: the cluster is stopped once measured.
-  cl_start "b$b" async 2 1 "$b" 100000 "$device"
-  cl_measure "$warmup" "$seconds" "$b" async
-  cluster_eps[$b]=$(kv examples_per_second "$cl_dir/rate")
-  cluster_ms[$b]=$(kv step_ms "$cl_dir/rate")
-  cluster_check[$b]=$(kv status_examples_per_second "$cl_dir/rate")
-  f=$cl_dir/rate
-  cluster_cpu[$b]="$(kv cpu_ms_per_step_worker "$f") / $(kv cpu_ms_per_step_ps "$f")"
-  cl_stop || status=1
+  if [[ $gpus -ge 2 ]]; then
+    for g in 1 2 $gpus; do
+      [[ $g -eq 2 && $gpus -eq 2 && -n ${eps[ddp${g}_b$b]:-} ]] && continue
+      if [[ $torch_ok -eq 1 ]]; then
+        echo "==> batch $b per GPU: PyTorch DDP on $g GPU(s)"
+        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) $python -m torch.distributed.run \
+          --standalone --nproc_per_node="$g" "$bundle/bench/torch_ddp_mlp.py" \
+          --data="$bundle/data" --batch_size="$b" --warmup_seconds="$warmup" \
+          --seconds="$seconds" 2>"$work/ddp${g}_b$b.log" | tee "$work/ddp${g}_b$b"
+        eps[ddp${g}_b$b]=$(kv examples_per_second "$work/ddp${g}_b$b")
+        ms[ddp${g}_b$b]=$(kv step_ms "$work/ddp${g}_b$b")
+      fi
+    done
+    for w in 2 "$gpus"; do
+      [[ $w -eq 2 && $gpus -eq 2 && -n ${eps[b${b}_${w}w${gpus}ps]:-} ]] && continue
+      run_cluster "b${b}_${w}w${gpus}ps" "$gpus" "$w" "$b" "gpu:{i}"
+    done
+    towers=$(seq -s, 0 $((gpus - 1)) | sed 's/\([0-9]\+\)/gpu:\1/g')
+    run_cluster "b${b}_1w${gpus}towers" "$gpus" 1 $((gpus * b)) "$towers"
+  fi
 done
 
-ratio() { [[ -n ${2:-} ]] && python3 -c "print('%.2f' % ($1 / $2))" || echo n/a; }
-ratio_x() { local r; r=$(ratio "$@"); [[ $r == n/a ]] && echo n/a || echo "${r}x"; }
-prefix=${device%%:*}  # gpu (cpu when trying the script)
+ratio() { [[ -n ${1:-} && -n ${2:-} ]] && python3 -c "print('%.2f' % ($1 / $2))" || echo n/a; }
 {
   echo
-  echo "Training throughput on $device: MLP 784-256-256-10 (Adam), Fashion-MNIST"
+  echo "Training throughput: MLP 784-256-256-10 (Adam), Fashion-MNIST"
   echo
-  echo "| batch | run | examples/s | vs PyTorch | step time (ms) | CPU ms per step |"
-  echo "|---:|---|---:|---:|---:|---:|"
+  echo "| batch | run | examples/s | vs PyTorch (1 GPU) | vs DDP (same GPUs) | step (ms) | CPU ms per step (worker / ps) | notes |"
+  echo "|---:|---|---:|---:|---:|---:|---:|---|"
   for b in $batches; do
-    if [[ -n ${torch_eps[$b]:-} ]]; then
-      echo "| $b | PyTorch, eager, one process | ${torch_eps[$b]} | 1.00x | ${torch_ms[$b]} | - |"
-    else
-      echo "| $b | PyTorch | not run | - | - | - |"
+    t=${eps[torch_b$b]:-}
+    row() {  # key label ddp_key
+      local key=$1 label=$2 ddp=${3:-} base=""
+      [[ -n ${eps[$key]:-} ]] || return 0
+      [[ -n $ddp ]] && base=${eps[$ddp]:-}
+      echo "| $b | $label | ${eps[$key]} | $(ratio "${eps[$key]}" "$t") | $(ratio "${eps[$key]}" "$base") | ${ms[$key]:-} | ${cpu_split[$key]:--} | ${note[$key]:-} |"
+    }
+    row "torch_b$b" "PyTorch eager, one GPU"
+    row "bench_sequential_b$b" "train_bench, sequential, no RPC"
+    row "bench_pipelined_b$b" "train_bench, pipelined loop, no RPC"
+    for p in $ps_counts; do row "b${b}_1w${p}ps" "1 GPU worker + $p ps, async"; done
+    if [[ $gpus -ge 2 ]]; then
+      for g in 1 2 $gpus; do row "ddp${g}_b$b" "PyTorch DDP, $g GPU(s), $b per GPU" "ddp${g}_b$b"; done
+      for w in 2 "$gpus"; do
+        row "b${b}_${w}w${gpus}ps" "$w single-GPU workers + $gpus ps" "ddp${w}_b$b"
+      done
+      row "b${b}_1w${gpus}towers" "1 worker, $gpus towers ($((gpus * b)) a step) + $gpus ps" "ddp${gpus}_b$b"
     fi
-    echo "| $b | train_bench, no RPC (pull / compute / push ms: ${bench_split[$b]}) | ${bench_eps[$b]} | $(ratio_x "${bench_eps[$b]}" "${torch_eps[$b]:-}") | ${bench_ms[$b]} | ${bench_cpu[$b]} |"
-    echo "| $b | 1 worker + 2 ps, async (global_step check: ${cluster_check[$b]} ex/s) | ${cluster_eps[$b]} | $(ratio_x "${cluster_eps[$b]}" "${torch_eps[$b]:-}") | ${cluster_ms[$b]} | ${cluster_cpu[$b]} (worker / ps) |"
   done
   echo
   for b in $batches; do
-    if [[ -n ${torch_eps[$b]:-} ]]; then
-      echo "BENCH ${prefix}_torch_b$b ${torch_eps[$b]} ex/s ratio=1.00"
+    t=${eps[torch_b$b]:-}
+    pre=gpu_mlp_b$b
+    [[ -n $t ]] && echo "BENCH ${pre}_torch $t ex/s ratio=1.00"
+    for k in bench_sequential bench_pipelined; do
+      [[ -n ${eps[${k}_b$b]:-} ]] && echo "BENCH ${pre}_${k#bench_}_norpc ${eps[${k}_b$b]} ex/s ratio=$(ratio "${eps[${k}_b$b]}" "$t")"
+    done
+    [[ -n ${eps[push_ms_b$b]:-} ]] && echo "BENCH ${pre}_push_ms ${eps[push_ms_b$b]} ms ratio=n/a"
+    for p in $ps_counts; do
+      k=b${b}_1w${p}ps
+      [[ -n ${eps[$k]:-} ]] && echo "BENCH ${pre}_1w${p}ps ${eps[$k]} ex/s ratio=$(ratio "${eps[$k]}" "$t")"
+    done
+    if [[ $gpus -ge 2 ]]; then
+      pre=gpu_${gpus}gpu_b$b
+      for g in 1 2 $gpus; do
+        k=ddp${g}_b$b
+        [[ -n ${eps[$k]:-} ]] && echo "BENCH ${pre}_ddp${g} ${eps[$k]} ex/s ratio=1.00"
+      done
+      for w in 2 "$gpus"; do
+        k=b${b}_${w}w${gpus}ps
+        [[ -n ${eps[$k]:-} ]] || continue
+        echo "BENCH ${pre}_${w}w${gpus}ps ${eps[$k]} ex/s ratio=$(ratio "${eps[$k]}" "${eps[ddp${w}_b$b]:-}")"
+        echo "BENCH ${pre}_${w}w${gpus}ps_vs_torch1 $(ratio "${eps[$k]}" "$t") x ratio=$(ratio "${eps[$k]}" "$t")"
+      done
+      k=b${b}_1w${gpus}towers
+      if [[ -n ${eps[$k]:-} ]]; then
+        echo "BENCH ${pre}_1w${gpus}towers ${eps[$k]} ex/s ratio=$(ratio "${eps[$k]}" "${eps[ddp${gpus}_b$b]:-}")"
+        echo "BENCH ${pre}_1w${gpus}towers_vs_torch1 $(ratio "${eps[$k]}" "$t") x ratio=$(ratio "${eps[$k]}" "$t")"
+      fi
     fi
-    echo "BENCH ${prefix}_train_bench_b$b ${bench_eps[$b]} ex/s ratio=$(ratio "${bench_eps[$b]}" "${torch_eps[$b]:-}")"
-    echo "BENCH ${prefix}_1w2ps_b$b ${cluster_eps[$b]} ex/s ratio=$(ratio "${cluster_eps[$b]}" "${torch_eps[$b]:-}")"
   done
 } | tee -a "$report"

@@ -30,12 +30,18 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
+#include <atomic>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "chief/step_gate.h"
+#include "common/clock.h"
 #include "client/parameter_client.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
@@ -46,7 +52,9 @@
 #include "worker/data/shard.h"
 #include "worker/input.h"
 #include "worker/kernels/kernels.h"
+#include "worker/in_process_step_source.h"
 #include "worker/model.h"
+#include "worker/trainer.h"
 
 DEFINE_string(model_config, "configs/mlp.pbtxt", "The model config (as the chief's flag).");
 DEFINE_string(data, "fashion_mnist", "fashion_mnist, libsvm or synthetic_ctr (as the chief's).");
@@ -62,6 +70,11 @@ DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual 
 DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
 DEFINE_double(warmup_seconds, 3, "Seconds of training before the timed part.");
 DEFINE_double(seconds, 10, "Seconds of timed training.");
+DEFINE_string(loop, "sequential",
+              "sequential: pull, compute, push one after another, each timed (pull_ms, "
+              "compute_ms, push_ms); pipelined: the worker's own training loop (Trainer, async, "
+              "with --staleness) against the in-process stores and an in-process chief.");
+DEFINE_int32(staleness, 1, "--loop=pipelined: the pipeline's staleness (the worker's flag).");
 
 namespace pscluster {
 namespace {
@@ -113,12 +126,32 @@ absl::StatusOr<std::unique_ptr<Kernels>> MakeKernels(const std::string& device) 
   int n = -1;
   if (!absl::StartsWith(device, "gpu:") || !absl::SimpleAtoi(device.substr(4), &n) || n < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device must be cpu or gpu:N, not \"", device, "\""));
+        absl::StrCat("--device must be cpu, gpu:N or gpu:N,gpu:M,..., not \"", device, "\""));
   }
   CudaKernelsOptions options;
   options.device = n;
   options.memory_limit_bytes = FLAGS_gpu_memory_limit_mb << 20;
   return NewCudaKernels(options);
+}
+
+// The devices of --device: "cpu", "gpu:N" or several GPUs (towers) separated by commas.
+absl::StatusOr<std::vector<std::unique_ptr<Kernels>>> MakeDevices(const std::string& devices) {
+  std::vector<std::unique_ptr<Kernels>> out;
+  for (absl::string_view d : absl::StrSplit(devices, ',')) {
+    absl::StatusOr<std::unique_ptr<Kernels>> k = MakeKernels(std::string(d));
+    if (!k.ok()) return k.status();
+    out.push_back(*std::move(k));
+  }
+  return out;
+}
+
+// The stores apply large updates on as many threads as a ps_server would (one per core beyond
+// the first, at most 7).
+ParameterStoreOptions StoreOptions() {
+  ParameterStoreOptions options;
+  options.apply_threads =
+      std::max(0, std::min(static_cast<int>(std::thread::hardware_concurrency()) - 1, 7));
+  return options;
 }
 
 struct Totals {
@@ -163,7 +196,7 @@ absl::Status Run() {
   client_options.worker = 0;
   absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
       *spec, *placement,
-      std::make_unique<InProcessPsTransport>(FLAGS_num_ps, ParameterStoreOptions()),
+      std::make_unique<InProcessPsTransport>(FLAGS_num_ps, StoreOptions()),
       client_options);
   if (!client.ok()) return client.status();
   v1::SyncOptions sync;
@@ -301,6 +334,96 @@ absl::Status Run() {
   return absl::OkStatus();
 }
 
+// --loop=pipelined: the worker's Trainer, as in a cluster but with the chief's gate and the ps
+// stores in this process; examples/s over the timed window.
+absl::Status RunPipelined() {
+  v1::ModelConfig config;
+  if (absl::Status s = ReadProtoFile(FLAGS_model_config, &config); !s.ok()) return s;
+  absl::StatusOr<v1::ModelSpec> spec = ModelSpecFromConfig(config);
+  if (!spec.ok()) return spec.status();
+  v1::DataConfig data;
+  if (FLAGS_data == "fashion_mnist") {
+    data.set_kind(v1::DataConfig::FASHION_MNIST);
+  } else if (FLAGS_data == "libsvm") {
+    data.set_kind(v1::DataConfig::LIBSVM);
+  } else if (FLAGS_data == "synthetic_ctr") {
+    data.set_kind(v1::DataConfig::SYNTHETIC_CTR);
+  } else {
+    return absl::InvalidArgumentError("--data must be fashion_mnist, libsvm or synthetic_ctr");
+  }
+  data.set_path(FLAGS_data_path);
+  data.set_max_train_examples(FLAGS_max_train_examples);
+  absl::StatusOr<Dataset> train = LoadDataset(data, config.input_dim(), /*train=*/true);
+  if (!train.ok()) return train.status();
+  absl::StatusOr<std::vector<std::unique_ptr<Kernels>>> devices = MakeDevices(FLAGS_device);
+  if (!devices.ok()) return devices.status();
+  std::vector<Kernels*> towers;
+  for (const auto& k : *devices) towers.push_back(k.get());
+
+  v1::GetModelResponse model;
+  *model.mutable_config() = config;
+  *model.mutable_model() = *spec;
+  v1::PlacementOptions placement_options;
+  placement_options.set_num_virtual_shards(FLAGS_num_virtual_shards);
+  absl::StatusOr<v1::Placement> placement =
+      ComputePlacement(*spec, FLAGS_num_ps, placement_options);
+  if (!placement.ok()) return placement.status();
+  *model.mutable_placement() = *placement;
+  model.mutable_training()->set_batch_size(FLAGS_batch_size);
+  model.mutable_training()->set_epochs(1000000);  // stopped by the clock
+  model.mutable_training()->set_shuffle_seed(FLAGS_shuffle_seed);
+  model.mutable_sync()->set_mode(v1::ASYNC);
+  auto stores = std::make_unique<InProcessPsTransport>(FLAGS_num_ps, StoreOptions());
+  InProcessPsTransport* root = stores.get();
+  ParameterClientOptions client_options;
+  client_options.worker = 0;
+  absl::StatusOr<std::unique_ptr<ParameterClient>> creator =
+      ParameterClient::Create(*spec, *placement, root->Share(), client_options);
+  if (!creator.ok()) return creator.status();
+  if (absl::Status s = (*creator)->CreateAll(model.sync()); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client =
+      ParameterClient::Create(*spec, *placement, std::move(stores), client_options);
+  if (!client.ok()) return client.status();
+
+  StepGate gate(pscluster::Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions trainer_options;
+  trainer_options.staleness = FLAGS_staleness;
+  trainer_options.report_every = absl::Seconds(1000);
+  Trainer trainer(model, ShardDataset(*train, 0, 1), client->get(), towers, &source,
+                  trainer_options);
+  std::atomic<bool> stop{false};
+  absl::Status result;
+  std::thread loop([&] { result = trainer.Run([&stop] { return stop.load(); }); });
+  std::fprintf(stderr, "train_bench: pipelined, %s, batch %d on %zu device(s) (%s), staleness %d, "
+               "%d in-process store(s); %.1f s warm-up, %.1f s timed\n",
+               config.name().c_str(), FLAGS_batch_size, towers.size(), FLAGS_device.c_str(),
+               FLAGS_staleness, FLAGS_num_ps, FLAGS_warmup_seconds, FLAGS_seconds);
+  absl::SleepFor(absl::Seconds(FLAGS_warmup_seconds));
+  const int64_t steps0 = trainer.steps();
+  const double cpu0 = CpuSeconds();
+  const Clock::time_point t0 = Clock::now();
+  absl::SleepFor(absl::Seconds(FLAGS_seconds));
+  const int64_t steps = trainer.steps() - steps0;
+  const double seconds = Seconds(Clock::now() - t0);
+  const double cpu = CpuSeconds() - cpu0;
+  stop = true;
+  loop.join();
+  if (!result.ok()) return result;
+  const double n = std::max<int64_t>(1, steps);
+  const double eps = steps * static_cast<double>(FLAGS_batch_size) / seconds;
+  std::printf("%-34s %.1f\n", "examples/s", eps);
+  std::printf("%-34s %.3f\n", "step time (ms)", 1e3 * seconds / n);
+  std::printf("%-34s %d\n", "staleness (most)", trainer.max_staleness());
+  std::printf(
+      "TRAIN_BENCH loop=pipelined device=%s batch=%d steps=%lld seconds=%.3f "
+      "examples_per_second=%.1f step_ms=%.4f cpu_ms=%.4f max_staleness=%d\n",
+      FLAGS_device.c_str(), FLAGS_batch_size, static_cast<long long>(steps), seconds, eps,
+      1e3 * seconds / n, 1e3 * cpu / n, trainer.max_staleness());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace pscluster
 
@@ -319,7 +442,11 @@ int main(int argc, char** argv) {
                  "--warmup_seconds >= 0\n");
     return 2;
   }
-  absl::Status s = pscluster::Run();
+  if (FLAGS_loop != "sequential" && FLAGS_loop != "pipelined") {
+    std::fprintf(stderr, "train_bench: --loop must be sequential or pipelined\n");
+    return 2;
+  }
+  absl::Status s = FLAGS_loop == "pipelined" ? pscluster::RunPipelined() : pscluster::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -97,6 +97,8 @@ cl_stop() {
 }
 
 # cl_start NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE
+# DEVICE is every worker's --device; "{i}" in it becomes the worker's index (gpu:{i}: worker i
+# on GPU i).
 cl_start() {
   local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 i
   cl_dir="$work/$name"
@@ -114,7 +116,8 @@ cl_start() {
     cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" || return 1
   done
   for ((i = 0; i < num_workers; i++)); do
-    cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" --device="$device" \
+    cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" \
+      --device="${device//\{i\}/$i}" \
       ${data_flag[@]+"${data_flag[@]}"} || return 1
   done
   # Training has started once every worker has reported a step (async: every 2 s).

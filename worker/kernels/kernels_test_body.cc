@@ -616,5 +616,59 @@ TEST_P(KernelsConformanceTest, EmptyShapesAreNoOps) {
   EXPECT_EQ(DownloadInts(ints, 4), (std::vector<int32_t>{5, 5, 5, 5}));
 }
 
+TEST_P(KernelsConformanceTest, ScaleMultipliesInPlace) {
+  float* x = Upload({1.0f, -2.0f, 0.5f, 8.0f});
+  kernels_->Scale(4, 0.25f, x);
+  kernels_->Scale(0, 100.0f, x);
+  EXPECT_EQ(Download(x, 4), (std::vector<float>{0.25f, -0.5f, 0.125f, 2.0f}));
+}
+
+// Uploads and downloads on the copy streams, ordered with the compute stream by events, from
+// and into host memory of AllocateHost.
+TEST_P(KernelsConformanceTest, AsyncCopiesOrderedByEvents) {
+  constexpr int64_t n = 1 << 16;
+  absl::StatusOr<void*> in = kernels_->AllocateHost(n * 4);
+  absl::StatusOr<void*> out = kernels_->AllocateHost(n * 4);
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_TRUE(out.ok()) << out.status();
+  float* host_in = static_cast<float*>(*in);
+  float* host_out = static_cast<float*>(*out);
+  for (int64_t i = 0; i < n; ++i) host_in[i] = static_cast<float>(i % 1000) * 0.5f;
+  float* device = Filled(n, -1.0f);
+  Download(device, 1);  // the fill is done: only the copies below touch the buffer
+  std::unique_ptr<Kernels::Event> uploaded = kernels_->NewEvent();
+  std::unique_ptr<Kernels::Event> computed = kernels_->NewEvent();
+  std::unique_ptr<Kernels::Event> downloaded = kernels_->NewEvent();
+  kernels_->Synchronize(uploaded.get());  // never recorded: complete
+  kernels_->CopyToDeviceAsync(Kernels::Stream::kUpload, host_in, device, n * 4);
+  kernels_->Record(uploaded.get(), Kernels::Stream::kUpload);
+  kernels_->Wait(Kernels::Stream::kCompute, uploaded.get());
+  kernels_->Scale(n, 2.0f, device);
+  kernels_->Record(computed.get(), Kernels::Stream::kCompute);
+  kernels_->Wait(Kernels::Stream::kDownload, computed.get());
+  kernels_->CopyToHostAsync(Kernels::Stream::kDownload, device, host_out, n * 4);
+  kernels_->Record(downloaded.get(), Kernels::Stream::kDownload);
+  kernels_->Synchronize(downloaded.get());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(host_out[i], static_cast<float>(i % 1000)) << i;
+  }
+  kernels_->FreeHost(host_in);
+  kernels_->FreeHost(host_out);
+}
+
+// Rows of a narrow host matrix into the first columns of a wider device one.
+TEST_P(KernelsConformanceTest, CopyRowsToDeviceFillsTheLeadingColumns) {
+  const std::vector<float> host = {1, 2, 3, 4, 5, 6};  // 3 rows of 2
+  float* device = Filled(3 * 4, 0.0f);                 // 3 rows of 4
+  Download(device, 1);
+  kernels_->CopyRowsToDeviceAsync(Kernels::Stream::kUpload, host.data(), 2 * 4, device, 4 * 4,
+                                  2 * 4, 3);
+  std::unique_ptr<Kernels::Event> done = kernels_->NewEvent();
+  kernels_->Record(done.get(), Kernels::Stream::kUpload);
+  kernels_->Synchronize(done.get());
+  EXPECT_EQ(Download(device, 12),
+            (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0, 5, 6, 0, 0}));
+}
+
 }  // namespace
 }  // namespace pscluster

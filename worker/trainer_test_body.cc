@@ -1,0 +1,392 @@
+// The training loop against the chief's own token and gate logic (InProcessStepSource) and the
+// ps store (InProcessPsTransport) in this process, on any Kernels backend (trainer_test.cc: the
+// CPU; cuda_trainer_test.cc: GPUs).
+#include "worker/trainer_test_body.h"
+
+#include "worker/trainer.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "chief/step_gate.h"
+#include "chief/sync_coordinator.h"
+#include "client/parameter_client.h"
+#include "common/clock.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "ps_server/in_process_ps_transport.h"
+#include "sharding/placement.h"
+#include "worker/data/shard.h"
+#include "worker/in_process_step_source.h"
+#include "worker/model.h"
+#include "worker/step_pipeline.h"
+
+namespace pscluster {
+namespace {
+
+constexpr int kBatch = 8;
+constexpr int kExamples = 96;  // 12 batches an epoch
+constexpr int kEpochs = 2;
+constexpr int64_t kSteps = kEpochs * kExamples / kBatch;
+
+v1::GetModelResponse MakeModel(v1::UpdateMode mode) {
+  v1::GetModelResponse m;
+  CHECK(google::protobuf::TextFormat::ParseFromString(R"pb(
+    name: "tiny" input_dim: 4 seed: 5
+    layers { name: "h" units: 6 activation: RELU }
+    layers { name: "o" units: 3 }
+    loss: SOFTMAX_CROSS_ENTROPY
+    optimizer { sgd { learning_rate: 0.2 } }
+  )pb", m.mutable_config()));
+  auto spec = ModelSpecFromConfig(m.config());
+  CHECK(spec.ok());
+  *m.mutable_model() = *spec;
+  v1::PlacementOptions options;
+  options.set_max_partition_bytes(48);  // h/kernel [4, 6] splits over both ps tasks
+  auto placement = ComputePlacement(*spec, 2, options);
+  CHECK(placement.ok());
+  *m.mutable_placement() = *placement;
+  m.mutable_training()->set_batch_size(kBatch);
+  m.mutable_training()->set_epochs(kEpochs);
+  m.mutable_training()->set_shuffle_seed(3);
+  m.mutable_sync()->set_mode(mode);
+  m.mutable_sync()->set_replicas_to_aggregate(1);
+  return m;
+}
+
+Dataset MakeData() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0, 1);
+  Dataset d;
+  d.num_examples = kExamples;
+  d.dense_dim = 4;
+  d.num_classes = 3;
+  for (int i = 0; i < kExamples; ++i) {
+    float x[4];
+    for (float& v : x) v = n(rng);
+    d.dense.insert(d.dense.end(), x, x + 4);
+    d.labels.push_back(static_cast<float>(x[0] + x[1] > 0.5f ? 2 : (x[2] > 0 ? 1 : 0)));
+  }
+  return d;
+}
+
+// The ps tasks of one run: two stores behind a transport, shards created.
+struct Cluster {
+  explicit Cluster(const v1::GetModelResponse& m) {
+    root = std::make_unique<InProcessPsTransport>(2, ParameterStoreOptions());
+    auto c = ParameterClient::Create(m.model(), m.placement(), root->Share(), {});
+    CHECK(c.ok());
+    CHECK((*c)->CreateAll(m.sync()).ok());
+    observer = *std::move(c);
+  }
+  std::unique_ptr<ParameterClient> Client(std::unique_ptr<PsTransport> transport = nullptr,
+                                          int max_attempts = 5) {
+    ParameterClientOptions options;
+    options.worker = 0;
+    options.max_attempts = max_attempts;
+    options.initial_backoff = absl::Milliseconds(1);
+    auto c = ParameterClient::Create(observer->model(), observer->placement(),
+                                     transport ? std::move(transport) : root->Share(), options);
+    CHECK(c.ok());
+    return *std::move(c);
+  }
+  std::vector<std::vector<float>> Values() {
+    std::vector<std::vector<float>> v;
+    CHECK(observer->Pull(observer_vars(), &v).ok());
+    return v;
+  }
+  std::vector<std::string> observer_vars() {
+    std::vector<std::string> names;
+    for (const v1::VariableSpec& s : observer->model().variables()) names.push_back(s.name());
+    return names;
+  }
+  // Updates applied to every dense shard (each must equal the steps pushed).
+  std::vector<int64_t> Updates() {
+    std::vector<int64_t> out;
+    for (int ps = 0; ps < 2; ++ps) {
+      auto list = root->Share()->ListShards(ps);
+      CHECK(list.ok());
+      for (const v1::ShardStats& s : list->shards()) out.push_back(s.applied_step());
+    }
+    return out;
+  }
+  std::unique_ptr<InProcessPsTransport> root;
+  std::unique_ptr<ParameterClient> observer;
+};
+
+// What one process computes with no overlap at all: for each batch in order, pull every
+// variable, forward and backward, push.
+std::vector<std::vector<float>> Sequential(const v1::GetModelResponse& m, const Dataset& data,
+                                           Kernels* kernels) {
+  Cluster cluster(m);
+  std::unique_ptr<ParameterClient> client = cluster.Client();
+  auto model = Model::Create(m.config(), kernels, kBatch);
+  CHECK(model.ok());
+  BatchIterator batches(&data, kBatch, m.training().shuffle_seed());
+  int64_t step = 0;
+  for (int epoch = 0; epoch < kEpochs; ++epoch) {
+    batches.StartEpoch(epoch);
+    Dataset batch;
+    while (batches.Next(&batch)) {
+      std::vector<std::vector<float>> params;
+      CHECK(client->Pull((*model)->dense_variables(), &params).ok());
+      std::vector<const float*> ptrs;
+      for (const auto& p : params) ptrs.push_back(p.data());
+      SparseInput sparse;
+      Model::PrepareSparse(AsBatch(batch), &sparse);
+      StepResult r;
+      CHECK((*model)->Compute(AsBatch(batch), sparse, ptrs, {}, true, &r).ok());
+      std::vector<const float*> grads;
+      for (const auto& g : r.dense_grads) grads.push_back(g.data());
+      CHECK(client->Push((*model)->dense_variables(), grads, step++).ok());
+    }
+  }
+  return cluster.Values();
+}
+
+struct RunResult {
+  absl::Status status;
+  int64_t steps = 0;
+  int max_staleness = 0;
+  std::vector<StepReport> reports;
+};
+
+RunResult Train(const v1::GetModelResponse& m, Cluster& cluster, std::vector<Kernels*> towers,
+          StepSource* source, TrainerOptions options,
+          std::unique_ptr<ParameterClient> client = nullptr) {
+  if (client == nullptr) client = cluster.Client();
+  options.report_every = absl::Milliseconds(1);
+  Trainer trainer(m, MakeData(), client.get(), towers, source, options);
+  RunResult r;
+  r.status = trainer.Run([] { return false; });
+  r.steps = trainer.steps();
+  r.max_staleness = trainer.max_staleness();
+  return r;
+}
+
+// With no overlap between steps (staleness 0), the pipeline computes exactly what one process
+// does step after step: the same bits.
+TEST_P(TrainerTest, AsyncWithoutOverlapEqualsSequentialTraining) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
+  Cluster cluster(m);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions options;
+  options.staleness = 0;
+  RunResult r = Train(m, cluster, {cpu}, &source, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_EQ(r.max_staleness, 0);
+  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), cpu));
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+  // The last report says finished, with every example counted.
+  std::vector<StepReport> reports = source.reports();
+  ASSERT_FALSE(reports.empty());
+  EXPECT_TRUE(reports.back().finished);
+  int64_t examples = 0;
+  for (const StepReport& rep : reports) examples += rep.examples;
+  EXPECT_EQ(examples, kEpochs * kExamples);
+  EXPECT_EQ(reports.back().step, kSteps);
+}
+
+// SYNC with one replica: the token's global step picks the batch, and the result is again
+// the sequential one.
+TEST_P(TrainerTest, SyncEqualsSequentialTraining) {
+  const v1::GetModelResponse m = MakeModel(v1::SYNC);
+  Cluster cluster(m);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  SyncCoordinatorOptions so;
+  so.replicas_to_aggregate = 1;
+  so.num_workers = 1;
+  SyncCoordinator coordinator(so, Clock::Real());
+  InProcessStepSource source(v1::SYNC, 0, &coordinator, nullptr);
+  TrainerOptions options;
+  options.staleness = 3;  // ignored: sync steps never overlap
+  RunResult r = Train(m, cluster, {cpu}, &source, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_EQ(r.max_staleness, 0);
+  EXPECT_EQ(coordinator.global_step(), kSteps);
+  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), cpu));
+  // One report per step.
+  EXPECT_EQ(static_cast<int64_t>(source.reports().size()), kSteps + 1);
+}
+
+// Staleness 1: the next step's parameters are pulled while a slow push is still in flight, so
+// steps see parameters one push behind, never more; every push is applied exactly once.
+TEST_P(TrainerTest, PipelinedStepsAreAtMostOnePushStaleAndPushEverything) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
+  Cluster cluster(m);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions options;
+  options.staleness = 1;
+  options.step_delay = absl::Milliseconds(5);  // pushes take a while
+  RunResult r = Train(m, cluster, {cpu}, &source, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_EQ(r.max_staleness, 1);
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+  int max_reported = 0;
+  for (const StepReport& rep : source.reports()) {
+    max_reported = std::max(max_reported, rep.max_staleness);
+    EXPECT_LE(rep.mean_staleness, 1.0f);
+  }
+  EXPECT_EQ(max_reported, 1);
+}
+
+// A transport whose answers to some pushes are lost after the ps applied them.
+class LosingTransport : public PsTransport {
+ public:
+  LosingTransport(std::unique_ptr<PsTransport> inner, std::vector<int> lose)
+      : inner_(std::move(inner)), lose_(std::move(lose)) {}
+  int num_ps() const override { return inner_->num_ps(); }
+  absl::Status CreateShards(int ps, const v1::CreateShardsRequest& r,
+                            v1::CreateShardsResponse* o) override {
+    return inner_->CreateShards(ps, r, o);
+  }
+  absl::Status PullDense(int ps, const std::vector<DenseSlice>& s, v1::DataType w,
+                         int64_t step) override {
+    return inner_->PullDense(ps, s, w, step);
+  }
+  absl::Status PushDense(int ps, const std::vector<DenseSlice>& s, const PushMeta& meta,
+                         v1::PushDenseResponse* o) override {
+    absl::Status st = inner_->PushDense(ps, s, meta, o);
+    const int n = pushes_.fetch_add(1);
+    if (st.ok() && std::find(lose_.begin(), lose_.end(), n) != lose_.end()) {
+      return absl::UnavailableError(absl::StrCat("push ", n, ": the answer was lost"));
+    }
+    if (st.ok() && o->duplicate()) duplicates_.fetch_add(1);
+    return st;
+  }
+  absl::Status PullSparse(int ps, const std::string& t, const int64_t* k, int64_t n, int64_t d,
+                          v1::DataType w, int64_t step, float* out) override {
+    return inner_->PullSparse(ps, t, k, n, d, w, step, out);
+  }
+  absl::Status PushSparse(int ps, const std::string& t, const int64_t* k, int64_t n, int64_t d,
+                          const float* g, const PushMeta& meta,
+                          v1::PushSparseResponse* o) override {
+    return inner_->PushSparse(ps, t, k, n, d, g, meta, o);
+  }
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override {
+    return inner_->ListShards(ps);
+  }
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(
+      int ps, const v1::InspectShardRequest& r) override {
+    return inner_->InspectShard(ps, r);
+  }
+  absl::Status SaveShards(int ps, const v1::SaveShardsRequest& r,
+                          v1::SaveShardsResponse* o) override {
+    return inner_->SaveShards(ps, r, o);
+  }
+  absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& r,
+                             v1::RestoreShardsResponse* o) override {
+    return inner_->RestoreShards(ps, r, o);
+  }
+  absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override { return inner_->GetStatus(ps); }
+
+  int duplicates() const { return duplicates_.load(); }
+
+ private:
+  std::unique_ptr<PsTransport> inner_;
+  const std::vector<int> lose_;
+  std::atomic<int> pushes_{0};
+  std::atomic<int> duplicates_{0};
+};
+
+// Pushes whose answers are lost fail the step (no retry inside the client here); the pipeline
+// sends them again with their request ids, the ps recognises them, and every step's gradient
+// is applied exactly once.
+TEST_P(TrainerTest, PushesWhoseAnswersAreLostAreAppliedOnce) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
+  Cluster cluster(m);
+  auto losing = std::make_unique<LosingTransport>(cluster.root->Share(),
+                                                  std::vector<int>{3, 10, 11, 25});
+  LosingTransport* transport = losing.get();
+  std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions options;
+  options.staleness = 1;
+  RunResult r = Train(m, cluster, {cpu}, &source, options, std::move(client));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+  EXPECT_EQ(transport->duplicates(), 4);
+}
+
+// Two towers, each half of the batch, sum their share-weighted gradients: the same training as
+// one device with the whole batch, up to float rounding.
+TEST_P(TrainerTest, TwoTowersEqualOneDeviceWithTheWholeBatch) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
+  std::vector<std::unique_ptr<Kernels>> two = Devices(2);
+  if (two.size() < 2) GTEST_SKIP() << "needs two devices";
+  Kernels* one = two[0].get();
+  Kernels* a = two[0].get();
+  Kernels* b = two[1].get();
+  TrainerOptions options;
+  options.staleness = 0;
+  Cluster single(m), towers(m);
+  {
+    StepGate gate(Clock::Real());
+    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+    ASSERT_TRUE(Train(m, single, {one}, &source, options).status.ok());
+  }
+  {
+    StepGate gate(Clock::Real());
+    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+    RunResult r = Train(m, towers, {a, b}, &source, options);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.steps, kSteps);
+  }
+  const auto want = single.Values(), got = towers.Values();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t v = 0; v < got.size(); ++v) {
+    for (size_t i = 0; i < got[v].size(); ++i) {
+      EXPECT_NEAR(got[v][i], want[v][i], 1e-5) << "variable " << v << " element " << i;
+    }
+  }
+}
+
+// A checkpoint closes the async gate while a pipelined worker has pushes in flight: the worker
+// is told to drain, the gate's cut comes only once they are applied, and nothing is pushed while
+// it is closed.
+TEST_P(TrainerTest, AClosedGateDrainsThePipelineBeforeTheCut) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
+  Cluster cluster(m);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions options;
+  options.staleness = 1;
+  options.step_delay = absl::Milliseconds(20);
+  std::unique_ptr<ParameterClient> client = cluster.Client();
+  RunResult r;
+  std::thread worker([&] { r = Train(m, cluster, {cpu}, &source, options, std::move(client)); });
+  absl::SleepFor(absl::Milliseconds(60));
+  ASSERT_TRUE(gate.Close(absl::Now() + absl::Seconds(10)));
+  const std::vector<int64_t> at_cut = cluster.Updates();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(cluster.Updates(), at_cut);  // nothing moves while the gate is closed
+  EXPECT_GE(source.drains(), 1);
+  gate.Open();
+  worker.join();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+}
+
+}  // namespace
+}  // namespace pscluster
