@@ -141,8 +141,15 @@ declare -A eps ms cpu_split note
 run_cluster() {
   local key=$1 num_ps=$2 num_workers=$3 batch=$4 dev=$5 f
   echo "==> $key: 1 chief + $num_ps ps + $num_workers worker(s) --device=$dev, batch $batch"
-  cl_start "$key" async "$num_ps" "$num_workers" "$batch" 100000 "$dev"
-  cl_measure "$warmup" "$seconds" "$batch" async
+  # A run that fails is reported and the others go on.
+  if ! cl_start "$key" async "$num_ps" "$num_workers" "$batch" 100000 "$dev" ||
+    ! cl_measure "$warmup" "$seconds" "$batch" async; then
+    say "    $key FAILED (see $cl_dir)"
+    tail -5 "$cl_dir"/worker-0.log 2>/dev/null || true
+    status=1
+    cl_stop || true
+    return 0
+  fi
   f=$cl_dir/rate
   eps[$key]=$(kv examples_per_second "$f")
   ms[$key]=$(kv step_ms "$f")
@@ -188,7 +195,8 @@ for b in $batches; do
         CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) $python -m torch.distributed.run \
           --standalone --nproc_per_node="$g" "$bundle/bench/torch_ddp_mlp.py" \
           --data="$bundle/data" --batch_size="$b" --warmup_seconds="$warmup" \
-          --seconds="$seconds" 2>"$work/ddp${g}_b$b.log" | tee "$work/ddp${g}_b$b"
+          --seconds="$seconds" 2>"$work/ddp${g}_b$b.log" | tee "$work/ddp${g}_b$b" ||
+          { say "    DDP on $g GPUs FAILED"; tail -5 "$work/ddp${g}_b$b.log"; status=1; }
         eps[ddp${g}_b$b]=$(kv examples_per_second "$work/ddp${g}_b$b")
         ms[ddp${g}_b$b]=$(kv step_ms "$work/ddp${g}_b$b")
       fi

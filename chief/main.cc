@@ -43,7 +43,10 @@ DEFINE_string(placement_strategy, "round_robin",
               "or greedy (by bytes, TF GreedyLoadBalancingStrategy).");
 DEFINE_int64(max_partition_bytes, 0,
              "Variables larger than this are split along their first dimension into partitions "
-             "of at most this many bytes. 0: never split.");
+             "of at most this many bytes. 0: never split this way.");
+DEFINE_int64(split_bytes, 0,
+             "Variables of at least this many bytes are split into one partition per ps task, "
+             "so that every ps serves a share of them (0: 256 KiB; negative: never).");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 DEFINE_string(checkpoint_dir, "",
               "Checkpoints go here; the newest is restored at start and when a ps task restarts. "
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
                 FLAGS_placement_strategy + "\"");
   }
   options.placement.set_max_partition_bytes(FLAGS_max_partition_bytes);
+  options.placement.set_split_bytes(FLAGS_split_bytes);
   options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);
   options.checkpoint_dir = FLAGS_checkpoint_dir;
   options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;

@@ -135,7 +135,7 @@ void DenseShard::ReadValues(float* out) const {
 
 void DenseShard::Apply(const float* grad, ThreadPool* pool) {
   // Blocks below this size are not worth a hand-off to another thread.
-  constexpr int64_t kMinParallelBlock = 32 << 10;
+  constexpr int64_t kMinParallelBlock = 8 << 10;
   absl::MutexLock lock(&mu_);
   const int slots = optimizer_->num_slots();
   float* const data = data_.data();

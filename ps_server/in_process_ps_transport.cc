@@ -118,15 +118,20 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
   header.set_step(meta.step);
   header.set_worker(meta.worker);
   *header.mutable_request_id() = meta.request_id;
-  DensePush push;
-  PS_RETURN_IF_ERROR(stores_[ps]->StartPushDense(header, &push));
+  std::unique_ptr<DensePush> push = pushes_.Take();
+  absl::Status s = stores_[ps]->StartPushDense(header, push.get());
   std::string scratch;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    PS_RETURN_IF_ERROR(push.AddChunk(
-        static_cast<int>(i), 0,
-        WireBytes(slices[i].push_from, slices[i].num_elements, meta.wire_dtype, &scratch)));
+  const bool float32 = WireOrFloat(meta.wire_dtype) == v1::DT_FLOAT32;
+  for (size_t i = 0; i < slices.size() && s.ok(); ++i) {
+    // float32 gradients are used where they lie, as a zero-copy transport would.
+    s = float32 ? push->UseFloats(static_cast<int>(i), slices[i].push_from, slices[i].num_elements)
+                : push->AddChunk(static_cast<int>(i), 0,
+                                 WireBytes(slices[i].push_from, slices[i].num_elements,
+                                           meta.wire_dtype, &scratch));
   }
-  return stores_[ps]->FinishPushDense(&push, response);
+  if (s.ok()) s = stores_[ps]->FinishPushDense(push.get(), response);
+  pushes_.Return(std::move(push));
+  return s;
 }
 
 absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,

@@ -58,6 +58,8 @@ class InProcessPsTransport : public PsTransport {
   explicit InProcessPsTransport(std::vector<std::shared_ptr<ParameterStore>> stores);
 
   std::vector<std::shared_ptr<ParameterStore>> stores_;
+  // Push buffers kept between pushes (a transport over the network keeps one per connection).
+  DensePushPool pushes_;
   mutable absl::Mutex mu_;
   std::vector<int> fail_next_ ABSL_GUARDED_BY(mu_);
   std::vector<int> calls_ ABSL_GUARDED_BY(mu_);

@@ -109,7 +109,7 @@ absl::Status DensePush::CheckChunk(int index, int64_t offset, int64_t count) con
 
 absl::Status DensePush::Scan(int index, int64_t offset, int64_t count) const {
   if (allow_non_finite_) return absl::OkStatus();
-  const float* g = grads_[index].data.data() + offset;
+  const float* g = grads_[index].values() + offset;
   const int64_t bad = FindNonFinite(g, count);
   if (bad < 0) return absl::OkStatus();
   const DenseShard& shard = *shards_[index];
@@ -142,12 +142,48 @@ absl::StatusOr<float*> DensePush::Destination(int index, int64_t offset, int64_t
   return grads_[index].data.data() + offset;
 }
 
+absl::Status DensePush::UseFloats(int index, const float* values, int64_t count) {
+  if (wire_ != v1::DT_FLOAT32) {
+    return absl::InternalError("UseFloats() is for float32 pushes; use AddChunk()");
+  }
+  PS_RETURN_IF_ERROR(CheckChunk(index, 0, count));
+  if (count != grads_[index].size) {
+    return absl::InvalidArgumentError(absl::StrCat("UseFloats of ", count, " elements for a shard of ",
+                                                   grads_[index].size));
+  }
+  grads_[index].view = values;
+  absl::Status s = Scan(index, 0, count);
+  if (!s.ok()) {
+    grads_[index].view = nullptr;
+    return s;
+  }
+  grads_[index].received = count;
+  received_bytes_ += count * elem_bytes_;
+  return absl::OkStatus();
+}
+
 absl::Status DensePush::Received(int index, int64_t offset, int64_t count) {
   PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
   PS_RETURN_IF_ERROR(Scan(index, offset, count));
   grads_[index].received += count;
   received_bytes_ += count * elem_bytes_;
   return absl::OkStatus();
+}
+
+// ---- DensePushPool
+
+std::unique_ptr<DensePush> DensePushPool::Take() {
+  absl::MutexLock lock(&mu_);
+  if (idle_.empty()) return std::make_unique<DensePush>();
+  std::unique_ptr<DensePush> p = std::move(idle_.back());
+  idle_.pop_back();
+  return p;
+}
+
+void DensePushPool::Return(std::unique_ptr<DensePush> push) {
+  absl::MutexLock lock(&mu_);
+  // A bounded pool: more pushes at once than this allocate for themselves.
+  if (idle_.size() < 16) idle_.push_back(std::move(push));
 }
 
 // ---- ParameterStore
@@ -447,6 +483,7 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
     DensePush::Buffer& b = push->grads_[i];
     b.size = push->shards_[i]->num_elements();
     b.received = 0;
+    b.view = nullptr;
     if (static_cast<int64_t>(b.data.size()) < b.size) b.data.resize(b.size);
     push->payload_bytes_ += b.size * push->elem_bytes_;
   }
@@ -487,7 +524,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     absl::ReaderMutexLock barrier(&apply_barrier_);
     for (int i = 0; i < n; ++i) {
       DenseShard& shard = *push->shards_[i];
-      const float* grad = push->grads_[i].data.data();
+      const float* grad = push->grads_[i].values();
       const int64_t bytes = push->grads_[i].size * push->elem_bytes_;
       if (accumulators[i] == nullptr) {
         shard.Apply(grad, &apply_pool_);

@@ -83,12 +83,18 @@ class DensePush {
   absl::StatusOr<float*> Destination(int index, int64_t offset, int64_t count);
   absl::Status Received(int index, int64_t offset, int64_t count);
 
+  // In-process callers, float32: shard `index`'s whole gradient is `values` (caller memory,
+  // not copied; it must stay unchanged until FinishPushDense returns). Checked as AddChunk.
+  absl::Status UseFloats(int index, const float* values, int64_t count);
+
  private:
   friend class ParameterStore;
   struct Buffer {
     std::vector<float> data;  // capacity kept between pushes
     int64_t size = 0;
     int64_t received = 0;
+    const float* view = nullptr;  // UseFloats: the gradient is there instead of in `data`
+    const float* values() const { return view != nullptr ? view : data.data(); }
   };
   absl::Status CheckChunk(int index, int64_t offset, int64_t count) const;
   absl::Status Scan(int index, int64_t offset, int64_t count) const;
@@ -101,6 +107,18 @@ class DensePush {
   int64_t payload_bytes_ = 0;
   int64_t received_bytes_ = 0;
   bool allow_non_finite_ = false;
+};
+
+// DensePush objects kept for reuse by transports that cannot keep one per connection (the gRPC
+// service, the in-process transport). Thread-safe.
+class DensePushPool {
+ public:
+  std::unique_ptr<DensePush> Take();
+  void Return(std::unique_ptr<DensePush> push);
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<DensePush>> idle_ ABSL_GUARDED_BY(mu_);
 };
 
 // A ps task's shards of every dense variable and sparse table, and every operation on them:

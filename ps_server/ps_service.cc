@@ -134,21 +134,19 @@ grpc::Status PsService::PushDense(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a PushDense stream must start with a header");
   }
-  DensePush push;
-  if (absl::Status s = store_->StartPushDense(msg.header(), &push); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  while (reader->Read(&msg)) {
+  std::unique_ptr<DensePush> push = pushes_.Take();
+  absl::Status s = store_->StartPushDense(msg.header(), push.get());
+  while (s.ok() && reader->Read(&msg)) {
     if (!msg.has_chunk()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "a PushDense stream has a second header");
+      s = absl::InvalidArgumentError("a PushDense stream has a second header");
+      break;
     }
     const v1::TensorChunk& c = msg.chunk();
-    if (absl::Status s = push.AddChunk(c.index(), c.offset(), c.data()); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
+    s = push->AddChunk(c.index(), c.offset(), c.data());
   }
-  return ToGrpcStatus(store_->FinishPushDense(&push, resp));
+  if (s.ok()) s = store_->FinishPushDense(push.get(), resp);
+  pushes_.Return(std::move(push));
+  return ToGrpcStatus(s);
 }
 
 grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseRequest* req,

@@ -53,6 +53,7 @@ class PsService : public v1::ParameterServer::Service {
  private:
   ParameterStore* const store_;  // Not owned.
   const PsServiceOptions options_;
+  DensePushPool pushes_;
   const absl::Time start_time_;
   absl::Mutex mu_;
   v1::TaskId task_ ABSL_GUARDED_BY(mu_);

@@ -95,7 +95,7 @@ absl::Status ValidateOptions(int32_t num_ps, const v1::PlacementOptions& options
 
 // Appends the partitions of every variable to `placement`, with ps_task not yet set.
 absl::Status AddDensePartitions(const v1::ModelSpec& model, int64_t max_partition_bytes,
-                                v1::Placement& placement) {
+                                int64_t split_bytes, int32_t num_ps, v1::Placement& placement) {
   for (const v1::VariableSpec& variable : model.variables()) {
     if (variable.dtype() != v1::DT_FLOAT32 && variable.dtype() != v1::DT_INVALID) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -110,6 +110,16 @@ absl::Status AddDensePartitions(const v1::ModelSpec& model, int64_t max_partitio
     }
     // Cannot fail: PartitionRows accepted the same shape.
     const int64_t row_bytes = BytesPerRow(variable.shape(), kFloat32Bytes).value();
+    const int64_t rows = variable.shape().dims_size() == 0 ? 1 : variable.shape().dims(0);
+    if (split_bytes > 0 && num_ps > 1 && rows >= 2 && row_bytes > 0 &&
+        rows >= split_bytes / row_bytes + (split_bytes % row_bytes != 0) &&
+        static_cast<int64_t>(ranges->size()) < num_ps) {
+      // Large: one partition per ps task (fewer when it has fewer rows).
+      const int64_t parts = std::min<int64_t>(num_ps, rows);
+      const int64_t rows_per_part = (rows + parts - 1) / parts;
+      ranges = PartitionRows(variable.shape(), kFloat32Bytes, rows_per_part * row_bytes);
+      if (!ranges.ok()) return ranges.status();
+    }
     const int32_t num_partitions = static_cast<int32_t>(ranges->size());
     for (int32_t p = 0; p < num_partitions; ++p) {
       const RowRange& range = (*ranges)[p];
@@ -202,7 +212,11 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
       options.num_virtual_shards() == 0 ? kDefaultNumVirtualShards : options.num_virtual_shards();
   placement.mutable_options()->set_num_virtual_shards(num_virtual_shards);
 
-  PS_RETURN_IF_ERROR(AddDensePartitions(model, options.max_partition_bytes(), placement));
+  const int64_t split_bytes =
+      options.split_bytes() == 0 ? kDefaultSplitBytes : options.split_bytes();
+  placement.mutable_options()->set_split_bytes(split_bytes);
+  PS_RETURN_IF_ERROR(AddDensePartitions(model, options.max_partition_bytes(), split_bytes, num_ps,
+                                        placement));
   if (options.strategy() == v1::PlacementOptions::GREEDY_BYTES) {
     AssignGreedyBytes(num_ps, placement);
   } else {
@@ -224,11 +238,12 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
 int64_t PlacementVersion(const v1::Placement& placement) {
   Fnv1a64 hash;
   // A format tag, so that a future change of the encoding below cannot collide by accident.
-  hash.AddString("pscluster.v1.Placement/fnv1a64/1");
+  hash.AddString("pscluster.v1.Placement/fnv1a64/2");
   hash.AddInt(placement.num_ps());
   hash.AddInt(placement.options().strategy());
   hash.AddInt(placement.options().max_partition_bytes());
   hash.AddInt(placement.options().num_virtual_shards());
+  hash.AddInt(placement.options().split_bytes());
   hash.AddInt(placement.partitions_size());
   for (const v1::DensePartition& partition : placement.partitions()) {
     hash.AddString(partition.variable());

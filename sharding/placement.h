@@ -16,7 +16,10 @@ namespace pscluster {
 // included, so the chief, workers and ps tasks can each compute it rather than ship it.
 //
 // Dense variables are float32 (4 bytes per element; a dtype left at DT_INVALID counts as
-// DT_FLOAT32) and are split by PartitionRows(shape, 4, options.max_partition_bytes).
+// DT_FLOAT32) and are split by PartitionRows(shape, 4, options.max_partition_bytes); a variable
+// of at least options.split_bytes bytes (0: kDefaultSplitBytes; negative: never) that this
+// leaves in fewer partitions than ps tasks is instead split into min(num_ps, rows) partitions of
+// ceil(rows / that) rows, so that every ps task holds a share of it (as ps-lite does).
 // Partitions are placed in model order, variable by variable, partition by partition:
 //   ROUND_ROBIN:  the k-th partition overall goes to ps k % num_ps (TensorFlow's
 //                 replica_device_setter).
@@ -26,7 +29,8 @@ namespace pscluster {
 // ps tasks by virtual shard: virtual_shard_to_ps = AssignVirtualShards(n, num_ps), with
 // n = options.num_virtual_shards, or kDefaultNumVirtualShards when that is 0.
 //
-// The result's `options` are the given options with num_virtual_shards resolved to n, and
+// The result's `options` are the given options with num_virtual_shards resolved to n and
+// split_bytes to its value, and
 // `version` is PlacementVersion() of the result.
 //
 // Returns INVALID_ARGUMENT, naming the offending value, if num_ps < 1; if a variable or table
@@ -36,6 +40,9 @@ namespace pscluster {
 // negative; or if the strategy is not a known value.
 //
 // Pure and deterministic; thread-safe.
+// Variables of at least this many bytes are spread over every ps task by default.
+constexpr int64_t kDefaultSplitBytes = 256 << 10;
+
 absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32_t num_ps,
                                                const v1::PlacementOptions& options);
 

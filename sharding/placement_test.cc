@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -182,8 +183,45 @@ TEST(ComputePlacementTest, VersionMatchesPinnedFingerprint) {
       ComputePlacement(MixedModel(), 3, Options(v1::PlacementOptions::GREEDY_BYTES, 80, 8));
   ASSERT_TRUE(round_robin.ok()) << round_robin.status();
   ASSERT_TRUE(greedy.ok()) << greedy.status();
-  EXPECT_EQ(round_robin->version(), int64_t{8816425090527276220});
-  EXPECT_EQ(greedy->version(), int64_t{4196320583598554794});
+  EXPECT_EQ(round_robin->version(), int64_t{5518282270572791665});
+  EXPECT_EQ(greedy->version(), int64_t{5251045357339718679});
+}
+
+// A large variable is spread over every ps task by default (as ps-lite spreads key ranges); a
+// small one stays whole; a negative split_bytes keeps the old behaviour.
+TEST(ComputePlacementTest, LargeVariablesAreSplitOverEveryPsTaskByDefault) {
+  v1::ModelSpec model;
+  v1::VariableSpec* big = model.add_variables();
+  big->set_name("big");
+  big->mutable_shape()->add_dims(784);
+  big->mutable_shape()->add_dims(256);  // 784 KiB
+  v1::VariableSpec* small = model.add_variables();
+  small->set_name("small");
+  small->mutable_shape()->add_dims(256);
+  absl::StatusOr<v1::Placement> p = ComputePlacement(model, 3, v1::PlacementOptions());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->options().split_bytes(), kDefaultSplitBytes);
+  ASSERT_EQ(p->partitions_size(), 4);
+  std::set<int> big_ps;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(p->partitions(i).variable(), "big");
+    EXPECT_EQ(p->partitions(i).num_partitions(), 3);
+    big_ps.insert(p->partitions(i).ps_task());
+  }
+  EXPECT_EQ(big_ps.size(), 3u);
+  EXPECT_EQ(p->partitions(0).row_end() - p->partitions(0).row_begin(), 262);
+  EXPECT_EQ(p->partitions(2).row_end(), 784);
+  EXPECT_EQ(p->partitions(3).variable(), "small");
+  EXPECT_EQ(p->partitions(3).num_partitions(), 1);
+  v1::PlacementOptions never;
+  never.set_split_bytes(-1);
+  absl::StatusOr<v1::Placement> whole = ComputePlacement(model, 3, never);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->partitions_size(), 2);
+  // One ps task: nothing to spread over.
+  absl::StatusOr<v1::Placement> one = ComputePlacement(model, 1, v1::PlacementOptions());
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->partitions_size(), 2);
 }
 
 TEST(ComputePlacementTest, VersionChangesWithContent) {

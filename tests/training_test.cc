@@ -51,32 +51,51 @@ v1::ClusterStatus AwaitStatus(v1::Coordinator::Stub& chief,
 
 bool Finished(const v1::ClusterStatus& s) { return s.progress().finished(); }
 
-class SoftmaxRegressionTest : public ::testing::TestWithParam<std::string> {};
+// A training mode, and (async) the workers' pipeline staleness.
+struct SoftmaxRun {
+  std::string mode;
+  int staleness;
+  // Chance is 0.10. Stale parameters cost SGD at rate 0.5 some accuracy: with the pipeline's
+  // default staleness 1, two async workers end at 0.71-0.74 where they end at 0.81-0.83
+  // without it (measured, 4 runs each).
+  double min_accuracy;
+};
+
+std::string SoftmaxRunName(const ::testing::TestParamInfo<SoftmaxRun>& info) {
+  return absl::StrCat(info.param.mode, "_staleness", info.param.staleness);
+}
+
+class SoftmaxRegressionTest : public ::testing::TestWithParam<SoftmaxRun> {};
 
 TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
-  const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-", GetParam(), ".jsonl");
+  const SoftmaxRun& run = GetParam();
+  const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-",
+                                           SoftmaxRunName({run, 0}), ".jsonl");
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 2;
   options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=" + GetParam(),
+                            "--mode=" + run.mode,
                             "--max_train_examples=12000",
                             "--max_test_examples=2000",
                             "--epochs=3",
                             "--batch_size=50",
                             "--eval_every_secs=2",
                             "--metrics_file=" + metrics};
+  options.flags["worker"] = {absl::StrCat("--pipeline_staleness=", run.staleness)};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = Chief(**cluster);
   v1::ClusterStatus status = AwaitStatus(*chief, Finished, absl::Seconds(240));
   ASSERT_TRUE(status.progress().finished()) << status.DebugString() << (*cluster)->Logs();
-  // Chance is 0.10.
-  EXPECT_GE(status.progress().test_accuracy(), 0.75) << status.DebugString();
+  EXPECT_GE(status.progress().test_accuracy(), run.min_accuracy) << status.DebugString();
+  // The workers' reports say how stale their steps were: never beyond the bound (sync steps
+  // never overlap).
+  EXPECT_LE(status.progress().max_staleness(), run.mode == "sync" ? 0 : run.staleness);
   EXPECT_EQ(status.progress().workers_finished(), 2);
   // 12000 examples, 2 workers, 3 epochs, batches of 50: 360 steps each.
   EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(360, 360));
-  if (GetParam() == "sync") {
+  if (run.mode == "sync") {
     EXPECT_EQ(status.global_step(), 360);
   }
 
@@ -93,7 +112,10 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   EXPECT_THAT(last, HasSubstr(absl::StrCat("\"step\": ", status.progress().test_step())));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest, ::testing::Values("async", "sync"));
+INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest,
+                         ::testing::Values(SoftmaxRun{"async", 0, 0.75}, SoftmaxRun{"async", 1, 0.65},
+                                           SoftmaxRun{"sync", 1, 0.75}),
+                         SoftmaxRunName);
 
 // N workers in sync mode with replicas_to_aggregate = N end with the parameters of one process
 // doing SGD on batches N times larger.
@@ -207,7 +229,10 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
                             "--max_test_examples=100",
                             "--epochs=1",
                             "--batch_size=50",
-                            "--max_steps=40"};
+                            // Long enough that the slow worker is surely training (and late)
+                            // before the end, however slowly it started; the checks below
+                            // look at the first 40 steps.
+                            "--max_steps=1000"};
   options.flags["worker:2"] = {"--step_delay_ms=400"};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
