@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -309,8 +310,8 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
   }
   in.size = b;
   in.num_rows = static_cast<int64_t>(sparse.unique_ids.size());
-  const int64_t ids = static_cast<int64_t>(sparse.row_index.size());
   if (!embeddings_.empty()) {
+    const int64_t ids = static_cast<int64_t>(sparse.row_index.size());
     in.host_row_index.assign(sparse.row_index.begin(), sparse.row_index.end());
     std::copy(sparse.offsets.begin(), sparse.offsets.end(), in.host_offsets);
     if (in.row_index_capacity < ids) {
@@ -324,6 +325,54 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
       PS_ASSIGN_OR_RETURN(in.row_index, Ints(in.row_index_capacity));
     }
   }
+  Upload(slot);
+  return absl::OkStatus();
+}
+
+absl::Status Model::StageGathered(int slot, const float* dense, const float* labels,
+                                  const int64_t* positions, int n) {
+  if (!embeddings_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", config_.name(), " has embedding tables: stage its batches with StageInputs"));
+  }
+  if (n < 1 || n > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch of ", n, " examples; this model takes 1 to ", max_batch_));
+  }
+  const int classes = layers_.back().units;
+  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
+  for (int i = 0; i < n; ++i) {
+    const float y = labels[positions[i]];
+    const bool ok = softmax ? (y >= 0 && y < classes && y == std::floor(y)) : (y == 0 || y == 1);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", y, " of example ", positions[i], " is out of range: expected ",
+          softmax ? absl::StrCat("a class in 0..", classes - 1) : std::string("0 or 1")));
+    }
+  }
+  Inputs& in = inputs_[slot];
+  kernels_->Synchronize(in.uploaded.get());
+  const int64_t input_dim = config_.input_dim();
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(in.host_dense + i * input_dim, dense + positions[i] * input_dim,
+                input_dim * sizeof(float));
+    if (softmax) {
+      in.host_int_labels[i] = static_cast<int32_t>(labels[positions[i]]);
+    } else {
+      in.host_labels[i] = labels[positions[i]];
+    }
+  }
+  in.size = n;
+  in.num_rows = 0;
+  Upload(slot);
+  return absl::OkStatus();
+}
+
+void Model::Upload(int slot) {
+  Inputs& in = inputs_[slot];
+  const int b = in.size;
+  const int input_dim = config_.input_dim();
+  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   // The device inputs are free once the compute stream is done with the slot's last batch.
   kernels_->Wait(Kernels::Stream::kUpload, in.consumed.get());
   const auto up = Kernels::Stream::kUpload;
@@ -340,11 +389,11 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
   }
   if (!embeddings_.empty()) {
     // The row index is ordinary memory: the copy stages it before returning.
-    kernels_->CopyToDeviceAsync(up, in.host_row_index.data(), in.row_index, ids * 4);
+    kernels_->CopyToDeviceAsync(up, in.host_row_index.data(), in.row_index,
+                                static_cast<int64_t>(in.host_row_index.size()) * 4);
     kernels_->CopyToDeviceAsync(up, in.host_offsets, in.offsets, int64_t{b + 1} * 4);
   }
   kernels_->Record(in.uploaded.get(), up);
-  return absl::OkStatus();
 }
 
 absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,

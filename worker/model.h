@@ -110,6 +110,11 @@ class Model {
   // until the compute stream is done with the slot's previous batch. INVALID_ARGUMENT as
   // Compute, before anything is copied. The batch's memory may be reused when it returns.
   absl::Status StageInputs(int slot, const Batch& batch, const SparseInput& sparse);
+  // As StageInputs for a model without embedding tables, with the batch gathered straight from
+  // a dataset into the staging area: examples positions[0..n) of `dense` ([examples x
+  // input_dim]) and `labels`. FAILED_PRECONDITION for a model with tables.
+  absl::Status StageGathered(int slot, const float* dense, const float* labels,
+                             const int64_t* positions, int n);
 
   // Where Enqueue tells the caller what it reached.
   struct Hooks {
@@ -200,6 +205,8 @@ class Model {
   absl::Status Allocate();
   absl::StatusOr<float*> Floats(int64_t n);
   absl::StatusOr<int32_t*> Ints(int64_t n);
+  // Starts the upload of the slot's staged inputs.
+  void Upload(int slot);
   // Checks labels against the loss: INVALID_ARGUMENT naming the example.
   absl::Status CheckLabels(const Batch& batch) const;
   // Grows a device buffer to hold n elements.

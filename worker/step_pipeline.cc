@@ -75,7 +75,8 @@ StepPipeline::StepPipeline(std::vector<Model*> towers, TowerReducer* reducer,
       options_(options),
       on_host_(towers_[0]->kernels()->device_is_host()),
       k0_(towers_[0]->kernels()),
-      comm_(std::max(1, options.comm_threads)) {}
+      comm_(std::max(1, options.comm_threads)),
+      stage_(static_cast<int>(towers_.size()) - 1) {}
 
 StepPipeline::~StepPipeline() {
   {
@@ -197,6 +198,34 @@ absl::Status StepPipeline::Stage(int64_t index, const PreparedBatch& batch) {
     }
     PS_RETURN_IF_ERROR(towers_[t]->StageInputs(slot, part, SparseInput()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StepPipeline::StageGathered(int64_t index, const Dataset& data,
+                                         const std::vector<int64_t>& positions) {
+  const int slot = static_cast<int>(index % Model::kInputSlots);
+  if (data.dense_dim != towers_[0]->config().input_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat("the data has ", data.dense_dim,
+                                                   " features; model ",
+                                                   towers_[0]->config().name(), " takes ",
+                                                   towers_[0]->config().input_dim()));
+  }
+  const int num_towers = static_cast<int>(towers_.size());
+  const std::vector<int> sizes = Split(static_cast<int>(positions.size()), num_towers);
+  std::vector<int> starts(num_towers, 0);
+  for (int t = 1; t < num_towers; ++t) starts[t] = starts[t - 1] + sizes[t - 1];
+  std::vector<absl::Status> results(num_towers);
+  stage_.ParallelFor(num_towers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      results[t] = sizes[t] == 0
+                       ? absl::InvalidArgumentError(absl::StrCat(
+                             "a batch of ", positions.size(), " examples cannot be split over ",
+                             num_towers, " towers"))
+                       : towers_[t]->StageGathered(slot, data.dense.data(), data.labels.data(),
+                                                   positions.data() + starts[t], sizes[t]);
+    }
+  });
+  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
 

@@ -90,6 +90,13 @@ class StepPipeline {
   // and starts its upload. Call before Run(index); it may run while step index - 1 computes.
   // INVALID_ARGUMENT for a bad batch (too large, labels out of range).
   absl::Status Stage(int64_t index, const PreparedBatch& batch);
+  // As Stage for a model without tables: the batch is examples `positions` of `data`, gathered
+  // straight into the towers' page-locked staging areas, the towers in parallel. May run on
+  // another thread than Run (the batch feeder's), for an index whose slot Run is not using.
+  absl::Status StageGathered(int64_t index, const Dataset& data,
+                             const std::vector<int64_t>& positions);
+  // Whether StageGathered can be used (the model has no tables).
+  bool can_gather() const { return tables_.empty(); }
 
   // Runs step `index` on its staged batch: pulls (or takes the prefetched) parameters for
   // `pull_step` (the sync step the values are for; -1 for the newest), issues forward and
@@ -186,6 +193,7 @@ class StepPipeline {
   ParamSlot params_[2];
   std::vector<GradSlot> grads_;  // staleness + 1 of them
   ThreadPool comm_;
+  ThreadPool stage_;  // one thread per tower beyond the first
 
   mutable absl::Mutex mu_;
   // Pull requests for the pull thread: (index, pull_step, ids).

@@ -16,51 +16,96 @@
 namespace pscluster {
 namespace {
 
-// The batches of the loop: the one a step asks for, with the following one assembled on
-// another thread meanwhile (a step usually asks for the batch after the last one). Thread-
-// compatible.
+// The batches of the loop: the one a step asks for, with the following one assembled (and, for a
+// model without tables, gathered straight into the pipeline's staging area for the next step)
+// on another thread meanwhile, since a step usually asks for the batch after the last one.
+// Thread-compatible.
 class BatchFeeder {
  public:
-  BatchFeeder(const Dataset* data, int batch_size, uint64_t seed, bool drop_remainder)
-      : batches_(data, batch_size, seed, drop_remainder), thread_(1) {}
+  BatchFeeder(const Dataset* data, int batch_size, uint64_t seed, bool drop_remainder,
+              StepPipeline* pipeline)
+      : data_(data),
+        batch_size_(batch_size),
+        batches_(data, batch_size, seed, drop_remainder),
+        pipeline_(pipeline),
+        thread_(1) {}
   ~BatchFeeder() {
     if (next_.valid()) next_.wait();
   }
 
   int64_t per_epoch() const { return batches_.batches_per_epoch(); }
 
-  // Batch `index` of epoch `epoch`; valid until the next call.
-  const PreparedBatch& Get(int64_t epoch, int64_t index) {
-    if (next_.valid() && next_epoch_ == epoch && next_index_ == index) {
+  // Batch `index` of epoch `epoch`, staged for the pipeline's step `step`; valid until the next
+  // call. Errors of the staging (a bad label, say).
+  absl::StatusOr<const PreparedBatch*> Get(int64_t epoch, int64_t index, int64_t step) {
+    if (next_.valid() && next_epoch_ == epoch && next_index_ == index && next_step_ == step) {
       current_ = next_.get();
     } else {
       if (next_.valid()) next_.wait();
-      current_ = Prepare(epoch, index);
+      current_ = Prepare(epoch, index, step);
+    }
+    if (current_.batch.valid && !current_.staged) {
+      current_.status = pipeline_->Stage(step, current_.batch);
+      current_.staged = current_.status.ok();
     }
     // The following batch, in the background.
     next_epoch_ = index + 1 < per_epoch() ? epoch : epoch + 1;
     next_index_ = index + 1 < per_epoch() ? index + 1 : 0;
-    auto promise = std::make_shared<std::promise<PreparedBatch>>();
+    next_step_ = step + 1;
+    auto promise = std::make_shared<std::promise<Prepared>>();
     next_ = promise->get_future();
-    const int64_t e = next_epoch_, i = next_index_;
-    thread_.Schedule([this, promise, e, i] { promise->set_value(Prepare(e, i)); });
-    return current_;
+    const int64_t e = next_epoch_, i = next_index_, st = next_step_;
+    thread_.Schedule([this, promise, e, i, st] { promise->set_value(Prepare(e, i, st)); });
+    if (!current_.status.ok()) return current_.status;
+    return &current_.batch;
   }
 
  private:
-  PreparedBatch Prepare(int64_t epoch, int64_t index) {
-    PreparedBatch p;
-    if (batches_.epoch() != epoch || batches_.next_batch() != index) batches_.Seek(epoch, index);
-    p.valid = batches_.Next(&p.data);
-    if (p.valid) Model::PrepareSparse(AsBatch(p.data), &p.sparse);
+  struct Prepared {
+    PreparedBatch batch;
+    bool staged = false;
+    absl::Status status;
+  };
+
+  Prepared Prepare(int64_t epoch, int64_t index, int64_t step) {
+    Prepared p;
+    if (!pipeline_->can_gather()) {
+      // Tables: the whole batch and its sparse ids; staged by the training thread.
+      if (batches_.epoch() != epoch || batches_.next_batch() != index) {
+        batches_.Seek(epoch, index);
+      }
+      p.batch.valid = batches_.Next(&p.batch.data);
+      if (p.batch.valid) Model::PrepareSparse(AsBatch(p.batch.data), &p.batch.sparse);
+      return p;
+    }
+    if (batches_.epoch() != epoch) batches_.StartEpoch(epoch);
+    const std::vector<int64_t>& order = batches_.epoch_order();
+    const int64_t begin = index * batch_size_;
+    const int64_t end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(order.size()));
+    if (index < 0 || index >= per_epoch() || begin >= end) return p;
+    positions_.assign(order.begin() + begin, order.begin() + end);
+    p.batch.valid = true;
+    p.batch.data.num_examples = end - begin;
+    p.batch.data.dense_dim = data_->dense_dim;
+    p.batch.data.num_classes = data_->num_classes;
+    p.batch.data.labels.resize(positions_.size());
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      p.batch.data.labels[i] = data_->labels[positions_[i]];
+    }
+    p.status = pipeline_->StageGathered(step, *data_, positions_);
+    p.staged = p.status.ok();
     return p;
   }
 
+  const Dataset* const data_;  // Not owned.
+  const int batch_size_;
   BatchIterator batches_;  // used by one Prepare at a time
+  StepPipeline* const pipeline_;  // Not owned.
+  std::vector<int64_t> positions_;
   ThreadPool thread_;
-  std::future<PreparedBatch> next_;
-  int64_t next_epoch_ = -1, next_index_ = -1;
-  PreparedBatch current_;
+  std::future<Prepared> next_;
+  int64_t next_epoch_ = -1, next_index_ = -1, next_step_ = -1;
+  Prepared current_;
 };
 
 }  // namespace
@@ -125,13 +170,16 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   }
   // Towers split every batch: an epoch's last, short batch is dropped rather than split
   // below one example per tower.
-  BatchFeeder feeder(&train_, batch_size, training.shuffle_seed(), /*drop_remainder=*/num_towers > 1);
-  if (feeder.per_epoch() == 0) {
+  const bool drop_remainder = num_towers > 1;
+  const int64_t per_epoch =
+      BatchIterator(&train_, batch_size, training.shuffle_seed(), drop_remainder)
+          .batches_per_epoch();
+  if (per_epoch == 0) {
     return absl::FailedPreconditionError("this worker's shard of the data is empty");
   }
   const int epochs = std::max(1, training.epochs());
   std::unique_ptr<StepPolicy> policy =
-      NewStepPolicy(model_.sync().mode(), feeder.per_epoch(), epochs, training.max_steps());
+      NewStepPolicy(model_.sync().mode(), per_epoch, epochs, training.max_steps());
   StepPipelineOptions pipeline_options;
   pipeline_options.staleness = policy->allows_overlap() ? options_.staleness : 0;
   pipeline_options.comm_threads = options_.comm_threads;
@@ -139,6 +187,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<StepPipeline> pipeline,
       StepPipeline::Create(tower_models, reducer.get(), client_, pipeline_options));
+  BatchFeeder feeder(&train_, batch_size, training.shuffle_seed(), drop_remainder,
+                     pipeline.get());
   LOG(INFO) << "worker:" << options_.worker << " trains on " << num_towers << " device(s) ("
             << towers_[0]->name() << (num_towers > 1 ? ", ..." : "") << "), batch " << batch_size
             << ", pipeline staleness " << pipeline_options.staleness;
@@ -173,13 +223,34 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     return s;
   };
 
+  // ASYNC with overlapping steps: the gate's pass for the next step is asked for while this one
+  // runs (the step about to run counts as a push in flight, so a closing gate answers "drain"
+  // and no cut falls inside it), which takes the chief's answer off the step's critical path.
+  const bool prefetch_gate =
+      model_.sync().mode() == v1::ASYNC && pipeline_options.staleness > 0;
+  ThreadPool gate_thread(prefetch_gate ? 1 : 0);
+  using GateAnswer = std::pair<absl::Status, StepGrant>;
+  std::future<GateAnswer> next_gate;
+  auto ask_gate = [this, &stop](int64_t last_done, int in_flight) {
+    GateAnswer a;
+    a.first = source_->Acquire(last_done, 0, in_flight, stop, &a.second);
+    return a;
+  };
+
   int64_t index = 0;  // the pipeline's step sequence
   int failures = 0;
   absl::Time last_report = absl::Now();
   while (!stop()) {
     StepGrant grant;
-    absl::Status s = source_->Acquire(policy->last_done(), policy->generation(),
-                                      pipeline->pushes_in_flight(), stop, &grant);
+    absl::Status s;
+    if (next_gate.valid()) {
+      GateAnswer a = next_gate.get();
+      s = a.first;
+      grant = a.second;
+    } else {
+      s = source_->Acquire(policy->last_done(), policy->generation(),
+                           pipeline->pushes_in_flight(), stop, &grant);
+    }
     if (stop()) break;
     StepPlan plan;
     if (s.ok() && grant.drain) {
@@ -199,12 +270,21 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
         }
         pipeline->Invalidate();
       }
-      const PreparedBatch& batch = feeder.Get(plan.epoch, plan.batch);
-      if (!batch.valid) {
+      if (prefetch_gate && !grant.finished) {
+        auto promise = std::make_shared<std::promise<GateAnswer>>();
+        next_gate = promise->get_future();
+        const int64_t last_done = policy->last_done();
+        const int in_flight = pipeline->pushes_in_flight() + 1;
+        gate_thread.Schedule([promise, ask_gate, last_done, in_flight] {
+          promise->set_value(ask_gate(last_done, in_flight));
+        });
+      }
+      absl::StatusOr<const PreparedBatch*> batch = feeder.Get(plan.epoch, plan.batch, index);
+      s = batch.status();
+      if (s.ok() && !(*batch)->valid) {
         return absl::InternalError(absl::StrCat("no batch ", plan.batch, " in epoch ", plan.epoch));
       }
-      s = pipeline->Stage(index, batch);
-      if (s.ok()) s = pipeline->Run(index, plan.tag, plan.pull_step, batch);
+      if (s.ok()) s = pipeline->Run(index, plan.tag, plan.pull_step, **batch);
     }
     if (!s.ok()) {
       // The chief or a ps task is briefly gone (restarting, being restored): ask for the step
@@ -233,6 +313,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       last_report = absl::Now();
     }
   }
+  // A pass asked for ahead is answered (at once: it says the worker is still pushing).
+  if (next_gate.valid()) next_gate.wait();
   // The last pushes, then the last report.
   absl::Status drained = pipeline->Drain();
   for (int attempts = 0; !drained.ok() && !stop() && RetryStep(drained, &attempts);) {
