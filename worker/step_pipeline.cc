@@ -74,6 +74,7 @@ StepPipeline::StepPipeline(std::vector<Model*> towers, TowerReducer* reducer,
       client_(client),
       options_(options),
       on_host_(towers_[0]->kernels()->device_is_host()),
+      per_layer_(options.per_layer < 0 ? options.staleness == 0 : options.per_layer > 0),
       k0_(towers_[0]->kernels()),
       comm_(std::max(1, options.comm_threads)),
       stage_(static_cast<int>(towers_.size()) - 1) {}
@@ -257,8 +258,10 @@ void StepPipeline::PullThread() {
     {
       absl::MutexLock lock(&mu_);
       const int64_t needed = request.index - options_.staleness;
+      // A failed push is sent again by the next Run or Drain before it waits for this pull,
+      // so waiting for it here keeps the bound without a deadlock.
       auto pushed = [this, needed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || pushed_ >= needed || failed_ != nullptr;
+        return stopping_ || pushed_ >= needed;
       };
       mu_.Await(absl::Condition(&pushed));
       if (stopping_) {
@@ -286,7 +289,10 @@ absl::Status StepPipeline::PullInto(ParamSlot& slot, int64_t pull_step,
     if (on_host_) k->Synchronize(slot.consumed[t].get());
   }
   std::vector<absl::Status> results(num_layers + 1);
-  absl::BlockingCounter done(num_layers + 1);
+  // One job per layer (or one for them all), and one for the tables. A job's DecrementCount is
+  // the last thing it does: the counter, and everything else on this frame, is gone after the
+  // last one.
+  absl::BlockingCounter done((per_layer_ ? num_layers : 1) + 1);
   const int64_t slot_index = slot.index;
   auto upload = [this, &slot](int t, int64_t offset, int64_t n, int event) {
     Kernels* k = towers_[t]->kernels();
@@ -300,8 +306,30 @@ absl::Status StepPipeline::PullInto(ParamSlot& slot, int64_t pull_step,
     absl::MutexLock lock(&mu_);
     if (slot.index == slot_index) slot.ready[layer] = true;
   };
+  if (!per_layer_) {
+    // One request per ps task for every variable; uploaded whole.
+    comm_.Schedule([&] {
+      std::vector<std::vector<float>> values;
+      absl::Status s = client_->Pull(m.dense_variables(), &values, pull_step);
+      if (s.ok()) {
+        for (size_t v = 0; v < values.size(); ++v) {
+          std::memcpy(slot.host + m.dense_offsets()[v], values[v].data(),
+                      m.dense_sizes()[v] * sizeof(float));
+        }
+        for (size_t t = 0; t < towers_.size(); ++t) {
+          upload(static_cast<int>(t), 0, m.dense_total(), 0);
+          for (int l = 1; l < num_layers; ++l) {
+            towers_[t]->kernels()->Record(slot.uploaded[t][l].get(), kUpload);
+          }
+        }
+        for (int l = 0; l < num_layers; ++l) mark(l);
+      }
+      results[0] = s;
+      done.DecrementCount();
+    });
+  }
   // Every layer's request at once, the first layer's first; each is uploaded on arrival.
-  for (int l = 0; l < num_layers; ++l) {
+  for (int l = 0; l < num_layers && per_layer_; ++l) {
     comm_.Schedule([&, l] {
       const Layer& layer = layers_[l];
       std::vector<std::vector<float>> values;
@@ -379,12 +407,14 @@ absl::Status StepPipeline::RetryFailedPush() {
   {
     absl::MutexLock lock(&mu_);
     if (failed_ == nullptr) return absl::OkStatus();
-    // The push thread has stopped at it: the jobs behind it wait.
+    // The push thread has stopped at it: the jobs behind it wait, in order, until it is done.
     retry = std::move(failed_);
     failed_status_ = absl::OkStatus();
+    retrying_ = true;
   }
   absl::Status s = Push(*retry);
   absl::MutexLock lock(&mu_);
+  retrying_ = false;
   if (!s.ok()) {
     failed_ = std::move(retry);
     failed_status_ = s;
@@ -571,10 +601,10 @@ void StepPipeline::PushThread() {
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (!push_queue_.empty() && failed_ == nullptr);
+        return stopping_ || (!push_queue_.empty() && failed_ == nullptr && !retrying_);
       };
       mu_.Await(absl::Condition(&work));
-      if (push_queue_.empty() || failed_ != nullptr) return;
+      if (push_queue_.empty() || failed_ != nullptr || retrying_) return;
       job = &push_queue_.front();
     }
     if (options_.push_delay > absl::ZeroDuration()) absl::SleepFor(options_.push_delay);
@@ -603,9 +633,21 @@ absl::Status StepPipeline::Push(PushJob& job) {
   const int num_layers = static_cast<int>(layers_.size());
   job.tickets.resize(num_layers + tables_.size());
   std::vector<absl::Status> results(num_layers + tables_.size());
-  absl::BlockingCounter done(num_layers + static_cast<int>(tables_.size()));
+  // One job per layer (or one for them all) and per table; each job's DecrementCount is the
+  // last thing it does (this frame is gone after the last one).
+  absl::BlockingCounter done((per_layer_ ? num_layers : 1) + static_cast<int>(tables_.size()));
+  if (!per_layer_) {
+    // Every gradient in one request per ps task, once all are on the host.
+    for (int v = 0; v < num_dense; ++v) k0_->Synchronize(g.downloaded[v].get());
+    comm_.Schedule([&] {
+      std::vector<const float*> grads;
+      for (int v = 0; v < num_dense; ++v) grads.push_back(g.host + m.dense_offsets()[v]);
+      results[0] = client_->Push(m.dense_variables(), grads, job.tag, &job.tickets[0]);
+      done.DecrementCount();
+    });
+  }
   // Last layer first: each layer's gradients go as soon as they are on the host.
-  for (int l = num_layers - 1; l >= 0; --l) {
+  for (int l = num_layers - 1; l >= 0 && per_layer_; --l) {
     const Layer& layer = layers_[l];
     for (int v : layer.indices) k0_->Synchronize(g.downloaded[v].get());
     comm_.Schedule([&, l] {

@@ -38,6 +38,12 @@ struct StepPipelineOptions {
   int staleness = 0;
   // Threads that run the per-layer pull and push requests at once.
   int comm_threads = 4;
+  // Pull and push layer by layer (the first layer's parameters first, the last layer's
+  // gradients first), so that communication overlaps the forward and backward passes. Without
+  // it, one request per ps task carries every variable. -1: layer by layer when staleness is 0
+  // (where a step waits for its own pull and push), whole otherwise (the requests are off the
+  // step's path, and fewer round trips cost the ps tasks less).
+  int per_layer = -1;
   // A pause between computing a step and pushing its gradients (tests: a straggler).
   absl::Duration push_delay = absl::ZeroDuration();
 };
@@ -185,6 +191,7 @@ class StepPipeline {
   ParameterClient* const client_;     // Not owned.
   const StepPipelineOptions options_;
   const bool on_host_;  // the CPU backend: device memory is host memory
+  const bool per_layer_;
   std::vector<Layer> layers_;
   std::vector<std::string> tables_;
   std::vector<int> table_dims_;
@@ -211,6 +218,8 @@ class StepPipeline {
   // A push that failed, kept for its retry; its error.
   std::unique_ptr<PushJob> failed_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_status_ ABSL_GUARDED_BY(mu_);
+  // The failed push is being sent again (by RetryFailedPush): the push thread waits.
+  bool retrying_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<StepOutcome> outcomes_ ABSL_GUARDED_BY(mu_);
   int max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
