@@ -73,7 +73,7 @@ strip --strip-unneeded "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 tar -C "$out" -czf "$out/payload.tar.gz" run bin lib
 rm -rf "${out:?}/run" "${out:?}/bin" "${out:?}/lib"
 
-mkdir -p "$out/data" "$out/configs" "$out/bench"
+mkdir -p "$out/data" "$out/configs" "$out/bench" "$out/deploy/local"
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
   t10k-labels-idx1-ubyte.gz; do
   cp "$data_dir/$f" "$out/data/"
@@ -81,5 +81,8 @@ done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/train_rate.py \
   bench/train_cluster.sh "$out/bench/"
+# The main command, run there from the bundle's binaries:
+#   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
+cp deploy/local/run.sh "$out/deploy/local/"
 echo "==> $out: $(du -sh "$out" | cut -f1) (the device tool carries at most 64 MiB with the tree)"
 echo "    on the GPU machine: bash $out/bench/gpu_train.sh   (device run, carry [\"$out\"])"

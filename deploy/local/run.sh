@@ -5,10 +5,14 @@
 #
 #   bash deploy/local/run.sh [--mode async|sync|ssp] [--ps N] [--workers N]
 #                            [--model configs/mlp.pbtxt] [--epochs N] [--batch_size N]
-#                            [--device cpu|gpu:N] [--hold] [-- extra chief flags]
+#                            [--device cpu|gpu:N[,gpu:M...]] [--hold] [--bin_dir DIR]
+#                            [--data_path DIR] [-- extra chief flags]
 #
 # --hold keeps the cluster up after training until Ctrl-C. Logs and metrics go to a fresh
-# folder under /tmp, printed at the start.
+# folder under $TMPDIR (default /tmp), printed at the start. --bin_dir runs prebuilt binaries
+# (DIR/chief, DIR/ps_server, DIR/worker, DIR/psctl, with DIR/../lib on the library path, as in
+# the device bundle of bench/gpu_prepare.sh) instead of installing and building;
+# --data_path is the Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -20,6 +24,8 @@ epochs=10
 batch_size=128
 device=cpu
 hold=0
+bin_dir=""
+data_path=""
 chief_extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -31,18 +37,33 @@ while [[ $# -gt 0 ]]; do
     --batch_size) batch_size=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --hold) hold=1; shift ;;
+    --bin_dir) bin_dir=$2; shift 2 ;;
+    --data_path) data_path=$2; shift 2 ;;
     --) shift; chief_extra=("$@"); break ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-bash tools/setup.sh >/dev/null
-echo "==> building the daemons"
-bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //worker //cli:psctl
-bin=$(bazel info bazel-bin 2>/dev/null)
+# Where each binary is.
+declare -A binary
+if [[ -z $bin_dir ]]; then
+  bash tools/setup.sh >/dev/null
+  echo "==> building the daemons"
+  bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //worker //cli:psctl
+  bin=$(bazel info bazel-bin 2>/dev/null)
+  binary=([chief]=$bin/chief/chief [ps_server]=$bin/ps_server/ps_server
+          [worker]=$bin/worker/worker [psctl]=$bin/cli/psctl)
+else
+  bin_dir=$(cd "$bin_dir" && pwd)
+  [[ -d $bin_dir/../lib ]] && export LD_LIBRARY_PATH="$bin_dir/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  binary=([chief]=$bin_dir/chief [ps_server]=$bin_dir/ps_server [worker]=$bin_dir/worker
+          [psctl]=$bin_dir/psctl)
+fi
+data_flag=()
+[[ -n $data_path ]] && data_flag=(--data_path="$(cd "$data_path" && pwd)")
 
-work=$(mktemp -d /tmp/pscluster.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/pscluster.XXXXXX")
 echo "==> logs and metrics in $work"
 pids=()
 names=()
@@ -75,11 +96,11 @@ tf_config() {  # chief_address job index
     "$1" "$ps" "$workers" "$2" "$3"
 }
 
-start_task() {  # binary job index chief_address [flags...]
-  local binary=$1 job=$2 index=$3 chief_address=$4
+start_task() {  # name job index chief_address [flags...]
+  local name=$1 job=$2 index=$3 chief_address=$4
   shift 4
   local port_file="$work/$job-$index.port"
-  TF_CONFIG=$(tf_config "$chief_address" "$job" "$index") "$bin/$binary" \
+  TF_CONFIG=$(tf_config "$chief_address" "$job" "$index") "${binary[$name]}" \
     --port_file="$port_file" "$@" >"$work/$job-$index.log" 2>&1 &
   pids+=($!)
   names+=("$job:$index")
@@ -91,26 +112,26 @@ start_task() {  # binary job index chief_address [flags...]
 }
 
 echo "==> starting 1 chief, $num_ps ps, $num_workers workers ($mode, $(basename "$model"), $epochs epochs)"
-start_task chief/chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
+start_task chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
   --epochs="$epochs" --batch_size="$batch_size" --metrics_file="$work/metrics.jsonl" \
   --checkpoint_dir="$work/checkpoints" --checkpoint_every_secs=20 \
-  ${chief_extra[@]+"${chief_extra[@]}"}
+  ${data_flag[@]+"${data_flag[@]}"} ${chief_extra[@]+"${chief_extra[@]}"}
 chief="127.0.0.1:$(cat "$work/chief-0.port")"
-for ((i = 0; i < num_ps; i++)); do start_task ps_server/ps_server ps "$i" "$chief"; done
+for ((i = 0; i < num_ps; i++)); do start_task ps_server ps "$i" "$chief"; done
 for ((i = 0; i < num_workers; i++)); do
-  start_task worker/worker worker "$i" "$chief" --device="$device"
+  start_task worker worker "$i" "$chief" --device="$device" ${data_flag[@]+"${data_flag[@]}"}
 done
 
 for _ in $(seq 100); do
-  if "$bin/cli/psctl" --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi
+  if "${binary[psctl]}" --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi
   sleep 0.1
 done
 echo "==> psctl --chief=$chief status"
 # A task unreachable for a moment shows in the table (and makes psctl exit 1); training goes on.
-"$bin/cli/psctl" --chief="$chief" status || true
+"${binary[psctl]}" --chief="$chief" status || true
 echo "==> training (psctl --chief=$chief watch)"
 status=0
-"$bin/cli/psctl" --chief="$chief" --interval_secs=5 watch || status=$?
+"${binary[psctl]}" --chief="$chief" --interval_secs=5 watch || status=$?
 
 if [[ $hold -eq 1 ]]; then
   echo "==> cluster up; Ctrl-C stops it"
