@@ -9,6 +9,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "ps_server/float_stats.h"
 #include "ps_server/initializer.h"
 #include "sharding/sparse_hash.h"
@@ -16,22 +17,13 @@
 namespace pscluster {
 namespace {
 
-// MurmurHash3's 64-bit finalizer, for choosing stripes. Deliberately not splitmix64 (which
-// VirtualShardOfKey uses): the keys a task owns share their virtual-shard hash residues, and a
-// stripe hash built from the same mix could put all of them in a few stripes.
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
-// The stripe of a key: the top 6 bits of its mix.
+// The stripe of a key: the top 6 bits of MixKey (row_index.h; the stripe's RowIndex uses the
+// low bits). Deliberately not splitmix64 (which VirtualShardOfKey uses): the keys a task owns
+// share their virtual-shard hash residues, and a stripe hash built from the same mix could put
+// all of them in a few stripes.
 int StripeOfKey(int64_t key) {
   static_assert(EmbeddingTable::kNumStripes == 64, "StripeOfKey takes the top 6 bits");
-  return static_cast<int>(Mix64(static_cast<uint64_t>(key)) >> 58);
+  return static_cast<int>(MixKey(key) >> 58);
 }
 
 // An open-addressing map from key to the position of its first occurrence, for summing the
@@ -51,7 +43,7 @@ class FirstOccurrenceIndex {
   // Returns the position recorded for `key`, or records and returns `position` if there is none.
   int64_t FindOrInsert(int64_t key, int64_t position) {
     // The low bits of the mix: the stripe used the top ones, so these still vary within one.
-    for (size_t i = Mix64(static_cast<uint64_t>(key)) & mask_;; i = (i + 1) & mask_) {
+    for (size_t i = MixKey(key) & mask_;; i = (i + 1) & mask_) {
       Slot& slot = slots_[i];
       if (slot.position == kEmpty) {
         slot = Slot{key, position};
@@ -71,6 +63,14 @@ class FirstOccurrenceIndex {
   size_t mask_ = 0;
 };
 
+// Prefetches the cache lines of n floats at p, at most the first four.
+inline void PrefetchFloats(const float* p, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  const int64_t len = std::min<int64_t>(n * static_cast<int64_t>(sizeof(float)), 256);
+  for (int64_t offset = 0; offset < len; offset += 64) __builtin_prefetch(bytes + offset);
+  __builtin_prefetch(bytes + len - 1);  // the last line, when the row starts mid-line
+}
+
 absl::Status WithTablePrefix(const std::string& table, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("table ", table, ": ", status.message()));
 }
@@ -78,6 +78,7 @@ absl::Status WithTablePrefix(const std::string& table, const absl::Status& statu
 }  // namespace
 
 constexpr int EmbeddingTable::kNumStripes;
+constexpr int64_t EmbeddingTable::kMinParallelKeys;
 constexpr int EmbeddingTable::kHotKeyCounters;
 constexpr int EmbeddingTable::kHotKeySamplesPerPush;
 
@@ -164,44 +165,38 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
   for (int64_t i = 0; i < n; ++i) groups->order[next[groups->stripe_of[i]]++] = i;
 }
 
-absl::StatusOr<uint32_t> EmbeddingTable::FindOrAppendRowLocked(Stripe* stripe, int64_t key,
-                                                               bool* appended) {
+absl::StatusOr<uint32_t> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
+                                                         bool initialize) {
   const size_t new_row = stripe->update_counts.size();
-  auto [it, inserted] = stripe->row_of.try_emplace(key, static_cast<uint32_t>(new_row));
-  *appended = inserted;
-  if (!inserted) return it->second;
-  if (new_row >= std::numeric_limits<uint32_t>::max()) {
-    stripe->row_of.erase(it);
-    *appended = false;
+  if (new_row >= RowIndex::kNoRow) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", spec_.name(), ": cannot create the row of key ", key,
                      ": its stripe already holds ", new_row, " rows"));
   }
   stripe->arena.resize((new_row + 1) * static_cast<size_t>(stride_));
+  float* values = stripe->arena.data() + new_row * static_cast<size_t>(stride_);
+  if (initialize) {
+    absl::Status status = InitializeRow(spec_.initializer(), spec_.name(), key, dim_, values);
+    if (!status.ok()) {
+      stripe->arena.resize(new_row * static_cast<size_t>(stride_));
+      return WithTablePrefix(spec_.name(), status);
+    }
+    for (int s = 0; s < num_slots_; ++s) {
+      std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
+    }
+  }
   stripe->update_counts.push_back(0);
+  stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
   return static_cast<uint32_t>(new_row);
 }
 
 absl::StatusOr<uint32_t> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key) {
-  bool appended;
-  PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrAppendRowLocked(stripe, key, &appended));
-  if (!appended) return row;
-  float* values = stripe->arena.data() + static_cast<size_t>(row) * stride_;
-  absl::Status status = InitializeRow(spec_.initializer(), spec_.name(), key, dim_, values);
-  if (!status.ok()) {
-    // Undo the append (it is the stripe's last row).
-    stripe->row_of.erase(key);
-    stripe->arena.resize(static_cast<size_t>(row) * stride_);
-    stripe->update_counts.pop_back();
-    return WithTablePrefix(spec_.name(), status);
-  }
-  for (int s = 0; s < num_slots_; ++s) {
-    std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
-  }
-  return row;
+  const uint32_t row = stripe->rows.Find(key);
+  if (row != RowIndex::kNoRow) return row;
+  return AppendRowLocked(stripe, key, /*initialize=*/true);
 }
 
-absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out) {
+absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool) {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": pull of ", n, " keys"));
@@ -210,36 +205,71 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, /*with_order=*/true, &groups);
+  absl::Status status[kNumStripes];
+  ForEachStripe(n, pool, [&](int s) {
+    const int64_t begin = groups.begin[s];
+    if (begin == groups.begin[s + 1]) return;
+    status[s] = PullStripe(&stripes_[s], keys, groups.order.data() + begin,
+                           groups.begin[s + 1] - begin, out);
+  });
+  return FirstError(status);
+}
+
+absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
+                                        int64_t count, float* out) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   std::vector<int64_t> absent;
-  for (int s = 0; s < kNumStripes; ++s) {
-    const int64_t begin = groups.begin[s];
-    const int64_t end = groups.begin[s + 1];
-    if (begin == end) continue;
-    Stripe& stripe = stripes_[s];
-    absent.clear();
-    {
-      // Rows that exist are copied under the shared lock, so pulls do not block each other.
-      absl::ReaderMutexLock lock(&stripe.mu);
-      for (int64_t j = begin; j < end; ++j) {
-        const int64_t pos = groups.order[j];
-        auto it = stripe.row_of.find(keys[pos]);
-        if (it == stripe.row_of.end()) {
-          absent.push_back(pos);
-          continue;
+  {
+    // Rows that exist are copied under the shared lock, so pulls do not block each other. The
+    // loop is a pipeline: the hash slot of the key kKeyAhead positions on is prefetched, the
+    // row of this one is found and prefetched, and the row found kRowLag positions back is
+    // copied, so that a request's cache misses overlap instead of following one another.
+    absl::ReaderMutexLock lock(&stripe->mu);
+    const float* arena = stripe->arena.data();
+    uint32_t ring[kRowRing];
+    for (int64_t i = 0; i < count + kRowLag; ++i) {
+      if (i + kKeyAhead < count) stripe->rows.Prefetch(keys[order[i + kKeyAhead]]);
+      if (i < count) {
+        const uint32_t row = stripe->rows.Find(keys[order[i]]);
+        ring[i % kRowRing] = row;
+        if (row == RowIndex::kNoRow) {
+          absent.push_back(order[i]);
+        } else {
+          PrefetchFloats(arena + static_cast<size_t>(row) * stride_, dim_);
         }
-        std::memcpy(out + pos * dim_,
-                    stripe.arena.data() + static_cast<size_t>(it->second) * stride_, row_bytes);
       }
-    }
-    if (absent.empty()) continue;
-    // Another thread may create some of these rows in between; FindOrCreate handles it.
-    absl::MutexLock lock(&stripe.mu);
-    for (int64_t pos : absent) {
-      PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrCreateRowLocked(&stripe, keys[pos]));
-      std::memcpy(out + pos * dim_, stripe.arena.data() + static_cast<size_t>(row) * stride_,
+      const int64_t j = i - kRowLag;
+      if (j < 0 || ring[j % kRowRing] == RowIndex::kNoRow) continue;
+      std::memcpy(out + order[j] * dim_, arena + static_cast<size_t>(ring[j % kRowRing]) * stride_,
                   row_bytes);
     }
+  }
+  if (absent.empty()) return absl::OkStatus();
+  // Another thread may create some of these rows in between; FindOrCreate handles it.
+  absl::MutexLock lock(&stripe->mu);
+  for (int64_t pos : absent) {
+    PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrCreateRowLocked(stripe, keys[pos]));
+    std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(row) * stride_,
+                row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::ForEachStripe(int64_t n, ThreadPool* pool,
+                                   const std::function<void(int stripe)>& fn) {
+  const auto run = [&fn](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) fn(static_cast<int>(s));
+  };
+  if (pool == nullptr || pool->num_threads() == 0 || n < kMinParallelKeys) {
+    run(0, kNumStripes);
+    return;
+  }
+  pool->ParallelFor(kNumStripes, /*min_block=*/4, run);
+}
+
+absl::Status EmbeddingTable::FirstError(const absl::Status (&status)[kNumStripes]) {
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -265,12 +295,13 @@ absl::Status EmbeddingTable::CheckPush(const int64_t* keys, int64_t n, const flo
 }
 
 absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* grads,
-                                  bool allow_non_finite) {
+                                  bool allow_non_finite, ThreadPool* pool) {
   PS_RETURN_IF_ERROR(CheckPush(keys, n, grads, allow_non_finite));
-  return ApplyPush(keys, n, grads);
+  return ApplyPush(keys, n, grads, pool);
 }
 
-absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const float* grads) {
+absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const float* grads,
+                                       ThreadPool* pool) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, /*with_order=*/false, &groups);
@@ -283,43 +314,75 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
   {
     int64_t next[kNumStripes];
     std::copy(groups.begin, groups.begin + kNumStripes, next);
+    const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = next[groups.stripe_of[i]]++;
       sorted_keys[j] = keys[i];
-      std::copy_n(grads + i * dim_, dim_, sorted_grads.data() + j * dim_);
+      std::memcpy(sorted_grads.data() + j * dim_, grads + i * dim_, row_bytes);
     }
   }
-  FirstOccurrenceIndex first_occurrence;
-  std::vector<int64_t> distinct;  // Positions, in sorted order, of each key's first occurrence.
-  std::vector<float*> slots(static_cast<size_t>(num_slots_));
-  for (int s = 0; s < kNumStripes; ++s) {
+  absl::Status status[kNumStripes];
+  ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
-    const int64_t end = groups.begin[s + 1];
-    if (begin == end) continue;
-    first_occurrence.Reset(end - begin);
-    distinct.clear();
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t first = first_occurrence.FindOrInsert(sorted_keys[j], j);
-      if (first == j) {
-        distinct.push_back(j);
-        continue;
-      }
-      float* sum = sorted_grads.data() + first * dim_;
-      const float* grad = sorted_grads.data() + j * dim_;
-      for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
-    }
-    Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (int64_t j : distinct) {
-      PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrCreateRowLocked(&stripe, sorted_keys[j]));
-      float* values = stripe.arena.data() + static_cast<size_t>(row) * stride_;
-      for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
-      const int64_t t = ++stripe.update_counts[row];
-      optimizer_->Apply(values, slots.data(), sorted_grads.data() + j * dim_, dim_, t);
-    }
-  }
+    if (begin == groups.begin[s + 1]) return;
+    status[s] = ApplyStripe(&stripes_[s], sorted_keys.data() + begin,
+                            sorted_grads.data() + begin * dim_, groups.begin[s + 1] - begin);
+  });
   SampleHotKeys(keys, n);
-  return absl::OkStatus();
+  return FirstError(status);
+}
+
+absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads,
+                                         int64_t count) {
+  // Sum the gradients of repeated keys into their first occurrence, outside the lock.
+  FirstOccurrenceIndex first_occurrence;
+  first_occurrence.Reset(count);
+  std::vector<int64_t> distinct;  // Positions of each key's first occurrence, in order.
+  distinct.reserve(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t first = first_occurrence.FindOrInsert(keys[j], j);
+    if (first == j) {
+      distinct.push_back(j);
+      continue;
+    }
+    float* sum = grads + first * dim_;
+    const float* grad = grads + j * dim_;
+    for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
+  }
+  const int64_t num_distinct = static_cast<int64_t>(distinct.size());
+  std::vector<float*> slots(static_cast<size_t>(num_slots_));
+  absl::MutexLock lock(&stripe->mu);
+  // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
+  // and prefetch this key's row, update the row found kRowLag keys back. Rows are held as
+  // indices: creating a row may move the arena.
+  absl::Status status;
+  int64_t found = 0;  // Rows found so far; finding stops at the first error.
+  uint32_t ring[kRowRing];
+  for (int64_t i = 0;; ++i) {
+    if (i < num_distinct && status.ok()) {
+      if (i + kKeyAhead < num_distinct) {
+        stripe->rows.Prefetch(keys[distinct[i + kKeyAhead]]);
+      }
+      absl::StatusOr<uint32_t> row = FindOrCreateRowLocked(stripe, keys[distinct[i]]);
+      if (row.ok()) {
+        ring[i % kRowRing] = *row;
+        PrefetchFloats(stripe->arena.data() + static_cast<size_t>(*row) * stride_, stride_);
+        __builtin_prefetch(stripe->update_counts.data() + *row);
+        ++found;
+      } else {
+        status = row.status();
+      }
+    }
+    const int64_t j = i - kRowLag;
+    if (j >= found) break;
+    if (j < 0) continue;
+    const uint32_t row = ring[j % kRowRing];
+    float* values = stripe->arena.data() + static_cast<size_t>(row) * stride_;
+    for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
+    const int64_t t = ++stripe->update_counts[row];
+    optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, t);
+  }
+  return status;
 }
 
 void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>* found,
@@ -339,11 +402,11 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
     absl::ReaderMutexLock lock(&stripe.mu);
     for (int64_t j = begin; j < end; ++j) {
       const int64_t pos = groups.order[j];
-      auto it = stripe.row_of.find(keys[pos]);
-      if (it == stripe.row_of.end()) continue;
+      const uint32_t row = stripe.rows.Find(keys[pos]);
+      if (row == RowIndex::kNoRow) continue;
       exists[pos] = 1;
       std::memcpy(gathered.data() + pos * dim_,
-                  stripe.arena.data() + static_cast<size_t>(it->second) * stride_, row_bytes);
+                  stripe.arena.data() + static_cast<size_t>(row) * stride_, row_bytes);
     }
   }
   for (int64_t pos = 0; pos < n; ++pos) {
@@ -360,7 +423,7 @@ int64_t EmbeddingTable::num_rows() const {
   int64_t rows = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
-    rows += static_cast<int64_t>(stripes_[s].row_of.size());
+    rows += static_cast<int64_t>(stripes_[s].rows.size());
   }
   return rows;
 }
@@ -378,7 +441,7 @@ void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
   const int64_t step = (n + kHotKeySamplesPerPush - 1) / kHotKeySamplesPerPush;
   absl::MutexLock lock(&hot_mu_);
   const int64_t offset =
-      step == 1 ? 0 : static_cast<int64_t>(Mix64(hot_pushes_) % static_cast<uint64_t>(step));
+      step == 1 ? 0 : static_cast<int64_t>(MixKey(static_cast<int64_t>(hot_pushes_)) % static_cast<uint64_t>(step));
   ++hot_pushes_;
   for (int64_t pos = offset; pos < n; pos += step) CountHotKeyLocked(keys[pos], step);
 }
@@ -448,8 +511,8 @@ void EmbeddingTable::ForEachRow(
       // Copy, so that fn runs with no lock held.
       absl::ReaderMutexLock lock(&stripe.mu);
       key_of_row.resize(stripe.update_counts.size());
-      for (const auto& [key, row] : stripe.row_of) key_of_row[row] = key;
-      arena = stripe.arena;
+      stripe.rows.ForEach([&key_of_row](int64_t key, uint32_t row) { key_of_row[row] = key; });
+      arena.assign(stripe.arena.begin(), stripe.arena.end());
       update_counts = stripe.update_counts;
     }
     for (size_t row = 0; row < key_of_row.size(); ++row) {
@@ -466,8 +529,11 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   }
   Stripe& stripe = stripes_[StripeOfKey(key)];
   absl::MutexLock lock(&stripe.mu);
-  bool appended;  // Either way, the row is overwritten below.
-  PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrAppendRowLocked(&stripe, key, &appended));
+  uint32_t row = stripe.rows.Find(key);
+  if (row == RowIndex::kNoRow) {
+    // Not initialized: the row is overwritten below.
+    PS_ASSIGN_OR_RETURN(row, AppendRowLocked(&stripe, key, /*initialize=*/false));
+  }
   std::memcpy(stripe.arena.data() + static_cast<size_t>(row) * stride_, values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   stripe.update_counts[row] = t;

@@ -14,8 +14,11 @@
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/optimizer.h"
+#include "ps_server/row_index.h"
 
 namespace pscluster {
+
+class ThreadPool;
 
 // One ps task's part of a sparse embedding table: int64 key -> a row of dim() floats, plus the
 // optimizer's slots for that row and the row's update count `t` (the 1-based step number that
@@ -37,7 +40,8 @@ namespace pscluster {
 // every stripe); each stripe has its own lock, map and storage. A request takes each stripe's
 // lock at most twice (Pull: once shared, once exclusive if it creates rows). A reader sees a
 // whole row update or none of it; a request touching several stripes is not atomic across
-// them (another thread may see some of its rows updated and others not yet).
+// them (another thread may see some of its rows updated and others not yet). Pull and Push of
+// at least kMinParallelKeys keys, given a ThreadPool, work on several stripes at once.
 //
 // Lifecycle: none; usable from Create until destroyed.
 class EmbeddingTable {
@@ -48,6 +52,8 @@ class EmbeddingTable {
   static constexpr int kHotKeyCounters = 64;
   // Keys of one push that the hot-key sketch looks at, at most.
   static constexpr int kHotKeySamplesPerPush = 128;
+  // Requests of fewer keys than this run on the calling thread alone.
+  static constexpr int64_t kMinParallelKeys = 4096;
 
   // Creates an empty table for `spec` that owns `owned_virtual_shards` of the table's
   // num_virtual_shards virtual shards (duplicates are ignored; an empty list owns no key).
@@ -74,8 +80,9 @@ class EmbeddingTable {
   // FAILED_PRECONDITION if a key is not owned ("key K of table T hashes to virtual shard V, not
   // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0; either way before
   // anything changes.
+  // With a non-null `pool` (not owned), a large request's stripes are read on its threads too.
   // REQUIRES: keys holds n keys and out n*dim() floats (both may be null when n == 0). Not owned.
-  absl::Status Pull(const int64_t* keys, int64_t n, float* out);
+  absl::Status Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool = nullptr);
 
   // Applies gradient grads[i*dim, (i+1)*dim) to the row of keys[i], for i in [0, n). The
   // gradients of a key that appears several times are summed first (in order of position), then
@@ -86,8 +93,10 @@ class EmbeddingTable {
   // element, naming the table, the key, its position and the value.
   // (RESOURCE_EXHAUSTED if a stripe would pass 2^32 rows, about 2^38 rows in the table, is the
   // one error found late: stripes already updated by the request then stay updated.)
+  // `pool` as for Pull. The result does not depend on it: each row's update is the same.
   // REQUIRES: keys holds n keys and grads n*dim() floats (both may be null when n == 0).
-  absl::Status Push(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite);
+  absl::Status Push(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite,
+                    ThreadPool* pool = nullptr);
 
   // Push in two halves, for callers that validate before deciding how to apply (a sync
   // accumulator): CheckPush returns the errors Push would, changing nothing; ApplyPush then
@@ -95,7 +104,8 @@ class EmbeddingTable {
   absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads,
                          bool allow_non_finite) const;
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
-  absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads);
+  absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
+                         ThreadPool* pool = nullptr);
 
   // Reads without creating. For each keys[i], in order: if its row exists (on this table; an
   // unowned key never does), appends the key to *found and its dim() values to *rows; otherwise
@@ -147,8 +157,8 @@ class EmbeddingTable {
   // is the row's t. Rows are never removed.
   struct alignas(64) Stripe {
     mutable absl::Mutex mu;
-    absl::flat_hash_map<int64_t, uint32_t> row_of ABSL_GUARDED_BY(mu);
-    std::vector<float> arena ABSL_GUARDED_BY(mu);
+    RowIndex rows ABSL_GUARDED_BY(mu);
+    std::vector<float, CacheLineAllocator<float>> arena ABSL_GUARDED_BY(mu);
     std::vector<int64_t> update_counts ABSL_GUARDED_BY(mu);
   };
 
@@ -162,6 +172,26 @@ class EmbeddingTable {
   };
   static void GroupByStripe(const int64_t* keys, int64_t n, bool with_order, StripeGroups* groups);
 
+  // The lookahead of the pipelines that find rows (PullStripe, ApplyStripe): the hash slot of
+  // the key kKeyAhead positions on is prefetched, and a row is used kRowLag positions after it
+  // was found (and prefetched); kRowRing rows are held in between.
+  static constexpr int64_t kKeyAhead = 16;
+  static constexpr int64_t kRowLag = 8;
+  static constexpr int64_t kRowRing = 16;
+  static_assert(kRowRing > kRowLag, "the ring holds the rows in flight");
+
+  // Calls fn(s) for every stripe s, on `pool` too when it has threads and n (the request's
+  // keys) is at least kMinParallelKeys. Each call may run on any thread.
+  static void ForEachStripe(int64_t n, ThreadPool* pool, const std::function<void(int)>& fn);
+  static absl::Status FirstError(const absl::Status (&status)[kNumStripes]);
+
+  // Pull's work on one stripe: the keys keys[order[0..count)], rows to out[order[i] * dim].
+  absl::Status PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
+                          int64_t count, float* out);
+  // ApplyPush's work on one stripe: keys[0..count) with gradients grads[i * dim], which it
+  // overwrites (repeated keys are summed into the first occurrence).
+  absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count);
+
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
                  int32_t num_virtual_shards);
 
@@ -169,12 +199,13 @@ class EmbeddingTable {
   absl::Status CheckOwned(const int64_t* keys, int64_t n) const;
   absl::Status NotOwnedError(int64_t key) const;
 
-  // Returns the row of `key` in `stripe`; if absent, appends one with values, slots and count 0
-  // and sets *appended. RESOURCE_EXHAUSTED, changing nothing, if the stripe holds 2^32 - 1 rows.
-  absl::StatusOr<uint32_t> FindOrAppendRowLocked(Stripe* stripe, int64_t key, bool* appended)
+  // Appends the row of `key`, which the stripe does not hold, with its initial values and
+  // slots if `initialize` (else zeros, for the caller to overwrite) and count 0. Fails, changing
+  // nothing, if the stripe holds 2^32 - 1 rows (RESOURCE_EXHAUSTED) or the initializer fails
+  // (which Create rules out).
+  absl::StatusOr<uint32_t> AppendRowLocked(Stripe* stripe, int64_t key, bool initialize)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
-  // As FindOrAppendRowLocked, but a new row gets its initial values and slots. Fails, changing
-  // nothing, if the stripe is full or the initializer fails (which Create rules out).
+  // The row of `key`, appended with its initial values if absent (as AppendRowLocked).
   absl::StatusOr<uint32_t> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 

@@ -27,10 +27,10 @@ DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard, ThreadPool* pool) {
   return [shard, pool](const float* mean) { shard->Apply(mean, pool); };
 }
 
-SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table) {
-  return [table](const int64_t* keys, int64_t n, const float* mean) {
+SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool) {
+  return [table, pool](const int64_t* keys, int64_t n, const float* mean) {
     // Keys this task owns (checked on push) and finite means: cannot fail.
-    table->ApplyPush(keys, n, mean).IgnoreError();
+    table->ApplyPush(keys, n, mean, pool).IgnoreError();
   };
 }
 
@@ -389,7 +389,7 @@ void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>&
 void ParameterStore::SettleTable(const Table& t, int64_t before_step) {
   if (t.accumulator == nullptr) return;
   absl::ReaderMutexLock barrier(&apply_barrier_);
-  t.accumulator->Settle(before_step, ApplyTo(t.table.get()));
+  t.accumulator->Settle(before_step, ApplyTo(t.table.get(), &apply_pool_));
 }
 
 void ParameterStore::SettleAll() {
@@ -567,7 +567,7 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   PS_RETURN_IF_ERROR(CheckSparseSize(request.table(), "pull", n, dim));
   SettleTable(t, request.has_step() ? request.step() : -1);
   rows->resize(n * dim);
-  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data()));
+  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), &apply_pool_));
   Touch(*t.counters, /*push=*/false, n * dim * elem_bytes);
   return absl::OkStatus();
 }
@@ -612,11 +612,11 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
     if (t.accumulator == nullptr) {
-      applied = t.table->ApplyPush(keys, n, grads);
+      applied = t.table->ApplyPush(keys, n, grads, &apply_pool_);
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
-                                 request.num_parts(), keys, n, grads, ApplyTo(t.table.get()))) {
+                                 request.num_parts(), keys, n, grads, ApplyTo(t.table.get(), &apply_pool_))) {
         case AccumulateOutcome::kComplete:  // pending until the next step needs it
         case AccumulateOutcome::kAccumulated:
           outcome.accepted = static_cast<int32_t>(n);

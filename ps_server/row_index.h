@@ -1,0 +1,127 @@
+#ifndef PSCLUSTER_PS_SERVER_ROW_INDEX_H_
+#define PSCLUSTER_PS_SERVER_ROW_INDEX_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <vector>
+
+namespace pscluster {
+
+// MurmurHash3's 64-bit finalizer: a key's hash for the embedding table's stripes (top bits) and
+// row indexes (low bits).
+inline uint64_t MixKey(int64_t key) {
+  uint64_t x = static_cast<uint64_t>(key);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// An allocator of 64-byte aligned memory, so that rows of 64 bytes (8 floats and one 8-float
+// slot, say) each lie in one cache line and cost one miss, not two.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr size_t kAlignment = 64;
+
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: allocators convert implicitly
+
+  T* allocate(size_t n) {
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    const size_t bytes = (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes == 0 ? kAlignment : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+
+// The index of one embedding-table stripe: int64 key -> uint32 row number, open addressing
+// with linear probing over 16-byte slots, at most 3/4 full. It exists, rather than an
+// absl::flat_hash_map, for Prefetch: a lookup's home slot is one known cache line that a
+// pipelined caller can prefetch exactly, while a swiss table's probe touches a control group
+// and a 256-byte slot group that its prefetch() only partly covers. Rows are never removed,
+// so there are no tombstones.
+//
+// Thread-safety: none (the stripe's lock guards it); const methods may run concurrently.
+class RowIndex {
+ public:
+  // Find's answer for a key with no row; not a valid row number.
+  static constexpr uint32_t kNoRow = std::numeric_limits<uint32_t>::max();
+
+  RowIndex() : slots_(kMinCapacity), mask_(kMinCapacity - 1) {}
+
+  // The row of `key`, or kNoRow.
+  uint32_t Find(int64_t key) const {
+    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+      const Slot& slot = slots_[i];
+      if (slot.row == kNoRow || slot.key == key) return slot.row;
+    }
+  }
+
+  // Records that `key` has row `row`.
+  // REQUIRES: Find(key) == kNoRow, row != kNoRow.
+  void Insert(int64_t key, uint32_t row) {
+    if (4 * (size_ + 1) > 3 * slots_.size()) Grow();
+    Place(key, row);
+    ++size_;
+  }
+
+  // Starts loading the cache line where a lookup of `key` begins.
+  void Prefetch(int64_t key) const { __builtin_prefetch(&slots_[Home(key)]); }
+
+  // Number of keys.
+  size_t size() const { return size_; }
+
+  // Calls fn(key, row) for every key, in no particular order.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (const Slot& slot : slots_) {
+      if (slot.row != kNoRow) fn(slot.key, slot.row);
+    }
+  }
+
+ private:
+  static constexpr size_t kMinCapacity = 16;
+  struct Slot {
+    int64_t key = 0;
+    uint32_t row = kNoRow;
+  };
+
+  size_t Home(int64_t key) const { return static_cast<size_t>(MixKey(key)) & mask_; }
+
+  void Place(int64_t key, uint32_t row) {
+    size_t i = Home(key);
+    while (slots_[i].row != kNoRow) i = (i + 1) & mask_;
+    slots_[i] = Slot{key, row};
+  }
+
+  void Grow() {
+    std::vector<Slot> old(2 * slots_.size());
+    old.swap(slots_);
+    mask_ = slots_.size() - 1;
+    for (const Slot& slot : old) {
+      if (slot.row != kNoRow) Place(slot.key, slot.row);
+    }
+  }
+
+  std::vector<Slot> slots_;  // capacity: a power of two
+  size_t mask_;
+  size_t size_ = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_ROW_INDEX_H_

@@ -1,0 +1,69 @@
+#include "ps_server/row_index.h"
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+TEST(RowIndexTest, EmptyIndexFindsNothing) {
+  RowIndex index;
+  EXPECT_EQ(index.size(), 0u);
+  for (int64_t key : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min(),
+                      std::numeric_limits<int64_t>::max()}) {
+    EXPECT_EQ(index.Find(key), RowIndex::kNoRow) << key;
+  }
+}
+
+TEST(RowIndexTest, FindsEveryInsertedKeyThroughGrowth) {
+  RowIndex index;
+  std::map<int64_t, uint32_t> expected;
+  // Keys that a default slot could be confused with (0), the extremes, and random ones.
+  std::vector<int64_t> keys = {0, -1, 1, std::numeric_limits<int64_t>::min(),
+                               std::numeric_limits<int64_t>::max()};
+  std::mt19937_64 rng(11);
+  while (keys.size() < 100000) keys.push_back(static_cast<int64_t>(rng()));
+  for (int64_t key : keys) {
+    if (expected.count(key) != 0) continue;
+    ASSERT_EQ(index.Find(key), RowIndex::kNoRow) << key;
+    const uint32_t row = static_cast<uint32_t>(expected.size());
+    index.Insert(key, row);
+    expected[key] = row;
+    ASSERT_EQ(index.Find(key), row) << key;
+  }
+  EXPECT_EQ(index.size(), expected.size());
+  for (const auto& [key, row] : expected) ASSERT_EQ(index.Find(key), row) << key;
+  // Keys never inserted are still absent after many growths.
+  for (int i = 0; i < 1000; ++i) {
+    const int64_t key = static_cast<int64_t>(rng());
+    if (expected.count(key) == 0) {
+      ASSERT_EQ(index.Find(key), RowIndex::kNoRow) << key;
+    }
+  }
+  std::map<int64_t, uint32_t> visited;
+  index.ForEach([&](int64_t key, uint32_t row) {
+    EXPECT_TRUE(visited.emplace(key, row).second) << "key " << key << " visited twice";
+  });
+  EXPECT_EQ(visited, expected);
+}
+
+TEST(RowIndexTest, ConsecutiveKeysThatCollideStayDistinct) {
+  // Consecutive keys and keys 2^k apart: patterns that a weak hash would pile into one run.
+  RowIndex index;
+  uint32_t row = 0;
+  for (int64_t key = 0; key < 5000; ++key) index.Insert(key, row++);
+  for (int shift = 13; shift < 63; ++shift) index.Insert(int64_t{1} << shift, row++);
+  row = 0;
+  for (int64_t key = 0; key < 5000; ++key) ASSERT_EQ(index.Find(key), row++) << key;
+  for (int shift = 13; shift < 63; ++shift) ASSERT_EQ(index.Find(int64_t{1} << shift), row++);
+  EXPECT_EQ(index.Find(5000), RowIndex::kNoRow);
+}
+
+}  // namespace
+}  // namespace pscluster
