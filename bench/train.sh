@@ -6,7 +6,9 @@
 #       parameter stores, no RPC -- the baseline;
 #   (b) a local cluster of 1 chief, 2 ps and 1 CPU worker, async;
 #   (c) the same with 2 workers;
-#   (d) the same 2 workers in sync mode (SyncReplicas, replicas_to_aggregate = 2).
+#   (d) the same 2 workers in sync mode (SyncReplicas, replicas_to_aggregate = 2);
+#   (e) (b) with the worker as it was before the pipelined step and the tensor wire:
+#       --pipeline_staleness=0 --ps_transport=grpc, so their gain is measured in the same run.
 # Every run uses batch --batch_size per worker. A cluster's figure is its steady state: after
 # --warmup seconds of training, the workers' steps over --seconds seconds, read from each
 # worker's own progress lines (exact step counts with microsecond timestamps), cross-checked
@@ -20,13 +22,15 @@
 #   BENCH train_cpu_2w2ps <ex/s> ex/s ratio=<vs single process>
 #   BENCH train_cpu_2w2ps_sync <ex/s> ex/s ratio=<vs single process>
 #   BENCH sync_vs_async_step_time <r> x ratio=<r>
+#   BENCH train_cpu_1w2ps_nopipeline_grpc <ex/s> ex/s ratio=<vs single process>
+#   BENCH pipeline_and_wire_gain_1w2ps <g> x ratio=<g>   (g = (b) / (e))
 # where r = (async examples/s) / (sync examples/s) with the same 2 workers and batch: the
 # time of a sync step over that of an async step (each worker does one batch per step).
 # Each figure also says how many cores other processes of the machine took meanwhile (a build
 # of another session, say), and the script warns when that was more than 0.15: such a figure is
 # low. Before each run it waits up to --quiet_wait seconds for the other processes to leave
 # the cores (below 0.2 cores busy over a second). About 2.5 minutes after the build on 2 cores
-# when the machine is quiet, at most 2 more waiting for it.
+# when the machine is quiet (3 with (e)), at most 2 more waiting for it.
 #
 #   bash bench/train.sh [--seconds S] [--warmup S] [--batch_size N] [--quiet_wait S]
 #                       [--keep_logs]
@@ -45,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --batch_size) batch=$2; shift 2 ;;
     --quiet_wait) quiet_wait=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -111,17 +115,20 @@ run_cluster() {  # name mode workers
 run_cluster b async 1
 run_cluster c async 2
 run_cluster d sync 2
+cl_worker_flags=(--pipeline_staleness=0 --ps_transport=grpc)
+run_cluster e async 1
+cl_worker_flags=()
 echo "==> load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$work/single" "$work/b.rate" "$work/c.rate" "$work/d.rate" "$batch" "$(nproc)" \
-  "$cpu_model" <<'PY'
+python3 - "$work/single" "$work/b.rate" "$work/c.rate" "$work/d.rate" "$work/e.rate" "$batch" \
+  "$(nproc)" "$cpu_model" <<'PY'
 import re, sys
 def kv(path, prefix):
     line = [l for l in open(path) if l.startswith(prefix)][-1]
     return {k: v for k, v in re.findall(r"(\w+)=(\S+)", line)}
 s = kv(sys.argv[1], "TRAIN_BENCH ")
-b, c, d = (kv(p, "RATE ") for p in sys.argv[2:5])
-batch, cores, cpu = sys.argv[5], sys.argv[6], sys.argv[7]
+b, c, d, e_ = (kv(p, "RATE ") for p in sys.argv[2:6])
+batch, cores, cpu = sys.argv[6], sys.argv[7], sys.argv[8]
 single = float(s["examples_per_second"])
 eps = lambda r: float(r["examples_per_second"])
 def cpu_cols(r):
@@ -136,6 +143,7 @@ rows = [
     ("1 worker + 2 ps, async", eps(b), float(b["step_ms"]), cpu_cols(b)),
     ("2 workers + 2 ps, async", eps(c), float(c["step_ms"]), cpu_cols(c)),
     ("2 workers + 2 ps, sync", eps(d), float(d["step_ms"]), cpu_cols(d)),
+    ("1 worker + 2 ps, async, no pipeline, gRPC", eps(e_), float(e_["step_ms"]), cpu_cols(e_)),
 ]
 sync_vs_async = eps(c) / eps(d)
 print()
@@ -164,5 +172,7 @@ print(f"BENCH train_cpu_1w2ps {eps(b):.1f} ex/s ratio={eps(b) / single:.2f}")
 print(f"BENCH train_cpu_2w2ps {eps(c):.1f} ex/s ratio={eps(c) / single:.2f}")
 print(f"BENCH train_cpu_2w2ps_sync {eps(d):.1f} ex/s ratio={eps(d) / single:.2f}")
 print(f"BENCH sync_vs_async_step_time {sync_vs_async:.2f} x ratio={sync_vs_async:.2f}")
+print(f"BENCH train_cpu_1w2ps_nopipeline_grpc {eps(e_):.1f} ex/s ratio={eps(e_) / single:.2f}")
+print(f"BENCH pipeline_and_wire_gain_1w2ps {eps(b) / eps(e_):.2f} x ratio={eps(b) / eps(e_):.2f}")
 PY
 exit $status

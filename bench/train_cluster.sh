@@ -98,7 +98,8 @@ cl_stop() {
 
 # cl_start NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE
 # DEVICE is every worker's --device; "{i}" in it becomes the worker's index (gpu:{i}: worker i
-# on GPU i).
+# on GPU i). The arrays cl_chief_flags and cl_worker_flags, when set, are added to the chief's
+# and every worker's flags.
 cl_start() {
   local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 i
   cl_dir="$work/$name"
@@ -118,7 +119,7 @@ cl_start() {
   for ((i = 0; i < num_workers; i++)); do
     cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" \
       --device="${device//\{i\}/$i}" \
-      ${data_flag[@]+"${data_flag[@]}"} || return 1
+      ${data_flag[@]+"${data_flag[@]}"} ${cl_worker_flags[@]+"${cl_worker_flags[@]}"} || return 1
   done
   # Training has started once every worker has reported a step (async: every 2 s).
   local _ steps
