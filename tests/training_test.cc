@@ -227,12 +227,12 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
                             "--replicas_to_aggregate=2",
                             "--max_train_examples=6000",
                             "--max_test_examples=100",
-                            "--epochs=1",
                             "--batch_size=50",
-                            // Long enough that the slow worker is surely training (and late)
-                            // before the end, however slowly it started; the checks below
-                            // look at the first 40 steps.
-                            "--max_steps=1000"};
+                            // 40 steps an epoch (2,000 examples a worker): 50 epochs, so that
+                            // training outlasts the slow worker's start and several of its
+                            // 400 ms steps, however fast the other two run; the checks below
+                            // look at the first 40 steps and the first late gradient.
+                            "--epochs=50"};
   options.flags["worker:2"] = {"--step_delay_ms=400"};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
