@@ -182,7 +182,9 @@ class StepPipeline {
   absl::Status Push(PushJob& job);
   // Sends the failed push again, on this thread; OK when there is none.
   absl::Status RetryFailedPush();
-  void Collect(const PushJob& job);
+  // Adds the outcome of a pushed step (its outputs are on the host by then, so the wait for
+  // them under the lock is short).
+  void Collect(const PushJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until layer `layer` of slot `slot` is on the host for step `index`.
   absl::Status AwaitLayer(int slot, int64_t index, int layer);
 
