@@ -54,6 +54,7 @@
 #include "worker/kernels/kernels.h"
 #include "worker/in_process_step_source.h"
 #include "worker/model.h"
+#include "worker/step_pipeline.h"
 #include "worker/trainer.h"
 
 DEFINE_string(model_config, "configs/mlp.pbtxt", "The model config (as the chief's flag).");
@@ -103,22 +104,35 @@ double MachineCpuSeconds() {
   return (user + nice + system + irq + softirq + steal) / sysconf(_SC_CLK_TCK);
 }
 
-struct PreparedBatch {
-  bool valid = false;
-  Dataset data;
-  SparseInput sparse;
+// The model and the training examples the flags name.
+struct Inputs {
+  v1::ModelConfig config;
+  v1::ModelSpec spec;
+  Dataset train;
 };
 
-Batch AsBatch(const Dataset& d) {
-  Batch b;
-  b.size = static_cast<int>(d.num_examples);
-  b.dense = d.dense.data();
-  if (!d.sparse_offsets.empty()) {
-    b.sparse_offsets = d.sparse_offsets.data();
-    b.sparse_ids = d.sparse_ids.data();
+absl::StatusOr<Inputs> LoadInputs() {
+  Inputs in;
+  if (absl::Status s = ReadProtoFile(FLAGS_model_config, &in.config); !s.ok()) return s;
+  absl::StatusOr<v1::ModelSpec> spec = ModelSpecFromConfig(in.config);
+  if (!spec.ok()) return spec.status();
+  in.spec = *std::move(spec);
+  v1::DataConfig data;
+  if (FLAGS_data == "fashion_mnist") {
+    data.set_kind(v1::DataConfig::FASHION_MNIST);
+  } else if (FLAGS_data == "libsvm") {
+    data.set_kind(v1::DataConfig::LIBSVM);
+  } else if (FLAGS_data == "synthetic_ctr") {
+    data.set_kind(v1::DataConfig::SYNTHETIC_CTR);
+  } else {
+    return absl::InvalidArgumentError("--data must be fashion_mnist, libsvm or synthetic_ctr");
   }
-  b.labels = d.labels.data();
-  return b;
+  data.set_path(FLAGS_data_path);
+  data.set_max_train_examples(FLAGS_max_train_examples);
+  absl::StatusOr<Dataset> train = LoadDataset(data, in.config.input_dim(), /*train=*/true);
+  if (!train.ok()) return train.status();
+  in.train = *std::move(train);
+  return in;
 }
 
 absl::StatusOr<std::unique_ptr<Kernels>> MakeKernels(const std::string& device) {
@@ -162,25 +176,11 @@ struct Totals {
 };
 
 absl::Status Run() {
-  v1::ModelConfig config;
-  if (absl::Status s = ReadProtoFile(FLAGS_model_config, &config); !s.ok()) return s;
-  absl::StatusOr<v1::ModelSpec> spec = ModelSpecFromConfig(config);
-  if (!spec.ok()) return spec.status();
-
-  v1::DataConfig data;
-  if (FLAGS_data == "fashion_mnist") {
-    data.set_kind(v1::DataConfig::FASHION_MNIST);
-  } else if (FLAGS_data == "libsvm") {
-    data.set_kind(v1::DataConfig::LIBSVM);
-  } else if (FLAGS_data == "synthetic_ctr") {
-    data.set_kind(v1::DataConfig::SYNTHETIC_CTR);
-  } else {
-    return absl::InvalidArgumentError("--data must be fashion_mnist, libsvm or synthetic_ctr");
-  }
-  data.set_path(FLAGS_data_path);
-  data.set_max_train_examples(FLAGS_max_train_examples);
-  absl::StatusOr<Dataset> train = LoadDataset(data, config.input_dim(), /*train=*/true);
-  if (!train.ok()) return train.status();
+  absl::StatusOr<Inputs> inputs = LoadInputs();
+  if (!inputs.ok()) return inputs.status();
+  const v1::ModelConfig& config = inputs->config;
+  const v1::ModelSpec* spec = &inputs->spec;
+  const Dataset* train = &inputs->train;
   // One worker of one: its shard is every example (what ShardDataset(all, 0, 1) returns).
   Dataset shard = ShardDataset(*train, 0, 1);
 
@@ -337,24 +337,11 @@ absl::Status Run() {
 // --loop=pipelined: the worker's Trainer, as in a cluster but with the chief's gate and the ps
 // stores in this process; examples/s over the timed window.
 absl::Status RunPipelined() {
-  v1::ModelConfig config;
-  if (absl::Status s = ReadProtoFile(FLAGS_model_config, &config); !s.ok()) return s;
-  absl::StatusOr<v1::ModelSpec> spec = ModelSpecFromConfig(config);
-  if (!spec.ok()) return spec.status();
-  v1::DataConfig data;
-  if (FLAGS_data == "fashion_mnist") {
-    data.set_kind(v1::DataConfig::FASHION_MNIST);
-  } else if (FLAGS_data == "libsvm") {
-    data.set_kind(v1::DataConfig::LIBSVM);
-  } else if (FLAGS_data == "synthetic_ctr") {
-    data.set_kind(v1::DataConfig::SYNTHETIC_CTR);
-  } else {
-    return absl::InvalidArgumentError("--data must be fashion_mnist, libsvm or synthetic_ctr");
-  }
-  data.set_path(FLAGS_data_path);
-  data.set_max_train_examples(FLAGS_max_train_examples);
-  absl::StatusOr<Dataset> train = LoadDataset(data, config.input_dim(), /*train=*/true);
-  if (!train.ok()) return train.status();
+  absl::StatusOr<Inputs> inputs = LoadInputs();
+  if (!inputs.ok()) return inputs.status();
+  const v1::ModelConfig& config = inputs->config;
+  const v1::ModelSpec* spec = &inputs->spec;
+  const Dataset* train = &inputs->train;
   absl::StatusOr<std::vector<std::unique_ptr<Kernels>>> devices = MakeDevices(FLAGS_device);
   if (!devices.ok()) return devices.status();
   std::vector<Kernels*> towers;
