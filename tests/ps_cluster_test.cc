@@ -218,23 +218,50 @@ class PsBadInputTest : public ::testing::Test {
     return v[0];
   }
 
+  // Sends a PushDense stream of `header`, then `chunks`, as a client written from proto/ alone
+  // would. With `cancel`, cancels the call after its last message (the answer may or may not
+  // have been sent). The response lands in *response when non-null.
+  grpc::Status RawPush(const v1::PushDenseHeader& header,
+                       const std::vector<v1::TensorChunk>& chunks, bool cancel = false,
+                       v1::PushDenseResponse* response = nullptr) {
+    grpc::ClientContext ctx;
+    v1::PushDenseResponse resp;
+    auto writer = stub_->PushDense(&ctx, response != nullptr ? response : &resp);
+    v1::PushDenseRequest request;
+    *request.mutable_header() = header;
+    writer->Write(request);
+    for (const v1::TensorChunk& chunk : chunks) {
+      *request.mutable_chunk() = chunk;
+      writer->Write(request);
+    }
+    writer->WritesDone();
+    if (cancel) ctx.TryCancel();
+    return writer->Finish();
+  }
+
+  // A header naming b/0 with `count` elements.
+  static v1::PushDenseHeader HeaderForB(int64_t count) {
+    v1::PushDenseHeader header;
+    header.add_shards()->set_variable("b");
+    header.add_num_elements(count);
+    return header;
+  }
+
+  // A chunk at `offset` holding `values` as float32.
+  static v1::TensorChunk Chunk(const std::vector<float>& values, int64_t offset = 0) {
+    v1::TensorChunk chunk;
+    chunk.set_offset(offset);
+    chunk.set_data(std::string(reinterpret_cast<const char*>(values.data()),
+                               values.size() * sizeof(float)));
+    return chunk;
+  }
+
   // Pushes `values` as the gradient of b/0, `count` elements announced.
   grpc::Status PushB(const std::vector<float>& values, int64_t count,
                      v1::DataType wire = v1::DT_FLOAT32) {
-    grpc::ClientContext ctx;
-    v1::PushDenseResponse resp;
-    auto writer = stub_->PushDense(&ctx, &resp);
-    v1::PushDenseRequest header;
-    header.mutable_header()->add_shards()->set_variable("b");
-    header.mutable_header()->add_num_elements(count);
-    header.mutable_header()->set_wire_dtype(wire);
-    writer->Write(header);
-    v1::PushDenseRequest chunk;
-    chunk.mutable_chunk()->set_data(std::string(reinterpret_cast<const char*>(values.data()),
-                                                values.size() * sizeof(float)));
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    v1::PushDenseHeader header = HeaderForB(count);
+    header.set_wire_dtype(wire);
+    return RawPush(header, {Chunk(values)});
   }
 
   std::unique_ptr<TestCluster> cluster_;
@@ -318,55 +345,24 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
 
   {
     // A chunk whose offset + count overflows int64 (it crashed the ps once).
-    grpc::ClientContext ctx;
-    v1::PushDenseResponse resp;
-    auto writer = stub_->PushDense(&ctx, &resp);
-    v1::PushDenseRequest header;
-    header.mutable_header()->add_shards()->set_variable("b");
-    header.mutable_header()->add_num_elements(16);
-    writer->Write(header);
-    v1::PushDenseRequest chunk;
-    chunk.mutable_chunk()->set_offset(std::numeric_limits<int64_t>::max());
-    chunk.mutable_chunk()->set_data(std::string(4 * sizeof(float), '\0'));
-    writer->Write(chunk);
-    writer->WritesDone();
-    s = writer->Finish();
+    s = RawPush(HeaderForB(16),
+                {Chunk(std::vector<float>(4), std::numeric_limits<int64_t>::max())});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("does not fit variable b/0 of 16 elements"));
   }
   {
     // The same 8-element chunk twice: the count adds up to 16, but it is one chunk repeated.
-    grpc::ClientContext ctx;
-    v1::PushDenseResponse resp;
-    auto writer = stub_->PushDense(&ctx, &resp);
-    v1::PushDenseRequest header;
-    header.mutable_header()->add_shards()->set_variable("b");
-    header.mutable_header()->add_num_elements(16);
-    writer->Write(header);
-    v1::PushDenseRequest chunk;
-    std::vector<float> ones(8, 1.0f);
-    chunk.mutable_chunk()->set_data(
-        std::string(reinterpret_cast<const char*>(ones.data()), 8 * sizeof(float)));
-    writer->Write(chunk);
-    writer->Write(chunk);
-    writer->WritesDone();
-    s = writer->Finish();
+    const v1::TensorChunk ones = Chunk(std::vector<float>(8, 1.0f));
+    s = RawPush(HeaderForB(16), {ones, ones});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("out of order"));
   }
   {
     // A header naming b twice.
-    grpc::ClientContext ctx;
-    v1::PushDenseResponse resp;
-    auto writer = stub_->PushDense(&ctx, &resp);
-    v1::PushDenseRequest header;
-    for (int i = 0; i < 2; ++i) {
-      header.mutable_header()->add_shards()->set_variable("b");
-      header.mutable_header()->add_num_elements(16);
-    }
-    writer->Write(header);
-    writer->WritesDone();
-    s = writer->Finish();
+    v1::PushDenseHeader twice = HeaderForB(16);
+    twice.add_shards()->set_variable("b");
+    twice.add_num_elements(16);
+    s = RawPush(twice, {});
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("variable b/0 is named twice in one push"));
   }
@@ -401,32 +397,14 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
 TEST_F(PsBadInputTest, ACancelledPushRetriedWithItsIdIsAppliedOnce) {
   for (uint64_t seq = 1; seq <= 5; ++seq) {
     const std::vector<float> before = ReadB();
-    std::vector<float> ones(16, 1.0f);
-    v1::PushDenseRequest header;
-    header.mutable_header()->add_shards()->set_variable("b");
-    header.mutable_header()->add_num_elements(16);
-    header.mutable_header()->mutable_request_id()->set_client(1234);
-    header.mutable_header()->mutable_request_id()->set_seq(seq);
-    v1::PushDenseRequest chunk;
-    chunk.mutable_chunk()->set_data(
-        std::string(reinterpret_cast<const char*>(ones.data()), 16 * sizeof(float)));
-    {
-      grpc::ClientContext ctx;
-      v1::PushDenseResponse resp;
-      auto writer = stub_->PushDense(&ctx, &resp);
-      writer->Write(header);
-      writer->Write(chunk);
-      writer->WritesDone();
-      ctx.TryCancel();
-      writer->Finish().error_code();  // CANCELLED or OK, depending on the race
-    }
-    grpc::ClientContext ctx;
+    v1::PushDenseHeader header = HeaderForB(16);
+    header.mutable_request_id()->set_client(1234);
+    header.mutable_request_id()->set_seq(seq);
+    const v1::TensorChunk ones = Chunk(std::vector<float>(16, 1.0f));
+    // CANCELLED or OK, depending on the race.
+    RawPush(header, {ones}, /*cancel=*/true).error_code();
     v1::PushDenseResponse resp;
-    auto writer = stub_->PushDense(&ctx, &resp);
-    writer->Write(header);
-    writer->Write(chunk);
-    writer->WritesDone();
-    grpc::Status s = writer->Finish();
+    grpc::Status s = RawPush(header, {ones}, /*cancel=*/false, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.accepted(), 1);
     const std::vector<float> after = ReadB();
