@@ -29,7 +29,10 @@
 #
 #   bash .devbundle/bench/gpu_train.sh [--batches "128 1024"] [--ps_counts "1 2 4"]
 #       [--gpus G] [--seconds S] [--warmup S] [--no_tests] [--no_single] [--no_train_bench]
-# --no_single skips 1-3 (PyTorch on one GPU included); --no_train_bench skips 2.
+#       [--multi "ddp 2w gw towers"] [--ps_flags "FLAGS"]
+# --no_single skips 1-3 (PyTorch on one GPU included); --no_train_bench skips 2; --multi names
+# the multi-GPU runs to do (4: ddp, 5: 2w and gw, 6: towers); --ps_flags are added to every ps
+# task's flags (e.g. --apply_threads=1 where many ps tasks share the host).
 # Environment: PYTHON (default python3, the one with PyTorch). DEVICE=cpu tries the logic on a
 # machine without a GPU (PyTorch then runs on the CPU too, if it is there; no multi-GPU part).
 set -euo pipefail
@@ -46,6 +49,8 @@ python=${PYTHON:-python3}
 run_tests=1
 run_single=1
 run_train_bench=1
+multi="ddp 2w gw towers"
+ps_flags=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --batches) batches=$2; shift 2 ;;
@@ -56,7 +61,9 @@ while [[ $# -gt 0 ]]; do
     --no_tests) run_tests=0; shift ;;
     --no_single) run_single=0; shift ;;
     --no_train_bench) run_train_bench=0; shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --multi) multi=$2; shift 2 ;;
+    --ps_flags) ps_flags=$2; shift 2 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "gpu_train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -81,6 +88,8 @@ cl_model="$bundle/configs/mlp.pbtxt"
 cl_data_path="$bundle/data"
 # shellcheck source=bench/train_cluster.sh
 source "$bundle/bench/train_cluster.sh"
+cl_ps_flags=()
+[[ -n $ps_flags ]] && read -r -a cl_ps_flags <<<"$ps_flags"
 
 status=0
 finish() {
@@ -107,6 +116,7 @@ if [[ $visible -gt 0 ]]; then
   say "==> $visible GPU(s): $(nvidia-smi --query-gpu=name,memory.total,driver_version \
     --format=csv,noheader 2>&1 | head -1)"
 fi
+[[ -n $ps_flags ]] && say "==> every ps task also gets: $ps_flags"
 say "==> batches: $batches; ${warmup} s warm-up, ${seconds} s timed per run; multi-GPU part on" \
   "$gpus GPU(s)"
 
@@ -189,6 +199,7 @@ for b in $batches; do
 
   if [[ $gpus -ge 2 ]]; then
     for g in 1 2 $gpus; do
+      [[ " $multi " == *" ddp "* ]] || break
       [[ $g -eq 2 && $gpus -eq 2 && -n ${eps[ddp${g}_b$b]:-} ]] && continue
       if [[ $torch_ok -eq 1 ]]; then
         echo "==> batch $b per GPU: PyTorch DDP on $g GPU(s)"
@@ -202,11 +213,15 @@ for b in $batches; do
       fi
     done
     for w in 2 "$gpus"; do
+      [[ $w -eq 2 && " $multi " != *" 2w "* ]] && continue
+      [[ $w -eq $gpus && $w -ne 2 && " $multi " != *" gw "* ]] && continue
       [[ $w -eq 2 && $gpus -eq 2 && -n ${eps[b${b}_${w}w${gpus}ps]:-} ]] && continue
       run_cluster "b${b}_${w}w${gpus}ps" "$gpus" "$w" "$b" "gpu:{i}"
     done
-    towers=$(seq -s, 0 $((gpus - 1)) | sed 's/\([0-9]\+\)/gpu:\1/g')
-    run_cluster "b${b}_1w${gpus}towers" "$gpus" 1 $((gpus * b)) "$towers"
+    if [[ " $multi " == *" towers "* ]]; then
+      towers=$(seq -s, 0 $((gpus - 1)) | sed 's/\([0-9]\+\)/gpu:\1/g')
+      run_cluster "b${b}_1w${gpus}towers" "$gpus" 1 $((gpus * b)) "$towers"
+    fi
   fi
 done
 

@@ -98,8 +98,8 @@ cl_stop() {
 
 # cl_start NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE
 # DEVICE is every worker's --device; "{i}" in it becomes the worker's index (gpu:{i}: worker i
-# on GPU i). The arrays cl_chief_flags and cl_worker_flags, when set, are added to the chief's
-# and every worker's flags.
+# on GPU i). The arrays cl_chief_flags, cl_ps_flags and cl_worker_flags, when set, are added to
+# the chief's, every ps task's and every worker's flags.
 cl_start() {
   local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 i
   cl_dir="$work/$name"
@@ -114,7 +114,8 @@ cl_start() {
     ${data_flag[@]+"${data_flag[@]}"} ${cl_chief_flags[@]+"${cl_chief_flags[@]}"} || return 1
   cl_chief="127.0.0.1:$(cat "$cl_dir/chief-0.port")"
   for ((i = 0; i < num_ps; i++)); do
-    cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" || return 1
+    cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" \
+      ${cl_ps_flags[@]+"${cl_ps_flags[@]}"} || return 1
   done
   for ((i = 0; i < num_workers; i++)); do
     cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" \
