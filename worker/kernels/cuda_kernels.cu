@@ -794,10 +794,9 @@ class NcclTowerReducer final : public TowerReducer {
 
 absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
     const std::vector<Kernels*>& towers) {
-  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: never let NCCL use
-  // it, whatever the environment of whoever started this process says (an explicit setting
-  // is kept).
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: NCCL never uses it
+  // here, whatever the environment of whoever started this process says.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   std::vector<CudaKernels*> cuda;
   std::vector<int> devices;
   for (Kernels* k : towers) {
