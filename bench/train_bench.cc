@@ -76,6 +76,9 @@ DEFINE_string(loop, "sequential",
               "compute_ms, push_ms); pipelined: the worker's own training loop (Trainer, async, "
               "with --staleness) against the in-process stores and an in-process chief.");
 DEFINE_int32(staleness, 1, "--loop=pipelined: the pipeline's staleness (the worker's flag).");
+DEFINE_int32(apply_threads, -1,
+             "Threads of each in-process store's apply pool (ps_server's flag); -1: as "
+             "ps_server, one per core beyond the first, at most 7.");
 
 namespace pscluster {
 namespace {
@@ -159,12 +162,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Kernels>>> MakeDevices(const std::str
   return out;
 }
 
-// The stores apply large updates on as many threads as a ps_server would (one per core beyond
-// the first, at most 7).
+// The stores apply large updates on --apply_threads threads; by default as many as a ps_server
+// would use (one per core beyond the first, at most 7).
 ParameterStoreOptions StoreOptions() {
   ParameterStoreOptions options;
   options.apply_threads =
-      std::max(0, std::min(static_cast<int>(std::thread::hardware_concurrency()) - 1, 7));
+      FLAGS_apply_threads >= 0
+          ? FLAGS_apply_threads
+          : std::max(0, std::min(static_cast<int>(std::thread::hardware_concurrency()) - 1, 7));
   return options;
 }
 
