@@ -12,31 +12,13 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "sharding/placement.h"
+#include "testing/small_model.h"
 
 namespace pscluster {
 
 v1::ModelSpec ConformanceModel() {
-  constexpr char kModel[] = R"pb(
-    variables {
-      name: "w"
-      shape { dims: 64 dims: 16 }
-      initializer { kind: NORMAL stddev: 0.1 seed: 3 }
-      optimizer { sgd { learning_rate: 0.5 } }
-    }
-    variables {
-      name: "b"
-      shape { dims: 16 }
-      optimizer { sgd { learning_rate: 0.5 } }
-    }
-    tables {
-      name: "emb"
-      dim: 8
-      initializer { kind: UNIFORM min: -0.5 max: 0.5 seed: 9 }
-      optimizer { adagrad { learning_rate: 0.1 } }
-    }
-  )pb";
   v1::ModelSpec model;
-  CHECK(google::protobuf::TextFormat::ParseFromString(kModel, &model));
+  CHECK(google::protobuf::TextFormat::ParseFromString(kSmallModelText, &model));
   return model;
 }
 

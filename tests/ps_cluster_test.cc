@@ -20,6 +20,7 @@
 #include "proto/coordinator_service.grpc.pb.h"
 #include "ps_server/in_process_ps_transport.h"
 #include "sharding/placement.h"
+#include "testing/small_model.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
@@ -27,35 +28,16 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kModel[] = R"pb(
-  variables {
-    name: "w"
-    shape { dims: 64 dims: 16 }
-    initializer { kind: NORMAL stddev: 0.1 seed: 3 }
-    optimizer { sgd { learning_rate: 0.5 } }
-  }
-  variables {
-    name: "b"
-    shape { dims: 16 }
-    optimizer { sgd { learning_rate: 0.5 } }
-  }
-  tables {
-    name: "emb"
-    dim: 8
-    initializer { kind: UNIFORM min: -0.5 max: 0.5 seed: 9 }
-    optimizer { adagrad { learning_rate: 0.1 } }
-  }
-)pb";
 
 v1::ModelSpec Model() {
   v1::ModelSpec model;
-  CHECK(google::protobuf::TextFormat::ParseFromString(kModel, &model));
+  CHECK(google::protobuf::TextFormat::ParseFromString(kSmallModelText, &model));
   return model;
 }
 
 std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {}) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << kModel;
+  std::ofstream(model_path) << kSmallModelText;
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 0;
