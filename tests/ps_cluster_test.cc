@@ -28,7 +28,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-
 v1::ModelSpec Model() {
   v1::ModelSpec model;
   CHECK(google::protobuf::TextFormat::ParseFromString(kSmallModelText, &model));
