@@ -67,6 +67,12 @@ while [[ $# -gt 0 ]]; do
     *) echo "gpu_train.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+for run in $multi; do
+  case "$run" in
+    ddp|2w|gw|towers) ;;
+    *) echo "gpu_train.sh: --multi takes ddp, 2w, gw and towers, not \"$run\"" >&2; exit 2 ;;
+  esac
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_train.XXXXXX")
 report="$work/gpu_train.txt"
