@@ -165,9 +165,9 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
   for (int64_t i = 0; i < n; ++i) groups->order[next[groups->stripe_of[i]]++] = i;
 }
 
-absl::StatusOr<uint32_t> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
-                                                         bool initialize) {
-  const size_t new_row = stripe->update_counts.size();
+absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
+                                                                bool initialize) {
+  const size_t new_row = stripe->rows.size();
   if (new_row >= RowIndex::kNoRow) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", spec_.name(), ": cannot create the row of key ", key,
@@ -185,14 +185,13 @@ absl::StatusOr<uint32_t> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t
       std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
     }
   }
-  stripe->update_counts.push_back(0);
-  stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
-  return static_cast<uint32_t>(new_row);
+  return stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
 }
 
-absl::StatusOr<uint32_t> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key) {
-  const uint32_t row = stripe->rows.Find(key);
-  if (row != RowIndex::kNoRow) return row;
+absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe,
+                                                                      int64_t key) {
+  RowIndex::Entry* entry = stripe->rows.FindEntry(key);
+  if (entry != nullptr) return entry;
   return AppendRowLocked(stripe, key, /*initialize=*/true);
 }
 
@@ -248,8 +247,8 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
   // Another thread may create some of these rows in between; FindOrCreate handles it.
   absl::MutexLock lock(&stripe->mu);
   for (int64_t pos : absent) {
-    PS_ASSIGN_OR_RETURN(const uint32_t row, FindOrCreateRowLocked(stripe, keys[pos]));
-    std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(row) * stride_,
+    PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry, FindOrCreateRowLocked(stripe, keys[pos]));
+    std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(entry->row) * stride_,
                 row_bytes);
   }
   return absl::OkStatus();
@@ -353,34 +352,38 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
-  // and prefetch this key's row, update the row found kRowLag keys back. Rows are held as
-  // indices: creating a row may move the arena.
+  // and prefetch this key's row, update the row found kRowLag keys back. The update count is
+  // taken when the row is found (it shares the index entry's cache line). Rows are held as
+  // indices: creating a row may move the arena and the index.
   absl::Status status;
   int64_t found = 0;  // Rows found so far; finding stops at the first error.
-  uint32_t ring[kRowRing];
+  struct Found {
+    uint32_t row;
+    uint32_t t;
+  };
+  Found ring[kRowRing];
   for (int64_t i = 0;; ++i) {
     if (i < num_distinct && status.ok()) {
       if (i + kKeyAhead < num_distinct) {
         stripe->rows.Prefetch(keys[distinct[i + kKeyAhead]]);
       }
-      absl::StatusOr<uint32_t> row = FindOrCreateRowLocked(stripe, keys[distinct[i]]);
-      if (row.ok()) {
-        ring[i % kRowRing] = *row;
-        PrefetchFloats(stripe->arena.data() + static_cast<size_t>(*row) * stride_, stride_);
-        __builtin_prefetch(stripe->update_counts.data() + *row);
+      absl::StatusOr<RowIndex::Entry*> entry = FindOrCreateRowLocked(stripe, keys[distinct[i]]);
+      if (entry.ok()) {
+        const uint32_t row = (*entry)->row;
+        ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(*entry)};
+        PrefetchFloats(stripe->arena.data() + static_cast<size_t>(row) * stride_, stride_);
         ++found;
       } else {
-        status = row.status();
+        status = entry.status();
       }
     }
     const int64_t j = i - kRowLag;
     if (j >= found) break;
     if (j < 0) continue;
-    const uint32_t row = ring[j % kRowRing];
-    float* values = stripe->arena.data() + static_cast<size_t>(row) * stride_;
+    const Found& row = ring[j % kRowRing];
+    float* values = stripe->arena.data() + static_cast<size_t>(row.row) * stride_;
     for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
-    const int64_t t = ++stripe->update_counts[row];
-    optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, t);
+    optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, row.t);
   }
   return status;
 }
@@ -429,8 +432,8 @@ int64_t EmbeddingTable::num_rows() const {
 }
 
 int64_t EmbeddingTable::bytes() const {
-  return num_rows() *
-         (stride_ * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(int64_t)));
+  return num_rows() * (stride_ * static_cast<int64_t>(sizeof(float)) +
+                       static_cast<int64_t>(sizeof(RowIndex::Entry)));
 }
 
 void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
@@ -494,7 +497,7 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    const size_t num_rows = stripe.update_counts.size();
+    const size_t num_rows = stripe.rows.size();
     for (size_t row = 0; row < num_rows; ++row) all.Add(stripe.arena.data() + row * stride_, dim_);
   }
   all.Fill(stats);
@@ -504,19 +507,22 @@ void EmbeddingTable::ForEachRow(
     const std::function<void(int64_t key, const float* values_and_slots, int64_t t)>& fn) const {
   std::vector<int64_t> key_of_row;
   std::vector<float> arena;
-  std::vector<int64_t> update_counts;
+  std::vector<uint32_t> count_of_row;
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     {
       // Copy, so that fn runs with no lock held.
       absl::ReaderMutexLock lock(&stripe.mu);
-      key_of_row.resize(stripe.update_counts.size());
-      stripe.rows.ForEach([&key_of_row](int64_t key, uint32_t row) { key_of_row[row] = key; });
+      key_of_row.resize(stripe.rows.size());
+      count_of_row.resize(stripe.rows.size());
+      stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
+        key_of_row[entry.row] = entry.key;
+        count_of_row[entry.row] = entry.count;
+      });
       arena.assign(stripe.arena.begin(), stripe.arena.end());
-      update_counts = stripe.update_counts;
     }
     for (size_t row = 0; row < key_of_row.size(); ++row) {
-      fn(key_of_row[row], arena.data() + row * stride_, update_counts[row]);
+      fn(key_of_row[row], arena.data() + row * stride_, count_of_row[row]);
     }
   }
 }
@@ -529,14 +535,14 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   }
   Stripe& stripe = stripes_[StripeOfKey(key)];
   absl::MutexLock lock(&stripe.mu);
-  uint32_t row = stripe.rows.Find(key);
-  if (row == RowIndex::kNoRow) {
+  RowIndex::Entry* entry = stripe.rows.FindEntry(key);
+  if (entry == nullptr) {
     // Not initialized: the row is overwritten below.
-    PS_ASSIGN_OR_RETURN(row, AppendRowLocked(&stripe, key, /*initialize=*/false));
+    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false));
   }
-  std::memcpy(stripe.arena.data() + static_cast<size_t>(row) * stride_, values_and_slots,
+  std::memcpy(stripe.arena.data() + static_cast<size_t>(entry->row) * stride_, values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
-  stripe.update_counts[row] = t;
+  entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));
   return absl::OkStatus();
 }
 

@@ -22,7 +22,8 @@ class ThreadPool;
 
 // One ps task's part of a sparse embedding table: int64 key -> a row of dim() floats, plus the
 // optimizer's slots for that row and the row's update count `t` (the 1-based step number that
-// Optimizer::Apply receives, which Adam's bias correction uses).
+// Optimizer::Apply receives, which Adam's bias correction uses). Counts saturate at 2^32 - 1
+// (RowIndex::kMaxCount), where 1 - beta^t is 1 in float for any beta < 1 - 1e-8.
 //
 // The task owns some of the table's virtual shards (sharding/sparse_hash.h); a key whose virtual
 // shard is not among them is refused with FAILED_PRECONDITION, because a request that reaches
@@ -118,7 +119,8 @@ class EmbeddingTable {
   int64_t num_rows() const;
 
   // Memory estimate, in bytes, of what the rows hold: num_rows() * ((1 + num_slots) * dim
-  // floats + one int64 update count). The key index and vector slack are not counted.
+  // floats + one 16-byte index entry: key, row number, update count). The index's empty
+  // entries (it is at most 3/4 full) and vector slack are not counted.
   int64_t bytes() const;
 
   // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them.
@@ -146,20 +148,20 @@ class EmbeddingTable {
       const std::function<void(int64_t key, const float* values_and_slots, int64_t t)>& fn) const;
 
   // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
-  // floats, laid out as in ForEachRow) and update count t (for restore).
+  // floats, laid out as in ForEachRow) and update count t (for restore; a t past
+  // RowIndex::kMaxCount is kept as kMaxCount).
   // FAILED_PRECONDITION if the key is not owned (as Pull); INVALID_ARGUMENT if t < 0.
   // REQUIRES: values_and_slots holds (1 + num_slots) * dim floats. Not owned.
   absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t);
 
  private:
   // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
-  // the first dim floats and slot s the dim floats at offset (1 + s) * dim; update_counts[row]
-  // is the row's t. Rows are never removed.
+  // the first dim floats and slot s the dim floats at offset (1 + s) * dim; the row's entry in
+  // `rows` holds its key and t. Rows are never removed.
   struct alignas(64) Stripe {
     mutable absl::Mutex mu;
     RowIndex rows ABSL_GUARDED_BY(mu);
     std::vector<float, CacheLineAllocator<float>> arena ABSL_GUARDED_BY(mu);
-    std::vector<int64_t> update_counts ABSL_GUARDED_BY(mu);
   };
 
   // A request's positions grouped by stripe with a stable counting sort: stripe s holds
@@ -203,10 +205,11 @@ class EmbeddingTable {
   // slots if `initialize` (else zeros, for the caller to overwrite) and count 0. Fails, changing
   // nothing, if the stripe holds 2^32 - 1 rows (RESOURCE_EXHAUSTED) or the initializer fails
   // (which Create rules out).
-  absl::StatusOr<uint32_t> AppendRowLocked(Stripe* stripe, int64_t key, bool initialize)
+  // Returns the row's index entry, valid until the stripe's next new row.
+  absl::StatusOr<RowIndex::Entry*> AppendRowLocked(Stripe* stripe, int64_t key, bool initialize)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
-  // The row of `key`, appended with its initial values if absent (as AppendRowLocked).
-  absl::StatusOr<uint32_t> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
+  // The entry of `key`'s row, appended with its initial values if absent (as AppendRowLocked).
+  absl::StatusOr<RowIndex::Entry*> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
   // Feeds a sample of a successful push's keys to the hot-key sketch.

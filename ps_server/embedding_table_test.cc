@@ -375,6 +375,11 @@ TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
   ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), 9).ok());
   EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).values_and_slots, row);
   EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).t, 9);
+  // A count past 2^32 - 1 is kept as 2^32 - 1, and stays there through further pushes.
+  ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), int64_t{1} << 40).ok());
+  EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).t, RowIndex::kMaxCount);
+  ASSERT_TRUE(Push(*restored, {all_keys[0]}, std::vector<float>(8, 0.5f)).ok());
+  EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).t, RowIndex::kMaxCount);
   absl::Status status = restored->InsertRow(all_keys[0], row.data(), -1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("negative update count -1"));
@@ -552,8 +557,8 @@ TEST(EmbeddingTableTest, BytesCountsValuesSlotsAndUpdateCounts) {
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->bytes(), 0);
   PullOrDie(*table, {1, 2, 3});
-  // (1 + 2 slots) * 8 floats * 4 bytes + 8 bytes of update count, per row.
-  EXPECT_EQ(table->bytes(), 3 * (3 * 8 * 4 + 8));
+  // (1 + 2 slots) * 8 floats * 4 bytes + a 16-byte index entry, per row.
+  EXPECT_EQ(table->bytes(), 3 * (3 * 8 * 4 + 16));
 }
 
 TEST(EmbeddingTableTest, CreateRefusesBadSpecs) {

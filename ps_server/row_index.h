@@ -48,35 +48,63 @@ struct CacheLineAllocator {
   bool operator!=(const CacheLineAllocator<U>&) const { return false; }
 };
 
-// The index of one embedding-table stripe: int64 key -> uint32 row number, open addressing
-// with linear probing over 16-byte slots, at most 3/4 full. It exists, rather than an
-// absl::flat_hash_map, for Prefetch: a lookup's home slot is one known cache line that a
-// pipelined caller can prefetch exactly, while a swiss table's probe touches a control group
-// and a 256-byte slot group that its prefetch() only partly covers. Rows are never removed,
-// so there are no tombstones.
+// The index of one embedding-table stripe: int64 key -> an Entry holding the key's uint32 row
+// number and the row's update count, open addressing with linear probing over 16-byte entries,
+// at most 3/4 full. It exists, rather than an absl::flat_hash_map, for Prefetch: a lookup's home
+// entry is one known cache line that a pipelined caller can prefetch exactly, while a swiss
+// table's probe touches a control group and a 256-byte slot group that its prefetch() only partly
+// covers. The count lives in the entry (in what would otherwise be padding) so that an update
+// that finds its row has its count in the same cache line. Rows are never removed, so there are
+// no tombstones.
 //
 // Thread-safety: none (the stripe's lock guards it); const methods may run concurrently.
 class RowIndex {
  public:
   // Find's answer for a key with no row; not a valid row number.
   static constexpr uint32_t kNoRow = std::numeric_limits<uint32_t>::max();
+  // Update counts saturate here (Adam's bias correction 1 - beta^t is 1 in float long before).
+  static constexpr uint32_t kMaxCount = std::numeric_limits<uint32_t>::max();
+
+  struct Entry {
+    int64_t key = 0;
+    uint32_t row = kNoRow;
+    uint32_t count = 0;  // the row's update count, saturating at kMaxCount
+  };
+  static_assert(sizeof(Entry) == 16, "four entries to a cache line");
 
   RowIndex() : slots_(kMinCapacity), mask_(kMinCapacity - 1) {}
 
   // The row of `key`, or kNoRow.
   uint32_t Find(int64_t key) const {
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
-      const Slot& slot = slots_[i];
-      if (slot.row == kNoRow || slot.key == key) return slot.row;
-    }
+    const Entry* entry = FindEntry(key);
+    return entry == nullptr ? kNoRow : entry->row;
   }
 
-  // Records that `key` has row `row`.
-  // REQUIRES: Find(key) == kNoRow, row != kNoRow.
-  void Insert(int64_t key, uint32_t row) {
+  // The entry of `key`, or null. Valid until the next Insert.
+  const Entry* FindEntry(int64_t key) const {
+    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+      const Entry& slot = slots_[i];
+      if (slot.row == kNoRow) return nullptr;
+      if (slot.key == key) return &slot;
+    }
+  }
+  Entry* FindEntry(int64_t key) {
+    return const_cast<Entry*>(static_cast<const RowIndex*>(this)->FindEntry(key));
+  }
+
+  // Records that `key` has row `row`, with count 0; returns its entry (valid until the next
+  // Insert).
+  // REQUIRES: FindEntry(key) == nullptr, row != kNoRow.
+  Entry* Insert(int64_t key, uint32_t row) {
     if (4 * (size_ + 1) > 3 * slots_.size()) Grow();
-    Place(key, row);
     ++size_;
+    return Place(Entry{key, row, 0});
+  }
+
+  // Adds one to *entry's count, saturating at kMaxCount, and returns the new count.
+  static uint32_t CountUpdate(Entry* entry) {
+    if (entry->count != kMaxCount) ++entry->count;
+    return entry->count;
   }
 
   // Starts loading the cache line where a lookup of `key` begins.
@@ -85,39 +113,37 @@ class RowIndex {
   // Number of keys.
   size_t size() const { return size_; }
 
-  // Calls fn(key, row) for every key, in no particular order.
+  // Calls fn(entry) for every key's entry, in no particular order.
   template <typename Fn>
   void ForEach(Fn fn) const {
-    for (const Slot& slot : slots_) {
-      if (slot.row != kNoRow) fn(slot.key, slot.row);
+    for (const Entry& slot : slots_) {
+      if (slot.row != kNoRow) fn(slot);
     }
   }
 
  private:
   static constexpr size_t kMinCapacity = 16;
-  struct Slot {
-    int64_t key = 0;
-    uint32_t row = kNoRow;
-  };
 
   size_t Home(int64_t key) const { return static_cast<size_t>(MixKey(key)) & mask_; }
 
-  void Place(int64_t key, uint32_t row) {
-    size_t i = Home(key);
+  Entry* Place(const Entry& entry) {
+    size_t i = Home(entry.key);
     while (slots_[i].row != kNoRow) i = (i + 1) & mask_;
-    slots_[i] = Slot{key, row};
+    slots_[i] = entry;
+    return &slots_[i];
   }
 
   void Grow() {
-    std::vector<Slot> old(2 * slots_.size());
+    std::vector<Entry, CacheLineAllocator<Entry>> old(2 * slots_.size());
     old.swap(slots_);
     mask_ = slots_.size() - 1;
-    for (const Slot& slot : old) {
-      if (slot.row != kNoRow) Place(slot.key, slot.row);
+    for (const Entry& slot : old) {
+      if (slot.row != kNoRow) Place(slot);
     }
   }
 
-  std::vector<Slot> slots_;  // capacity: a power of two
+  // Capacity: a power of two; cache-line aligned, so an entry never straddles two lines.
+  std::vector<Entry, CacheLineAllocator<Entry>> slots_;
   size_t mask_;
   size_t size_ = 0;
 };

@@ -47,8 +47,9 @@ TEST(RowIndexTest, FindsEveryInsertedKeyThroughGrowth) {
     }
   }
   std::map<int64_t, uint32_t> visited;
-  index.ForEach([&](int64_t key, uint32_t row) {
-    EXPECT_TRUE(visited.emplace(key, row).second) << "key " << key << " visited twice";
+  index.ForEach([&](const RowIndex::Entry& entry) {
+    EXPECT_TRUE(visited.emplace(entry.key, entry.row).second)
+        << "key " << entry.key << " visited twice";
   });
   EXPECT_EQ(visited, expected);
 }
@@ -63,6 +64,27 @@ TEST(RowIndexTest, ConsecutiveKeysThatCollideStayDistinct) {
   for (int64_t key = 0; key < 5000; ++key) ASSERT_EQ(index.Find(key), row++) << key;
   for (int shift = 13; shift < 63; ++shift) ASSERT_EQ(index.Find(int64_t{1} << shift), row++);
   EXPECT_EQ(index.Find(5000), RowIndex::kNoRow);
+}
+
+TEST(RowIndexTest, CountsStartAtZeroSurviveGrowthAndSaturate) {
+  RowIndex index;
+  RowIndex::Entry* first = index.Insert(42, 0);
+  EXPECT_EQ(first->count, 0u);
+  EXPECT_EQ(RowIndex::CountUpdate(first), 1u);
+  EXPECT_EQ(RowIndex::CountUpdate(first), 2u);
+  // Many inserts move every entry; the count moves with its key.
+  for (int64_t key = 1000; key < 21000; ++key) {
+    index.Insert(key, static_cast<uint32_t>(key));
+  }
+  RowIndex::Entry* moved = index.FindEntry(42);
+  ASSERT_NE(moved, nullptr);
+  EXPECT_EQ(moved->row, 0u);
+  EXPECT_EQ(moved->count, 2u);
+  EXPECT_EQ(index.FindEntry(1000)->count, 0u);
+  EXPECT_EQ(index.FindEntry(7), nullptr);
+  moved->count = RowIndex::kMaxCount - 1;
+  EXPECT_EQ(RowIndex::CountUpdate(moved), RowIndex::kMaxCount);
+  EXPECT_EQ(RowIndex::CountUpdate(moved), RowIndex::kMaxCount);
 }
 
 }  // namespace
