@@ -1,7 +1,9 @@
 #include "ps_server/dense_shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -133,31 +135,68 @@ void DenseShard::ReadValues(float* out) const {
   std::memcpy(out, data_.data(), num_elements_ * sizeof(float));
 }
 
-void DenseShard::Apply(const float* grad, ThreadPool* pool) {
-  // Blocks below this size are not worth a hand-off to another thread. Measured both ways
-  // with the MLP's push (bench/train_bench, Adam over 269,322 parameters): on the 16-core GPU
-  // host, blocks of 8K elements on the apply pool take 0.36 ms and one thread (blocks of 256K)
-  // 0.68-0.85 ms; on a 2-vCPU machine the other way round, 0.30-0.40 against 0.22-0.27 ms,
-  // because waking the second vCPU costs about what Adam takes over 100K elements. Hosts with
-  // cores to spare are what a ps task is meant for, so the small block stays.
-  constexpr int64_t kMinParallelBlock = 8 << 10;
-  absl::MutexLock lock(&mu_);
-  const int slots = optimizer_->num_slots();
+namespace {
+
+// Blocks below this size are not worth a hand-off to another thread. Measured both ways with
+// the MLP's push (bench/train_bench, Adam over 269,322 parameters): on the 16-core GPU host,
+// blocks of 8K elements on the apply pool take 0.36 ms and one thread (blocks of 256K)
+// 0.68-0.85 ms; on a 2-vCPU machine the other way round, 0.30-0.40 against 0.22-0.27 ms,
+// because waking the second vCPU costs about what Adam takes over 100K elements. Hosts with
+// cores to spare are what a ps task is meant for, so the small block stays.
+constexpr int64_t kMinParallelBlock = 8 << 10;
+
+}  // namespace
+
+void DenseShard::ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, int64_t end) {
   float* const data = data_.data();
-  const int64_t n = num_elements_;
-  const int64_t t = ++updates_;
-  auto apply = [this, data, n, slots, grad, t](int64_t begin, int64_t end) {
-    float* slot_ptrs[8];
-    for (int s = 0; s < slots; ++s) slot_ptrs[s] = data + (1 + s) * n + begin;
-    optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
-  };
-  if (pool == nullptr || n < 2 * kMinParallelBlock) {
-    apply(0, n);
-  } else {
-    pool->ParallelFor(n, kMinParallelBlock, apply);
+  float* slot_ptrs[8];
+  for (int s = 0; s < optimizer_->num_slots(); ++s) {
+    slot_ptrs[s] = data + (1 + s) * num_elements_ + begin;
   }
-  counters_.last_update_unix_micros.store(absl::ToUnixMicros(absl::Now()),
-                                          std::memory_order_relaxed);
+  optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
+}
+
+void DenseShard::Apply(const float* grad, ThreadPool* pool) {
+  ApplyAll({this}, {grad}, pool);
+}
+
+// The locks are taken and released in loops, which the thread-safety analysis cannot follow;
+// ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.
+void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
+                          const std::vector<const float*>& grads,
+                          ThreadPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const size_t n = shards.size();
+  if (n == 0) return;
+  std::vector<DenseShard*> lock_order = shards;
+  std::sort(lock_order.begin(), lock_order.end(), std::less<DenseShard*>());
+  for (DenseShard* shard : lock_order) shard->mu_.Lock();
+  // start[i]: where shard i's elements begin in the concatenation of all of them.
+  std::vector<int64_t> start(n + 1, 0);
+  std::vector<int64_t> t(n);
+  for (size_t i = 0; i < n; ++i) {
+    start[i + 1] = start[i] + shards[i]->num_elements_;
+    t[i] = ++shards[i]->updates_;
+  }
+  const auto apply = [&](int64_t begin, int64_t end) {
+    // The shards overlapping [begin, end), each over its part of the range.
+    size_t i = std::upper_bound(start.begin(), start.end(), begin) - start.begin() - 1;
+    for (; i < n && start[i] < end; ++i) {
+      const int64_t from = std::max(begin, start[i]) - start[i];
+      const int64_t to = std::min(end, start[i + 1]) - start[i];
+      if (from < to) shards[i]->ApplyRangeLocked(grads[i], t[i], from, to);
+    }
+  };
+  const int64_t total = start[n];
+  if (pool == nullptr || total < 2 * kMinParallelBlock) {
+    apply(0, total);
+  } else {
+    pool->ParallelFor(total, kMinParallelBlock, apply);
+  }
+  const int64_t now = absl::ToUnixMicros(absl::Now());
+  for (DenseShard* shard : shards) {
+    shard->counters_.last_update_unix_micros.store(now, std::memory_order_relaxed);
+  }
+  for (auto it = lock_order.rbegin(); it != lock_order.rend(); ++it) (*it)->mu_.Unlock();
 }
 
 int64_t DenseShard::updates() const {

@@ -66,6 +66,15 @@ class DenseShard {
   // REQUIRES: the caller has validated the gradient (size; finiteness where required).
   void Apply(const float* grad, ThreadPool* pool = nullptr);
 
+  // Apply(grads[i]) for every shards[i], in one parallel loop over all their elements, so that
+  // a push of several variables costs one hand-off to the pool, not one per variable. Every
+  // shard's lock is taken (in address order, so concurrent calls cannot deadlock) before any
+  // is updated and released after all are: a reader sees the whole push or none of it. Same
+  // bits as calling Apply one shard at a time.
+  // REQUIRES: shards are distinct and non-null; grads[i] is validated for shards[i] (as Apply).
+  static void ApplyAll(const std::vector<DenseShard*>& shards,
+                       const std::vector<const float*>& grads, ThreadPool* pool = nullptr);
+
   // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
   // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.
   template <typename Fn>
@@ -87,6 +96,11 @@ class DenseShard {
  private:
   DenseShard(v1::DenseShardSpec spec, v1::TensorShape shape, int64_t num_elements,
              std::unique_ptr<Optimizer> optimizer);
+
+  // Elements [begin, end) of one optimizer step t with gradient grad (indexed from the shard's
+  // element 0).
+  void ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, int64_t end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::DenseShardSpec spec_;
   const v1::TensorShape shape_;

@@ -1,11 +1,16 @@
 #include "ps_server/dense_shard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "ps_server/initializer.h"
 
@@ -56,6 +61,55 @@ TEST(DenseShardTest, ApplyRunsTheOptimizerAndCounts) {
   (*shard)->ReadValues(after.data());
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f * grad[i]);
   EXPECT_EQ((*shard)->updates(), 1);
+}
+
+TEST(DenseShardTest, ApplyAllEqualsOneShardAtATimeBitForBit) {
+  // Shards of sizes around the parallel block (8K elements), so that blocks of the fused loop
+  // start and end inside shards, with Adam (whose slots and count must follow each shard), on
+  // a pool and without one.
+  const std::vector<int64_t> sizes = {20000, 3, 8192, 1, 17000};
+  ThreadPool pool(3);
+  std::vector<std::unique_ptr<DenseShard>> fused, single;
+  for (int64_t size : sizes) {
+    v1::DenseShardSpec spec = Spec({size}, 0, size);
+    spec.mutable_variable()->mutable_optimizer()->mutable_adam()->set_learning_rate(0.01f);
+    for (auto* set : {&fused, &single}) {
+      auto shard = DenseShard::Create(spec);
+      ASSERT_TRUE(shard.ok()) << shard.status();
+      set->push_back(*std::move(shard));
+    }
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0, 1);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> grads;
+    std::vector<DenseShard*> shards;
+    std::vector<const float*> grad_ptrs;
+    // Every step but the first leaves a shard out: its count must not move.
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (step > 0 && i == static_cast<size_t>(step)) continue;
+      grads.emplace_back(sizes[i]);
+      for (float& g : grads.back()) g = dist(rng);
+      shards.push_back(fused[i].get());
+      grad_ptrs.push_back(grads.back().data());
+      single[i]->Apply(grads.back().data());
+    }
+    // Reversed: the order of the list must not matter either.
+    std::reverse(shards.begin(), shards.end());
+    std::reverse(grad_ptrs.begin(), grad_ptrs.end());
+    DenseShard::ApplyAll(shards, grad_ptrs, step == 2 ? nullptr : &pool);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<float> a, b;
+    int64_t updates_a = 0, updates_b = 0;
+    fused[i]->Snapshot(&a, &updates_a);
+    single[i]->Snapshot(&b, &updates_b);
+    EXPECT_EQ(updates_a, updates_b) << "shard " << i;
+    EXPECT_EQ(updates_a, i == 1 || i == 2 ? 2 : 3) << "shard " << i;
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << "shard " << i << " (values and slots) differs";
+  }
 }
 
 TEST(DenseShardTest, SnapshotRestoreRoundTrip) {

@@ -522,17 +522,24 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
       AccumulatorsOf(push->shards_);
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
+    // Shards updated at once (async) are applied together: one parallel loop for the push.
+    std::vector<DenseShard*> now;
+    std::vector<const float*> now_grads;
+    for (int i = 0; i < n; ++i) {
+      if (accumulators[i] != nullptr) continue;
+      now.push_back(push->shards_[i].get());
+      now_grads.push_back(push->grads_[i].values());
+    }
+    DenseShard::ApplyAll(now, now_grads, &apply_pool_);
     for (int i = 0; i < n; ++i) {
       DenseShard& shard = *push->shards_[i];
       const float* grad = push->grads_[i].values();
       const int64_t bytes = push->grads_[i].size * push->elem_bytes_;
+      Touch(shard.counters(), /*push=*/true, bytes);
       if (accumulators[i] == nullptr) {
-        shard.Apply(grad, &apply_pool_);
-        Touch(shard.counters(), /*push=*/true, bytes);
         ++outcome.accepted;
         continue;
       }
-      Touch(shard.counters(), /*push=*/true, bytes);
       switch (accumulators[i]->Add(header.step(), header.worker(), grad,
                                    ApplyTo(&shard, &apply_pool_))) {
         case AccumulateOutcome::kComplete:  // pending until the next step needs it
