@@ -26,6 +26,7 @@ SyncCoordinatorOptions SyncOptionsFor(const ChiefOptions& o, int num_workers) {
   s.replicas_to_aggregate =
       o.sync.replicas_to_aggregate() > 0 ? o.sync.replicas_to_aggregate() : num_workers;
   s.staleness = o.sync.mode() == v1::SSP ? o.sync.staleness() : -1;
+  s.first_generation = absl::ToUnixMicros(absl::Now());
   return s;
 }
 
@@ -88,6 +89,8 @@ absl::Status ChiefServer::Start() {
 void ChiefServer::Stop() {
   absl::MutexLock lock(&mu_);
   stop_requested_ = true;
+  // Calls to ps tasks that are gone retry for a long time; a stopping chief gives up at once.
+  if (client_ != nullptr) client_->Cancel();
 }
 
 bool ChiefServer::stop_requested() const {
@@ -210,56 +213,53 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   for (int i = 0; i < num_ps; ++i) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
   }
-  bool have_checkpoint = false;
-  if (!options_.checkpoint_dir.empty()) {
-    absl::StatusOr<std::vector<std::string>> listed = ListCheckpoints(options_.checkpoint_dir);
-    have_checkpoint = listed.ok() && !listed->empty();
-  }
-  CreateShardsOptions create;
-  create.start_step = step_before;
-  create.hold_until_restored = have_checkpoint;
-  absl::Status s = client_->CreateAll(options_.sync, nullptr, create);
+  absl::StatusOr<int64_t> restored =
+      RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
   std::string outcome;
+  bool done = true;
   int64_t resume_step = step_before;
-  if (s.ok()) {
-    absl::StatusOr<int64_t> restored =
-        have_checkpoint ? RestoreLatestCheckpoint(rewind ? -1 : step_before)
-                        : absl::StatusOr<int64_t>(absl::NotFoundError("no checkpoint"));
-    if (restored.ok() && rewind) {
-      resume_step = *restored;
-      outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
-                             "; the global step goes back from ", step_before, " to ", *restored,
-                             ": steps ", *restored, "..", step_before - 1,
-                             " are computed again from the same batches (", step_before - *restored,
-                             " steps of work lost)");
-    } else if (restored.ok()) {
-      outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
-                             "; progress lost: the updates of steps ", *restored, "..",
-                             step_before);
-    } else {
-      if (have_checkpoint) {
-        // Nothing restored: let the created shards serve.
-        create.hold_until_restored = false;
-        absl::Status released = client_->CreateAll(options_.sync, nullptr, create);
-        if (!released.ok()) LOG(ERROR) << "cannot release the held shards: " << released;
-      }
-      outcome = restored.status().code() == absl::StatusCode::kNotFound
-                    ? "no checkpoint to restore: the restarted shards start from their initial "
-                      "values"
-                    : absl::StrCat("restore failed: ", restored.status().message(),
-                                   "; the restarted shards start from their initial values");
-      if (rewind) absl::StrAppend(&outcome, "; step ", step_before, " starts over");
+  if (restored.ok() && rewind) {
+    resume_step = *restored;
+    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                           "; the global step goes back from ", step_before, " to ", *restored,
+                           ": steps ", *restored, "..", step_before - 1,
+                           " are computed again from the same batches (", step_before - *restored,
+                           " steps of work lost)");
+  } else if (restored.ok()) {
+    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                           "; progress lost: the updates of steps ", *restored, "..",
+                           step_before);
+  } else if (restored.status().code() == absl::StatusCode::kNotFound ||
+             restored.status().code() == absl::StatusCode::kDataLoss) {
+    // Nothing to restore: the lost shards start again from their initial values.
+    CreateShardsOptions create;
+    create.start_step = step_before;
+    absl::Status created = client_->CreateAll(options_.sync, nullptr, create);
+    outcome = restored.status().code() == absl::StatusCode::kNotFound
+                  ? "no checkpoint to restore: the restarted shards start from their initial "
+                    "values"
+                  : absl::StrCat("restore failed: ", restored.status().message(),
+                                 "; the restarted shards start from their initial values");
+    if (!created.ok()) {
+      outcome = absl::StrCat("cannot re-create the shards: ", created.message());
+      done = false;
+    } else if (rewind) {
+      absl::StrAppend(&outcome, "; step ", step_before, " starts over");
     }
   } else {
-    outcome = absl::StrCat("cannot re-create the shards: ", s.message());
-    // Try again on the next round.
+    outcome = absl::StrCat("not finished (tried again shortly): ", restored.status().message());
+    done = false;
+  }
+  if (!done) {
+    // The maintenance loop tries again; the recovery record, if written, stays until then.
     for (int i : restarted) ps_incarnations_[i] = 0;
   }
-  if (rewind && s.ok()) {
+  if (rewind && done) {
     sync_.Rewind(resume_step);
     absl::MutexLock lock(&mu_);
     progress_.set_global_step(resume_step);
   }
+  if (done) FinishRecovery();
   LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome << " (took "
                << absl::FormatDuration(absl::Now() - start) << ")";
   ResumeWorkers();
@@ -268,7 +268,9 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
 }
 
-absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator_step) {
+absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::string>& why,
+                                                    int64_t step_before,
+                                                    int64_t accumulator_step) {
   if (options_.checkpoint_dir.empty()) return absl::NotFoundError("no --checkpoint_dir");
   PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints,
                       ListCheckpoints(options_.checkpoint_dir));
@@ -276,6 +278,60 @@ absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator
     return absl::NotFoundError(
         absl::StrCat("no committed checkpoint in ", options_.checkpoint_dir));
   }
+  // First the record, then the changes: a chief that dies from here on leaves the record, and
+  // its successor restores every ps task again (RestoreEveryPs is idempotent).
+  v1::RecoveryIntent intent;
+  intent.set_step_before(step_before);
+  for (const std::string& w : why) intent.add_restarted(w);
+  intent.set_started_unix_micros(absl::ToUnixMicros(absl::Now()));
+  intent.set_checkpoint_path(checkpoints.front());
+  if (absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(checkpoints.front()); m.ok()) {
+    intent.set_checkpoint_step(m->step());
+  }
+  if (absl::Status s = WriteRecoveryIntent(options_.checkpoint_dir, intent); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot record the recovery before starting it: ", s.message()));
+  }
+  MaybeCrash(options_.crash_points, kCrashRecoveryIntentWritten);
+  // Tasks that lost their shards get them again, held: no worker sees initial values.
+  CreateShardsOptions create;
+  create.start_step = std::max<int64_t>(step_before, 0);
+  create.hold_until_restored = true;
+  if (absl::Status s = client_->CreateAll(options_.sync, nullptr, create); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot re-create the shards: ", s.message()));
+  }
+  MaybeCrash(options_.crash_points, kCrashRecoveryCreated);
+  absl::StatusOr<int64_t> restored = RestoreLatestCheckpoint(accumulator_step, &intent);
+  if (restored.ok()) MaybeCrash(options_.crash_points, kCrashRecoveryRestored);
+  if (restored.status().code() == absl::StatusCode::kDataLoss) {
+    // No checkpoint restores: let the held shards serve what they have.
+    create.hold_until_restored = false;
+    absl::Status released = client_->CreateAll(options_.sync, nullptr, create);
+    if (!released.ok()) LOG(ERROR) << "cannot release the held shards: " << released;
+  }
+  return restored;
+}
+
+void ChiefServer::FinishRecovery() {
+  if (options_.checkpoint_dir.empty()) return;
+  if (absl::Status s = ClearRecoveryIntent(options_.checkpoint_dir); !s.ok()) {
+    // Harmless but wasteful: the next chief would restore again.
+    LOG(ERROR) << "cannot clear the recovery record: " << s;
+  }
+}
+
+absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator_step,
+                                                             v1::RecoveryIntent* intent) {
+  if (options_.checkpoint_dir.empty()) return absl::NotFoundError("no --checkpoint_dir");
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints,
+                      ListCheckpoints(options_.checkpoint_dir));
+  if (checkpoints.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no committed checkpoint in ", options_.checkpoint_dir));
+  }
+  // With the midway crash point armed, ps:0 is restored alone first, then the crash.
+  const bool one_first = options_.crash_points != nullptr &&
+                         options_.crash_points->point() == kCrashRecoveryRestoreMidway;
   absl::Status last_error;
   for (const std::string& path : checkpoints) {
     absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(path);
@@ -285,16 +341,38 @@ absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator
                  << "; falling back to the previous one";
       continue;
     }
+    if (intent != nullptr && intent->checkpoint_path() != path) {
+      intent->set_checkpoint_path(path);
+      intent->set_checkpoint_step(manifest->step());
+      if (absl::Status s = WriteRecoveryIntent(options_.checkpoint_dir, *intent); !s.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot record the recovery before starting it: ", s.message()));
+      }
+    }
     const std::vector<v1::SavedShard> saved(manifest->shards().begin(), manifest->shards().end());
     const int64_t acc_step = accumulator_step >= 0 ? accumulator_step : manifest->step();
     const absl::Time start = absl::Now();
-    absl::Status s = client_->RestoreShards(path, saved, acc_step);
+    absl::Status s;
+    if (one_first) {
+      const std::vector<int> first = {0};
+      std::vector<int> rest;
+      for (int ps = 1; ps < client_->num_ps(); ++ps) rest.push_back(ps);
+      s = client_->RestoreShards(path, saved, acc_step, &first);
+      if (s.ok()) MaybeCrash(options_.crash_points, kCrashRecoveryRestoreMidway);
+      if (s.ok() && !rest.empty()) s = client_->RestoreShards(path, saved, acc_step, &rest);
+    } else {
+      s = client_->RestoreShards(path, saved, acc_step);
+    }
     if (s.ok()) {
       LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step() << ", written by "
                 << manifest->num_ps() << " ps tasks, restored into "
                 << NumTasks(options_.cluster.cluster(), kPsJob) << ") in "
                 << absl::FormatDuration(absl::Now() - start);
       return manifest->step();
+    }
+    if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled) {
+      // A ps task is unreachable (or the chief is stopping): not the checkpoint's fault.
+      return s;
     }
     last_error = s;
     LOG(ERROR) << "checkpoint " << path << " cannot be restored: " << s
@@ -321,6 +399,7 @@ absl::Status ChiefServer::HoldWorkersAtStepBoundary(absl::Duration timeout) {
     for (const v1::TaskId& t : registry_.NotServing()) {
       if (t.job() == kWorkerJob) gate_.Leave(t.index());
     }
+    if (stop_requested()) return absl::CancelledError("the chief is stopping");
     if (absl::Now() >= deadline) {
       std::vector<std::string> slow;
       for (int w : gate_.inside()) slow.push_back(absl::StrCat("worker:", w));
@@ -449,31 +528,72 @@ absl::Status ChiefServer::InitializeModel() {
   ParameterClientOptions client_options;
   client_options.max_attempts = 20;
   PS_ASSIGN_OR_RETURN(
-      client_, ParameterClient::Create(options_.model, *placement,
-                                       std::make_unique<GrpcPsTransport>(addresses,
-                                                                         options_.ps_transport),
-                                       client_options));
+      std::unique_ptr<ParameterClient> client,
+      ParameterClient::Create(options_.model, *placement,
+                              std::make_unique<GrpcPsTransport>(addresses, options_.ps_transport),
+                              client_options));
+  {
+    // Stop() cancels the client's retries; one that came first cancels it here.
+    absl::MutexLock lock(&mu_);
+    client_ = std::move(client);
+    if (stop_requested_) client_->Cancel();
+  }
   for (int i = 0; i < num_ps; ++i) {
     ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
   }
+  // With a checkpoint to start from, new shards wait for it (held): a chief that dies before
+  // restoring leaves them refusing service, never serving initial values as if trained.
+  bool have_checkpoint = false;
+  if (!options_.checkpoint_dir.empty()) {
+    absl::StatusOr<std::vector<std::string>> listed = ListCheckpoints(options_.checkpoint_dir);
+    have_checkpoint = listed.ok() && !listed->empty();
+  }
+  CreateShardsOptions create;
+  create.hold_until_restored = have_checkpoint;
   int64_t fresh = 0;
-  absl::Status created = client_->CreateAll(options_.sync, &fresh);
+  std::vector<int> awaiting;
+  absl::Status created = client_->CreateAll(options_.sync, &fresh, create, &awaiting);
   if (!created.ok()) {
     return absl::Status(created.code(),
                         absl::StrCat("cannot create the variables: ", created.message()));
   }
+  // Whether the cluster's state can be trusted: not if a recovery was under way when the last
+  // chief stopped (its record is there) or a ps task still waits for a restore.
+  std::vector<std::string> why;
+  if (!options_.checkpoint_dir.empty()) {
+    absl::StatusOr<v1::RecoveryIntent> unfinished = ReadRecoveryIntent(options_.checkpoint_dir);
+    if (unfinished.ok()) {
+      LOG(WARNING) << "the previous chief was recovering ("
+                   << absl::StrJoin(unfinished->restarted(), ", ")
+                   << " restarted; restoring " << unfinished->checkpoint_path()
+                   << ") when it stopped: redoing the recovery";
+      why.assign(unfinished->restarted().begin(), unfinished->restarted().end());
+    } else if (unfinished.status().code() != absl::StatusCode::kNotFound) {
+      LOG(ERROR) << unfinished.status() << ": treating it as a recovery under way";
+      why.push_back("an unreadable recovery record");
+    }
+  }
+  for (int ps : awaiting) why.push_back(absl::StrCat("ps:", ps, " waiting for a restore"));
   int64_t restored_step = -1;
-  if (fresh > 0 && !options_.checkpoint_dir.empty()) {
-    // New variables: start from the newest checkpoint if there is one.
-    absl::StatusOr<int64_t> restored = RestoreLatestCheckpoint(-1);
+  if ((fresh > 0 || !why.empty()) && have_checkpoint) {
+    // New variables, or a state half recovered: every ps task goes to the newest checkpoint.
+    if (why.empty()) why.push_back("new variables");
+    absl::StatusOr<int64_t> restored = RestoreEveryPs(why, -1, -1);
     if (restored.ok()) {
       restored_step = *restored;
-      sync_.SetGlobalStep(restored_step);
+      // A new generation: workers drop whatever they computed for the steps after it.
+      sync_.Rewind(restored_step);
+      FinishRecovery();
       absl::MutexLock lock(&mu_);
       progress_.set_global_step(restored_step);
       steps_before_ = restored_step;
-    } else if (restored.status().code() != absl::StatusCode::kNotFound) {
-      LOG(ERROR) << restored.status() << "; starting from initial values";
+    } else if (restored.status().code() == absl::StatusCode::kDataLoss) {
+      LOG(ERROR) << restored.status() << "; starting from the values the ps tasks hold";
+      FinishRecovery();
+    } else {
+      return absl::Status(restored.status().code(),
+                          absl::StrCat("cannot restore the checkpoint: ",
+                                       restored.status().message()));
     }
   } else if (fresh == 0) {
     LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
@@ -651,6 +771,7 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
       }
     }
     resp->set_step(req->step() + 1);
+    NoteGranted(req->worker(), resp->step() + 1);
     return grpc::Status::OK;
   }
   while (true) {
@@ -658,6 +779,7 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
     SyncCoordinator::Token token =
         sync_.AcquireToken(req->worker(), req->step(), req->generation(), slice);
     if (token.granted || token.finished) {
+      if (token.granted) NoteGranted(req->worker(), token.step + 1);
       resp->set_step(token.step);
       resp->set_generation(token.generation);
       resp->set_finished(token.finished && !token.granted);
@@ -672,19 +794,29 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
   }
 }
 
+void ChiefServer::NoteGranted(int w, int64_t steps) {
+  absl::MutexLock lock(&mu_);
+  WorkerProgress& p = workers_[w];
+  p.granted_steps = std::max(p.granted_steps, steps);
+}
+
 grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* req,
                                      v1::ReportStepResponse* resp) {
-  if (req->worker() < 0 || req->worker() >= num_workers_) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("worker ", req->worker(), " is not in the cluster (",
-                                     num_workers_, " workers)"));
-  }
   {
     absl::MutexLock lock(&mu_);
     if (!model_ready_) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("the chief is starting: ", init_state_));
     }
+    // Checked before anything is counted: a refused report changes nothing.
+    WorkerView view;
+    if (req->worker() >= 0 && req->worker() < num_workers_) {
+      view.registered = registry_.IncarnationOf(MakeTaskId(kWorkerJob, req->worker())) != 0;
+      auto it = workers_.find(req->worker());
+      if (it != workers_.end()) view.granted_steps = it->second.granted_steps;
+    }
+    PS_RETURN_IF_ERROR_GRPC(CheckStepReport(*req, options_.sync.mode(), num_workers_,
+                                            sync_.global_step(), view));
   }
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
     sync_.ReportStep(req->worker(), req->step() - 1, req->generation());

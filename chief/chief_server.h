@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "chief/step_gate.h"
+#include "chief/step_reports.h"
 #include "chief/sync_coordinator.h"
 #include "chief/task_registry.h"
 #include "client/grpc_ps_transport.h"
@@ -113,8 +114,20 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason);
   // Restores the newest committed checkpoint that verifies, falling back to older ones.
   // Sync accumulators continue at `accumulator_step` (or the checkpoint's step when < 0).
-  // Returns the checkpoint's step; NOT_FOUND when there is none.
-  absl::StatusOr<int64_t> RestoreLatestCheckpoint(int64_t accumulator_step);
+  // Returns the checkpoint's step; NOT_FOUND when there is none, DATA_LOSS when none restores,
+  // UNAVAILABLE when a ps task cannot be reached. With an `intent`, the recovery record is
+  // rewritten before a fallback to an older checkpoint.
+  absl::StatusOr<int64_t> RestoreLatestCheckpoint(int64_t accumulator_step,
+                                                  v1::RecoveryIntent* intent = nullptr);
+  // Brings every ps task to the newest checkpoint as one recorded operation: writes the
+  // RecoveryIntent (`why`, `step_before`), re-creates lost shards held until restored, then
+  // RestoreLatestCheckpoint. The caller sets the global step and then calls FinishRecovery;
+  // until then a chief that starts redoes it. Errors as RestoreLatestCheckpoint's (after
+  // DATA_LOSS the held shards are released); UNAVAILABLE and others leave the record.
+  absl::StatusOr<int64_t> RestoreEveryPs(const std::vector<std::string>& why,
+                                         int64_t step_before, int64_t accumulator_step);
+  // Deletes the recovery record: the recovery is complete.
+  void FinishRecovery();
   // Takes periodic checkpoints and restores every ps task when one restarts. Runs on
   // background_ after initialization.
   void MaintenanceLoop();
@@ -136,14 +149,20 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   StepGate gate_;  // ASYNC: where workers are held for a checkpoint or a recovery
   std::unique_ptr<ServiceHost> host_;
   std::thread background_;
-  std::unique_ptr<ParameterClient> client_;  // set once, before model_ready_
+  // Set once (under mu_, so that Stop() can cancel it), before model_ready_; read without the
+  // lock after that.
+  std::unique_ptr<ParameterClient> client_;
   std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
 
   struct WorkerProgress {
     int64_t steps = 0;
     int32_t epoch = 0;
     bool finished = false;
+    // ASYNC and SSP: see WorkerView::granted_steps.
+    int64_t granted_steps = 0;
   };
+  // Records that worker `w` may now have done `steps` steps (a token was granted).
+  void NoteGranted(int w, int64_t steps);
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool model_ready_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,6 +10,7 @@ namespace pscluster {
 SyncCoordinator::SyncCoordinator(const SyncCoordinatorOptions& options, const Clock* clock)
     : options_(options), clock_(clock) {
   absl::MutexLock lock(&mu_);
+  generation_ = options.first_generation;
   for (int w = 0; w < options.num_workers; ++w) completed_[w] = 0;
 }
 

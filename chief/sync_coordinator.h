@@ -22,6 +22,11 @@ struct SyncCoordinatorOptions {
   // SSP: a worker may start step s only while the slowest unfinished worker has completed at
   // least s - staleness steps. Negative: synchronous mode (tokens per global step).
   int staleness = -1;
+  // The generation of the first tokens. A chief passes one no earlier chief of the cluster
+  // used (its start time in microseconds), so that a restarted chief's tokens are a new
+  // generation to every worker: what a worker computed or prefetched for the previous chief's
+  // steps is abandoned, even when the new chief sends the global step back.
+  int64_t first_generation = 0;
 };
 
 // The chief's token logic for synchronous (SyncReplicas) and bounded-staleness training, without

@@ -114,6 +114,9 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
                      s.code() == absl::StatusCode::kCancelled));
   };
   for (int attempt = 1;; ++attempt) {
+    if (cancelled_.HasBeenNotified()) {
+      return absl::CancelledError(absl::StrCat("ps:", ps, ": the client is stopping"));
+    }
     absl::Status s = fn();
     if (!retryable(s) || attempt >= options_.max_attempts) {
       if (!s.ok() && retryable(s)) {
@@ -124,9 +127,13 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
     }
     LOG(WARNING) << "ps:" << ps << " unavailable (attempt " << attempt << " of "
                  << options_.max_attempts << "), retrying in " << backoff << ": " << s.message();
-    absl::SleepFor(backoff);
+    cancelled_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
+}
+
+void ParameterClient::Cancel() {
+  std::call_once(cancel_once_, [this] { cancelled_.Notify(); });
 }
 
 absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
@@ -144,7 +151,8 @@ absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
 }
 
 absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* created,
-                                        const CreateShardsOptions& create) {
+                                        const CreateShardsOptions& create,
+                                        std::vector<int>* awaiting_restore) {
   std::vector<v1::CreateShardsRequest> requests(placement_.num_ps());
   for (v1::CreateShardsRequest& r : requests) {
     *r.mutable_sync() = sync;
@@ -180,6 +188,12 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
     *created = 0;
     for (const v1::CreateShardsResponse& r : responses) *created += r.created();
   }
+  if (awaiting_restore != nullptr) {
+    awaiting_restore->clear();
+    for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+      if (responses[ps].awaiting_restore()) awaiting_restore->push_back(ps);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -207,14 +221,14 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
 
 absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
                                             const std::vector<v1::SavedShard>& saved,
-                                            int64_t step) {
+                                            int64_t step, const std::vector<int>* tasks) {
   v1::RestoreShardsRequest req;
   req.set_checkpoint_path(checkpoint_path);
   req.mutable_saved()->Add(saved.begin(), saved.end());
   req.set_step(step);
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
-  return ForEachPs(all, [&](int ps) {
+  return ForEachPs(tasks != nullptr ? *tasks : all, [&](int ps) {
     v1::RestoreShardsResponse resp;
     return transport_->RestoreShards(ps, req, &resp);
   });

@@ -7,10 +7,12 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/ps_transport.h"
 #include "common/thread_pool.h"
@@ -37,7 +39,7 @@ struct ParameterClientOptions {
   int fan_out_threads = 0;
 };
 
-// How ParameterClient::CreateAll creates shards.
+// How ParameterClient::CreateAll creates shards, and what it found.
 struct CreateShardsOptions {
   // SYNC: the step the accumulators of newly created shards start at.
   int64_t start_step = 0;
@@ -83,9 +85,11 @@ class ParameterClient {
 
   // Creates every variable partition and table shard on its ps task. Harmless when repeated.
   // `*created` (optional) receives how many shards were new (0: the ps tasks already held
-  // everything, e.g. after a chief restart).
+  // everything, e.g. after a chief restart); `*awaiting_restore` (optional) the ps tasks that
+  // still wait for a restore of shards created with hold_until_restored.
   absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr,
-                         const CreateShardsOptions& create = CreateShardsOptions());
+                         const CreateShardsOptions& create = CreateShardsOptions(),
+                         std::vector<int>* awaiting_restore = nullptr);
 
   // Number of elements of a dense variable; NOT_FOUND for an unknown one.
   absl::StatusOr<int64_t> NumElements(const std::string& variable) const;
@@ -107,10 +111,15 @@ class ParameterClient {
   // saved, for the manifest. The caller commits the manifest.
   absl::StatusOr<std::vector<v1::SavedShard>> SaveShards(const std::string& checkpoint_path,
                                                          int64_t step, int64_t* bytes);
-  // Every ps task replaces its shards' values with those of a checkpoint (which may have been
-  // written by another number of ps tasks).
+  // Every ps task (or those of `tasks`, when given) replaces its shards' values with those of
+  // a checkpoint (which may have been written by another number of ps tasks).
   absl::Status RestoreShards(const std::string& checkpoint_path,
-                             const std::vector<v1::SavedShard>& saved, int64_t step);
+                             const std::vector<v1::SavedShard>& saved, int64_t step,
+                             const std::vector<int>* tasks = nullptr);
+
+  // Makes every retry loop give up at once (CANCELLED), now and for every later call: for a
+  // daemon that is stopping. Thread-safe.
+  void Cancel();
 
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
@@ -162,6 +171,9 @@ class ParameterClient {
   const ParameterClientOptions options_;
   const uint64_t client_id_;
   std::atomic<uint64_t> next_seq_{1};
+  // Cancel(): notified once; retry loops check it and wait on it instead of sleeping.
+  absl::Notification cancelled_;
+  std::once_flag cancel_once_;
   std::atomic<int64_t> duplicate_pushes_{0};
   std::map<std::string, DenseVar> dense_;
   std::unique_ptr<ThreadPool> fan_out_;

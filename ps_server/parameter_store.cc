@@ -321,6 +321,7 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   }
   response->set_created(created);
   response->set_already_present(present);
+  response->set_awaiting_restore(holding_for_restore_);
   return absl::OkStatus();
 }
 

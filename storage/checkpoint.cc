@@ -27,6 +27,7 @@ namespace pscluster {
 namespace {
 
 constexpr char kManifest[] = "MANIFEST.json";
+constexpr char kRecoveryIntent[] = "RECOVERY.json";
 constexpr char kCheckpointPrefix[] = "ckpt-";
 
 std::string DenseKey(const std::string& name, int32_t partition) {
@@ -271,18 +272,23 @@ absl::Status CheckpointReader::ReadTable(
   return absl::OkStatus();
 }
 
-absl::Status CommitManifest(const std::string& checkpoint_path,
-                            const v1::CheckpointManifest& manifest, CrashPoints* crash_points) {
-  MaybeCrash(crash_points, kCrashManifestBeforeWrite);
+namespace {
+
+// Writes `message` as JSON to <dir>/<name>: <name>.tmp written and fsynced, renamed, the
+// directory fsynced. A crash leaves the old file or the new one whole.
+absl::Status WriteJsonAtomically(const std::string& dir, const std::string& name,
+                                 const google::protobuf::Message& message,
+                                 CrashPoints* crash_points, const char* before_rename,
+                                 const char* before_dir_sync) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(manifest, &json, options).ok()) {
-    return absl::InternalError("cannot encode the manifest");
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) {
+    return absl::InternalError(absl::StrCat("cannot encode ", name));
   }
-  const std::string tmp = absl::StrCat(checkpoint_path, "/", kManifest, ".tmp");
-  const std::string final_path = absl::StrCat(checkpoint_path, "/", kManifest);
+  const std::string tmp = absl::StrCat(dir, "/", name, ".tmp");
+  const std::string final_path = absl::StrCat(dir, "/", name);
   {
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
@@ -291,26 +297,65 @@ absl::Status CommitManifest(const std::string& checkpoint_path,
     close(fd);
     if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
   }
-  MaybeCrash(crash_points, kCrashManifestBeforeRename);
+  if (before_rename != nullptr) MaybeCrash(crash_points, before_rename);
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
   }
-  MaybeCrash(crash_points, kCrashManifestBeforeDirSync);
-  return SyncPath(checkpoint_path, /*directory=*/true);
+  if (before_dir_sync != nullptr) MaybeCrash(crash_points, before_dir_sync);
+  return SyncPath(dir, /*directory=*/true);
+}
+
+// Reads <path> as JSON into *message: NOT_FOUND if there is no such file (`what` names it),
+// DATA_LOSS if it does not parse.
+absl::Status ReadJson(const std::string& path, const std::string& what,
+                      google::protobuf::Message* message) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no ", what, " at ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  google::protobuf::util::JsonParseOptions options;
+  if (!google::protobuf::util::JsonStringToMessage(ss.str(), message, options).ok()) {
+    return absl::DataLossError(absl::StrCat(what, " ", path, " does not parse"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CommitManifest(const std::string& checkpoint_path,
+                            const v1::CheckpointManifest& manifest, CrashPoints* crash_points) {
+  MaybeCrash(crash_points, kCrashManifestBeforeWrite);
+  return WriteJsonAtomically(checkpoint_path, kManifest, manifest, crash_points,
+                             kCrashManifestBeforeRename, kCrashManifestBeforeDirSync);
 }
 
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path) {
-  const std::string path = absl::StrCat(checkpoint_path, "/", kManifest);
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("no committed manifest at ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
   v1::CheckpointManifest manifest;
-  google::protobuf::util::JsonParseOptions options;
-  if (!google::protobuf::util::JsonStringToMessage(ss.str(), &manifest, options).ok()) {
-    return absl::DataLossError(absl::StrCat("manifest ", path, " does not parse"));
-  }
+  PS_RETURN_IF_ERROR(
+      ReadJson(absl::StrCat(checkpoint_path, "/", kManifest), "committed manifest", &manifest));
   return manifest;
+}
+
+absl::Status WriteRecoveryIntent(const std::string& dir, const v1::RecoveryIntent& intent) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  return WriteJsonAtomically(dir, kRecoveryIntent, intent, nullptr, nullptr, nullptr);
+}
+
+absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir) {
+  v1::RecoveryIntent intent;
+  PS_RETURN_IF_ERROR(
+      ReadJson(absl::StrCat(dir, "/", kRecoveryIntent), "recovery record", &intent));
+  return intent;
+}
+
+absl::Status ClearRecoveryIntent(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kRecoveryIntent);
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(absl::StrCat("cannot delete ", path, ": ", strerror(errno)));
+  }
+  return SyncPath(dir, /*directory=*/true);
 }
 
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir) {

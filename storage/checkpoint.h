@@ -93,6 +93,14 @@ absl::Status CommitManifest(const std::string& checkpoint_path,
 // NOT_FOUND when the checkpoint has no committed manifest; DATA_LOSS when it does not parse.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path);
 
+// The recovery record (RecoveryIntent) of a checkpoint directory: <dir>/RECOVERY.json.
+// WriteRecoveryIntent replaces it atomically (a temporary file synced, renamed, the directory
+// synced); ReadRecoveryIntent gives NOT_FOUND when there is none and DATA_LOSS when it does not
+// parse; ClearRecoveryIntent removes it (OK if absent) and syncs the directory.
+absl::Status WriteRecoveryIntent(const std::string& dir, const v1::RecoveryIntent& intent);
+absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir);
+absl::Status ClearRecoveryIntent(const std::string& dir);
+
 // Paths of the committed checkpoints under `dir`, newest (highest step) first.
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
 

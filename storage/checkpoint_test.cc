@@ -106,6 +106,39 @@ TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(25)));
 }
 
+TEST(CheckpointTest, TheRecoveryIntentIsWrittenReadAndClearedBesideTheCheckpoints) {
+  const std::string dir = Dir("intent");
+  EXPECT_EQ(ReadRecoveryIntent(dir).status().code(), absl::StatusCode::kNotFound);
+  Write(dir, 40);
+  v1::RecoveryIntent intent;
+  intent.set_checkpoint_path(dir + "/" + CheckpointDirName(40));
+  intent.set_checkpoint_step(40);
+  intent.set_step_before(57);
+  intent.add_restarted("ps:1");
+  ASSERT_TRUE(WriteRecoveryIntent(dir, intent).ok());
+  // A second write replaces the first whole.
+  intent.add_restarted("ps:0");
+  ASSERT_TRUE(WriteRecoveryIntent(dir, intent).ok());
+  absl::StatusOr<v1::RecoveryIntent> read = ReadRecoveryIntent(dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->checkpoint_step(), 40);
+  EXPECT_EQ(read->step_before(), 57);
+  EXPECT_EQ(read->restarted_size(), 2);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/RECOVERY.json.tmp"));
+  // The record is not a checkpoint, and pruning leaves it alone.
+  ASSERT_EQ(ListCheckpoints(dir)->size(), 1u);
+  ASSERT_TRUE(PruneCheckpoints(dir, 1).ok());
+  EXPECT_TRUE(ReadRecoveryIntent(dir).ok());
+  ASSERT_TRUE(ClearRecoveryIntent(dir).ok());
+  EXPECT_EQ(ReadRecoveryIntent(dir).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(ClearRecoveryIntent(dir).ok());  // clearing twice is fine
+  // A torn or foreign file is DATA_LOSS, naming it, not an empty intent.
+  std::ofstream(dir + "/RECOVERY.json") << "{\"checkpoint_step\": ";
+  absl::StatusOr<v1::RecoveryIntent> torn = ReadRecoveryIntent(dir);
+  EXPECT_EQ(torn.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(torn.status().message(), HasSubstr("RECOVERY.json"));
+}
+
 TEST(CheckpointTest, ACorruptedShardFileIsDataLossNamingTheFile) {
   const std::string dir = Dir("corrupt");
   v1::CheckpointManifest m = Write(dir, 5);

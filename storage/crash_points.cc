@@ -15,7 +15,8 @@ namespace {
 constexpr const char* kKnownPoints[] = {
     kCrashSaveOpened,          kCrashSaveMidway,          kCrashSaveBeforeSync,
     kCrashSaveDone,            kCrashManifestBeforeWrite, kCrashManifestBeforeRename,
-    kCrashManifestBeforeDirSync,
+    kCrashManifestBeforeDirSync, kCrashRecoveryIntentWritten, kCrashRecoveryCreated,
+    kCrashRecoveryRestoreMidway, kCrashRecoveryRestored,
 };
 
 }  // namespace

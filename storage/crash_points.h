@@ -11,9 +11,10 @@
 
 namespace pscluster {
 
-// Fault injection for the checkpoint path: named places where a test makes the process die
-// with SIGKILL, as a power cut or the OOM killer would take it, to show that a crash at any
-// point of a checkpoint write leaves every committed checkpoint intact.
+// Fault injection for the checkpoint and recovery paths: named places where a test makes the
+// process die with SIGKILL, as a power cut or the OOM killer would take it, to show that a
+// crash at any point of a checkpoint write leaves every committed checkpoint intact, and that
+// a chief killed at any point of a recovery leaves nothing its successor cannot finish.
 //
 // The daemons arm one point from --crash_at; production code passes a null CrashPoints and
 // nothing happens.
@@ -32,6 +33,15 @@ inline constexpr char kCrashManifestBeforeWrite[] = "manifest_before_write";
 inline constexpr char kCrashManifestBeforeRename[] = "manifest_before_rename";
 // Renamed (committed), before the directory is synced.
 inline constexpr char kCrashManifestBeforeDirSync[] = "manifest_before_dir_sync";
+// The chief's recovery of restarted ps tasks: its RecoveryIntent written, nothing else done.
+inline constexpr char kCrashRecoveryIntentWritten[] = "recovery_intent_written";
+// Every ps task's shards re-created (held until restored), nothing restored yet.
+inline constexpr char kCrashRecoveryCreated[] = "recovery_created";
+// The first ps task restored, the others not yet (the chief restores one ps task at a time
+// when this point is armed, so that the crash leaves the cluster half restored).
+inline constexpr char kCrashRecoveryRestoreMidway[] = "recovery_restore_midway";
+// Every ps task restored, before the global step goes back and the intent is cleared.
+inline constexpr char kCrashRecoveryRestored[] = "recovery_restored";
 
 // One armed point. Thread-safe.
 class CrashPoints {

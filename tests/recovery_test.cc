@@ -139,7 +139,8 @@ class RecoveryTest : public ::testing::Test {
     v1::ClusterStatus s = AwaitFinished(*chief_, absl::Seconds(240));
     ASSERT_TRUE(s.progress().finished()) << cluster_->Logs(40);
     EXPECT_NEAR(s.progress().test_accuracy(), undisturbed_, kTolerance)
-        << "undisturbed " << undisturbed_ << ", this run " << s.progress().test_accuracy();
+        << "undisturbed " << undisturbed_ << ", this run " << s.progress().test_accuracy()
+        << "\n" << cluster_->Logs(60);
     LOG(INFO) << "final test accuracy " << s.progress().test_accuracy() << " (undisturbed "
               << undisturbed_ << ")";
     ExpectOnlyWholeCheckpoints(dir_);
@@ -248,6 +249,48 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<CrashCase>& info) {
       return absl::StrCat(info.param.task == "chief" ? "Chief" : "Ps", "_", info.param.point);
     });
+
+// (e) Two faults: a ps task is killed, and the chief dies (SIGKILL, through --crash_at) at a
+// point of the ps task's recovery: its record written and nothing done; the shards re-created
+// and held; ps:0 restored and ps:1 not; every task restored but the global step not yet sent
+// back. The chief is started again: it finds the record, redoes the recovery whole, and the
+// run ends with the undisturbed model. (Before the record existed, the second chief trusted
+// the half-recovered cluster and ended at chance level or points off, reporting success.)
+class RecoveryCrashTest : public RecoveryTest,
+                          public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(RecoveryCrashTest, AChiefKilledDuringARecoveryIsSucceededByOneThatFinishesIt) {
+  const std::string point = GetParam();
+  StartCluster(absl::StrCat("recovery-crash-", point),
+               {{"chief:0", {absl::StrCat("--crash_at=", point)}}});
+  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  KillAndRestart("ps", 1);
+  absl::StatusOr<int> status = cluster_->chief().WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(status.ok()) << "no crash at " << point << ": " << cluster_->Logs();
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
+      << DescribeWaitStatus(*status);
+  EXPECT_THAT(cluster_->chief().LogTail(5), HasSubstr(absl::StrCat("crash point ", point)));
+  // The record of the recovery under way is on disk, naming the checkpoint and the task.
+  absl::StatusOr<v1::RecoveryIntent> intent = ReadRecoveryIntent(dir_);
+  ASSERT_TRUE(intent.ok()) << intent.status();
+  EXPECT_EQ(intent->checkpoint_step(), 40);
+  EXPECT_THAT(intent->restarted(), ::testing::ElementsAre("ps:1"));
+
+  cluster_->SetFlags("chief:0", {});
+  ASSERT_TRUE(cluster_->StartTask("chief", 0).ok()) << cluster_->Logs();
+  ExpectFinishedAsUndisturbed();  // also: no recovery record is left behind
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr("the previous chief was recovering (ps:1 restarted"));
+  EXPECT_THAT(log, HasSubstr("redoing the recovery"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("resuming from the cluster's state")));
+}
+
+INSTANTIATE_TEST_SUITE_P(CrashPoints, RecoveryCrashTest,
+                         ::testing::Values(kCrashRecoveryIntentWritten, kCrashRecoveryCreated,
+                                           kCrashRecoveryRestoreMidway, kCrashRecoveryRestored),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
 // chief restores the previous one instead, saying so.
