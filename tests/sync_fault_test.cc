@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -120,6 +122,74 @@ namespace {
 
 // The chief killed with SIGKILL in sync mode and started again: it recovers the global step
 // from the ps tasks, so the workers go on from there without repeating or skipping a step.
+// Reports no worker could send, from a client written from proto/ alone, are refused with an
+// error naming the field and what was expected; none changes the global step or the progress,
+// and training goes on. (A step of 2^63-1 once made the global step -2; finished=true from a
+// client that never trained once ended training.)
+TEST(SyncFaultTest, ImpossibleStepReportsAreRefusedAndChangeNothing) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 1;
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+                            "--mode=sync",
+                            "--max_train_examples=4000",
+                            "--max_test_examples=100",
+                            "--epochs=1000",
+                            "--batch_size=20",
+                            "--heartbeat_interval_ms=200"};
+  options.flags["worker"] = {"--step_delay_ms=10"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ClusterStatusOf(*chief).global_step() < 5 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  struct Case {
+    int worker;
+    int64_t step;
+    int64_t examples;
+    bool finished;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  const std::vector<Case> cases = {
+      {0, max, 1, false, grpc::StatusCode::INVALID_ARGUMENT, "steps and 1 examples; expected at most"},
+      {0, 100000, 1, true, grpc::StatusCode::INVALID_ARGUMENT, "past the global step"},
+      {0, 1, -50, false, grpc::StatusCode::INVALID_ARGUMENT, "reports examples -50; expected a count >= 0"},
+      {3, 1, 1, true, grpc::StatusCode::INVALID_ARGUMENT, "worker 3 is not in the cluster (1 workers)"},
+  };
+  for (const Case& k : cases) {
+    const v1::ClusterStatus before = ClusterStatusOf(*chief);
+    v1::ReportStepRequest req;
+    req.set_worker(k.worker);
+    req.set_step(k.step);
+    req.set_examples(k.examples);
+    req.set_finished(k.finished);
+    v1::ReportStepResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = chief->ReportStep(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), k.code) << k.message << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(k.message));
+    const v1::ClusterStatus after = ClusterStatusOf(*chief);
+    // Training goes on at its own pace: the step moved by what the real worker did, no more.
+    EXPECT_GE(after.global_step(), before.global_step());
+    EXPECT_LT(after.global_step(), before.global_step() + 1000) << k.message;
+    EXPECT_FALSE(after.progress().finished()) << k.message;
+    EXPECT_EQ(after.progress().workers_finished(), 0) << k.message;
+  }
+  // The chief still serves and training still advances.
+  const int64_t now = ClusterStatusOf(*chief).global_step();
+  deadline = absl::Now() + absl::Seconds(30);
+  while (ClusterStatusOf(*chief).global_step() < now + 10 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(ClusterStatusOf(*chief).global_step(), now + 10) << c.Logs();
+}
+
 TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   TestClusterOptions options;
   options.num_ps = 2;
