@@ -195,6 +195,7 @@ ParameterStore::ParameterStore(const ParameterStoreOptions& options)
 
 absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
                                           v1::CreateShardsResponse* response) {
+  MaybeCrash(options_.crash_points, kCrashPsCreateShards);
   if (request.sync().mode() == v1::SYNC && request.sync().replicas_to_aggregate() < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SYNC mode needs replicas_to_aggregate >= 1, got ",

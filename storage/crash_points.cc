@@ -16,7 +16,7 @@ constexpr const char* kKnownPoints[] = {
     kCrashSaveOpened,          kCrashSaveMidway,          kCrashSaveBeforeSync,
     kCrashSaveDone,            kCrashManifestBeforeWrite, kCrashManifestBeforeRename,
     kCrashManifestBeforeDirSync, kCrashRecoveryIntentWritten, kCrashRecoveryCreated,
-    kCrashRecoveryRestoreMidway, kCrashRecoveryRestored,
+    kCrashRecoveryRestoreMidway, kCrashRecoveryRestored, kCrashPsCreateShards,
 };
 
 }  // namespace

@@ -42,6 +42,9 @@ inline constexpr char kCrashRecoveryCreated[] = "recovery_created";
 inline constexpr char kCrashRecoveryRestoreMidway[] = "recovery_restore_midway";
 // Every ps task restored, before the global step goes back and the intent is cleared.
 inline constexpr char kCrashRecoveryRestored[] = "recovery_restored";
+// A ps task: a CreateShards request has arrived, nothing is created (a ps task that dies again
+// while the chief recovers it).
+inline constexpr char kCrashPsCreateShards[] = "ps_create_shards";
 
 // One armed point. Thread-safe.
 class CrashPoints {

@@ -84,6 +84,45 @@ TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
   }
 }
 
+// SIGTERM is honoured within the grace period whatever the chief waits on: here a recovery
+// that cannot finish, because the restarted ps:1 dies again (--crash_at=ps_create_shards) when
+// the chief re-creates its shards, and the chief's calls to it retry.
+TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 1;
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+                            "--mode=sync", "--max_train_examples=2000", "--max_test_examples=100",
+                            "--epochs=1000", "--batch_size=20", "--heartbeat_interval_ms=200"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ClusterStatusOf(*chief).global_step() < 5 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(c.ps(1).Signal(SIGKILL).ok());
+  ASSERT_TRUE(c.ps(1).WaitForExit(absl::Seconds(5)).ok());
+  c.SetFlags("ps:1", {"--crash_at=ps_create_shards"});
+  ASSERT_TRUE(c.StartTask("ps", 1).ok()) << c.Logs();
+  ASSERT_TRUE(c.ps(1).WaitForExit(absl::Seconds(30)).ok()) << c.Logs();
+  ASSERT_THAT(c.ps(1).LogTail(5), HasSubstr("crash point ps_create_shards"));
+  // The chief is now retrying its calls to the dead task.
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_THAT(ClusterStatusOf(*chief).state(), HasSubstr("recovering: ps:1 restarted"));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(c.chief().Signal(SIGTERM).ok());
+  auto exit = c.chief().WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << c.chief().LogTail();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Seconds(2)) << c.chief().LogTail(30);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0)
+      << DescribeWaitStatus(*exit) << "\n" << c.chief().LogTail(30);
+  LOG(INFO) << "the chief stopped " << absl::FormatDuration(took) << " after SIGTERM";
+}
+
 TEST(LifecycleTest, SigintStopsADaemonToo) {
   TestClusterOptions options;
   options.num_ps = 1;
