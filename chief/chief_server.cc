@@ -426,14 +426,17 @@ void ChiefServer::ResumeWorkers() {
   gate_.Open();
 }
 
-absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::string& reason) {
+absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::string& reason,
+                                                                   bool require_ready) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(
         "the chief has no --checkpoint_dir: checkpoints are off");
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!model_ready_) return absl::UnavailableError("the model is not ready yet");
+    if (require_ready && !model_ready_) {
+      return absl::UnavailableError("the model is not ready yet");
+    }
     mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
     busy_ = true;
   }
@@ -447,17 +450,25 @@ absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::st
     return done(held);
   }
   const int64_t step = CurrentStep();
-  const std::string path =
-      absl::StrCat(options_.checkpoint_dir, "/", CheckpointDirName(step));
+  std::string path = absl::StrCat(options_.checkpoint_dir, "/", CheckpointDirName(step));
   v1::CheckpointResponse resp;
-  resp.set_path(path);
   resp.set_step(step);
   if (absl::StatusOr<v1::CheckpointManifest> existing = ReadManifest(path); existing.ok()) {
-    // This step is already saved.
-    resp.set_bytes(existing->bytes());
-    resp.set_micros(existing->write_micros());
-    return done(resp);
+    if (options_.sync.mode() == v1::SYNC) {
+      // At a step boundary the model is a function of the step: this one is saved already.
+      resp.set_path(path);
+      resp.set_bytes(existing->bytes());
+      resp.set_micros(existing->write_micros());
+      return done(resp);
+    }
+    // ASYNC and SSP apply updates without moving the global step: a save captures them in a
+    // checkpoint of its own, never one written before (and never into a committed one).
+    int64_t sequence = 1;
+    do {
+      path = absl::StrCat(options_.checkpoint_dir, "/", CheckpointDirName(step, sequence++));
+    } while (ReadManifest(path).ok());
   }
+  resp.set_path(path);
   std::error_code ec;
   std::filesystem::remove_all(path, ec);  // an earlier, uncommitted attempt
   const absl::Time start = absl::Now();
@@ -623,6 +634,15 @@ absl::Status ChiefServer::InitializeModel() {
                 << " from the ps tasks (steps their shards have applied)";
       sync_.SetGlobalStep(applied);
     }
+  }
+  if (!options_.checkpoint_dir.empty() && !have_checkpoint) {
+    // A checkpoint before the first step (as TensorFlow's chief saves one at step 0): a ps task
+    // that dies before the first periodic checkpoint is then restored with the others, and sync
+    // training replays from the start, instead of a restarted task's initial values meeting the
+    // others' trained ones.
+    absl::StatusOr<v1::CheckpointResponse> first =
+        TakeCheckpoint("before the first step", /*require_ready=*/false);
+    if (!first.ok()) LOG(WARNING) << "no checkpoint before the first step: " << first.status();
   }
   absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;

@@ -111,7 +111,10 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // `timeout`; the workers stay held either way until ResumeWorkers().
   absl::Status HoldWorkersAtStepBoundary(absl::Duration timeout);
   void ResumeWorkers();
-  absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason);
+  // `require_ready`: refuse (UNAVAILABLE) until the model is ready; InitializeModel's first
+  // checkpoint is taken just before.
+  absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason,
+                                                        bool require_ready = true);
   // Restores the newest committed checkpoint that verifies, falling back to older ones.
   // Sync accumulators continue at `accumulator_step` (or the checkpoint's step when < 0).
   // Returns the checkpoint's step; NOT_FOUND when there is none, DATA_LOSS when none restores,

@@ -74,14 +74,24 @@ absl::Status SyncPath(const std::string& path, bool directory) {
   return absl::OkStatus();
 }
 
-bool ParseStep(const std::string& name, int64_t* step) {
-  return absl::StartsWith(name, kCheckpointPrefix) &&
-         absl::SimpleAtoi(name.substr(strlen(kCheckpointPrefix)), step);
+// The (step, sequence) of a checkpoint directory's name: "ckpt-0000000120" is (120, 0),
+// "ckpt-0000000120.2" (120, 2). False for any other name.
+bool ParseName(const std::string& name, std::pair<int64_t, int64_t>* order) {
+  if (!absl::StartsWith(name, kCheckpointPrefix)) return false;
+  const std::string rest = name.substr(strlen(kCheckpointPrefix));
+  const size_t dot = rest.find('.');
+  order->second = 0;
+  if (dot != std::string::npos &&
+      (!absl::SimpleAtoi(rest.substr(dot + 1), &order->second) || order->second < 1)) {
+    return false;
+  }
+  return absl::SimpleAtoi(rest.substr(0, dot), &order->first) && order->first >= 0;
 }
 
 }  // namespace
 
-std::string CheckpointDirName(int64_t step) {
+std::string CheckpointDirName(int64_t step, int64_t sequence) {
+  if (sequence > 0) return absl::StrFormat("%s%010d.%d", kCheckpointPrefix, step, sequence);
   return absl::StrFormat("%s%010d", kCheckpointPrefix, step);
 }
 
@@ -359,21 +369,21 @@ absl::Status ClearRecoveryIntent(const std::string& dir) {
 }
 
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> found;
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) return std::vector<std::string>();
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    int64_t step = 0;
+    std::pair<int64_t, int64_t> order;
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || !ParseStep(name, &step)) continue;
+    if (!entry.is_directory() || !ParseName(name, &order)) continue;
     if (std::filesystem::exists(entry.path() / kManifest)) {
-      found.emplace_back(step, entry.path().string());
+      found.emplace_back(order, entry.path().string());
     }
   }
   if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> out;
-  for (auto& [step, path] : found) out.push_back(std::move(path));
+  for (auto& [order, path] : found) out.push_back(std::move(path));
   return out;
 }
 
@@ -384,12 +394,12 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
     std::filesystem::remove_all(committed[i], ec);
   }
   if (committed.empty()) return absl::OkStatus();
-  int64_t newest = 0;
-  ParseStep(std::filesystem::path(committed[0]).filename().string(), &newest);
+  std::pair<int64_t, int64_t> newest;
+  ParseName(std::filesystem::path(committed[0]).filename().string(), &newest);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    int64_t step = 0;
-    if (entry.is_directory() && ParseStep(entry.path().filename().string(), &step) &&
-        step < newest && !std::filesystem::exists(entry.path() / kManifest)) {
+    std::pair<int64_t, int64_t> order;
+    if (entry.is_directory() && ParseName(entry.path().filename().string(), &order) &&
+        order < newest && !std::filesystem::exists(entry.path() / kManifest)) {
       std::filesystem::remove_all(entry.path(), ec);
     }
   }

@@ -17,7 +17,7 @@ namespace pscluster {
 
 // Checkpoints on disk:
 //
-//   <checkpoint_dir>/ckpt-<step, 10 digits>/
+//   <checkpoint_dir>/ckpt-<step, 10 digits>[.<sequence>]/
 //       ps-0/ ... ps-<N-1>/   one RocksDB per ps task that wrote shards
 //       MANIFEST.json         committed last; without it the checkpoint does not exist
 //
@@ -27,8 +27,10 @@ namespace pscluster {
 // key): the row's update count then its values and slots. Each shard's CRC-32 (zlib) over its
 // records' keys and values, in key order, is kept in the manifest and checked on every read.
 
-// "ckpt-0000000120".
-std::string CheckpointDirName(int64_t step);
+// "ckpt-0000000120"; with a sequence > 0, "ckpt-0000000120.<sequence>": a later checkpoint of
+// the same global step (ASYNC: updates applied since, without the step moving). Listed after
+// (newer than) the lower sequences of its step.
+std::string CheckpointDirName(int64_t step, int64_t sequence = 0);
 
 // Writes one ps task's shards into <checkpoint_path>/ps-<index>. Thread-compatible.
 class CheckpointWriter {
@@ -101,7 +103,8 @@ absl::Status WriteRecoveryIntent(const std::string& dir, const v1::RecoveryInten
 absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir);
 absl::Status ClearRecoveryIntent(const std::string& dir);
 
-// Paths of the committed checkpoints under `dir`, newest (highest step) first.
+// Paths of the committed checkpoints under `dir`, newest (highest step, then highest sequence)
+// first.
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
 
 // Deletes all but the newest `keep` committed checkpoints, and any uncommitted checkpoint

@@ -106,6 +106,34 @@ TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(25)));
 }
 
+TEST(CheckpointTest, LaterCheckpointsOfTheSameStepListAsNewer) {
+  const std::string dir = Dir("sequence");
+  Write(dir, 10);
+  const std::string base = dir + "/" + CheckpointDirName(10);
+  std::filesystem::rename(base, base + "-moved");
+  Write(dir, 10);  // ckpt-0000000010 again
+  std::filesystem::rename(base, dir + "/" + CheckpointDirName(10, 2));
+  std::filesystem::rename(base + "-moved", dir + "/" + CheckpointDirName(10, 1));
+  Write(dir, 10);
+  Write(dir, 9);
+  EXPECT_EQ(CheckpointDirName(10, 2), "ckpt-0000000010.2");
+  auto listed = ListCheckpoints(dir);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 4u);
+  EXPECT_THAT((*listed)[0], ::testing::EndsWith("ckpt-0000000010.2"));
+  EXPECT_THAT((*listed)[1], ::testing::EndsWith("ckpt-0000000010.1"));
+  EXPECT_THAT((*listed)[2], ::testing::EndsWith("ckpt-0000000010"));
+  EXPECT_THAT((*listed)[3], ::testing::EndsWith("ckpt-0000000009"));
+  // Names that only look like checkpoints are not listed.
+  std::filesystem::create_directories(dir + "/ckpt-0000000011.x");
+  std::filesystem::create_directories(dir + "/ckpt-0000000011.0");
+  EXPECT_EQ(ListCheckpoints(dir)->size(), 4u);
+  ASSERT_TRUE(PruneCheckpoints(dir, 2).ok());
+  listed = ListCheckpoints(dir);
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_THAT((*listed)[1], ::testing::EndsWith("ckpt-0000000010.1"));
+}
+
 TEST(CheckpointTest, TheRecoveryIntentIsWrittenReadAndClearedBesideTheCheckpoints) {
   const std::string dir = Dir("intent");
   EXPECT_EQ(ReadRecoveryIntent(dir).status().code(), absl::StatusCode::kNotFound);

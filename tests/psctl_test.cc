@@ -557,6 +557,37 @@ TEST_F(PsctlTest, SaveThenReadTheCheckpointOffline) {
   EXPECT_THAT(r.err, HasSubstr("layer/kernel/1"));
 }
 
+// ASYNC: updates move the values without moving the global step. Each save captures what has
+// been applied: a new checkpoint (a later sequence of the same step), never the old one again.
+TEST_F(PsctlTest, EverySaveCapturesEveryAppliedUpdate) {
+  RunResult r = Psctl({chief(), "--json", "save"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const v1::CheckpointResponse first = ParseJson<v1::CheckpointResponse>(r.out);
+  auto client = ClientFor(*model_);
+  std::vector<float> gb(16, 0.5f);
+  ASSERT_TRUE(client->Push({"b"}, {gb.data()}, 0).ok());
+  const std::vector<float> live = Pull("b");
+  r = Psctl({chief(), "--json", "save"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const v1::CheckpointResponse second = ParseJson<v1::CheckpointResponse>(r.out);
+  EXPECT_NE(second.path(), first.path());
+  EXPECT_EQ(second.step(), first.step());
+  const std::string before = TmpDir() + "/b-first.npy", after = TmpDir() + "/b-second.npy";
+  ASSERT_EQ(Psctl({"--checkpoint=" + first.path(), "--out=" + before, "dump", "b"}).exit_code, 0);
+  ASSERT_EQ(Psctl({"--checkpoint=" + second.path(), "--out=" + after, "dump", "b"}).exit_code, 0);
+  auto saved_before = ReadNpyFile(before);
+  auto saved_after = ReadNpyFile(after);
+  ASSERT_TRUE(saved_before.ok() && saved_after.ok());
+  EXPECT_EQ(saved_after->values, live);
+  EXPECT_NE(saved_before->values, live);
+  // The newest checkpoint is the second one: a restore would bring the push back.
+  r = Psctl({"--json", "ckpt", "list", *checkpoint_dir_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  psctl::CheckpointListReport list = ParseJson<psctl::CheckpointListReport>(r.out);
+  ASSERT_GE(list.checkpoints_size(), 2);
+  EXPECT_EQ(list.checkpoints(0).path(), second.path());
+}
+
 TEST(PsctlUnreachableTest, ADeadPsOrChiefIsNamedAndTheRestStillShows) {
   std::unique_ptr<TestCluster> cluster = StartCluster(TmpDir() + "/unreachable-ckpt");
   const v1::GetModelResponse model = GetModel(*cluster);
