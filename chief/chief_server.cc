@@ -222,6 +222,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   for (int i = 0; i < num_ps; ++i) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
   }
+  FollowMovedPs(restarted);
   absl::StatusOr<int64_t> restored =
       RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
   std::string outcome;
@@ -275,6 +276,24 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   absl::MutexLock lock(&mu_);
   busy_ = false;
   init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
+}
+
+void ChiefServer::FollowMovedPs(const std::vector<int>& restarted) {
+  for (int ps : restarted) {
+    absl::StatusOr<std::string> now = registry_.AddressOf(MakeTaskId(kPsJob, ps));
+    if (!now.ok()) continue;
+    std::string before;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ps >= model_.ps_addresses_size() || model_.ps_addresses(ps) == *now) continue;
+      before = model_.ps_addresses(ps);
+      // Workers that cannot reach the old address find this one through GetModel.
+      model_.set_ps_addresses(ps, *now);
+    }
+    absl::Status s = client_->SetPsAddress(ps, *now);
+    LOG(WARNING) << "ps:" << ps << " came back at " << *now << " (was " << before << ")"
+                 << (s.ok() ? "" : absl::StrCat(": cannot follow it: ", s.message()));
+  }
 }
 
 absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::string>& why,

@@ -131,6 +131,9 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
                                          int64_t step_before, int64_t accumulator_step);
   // Deletes the recovery record: the recovery is complete.
   void FinishRecovery();
+  // Points the chief's calls, and the addresses GetModel serves, at the address each of the
+  // `restarted` ps tasks registered with last.
+  void FollowMovedPs(const std::vector<int>& restarted);
   // Takes periodic checkpoints and restores every ps task when one restarts. Runs on
   // background_ after initialization.
   void MaintenanceLoop();

@@ -20,26 +20,55 @@ v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_F
 
 GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
                                  const GrpcPsTransportOptions& options)
-    : options_(options), addresses_(ps_addresses) {
+    : options_(options), num_ps_(static_cast<int>(ps_addresses.size())) {
+  absl::MutexLock lock(&mu_);
   for (const std::string& address : ps_addresses) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options.max_message_bytes);
-    args.SetMaxSendMessageSize(options.max_message_bytes);
-    // A ps task that restarts comes back at the same address within seconds: reconnect
-    // quickly instead of gRPC's default backoff (1 s growing to 120 s).
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stubs_.push_back(v1::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    targets_.push_back(Target{address, NewStub(address)});
   }
 }
 
 GrpcPsTransport::GrpcPsTransport(
     std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs,
     const GrpcPsTransportOptions& options)
-    : options_(options), stubs_(std::move(stubs)) {
-  for (size_t i = 0; i < stubs_.size(); ++i) addresses_.push_back(absl::StrCat("stub ", i));
+    : options_(options), num_ps_(static_cast<int>(stubs.size())) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    targets_.push_back(Target{absl::StrCat("stub ", i), std::move(stubs[i])});
+  }
+}
+
+std::shared_ptr<v1::ParameterServer::StubInterface> GrpcPsTransport::NewStub(
+    const std::string& address) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  // A ps task that restarts comes back at the same address within seconds: reconnect
+  // quickly instead of gRPC's default backoff (1 s growing to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return v1::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+std::shared_ptr<v1::ParameterServer::StubInterface> GrpcPsTransport::Stub(int ps) const {
+  absl::MutexLock lock(&mu_);
+  return targets_[ps].stub;
+}
+
+std::string GrpcPsTransport::address(int ps) const {
+  absl::MutexLock lock(&mu_);
+  return targets_[ps].address;
+}
+
+absl::Status GrpcPsTransport::SetAddress(int ps, const std::string& address) {
+  if (ps < 0 || ps >= num_ps_) {
+    return absl::InvalidArgumentError(absl::StrCat("no ps task ", ps, " (", num_ps_, " tasks)"));
+  }
+  std::shared_ptr<v1::ParameterServer::StubInterface> stub = NewStub(address);
+  absl::MutexLock lock(&mu_);
+  if (targets_[ps].address != address) targets_[ps] = Target{address, std::move(stub)};
+  return absl::OkStatus();
 }
 
 void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {
@@ -50,14 +79,14 @@ void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {
 absl::Status GrpcPsTransport::Annotate(int ps, const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
   absl::Status s = FromGrpcStatus(status);
-  return absl::Status(s.code(), absl::StrCat("ps:", ps, " (", addresses_[ps], "): ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("ps:", ps, " (", address(ps), "): ", s.message()));
 }
 
 absl::Status GrpcPsTransport::CreateShards(int ps, const v1::CreateShardsRequest& request,
                                            v1::CreateShardsResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  return Annotate(ps, stubs_[ps]->CreateShards(&ctx, request, response));
+  return Annotate(ps, Stub(ps)->CreateShards(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
@@ -71,8 +100,10 @@ absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& s
   req.set_chunk_bytes(options_.chunk_bytes);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  // The stub (and its channel) lives as long as the stream, even if SetAddress replaces it.
+  const std::shared_ptr<v1::ParameterServer::StubInterface> stub = Stub(ps);
   std::unique_ptr<grpc::ClientReaderInterface<v1::TensorChunk>> reader =
-      stubs_[ps]->PullDense(&ctx, req);
+      stub->PullDense(&ctx, req);
   std::vector<int64_t> received(slices.size(), 0);
   v1::TensorChunk chunk;
   absl::Status bad;
@@ -110,8 +141,9 @@ absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& s
   PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const std::shared_ptr<v1::ParameterServer::StubInterface> stub = Stub(ps);
   std::unique_ptr<grpc::ClientWriterInterface<v1::PushDenseRequest>> writer =
-      stubs_[ps]->PushDense(&ctx, response);
+      stub->PushDense(&ctx, response);
   v1::PushDenseRequest msg;
   v1::PushDenseHeader* header = msg.mutable_header();
   for (const DenseSlice& s : slices) {
@@ -155,7 +187,7 @@ absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const
   v1::PullSparseResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->PullSparse(&ctx, req, &resp)));
+  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->PullSparse(&ctx, req, &resp)));
   absl::Status decoded = DecodeFloats(resp.values(), wire, out, n * dim);
   if (!decoded.ok()) {
     return absl::DataLossError(absl::StrCat("ps:", ps, " answered a pull of ", n, " rows of ",
@@ -180,14 +212,14 @@ absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const
   req.set_num_parts(meta.num_parts);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  return Annotate(ps, stubs_[ps]->PushSparse(&ctx, req, response));
+  return Annotate(ps, Stub(ps)->PushSparse(&ctx, req, response));
 }
 
 absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(int ps) {
   v1::ListShardsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->ListShards(&ctx, v1::ListShardsRequest(), &resp)));
+  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->ListShards(&ctx, v1::ListShardsRequest(), &resp)));
   return resp;
 }
 
@@ -196,7 +228,7 @@ absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
   v1::InspectShardResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->InspectShard(&ctx, request, &resp)));
+  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->InspectShard(&ctx, request, &resp)));
   return resp;
 }
 
@@ -204,21 +236,21 @@ absl::Status GrpcPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& re
                                          v1::SaveShardsResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  return Annotate(ps, stubs_[ps]->SaveShards(&ctx, request, response));
+  return Annotate(ps, Stub(ps)->SaveShards(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                             v1::RestoreShardsResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  return Annotate(ps, stubs_[ps]->RestoreShards(&ctx, request, response));
+  return Annotate(ps, Stub(ps)->RestoreShards(&ctx, request, response));
 }
 
 absl::StatusOr<v1::TaskStatus> GrpcPsTransport::GetStatus(int ps) {
   v1::TaskStatus resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  PS_RETURN_IF_ERROR(Annotate(ps, stubs_[ps]->GetStatus(&ctx, v1::GetStatusRequest(), &resp)));
+  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->GetStatus(&ctx, v1::GetStatusRequest(), &resp)));
   return resp;
 }
 

@@ -31,7 +31,7 @@ class GrpcPsTransport : public PsTransport {
   GrpcPsTransport(std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs,
                   const GrpcPsTransportOptions& options);
 
-  int num_ps() const override { return static_cast<int>(stubs_.size()); }
+  int num_ps() const override { return num_ps_; }
   absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
                             v1::CreateShardsResponse* response) override;
   absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
@@ -52,14 +52,26 @@ class GrpcPsTransport : public PsTransport {
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
+  absl::Status SetAddress(int ps, const std::string& address) override;
+
+  // The address calls to task `ps` go to now.
+  std::string address(int ps) const;
 
  private:
+  // One ps task's channel; replaced whole by SetAddress, while calls under way keep theirs.
+  struct Target {
+    std::string address;
+    std::shared_ptr<v1::ParameterServer::StubInterface> stub;
+  };
+  std::shared_ptr<v1::ParameterServer::StubInterface> Stub(int ps) const;
+  std::shared_ptr<v1::ParameterServer::StubInterface> NewStub(const std::string& address) const;
   void SetDeadline(grpc::ClientContext* ctx) const;
   absl::Status Annotate(int ps, const grpc::Status& status) const;
 
   const GrpcPsTransportOptions options_;
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs_;
+  mutable absl::Mutex mu_;
+  std::vector<Target> targets_ ABSL_GUARDED_BY(mu_);  // size fixed at construction
+  const int num_ps_;
 };
 
 }  // namespace pscluster

@@ -121,6 +121,12 @@ class ParameterClient {
   // daemon that is stopping. Thread-safe.
   void Cancel();
 
+  // Sends later calls for ps task `ps` to `address` (it was restarted elsewhere; see
+  // PsTransport::SetAddress). Thread-safe.
+  absl::Status SetPsAddress(int ps, const std::string& address) {
+    return transport_->SetAddress(ps, address);
+  }
+
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
                         const float* grads, int64_t step, PushTicket* ticket = nullptr);

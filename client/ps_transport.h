@@ -74,6 +74,12 @@ class PsTransport {
   virtual absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) = 0;
   virtual absl::StatusOr<v1::TaskStatus> GetStatus(int ps) = 0;
+  // Points later calls for task `ps` at `address` (host:port): the task was restarted
+  // elsewhere. Calls under way finish on the old address. UNIMPLEMENTED for a transport
+  // without addresses (in-process).
+  virtual absl::Status SetAddress(int ps, const std::string& address) {
+    return absl::UnimplementedError("this transport has no addresses to change");
+  }
 };
 
 }  // namespace pscluster

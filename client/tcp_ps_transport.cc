@@ -41,11 +41,24 @@ absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expe
 TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
                                std::vector<std::string> addresses,
                                const TcpPsTransportOptions& options)
-    : grpc_(std::move(grpc)), addresses_(std::move(addresses)), options_(options) {
-  for (const std::string& a : addresses_) {
-    hosts_.push_back(HostOf(a));
+    : grpc_(std::move(grpc)), options_(options) {
+  for (const std::string& a : addresses) {
     endpoints_.push_back(std::make_unique<Endpoint>());
+    absl::MutexLock lock(&endpoints_.back()->mu);
+    endpoints_.back()->host = HostOf(a);
   }
+}
+
+absl::Status TcpPsTransport::SetAddress(int ps, const std::string& address) {
+  PS_RETURN_IF_ERROR(grpc_->SetAddress(ps, address));
+  Endpoint& e = *endpoints_[ps];
+  std::vector<std::unique_ptr<Connection>> dropped;
+  absl::MutexLock lock(&e.mu);
+  e.host = HostOf(address);
+  e.port = 0;
+  ++e.epoch;
+  dropped.swap(e.idle);
+  return absl::OkStatus();
 }
 
 TcpPsTransport::~TcpPsTransport() = default;
@@ -57,7 +70,7 @@ int TcpPsTransport::connections_opened(int ps) const {
 
 absl::Status TcpPsTransport::Annotate(int ps, const absl::Status& status) const {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("ps:", ps, " (", addresses_[ps],
+  return absl::Status(status.code(), absl::StrCat("ps:", ps, " (", grpc_->address(ps),
                                                   ", data plane): ", status.message()));
 }
 
@@ -65,8 +78,12 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
                                                                                     bool* pooled) {
   Endpoint& e = *endpoints_[ps];
   int port = 0;
+  std::string host;
+  uint64_t epoch = 0;
   {
     absl::MutexLock lock(&e.mu);
+    host = e.host;
+    epoch = e.epoch;
     if (!e.idle.empty()) {
       std::unique_ptr<Connection> c = std::move(e.idle.back());
       e.idle.pop_back();
@@ -81,15 +98,17 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
     PS_ASSIGN_OR_RETURN(v1::TaskStatus status, grpc_->GetStatus(ps));
     port = status.data_port() > 0 ? status.data_port() : -1;
     absl::MutexLock lock(&e.mu);
+    if (e.epoch != epoch) return absl::UnavailableError("the task moved to another address");
     e.port = port;
     e.looked_up = absl::Now();
   }
   if (port < 0) return std::unique_ptr<Connection>();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<WireSocket> socket,
-                      WireSocket::Connect(hosts_[ps], port, options_.connect_timeout,
+                      WireSocket::Connect(host, port, options_.connect_timeout,
                                           options_.socket_buffer_bytes));
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);
+  c->epoch = epoch;
   absl::MutexLock lock(&e.mu);
   ++e.opened;
   return c;
@@ -98,6 +117,7 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
 void TcpPsTransport::Release(int ps, std::unique_ptr<Connection> connection) {
   Endpoint& e = *endpoints_[ps];
   absl::MutexLock lock(&e.mu);
+  if (connection->epoch != e.epoch) return;  // to an address no longer the task's
   e.idle.push_back(std::move(connection));
 }
 

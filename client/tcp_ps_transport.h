@@ -67,6 +67,9 @@ class TcpPsTransport : public PsTransport {
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
+  // Both planes: the gRPC channel, and the data port looked up again on the new host; idle
+  // connections to the old address are closed, and those in use are not pooled again.
+  absl::Status SetAddress(int ps, const std::string& address) override;
 
   // Connections opened so far to task `ps` (for tests).
   int connections_opened(int ps) const;
@@ -75,6 +78,7 @@ class TcpPsTransport : public PsTransport {
   struct Connection {
     std::unique_ptr<WireSocket> socket;
     std::string scratch;  // encodings of non-float32 tensors, kept between calls
+    uint64_t epoch = 0;   // the endpoint's epoch when it was opened
   };
   struct Endpoint {
     mutable absl::Mutex mu;
@@ -84,6 +88,9 @@ class TcpPsTransport : public PsTransport {
     absl::Time looked_up ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
     int opened ABSL_GUARDED_BY(mu) = 0;
+    // The host the data port is on, and how many times the address has changed.
+    std::string host ABSL_GUARDED_BY(mu);
+    uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
   };
   // What one call sends and how it reads the answer.
   struct Exchange {
@@ -110,8 +117,6 @@ class TcpPsTransport : public PsTransport {
   absl::Status Annotate(int ps, const absl::Status& status) const;
 
   const std::unique_ptr<GrpcPsTransport> grpc_;
-  const std::vector<std::string> addresses_;
-  std::vector<std::string> hosts_;
   const TcpPsTransportOptions options_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_tag_{1};

@@ -123,14 +123,14 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   return cluster;
 }
 
-absl::Status TestCluster::StartTask(const std::string& job, int index) {
+absl::Status TestCluster::StartTask(const std::string& job, int index, bool same_address) {
   const std::string name = absl::StrCat(job, ":", index);
   const int n = starts_++;
   v1::ClusterConfig config;
   *config.mutable_cluster() = spec_;
   *config.mutable_task() = MakeTaskId(job, index);
 
-  if (tasks_.count(name)) {
+  if (tasks_.count(name) && (same_address || job == "chief")) {
     // A restarted task comes back at the address the others know.
     for (v1::JobDef& j : *config.mutable_cluster()->mutable_jobs()) {
       if (j.name() == job) (*j.mutable_tasks())[index] = tasks_[name].address;

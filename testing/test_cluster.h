@@ -57,8 +57,9 @@ class TestCluster {
   const std::string& work_dir() const { return work_dir_; }
 
   // (Re)starts one task (e.g. after killing it) and waits until it is SERVING. A restarted
-  // task binds the address it had.
-  absl::Status StartTask(const std::string& job, int index);
+  // task binds the address it had, or with same_address false (not for the chief, whose
+  // address the others are given) a new port, as a rescheduled pod gets a new IP.
+  absl::Status StartTask(const std::string& job, int index, bool same_address = true);
 
   // Replaces the extra flags of a job or task (a key of TestClusterOptions::flags) for the
   // tasks started from now on, e.g. to restart without a fault-injection flag.

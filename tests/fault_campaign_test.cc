@@ -124,13 +124,16 @@ class Trial {
     Log(absl::StrCat("killed ", task));
   }
 
-  // The supervisor: starts `task` again (at its address) after a random delay.
+  // The supervisor: starts `task` again after a random delay; a ps task half the time on a
+  // new port (as a rescheduled pod comes back at a new IP), otherwise at its address.
   absl::Status Restart(const std::string& task) {
     absl::SleepFor(absl::Milliseconds(Uniform(100, 800)));
     const std::string job = task.substr(0, task.find(':'));
     const int i = std::stoi(task.substr(task.find(':') + 1));
-    absl::Status s = cluster_->StartTask(job, i);
-    Log(absl::StrCat("restarted ", task, s.ok() ? "" : absl::StrCat(": ", s.message())));
+    const bool same_address = job != "ps" || Uniform(0, 1) == 0;
+    absl::Status s = cluster_->StartTask(job, i, same_address);
+    Log(absl::StrCat("restarted ", task, same_address ? "" : " on a new port",
+                     s.ok() ? "" : absl::StrCat(": ", s.message())));
     return s;
   }
 

@@ -177,6 +177,32 @@ TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
   EXPECT_THAT(log, HasSubstr("are computed again from the same batches"));
 }
 
+// (a') The same, with ps:1 restarted on another port (as deploy/local/run.sh starts ps tasks
+// on port 0, and as a rescheduled pod gets a new IP): the chief and the workers follow the
+// address it registers with, and the run ends as an undisturbed one.
+TEST_F(RecoveryTest, APsRestartedAtANewAddressIsFoundAndRestored) {
+  StartCluster("ps-moved");
+  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  const std::string before = cluster_->address("ps:1");
+  Kill(cluster_->ps(1));
+  ASSERT_TRUE(cluster_->StartTask("ps", 1, /*same_address=*/false).ok()) << cluster_->Logs();
+  const std::string after = cluster_->address("ps:1");
+  ASSERT_NE(after, before);
+  ExpectFinishedAsUndisturbed();
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("ps:1 came back at ", after, " (was ", before, ")")));
+  EXPECT_THAT(log, HasSubstr("restored every ps task to the checkpoint of step "));
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT(cluster_->worker(w).LogTail(400),
+                HasSubstr(absl::StrCat("ps:1 moved from ", before, " to ", after)));
+  }
+  // The chief serves the new address to anyone who asks, and reports it in the status.
+  v1::ClusterStatus s = ClusterStatusOf(*chief_);
+  for (const v1::TaskStatus& t : s.tasks()) {
+    if (t.task().job() == "ps" && t.task().index() == 1) EXPECT_EQ(t.address(), after);
+  }
+}
+
 // (b) A worker killed and restarted rejoins at the current global step.
 TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
   StartCluster("worker-kill");

@@ -141,6 +141,7 @@ bool Trainer::RetryStep(const absl::Status& status, int* failures) const {
   LOG(WARNING) << "worker:" << options_.worker << " step failed (" << status
                << "); trying it again";
   absl::SleepFor(absl::Milliseconds(200));
+  if (options_.before_retry) options_.before_retry();
   return true;
 }
 

@@ -28,6 +28,9 @@ struct TrainerOptions {
   // A step failing with UNAVAILABLE, NOT_FOUND or DEADLINE_EXCEEDED (a task restarting or
   // being restored) is tried again this many times before Run gives up.
   int max_step_retries = 300;
+  // Called before a failed step is tried again (for example to look up whether a ps task was
+  // restarted at another address). May be empty.
+  std::function<void()> before_retry;
   // ASYNC and SSP: how many of this worker's own steps' pushes the parameters of a step may
   // miss: the depth of the step pipeline (0: no overlap between steps). SYNC uses 0.
   int staleness = 1;

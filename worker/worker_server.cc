@@ -157,6 +157,24 @@ absl::Status WorkerServer::TrainOnce() {
                       ParameterClient::Create(model.model(), model.placement(),
                                               std::move(transport), client_options));
   TrainerOptions trainer_options;
+  // A ps task restarted elsewhere (a new port, or a rescheduled pod's new IP) is found through
+  // the chief, which serves the address it registered with last.
+  absl::Time last_lookup = absl::InfinitePast();
+  trainer_options.before_retry = [&, chief_stub = chief.get()] {
+    if (absl::Now() - last_lookup < absl::Seconds(1)) return;
+    last_lookup = absl::Now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::GetModelResponse now;
+    if (!chief_stub->GetModel(&ctx, v1::GetModelRequest(), &now).ok()) return;
+    for (int ps = 0; ps < now.ps_addresses_size() && ps < static_cast<int>(addresses.size());
+         ++ps) {
+      if (now.ps_addresses(ps) == addresses[ps]) continue;
+      LOG(WARNING) << TaskName(options_.cluster.task()) << ": ps:" << ps << " moved from "
+                   << addresses[ps] << " to " << now.ps_addresses(ps);
+      if (client->SetPsAddress(ps, now.ps_addresses(ps)).ok()) addresses[ps] = now.ps_addresses(ps);
+    }
+  };
   trainer_options.worker = index;
   trainer_options.num_workers = count;
   trainer_options.step_delay = options_.step_delay;
