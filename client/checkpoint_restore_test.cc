@@ -129,6 +129,48 @@ TEST(CheckpointRestoreTest, TwoPsRestoreIntoOneAndThreeWithSlots) {
   }
 }
 
+// A restore brings a table back to the checkpoint's rows exactly: rows created after it are
+// gone, so a key touched again gets its initial values, as in the run the checkpoint came from.
+TEST(CheckpointRestoreTest, RowsCreatedAfterTheCheckpointDoNotSurviveARestore) {
+  std::unique_ptr<ParameterClient> two = Client(2);
+  Train(*two, 2, 3);
+  std::vector<v1::SavedShard> saved;
+  const std::string path = Save(*two, "ckpt-later-rows", &saved);
+  auto rows_held = [&](ParameterClient& c) {
+    int64_t rows = 0;
+    for (int ps = 0; ps < c.num_ps(); ++ps) {
+      auto shards = c.ListShards(ps);
+      CHECK(shards.ok());
+      for (const v1::ShardStats& s : shards->shards()) {
+        if (s.is_table()) rows += s.rows();
+      }
+    }
+    return rows;
+  };
+  const int64_t saved_rows = rows_held(*two);
+  ASSERT_EQ(saved_rows, static_cast<int64_t>(Keys().size()));
+  // New keys, trained after the checkpoint.
+  std::vector<int64_t> later = {5, 6, 7, 123456789};
+  std::vector<float> grads(later.size() * 4, 0.75f);
+  ASSERT_TRUE(two->PushRows("emb", later.data(), later.size(), grads.data(), 9).ok());
+  std::vector<float> trained(later.size() * 4);
+  ASSERT_TRUE(two->PullRows("emb", later.data(), later.size(), trained.data()).ok());
+  ASSERT_EQ(rows_held(*two), saved_rows + 4);
+
+  ASSERT_TRUE(two->RestoreShards(path, saved, 5).ok());
+  EXPECT_EQ(rows_held(*two), saved_rows);
+  // Touched again, they start from their initial values, as on a fresh cluster.
+  std::unique_ptr<ParameterClient> fresh = Client(2);
+  std::vector<float> again(later.size() * 4), initial(later.size() * 4);
+  ASSERT_TRUE(two->PullRows("emb", later.data(), later.size(), again.data()).ok());
+  ASSERT_TRUE(fresh->PullRows("emb", later.data(), later.size(), initial.data()).ok());
+  EXPECT_EQ(again, initial);
+  EXPECT_NE(again, trained);
+  std::unique_ptr<ParameterClient> other = Client(2);
+  ASSERT_TRUE(other->RestoreShards(path, saved, 5).ok());
+  EXPECT_EQ(Read(*two).rows, Read(*other).rows);
+}
+
 TEST(CheckpointRestoreTest, CorruptedShardIsDataLossAndChangesNothing) {
   std::unique_ptr<ParameterClient> two = Client(2);
   Train(*two, 2, 1);

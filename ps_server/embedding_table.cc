@@ -527,6 +527,15 @@ void EmbeddingTable::ForEachRow(
   }
 }
 
+void EmbeddingTable::Clear() {
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    stripe.rows = RowIndex();
+    std::vector<float, CacheLineAllocator<float>>().swap(stripe.arena);
+  }
+}
+
 absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t) {
   if (!OwnsKey(key)) return NotOwnedError(key);
   if (t < 0) {

@@ -154,6 +154,11 @@ class EmbeddingTable {
   // REQUIRES: values_and_slots holds (1 + num_slots) * dim floats. Not owned.
   absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t);
 
+  // Removes every row (for a restore: rows created after the checkpoint must not survive it;
+  // touched again, a key gets its initial values, as in the run the checkpoint came from).
+  // Stripe by stripe: call while no request is under way.
+  void Clear();
+
  private:
   // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
   // the first dim floats and slot s the dim floats at offset (1 + s) * dim; the row's entry in

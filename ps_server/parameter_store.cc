@@ -804,6 +804,8 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     ++restored;
   }
   for (size_t i = 0; i < tables.size(); ++i) {
+    // The checkpoint's rows, and no others: a row created since would survive otherwise.
+    tables[i].second.table->Clear();
     for (const Row& r : table_rows[i]) {
       PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t));
     }
