@@ -69,6 +69,7 @@ ChiefServer::ChiefServer(const ChiefOptions& options)
   progress_.set_test_auc(-1);
   progress_.set_metrics_path(options.metrics_path);
   rate_window_start_ = absl::Now();
+  phase_since_ = absl::Now();
 }
 
 ChiefServer::~ChiefServer() {
@@ -124,7 +125,7 @@ void ChiefServer::Run() {
   if (!s.ok()) {
     LOG(ERROR) << s;
     absl::MutexLock lock(&mu_);
-    init_state_ = std::string(s.message());
+    SetPhaseLocked(v1::FAILED, std::string(s.message()));
     return;
   }
   if (stop_requested()) return;
@@ -206,7 +207,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
     busy_ = true;
-    init_state_ = absl::StrCat("recovering: ", absl::StrJoin(names, ", "), " restarted");
+    SetPhaseLocked(v1::RECOVERING, absl::StrCat(absl::StrJoin(names, ", "), " restarted"));
   }
   // SYNC goes back to the restored step and computes the lost steps again, from the same
   // batches (a worker's batch is a function of the step): the run ends with the model an
@@ -275,7 +276,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   ResumeWorkers();
   absl::MutexLock lock(&mu_);
   busy_ = false;
-  init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
+  SetPhaseLocked(ServingPhase(), "");
 }
 
 void ChiefServer::FollowMovedPs(const std::vector<int>& restarted) {
@@ -562,7 +563,7 @@ absl::Status ChiefServer::InitializeModel() {
             << PlacementDebugString(*placement);
   {
     absl::MutexLock lock(&mu_);
-    init_state_ = "creating variables on the ps tasks";
+    SetPhaseLocked(v1::CREATING_VARIABLES, "");
   }
   ParameterClientOptions client_options;
   client_options.max_attempts = 20;
@@ -617,6 +618,10 @@ absl::Status ChiefServer::InitializeModel() {
   if ((fresh > 0 || !why.empty()) && have_checkpoint) {
     // New variables, or a state half recovered: every ps task goes to the newest checkpoint.
     if (why.empty()) why.push_back("new variables");
+    {
+      absl::MutexLock lock(&mu_);
+      SetPhaseLocked(v1::RESTORING, absl::StrJoin(why, ", "));
+    }
     absl::StatusOr<int64_t> restored = RestoreEveryPs(why, -1, -1);
     if (restored.ok()) {
       restored_step = *restored;
@@ -671,7 +676,7 @@ absl::Status ChiefServer::InitializeModel() {
   *model_.mutable_config() = options_.config;
   *model_.mutable_training() = options_.training;
   model_ready_ = true;
-  init_state_ = num_workers_ > 0 && options_.config.layers_size() > 0 ? "training" : "model ready";
+  SetPhaseLocked(ServingPhase(), "");
   LOG(INFO) << "every variable is created and initialized on its ps task";
   return absl::OkStatus();
 }
@@ -740,7 +745,7 @@ void ChiefServer::EvaluationLoop() {
       }
       absl::MutexLock lock(&mu_);
       progress_.set_finished(true);
-      init_state_ = "training finished";
+      SetPhaseLocked(v1::FINISHED, "");
       LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f", r->accuracy);
       return;
     }
@@ -840,6 +845,39 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
                                        " after step ", req->step()));
     }
   }
+}
+
+namespace {
+
+std::string PhaseName(v1::ChiefPhase phase) {
+  switch (phase) {
+    case v1::WAITING_FOR_PS: return "waiting for the ps tasks";
+    case v1::CREATING_VARIABLES: return "creating variables on the ps tasks";
+    case v1::RESTORING: return "restoring a checkpoint";
+    case v1::MODEL_READY: return "model ready";
+    case v1::TRAINING: return "training";
+    case v1::RECOVERING: return "recovering";
+    case v1::FINISHED: return "training finished";
+    case v1::FAILED: return "failed";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+void ChiefServer::SetPhaseLocked(v1::ChiefPhase phase, const std::string& detail) {
+  if (phase != phase_ || detail != phase_detail_) {
+    LOG(INFO) << "chief: " << PhaseName(phase_) << " -> " << PhaseName(phase)
+              << (detail.empty() ? "" : absl::StrCat(" (", detail, ")"));
+  }
+  if (phase != phase_) phase_since_ = absl::Now();
+  phase_ = phase;
+  phase_detail_ = detail;
+  init_state_ = detail.empty() ? PhaseName(phase) : absl::StrCat(PhaseName(phase), ": ", detail);
+}
+
+v1::ChiefPhase ChiefServer::ServingPhase() const {
+  return num_workers_ > 0 && options_.config.layers_size() > 0 ? v1::TRAINING : v1::MODEL_READY;
 }
 
 void ChiefServer::NoteGranted(int w, int64_t steps) {
@@ -956,6 +994,9 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
   }
   resp->set_state(state);
   resp->set_last_checkpoint(last_checkpoint_);
+  resp->set_phase(phase_);
+  resp->set_phase_detail(phase_detail_);
+  resp->set_phase_since_unix_micros(absl::ToUnixMicros(phase_since_));
   *resp->mutable_progress() = progress_;
   for (int w = 0; w < num_workers_; ++w) {
     auto it = workers_.find(w);

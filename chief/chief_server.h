@@ -167,11 +167,20 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
     // ASYNC and SSP: see WorkerView::granted_steps.
     int64_t granted_steps = 0;
   };
+  // Moves to `phase` (logged with the one it leaves); `detail` says why or on what.
+  void SetPhaseLocked(v1::ChiefPhase phase, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TRAINING, or MODEL_READY when there is nothing to train.
+  v1::ChiefPhase ServingPhase() const;
   // Records that worker `w` may now have done `steps` steps (a token was granted).
   void NoteGranted(int w, int64_t steps);
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool model_ready_ ABSL_GUARDED_BY(mu_) = false;
+  // What the chief is doing (SetPhaseLocked), and the same in words for messages.
+  v1::ChiefPhase phase_ ABSL_GUARDED_BY(mu_) = v1::WAITING_FOR_PS;
+  std::string phase_detail_ ABSL_GUARDED_BY(mu_);
+  absl::Time phase_since_ ABSL_GUARDED_BY(mu_);
   std::string init_state_ ABSL_GUARDED_BY(mu_) = "waiting for the ps tasks";
   v1::GetModelResponse model_ ABSL_GUARDED_BY(mu_);
   std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);

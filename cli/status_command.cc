@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -143,6 +144,17 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
     absl::StrAppend(&out, "last checkpoint: ", status.last_checkpoint(), "\n");
   }
   absl::StrAppend(&out, "state: ", status.state(), "\n");
+  if (status.phase() != v1::CHIEF_PHASE_UNKNOWN) {
+    std::string phase = absl::AsciiStrToLower(v1::ChiefPhase_Name(status.phase()));
+    absl::StrAppend(&out, "chief phase: ", phase);
+    if (!status.phase_detail().empty()) absl::StrAppend(&out, " (", status.phase_detail(), ")");
+    if (status.phase_since_unix_micros() > 0) {
+      const absl::Duration since =
+          absl::Now() - absl::FromUnixMicros(status.phase_since_unix_micros());
+      absl::StrAppend(&out, ", for ", absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))));
+    }
+    absl::StrAppend(&out, "\n");
+  }
   return out;
 }
 

@@ -111,7 +111,11 @@ TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
   ASSERT_THAT(c.ps(1).LogTail(5), HasSubstr("crash point ps_create_shards"));
   // The chief is now retrying its calls to the dead task.
   absl::SleepFor(absl::Milliseconds(500));
-  EXPECT_THAT(ClusterStatusOf(*chief).state(), HasSubstr("recovering: ps:1 restarted"));
+  const v1::ClusterStatus stuck = ClusterStatusOf(*chief);
+  EXPECT_THAT(stuck.state(), HasSubstr("recovering: ps:1 restarted"));
+  EXPECT_EQ(stuck.phase(), v1::RECOVERING);
+  EXPECT_EQ(stuck.phase_detail(), "ps:1 restarted");
+  EXPECT_THAT(c.chief().LogTail(50), HasSubstr("chief: training -> recovering (ps:1 restarted)"));
   const absl::Time start = absl::Now();
   ASSERT_TRUE(c.chief().Signal(SIGTERM).ok());
   auto exit = c.chief().WaitForExit(absl::Seconds(10));

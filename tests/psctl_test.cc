@@ -483,6 +483,8 @@ TEST_F(PsctlTest, StatusShowsPushRatesOfTheTasks) {
   EXPECT_THAT(r.out, HasSubstr("PUSH/S"));
   EXPECT_THAT(r.out, HasSubstr("global step:"));
   EXPECT_THAT(r.out, HasSubstr("state: all tasks serving"));
+  // No workers: the chief serves the model and has nothing to train.
+  EXPECT_THAT(r.out, HasSubstr("chief phase: model_ready, for "));
 }
 
 // The chief takes a checkpoint on request; psctl lists, shows, verifies and dumps it offline,
