@@ -567,6 +567,17 @@ absl::Status ChiefServer::InitializeModel() {
   }
   ParameterClientOptions client_options;
   client_options.max_attempts = 20;
+  // Higher than any earlier chief's: recorded beside the checkpoints when there are any (so a
+  // clock that went back cannot lower it), else the start time.
+  client_options.chief_epoch = absl::ToUnixMicros(start_time_);
+  if (!options_.checkpoint_dir.empty()) {
+    absl::StatusOr<int64_t> epoch =
+        NextChiefEpoch(options_.checkpoint_dir, client_options.chief_epoch);
+    if (!epoch.ok()) return epoch.status();
+    client_options.chief_epoch = *epoch;
+  }
+  LOG(INFO) << "chief epoch " << client_options.chief_epoch
+            << ": ps tasks refuse control requests of earlier chiefs";
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       ParameterClient::Create(options_.model, *placement,

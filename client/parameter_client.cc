@@ -158,6 +158,7 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
     *r.mutable_sync() = sync;
     r.set_start_step(create.start_step);
     r.set_hold_until_restored(create.hold_until_restored);
+    r.set_chief_epoch(options_.chief_epoch);
   }
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
@@ -207,6 +208,7 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     req.set_checkpoint_path(checkpoint_path);
     req.set_step(step);
     req.set_ps_index(ps);
+    req.set_chief_epoch(options_.chief_epoch);
     responses[ps].Clear();
     return transport_->SaveShards(ps, req, &responses[ps]);
   }));
@@ -226,6 +228,7 @@ absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
   req.set_checkpoint_path(checkpoint_path);
   req.mutable_saved()->Add(saved.begin(), saved.end());
   req.set_step(step);
+  req.set_chief_epoch(options_.chief_epoch);
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
   return ForEachPs(tasks != nullptr ? *tasks : all, [&](int ps) {

@@ -37,6 +37,9 @@ struct ParameterClientOptions {
   int64_t max_sparse_request_bytes = 32 << 20;
   // Threads that send to several ps tasks at once (0: one per ps task beyond the first).
   int fan_out_threads = 0;
+  // The chief's epoch, sent with CreateShards, SaveShards and RestoreShards (see
+  // CreateShardsRequest.chief_epoch); 0 for other clients.
+  int64_t chief_epoch = 0;
 };
 
 // How ParameterClient::CreateAll creates shards, and what it found.

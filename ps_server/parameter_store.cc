@@ -193,9 +193,23 @@ ParameterStore::ParameterStore(const ParameterStoreOptions& options)
       apply_pool_(options.apply_threads),
       ledger_(options.push_ids_per_client, options.max_push_clients) {}
 
+absl::Status ParameterStore::Fence(int64_t epoch, const char* what) {
+  if (epoch == 0) return absl::OkStatus();
+  int64_t seen = chief_epoch_.load();
+  while (epoch > seen && !chief_epoch_.compare_exchange_weak(seen, epoch)) {
+  }
+  if (epoch < seen) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " from chief epoch ", epoch, " refused: this ps task follows chief epoch ", seen,
+        " (a newer chief)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request,
                                           v1::CreateShardsResponse* response) {
   MaybeCrash(options_.crash_points, kCrashPsCreateShards);
+  PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "CreateShards"));
   if (request.sync().mode() == v1::SYNC && request.sync().replicas_to_aggregate() < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SYNC mode needs replicas_to_aggregate >= 1, got ",
@@ -651,6 +665,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
 
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response) {
+  PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
   const absl::Time start = absl::Now();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
@@ -710,6 +725,7 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
 
 absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) {
+  PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "RestoreShards"));
   std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
   auto reader_for = [&](const v1::SavedShard& saved) -> absl::StatusOr<CheckpointReader*> {
     auto& r = readers[saved.file()];

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_PS_SERVER_PARAMETER_STORE_H_
 #define PSCLUSTER_PS_SERVER_PARAMETER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -241,6 +242,11 @@ class ParameterStore {
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;
   // See CreateShardsRequest.hold_until_restored.
+  // The highest chief epoch seen in CreateShards, SaveShards or RestoreShards (Fence).
+  std::atomic<int64_t> chief_epoch_{0};
+  // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
+  // naming both); epoch 0 (not a chief) always passes.
+  absl::Status Fence(int64_t epoch, const char* what);
   bool holding_for_restore_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);

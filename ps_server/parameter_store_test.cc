@@ -193,6 +193,53 @@ TEST(ParameterStoreRestoreTest, ShardsCreatedForARestoreAreHeldUntilIt) {
 
 // SYNC: a complete step's update waits until a later step needs it, so a worker restarted in
 // the middle of its pushes of step s pulls the same values for step s as the first time.
+// A chief replaced by a newer one cannot mix its half-done work into the newer one's: control
+// requests of an older chief epoch are refused, naming both epochs, and change nothing.
+TEST(ParameterStoreFencingTest, RequestsOfAnOlderChiefAreRefused) {
+  ParameterStore store((ParameterStoreOptions()));
+  v1::CreateShardsRequest create;
+  v1::DenseShardSpec* spec = create.add_dense();
+  spec->mutable_variable()->set_name("w");
+  spec->mutable_variable()->mutable_shape()->add_dims(4);
+  spec->mutable_variable()->mutable_optimizer()->mutable_sgd()->set_learning_rate(1);
+  spec->mutable_partition()->set_variable("w");
+  spec->mutable_partition()->set_row_end(4);
+  create.set_chief_epoch(200);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(store.CreateShards(create, &created).ok());
+  EXPECT_EQ(created.created(), 1);
+
+  v1::CreateShardsRequest older = create;
+  older.set_chief_epoch(100);
+  older.mutable_dense(0)->mutable_variable()->set_name("v");
+  older.mutable_dense(0)->mutable_partition()->set_variable("v");
+  absl::Status s = store.CreateShards(older, &created);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("CreateShards from chief epoch 100 refused: this ps task "
+                                     "follows chief epoch 200"));
+  v1::RestoreShardsRequest restore;
+  restore.set_chief_epoch(199);
+  v1::RestoreShardsResponse restored;
+  s = store.Restore(restore, &restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("RestoreShards from chief epoch 199"));
+  v1::SaveShardsRequest save;
+  save.set_chief_epoch(1);
+  v1::SaveShardsResponse saved;
+  s = store.Save(save, &saved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store.ListShards().shards_size(), 1);  // "v" was not created
+
+  // The same and newer epochs pass (and raise it); epoch 0 (not a chief) always does.
+  EXPECT_TRUE(store.CreateShards(create, &created).ok());
+  create.set_chief_epoch(300);
+  EXPECT_TRUE(store.CreateShards(create, &created).ok());
+  create.set_chief_epoch(200);
+  EXPECT_EQ(store.CreateShards(create, &created).code(), absl::StatusCode::kFailedPrecondition);
+  create.set_chief_epoch(0);
+  EXPECT_TRUE(store.CreateShards(create, &created).ok());
+}
+
 TEST(ParameterStoreSyncTest, ACompleteStepIsAppliedWhenALaterStepNeedsIt) {
   ParameterStore store{ParameterStoreOptions()};
   v1::CreateShardsRequest req;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@ namespace {
 
 constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kRecoveryIntent[] = "RECOVERY.json";
+constexpr char kChiefEpoch[] = "CHIEF_EPOCH";
 constexpr char kCheckpointPrefix[] = "ckpt-";
 
 std::string DenseKey(const std::string& name, int32_t partition) {
@@ -284,8 +286,12 @@ absl::Status CheckpointReader::ReadTable(
 
 namespace {
 
+absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                                 const std::string& json, CrashPoints* crash_points,
+                                 const char* before_rename, const char* before_dir_sync);
+
 // Writes `message` as JSON to <dir>/<name>: <name>.tmp written and fsynced, renamed, the
-// directory fsynced. A crash leaves the old file or the new one whole.
+// directory fsynced (WriteFileAtomically). A crash leaves the old file or the new one whole.
 absl::Status WriteJsonAtomically(const std::string& dir, const std::string& name,
                                  const google::protobuf::Message& message,
                                  CrashPoints* crash_points, const char* before_rename,
@@ -297,6 +303,12 @@ absl::Status WriteJsonAtomically(const std::string& dir, const std::string& name
   if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) {
     return absl::InternalError(absl::StrCat("cannot encode ", name));
   }
+  return WriteFileAtomically(dir, name, json, crash_points, before_rename, before_dir_sync);
+}
+
+absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                                 const std::string& json, CrashPoints* crash_points,
+                                 const char* before_rename, const char* before_dir_sync) {
   const std::string tmp = absl::StrCat(dir, "/", name, ".tmp");
   const std::string final_path = absl::StrCat(dir, "/", name);
   {
@@ -358,6 +370,24 @@ absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir) {
   PS_RETURN_IF_ERROR(
       ReadJson(absl::StrCat(dir, "/", kRecoveryIntent), "recovery record", &intent));
   return intent;
+}
+
+absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  int64_t last = 0;
+  const std::string path = absl::StrCat(dir, "/", kChiefEpoch);
+  if (std::ifstream in(path); in) {
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &last)) {
+      return absl::DataLossError(absl::StrCat(path, " does not hold a number: \"", text, "\""));
+    }
+  }
+  const int64_t epoch = std::max(at_least, last + 1);
+  PS_RETURN_IF_ERROR(WriteFileAtomically(dir, kChiefEpoch, absl::StrCat(epoch, "\n"), nullptr,
+                                         nullptr, nullptr));
+  return epoch;
 }
 
 absl::Status ClearRecoveryIntent(const std::string& dir) {

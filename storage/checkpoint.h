@@ -103,6 +103,12 @@ absl::Status WriteRecoveryIntent(const std::string& dir, const v1::RecoveryInten
 absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir);
 absl::Status ClearRecoveryIntent(const std::string& dir);
 
+// The fencing epoch of a chief that starts with checkpoints in `dir`: max(at_least, the epoch
+// recorded in <dir>/CHIEF_EPOCH + 1), recorded there (atomically) before it is returned, so
+// every chief of the cluster has a higher epoch than the one before, even if the clock went
+// back. DATA_LOSS if the file holds something else than a number.
+absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least);
+
 // Paths of the committed checkpoints under `dir`, newest (highest step, then highest sequence)
 // first.
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);

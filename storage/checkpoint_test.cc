@@ -106,6 +106,19 @@ TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(25)));
 }
 
+TEST(CheckpointTest, EveryChiefGetsAHigherEpochThanTheOneBefore) {
+  const std::string dir = Dir("epoch");
+  EXPECT_EQ(*NextChiefEpoch(dir, 1000), 1000);
+  // A clock that went back does not lower it.
+  EXPECT_EQ(*NextChiefEpoch(dir, 500), 1001);
+  EXPECT_EQ(*NextChiefEpoch(dir, 5000), 5000);
+  EXPECT_EQ(ListCheckpoints(dir)->size(), 0u);  // not a checkpoint
+  std::ofstream(dir + "/CHIEF_EPOCH") << "garbage";
+  absl::StatusOr<int64_t> bad = NextChiefEpoch(dir, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("CHIEF_EPOCH does not hold a number"));
+}
+
 TEST(CheckpointTest, LaterCheckpointsOfTheSameStepListAsNewer) {
   const std::string dir = Dir("sequence");
   Write(dir, 10);

@@ -253,6 +253,7 @@ class Trial {
     if (committed.empty()) return absl::DataLossError("no committed checkpoint");
     for (const std::string& path : committed) PS_RETURN_IF_ERROR(VerifyCheckpoint(path));
     for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().filename() == "CHIEF_EPOCH") continue;  // the chiefs' fencing epoch
       if (!ReadManifest(entry.path().string()).ok()) {
         return absl::DataLossError(absl::StrCat(entry.path().string(), " is left behind"));
       }
