@@ -177,7 +177,7 @@ void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
     start[i + 1] = start[i] + shards[i]->num_elements_;
     t[i] = ++shards[i]->updates_;
   }
-  const auto apply = [&](int64_t begin, int64_t end) {
+  const auto apply = [&](int64_t begin, int64_t end) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // The shards overlapping [begin, end), each over its part of the range.
     size_t i = std::upper_bound(start.begin(), start.end(), begin) - start.begin() - 1;
     for (; i < n && start[i] < end; ++i) {
