@@ -297,9 +297,7 @@ void ChiefServer::FollowMovedPs(const std::vector<int>& restarted) {
   }
 }
 
-absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::string>& why,
-                                                    int64_t step_before,
-                                                    int64_t accumulator_step) {
+absl::StatusOr<std::vector<std::string>> ChiefServer::CommittedCheckpoints() const {
   if (options_.checkpoint_dir.empty()) return absl::NotFoundError("no --checkpoint_dir");
   PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints,
                       ListCheckpoints(options_.checkpoint_dir));
@@ -307,6 +305,13 @@ absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::strin
     return absl::NotFoundError(
         absl::StrCat("no committed checkpoint in ", options_.checkpoint_dir));
   }
+  return checkpoints;
+}
+
+absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::string>& why,
+                                                    int64_t step_before,
+                                                    int64_t accumulator_step) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, CommittedCheckpoints());
   // First the record, then the changes: a chief that dies from here on leaves the record, and
   // its successor restores every ps task again (RestoreEveryPs is idempotent).
   v1::RecoveryIntent intent;
@@ -351,13 +356,7 @@ void ChiefServer::FinishRecovery() {
 
 absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator_step,
                                                              v1::RecoveryIntent* intent) {
-  if (options_.checkpoint_dir.empty()) return absl::NotFoundError("no --checkpoint_dir");
-  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints,
-                      ListCheckpoints(options_.checkpoint_dir));
-  if (checkpoints.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no committed checkpoint in ", options_.checkpoint_dir));
-  }
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, CommittedCheckpoints());
   // With the midway crash point armed, ps:0 is restored alone first, then the crash.
   const bool one_first = options_.crash_points != nullptr &&
                          options_.crash_points->point() == kCrashRecoveryRestoreMidway;

@@ -129,6 +129,8 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // DATA_LOSS the held shards are released); UNAVAILABLE and others leave the record.
   absl::StatusOr<int64_t> RestoreEveryPs(const std::vector<std::string>& why,
                                          int64_t step_before, int64_t accumulator_step);
+  // The committed checkpoints, newest first; NOT_FOUND when there is none (or no directory).
+  absl::StatusOr<std::vector<std::string>> CommittedCheckpoints() const;
   // Deletes the recovery record: the recovery is complete.
   void FinishRecovery();
   // Points the chief's calls, and the addresses GetModel serves, at the address each of the

@@ -27,6 +27,36 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 
 }  // namespace
 
+std::vector<std::string> RecoveryChiefFlags(const std::string& checkpoint_dir,
+                                            const std::string& mode) {
+  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+          "--mode=" + mode,
+          "--max_train_examples=12000",
+          "--max_test_examples=2000",
+          "--epochs=2",
+          "--batch_size=50",
+          "--eval_every_secs=60",
+          "--heartbeat_interval_ms=200",
+          "--heartbeat_timeout_ms=1500",
+          "--checkpoint_dir=" + checkpoint_dir,
+          "--checkpoint_every_steps=40"};
+}
+
+TestClusterOptions EndlessSyncTraining(int num_ps, int num_workers) {
+  TestClusterOptions options;
+  options.num_ps = num_ps;
+  options.num_workers = num_workers;
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+                            "--mode=sync",
+                            "--max_train_examples=4000",
+                            "--max_test_examples=100",
+                            "--epochs=1000",
+                            "--batch_size=20",
+                            "--heartbeat_interval_ms=200"};
+  options.flags["worker"] = {"--step_delay_ms=10"};
+  return options;
+}
+
 std::string RunfilePath(const std::string& path) {
   return absl::StrCat(EnvOr("TEST_SRCDIR", "."), "/", EnvOr("TEST_WORKSPACE", "pscluster"), "/",
                       path);
@@ -39,6 +69,21 @@ v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief) {
   grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
   CHECK(s.ok()) << "the chief does not answer GetClusterStatus: " << s.error_message();
   return status;
+}
+
+std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster) {
+  return v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
+}
+
+bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step,
+                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (ClusterStatusOf(chief).global_step() < step) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
 }
 
 absl::Status AwaitServing(const std::string& address, absl::Duration timeout) {

@@ -93,9 +93,28 @@ class TestCluster {
 // The path of a data dependency of the running test (a file in its runfiles).
 std::string RunfilePath(const std::string& path);
 
+// A cluster that trains the softmax model in sync mode for as long as a test needs (1000
+// epochs of 4000 examples, batch 20, workers pausing 10 ms a step, heartbeats every 200 ms),
+// for tests that disturb training rather than finish it. Flags a test appends win. The test's
+// BUILD target needs //configs in its data.
+TestClusterOptions EndlessSyncTraining(int num_ps, int num_workers);
+
+// The chief's flags of the recovery tests: the softmax model, 2 epochs of 12,000 examples in
+// batches of 50 (240 steps a worker with 2 workers), a checkpoint every 40 steps into
+// `checkpoint_dir`, heartbeats every 200 ms and a task MISSING after 1.5 s.
+std::vector<std::string> RecoveryChiefFlags(const std::string& checkpoint_dir,
+                                            const std::string& mode = "sync");
+
 // The chief's GetClusterStatus (5 s deadline); CHECK-fails when the chief does not answer,
 // which in a test is the failure to report.
 v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief);
+
+// A Coordinator stub for the cluster's chief (plaintext, loopback).
+std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster);
+
+// Waits until the chief reports a global step of at least `step`; false after `timeout`.
+bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step,
+                     absl::Duration timeout = absl::Seconds(60));
 
 // Calls grpc.health.v1.Health/Check on `address` until it answers SERVING or `timeout`
 // passes. Returns UNAVAILABLE / DEADLINE_EXCEEDED naming the address otherwise.

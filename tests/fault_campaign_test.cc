@@ -54,17 +54,8 @@ TestClusterOptions Options(const std::string& checkpoint_dir) {
   TestClusterOptions options;
   options.num_ps = kNumPs;
   options.num_workers = kNumWorkers;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync",
-                            "--max_train_examples=12000",
-                            "--max_test_examples=2000",
-                            "--epochs=2",
-                            "--batch_size=50",
-                            "--eval_every_secs=60",
-                            "--heartbeat_interval_ms=200",
-                            "--heartbeat_timeout_ms=1500",
-                            "--checkpoint_dir=" + checkpoint_dir,
-                            "--checkpoint_every_steps=40"};
+  // The recovery tests' training (240 steps a worker, a checkpoint every 40).
+  options.flags["chief"] = RecoveryChiefFlags(checkpoint_dir);
   // Steps slow enough that faults land inside training, not after it.
   options.flags["worker"] = {"--step_delay_ms=5"};
   return options;

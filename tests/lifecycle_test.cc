@@ -88,21 +88,12 @@ TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
 // that cannot finish, because the restarted ps:1 dies again (--crash_at=ps_create_shards) when
 // the chief re-creates its shards, and the chief's calls to it retry.
 TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
-  TestClusterOptions options;
-  options.num_ps = 2;
-  options.num_workers = 1;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync", "--max_train_examples=2000", "--max_test_examples=100",
-                            "--epochs=1000", "--batch_size=20", "--heartbeat_interval_ms=200"};
+  TestClusterOptions options = EndlessSyncTraining(2, 1);
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TestCluster& c = **cluster;
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-  absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < 5 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  auto chief = ChiefStubOf(c);
+  ASSERT_TRUE(AwaitGlobalStep(*chief, 5)) << c.Logs();
   ASSERT_TRUE(c.ps(1).Signal(SIGKILL).ok());
   ASSERT_TRUE(c.ps(1).WaitForExit(absl::Seconds(5)).ok());
   c.SetFlags("ps:1", {"--crash_at=ps_create_shards"});

@@ -41,22 +41,7 @@ std::string TestDir(const std::string& name) {
 
 std::vector<std::string> ChiefFlags(const std::string& checkpoint_dir,
                                     const std::string& mode = "sync") {
-  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-          "--mode=" + mode,
-          "--max_train_examples=12000",
-          "--max_test_examples=2000",
-          "--epochs=2",
-          "--batch_size=50",
-          "--eval_every_secs=60",
-          "--heartbeat_interval_ms=200",
-          "--heartbeat_timeout_ms=1500",
-          "--checkpoint_dir=" + checkpoint_dir,
-          "--checkpoint_every_steps=40"};
-}
-
-std::unique_ptr<v1::Coordinator::Stub> ChiefStub(const TestCluster& cluster) {
-  return v1::Coordinator::NewStub(
-      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
+  return RecoveryChiefFlags(checkpoint_dir, mode);
 }
 
 v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration timeout) {
@@ -70,15 +55,6 @@ v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration tim
   return s;
 }
 
-// Waits until the chief reports a global step of at least `step`.
-bool AwaitStep(v1::Coordinator::Stub& chief, int64_t step, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (ClusterStatusOf(chief).global_step() >= step) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
-}
 
 // Kills a task with SIGKILL and waits until it is gone.
 void Kill(ChildProcess& process) {
@@ -111,7 +87,7 @@ class RecoveryTest : public ::testing::Test {
       options.flags["chief"] = ChiefFlags(TestDir("undisturbed"));
       auto cluster = TestCluster::Start(options);
       CHECK(cluster.ok()) << cluster.status();
-      auto chief = ChiefStub(**cluster);
+      auto chief = ChiefStubOf(**cluster);
       v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(240));
       CHECK(s.progress().finished()) << (*cluster)->Logs();
       LOG(INFO) << "undisturbed run: final test accuracy " << s.progress().test_accuracy()
@@ -132,7 +108,7 @@ class RecoveryTest : public ::testing::Test {
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
-    chief_ = ChiefStub(*cluster_);
+    chief_ = ChiefStubOf(*cluster_);
   }
 
   // Training finishes by itself, as well as the undisturbed run, with only whole checkpoints.
@@ -169,7 +145,7 @@ class RecoveryTest : public ::testing::Test {
 // sends the global step back to it, and the lost steps are computed again.
 TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
   StartCluster("ps-kill");
-  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
   KillAndRestart("ps", 1);
   ExpectFinishedAsUndisturbed();
   const std::string log = cluster_->chief().LogTail(400);
@@ -183,7 +159,7 @@ TEST_F(RecoveryTest, AKilledPsIsRestoredFromTheLatestCheckpoint) {
 // address it registers with, and the run ends as an undisturbed one.
 TEST_F(RecoveryTest, APsRestartedAtANewAddressIsFoundAndRestored) {
   StartCluster("ps-moved");
-  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
   const std::string before = cluster_->address("ps:1");
   Kill(cluster_->ps(1));
   ASSERT_TRUE(cluster_->StartTask("ps", 1, /*same_address=*/false).ok()) << cluster_->Logs();
@@ -207,7 +183,7 @@ TEST_F(RecoveryTest, APsRestartedAtANewAddressIsFoundAndRestored) {
 // (b) A worker killed and restarted rejoins at the current global step.
 TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
   StartCluster("worker-kill");
-  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
   KillAndRestart("worker", 1);
   ExpectFinishedAsUndisturbed();
   EXPECT_THAT(cluster_->chief().LogTail(400), HasSubstr("worker:1 restarted (new incarnation)"));
@@ -217,7 +193,7 @@ TEST_F(RecoveryTest, AKilledWorkerRejoinsAtTheCurrentStep) {
 // the global step is read back from the ps tasks.
 TEST_F(RecoveryTest, AKilledChiefResumesFromTheClustersState) {
   StartCluster("chief-kill");
-  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
   KillAndRestart("chief", 0);
   ExpectFinishedAsUndisturbed();
   EXPECT_THAT(cluster_->chief().LogTail(400),
@@ -291,7 +267,7 @@ TEST_P(RecoveryCrashTest, AChiefKilledDuringARecoveryIsSucceededByOneThatFinishe
   const std::string point = GetParam();
   StartCluster(absl::StrCat("recovery-crash-", point),
                {{"chief:0", {absl::StrCat("--crash_at=", point)}}});
-  ASSERT_TRUE(AwaitStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, 60, absl::Seconds(120))) << cluster_->Logs();
   KillAndRestart("ps", 1);
   absl::StatusOr<int> status = cluster_->chief().WaitForExit(absl::Seconds(60));
   ASSERT_TRUE(status.ok()) << "no crash at " << point << ": " << cluster_->Logs();
@@ -329,7 +305,7 @@ TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
     options.flags["chief"] = ChiefFlags(dir);
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    v1::ClusterStatus s = AwaitFinished(*ChiefStub(**cluster), absl::Seconds(120));
+    v1::ClusterStatus s = AwaitFinished(*ChiefStubOf(**cluster), absl::Seconds(120));
     ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
   }
   auto committed = ListCheckpoints(dir);
@@ -359,7 +335,7 @@ TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
   options.flags["chief"] = ChiefFlags(dir);
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  v1::ClusterStatus s = AwaitFinished(*ChiefStub(**cluster), absl::Seconds(120));
+  v1::ClusterStatus s = AwaitFinished(*ChiefStubOf(**cluster), absl::Seconds(120));
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
   const std::string log = (*cluster)->chief().LogTail(400);
   EXPECT_THAT(log, HasSubstr(absl::StrCat("checkpoint ", newest, " cannot be restored: DATA_LOSS")));
@@ -380,7 +356,7 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
     options.flags["worker"] = {"--step_delay_ms=10"};  // several checkpoints on the way
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto chief = ChiefStub(**cluster);
+    auto chief = ChiefStubOf(**cluster);
     v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
     ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
     ASSERT_FALSE(s.last_checkpoint().empty());
@@ -422,7 +398,7 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
   options.flags["chief"] = flags;
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto chief = ChiefStub(**cluster);
+  auto chief = ChiefStubOf(**cluster);
   v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
   EXPECT_THAT((*cluster)->chief().LogTail(400),

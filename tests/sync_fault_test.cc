@@ -49,28 +49,16 @@ v1::TaskHealth HealthOf(const v1::ClusterStatus& s, const std::string& task) {
 }
 
 TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
-  TestClusterOptions options;
-  options.num_ps = 2;
-  options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync",
-                            "--max_train_examples=6000",
-                            "--max_test_examples=100",
-                            "--epochs=1000",
-                            "--batch_size=20",
-                            "--heartbeat_interval_ms=200",
-                            "--heartbeat_timeout_ms=1500"};
+  TestClusterOptions options = EndlessSyncTraining(2, 2);
+  options.flags["chief"].push_back("--max_train_examples=6000");
+  options.flags["chief"].push_back("--heartbeat_timeout_ms=1500");
   // Slow enough to leave the cluster idle between steps, fast enough to make progress.
   options.flags["worker"] = {"--step_delay_ms=20"};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TestCluster& c = **cluster;
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-  absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < 20 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  auto chief = ChiefStubOf(c);
+  AwaitGlobalStep(*chief, 20, absl::Seconds(60));
   ASSERT_GE(ClusterStatusOf(*chief).global_step(), 20) << c.Logs();
 
   ASSERT_TRUE(c.worker(1).Signal(SIGKILL).ok());
@@ -104,10 +92,7 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
 
   // The worker comes back with the same index, rejoins at the current step, and training goes on.
   ASSERT_TRUE(c.StartTask("worker", 1).ok()) << c.Logs();
-  deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < stuck_at + 10 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  AwaitGlobalStep(*chief, stuck_at + 10, absl::Seconds(60));
   status = ClusterStatusOf(*chief);
   EXPECT_GE(status.global_step(), stuck_at + 10) << c.Logs();
   EXPECT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_SERVING);
@@ -127,26 +112,12 @@ namespace {
 // and training goes on. (A step of 2^63-1 once made the global step -2; finished=true from a
 // client that never trained once ended training.)
 TEST(SyncFaultTest, ImpossibleStepReportsAreRefusedAndChangeNothing) {
-  TestClusterOptions options;
-  options.num_ps = 1;
-  options.num_workers = 1;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync",
-                            "--max_train_examples=4000",
-                            "--max_test_examples=100",
-                            "--epochs=1000",
-                            "--batch_size=20",
-                            "--heartbeat_interval_ms=200"};
-  options.flags["worker"] = {"--step_delay_ms=10"};
+  TestClusterOptions options = EndlessSyncTraining(1, 1);
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TestCluster& c = **cluster;
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-  absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < 5 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  auto chief = ChiefStubOf(c);
+  AwaitGlobalStep(*chief, 5, absl::Seconds(60));
   struct Case {
     int worker;
     int64_t step;
@@ -183,34 +154,17 @@ TEST(SyncFaultTest, ImpossibleStepReportsAreRefusedAndChangeNothing) {
   }
   // The chief still serves and training still advances.
   const int64_t now = ClusterStatusOf(*chief).global_step();
-  deadline = absl::Now() + absl::Seconds(30);
-  while (ClusterStatusOf(*chief).global_step() < now + 10 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  AwaitGlobalStep(*chief, now + 10, absl::Seconds(30));
   EXPECT_GE(ClusterStatusOf(*chief).global_step(), now + 10) << c.Logs();
 }
 
 TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
-  TestClusterOptions options;
-  options.num_ps = 2;
-  options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync",
-                            "--max_train_examples=4000",
-                            "--max_test_examples=100",
-                            "--epochs=1000",
-                            "--batch_size=20",
-                            "--heartbeat_interval_ms=200"};
-  options.flags["worker"] = {"--step_delay_ms=10"};
+  TestClusterOptions options = EndlessSyncTraining(2, 2);
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   TestCluster& c = **cluster;
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-  absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < 30 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  auto chief = ChiefStubOf(c);
+  AwaitGlobalStep(*chief, 30, absl::Seconds(60));
   ASSERT_TRUE(c.chief().Signal(SIGKILL).ok());
   ASSERT_TRUE(c.chief().WaitForExit(absl::Seconds(5)).ok());
   // Steps granted before the kill may still complete; without a chief no new one starts.
@@ -227,7 +181,7 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
 
   ASSERT_TRUE(c.StartTask("chief", 0).ok()) << c.Logs();
   v1::ClusterStatus status;
-  deadline = absl::Now() + absl::Seconds(30);
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
   do {
     status = ClusterStatusOf(*chief);
     if (status.state().find("training") != std::string::npos && status.global_step() > 0) break;
@@ -237,10 +191,7 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   EXPECT_GE(status.global_step(), applied) << c.Logs();
   EXPECT_THAT(c.chief().LogTail(100), HasSubstr(absl::StrCat("recovered global step ", applied)));
   const int64_t resumed = status.global_step();
-  deadline = absl::Now() + absl::Seconds(60);
-  while (ClusterStatusOf(*chief).global_step() < resumed + 20 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  AwaitGlobalStep(*chief, resumed + 20, absl::Seconds(60));
   EXPECT_GE(ClusterStatusOf(*chief).global_step(), resumed + 20) << c.Logs();
   // Every step was applied once on every shard: the ps tasks agree with the chief.
   absl::SleepFor(absl::Milliseconds(200));
