@@ -140,5 +140,5 @@ fi
 echo "==> stopping every task (SIGTERM)"
 stop_all || status=1
 echo "==> logs: $work"
-echo "==> checkpoints: $work/checkpoints ($(ls "$work/checkpoints" 2>/dev/null | tr '\n' ' '))"
+echo "==> checkpoints: $work/checkpoints ($(cd "$work/checkpoints" 2>/dev/null && ls -d ckpt-* 2>/dev/null | tr '\n' ' '))"
 exit $status
