@@ -242,10 +242,14 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
                            step_before);
   } else if (restored.status().code() == absl::StatusCode::kNotFound ||
              restored.status().code() == absl::StatusCode::kDataLoss) {
-    // Nothing to restore: the lost shards start again from their initial values.
-    CreateShardsOptions create;
-    create.start_step = step_before;
-    absl::Status created = client_->CreateAll(options_.sync, nullptr, create);
+    // Nothing to restore: the lost shards start again from their initial values. (After
+    // DATA_LOSS, RestoreEveryPs has created them already and released its hold.)
+    absl::Status created;
+    if (restored.status().code() == absl::StatusCode::kNotFound) {
+      CreateShardsOptions create;
+      create.start_step = step_before;
+      created = client_->CreateAll(options_.sync, nullptr, create);
+    }
     outcome = restored.status().code() == absl::StatusCode::kNotFound
                   ? "no checkpoint to restore: the restarted shards start from their initial "
                     "values"
