@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -201,7 +202,18 @@ absl::Status TestCluster::StartTask(const std::string& job, int index, bool same
   PS_ASSIGN_OR_RETURN(task.process, ChildProcess::Spawn(child));
   PS_ASSIGN_OR_RETURN(int port, AwaitPortFile(port_file, *task.process, options_.start_timeout));
   task.address = absl::StrCat("127.0.0.1:", port);
-  absl::Status serving = AwaitServing(task.address, options_.start_timeout);
+  // Asked in short slices, so that a task that dies before it serves (a crash point, a bad
+  // flag) is reported at once rather than after the whole timeout.
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  absl::Status serving;
+  do {
+    serving = AwaitServing(task.address,
+                           std::min(absl::Milliseconds(500), deadline - absl::Now()));
+    if (!serving.ok() && !task.process->Running()) {
+      serving = absl::UnavailableError(absl::StrCat(task.address, " exited before serving"));
+      break;
+    }
+  } while (!serving.ok() && absl::Now() < deadline);
   if (!serving.ok()) {
     return absl::Status(serving.code(), absl::StrCat(name, ": ", serving.message(), "\n",
                                                      task.process->LogTail()));
