@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/denormal.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/initializer.h"
@@ -153,6 +154,7 @@ void DenseShard::ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, i
   for (int s = 0; s < optimizer_->num_slots(); ++s) {
     slot_ptrs[s] = data + (1 + s) * num_elements_ + begin;
   }
+  ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h)
   optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
 }
 

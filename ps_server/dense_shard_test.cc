@@ -167,6 +167,55 @@ TEST(DenseShardTest, FloatStatsSkipNonFinite) {
   EXPECT_EQ(FindNonFinite(v.data(), 3), -1);
 }
 
+// A product of two floats computed where the compiler cannot fold it: the thread's own mode.
+float Multiply(float a, float b) {
+  volatile float x = a;
+  volatile float y = b;
+  return x * y;
+}
+
+// Updates flush denormals to zero, as TensorFlow's kernels do (optimizer.h), on the calling
+// thread and on the pool's threads alike, and leave the caller's floating-point mode as it was.
+TEST(DenseShardTest, UpdatesFlushDenormalsToZero) {
+  ThreadPool pool(3);
+  for (int64_t n : {int64_t{5}, int64_t{100000}}) {  // one thread; blocks on the pool
+    v1::DenseShardSpec spec = Spec({n}, 0, n, /*lr=*/1.0f);
+    spec.mutable_variable()->mutable_initializer()->set_kind(v1::InitializerSpec::CONSTANT);
+    spec.mutable_variable()->mutable_initializer()->set_value(2e-38f);  // normal: >= 2^-126
+    auto shard = DenseShard::Create(spec);
+    ASSERT_TRUE(shard.ok());
+    // 2e-38 - 1.5e-38 = 5e-39 is denormal: it becomes 0.
+    std::vector<float> grad(static_cast<size_t>(n), 1.5e-38f);
+    (*shard)->Apply(grad.data(), &pool);
+    std::vector<float> values(static_cast<size_t>(n), -1.0f);
+    (*shard)->ReadValues(values.data());
+    EXPECT_THAT(values, ::testing::Each(0.0f)) << n;
+  }
+  EXPECT_GT(Multiply(2e-38f, 0.25f), 0.0f);  // this thread still computes denormals
+}
+
+// The pool's scan gives the serial scan's answer: the first hit, wherever the blocks split.
+TEST(DenseShardTest, ParallelFindNonFiniteFindsTheFirstHit) {
+  ThreadPool pool(3);
+  const int64_t n = 9 * kParallelScanBlock + 123;
+  std::vector<float> v(static_cast<size_t>(n), 1.0f);
+  EXPECT_EQ(FindNonFinite(v.data(), n, &pool), -1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  v[n - 1] = inf;
+  EXPECT_EQ(FindNonFinite(v.data(), n, &pool), n - 1);
+  v[5 * kParallelScanBlock + 7] = nan;  // in a later block than the next one
+  v[2 * kParallelScanBlock + 1] = -inf;
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_EQ(FindNonFinite(v.data(), n, &pool), 2 * kParallelScanBlock + 1);
+  }
+  EXPECT_EQ(FindNonFinite(v.data(), n, nullptr), 2 * kParallelScanBlock + 1);
+  v[0] = nan;
+  EXPECT_EQ(FindNonFinite(v.data(), n, &pool), 0);
+  // Too small to split: the calling thread scans it.
+  EXPECT_EQ(FindNonFinite(v.data() + 1, 100, &pool), -1);
+}
+
 // Many writers and readers on one shard: no update is lost, no read is torn.
 TEST(DenseShardTest, ConcurrentPushesAndPullsAreAtomic) {
   v1::DenseShardSpec spec = Spec({1000}, 0, 1000, /*lr=*/1.0f);

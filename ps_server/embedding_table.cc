@@ -8,6 +8,7 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "common/denormal.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/float_stats.h"
@@ -274,14 +275,14 @@ absl::Status EmbeddingTable::FirstError(const absl::Status (&status)[kNumStripes
 }
 
 absl::Status EmbeddingTable::CheckPush(const int64_t* keys, int64_t n, const float* grads,
-                                       bool allow_non_finite) const {
+                                       bool allow_non_finite, ThreadPool* pool) const {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": push of ", n, " keys"));
   }
   PS_RETURN_IF_ERROR(CheckOwned(keys, n));
   if (!allow_non_finite) {
-    const int64_t bad = FindNonFinite(grads, n * dim_);
+    const int64_t bad = FindNonFinite(grads, n * dim_, pool);
     if (bad >= 0) {
       const int64_t pos = bad / dim_;
       return absl::InvalidArgumentError(
@@ -295,7 +296,7 @@ absl::Status EmbeddingTable::CheckPush(const int64_t* keys, int64_t n, const flo
 
 absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* grads,
                                   bool allow_non_finite, ThreadPool* pool) {
-  PS_RETURN_IF_ERROR(CheckPush(keys, n, grads, allow_non_finite));
+  PS_RETURN_IF_ERROR(CheckPush(keys, n, grads, allow_non_finite, pool));
   return ApplyPush(keys, n, grads, pool);
 }
 
@@ -362,6 +363,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
     uint32_t t;
   };
   Found ring[kRowRing];
+  ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h)
   for (int64_t i = 0;; ++i) {
     if (i < num_distinct && status.ok()) {
       if (i + kKeyAhead < num_distinct) {

@@ -101,9 +101,10 @@ class EmbeddingTable {
 
   // Push in two halves, for callers that validate before deciding how to apply (a sync
   // accumulator): CheckPush returns the errors Push would, changing nothing; ApplyPush then
-  // applies without checking again (only RESOURCE_EXHAUSTED, as Push).
+  // applies without checking again (only RESOURCE_EXHAUSTED, as Push). CheckPush scans a large
+  // request's gradients on `pool`'s threads too, when given one.
   absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads,
-                         bool allow_non_finite) const;
+                         bool allow_non_finite, ThreadPool* pool = nullptr) const;
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
   absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
                          ThreadPool* pool = nullptr);

@@ -67,6 +67,20 @@ absl::Status Push(EmbeddingTable& table, const std::vector<int64_t>& keys,
   return table.Push(keys.data(), static_cast<int64_t>(keys.size()), grads.data(), allow_non_finite);
 }
 
+// Sparse updates flush denormals to zero too (optimizer.h).
+TEST(EmbeddingTableTest, UpdatesFlushDenormalsToZero) {
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(R"pb(
+    name: "emb"
+    dim: 2
+    initializer { kind: CONSTANT value: 2e-38 }
+    optimizer { sgd { learning_rate: 1 } }
+  )pb"));
+  ASSERT_NE(table, nullptr);
+  ASSERT_TRUE(Push(*table, {3}, {1.5e-38f, 0.0f}).ok());
+  // 2e-38 - 1.5e-38 is denormal: 0. The untouched element stays 2e-38.
+  EXPECT_THAT(PullOrDie(*table, {3}), ::testing::ElementsAre(0.0f, 2e-38f));
+}
+
 struct Row {
   std::vector<float> values_and_slots;
   int64_t t = 0;

@@ -1,8 +1,11 @@
 #include "ps_server/float_stats.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+
+#include "common/thread_pool.h"
 
 namespace pscluster {
 
@@ -23,6 +26,23 @@ int64_t FindNonFinite(const float* v, int64_t n) {
     }
   }
   return -1;
+}
+
+int64_t FindNonFinite(const float* v, int64_t n, ThreadPool* pool) {
+  if (pool == nullptr || pool->num_threads() == 0 || n < 2 * kParallelScanBlock) {
+    return FindNonFinite(v, n);
+  }
+  // The first hit over all blocks: each block lowers `first` to its own first hit.
+  std::atomic<int64_t> first{n};
+  pool->ParallelFor(n, kParallelScanBlock, [&](int64_t begin, int64_t end) {
+    const int64_t bad = FindNonFinite(v + begin, end - begin);
+    if (bad < 0) return;
+    int64_t seen = first.load(std::memory_order_relaxed);
+    while (begin + bad < seen && !first.compare_exchange_weak(seen, begin + bad)) {
+    }
+  });
+  const int64_t bad = first.load();
+  return bad == n ? -1 : bad;
 }
 
 void FloatStats::Add(const float* values, int64_t n) {

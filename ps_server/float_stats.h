@@ -8,9 +8,16 @@
 
 namespace pscluster {
 
+class ThreadPool;
+
 // Returns the index of the first NaN or Inf of v[0..n), or -1 if every value is finite. A
 // branch-free scan that vectorizes; only a block with a hit is searched element by element.
 int64_t FindNonFinite(const float* v, int64_t n);
+
+// The same answer, with blocks of a large array scanned on `pool`'s threads too (null, or an
+// array under 2 * kParallelScanBlock floats: the calling thread alone).
+inline constexpr int64_t kParallelScanBlock = 32768;
+int64_t FindNonFinite(const float* v, int64_t n, ThreadPool* pool);
 
 // Statistics of float values fed in any number of pieces: count, min, max, mean, std
 // (population), L2 norm over the finite values, accumulated in double; NaN and Inf are counted

@@ -72,6 +72,10 @@ namespace pscluster {
 // Determinism: each element's result depends only on its own inputs, never on n or on where it
 // sits in the span, so an update is bit-identical however a variable is partitioned.
 //
+// Denormals: the ps runs every Apply inside ScopedFlushDenormals (common/denormal.h), as
+// TensorFlow runs its kernels: a denormal input counts as 0 and a result below 2^-126 in
+// magnitude becomes 0. Callers of Apply outside the ps should do the same for the same bits.
+//
 // Thread-safety: an Optimizer is immutable after Create, and Apply touches only its arguments,
 // so one instance may be shared by any number of threads, as long as no two threads update the
 // same elements at once (the caller's locking decides that).

@@ -107,10 +107,10 @@ absl::Status DensePush::CheckChunk(int index, int64_t offset, int64_t count) con
   return absl::OkStatus();
 }
 
-absl::Status DensePush::Scan(int index, int64_t offset, int64_t count) const {
+absl::Status DensePush::Scan(int index, int64_t offset, int64_t count, ThreadPool* pool) const {
   if (allow_non_finite_) return absl::OkStatus();
   const float* g = grads_[index].values() + offset;
-  const int64_t bad = FindNonFinite(g, count);
+  const int64_t bad = FindNonFinite(g, count, pool);
   if (bad < 0) return absl::OkStatus();
   const DenseShard& shard = *shards_[index];
   return absl::InvalidArgumentError(absl::StrCat(
@@ -152,13 +152,19 @@ absl::Status DensePush::UseFloats(int index, const float* values, int64_t count)
                                                    grads_[index].size));
   }
   grads_[index].view = values;
-  absl::Status s = Scan(index, 0, count);
-  if (!s.ok()) {
-    grads_[index].view = nullptr;
-    return s;
-  }
+  grads_[index].scanned = allow_non_finite_;
   grads_[index].received = count;
   received_bytes_ += count * elem_bytes_;
+  return absl::OkStatus();
+}
+
+absl::Status DensePush::ScanDeferred(ThreadPool* pool) {
+  for (int i = 0; i < num_shards(); ++i) {
+    Buffer& b = grads_[i];
+    if (b.scanned) continue;
+    PS_RETURN_IF_ERROR(Scan(i, 0, b.size, pool));
+    b.scanned = true;
+  }
   return absl::OkStatus();
 }
 
@@ -500,6 +506,7 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
     b.size = push->shards_[i]->num_elements();
     b.received = 0;
     b.view = nullptr;
+    b.scanned = true;
     if (static_cast<int64_t>(b.data.size()) < b.size) b.data.resize(b.size);
     push->payload_bytes_ += b.size * push->elem_bytes_;
   }
@@ -522,6 +529,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
                                                      " gradient elements"));
     }
   }
+  PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
   PushOutcome outcome;
   switch (ledger_.Begin(header.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -617,7 +625,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     PS_RETURN_IF_ERROR(DecodeFloats(gradient_bytes, wire, decoded.data(), n * dim));
     grads = decoded.data();
   }
-  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite));
+  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:

@@ -85,7 +85,9 @@ class DensePush {
   absl::Status Received(int index, int64_t offset, int64_t count);
 
   // In-process callers, float32: shard `index`'s whole gradient is `values` (caller memory,
-  // not copied; it must stay unchanged until FinishPushDense returns). Checked as AddChunk.
+  // not copied; it must stay unchanged until FinishPushDense returns). Checked as AddChunk,
+  // except that NaN and Inf are looked for by FinishPushDense, on the apply pool's threads too,
+  // before anything is applied.
   absl::Status UseFloats(int index, const float* values, int64_t count);
 
  private:
@@ -95,10 +97,13 @@ class DensePush {
     int64_t size = 0;
     int64_t received = 0;
     const float* view = nullptr;  // UseFloats: the gradient is there instead of in `data`
+    bool scanned = true;          // false: not yet scanned for NaN and Inf (UseFloats)
     const float* values() const { return view != nullptr ? view : data.data(); }
   };
   absl::Status CheckChunk(int index, int64_t offset, int64_t count) const;
-  absl::Status Scan(int index, int64_t offset, int64_t count) const;
+  absl::Status Scan(int index, int64_t offset, int64_t count, ThreadPool* pool = nullptr) const;
+  // Scans the buffers UseFloats left unscanned, in order; the first error as Scan gives it.
+  absl::Status ScanDeferred(ThreadPool* pool);
 
   v1::PushDenseHeader header_;
   std::vector<std::shared_ptr<DenseShard>> shards_;

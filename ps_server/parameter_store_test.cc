@@ -7,6 +7,7 @@
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "ps_server/initializer.h"
 #include "sharding/placement.h"
@@ -305,6 +306,49 @@ TEST_F(ParameterStoreTest, BadPushesChangeNothing) {
   EXPECT_EQ(inspect->missing_keys_size(), 1);  // the refused push created nothing
 }
 
+// In-process pushes (UseFloats) are scanned for NaN and Inf at FinishPushDense, on the apply
+// pool for large gradients: a bad element anywhere refuses the whole push before any of it is
+// applied, with the same message as a pushed chunk gets.
+TEST(ParameterStoreNanPolicyTest, UseFloatsPushesAreScannedBeforeAnythingIsApplied) {
+  ParameterStoreOptions options;
+  options.apply_threads = 3;
+  ParameterStore store(options);
+  const int64_t big = 5 * kParallelScanBlock + 3;
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("small", {2}));
+  *req.add_dense() = Whole(Var("big", {big}));
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  std::vector<float> small_grad = {1, 1};
+  std::vector<float> big_grad(static_cast<size_t>(big), 1.0f);
+  big_grad[4 * kParallelScanBlock + 9] = std::numeric_limits<float>::infinity();
+  const auto push = [&](v1::PushDenseResponse* resp) {
+    v1::PushDenseHeader header;
+    *header.mutable_shards() = Refs({"small", "big"});
+    header.add_num_elements(2);
+    header.add_num_elements(big);
+    DensePush p;
+    PS_RETURN_IF_ERROR(store.StartPushDense(header, &p));
+    PS_RETURN_IF_ERROR(p.UseFloats(0, small_grad.data(), 2));
+    PS_RETURN_IF_ERROR(p.UseFloats(1, big_grad.data(), big));
+    return store.FinishPushDense(&p, resp);
+  };
+  v1::PushDenseResponse resp;
+  absl::Status s = push(&resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("variable big/0: gradient element ",
+                                     4 * kParallelScanBlock + 9, " is inf")));
+  EXPECT_THAT(Read(store, "small"), ::testing::Each(1.0f));
+  EXPECT_THAT(Read(store, "big"), ::testing::Each(1.0f));
+  // The same push without the Inf is applied whole (lr 0.1: 1 - 0.1).
+  big_grad[4 * kParallelScanBlock + 9] = 1.0f;
+  ASSERT_TRUE(push(&resp).ok());
+  EXPECT_EQ(resp.accepted(), 2);
+  EXPECT_THAT(Read(store, "small"), ::testing::Each(::testing::FloatEq(0.9f)));
+  EXPECT_THAT(Read(store, "big"), ::testing::Each(::testing::FloatEq(0.9f)));
+}
+
 TEST(ParameterStoreNanPolicyTest, AllowAppliesNonFiniteGradients) {
   ParameterStoreOptions options;
   options.allow_non_finite = true;
@@ -458,7 +502,7 @@ TEST_F(ParameterStoreTest, ARetriedPushIsAppliedOnce) {
   ASSERT_TRUE(Push(store_, {"b"}, {{1, 1, 1}}, 0, 0, &retry, id).ok());
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(retry.accepted(), 1);
-  EXPECT_THAT(Read(store_, "b"), ::testing::Each(0.9f));  // one SGD step of 0.1, not two
+  EXPECT_THAT(Read(store_, "b"), ::testing::Each(::testing::FloatEq(0.9f)));  // one SGD step of 0.1, not two
   // A sparse push likewise.
   v1::PushSparseRequest req;
   req.set_table("emb");
