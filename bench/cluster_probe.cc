@@ -28,13 +28,12 @@ int main(int argc, char** argv) {
   auto stub = pscluster::v1::Coordinator::NewStub(
       grpc::CreateChannel(FLAGS_chief, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(FLAGS_timeout_ms));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(FLAGS_timeout_ms));
   pscluster::v1::ClusterStatus status;
   grpc::Status s = stub->GetClusterStatus(&ctx, pscluster::v1::GetClusterStatusRequest(), &status);
   if (!s.ok()) {
-    std::fprintf(stderr, "cluster_probe: cannot reach the chief at %s: %s\n",
-                 FLAGS_chief.c_str(), s.error_message().c_str());
+    std::fprintf(stderr, "cluster_probe: cannot reach the chief at %s: %s\n", FLAGS_chief.c_str(),
+                 s.error_message().c_str());
     return 1;
   }
   std::string out;

@@ -24,10 +24,11 @@
 //
 //   ps_bench --chief=127.0.0.1:PORT --workers=2 --tag=2ps2w --loopback_gbps=2.59
 #include <arpa/inet.h>
-#include <pthread.h>
-#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,10 +60,6 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include <sys/resource.h>
-
-#include <fstream>
-
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
 #include "client/tcp_ps_transport.h"
@@ -268,8 +266,7 @@ absl::StatusOr<Measurement> MeasureRepeated(int workers, const RunLimits& limits
   out.seconds = by_rate[(by_rate.size() - 1) / 2]->seconds;
   for (const Measurement* m : by_rate) {
     out.trial_rates.push_back(rate(*m));
-    out.latencies_us.insert(out.latencies_us.end(), m->latencies_us.begin(),
-                            m->latencies_us.end());
+    out.latencies_us.insert(out.latencies_us.end(), m->latencies_us.begin(), m->latencies_us.end());
   }
   std::sort(out.latencies_us.begin(), out.latencies_us.end());
   return out;
@@ -396,8 +393,7 @@ absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips, int clien
   return m;
 }
 
-absl::StatusOr<v1::GetModelResponse> FetchModel(const std::string& chief,
-                                                absl::Duration timeout) {
+absl::StatusOr<v1::GetModelResponse> FetchModel(const std::string& chief, absl::Duration timeout) {
   std::unique_ptr<v1::Coordinator::Stub> stub =
       v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials()));
   v1::GetModelRequest req;
@@ -408,8 +404,8 @@ absl::StatusOr<v1::GetModelResponse> FetchModel(const std::string& chief,
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   absl::Status s = FromGrpcStatus(stub->GetModel(&ctx, req, &resp));
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("GetModel from the chief at ", chief, ": ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("GetModel from the chief at ", chief, ": ", s.message()));
   }
   if (resp.ps_addresses_size() != resp.placement().num_ps()) {
     return absl::FailedPreconditionError(
@@ -498,7 +494,7 @@ struct Row {
   std::string kind;  // dense or sparse
   std::string op;    // push or pull
   std::string size;  // 64MiB, 100kx8
-  int64_t ops = 0;  // timed, over every trial
+  int64_t ops = 0;   // timed, over every trial
   Figure throughput;
   // The slowest and fastest trial's throughput, in throughput.unit.
   double slowest = 0;
@@ -528,8 +524,7 @@ struct Baselines {
 
 // Latency figures of a row.
 void FillLatency(const Measurement& m, const std::string& kind, const std::string& op,
-                 const std::string& size, const std::string& tag, const Baselines& base,
-                 Row* row) {
+                 const std::string& size, const std::string& tag, const Baselines& base, Row* row) {
   row->ops = static_cast<int64_t>(m.latencies_us.size());
   row->p50 = {Name(kind, op, size, "p50", tag), m.PercentileUs(50), "us", base.loopback_rtt_us};
   row->p99 = {Name(kind, op, size, "p99", tag), m.PercentileUs(99), "us", base.loopback_rtt_us};
@@ -582,12 +577,10 @@ class PsBench {
 
     std::fprintf(stderr, "ps_bench %s: dense push %s\n", tag_.c_str(), variable.c_str());
     Row push_row;
-    PS_ASSIGN_OR_RETURN(Measurement push, Measure(
-                                              [&](int w) {
-                                                return clients_[w]->Push(
-                                                    vars, {grads[w].data()}, /*step=*/0);
-                                              },
-                                              bytes, &push_row));
+    PS_ASSIGN_OR_RETURN(
+        Measurement push,
+        Measure([&](int w) { return clients_[w]->Push(vars, {grads[w].data()}, /*step=*/0); },
+                bytes, &push_row));
     AddDenseRow("push", size, bytes, push, push_row);
     std::fprintf(stderr, "ps_bench %s: dense pull %s\n", tag_.c_str(), variable.c_str());
     Row pull_row;
@@ -603,12 +596,11 @@ class PsBench {
   absl::Status Sparse(const std::string& table, int64_t dim, int64_t keys, int64_t key_space,
                       bool name_table) {
     if (keys > key_space) {
-      return absl::InvalidArgumentError(absl::StrCat("--sparse_keys (", keys,
-                                                     ") exceeds --sparse_key_space (",
-                                                     key_space, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sparse_keys (", keys, ") exceeds --sparse_key_space (", key_space, ")"));
     }
-    const std::string size = absl::StrCat(name_table ? table + "_" : "", CountLabel(keys), "x",
-                                          dim);
+    const std::string size =
+        absl::StrCat(name_table ? table + "_" : "", CountLabel(keys), "x", dim);
     std::vector<int64_t> universe(key_space);
     for (int64_t i = 0; i < key_space; ++i) {
       universe[i] = static_cast<int64_t>(SplitMix64(i) >> 1);
@@ -644,25 +636,25 @@ class PsBench {
     std::fprintf(stderr, "ps_bench %s: sparse push %s\n", tag_.c_str(), size.c_str());
     const double op_bytes = row_bytes * static_cast<double>(keys);
     Row push_row;
-    PS_ASSIGN_OR_RETURN(
-        Measurement push,
-        Measure(
-            [&](int w) {
-              const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
-              return clients_[w]->PushRows(table, k.data(), keys, buffers[w].data(), /*step=*/0);
-            },
-            op_bytes, &push_row));
+    PS_ASSIGN_OR_RETURN(Measurement push,
+                        Measure(
+                            [&](int w) {
+                              const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
+                              return clients_[w]->PushRows(table, k.data(), keys, buffers[w].data(),
+                                                           /*step=*/0);
+                            },
+                            op_bytes, &push_row));
     AddSparseRow("push", size, keys, row_bytes, push, push_row);
     std::fprintf(stderr, "ps_bench %s: sparse pull %s\n", tag_.c_str(), size.c_str());
     Row pull_row;
-    PS_ASSIGN_OR_RETURN(
-        Measurement pull,
-        Measure(
-            [&](int w) {
-              const std::vector<int64_t>& k = key_sets[w][next[w]++ % kKeySets];
-              return clients_[w]->PullRows(table, k.data(), keys, buffers[w].data());
-            },
-            op_bytes, &pull_row));
+    PS_ASSIGN_OR_RETURN(Measurement pull, Measure(
+                                              [&](int w) {
+                                                const std::vector<int64_t>& k =
+                                                    key_sets[w][next[w]++ % kKeySets];
+                                                return clients_[w]->PullRows(table, k.data(), keys,
+                                                                             buffers[w].data());
+                                              },
+                                              op_bytes, &pull_row));
     AddSparseRow("pull", size, keys, row_bytes, pull, pull_row);
     return absl::OkStatus();
   }
@@ -681,18 +673,17 @@ class PsBench {
     rows_.push_back(row);
   }
 
-  void AddSparseRow(const std::string& op, const std::string& size, int64_t keys,
-                    double row_bytes, const Measurement& m, Row row) {
+  void AddSparseRow(const std::string& op, const std::string& size, int64_t keys, double row_bytes,
+                    const Measurement& m, Row row) {
     row.kind = "sparse";
     row.op = op;
     row.size = size;
     const double keys_per_second = static_cast<double>(keys) * m.ops / m.seconds;
     const double loopback_mbps = base_.loopback_gbps * 1000;
     // The main sparse figure is MB/s of rows against loopback MB/s; keys/s beside it.
-    row.throughput = {Name("sparse", op, size, "", tag_), keys_per_second * row_bytes / 1e6,
-                      "MB/s", loopback_mbps};
-    row.payload = {Name("sparse", op, size, "keys", tag_), keys_per_second / 1e6, "Mkeys/s",
-                   0};
+    row.throughput = {Name("sparse", op, size, "", tag_), keys_per_second * row_bytes / 1e6, "MB/s",
+                      loopback_mbps};
+    row.payload = {Name("sparse", op, size, "keys", tag_), keys_per_second / 1e6, "Mkeys/s", 0};
     row.slowest = static_cast<double>(keys) * row_bytes * m.trial_rates.front() / 1e6;
     row.fastest = static_cast<double>(keys) * row_bytes * m.trial_rates.back() / 1e6;
     FillLatency(m, "sparse", op, size, tag_, base_, &row);
@@ -746,25 +737,22 @@ std::string AlignedTable(const std::vector<std::vector<std::string>>& cells) {
 }
 
 void PrintResults(const std::vector<Row>& rows, const Baselines& base, const std::string& tag) {
-  std::vector<std::vector<std::string>> cells = {{"op", "kind", "size", "ops", "throughput",
-                                                  "trials min-max", "x loopback", "p50 us",
-                                                  "p99 us", "p50 x rtt", "client CPU s/GB",
-                                                  "ps CPU s/GB"}};
+  std::vector<std::vector<std::string>> cells = {
+      {"op", "kind", "size", "ops", "throughput", "trials min-max", "x loopback", "p50 us",
+       "p99 us", "p50 x rtt", "client CPU s/GB", "ps CPU s/GB"}};
   for (const Row& r : rows) {
-    std::string throughput =
-        absl::StrCat(FormatValue(r.throughput.value), " ", r.throughput.unit);
+    std::string throughput = absl::StrCat(FormatValue(r.throughput.value), " ", r.throughput.unit);
     if (!r.payload.name.empty()) {
       absl::StrAppend(&throughput, " (", FormatValue(r.payload.value), " ", r.payload.unit, ")");
     }
     cells.push_back({r.op, r.kind, r.size, absl::StrCat(r.ops), throughput,
                      absl::StrCat(FormatValue(r.slowest), "..", FormatValue(r.fastest)),
-                     FormatRatio(r.throughput), FormatValue(r.p50.value),
-                     FormatValue(r.p99.value), FormatRatio(r.p50),
-                     FormatValue(r.client_cpu_s_per_gb),
+                     FormatRatio(r.throughput), FormatValue(r.p50.value), FormatValue(r.p99.value),
+                     FormatRatio(r.p50), FormatValue(r.client_cpu_s_per_gb),
                      r.ps_cpu_s_per_gb < 0 ? "-" : FormatValue(r.ps_cpu_s_per_gb)});
   }
-  std::printf("\n%s: loopback %s GB/s (iperf3), loopback TCP round trip p50 %s us\n",
-              tag.c_str(), base.loopback_gbps > 0 ? FormatValue(base.loopback_gbps).c_str() : "?",
+  std::printf("\n%s: loopback %s GB/s (iperf3), loopback TCP round trip p50 %s us\n", tag.c_str(),
+              base.loopback_gbps > 0 ? FormatValue(base.loopback_gbps).c_str() : "?",
               FormatValue(base.loopback_rtt_us).c_str());
   std::printf("%s\n", AlignedTable(cells).c_str());
   for (const Row& r : rows) {
@@ -810,7 +798,8 @@ absl::StatusOr<std::pair<double, double>> LoopbackRoundTrip(int trials, int roun
   std::vector<double> p50s;
   std::vector<double> p99s;
   for (int t = 0; t < trials; ++t) {
-    PS_ASSIGN_OR_RETURN(Measurement m, MeasureLoopbackRoundTrips(round_trips, client_cpu, echo_cpu));
+    PS_ASSIGN_OR_RETURN(Measurement m,
+                        MeasureLoopbackRoundTrips(round_trips, client_cpu, echo_cpu));
     p50s.push_back(m.PercentileUs(50));
     p99s.push_back(m.PercentileUs(99));
   }
@@ -825,8 +814,8 @@ absl::StatusOr<std::pair<double, double>> LoopbackRoundTrip(int trials, int roun
 // magnitude). With `print`, also prints the one-core and the unpinned figures as BENCH lines.
 absl::StatusOr<double> LoopbackRoundTripBaseline(int trials, int round_trips, bool print) {
   const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  PS_ASSIGN_OR_RETURN(auto cross,
-                      LoopbackRoundTrip(trials, round_trips, two_cores ? 0 : -1, two_cores ? 1 : -1));
+  PS_ASSIGN_OR_RETURN(
+      auto cross, LoopbackRoundTrip(trials, round_trips, two_cores ? 0 : -1, two_cores ? 1 : -1));
   if (!print) return cross.first;
   const double base = cross.first;
   auto line = [base](const std::string& name, double us) {
@@ -859,7 +848,8 @@ int Main() {
     base.loopback_rtt_us = *rtt;
   }
   if (FLAGS_chief.empty()) return Fail("--chief=HOST:PORT is required", 2);
-  if (FLAGS_workers < 1) return Fail(absl::StrCat("--workers must be >= 1, got ", FLAGS_workers), 2);
+  if (FLAGS_workers < 1)
+    return Fail(absl::StrCat("--workers must be >= 1, got ", FLAGS_workers), 2);
   if (FLAGS_transport != "tensor_wire" && FLAGS_transport != "grpc") {
     return Fail(absl::StrCat("--transport must be tensor_wire or grpc, not ", FLAGS_transport), 2);
   }
@@ -875,14 +865,15 @@ int Main() {
   limits.max_seconds = FLAGS_max_seconds;
   limits.min_ops = FLAGS_iterations;
   limits.repeats = FLAGS_repeats;
-  if (limits.repeats < 1) return Fail(absl::StrCat("--repeats must be >= 1, got ", FLAGS_repeats), 2);
+  if (limits.repeats < 1)
+    return Fail(absl::StrCat("--repeats must be >= 1, got ", FLAGS_repeats), 2);
 
   absl::StatusOr<v1::GetModelResponse> model =
       FetchModel(FLAGS_chief, absl::Seconds(FLAGS_model_timeout_seconds));
   if (!model.ok()) return Fail(std::string(model.status().message()), 1);
-  const std::string tag = FLAGS_tag.empty() ? absl::StrCat(model->placement().num_ps(), "ps",
-                                                           FLAGS_workers, "w")
-                                            : FLAGS_tag;
+  const std::string tag = FLAGS_tag.empty()
+                              ? absl::StrCat(model->placement().num_ps(), "ps", FLAGS_workers, "w")
+                              : FLAGS_tag;
   std::printf(
       "ps_bench %s: %d ps (%s), %d client(s) over %s, %s connections, gRPC chunk %lld bytes\n",
       tag.c_str(), model->placement().num_ps(), absl::StrJoin(model->ps_addresses(), " ").c_str(),

@@ -77,8 +77,9 @@ int Run() {
   for (int r = 0; r < FLAGS_rounds; ++r) {
     // A fresh random subset each round, as ps_bench draws them.
     for (int64_t i = 0; i < n; ++i) {
-      std::swap(space[static_cast<size_t>(i)],
-                space[static_cast<size_t>(i + static_cast<int64_t>(rng() % (FLAGS_key_space - i)))]);
+      std::swap(
+          space[static_cast<size_t>(i)],
+          space[static_cast<size_t>(i + static_cast<int64_t>(rng() % (FLAGS_key_space - i)))]);
     }
     auto t0 = std::chrono::steady_clock::now();
     absl::Status s = (*table)->Push(space.data(), n, grads.data(), false, pool.get());
@@ -93,12 +94,13 @@ int Run() {
     pull_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count() / n);
   }
   const double row_bytes = static_cast<double>(dim) * sizeof(float);
-  for (const auto& [name, v] : {std::pair<const char*, std::vector<double>&>{"push", push_ns},
-                                {"pull", pull_ns}}) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, std::vector<double>&>{"push", push_ns}, {"pull", pull_ns}}) {
     const double ns = Median(v);
-    std::printf("BENCH table_%s_%lldx%lld_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)\n",
-                name, static_cast<long long>(n), static_cast<long long>(dim), FLAGS_threads, ns,
-                row_bytes / ns * 1e3, 1e3 / ns);
+    std::printf(
+        "BENCH table_%s_%lldx%lld_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)\n", name,
+        static_cast<long long>(n), static_cast<long long>(dim), FLAGS_threads, ns,
+        row_bytes / ns * 1e3, 1e3 / ns);
   }
   return 0;
 }

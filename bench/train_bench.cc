@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,7 +32,6 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <atomic>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,8 +41,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "chief/step_gate.h"
-#include "common/clock.h"
 #include "client/parameter_client.h"
+#include "common/clock.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -50,9 +50,9 @@
 #include "ps_server/in_process_ps_transport.h"
 #include "sharding/placement.h"
 #include "worker/data/shard.h"
+#include "worker/in_process_step_source.h"
 #include "worker/input.h"
 #include "worker/kernels/kernels.h"
-#include "worker/in_process_step_source.h"
 #include "worker/model.h"
 #include "worker/step_pipeline.h"
 #include "worker/trainer.h"
@@ -200,8 +200,7 @@ absl::Status Run() {
   ParameterClientOptions client_options;
   client_options.worker = 0;
   absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
-      *spec, *placement,
-      std::make_unique<InProcessPsTransport>(FLAGS_num_ps, StoreOptions()),
+      *spec, *placement, std::make_unique<InProcessPsTransport>(FLAGS_num_ps, StoreOptions()),
       client_options);
   if (!client.ok()) return client.status();
   v1::SyncOptions sync;
@@ -209,8 +208,7 @@ absl::Status Run() {
   if (absl::Status s = (*client)->CreateAll(sync); !s.ok()) return s;
 
   const int batch_size = FLAGS_batch_size;
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Create(config, kernels->get(), batch_size);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(config, kernels->get(), batch_size);
   if (!model.ok()) return model.status();
   Model& net = **model;
   ParameterClient& ps = **client;
@@ -275,9 +273,9 @@ absl::Status Run() {
       for (const auto& g : result.dense_grads) grads.push_back(g.data());
       if (absl::Status s = ps.Push(variables, grads, step); !s.ok()) return s;
       for (size_t t = 0; t < net.tables().size(); ++t) {
-        if (absl::Status s = ps.PushRows(net.tables()[t], current.sparse.unique_ids.data(),
-                                         current.sparse.unique_ids.size(),
-                                         result.row_grads[t].data(), step);
+        if (absl::Status s =
+                ps.PushRows(net.tables()[t], current.sparse.unique_ids.data(),
+                            current.sparse.unique_ids.size(), result.row_grads[t].data(), step);
             !s.ok()) {
           return s;
         }
@@ -308,10 +306,9 @@ absl::Status Run() {
   const double cpu = CpuSeconds() - timed_cpu_start;
   const double machine_cpu = MachineCpuSeconds();
   // Other processes' share of the cores over the timed part (other sessions' builds, say).
-  const double other_cores =
-      machine_cpu < 0 || machine_cpu_start < 0
-          ? -1
-          : std::max(0.0, (machine_cpu - machine_cpu_start - cpu) / seconds);
+  const double other_cores = machine_cpu < 0 || machine_cpu_start < 0
+                                 ? -1
+                                 : std::max(0.0, (machine_cpu - machine_cpu_start - cpu) / seconds);
   const double n = std::max<int64_t>(1, timed.steps);
   const double eps = timed.examples / seconds;
   const double step_ms = 1e3 * seconds / n;
@@ -387,7 +384,8 @@ absl::Status RunPipelined() {
   std::atomic<bool> stop{false};
   absl::Status result;
   std::thread loop([&] { result = trainer.Run([&stop] { return stop.load(); }); });
-  std::fprintf(stderr, "train_bench: pipelined, %s, batch %d on %zu device(s) (%s), staleness %d, "
+  std::fprintf(stderr,
+               "train_bench: pipelined, %s, batch %d on %zu device(s) (%s), staleness %d, "
                "%d in-process store(s); %.1f s warm-up, %.1f s timed\n",
                config.name().c_str(), FLAGS_batch_size, towers.size(), FLAGS_device.c_str(),
                FLAGS_staleness, FLAGS_num_ps, FLAGS_warmup_seconds, FLAGS_seconds);
@@ -427,8 +425,7 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  if (FLAGS_batch_size < 1 || FLAGS_num_ps < 1 || FLAGS_seconds <= 0 ||
-      FLAGS_warmup_seconds < 0) {
+  if (FLAGS_batch_size < 1 || FLAGS_num_ps < 1 || FLAGS_seconds <= 0 || FLAGS_warmup_seconds < 0) {
     std::fprintf(stderr,
                  "train_bench: --batch_size and --num_ps must be >= 1, --seconds > 0, "
                  "--warmup_seconds >= 0\n");

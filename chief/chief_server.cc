@@ -36,8 +36,8 @@ SyncCoordinatorOptions SyncOptionsFor(const ChiefOptions& o, int num_workers) {
 
 absl::StatusOr<std::unique_ptr<ChiefServer>> ChiefServer::Create(const ChiefOptions& options) {
   if (options.cluster.task().job() != kChiefJob || options.cluster.task().index() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the chief must run as task chief:0, not ", TaskName(options.cluster.task())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the chief must run as task chief:0, not ", TaskName(options.cluster.task())));
   }
   ChiefOptions resolved = options;
   if (options.config.layers_size() > 0) {
@@ -45,9 +45,9 @@ absl::StatusOr<std::unique_ptr<ChiefServer>> ChiefServer::Create(const ChiefOpti
   }
   const int workers = NumTasks(options.cluster.cluster(), kWorkerJob);
   if (options.sync.mode() == v1::SYNC && options.sync.replicas_to_aggregate() > workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "replicas_to_aggregate is ", options.sync.replicas_to_aggregate(), " but the cluster has ",
-        workers, " workers"));
+    return absl::InvalidArgumentError(absl::StrCat("replicas_to_aggregate is ",
+                                                   options.sync.replicas_to_aggregate(),
+                                                   " but the cluster has ", workers, " workers"));
   }
   if (resolved.sync.mode() == v1::SYNC && resolved.sync.replicas_to_aggregate() == 0) {
     resolved.sync.set_replicas_to_aggregate(workers);
@@ -85,8 +85,7 @@ absl::Status ChiefServer::Start() {
   // grace on every SIGTERM with no handler running (seen in gdb), and the chief overran a 2 s
   // termination grace period.
   host_options.shutdown_grace = std::min(host_options.shutdown_grace, kShutdownDrain);
-  PS_ASSIGN_OR_RETURN(host_options.address,
-                      TaskAddress(options_.cluster.cluster(), kChiefJob, 0));
+  PS_ASSIGN_OR_RETURN(host_options.address, TaskAddress(options_.cluster.cluster(), kChiefJob, 0));
   PS_ASSIGN_OR_RETURN(host_, ServiceHost::Start(host_options, {this}));
   LOG(INFO) << "chief:0 serving on " << host_->address();
   host_->SetServing(true);
@@ -146,8 +145,8 @@ void ChiefServer::MaintenanceLoop() {
   const int64_t every = options_.checkpoint_every_steps;
   // SYNC checkpoints every N steps are cut exactly at multiples of N: the coordinator pauses
   // itself there. ASYNC has no global step order; it checkpoints once N more steps are done.
-  const bool exact = !options_.checkpoint_dir.empty() && every > 0 &&
-                     options_.sync.mode() == v1::SYNC;
+  const bool exact =
+      !options_.checkpoint_dir.empty() && every > 0 && options_.sync.mode() == v1::SYNC;
   int64_t last_step = CurrentStep();
   int64_t next_due = 0;
   auto schedule = [&](int64_t from) {
@@ -199,13 +198,15 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
   std::vector<std::string> names;
   for (int i : restarted) names.push_back(absl::StrCat("ps:", i));
   const absl::Time start = absl::Now();
-  LOG(WARNING) << absl::StrJoin(names, ", ") << " restarted and lost its shards: holding the workers"
+  LOG(WARNING) << absl::StrJoin(names, ", ")
+               << " restarted and lost its shards: holding the workers"
                << (options_.checkpoint_dir.empty()
                        ? " and creating them again from initial values (no --checkpoint_dir)"
                        : " and restoring every ps task to the latest checkpoint");
   {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &busy_));
     busy_ = true;
     SetPhaseLocked(v1::RECOVERING, absl::StrCat(absl::StrJoin(names, ", "), " restarted"));
   }
@@ -224,8 +225,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
   }
   FollowMovedPs(restarted);
-  absl::StatusOr<int64_t> restored =
-      RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
+  absl::StatusOr<int64_t> restored = RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
   std::string outcome;
   bool done = true;
   int64_t resume_step = step_before;
@@ -238,8 +238,7 @@ void ChiefServer::RecoverRestartedPs(const std::vector<int>& restarted) {
                            " steps of work lost)");
   } else if (restored.ok()) {
     outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
-                           "; progress lost: the updates of steps ", *restored, "..",
-                           step_before);
+                           "; progress lost: the updates of steps ", *restored, "..", step_before);
   } else if (restored.status().code() == absl::StatusCode::kNotFound ||
              restored.status().code() == absl::StatusCode::kDataLoss) {
     // Nothing to restore: the lost shards start again from their initial values. (After
@@ -313,8 +312,7 @@ absl::StatusOr<std::vector<std::string>> ChiefServer::CommittedCheckpoints() con
 }
 
 absl::StatusOr<int64_t> ChiefServer::RestoreEveryPs(const std::vector<std::string>& why,
-                                                    int64_t step_before,
-                                                    int64_t accumulator_step) {
+                                                    int64_t step_before, int64_t accumulator_step) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, CommittedCheckpoints());
   // First the record, then the changes: a chief that dies from here on leaves the record, and
   // its successor restores every ps task again (RestoreEveryPs is idempotent).
@@ -396,8 +394,8 @@ absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator
       s = client_->RestoreShards(path, saved, acc_step);
     }
     if (s.ok()) {
-      LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step() << ", written by "
-                << manifest->num_ps() << " ps tasks, restored into "
+      LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step()
+                << ", written by " << manifest->num_ps() << " ps tasks, restored into "
                 << NumTasks(options_.cluster.cluster(), kPsJob) << ") in "
                 << absl::FormatDuration(absl::Now() - start);
       return manifest->step();
@@ -410,8 +408,8 @@ absl::StatusOr<int64_t> ChiefServer::RestoreLatestCheckpoint(int64_t accumulator
     LOG(ERROR) << "checkpoint " << path << " cannot be restored: " << s
                << "; falling back to the previous one";
   }
-  return absl::DataLossError(
-      absl::StrCat("no checkpoint in ", options_.checkpoint_dir, " restores: ", last_error.message()));
+  return absl::DataLossError(absl::StrCat("no checkpoint in ", options_.checkpoint_dir,
+                                          " restores: ", last_error.message()));
 }
 
 absl::Status ChiefServer::HoldWorkersAtStepBoundary(absl::Duration timeout) {
@@ -420,10 +418,9 @@ absl::Status ChiefServer::HoldWorkersAtStepBoundary(absl::Duration timeout) {
     if (sync_.PauseAtStepBoundary(deadline)) return absl::OkStatus();
     std::vector<std::string> slow;
     for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
-    return absl::UnavailableError(absl::StrCat("no step boundary within ",
-                                               absl::FormatDuration(timeout), " (step ",
-                                               sync_.global_step(), " waits for ",
-                                               absl::StrJoin(slow, ", "), ")"));
+    return absl::UnavailableError(
+        absl::StrCat("no step boundary within ", absl::FormatDuration(timeout), " (step ",
+                     sync_.global_step(), " waits for ", absl::StrJoin(slow, ", "), ")"));
   }
   // ASYNC: every worker inside a step comes back to the gate, except those that are gone (no
   // heartbeat): they push nothing more.
@@ -435,10 +432,9 @@ absl::Status ChiefServer::HoldWorkersAtStepBoundary(absl::Duration timeout) {
     if (absl::Now() >= deadline) {
       std::vector<std::string> slow;
       for (int w : gate_.inside()) slow.push_back(absl::StrCat("worker:", w));
-      return absl::UnavailableError(absl::StrCat("no step boundary within ",
-                                                 absl::FormatDuration(timeout), " (",
-                                                 absl::StrJoin(slow, ", "),
-                                                 " still inside a step)"));
+      return absl::UnavailableError(
+          absl::StrCat("no step boundary within ", absl::FormatDuration(timeout), " (",
+                       absl::StrJoin(slow, ", "), " still inside a step)"));
     }
   }
   return absl::OkStatus();
@@ -452,15 +448,15 @@ void ChiefServer::ResumeWorkers() {
 absl::StatusOr<v1::CheckpointResponse> ChiefServer::TakeCheckpoint(const std::string& reason,
                                                                    bool require_ready) {
   if (options_.checkpoint_dir.empty()) {
-    return absl::FailedPreconditionError(
-        "the chief has no --checkpoint_dir: checkpoints are off");
+    return absl::FailedPreconditionError("the chief has no --checkpoint_dir: checkpoints are off");
   }
   {
     absl::MutexLock lock(&mu_);
     if (require_ready && !model_ready_) {
       return absl::UnavailableError("the model is not ready yet");
     }
-    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &busy_));
     busy_ = true;
   }
   auto done = [this](absl::StatusOr<v1::CheckpointResponse> r) {
@@ -618,9 +614,8 @@ absl::Status ChiefServer::InitializeModel() {
     absl::StatusOr<v1::RecoveryIntent> unfinished = ReadRecoveryIntent(options_.checkpoint_dir);
     if (unfinished.ok()) {
       LOG(WARNING) << "the previous chief was recovering ("
-                   << absl::StrJoin(unfinished->restarted(), ", ")
-                   << " restarted; restoring " << unfinished->checkpoint_path()
-                   << ") when it stopped: redoing the recovery";
+                   << absl::StrJoin(unfinished->restarted(), ", ") << " restarted; restoring "
+                   << unfinished->checkpoint_path() << ") when it stopped: redoing the recovery";
       why.assign(unfinished->restarted().begin(), unfinished->restarted().end());
     } else if (unfinished.status().code() != absl::StatusCode::kNotFound) {
       LOG(ERROR) << unfinished.status() << ": treating it as a recovery under way";
@@ -649,9 +644,8 @@ absl::Status ChiefServer::InitializeModel() {
       LOG(ERROR) << restored.status() << "; starting from the values the ps tasks hold";
       FinishRecovery();
     } else {
-      return absl::Status(restored.status().code(),
-                          absl::StrCat("cannot restore the checkpoint: ",
-                                       restored.status().message()));
+      return absl::Status(restored.status().code(), absl::StrCat("cannot restore the checkpoint: ",
+                                                                 restored.status().message()));
     }
   } else if (fresh == 0) {
     LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
@@ -746,8 +740,7 @@ void ChiefServer::EvaluationLoop() {
                                    r->step, r->loss, r->accuracy,
                                    r->auc >= 0 ? absl::StrFormat(", AUC %.4f", r->auc) : "");
       if (metrics.is_open()) {
-        metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(),
-                                   elapsed)
+        metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(), elapsed)
                 << std::endl;
       }
     }
@@ -785,9 +778,8 @@ grpc::Status ChiefServer::Heartbeat(grpc::ServerContext*, const v1::HeartbeatReq
 grpc::Status ChiefServer::GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
                                    v1::GetModelResponse* resp) {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return model_ready_ || stop_requested_;
-  };
+  auto done = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return model_ready_ || stop_requested_; };
   while (req->wait_until_ready() && !done() && !ctx->IsCancelled() &&
          std::chrono::system_clock::now() < ctx->deadline()) {
     mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
@@ -801,8 +793,7 @@ grpc::Status ChiefServer::GetModel(grpc::ServerContext* ctx, const v1::GetModelR
   return grpc::Status::OK;
 }
 
-grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
-                                       const v1::AcquireTokenRequest* req,
+grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx, const v1::AcquireTokenRequest* req,
                                        v1::AcquireTokenResponse* resp) {
   if (req->worker() < 0 || req->worker() >= num_workers_) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -854,9 +845,9 @@ grpc::Status ChiefServer::AcquireToken(grpc::ServerContext* ctx,
       return grpc::Status::OK;
     }
     if (ctx->IsCancelled() || absl::Now() >= deadline || stop_requested()) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("no token yet for worker ", req->worker(),
-                                       " after step ", req->step()));
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("no token yet for worker ", req->worker(), " after step ", req->step()));
     }
   }
 }
@@ -865,15 +856,24 @@ namespace {
 
 std::string PhaseName(v1::ChiefPhase phase) {
   switch (phase) {
-    case v1::WAITING_FOR_PS: return "waiting for the ps tasks";
-    case v1::CREATING_VARIABLES: return "creating variables on the ps tasks";
-    case v1::RESTORING: return "restoring a checkpoint";
-    case v1::MODEL_READY: return "model ready";
-    case v1::TRAINING: return "training";
-    case v1::RECOVERING: return "recovering";
-    case v1::FINISHED: return "training finished";
-    case v1::FAILED: return "failed";
-    default: return "unknown";
+    case v1::WAITING_FOR_PS:
+      return "waiting for the ps tasks";
+    case v1::CREATING_VARIABLES:
+      return "creating variables on the ps tasks";
+    case v1::RESTORING:
+      return "restoring a checkpoint";
+    case v1::MODEL_READY:
+      return "model ready";
+    case v1::TRAINING:
+      return "training";
+    case v1::RECOVERING:
+      return "recovering";
+    case v1::FINISHED:
+      return "training finished";
+    case v1::FAILED:
+      return "failed";
+    default:
+      return "unknown";
   }
 }
 
@@ -915,8 +915,8 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
       auto it = workers_.find(req->worker());
       if (it != workers_.end()) view.granted_steps = it->second.granted_steps;
     }
-    PS_RETURN_IF_ERROR_GRPC(CheckStepReport(*req, options_.sync.mode(), num_workers_,
-                                            sync_.global_step(), view));
+    PS_RETURN_IF_ERROR_GRPC(
+        CheckStepReport(*req, options_.sync.mode(), num_workers_, sync_.global_step(), view));
   }
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
     sync_.ReportStep(req->worker(), req->step() - 1, req->generation());
@@ -961,14 +961,13 @@ grpc::Status ChiefServer::ReportStep(grpc::ServerContext*, const v1::ReportStepR
     epoch = std::max(epoch, p.epoch);
   }
   progress_.set_global_step(options_.sync.mode() == v1::SYNC ? sync_.global_step()
-                                                              : steps_before_ + steps);
+                                                             : steps_before_ + steps);
   progress_.set_epoch(epoch);
   resp->set_global_step(progress_.global_step());
   return grpc::Status::OK;
 }
 
-grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
-                                           const v1::GetClusterStatusRequest*,
+grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*, const v1::GetClusterStatusRequest*,
                                            v1::ClusterStatus* resp) {
   const absl::Time now = absl::Now();
   for (v1::TaskStatus& t : registry_.Snapshot()) {
@@ -994,8 +993,7 @@ grpc::Status ChiefServer::GetClusterStatus(grpc::ServerContext*,
   std::string state = names.empty() ? absl::StrCat("all tasks serving; ", init_state_)
                                     : absl::StrCat("waiting for ", absl::StrJoin(names, ", "),
                                                    " (no heartbeat); ", init_state_);
-  if (options_.sync.mode() != v1::ASYNC && model_ready_ &&
-      !progress_.finished()) {
+  if (options_.sync.mode() != v1::ASYNC && model_ready_ && !progress_.finished()) {
     std::vector<std::string> slow;
     for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
     if (!slow.empty()) {

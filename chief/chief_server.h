@@ -127,8 +127,8 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // RestoreLatestCheckpoint. The caller sets the global step and then calls FinishRecovery;
   // until then a chief that starts redoes it. Errors as RestoreLatestCheckpoint's (after
   // DATA_LOSS the held shards are released); UNAVAILABLE and others leave the record.
-  absl::StatusOr<int64_t> RestoreEveryPs(const std::vector<std::string>& why,
-                                         int64_t step_before, int64_t accumulator_step);
+  absl::StatusOr<int64_t> RestoreEveryPs(const std::vector<std::string>& why, int64_t step_before,
+                                         int64_t accumulator_step);
   // The committed checkpoints, newest first; NOT_FOUND when there is none (or no directory).
   absl::StatusOr<std::vector<std::string>> CommittedCheckpoints() const;
   // Deletes the recovery record: the recovery is complete.
@@ -160,7 +160,7 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // Set once (under mu_, so that Stop() can cancel it), before model_ready_; read without the
   // lock after that.
   std::unique_ptr<ParameterClient> client_;
-  std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
+  std::vector<uint64_t> ps_incarnations_;  // as of the last (re)creation; background_ only
 
   struct WorkerProgress {
     int64_t steps = 0;

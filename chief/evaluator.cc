@@ -9,8 +9,8 @@
 namespace pscluster {
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const v1::ModelConfig& config,
-                                                             ParameterClient* client,
-                                                             Dataset test, int batch_size) {
+                                                             ParameterClient* client, Dataset test,
+                                                             int batch_size) {
   auto e = std::unique_ptr<Evaluator>(new Evaluator(client, std::move(test), batch_size));
   e->kernels_ = NewCpuKernels();
   PS_ASSIGN_OR_RETURN(e->model_, Model::Create(config, e->kernels_.get(), batch_size));

@@ -31,8 +31,8 @@ class Evaluator {
  public:
   // `client` is not owned and must outlive the evaluator.
   static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const v1::ModelConfig& config,
-                                                           ParameterClient* client,
-                                                           Dataset test, int batch_size = 1000);
+                                                           ParameterClient* client, Dataset test,
+                                                           int batch_size = 1000);
 
   absl::StatusOr<EvalResult> Evaluate(int64_t step);
 
@@ -47,8 +47,8 @@ class Evaluator {
 };
 
 // One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...}.
-std::string MetricsJsonLine(const EvalResult& result, double train_loss,
-                            double examples_per_second, double elapsed_seconds);
+std::string MetricsJsonLine(const EvalResult& result, double train_loss, double examples_per_second,
+                            double elapsed_seconds);
 
 }  // namespace pscluster
 

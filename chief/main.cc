@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
   options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
   options.keep_checkpoints = FLAGS_keep_checkpoints;
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
-  if (!crash_points.ok()) return Fail("--crash_at: " + std::string(crash_points.status().message()));
+  if (!crash_points.ok())
+    return Fail("--crash_at: " + std::string(crash_points.status().message()));
   options.crash_points = crash_points->get();
   return pscluster::RunDaemonMain("chief", pscluster::ChiefServer::Create(options));
 }

@@ -10,8 +10,8 @@ absl::Status CheckStepReport(const v1::ReportStepRequest& report, v1::UpdateMode
                              int num_workers, int64_t global_step, const WorkerView& view) {
   const int w = report.worker();
   if (w < 0 || w >= num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", w, " is not in the cluster (",
-                                                   num_workers, " workers)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", w, " is not in the cluster (", num_workers, " workers)"));
   }
   const std::string who = absl::StrCat("worker:", w);
   auto negative = [&who](const char* field, int64_t value) {
@@ -33,8 +33,8 @@ absl::Status CheckStepReport(const v1::ReportStepRequest& report, v1::UpdateMode
                                                    "; expected a finite value >= 0"));
   }
   if (!view.registered) {
-    return absl::UnavailableError(absl::StrCat(
-        who, " has not registered with this chief; a report is counted once it has"));
+    return absl::UnavailableError(
+        absl::StrCat(who, " has not registered with this chief; a report is counted once it has"));
   }
   if (mode == v1::SYNC) {
     // `step` counts steps done: the newest one, step - 1, is at most the global step.

@@ -97,8 +97,8 @@ bool SyncCoordinator::ReportStep(int worker, int64_t step, int64_t generation) {
   }
   if (generation != generation_ || step > global_step_) {
     LOG(INFO) << "worker:" << worker << "'s report of step " << step << " (generation "
-              << generation << ") was computed before the global step went back to "
-              << global_step_ << " (generation " << generation_ << "); dropped";
+              << generation << ") was computed before the global step went back to " << global_step_
+              << " (generation " << generation_ << "); dropped";
     return false;
   }
   if (step < global_step_ || (step == global_step_ && reported_.count(worker))) {
@@ -118,9 +118,8 @@ void SyncCoordinator::WorkerFinished(int worker) {
   absl::MutexLock lock(&mu_);
   finished_workers_.insert(worker);
   // In sync mode, with fewer active workers than replicas to aggregate nothing could advance.
-  if (options_.staleness < 0 &&
-      options_.num_workers - static_cast<int>(finished_workers_.size()) <
-          options_.replicas_to_aggregate) {
+  if (options_.staleness < 0 && options_.num_workers - static_cast<int>(finished_workers_.size()) <
+                                    options_.replicas_to_aggregate) {
     finished_ = true;
   }
 }
@@ -148,9 +147,7 @@ void SyncCoordinator::PauseAtStep(int64_t step) {
 
 bool SyncCoordinator::AwaitStep(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return global_step_ >= step;
-  };
+  auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return global_step_ >= step; };
   return clock_->AwaitWithDeadline(&mu_, absl::Condition(&reached), deadline);
 }
 

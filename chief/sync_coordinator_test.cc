@@ -67,7 +67,7 @@ TEST(SyncCoordinatorTest, ARewindSendsEveryWorkerBackToTheCheckpointStep) {
   SyncCoordinator sync(Sync(2, 2), &clock);
   sync.SetGlobalStep(9);
   EXPECT_TRUE(sync.ReportStep(0, 9, 0));
-  EXPECT_FALSE(sync.ReportStep(1, 10, 0));  // ahead of the global step: never counts
+  EXPECT_FALSE(sync.ReportStep(1, 10, 0));              // ahead of the global step: never counts
   ASSERT_FALSE(sync.PauseAtStepBoundary(clock.Now()));  // step 9 is half done
   sync.Rewind(5);
   EXPECT_FALSE(sync.AcquireToken(0, 9, 0, clock.Now() + absl::Seconds(1)).granted);  // paused

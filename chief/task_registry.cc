@@ -69,8 +69,8 @@ absl::StatusOr<bool> TaskRegistry::Heartbeat(const v1::TaskId& task, uint64_t in
   if (!e.registered || e.incarnation != incarnation) return false;
   const absl::Time now = clock_->Now();
   if (HealthLocked(e, now) == v1::HEALTH_MISSING) {
-    LOG(INFO) << TaskName(task) << " is back after "
-              << absl::FormatDuration(now - e.last_heartbeat) << " without a heartbeat";
+    LOG(INFO) << TaskName(task) << " is back after " << absl::FormatDuration(now - e.last_heartbeat)
+              << " without a heartbeat";
   }
   e.last_heartbeat = now;
   e.step = step;
@@ -128,9 +128,8 @@ bool TaskRegistry::AllServingLocked(const std::vector<std::string>& jobs) const 
 
 bool TaskRegistry::AwaitServing(const std::vector<std::string>& jobs, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto all_serving = [this, &jobs]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return AllServingLocked(jobs);
-  };
+  auto all_serving = [this, &jobs]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return AllServingLocked(jobs); };
   return clock_->AwaitWithDeadline(&mu_, absl::Condition(&all_serving), deadline);
 }
 

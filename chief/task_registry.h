@@ -31,8 +31,7 @@ class TaskRegistry {
   // Records a task's (re)registration. INVALID_ARGUMENT if the task is not in the spec, or if
   // the spec fixes a port and `address` has another. A new incarnation replaces the old one
   // (the task restarted).
-  absl::Status Register(const v1::TaskId& task, const std::string& address,
-                        uint64_t incarnation);
+  absl::Status Register(const v1::TaskId& task, const std::string& address, uint64_t incarnation);
 
   // Records a heartbeat. Returns false if this incarnation is unknown (the chief restarted or
   // the task never registered): the task must register again.

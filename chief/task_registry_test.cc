@@ -1,8 +1,8 @@
 #include "chief/task_registry.h"
 
 #include "common/cluster_spec.h"
-#include "gmock/gmock.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pscluster {

@@ -76,9 +76,9 @@ Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
   // reported so. A MISSING task (no heartbeat) is likely gone: one attempt.
   const bool retry_connect = t.health() == v1::HEALTH_SERVING;
   ctx.set_wait_for_ready(retry_connect);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(retry_connect ? std::min(timeout, absl::Seconds(3))
-                                                            : timeout));
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      absl::ToChronoMilliseconds(retry_connect ? std::min(timeout, absl::Seconds(3)) : timeout));
   Sample sample;
   grpc::Status s;
   if (t.task().job() == kPsJob) {

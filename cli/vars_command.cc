@@ -22,8 +22,8 @@ struct PsListing {
 std::vector<PsListing> ListEveryPs(LiveCluster& cluster) {
   std::vector<std::future<absl::StatusOr<v1::ListShardsResponse>>> pending;
   for (int ps = 0; ps < cluster.num_ps(); ++ps) {
-    pending.push_back(std::async(
-        std::launch::async, [&cluster, ps] { return cluster.client->ListShards(ps); }));
+    pending.push_back(
+        std::async(std::launch::async, [&cluster, ps] { return cluster.client->ListShards(ps); }));
   }
   std::vector<PsListing> out(pending.size());
   for (size_t ps = 0; ps < pending.size(); ++ps) {

@@ -10,9 +10,8 @@ namespace pscluster {
 
 std::string FormatProgress(const v1::ClusterStatus& status) {
   const v1::TrainingProgress& p = status.progress();
-  std::string test = p.test_accuracy() >= 0
-                         ? absl::StrFormat("test acc %.4f", p.test_accuracy())
-                         : std::string("test acc -");
+  std::string test = p.test_accuracy() >= 0 ? absl::StrFormat("test acc %.4f", p.test_accuracy())
+                                            : std::string("test acc -");
   if (p.test_auc() >= 0) absl::StrAppend(&test, absl::StrFormat(" auc %.4f", p.test_auc()));
   if (p.test_step() > 0) absl::StrAppend(&test, absl::StrFormat(" (step %d)", p.test_step()));
   return absl::StrFormat("[%6.1fs] step %6d  epoch %2d/%-2d  %8.0f ex/s  loss %.4f  %s",
@@ -32,8 +31,8 @@ absl::Status RunWatchCommand(v1::Coordinator::StubInterface& chief,
     grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
     if (!s.ok()) {
       if (absl::Now() - last_ok > give_up_after) {
-        return absl::UnavailableError(absl::StrCat("cannot reach the chief at ", chief_address,
-                                                   ": ", s.error_message()));
+        return absl::UnavailableError(
+            absl::StrCat("cannot reach the chief at ", chief_address, ": ", s.error_message()));
       }
     } else {
       last_ok = absl::Now();
@@ -48,8 +47,7 @@ absl::Status RunWatchCommand(v1::Coordinator::StubInterface& chief,
         out << absl::StrFormat("final test accuracy: %.4f", status.progress().test_accuracy())
             << std::endl;
         if (status.progress().test_auc() >= 0) {
-          out << absl::StrFormat("final test AUC: %.4f", status.progress().test_auc())
-              << std::endl;
+          out << absl::StrFormat("final test AUC: %.4f", status.progress().test_auc()) << std::endl;
         }
         if (!status.progress().metrics_path().empty()) {
           out << "metrics: " << status.progress().metrics_path() << std::endl;

@@ -102,8 +102,7 @@ absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& s
   SetDeadline(&ctx);
   // The stub (and its channel) lives as long as the stream, even if SetAddress replaces it.
   const std::shared_ptr<v1::ParameterServer::StubInterface> stub = Stub(ps);
-  std::unique_ptr<grpc::ClientReaderInterface<v1::TensorChunk>> reader =
-      stub->PullDense(&ctx, req);
+  std::unique_ptr<grpc::ClientReaderInterface<v1::TensorChunk>> reader = stub->PullDense(&ctx, req);
   std::vector<int64_t> received(slices.size(), 0);
   v1::TensorChunk chunk;
   absl::Status bad;
@@ -126,10 +125,10 @@ absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& s
   PS_RETURN_IF_ERROR(finished);
   for (size_t i = 0; i < slices.size(); ++i) {
     if (received[i] != slices[i].num_elements) {
-      return absl::DataLossError(absl::StrCat(
-          "ps:", ps, " sent ", received[i], " of ", slices[i].num_elements, " elements of ",
-          slices[i].ref.variable(), "/", slices[i].ref.partition(),
-          " (is the caller's placement out of date?)"));
+      return absl::DataLossError(
+          absl::StrCat("ps:", ps, " sent ", received[i], " of ", slices[i].num_elements,
+                       " elements of ", slices[i].ref.variable(), "/", slices[i].ref.partition(),
+                       " (is the caller's placement out of date?)"));
     }
   }
   return absl::OkStatus();

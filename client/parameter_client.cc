@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
   for (const v1::DensePartition& p : placement.partitions()) {
     auto it = client->dense_.find(p.variable());
     if (it == client->dense_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the placement has partition ", p.partition(), " of ", p.variable(),
-                       ", which is not in the model"));
+      return absl::InvalidArgumentError(absl::StrCat("the placement has partition ", p.partition(),
+                                                     " of ", p.variable(),
+                                                     ", which is not in the model"));
     }
     int64_t row_elements = it->second.num_elements;
     const v1::VariableSpec* spec = nullptr;
@@ -93,8 +93,8 @@ ParameterClient::ParameterClient(v1::ModelSpec model, v1::Placement placement,
       transport_(std::move(transport)),
       options_(options),
       client_id_(NewClientId()) {
-  const int threads = options.fan_out_threads > 0 ? options.fan_out_threads
-                                                  : std::max(0, transport_->num_ps() - 1);
+  const int threads =
+      options.fan_out_threads > 0 ? options.fan_out_threads : std::max(0, transport_->num_ps() - 1);
   fan_out_ = std::make_unique<ThreadPool>(threads);
 }
 
@@ -137,13 +137,13 @@ void ParameterClient::Cancel() {
 }
 
 absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
-                                        const std::function<absl::Status(int)>& fn,
-                                        bool push) {
+                                        const std::function<absl::Status(int)>& fn, bool push) {
   std::vector<absl::Status> results(tasks.size());
   // The first task runs on the calling thread: a call that touches one ps hands nothing off.
   fan_out_->ParallelFor(static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      results[i] = WithRetries(tasks[i], [&] { return fn(tasks[i]); }, push);
+      results[i] = WithRetries(
+          tasks[i], [&] { return fn(tasks[i]); }, push);
     }
   });
   for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
@@ -182,9 +182,8 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
   std::vector<v1::CreateShardsResponse> responses(placement_.num_ps());
-  PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
-    return transport_->CreateShards(ps, requests[ps], &responses[ps]);
-  }));
+  PS_RETURN_IF_ERROR(ForEachPs(
+      all, [&](int ps) { return transport_->CreateShards(ps, requests[ps], &responses[ps]); }));
   if (created != nullptr) {
     *created = 0;
     for (const v1::CreateShardsResponse& r : responses) *created += r.created();
@@ -222,8 +221,8 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
 }
 
 absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
-                                            const std::vector<v1::SavedShard>& saved,
-                                            int64_t step, const std::vector<int>* tasks) {
+                                            const std::vector<v1::SavedShard>& saved, int64_t step,
+                                            const std::vector<int>* tasks) {
   v1::RestoreShardsRequest req;
   req.set_checkpoint_path(checkpoint_path);
   req.mutable_saved()->Add(saved.begin(), saved.end());
@@ -277,9 +276,8 @@ absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
                                    const std::vector<const float*>& grads, int64_t step,
                                    PushTicket* ticket) {
   if (grads.size() != variables.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("push of ", variables.size(),
-                                                   " variables with ", grads.size(),
-                                                   " gradients"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of ", variables.size(), " variables with ", grads.size(), " gradients"));
   }
   std::map<int, std::vector<DenseSlice>> by_ps;
   for (size_t i = 0; i < variables.size(); ++i) {
@@ -334,8 +332,7 @@ absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) cons
   return absl::NotFoundError(absl::StrCat("unknown table ", table, " (not in the model)"));
 }
 
-std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys,
-                                                             int64_t n) const {
+std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys, int64_t n) const {
   std::vector<std::vector<int64_t>> positions(placement_.num_ps());
   const int32_t nvs = placement_.virtual_shard_to_ps_size();
   for (int64_t i = 0; i < n; ++i) {

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,7 +50,6 @@ struct CreateShardsOptions {
   // this) succeeds; see CreateShardsRequest.hold_until_restored.
   bool hold_until_restored = false;
 };
-
 
 // The identity of one push across its attempts: the request ids it carries, per ps task (and
 // per part of a split sparse push). Empty at first and filled by the first attempt; a push
@@ -99,8 +98,8 @@ class ParameterClient {
 
   // Pulls whole variables: (*out)[i] gets variables[i]'s values, row-major. `step`: the sync
   // step the values are for (see PullDenseRequest.step); -1 for the newest values.
-  absl::Status Pull(const std::vector<std::string>& variables,
-                    std::vector<std::vector<float>>* out, int64_t step = -1);
+  absl::Status Pull(const std::vector<std::string>& variables, std::vector<std::vector<float>>* out,
+                    int64_t step = -1);
   // Pushes gradients of whole variables: grads[i] has NumElements(variables[i]) floats.
   // `ticket` (optional) names the push across attempts (see PushTicket).
   absl::Status Push(const std::vector<std::string>& variables,

@@ -68,8 +68,8 @@ TEST(ParameterClientTest, PullJoinsPartitionsFromEveryPs) {
   ASSERT_TRUE(f.client->Pull({"b", "w"}, &values).ok());
   ASSERT_EQ(values[1].size(), 30u);
   std::vector<float> whole(30);
-  ASSERT_TRUE(InitializeDense(Model().variables(0).initializer(), "w",
-                              Model().variables(0).shape(), 0, whole.data(), 30)
+  ASSERT_TRUE(InitializeDense(Model().variables(0).initializer(), "w", Model().variables(0).shape(),
+                              0, whole.data(), 30)
                   .ok());
   EXPECT_EQ(values[1], whole);
   EXPECT_THAT(values[0], ::testing::Each(0.0f));

@@ -60,12 +60,12 @@ class PsTransport {
   virtual absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices,
                                  const PushMeta& meta, v1::PushDenseResponse* response) = 0;
   // out[0..n*dim) receives the rows of keys[0..n).
-  virtual absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys,
-                                  int64_t n, int64_t dim, v1::DataType wire_dtype, int64_t step,
+  virtual absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                                  int64_t dim, v1::DataType wire_dtype, int64_t step,
                                   float* out) = 0;
-  virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys,
-                                  int64_t n, int64_t dim, const float* grads,
-                                  const PushMeta& meta, v1::PushSparseResponse* response) = 0;
+  virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
+                                  int64_t dim, const float* grads, const PushMeta& meta,
+                                  v1::PushSparseResponse* response) = 0;
   virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
   virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) = 0;

@@ -175,8 +175,8 @@ TEST_P(PsTransportConformanceTest, LargeSparseRequestsAreSplitAndOversizeOnesCha
   }
   std::vector<float> out(fresh.size() * 8);
   // Every key to ps 0, whole: the ps refuses it.
-  absl::Status s = t->PullSparse(0, "emb", fresh.data(), fresh.size(), 8, v1::DT_FLOAT32, -1,
-                                 out.data());
+  absl::Status s =
+      t->PullSparse(0, "emb", fresh.data(), fresh.size(), 8, v1::DT_FLOAT32, -1, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("over this ps task's limit of 1000 keys"));
   int64_t rows_after = 0;
@@ -207,8 +207,8 @@ TEST_P(PsTransportConformanceTest, APushRepeatedWithItsIdIsAppliedOnce) {
   // The sparse path too.
   const int64_t key = 77;
   std::vector<float> row(8), after(8), g(8, 1.0f);
-  ASSERT_TRUE(t->PullSparse(PsOfKey(ConformancePlacement(), key), "emb", &key, 1, 8,
-                            v1::DT_FLOAT32, -1, row.data())
+  ASSERT_TRUE(t->PullSparse(PsOfKey(ConformancePlacement(), key), "emb", &key, 1, 8, v1::DT_FLOAT32,
+                            -1, row.data())
                   .ok());
   meta.request_id.set_seq(2);
   v1::PushSparseResponse s1, s2;
@@ -233,7 +233,8 @@ TEST_P(PsTransportConformanceTest, BadRequestsAreRefusedAlikeAndChangeNothing) {
   // A gradient of the wrong size.
   absl::Status s = PushOne(*t, b, std::vector<float>(15, 1.0f), meta, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("variable b/0: gradient has 15 elements, expected 16"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("variable b/0: gradient has 15 elements, expected 16"));
 
   // A NaN.
   std::vector<float> nan_grad(16, 1.0f);

@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   ServiceHost* host_ptr = st->host_.get();
   reg.on_registered = [host_ptr] { host_ptr->SetServing(true); };
   st->registrar_ = std::make_unique<TaskRegistrar>(
-      v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials())),
-      reg, std::move(filler));
+      v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials())), reg,
+      std::move(filler));
   st->registrar_->Start();
   return st;
 }

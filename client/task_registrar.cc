@@ -31,7 +31,9 @@ TaskRegistrar::TaskRegistrar(std::unique_ptr<v1::Coordinator::StubInterface> stu
 
 TaskRegistrar::~TaskRegistrar() { Stop(); }
 
-void TaskRegistrar::Start() { thread_ = std::thread([this] { Run(); }); }
+void TaskRegistrar::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void TaskRegistrar::Stop() {
   {
@@ -56,8 +58,9 @@ bool TaskRegistrar::RegisterOnce() {
   SetDeadline(&ctx, options_.rpc_timeout);
   grpc::Status s = stub_->RegisterTask(&ctx, req, &resp);
   if (!s.ok()) {
-    LOG_EVERY_N(WARNING, 10) << TaskName(options_.task) << ": cannot register with the chief: "
-                             << s.error_message() << " (retrying)";
+    LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
+                             << ": cannot register with the chief: " << s.error_message()
+                             << " (retrying)";
     return false;
   }
   {

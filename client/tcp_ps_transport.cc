@@ -19,7 +19,9 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-iovec Bytes(const void* p, int64_t n) { return iovec{const_cast<void*>(p), static_cast<size_t>(n)}; }
+iovec Bytes(const void* p, int64_t n) {
+  return iovec{const_cast<void*>(p), static_cast<size_t>(n)};
+}
 
 // Reads a payload of exactly `expected` bytes into floats, decoding a 16-bit wire.
 absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expected_elements,
@@ -32,7 +34,8 @@ absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expe
   }
   if (wire == v1::DT_FLOAT32) return socket.ReadExact(out, expected_elements * elem, timeout);
   scratch->resize(payload_bytes);
-  PS_RETURN_IF_ERROR(socket.ReadExact(scratch->data(), static_cast<int64_t>(payload_bytes), timeout));
+  PS_RETURN_IF_ERROR(
+      socket.ReadExact(scratch->data(), static_cast<int64_t>(payload_bytes), timeout));
   return DecodeFloats(*scratch, wire, out, expected_elements);
 }
 
@@ -103,9 +106,9 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
     e.looked_up = absl::Now();
   }
   if (port < 0) return std::unique_ptr<Connection>();
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<WireSocket> socket,
-                      WireSocket::Connect(host, port, options_.connect_timeout,
-                                          options_.socket_buffer_bytes));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<WireSocket> socket,
+      WireSocket::Connect(host, port, options_.connect_timeout, options_.socket_buffer_bytes));
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);
   c->epoch = epoch;
@@ -148,12 +151,12 @@ absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
   PS_ASSIGN_OR_RETURN(FrameHeader response, DecodeFrameHeader(raw));
   if (response.op != (x->request.op | kResponseBit) || response.tag != x->request.tag) {
     return absl::DataLossError(absl::StrCat("answer ", WireOpName(response.op), " tag ",
-                                            response.tag, " to request ",
-                                            WireOpName(x->request.op), " tag ", x->request.tag));
+                                            response.tag, " to request ", WireOpName(x->request.op),
+                                            " tag ", x->request.tag));
   }
   if (response.meta_bytes > (16u << 20)) {
-    return absl::DataLossError(absl::StrCat("an answer with ", response.meta_bytes,
-                                            " bytes of meta"));
+    return absl::DataLossError(
+        absl::StrCat("an answer with ", response.meta_bytes, " bytes of meta"));
   }
   x->response_meta.resize(response.meta_bytes);
   PS_RETURN_IF_ERROR(
@@ -168,8 +171,8 @@ absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
   if (x->read_payload) {
     s = x->read_payload(*c.socket, response.payload_bytes, c);
   } else if (response.payload_bytes != 0) {
-    s = absl::DataLossError(absl::StrCat("an unexpected payload of ", response.payload_bytes,
-                                         " bytes"));
+    s = absl::DataLossError(
+        absl::StrCat("an unexpected payload of ", response.payload_bytes, " bytes"));
   }
   *in_step = s.ok();
   return s;

@@ -73,15 +73,16 @@ absl::StatusOr<v1::JobDef> ParseJob(const std::string& name, const Value& v) {
       PS_ASSIGN_OR_RETURN(int index,
                           JsonIndex(index_value, absl::StrCat("task index of job \"", name, "\"")));
       if (addr.kind_case() != Value::kStringValue) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "address of ", name, ":", index, " must be a \"host:port\" string"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("address of ", name, ":", index, " must be a \"host:port\" string"));
       }
       tasks[index] = addr.string_value();
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job \"", name, "\" must be a list of \"host:port\" strings or an object of index -> "
-        "address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job \"", name,
+                     "\" must be a list of \"host:port\" strings or an object of index -> "
+                     "address"));
   }
   return job;
 }
@@ -114,8 +115,7 @@ absl::StatusOr<v1::ClusterSpec> ParseHostFlags(const ClusterConfigSources& s) {
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read cluster spec file \"", path, "\""));
+    return absl::InvalidArgumentError(absl::StrCat("cannot read cluster spec file \"", path, "\""));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -126,8 +126,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
   auto malformed = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed address \"", address,
-                                                   "\": ", why, " (expected host:port)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed address \"", address, "\": ", why, " (expected host:port)"));
   };
   HostPort hp;
   absl::string_view port;
@@ -193,9 +193,8 @@ absl::Status ValidateClusterConfig(const v1::ClusterConfig& config) {
   absl::flat_hash_map<std::string, int> seen_jobs;
   for (const v1::JobDef& job : spec.jobs()) {
     if (!IsKnownJob(job.name())) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown job \"", job.name(),
-                                                     "\" in cluster; expected one of ",
-                                                     KnownJobsList()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown job \"", job.name(), "\" in cluster; expected one of ", KnownJobsList()));
     }
     if (!seen_jobs.emplace(job.name(), 1).second) {
       return absl::InvalidArgumentError(absl::StrCat("job \"", job.name(), "\" listed twice"));
@@ -218,28 +217,26 @@ absl::Status ValidateClusterConfig(const v1::ClusterConfig& config) {
     std::sort(indices.begin(), indices.end());
     for (int i = 0; i < static_cast<int>(indices.size()); ++i) {
       if (indices[i] != i) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job \"", job.name(), "\" has no task ", i, " but has task ", indices[i],
-            "; task indices must be 0..", indices.size() - 1));
+        return absl::InvalidArgumentError(
+            absl::StrCat("job \"", job.name(), "\" has no task ", i, " but has task ", indices[i],
+                         "; task indices must be 0..", indices.size() - 1));
       }
     }
   }
   const int chiefs = NumTasks(spec, kChiefJob);
   if (chiefs == 0) {
-    return absl::InvalidArgumentError(
-        "cluster has no \"chief\" task; exactly one is required");
+    return absl::InvalidArgumentError("cluster has no \"chief\" task; exactly one is required");
   }
   if (chiefs > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job \"chief\" has ", chiefs,
-                                                   " tasks; exactly one is allowed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job \"chief\" has ", chiefs, " tasks; exactly one is allowed"));
   }
   if (NumTasks(spec, kPsJob) == 0) {
     return absl::InvalidArgumentError("cluster has no \"ps\" task; at least one is required");
   }
   if (NumTasks(spec, kEvaluatorJob) > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job \"evaluator\" has ",
-                                                   NumTasks(spec, kEvaluatorJob),
-                                                   " tasks; at most one is allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job \"evaluator\" has ", NumTasks(spec, kEvaluatorJob), " tasks; at most one is allowed"));
   }
   if (!config.has_task() || config.task().job().empty()) {
     return absl::InvalidArgumentError(
@@ -248,15 +245,15 @@ absl::Status ValidateClusterConfig(const v1::ClusterConfig& config) {
   }
   const v1::TaskId& task = config.task();
   if (!IsKnownJob(task.job())) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown task type \"", task.job(),
-                                                   "\"; expected one of ", KnownJobsList()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown task type \"", task.job(), "\"; expected one of ", KnownJobsList()));
   }
   const int n = NumTasks(spec, task.job());
   if (task.job() == kEvaluatorJob && n == 0) {
     // TensorFlow runs the evaluator outside the cluster it evaluates.
     if (task.index() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "task index ", task.index(), " out of range for the evaluator; expected 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("task index ", task.index(), " out of range for the evaluator; expected 0"));
     }
     return absl::OkStatus();
   }
@@ -265,10 +262,9 @@ absl::Status ValidateClusterConfig(const v1::ClusterConfig& config) {
         absl::StrCat("task type \"", task.job(), "\" has no job in the cluster"));
   }
   if (task.index() < 0 || task.index() >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("task index ", task.index(),
-                                                   " out of range for job \"", task.job(),
-                                                   "\" with ", n, " task", n == 1 ? "" : "s",
-                                                   " (expected 0..", n - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("task index ", task.index(), " out of range for job \"", task.job(),
+                     "\" with ", n, " task", n == 1 ? "" : "s", " (expected 0..", n - 1, ")"));
   }
   return absl::OkStatus();
 }

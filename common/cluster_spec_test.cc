@@ -120,8 +120,8 @@ TEST(ParseTfConfigTest, RefusesMissingTask) {
 }
 
 TEST(ParseTfConfigTest, RefusesMalformedAddress) {
-  for (const char* bad : {"host", "host:", ":80", "host:99999", "host:8o", "ho st:1",
-                          "::1:80", "[::1:80"}) {
+  for (const char* bad :
+       {"host", "host:", ":80", "host:99999", "host:8o", "ho st:1", "::1:80", "[::1:80"}) {
     std::string json = std::string(R"({"cluster": {"chief": ["c:1"], "ps": [")") + bad +
                        R"("]}, "task": {"type": "chief", "index": 0}})";
     SCOPED_TRACE(bad);

@@ -19,7 +19,7 @@ namespace pscluster {
 class ScopedFlushDenormals {
  public:
 #if defined(__SSE__) || defined(__x86_64__)
-  static constexpr unsigned kFlushToZero = 0x8000;    // MXCSR FTZ
+  static constexpr unsigned kFlushToZero = 0x8000;       // MXCSR FTZ
   static constexpr unsigned kDenormalsAreZero = 0x0040;  // MXCSR DAZ
   ScopedFlushDenormals() : saved_(_mm_getcsr()) {
     _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero);

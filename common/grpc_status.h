@@ -15,9 +15,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // In a gRPC handler: evaluates `expr` (an absl::Status) and returns it as a grpc::Status if
 // it is not OK.
-#define PS_RETURN_IF_ERROR_GRPC(expr)                                       \
-  do {                                                                      \
-    ::absl::Status ps_grpc_status_ = (expr);                                \
+#define PS_RETURN_IF_ERROR_GRPC(expr)                                             \
+  do {                                                                            \
+    ::absl::Status ps_grpc_status_ = (expr);                                      \
     if (!ps_grpc_status_.ok()) return ::pscluster::ToGrpcStatus(ps_grpc_status_); \
   } while (0)
 

@@ -16,7 +16,8 @@ namespace {
 class ErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 
@@ -35,9 +36,8 @@ absl::Status ReadProtoFile(const std::string& path, google::protobuf::Message* m
   if (absl::EndsWith(path, ".json")) {
     auto s = google::protobuf::util::JsonStringToMessage(text, message);
     if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " is not a valid ",
-                                                     message->GetTypeName(), " in JSON: ",
-                                                     s.message().ToString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, " is not a valid ", message->GetTypeName(), " in JSON: ", s.message().ToString()));
     }
     return absl::OkStatus();
   }
@@ -45,9 +45,8 @@ absl::Status ReadProtoFile(const std::string& path, google::protobuf::Message* m
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, message)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a valid ",
-                                                   message->GetTypeName(), " in text format: ",
-                                                   errors.first()));
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a valid ", message->GetTypeName(),
+                                                   " in text format: ", errors.first()));
   }
   return absl::OkStatus();
 }

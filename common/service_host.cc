@@ -37,8 +37,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
   }
-  const bool written = write(fd, contents.data(), contents.size()) ==
-                       static_cast<ssize_t>(contents.size());
+  const bool written =
+      write(fd, contents.data(), contents.size()) == static_cast<ssize_t>(contents.size());
   const bool synced = fsync(fd) == 0;
   close(fd);
   if (!written || !synced || rename(tmp.c_str(), path.c_str()) != 0) {
@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<ServiceHost>> ServiceHost::Start(
                      " (address in use, or not an address of this host?)"));
   }
   const std::string address = JoinHostPort(hp.host, port);
-  auto host = std::unique_ptr<ServiceHost>(
-      new ServiceHost(options, std::move(server), port, address));
+  auto host =
+      std::unique_ptr<ServiceHost>(new ServiceHost(options, std::move(server), port, address));
   host->SetServing(false);
   if (!options.port_file.empty()) {
     PS_RETURN_IF_ERROR(WriteFileAtomically(options.port_file, absl::StrCat(port, "\n")));

@@ -8,10 +8,10 @@
 // only definitions of the two.
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing function if not OK.
-#define PS_RETURN_IF_ERROR(expr)                    \
-  do {                                              \
-    ::absl::Status ps_status_ = (expr);             \
-    if (!ps_status_.ok()) return ps_status_;        \
+#define PS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ps_status_ = (expr);      \
+    if (!ps_status_.ok()) return ps_status_; \
   } while (0)
 
 #define PS_STATUS_MACROS_CONCAT_INNER_(x, y) x##y

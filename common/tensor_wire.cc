@@ -46,7 +46,8 @@ absl::Status Await(int fd, short events, absl::Time deadline, const char* what) 
     pollfd p{fd, events, 0};
     const int r = poll(&p, 1, PollMillis(deadline));
     if (r > 0) {
-      if ((p.revents & POLLNVAL) != 0) return absl::UnavailableError(absl::StrCat(what, ": closed"));
+      if ((p.revents & POLLNVAL) != 0)
+        return absl::UnavailableError(absl::StrCat(what, ": closed"));
       return absl::OkStatus();  // readable, writable, or an error the next call reports
     }
     if (r == 0) return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
@@ -153,7 +154,8 @@ absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::strin
     if (r != 0 && errno == EINPROGRESS) {
       absl::Status waited = Await(fd, POLLOUT, deadline, "connect");
       if (!waited.ok()) {
-        last = absl::Status(waited.code(), absl::StrCat("connecting to ", where, ": ", waited.message()));
+        last = absl::Status(waited.code(),
+                            absl::StrCat("connecting to ", where, ": ", waited.message()));
         continue;
       }
       int err = 0;
@@ -217,8 +219,8 @@ absl::Status WireSocket::ReadExact(void* out, int64_t n, absl::Duration timeout)
   char* p = static_cast<char*>(out);
   const absl::Time deadline = DeadlineAfter(timeout);
   while (n > 0) {
-    const ssize_t got = recv(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)),
-                             MSG_DONTWAIT);
+    const ssize_t got =
+        recv(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), MSG_DONTWAIT);
     if (got > 0) {
       p += got;
       n -= got;

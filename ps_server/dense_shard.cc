@@ -57,8 +57,8 @@ absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
     }
     if (i > 0) {
       if (dims[i] != 0 && row_elements > kMaxElements / dims[i]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "variable ", var.name(), " of shape ", absl::StrJoin(dims, "x"), " is too large"));
+        return absl::InvalidArgumentError(absl::StrCat("variable ", var.name(), " of shape ",
+                                                       absl::StrJoin(dims, "x"), " is too large"));
       }
       row_elements *= dims[i];
     }
@@ -69,8 +69,8 @@ absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
         ", ", part.row_end(), ") are not within the variable's ", rows, " rows"));
   }
   if (row_elements != 0 && rows > kMaxElements / row_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "variable ", var.name(), " of shape [", absl::StrJoin(dims, ", "), "] is too large"));
+    return absl::InvalidArgumentError(absl::StrCat("variable ", var.name(), " of shape [",
+                                                   absl::StrJoin(dims, ", "), "] is too large"));
   }
   DenseGeometry g;
   if (!dims.empty()) {
@@ -86,7 +86,8 @@ absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
 
 absl::StatusOr<int64_t> DenseShard::BytesFor(const v1::DenseShardSpec& spec) {
   PS_ASSIGN_OR_RETURN(DenseGeometry g, GeometryOf(spec));
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.variable().optimizer());
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(spec.variable().optimizer());
   if (!optimizer.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("variable ", spec.variable().name(), ": ", optimizer.status().message()));
@@ -158,9 +159,7 @@ void DenseShard::ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, i
   optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
 }
 
-void DenseShard::Apply(const float* grad, ThreadPool* pool) {
-  ApplyAll({this}, {grad}, pool);
-}
+void DenseShard::Apply(const float* grad, ThreadPool* pool) { ApplyAll({this}, {grad}, pool); }
 
 // The locks are taken and released in loops, which the thread-safety analysis cannot follow;
 // ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.

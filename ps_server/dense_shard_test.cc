@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "common/thread_pool.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ps_server/initializer.h"
 

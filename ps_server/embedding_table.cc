@@ -167,7 +167,7 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
 }
 
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
-                                                                bool initialize) {
+                                                                 bool initialize) {
   const size_t new_row = stripe->rows.size();
   if (new_row >= RowIndex::kNoRow) {
     return absl::ResourceExhaustedError(
@@ -190,7 +190,7 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe,
 }
 
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe,
-                                                                      int64_t key) {
+                                                                       int64_t key) {
   RowIndex::Entry* entry = stripe->rows.FindEntry(key);
   if (entry != nullptr) return entry;
   return AppendRowLocked(stripe, key, /*initialize=*/true);
@@ -445,8 +445,10 @@ void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
   // that periodic key layouts are not always sampled at the same phase.
   const int64_t step = (n + kHotKeySamplesPerPush - 1) / kHotKeySamplesPerPush;
   absl::MutexLock lock(&hot_mu_);
-  const int64_t offset =
-      step == 1 ? 0 : static_cast<int64_t>(MixKey(static_cast<int64_t>(hot_pushes_)) % static_cast<uint64_t>(step));
+  const int64_t offset = step == 1
+                             ? 0
+                             : static_cast<int64_t>(MixKey(static_cast<int64_t>(hot_pushes_)) %
+                                                    static_cast<uint64_t>(step));
   ++hot_pushes_;
   for (int64_t pos = offset; pos < n; pos += step) CountHotKeyLocked(keys[pos], step);
 }

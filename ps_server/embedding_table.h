@@ -103,8 +103,8 @@ class EmbeddingTable {
   // accumulator): CheckPush returns the errors Push would, changing nothing; ApplyPush then
   // applies without checking again (only RESOURCE_EXHAUSTED, as Push). CheckPush scans a large
   // request's gradients on `pool`'s threads too, when given one.
-  absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads,
-                         bool allow_non_finite, ThreadPool* pool = nullptr) const;
+  absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite,
+                         ThreadPool* pool = nullptr) const;
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
   absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
                          ThreadPool* pool = nullptr);
@@ -194,8 +194,8 @@ class EmbeddingTable {
   static absl::Status FirstError(const absl::Status (&status)[kNumStripes]);
 
   // Pull's work on one stripe: the keys keys[order[0..count)], rows to out[order[i] * dim].
-  absl::Status PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
-                          int64_t count, float* out);
+  absl::Status PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order, int64_t count,
+                          float* out);
   // ApplyPush's work on one stripe: keys[0..count) with gradients grads[i * dim], which it
   // overwrites (repeated keys are summed into the first occurrence).
   absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count);

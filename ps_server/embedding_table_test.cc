@@ -671,7 +671,8 @@ TEST(EmbeddingTableTest, RequestsOnAPoolMatchRequestsOnOneThread) {
 TEST(EmbeddingTableTest, LargeRequestTiming) {
   constexpr int64_t kRows = 1000000, kKeys = 100000, kDim = 8;
   ThreadPool pool(1);
-  for (const char* optimizer : {"adagrad { learning_rate: 0.05 }", "adam { learning_rate: 0.001 }"}) {
+  for (const char* optimizer :
+       {"adagrad { learning_rate: 0.05 }", "adam { learning_rate: 0.001 }"}) {
     std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(absl::StrCat(
         "name: 'emb' dim: 8 initializer { kind: UNIFORM min: -0.05 max: 0.05 seed: 1 } "
         "optimizer { ",

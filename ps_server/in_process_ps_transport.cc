@@ -134,9 +134,9 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
   return s;
 }
 
-absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
-                                              const int64_t* keys, int64_t n, int64_t dim,
-                                              v1::DataType wire_dtype, int64_t step, float* out) {
+absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
+                                              int64_t n, int64_t dim, v1::DataType wire_dtype,
+                                              int64_t step, float* out) {
   PS_RETURN_IF_ERROR(Enter(ps));
   v1::PullSparseRequest req;
   req.set_table(table);
@@ -154,9 +154,9 @@ absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table,
                       WireOrFloat(wire_dtype), out, n * dim);
 }
 
-absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table,
-                                              const int64_t* keys, int64_t n, int64_t dim,
-                                              const float* grads, const PushMeta& meta,
+absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table, const int64_t* keys,
+                                              int64_t n, int64_t dim, const float* grads,
+                                              const PushMeta& meta,
                                               v1::PushSparseResponse* response) {
   PS_RETURN_IF_ERROR(Enter(ps));
   v1::PushSparseRequest req;
@@ -202,8 +202,8 @@ absl::StatusOr<v1::TaskStatus> InProcessPsTransport::GetStatus(int ps) {
   status.mutable_task()->set_index(ps);
   status.set_address(absl::StrCat("in-process:", ps));
   status.set_health(v1::HEALTH_SERVING);
-  status.set_detail(absl::StrCat(stores_[ps]->total_pushes(), " pushes, ",
-                                 stores_[ps]->total_pulls(), " pulls"));
+  status.set_detail(
+      absl::StrCat(stores_[ps]->total_pushes(), " pushes, ", stores_[ps]->total_pulls(), " pulls"));
   return status;
 }
 

@@ -33,13 +33,12 @@ class InProcessPsTransport : public PsTransport {
   int num_ps() const override { return static_cast<int>(stores_.size()); }
   absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
                             v1::CreateShardsResponse* response) override;
-  absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices,
-                         v1::DataType wire_dtype, int64_t step) override;
+  absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
+                         int64_t step) override;
   absl::Status PushDense(int ps, const std::vector<DenseSlice>& slices, const PushMeta& meta,
                          v1::PushDenseResponse* response) override;
   absl::Status PullSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
-                          int64_t dim, v1::DataType wire_dtype, int64_t step,
-                          float* out) override;
+                          int64_t dim, v1::DataType wire_dtype, int64_t step, float* out) override;
   absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                           int64_t dim, const float* grads, const PushMeta& meta,
                           v1::PushSparseResponse* response) override;

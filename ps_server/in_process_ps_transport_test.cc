@@ -1,9 +1,9 @@
 // The PsTransport conformance suite against the in-process transport.
-#include "client/ps_transport_conformance.h"
+#include "ps_server/in_process_ps_transport.h"
 
 #include "client/parameter_client.h"
+#include "client/ps_transport_conformance.h"
 #include "glog/logging.h"
-#include "ps_server/in_process_ps_transport.h"
 
 namespace pscluster {
 namespace {
@@ -26,11 +26,11 @@ class InProcessEnvironment : public PsTransportEnvironment {
   std::unique_ptr<InProcessPsTransport> root_;
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    InProcess, PsTransportConformanceTest,
-    ::testing::Values(PsTransportFactory{
-        "in_process", [] { return std::make_unique<InProcessEnvironment>(); }}),
-    PsTransportFactoryName);
+INSTANTIATE_TEST_SUITE_P(InProcess, PsTransportConformanceTest,
+                         ::testing::Values(PsTransportFactory{
+                             "in_process",
+                             [] { return std::make_unique<InProcessEnvironment>(); }}),
+                         PsTransportFactoryName);
 
 }  // namespace
 }  // namespace pscluster

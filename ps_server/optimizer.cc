@@ -350,11 +350,9 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
     // as accurate and needs no extra state.
     const double beta1_power = std::pow(static_cast<double>(h().beta1), static_cast<double>(t));
     const double beta2_power = std::pow(static_cast<double>(h().beta2), static_cast<double>(t));
-    const float lr_t =
-        static_cast<float>(h().lr * LearningRateFactor(t) * std::sqrt(1.0 - beta2_power) /
-                           (1.0 - beta1_power));
-    AdamLoop(params, slots[0], slots[1], grad, n, one_minus_beta1, one_minus_beta2, lr_t,
-             epsilon);
+    const float lr_t = static_cast<float>(h().lr * LearningRateFactor(t) *
+                                          std::sqrt(1.0 - beta2_power) / (1.0 - beta1_power));
+    AdamLoop(params, slots[0], slots[1], grad, n, one_minus_beta1, one_minus_beta2, lr_t, epsilon);
   }
 };
 
@@ -372,8 +370,7 @@ class FtrlOptimizer final : public OptimizerBase<FtrlHyperparams> {
       ApplyWith(params, slots, grad, n, lr, [](float x) { return std::sqrt(x); });
     } else {
       const float exponent = -h().lr_power;
-      ApplyWith(params, slots, grad, n, lr,
-                [exponent](float x) { return std::pow(x, exponent); });
+      ApplyWith(params, slots, grad, n, lr, [exponent](float x) { return std::pow(x, exponent); });
     }
   }
 
@@ -438,8 +435,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> ValidateAndMake(const Options& option
 
 float Optimizer::LearningRateFactor(int64_t t) const {
   if (decay_steps_ <= 0) return 1.0f;
-  return static_cast<float>(std::pow(static_cast<double>(decay_rate_),
-                                     static_cast<double>(t - 1) / decay_steps_));
+  return static_cast<float>(
+      std::pow(static_cast<double>(decay_rate_), static_cast<double>(t - 1) / decay_steps_));
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizerWithDecay(
@@ -447,12 +444,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizerWithDecay(
   if (!spec.has_decay()) return optimizer;
   const v1::LearningRateDecay& d = spec.decay();
   if (!(d.decay_rate() > 0.0f && d.decay_rate() <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "OptimizerSpec.decay.decay_rate must be in (0, 1], got ", d.decay_rate()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("OptimizerSpec.decay.decay_rate must be in (0, 1], got ", d.decay_rate()));
   }
   if (d.decay_steps() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "OptimizerSpec.decay.decay_steps must be >= 1, got ", d.decay_steps()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("OptimizerSpec.decay.decay_steps must be >= 1, got ", d.decay_steps()));
   }
   optimizer->decay_rate_ = d.decay_rate();
   optimizer->decay_steps_ = static_cast<double>(d.decay_steps());

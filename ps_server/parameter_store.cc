@@ -93,9 +93,9 @@ absl::Status DensePush::CheckChunk(int index, int64_t offset, int64_t count) con
   const DenseShard& shard = *shards_[index];
   // Written so that no sum can overflow, whatever offset and count a client sends.
   if (offset < 0 || count < 0 || offset > b.size || count > b.size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk of ", count, " elements at offset ", offset, " does not fit variable ",
-        DenseName(shard.name(), shard.partition()), " of ", b.size, " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", count, " elements at offset ", offset, " does not fit variable ",
+                     DenseName(shard.name(), shard.partition()), " of ", b.size, " elements"));
   }
   if (offset != b.received) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,15 +114,15 @@ absl::Status DensePush::Scan(int index, int64_t offset, int64_t count, ThreadPoo
   if (bad < 0) return absl::OkStatus();
   const DenseShard& shard = *shards_[index];
   return absl::InvalidArgumentError(absl::StrCat(
-      "variable ", DenseName(shard.name(), shard.partition()), ": gradient element ",
-      offset + bad, " is ", g[bad], "; NaN and Inf gradients are refused (ps_server --nan_policy)"));
+      "variable ", DenseName(shard.name(), shard.partition()), ": gradient element ", offset + bad,
+      " is ", g[bad], "; NaN and Inf gradients are refused (ps_server --nan_policy)"));
 }
 
 absl::Status DensePush::AddChunk(int index, int64_t offset, absl::string_view bytes) {
   if (bytes.size() % elem_bytes_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a chunk of ", bytes.size(), " bytes is not a whole number of ",
-        v1::DataType_Name(wire_), " elements (", elem_bytes_, " bytes each)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk of ", bytes.size(), " bytes is not a whole number of ",
+                     v1::DataType_Name(wire_), " elements (", elem_bytes_, " bytes each)"));
   }
   const int64_t count = static_cast<int64_t>(bytes.size()) / elem_bytes_;
   PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
@@ -148,8 +148,8 @@ absl::Status DensePush::UseFloats(int index, const float* values, int64_t count)
   }
   PS_RETURN_IF_ERROR(CheckChunk(index, 0, count));
   if (count != grads_[index].size) {
-    return absl::InvalidArgumentError(absl::StrCat("UseFloats of ", count, " elements for a shard of ",
-                                                   grads_[index].size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("UseFloats of ", count, " elements for a shard of ", grads_[index].size));
   }
   grads_[index].view = values;
   grads_[index].scanned = allow_non_finite_;
@@ -205,9 +205,9 @@ absl::Status ParameterStore::Fence(int64_t epoch, const char* what) {
   while (epoch > seen && !chief_epoch_.compare_exchange_weak(seen, epoch)) {
   }
   if (epoch < seen) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " from chief epoch ", epoch, " refused: this ps task follows chief epoch ", seen,
-        " (a newer chief)"));
+    return absl::FailedPreconditionError(absl::StrCat(what, " from chief epoch ", epoch,
+                                                      " refused: this ps task follows chief epoch ",
+                                                      seen, " (a newer chief)"));
   }
   return absl::OkStatus();
 }
@@ -217,9 +217,9 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   MaybeCrash(options_.crash_points, kCrashPsCreateShards);
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "CreateShards"));
   if (request.sync().mode() == v1::SYNC && request.sync().replicas_to_aggregate() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SYNC mode needs replicas_to_aggregate >= 1, got ",
-        request.sync().replicas_to_aggregate()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SYNC mode needs replicas_to_aggregate >= 1, got ",
+                     request.sync().replicas_to_aggregate()));
   }
 
   // Sizes first: a request whose shards do not fit the budget is refused before anything is
@@ -243,8 +243,10 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     }
     if (needed > options_.memory_budget_bytes - held) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the shards requested need ", needed, " bytes (values and optimizer slots) but this ps "
-          "task's memory budget is ", options_.memory_budget_bytes, " bytes, of which ", held,
+          "the shards requested need ", needed,
+          " bytes (values and optimizer slots) but this ps "
+          "task's memory budget is ",
+          options_.memory_budget_bytes, " bytes, of which ", held,
           " are in use (ps_server --memory_budget_mb); place the model on more ps tasks"));
     }
   }
@@ -426,11 +428,11 @@ void ParameterStore::SettleAll() {
   for (const Table& t : tables) SettleTable(t, -1);
 }
 
-
-absl::Status ParameterStore::CheckSparseSize(const std::string& table, const char* what,
-                                             int64_t n, int64_t dim) const {
+absl::Status ParameterStore::CheckSparseSize(const std::string& table, const char* what, int64_t n,
+                                             int64_t dim) const {
   if (n < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("table ", table, ": ", what, " of ", n, " keys"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", table, ": ", what, " of ", n, " keys"));
   }
   // n * dim * 4 without overflow: both limits are far below 2^63 / dim.
   const bool too_many = n > options_.max_sparse_keys;
@@ -445,8 +447,7 @@ absl::Status ParameterStore::CheckSparseSize(const std::string& table, const cha
 }
 
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {
-  PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards,
-                      FindDense(request.shards()));
+  PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(request.shards()));
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
   SettleDense(shards, request.has_step() ? request.step() : -1);
   std::vector<int64_t> counts(shards.size());
@@ -468,9 +469,9 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
   PS_ASSIGN_OR_RETURN(push->shards_, FindDense(header.shards()));
   if (header.num_elements_size() != header.shards_size()) {
     push->shards_.clear();
-    return absl::InvalidArgumentError(
-        absl::StrCat("the push header names ", header.shards_size(), " shards but gives ",
-                     header.num_elements_size(), " element counts"));
+    return absl::InvalidArgumentError(absl::StrCat("the push header names ", header.shards_size(),
+                                                   " shards but gives ", header.num_elements_size(),
+                                                   " element counts"));
   }
   push->wire_ = WireOrFloat(header.wire_dtype());
   absl::StatusOr<int> elem_bytes = WireBytesPerElement(push->wire_);
@@ -493,10 +494,10 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
       }
     }
     if (header.num_elements(i) != s.num_elements()) {
-      const std::string message = absl::StrCat(
-          "variable ", DenseName(s.name(), s.partition()), ": gradient has ",
-          header.num_elements(i), " elements, expected ", s.num_elements(), " (shape ",
-          ShapeString(s.shape()), ")");
+      const std::string message =
+          absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": gradient has ",
+                       header.num_elements(i), " elements, expected ", s.num_elements(), " (shape ",
+                       ShapeString(s.shape()), ")");
       push->shards_.clear();
       return absl::InvalidArgumentError(message);
     }
@@ -524,9 +525,9 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     const DensePush::Buffer& b = push->grads_[i];
     if (b.received != b.size) {
       const DenseShard& s = *push->shards_[i];
-      return absl::InvalidArgumentError(absl::StrCat("variable ", DenseName(s.name(), s.partition()),
-                                                     ": received ", b.received, " of ", b.size,
-                                                     " gradient elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": received ", b.received,
+                       " of ", b.size, " gradient elements"));
     }
   }
   PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
@@ -542,8 +543,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     case PushLedger::Claim::kNew:
       break;
   }
-  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators =
-      AccumulatorsOf(push->shards_);
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     // Shards updated at once (async) are applied together: one parallel loop for the push.
@@ -647,7 +647,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
-                                 request.num_parts(), keys, n, grads, ApplyTo(t.table.get(), &apply_pool_))) {
+                                 request.num_parts(), keys, n, grads,
+                                 ApplyTo(t.table.get(), &apply_pool_))) {
         case AccumulateOutcome::kComplete:  // pending until the next step needs it
         case AccumulateOutcome::kAccumulated:
           outcome.accepted = static_cast<int32_t>(n);
@@ -708,9 +709,9 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
       });
     }
   }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index(),
-                                             options_.crash_points));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<CheckpointWriter> writer,
+      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index(), options_.crash_points));
   int64_t bytes = 0;
   for (DenseCopy& d : dense) {
     PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
@@ -719,9 +720,8 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
     *response->add_shards() = std::move(saved);
   }
   for (TableCopy& t : tables) {
-    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
-                        writer->WriteTable(t.table->spec(), std::move(t.keys), t.rows, t.counts,
-                                           t.stride));
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved, writer->WriteTable(t.table->spec(), std::move(t.keys),
+                                                                 t.rows, t.counts, t.stride));
     bytes += saved.bytes();
     *response->add_shards() = std::move(saved);
   }
@@ -738,8 +738,8 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
   auto reader_for = [&](const v1::SavedShard& saved) -> absl::StatusOr<CheckpointReader*> {
     auto& r = readers[saved.file()];
     if (!r) {
-      PS_ASSIGN_OR_RETURN(r, CheckpointReader::Open(
-                                 absl::StrCat(request.checkpoint_path(), "/", saved.file())));
+      PS_ASSIGN_OR_RETURN(
+          r, CheckpointReader::Open(absl::StrCat(request.checkpoint_path(), "/", saved.file())));
     }
     return r.get();
   };
@@ -772,35 +772,34 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
                                                               shard.spec().variable().shape()) ||
           saved.dense().variable().optimizer().kind_case() !=
               shard.spec().variable().optimizer().kind_case()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "variable ", shard.name(), " in the checkpoint has shape ",
-            ShapeString(saved.dense().variable().shape()), " and optimizer ",
-            saved.dense().variable().optimizer().kind_case(), "; the model has ",
-            ShapeString(shard.spec().variable().shape()), " and ",
-            shard.spec().variable().optimizer().kind_case()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("variable ", shard.name(), " in the checkpoint has shape ",
+                         ShapeString(saved.dense().variable().shape()), " and optimizer ",
+                         saved.dense().variable().optimizer().kind_case(), "; the model has ",
+                         ShapeString(shard.spec().variable().shape()), " and ",
+                         shard.spec().variable().optimizer().kind_case()));
       }
-      PS_ASSIGN_OR_RETURN(CheckpointReader* reader, reader_for(saved));
+      PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
       const int64_t their_n = (theirs.row_end() - theirs.row_begin()) * row_elems;
       if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
-        return absl::DataLossError(absl::StrCat("checkpoint shard ", saved.name(), "/",
-                                                saved.partition(), " in ", saved.file(),
-                                                " has ", record.values_and_slots.size(),
-                                                " floats, expected ", their_n * (1 + slots)));
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint shard ", saved.name(), "/", saved.partition(), " in ", saved.file(),
+            " has ", record.values_and_slots.size(), " floats, expected ", their_n * (1 + slots)));
       }
       for (int s = 0; s <= slots; ++s) {
-        std::copy_n(record.values_and_slots.data() + s * their_n +
-                        (begin - theirs.row_begin()) * row_elems,
-                    (end - begin) * row_elems,
-                    new_data[i].data() + s * n + (begin - mine.row_begin()) * row_elems);
+        std::copy_n(
+            record.values_and_slots.data() + s * their_n + (begin - theirs.row_begin()) * row_elems,
+            (end - begin) * row_elems,
+            new_data[i].data() + s * n + (begin - mine.row_begin()) * row_elems);
       }
       new_updates[i] = std::max(new_updates[i], record.updates);
       covered += end - begin;
     }
     if (covered != rows) {
       return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ", rows,
-                                              " rows of ", shard.name(), "/",
-                                              shard.partition(), " held here"));
+                                              " rows of ", shard.name(), "/", shard.partition(),
+                                              " held here"));
     }
   }
   struct Row {
@@ -813,10 +812,11 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     EmbeddingTable& table = *tables[i].second.table;
     for (const v1::SavedShard& saved : request.saved()) {
       if (!saved.is_table() || saved.name() != tables[i].first) continue;
-      PS_ASSIGN_OR_RETURN(CheckpointReader* reader, reader_for(saved));
+      PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
       PS_RETURN_IF_ERROR(reader->ReadTable(saved, [&](int64_t key, const float* row, int64_t t) {
-        if (table.OwnsKey(key)) table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
+        if (table.OwnsKey(key))
+          table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
       }));
     }
   }

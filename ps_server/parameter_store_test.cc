@@ -4,11 +4,11 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
 #include "ps_server/initializer.h"
 #include "sharding/placement.h"
 
@@ -150,8 +150,7 @@ TEST_F(ParameterStoreTest, CreatingAgainIsHarmlessButADifferentShapeIsRefused) {
   *other.add_dense() = Whole(Var("a", {4, 2}));
   absl::Status s = store_.CreateShards(other, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("variable a/0 already exists with shape [2, 2]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("variable a/0 already exists with shape [2, 2]"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("requested shape [4, 2]"));
   // All or nothing: "new" was not created either.
   EXPECT_EQ(PullCode(store_, "new"), absl::StatusCode::kNotFound);
@@ -358,8 +357,7 @@ TEST(ParameterStoreNanPolicyTest, AllowAppliesNonFiniteGradients) {
   v1::CreateShardsResponse cresp;
   ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
   v1::PushDenseResponse resp;
-  ASSERT_TRUE(
-      Push(store, {"b"}, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, 0, &resp).ok());
+  ASSERT_TRUE(Push(store, {"b"}, {{std::numeric_limits<float>::quiet_NaN(), 0}}, 0, 0, &resp).ok());
   EXPECT_TRUE(std::isnan(Read(store, "b")[0]));
 }
 
@@ -502,7 +500,8 @@ TEST_F(ParameterStoreTest, ARetriedPushIsAppliedOnce) {
   ASSERT_TRUE(Push(store_, {"b"}, {{1, 1, 1}}, 0, 0, &retry, id).ok());
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(retry.accepted(), 1);
-  EXPECT_THAT(Read(store_, "b"), ::testing::Each(::testing::FloatEq(0.9f)));  // one SGD step of 0.1, not two
+  EXPECT_THAT(Read(store_, "b"),
+              ::testing::Each(::testing::FloatEq(0.9f)));  // one SGD step of 0.1, not two
   // A sparse push likewise.
   v1::PushSparseRequest req;
   req.set_table("emb");

@@ -80,8 +80,8 @@ absl::StatusOr<const int64_t*> RequestKeys(const google::protobuf::RepeatedField
     return keys.data();
   }
   if (packed.size() % sizeof(int64_t) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "packed_keys has ", packed.size(), " bytes, not a whole number of 8-byte keys"));
+    return absl::InvalidArgumentError(absl::StrCat("packed_keys has ", packed.size(),
+                                                   " bytes, not a whole number of 8-byte keys"));
   }
   *n = static_cast<int64_t>(packed.size() / sizeof(int64_t));
   if (reinterpret_cast<uintptr_t>(packed.data()) % alignof(int64_t) == 0) {

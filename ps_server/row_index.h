@@ -43,9 +43,13 @@ struct CacheLineAllocator {
   void deallocate(T* p, size_t) { std::free(p); }
 
   template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+  bool operator!=(const CacheLineAllocator<U>&) const {
+    return false;
+  }
 };
 
 // The index of one embedding-table stripe: int64 key -> an Entry holding the key's uint32 row

@@ -71,8 +71,8 @@ void SparseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) 
   pending_ = false;
 }
 
-AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t* keys,
-                                         int64_t n, const float* grads, const ApplyFn& apply) {
+AccumulateOutcome SparseAccumulator::Add(int64_t step, int worker, const int64_t* keys, int64_t n,
+                                         const float* grads, const ApplyFn& apply) {
   return Add(step, worker, 0, 1, keys, n, grads, apply);
 }
 

@@ -194,19 +194,18 @@ class TensorServer::Connection {
     grads_.resize((grad_bytes + sizeof(float) - 1) / sizeof(float));
     if (!socket_.ReadExact(grads_.data(), grad_bytes, options_.io_timeout).ok()) return false;
     v1::PushSparseResponse resp;
-    s = store_->PushSparse(req, keys_.data(), n,
-                           absl::string_view(reinterpret_cast<const char*>(grads_.data()),
-                                             grad_bytes),
-                           &resp);
+    s = store_->PushSparse(
+        req, keys_.data(), n,
+        absl::string_view(reinterpret_cast<const char*>(grads_.data()), grad_bytes), &resp);
     return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
   }
 
   absl::Status CheckSparsePayload(const FrameHeader& request, uint64_t keys_bytes) const {
     if (request.payload_bytes > static_cast<uint64_t>(options_.max_sparse_payload_bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a ", WireOpName(request.op), " request of ", request.payload_bytes,
-          " payload bytes; this ps takes at most ", options_.max_sparse_payload_bytes,
-          " per request (split it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a ", WireOpName(request.op), " request of ", request.payload_bytes,
+                       " payload bytes; this ps takes at most ", options_.max_sparse_payload_bytes,
+                       " per request (split it)"));
     }
     if (keys_bytes % sizeof(int64_t) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -352,8 +351,8 @@ absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(
     a6->sin6_port = htons(static_cast<uint16_t>(options.port));
     addr_len = sizeof(sockaddr_in6);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the tensor data plane binds a numeric address, not \"", options.host, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tensor data plane binds a numeric address, not \"", options.host, "\""));
   }
   const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
@@ -369,16 +368,15 @@ absl::StatusOr<std::unique_ptr<TensorServer>> TensorServer::Start(
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  const int port = family == AF_INET
-                       ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
-                       : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  const int port = family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
   auto server = std::unique_ptr<TensorServer>(new TensorServer(store, options, fd, port));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
-TensorServer::TensorServer(ParameterStore* store, const TensorServerOptions& options,
-                           int listen_fd, int port)
+TensorServer::TensorServer(ParameterStore* store, const TensorServerOptions& options, int listen_fd,
+                           int port)
     : store_(store), options_(options), listen_fd_(listen_fd), port_(port) {}
 
 TensorServer::~TensorServer() {

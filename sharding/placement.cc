@@ -215,8 +215,8 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
   const int64_t split_bytes =
       options.split_bytes() == 0 ? kDefaultSplitBytes : options.split_bytes();
   placement.mutable_options()->set_split_bytes(split_bytes);
-  PS_RETURN_IF_ERROR(AddDensePartitions(model, options.max_partition_bytes(), split_bytes, num_ps,
-                                        placement));
+  PS_RETURN_IF_ERROR(
+      AddDensePartitions(model, options.max_partition_bytes(), split_bytes, num_ps, placement));
   if (options.strategy() == v1::PlacementOptions::GREEDY_BYTES) {
     AssignGreedyBytes(num_ps, placement);
   } else {

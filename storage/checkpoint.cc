@@ -7,11 +7,11 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <map>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -69,7 +69,8 @@ std::string Record(int64_t count, const float* values, int64_t n) {
 
 absl::Status SyncPath(const std::string& path, bool directory) {
   const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
   const int r = fsync(fd);
   close(fd);
   if (r != 0) return absl::UnavailableError(absl::StrCat("fsync ", path, ": ", strerror(errno)));
@@ -255,7 +256,8 @@ absl::Status CheckpointReader::ReadTable(
   int64_t stride = -1;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();
-    crc = Crc(Crc(crc, absl::string_view(k.data(), k.size())), absl::string_view(v.data(), v.size()));
+    crc =
+        Crc(Crc(crc, absl::string_view(k.data(), k.size())), absl::string_view(v.data(), v.size()));
     if (k.size() != prefix.size() + 8 || v.size() < sizeof(int64_t) ||
         (stride >= 0 && static_cast<int64_t>(v.size()) != 8 + stride * 4)) {
       return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
@@ -313,11 +315,13 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   const std::string final_path = absl::StrCat(dir, "/", name);
   {
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
-    const bool ok = write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()) &&
-                    fsync(fd) == 0;
+    if (fd < 0)
+      return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+    const bool ok =
+        write(fd, json.data(), json.size()) == static_cast<ssize_t>(json.size()) && fsync(fd) == 0;
     close(fd);
-    if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
+    if (!ok)
+      return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
   }
   if (before_rename != nullptr) MaybeCrash(crash_points, before_rename);
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
@@ -367,8 +371,7 @@ absl::Status WriteRecoveryIntent(const std::string& dir, const v1::RecoveryInten
 
 absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir) {
   v1::RecoveryIntent intent;
-  PS_RETURN_IF_ERROR(
-      ReadJson(absl::StrCat(dir, "/", kRecoveryIntent), "recovery record", &intent));
+  PS_RETURN_IF_ERROR(ReadJson(absl::StrCat(dir, "/", kRecoveryIntent), "recovery record", &intent));
   return intent;
 }
 
@@ -385,8 +388,8 @@ absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least)
     }
   }
   const int64_t epoch = std::max(at_least, last + 1);
-  PS_RETURN_IF_ERROR(WriteFileAtomically(dir, kChiefEpoch, absl::StrCat(epoch, "\n"), nullptr,
-                                         nullptr, nullptr));
+  PS_RETURN_IF_ERROR(
+      WriteFileAtomically(dir, kChiefEpoch, absl::StrCat(epoch, "\n"), nullptr, nullptr, nullptr));
   return epoch;
 }
 
@@ -411,7 +414,8 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir)
     }
   }
   if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> out;
   for (auto& [order, path] : found) out.push_back(std::move(path));
   return out;

@@ -36,9 +36,8 @@ std::string CheckpointDirName(int64_t step, int64_t sequence = 0);
 class CheckpointWriter {
  public:
   // `crash_points` (not owned, may be null) is for fault-injection tests.
-  static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Open(const std::string& checkpoint_path,
-                                                                int ps_index,
-                                                                CrashPoints* crash_points = nullptr);
+  static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Open(
+      const std::string& checkpoint_path, int ps_index, CrashPoints* crash_points = nullptr);
   ~CheckpointWriter();
 
   absl::StatusOr<v1::SavedShard> WriteDense(const v1::DenseShardSpec& spec, int64_t updates,

@@ -13,10 +13,18 @@ namespace pscluster {
 namespace {
 
 constexpr const char* kKnownPoints[] = {
-    kCrashSaveOpened,          kCrashSaveMidway,          kCrashSaveBeforeSync,
-    kCrashSaveDone,            kCrashManifestBeforeWrite, kCrashManifestBeforeRename,
-    kCrashManifestBeforeDirSync, kCrashRecoveryIntentWritten, kCrashRecoveryCreated,
-    kCrashRecoveryRestoreMidway, kCrashRecoveryRestored, kCrashPsCreateShards,
+    kCrashSaveOpened,
+    kCrashSaveMidway,
+    kCrashSaveBeforeSync,
+    kCrashSaveDone,
+    kCrashManifestBeforeWrite,
+    kCrashManifestBeforeRename,
+    kCrashManifestBeforeDirSync,
+    kCrashRecoveryIntentWritten,
+    kCrashRecoveryCreated,
+    kCrashRecoveryRestoreMidway,
+    kCrashRecoveryRestored,
+    kCrashPsCreateShards,
 };
 
 }  // namespace

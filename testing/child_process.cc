@@ -79,9 +79,9 @@ ChildProcess::~ChildProcess() {
 
 absl::Status ChildProcess::Signal(int signo) {
   if (!Running()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options_.binary, " (pid ", pid_, ") has already exited: ",
-        DescribeWaitStatus(wait_status_)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.binary, " (pid ", pid_,
+                     ") has already exited: ", DescribeWaitStatus(wait_status_)));
   }
   if (kill(pid_, signo) != 0) {
     return absl::InternalError(absl::StrCat("kill(", pid_, ", ", signo, "): ", strerror(errno)));
@@ -105,9 +105,9 @@ absl::StatusOr<int> ChildProcess::WaitForExit(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (Running()) {
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          options_.binary, " (pid ", pid_, ") still running after ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(options_.binary, " (pid ", pid_,
+                                                      ") still running after ",
+                                                      absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -13,9 +13,9 @@
 #include "absl/strings/strip.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "glog/logging.h"
 #include "proto/health.grpc.pb.h"
 
 namespace pscluster {
@@ -77,8 +77,7 @@ std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster) {
       grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
 }
 
-bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step,
-                     absl::Duration timeout) {
+bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (ClusterStatusOf(chief).global_step() < step) {
     if (absl::Now() >= deadline) return false;
@@ -103,8 +102,8 @@ absl::Status AwaitServing(const std::string& address, absl::Duration timeout) {
     last = s.ok() ? absl::StrCat("health status ", resp.status()) : s.error_message();
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat(address, " not SERVING after ",
-                                                  absl::FormatDuration(timeout), ": ", last));
+  return absl::DeadlineExceededError(
+      absl::StrCat(address, " not SERVING after ", absl::FormatDuration(timeout), ": ", last));
 }
 
 absl::StatusOr<int> AwaitPortFile(const std::string& path, ChildProcess& process,
@@ -116,14 +115,13 @@ absl::StatusOr<int> AwaitPortFile(const std::string& path, ChildProcess& process
     int port = 0;
     if (in && std::getline(in, text) && absl::SimpleAtoi(text, &port) && port > 0) return port;
     if (!process.Running()) {
-      return absl::UnavailableError(absl::StrCat(process.options().binary,
-                                                 " exited before writing its port:\n",
-                                                 process.LogTail()));
+      return absl::UnavailableError(absl::StrCat(
+          process.options().binary, " exited before writing its port:\n", process.LogTail()));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(absl::StrCat("no port in ", path, " after ",
-                                                  absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(
+      absl::StrCat("no port in ", path, " after ", absl::FormatDuration(timeout)));
 }
 
 TestCluster::TestCluster(const TestClusterOptions& options) : options_(options) {
@@ -145,8 +143,7 @@ std::string TestCluster::BinaryFor(const std::string& job) const {
   return binary_dir_ + "/worker/worker";
 }
 
-absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
-    const TestClusterOptions& options) {
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const TestClusterOptions& options) {
   auto cluster = std::unique_ptr<TestCluster>(new TestCluster(options));
   auto add_job = [&](v1::ClusterSpec* spec, const std::string& name, int n,
                      const std::string& address) {
@@ -207,16 +204,15 @@ absl::Status TestCluster::StartTask(const std::string& job, int index, bool same
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   absl::Status serving;
   do {
-    serving = AwaitServing(task.address,
-                           std::min(absl::Milliseconds(500), deadline - absl::Now()));
+    serving = AwaitServing(task.address, std::min(absl::Milliseconds(500), deadline - absl::Now()));
     if (!serving.ok() && !task.process->Running()) {
       serving = absl::UnavailableError(absl::StrCat(task.address, " exited before serving"));
       break;
     }
   } while (!serving.ok() && absl::Now() < deadline);
   if (!serving.ok()) {
-    return absl::Status(serving.code(), absl::StrCat(name, ": ", serving.message(), "\n",
-                                                     task.process->LogTail()));
+    return absl::Status(serving.code(),
+                        absl::StrCat(name, ": ", serving.message(), "\n", task.process->LogTail()));
   }
   return absl::OkStatus();
 }

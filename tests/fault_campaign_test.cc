@@ -63,8 +63,8 @@ TestClusterOptions Options(const std::string& checkpoint_dir) {
 
 // The chief's status, or nothing while it does not answer (it may be dead or restarting).
 std::optional<v1::ClusterStatus> TryStatus(const std::string& address) {
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::ClusterStatus status;
@@ -142,7 +142,8 @@ class Trial {
     };
     const int64_t at = Uniform(20, 160);
     const std::vector<Script> scripts = {
-        {"the chief during a ps recovery", [&]() -> absl::Status {
+        {"the chief during a ps recovery",
+         [&]() -> absl::Status {
            const std::string ps = RandomPs();
            Kill(ps);
            PS_RETURN_IF_ERROR(Restart(ps));
@@ -150,7 +151,8 @@ class Trial {
            Kill("chief:0");
            return Restart("chief:0");
          }},
-        {"a ps during a chief restart", [&]() -> absl::Status {
+        {"a ps during a chief restart",
+         [&]() -> absl::Status {
            Kill("chief:0");
            PS_RETURN_IF_ERROR(Restart("chief:0"));
            absl::SleepFor(absl::Milliseconds(Uniform(0, 300)));
@@ -158,7 +160,8 @@ class Trial {
            Kill(ps);
            return Restart(ps);
          }},
-        {"a worker and a ps together", [&]() -> absl::Status {
+        {"a worker and a ps together",
+         [&]() -> absl::Status {
            const std::string w = RandomWorker();
            const std::string ps = RandomPs();
            Kill(w);
@@ -166,13 +169,15 @@ class Trial {
            PS_RETURN_IF_ERROR(Restart(ps));
            return Restart(w);
          }},
-        {"both ps tasks", [&]() -> absl::Status {
+        {"both ps tasks",
+         [&]() -> absl::Status {
            Kill("ps:0");
            Kill("ps:1");
            PS_RETURN_IF_ERROR(Restart("ps:1"));
            return Restart("ps:0");
          }},
-        {"a ps, then the chief, then the other ps", [&]() -> absl::Status {
+        {"a ps, then the chief, then the other ps",
+         [&]() -> absl::Status {
            Kill("ps:0");
            PS_RETURN_IF_ERROR(Restart("ps:0"));
            absl::SleepFor(absl::Milliseconds(Uniform(0, 200)));
@@ -182,7 +187,8 @@ class Trial {
            Kill("ps:1");
            return Restart("ps:1");
          }},
-        {"the chief and a ps while a checkpoint is written", [&]() -> absl::Status {
+        {"the chief and a ps while a checkpoint is written",
+         [&]() -> absl::Status {
            // Checkpoints are cut every 40 steps: kill as the next one starts.
            if (!AwaitStep((at / 40 + 1) * 40)) return absl::OkStatus();
            const std::string ps = RandomPs();
@@ -196,17 +202,20 @@ class Trial {
            }
            return Restart(ps);
          }},
-        {"one ps", [&]() -> absl::Status {
+        {"one ps",
+         [&]() -> absl::Status {
            const std::string ps = RandomPs();
            Kill(ps);
            return Restart(ps);
          }},
-        {"one worker", [&]() -> absl::Status {
+        {"one worker",
+         [&]() -> absl::Status {
            const std::string w = RandomWorker();
            Kill(w);
            return Restart(w);
          }},
-        {"the chief", [&]() -> absl::Status {
+        {"the chief",
+         [&]() -> absl::Status {
            Kill("chief:0");
            return Restart("chief:0");
          }},
@@ -218,9 +227,9 @@ class Trial {
     Log(absl::StrCat("at step ", at, ": ", script.name));
     PS_RETURN_IF_ERROR(script.run());
     // A task the script killed but did not bring back (it never does) would be restarted here.
-    for (const std::string& task : {std::string("chief:0"), std::string("ps:0"),
-                                    std::string("ps:1"), std::string("worker:0"),
-                                    std::string("worker:1")}) {
+    for (const std::string& task :
+         {std::string("chief:0"), std::string("ps:0"), std::string("ps:1"), std::string("worker:0"),
+          std::string("worker:1")}) {
       if (!Process(task).Running()) PS_RETURN_IF_ERROR(Restart(task));
     }
     return absl::StrCat(script.name, " at step ", at);
@@ -314,11 +323,12 @@ TEST(FaultCampaignTest, EveryTrialEndsWithTheUndisturbedModel) {
     EXPECT_EQ(verdict.rfind("ok", 0), 0u) << "trial " << i << ": " << verdict << "\n"
                                           << trial.Logs();
   }
-  std::printf("CAMPAIGN summary: %lld trials from seed %lld, undisturbed accuracy %.4f: "
-              "%lld ok, %d wrong model, %d stalled, %d bad checkpoints\n",
-              static_cast<long long>(trials), static_cast<long long>(seed), undisturbed,
-              static_cast<long long>(trials - wrong - stalled - bad_checkpoints), wrong, stalled,
-              bad_checkpoints);
+  std::printf(
+      "CAMPAIGN summary: %lld trials from seed %lld, undisturbed accuracy %.4f: "
+      "%lld ok, %d wrong model, %d stalled, %d bad checkpoints\n",
+      static_cast<long long>(trials), static_cast<long long>(seed), undisturbed,
+      static_cast<long long>(trials - wrong - stalled - bad_checkpoints), wrong, stalled,
+      bad_checkpoints);
 }
 
 }  // namespace

@@ -77,7 +77,8 @@ TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
     auto exit = p->WaitForExit(std::max(stop_deadline - absl::Now(), absl::ZeroDuration()));
     ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << p->LogTail();
     EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0)
-        << p->options().binary << ": " << DescribeWaitStatus(*exit) << "\n" << p->LogTail();
+        << p->options().binary << ": " << DescribeWaitStatus(*exit) << "\n"
+        << p->LogTail();
     EXPECT_THAT(p->LogTail(5), HasSubstr("stopped cleanly"));
     // Reaped and gone: nothing is left behind.
     EXPECT_EQ(kill(p->pid(), 0), -1);
@@ -115,8 +116,8 @@ TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
   ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << c.chief().LogTail();
   const absl::Duration took = absl::Now() - start;
   EXPECT_LT(took, absl::Seconds(2)) << c.chief().LogTail(30);
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0)
-      << DescribeWaitStatus(*exit) << "\n" << c.chief().LogTail(30);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << DescribeWaitStatus(*exit) << "\n"
+                                                           << c.chief().LogTail(30);
   LOG(INFO) << "the chief stopped " << absl::FormatDuration(took) << " after SIGTERM";
 }
 
@@ -182,33 +183,33 @@ TEST_P(BadClusterSpecTest, EveryDaemonRefusesWithOneLine) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllProblems, BadClusterSpecTest,
-    ::testing::Values(
-        BadSpec{"MalformedJson", R"({"cluster": {"ps": [)", "not a valid JSON"},
-        BadSpec{"UnknownJob",
-                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "boss": ["c:1"]},
+    ::testing::Values(BadSpec{"MalformedJson", R"({"cluster": {"ps": [)", "not a valid JSON"},
+                      BadSpec{"UnknownJob",
+                              R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "boss": ["c:1"]},
                     "task": {"type": "ps", "index": 0}})",
-                "unknown job \"boss\""},
-        BadSpec{"IndexOutOfRange",
-                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "worker": ["c:1"]},
+                              "unknown job \"boss\""},
+                      BadSpec{"IndexOutOfRange",
+                              R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"], "worker": ["c:1"]},
                     "task": {"type": "ps", "index": 3}})",
-                "task index 3 out of range for job \"ps\""},
-        BadSpec{"MissingTask", R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"]}})", "no task"},
-        BadSpec{"MalformedAddress",
-                R"({"cluster": {"chief": ["a:1"], "ps": ["b"]},
+                              "task index 3 out of range for job \"ps\""},
+                      BadSpec{"MissingTask", R"({"cluster": {"chief": ["a:1"], "ps": ["b:1"]}})",
+                              "no task"},
+                      BadSpec{"MalformedAddress",
+                              R"({"cluster": {"chief": ["a:1"], "ps": ["b"]},
                     "task": {"type": "ps", "index": 0}})",
-                "malformed address \"b\""},
-        BadSpec{"DuplicateAddress",
-                R"({"cluster": {"chief": ["a:1"], "ps": ["b:1", "a:1"]},
+                              "malformed address \"b\""},
+                      BadSpec{"DuplicateAddress",
+                              R"({"cluster": {"chief": ["a:1"], "ps": ["b:1", "a:1"]},
                     "task": {"type": "ps", "index": 0}})",
-                "duplicate address \"a:1\""},
-        BadSpec{"NoPs",
-                R"({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
+                              "duplicate address \"a:1\""},
+                      BadSpec{"NoPs",
+                              R"({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
                     "task": {"type": "worker", "index": 0}})",
-                "no \"ps\" task"},
-        BadSpec{"TwoChiefs",
-                R"({"cluster": {"chief": ["a:1", "a:2"], "ps": ["b:1"]},
+                              "no \"ps\" task"},
+                      BadSpec{"TwoChiefs",
+                              R"({"cluster": {"chief": ["a:1", "a:2"], "ps": ["b:1"]},
                     "task": {"type": "ps", "index": 0}})",
-                "job \"chief\" has 2 tasks"}),
+                              "job \"chief\" has 2 tasks"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
 
 TEST(DaemonFlagsTest, HelpListsTheFlagsAndExitsZero) {
@@ -228,12 +229,13 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   RunResult r = RunToExit("worker/worker", {"--device=gpu:7"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
   // Built without CUDA it says so; with CUDA and no such device it names the GPU.
-  EXPECT_THAT(r.output, ::testing::AnyOf(HasSubstr("built without CUDA"),
-                                         HasSubstr("GPU 7 does not exist"),
-                                         HasSubstr("no usable CUDA driver")));
+  EXPECT_THAT(r.output,
+              ::testing::AnyOf(HasSubstr("built without CUDA"), HasSubstr("GPU 7 does not exist"),
+                               HasSubstr("no usable CUDA driver")));
   r = RunToExit("worker/worker", {"--device=tpu"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
-  EXPECT_THAT(r.output, HasSubstr("--device must be cpu, gpu:N, or GPUs gpu:N,gpu:M,..., not \"tpu\""));
+  EXPECT_THAT(r.output,
+              HasSubstr("--device must be cpu, gpu:N, or GPUs gpu:N,gpu:M,..., not \"tpu\""));
   r = RunToExit("worker/worker", {"--device=gpu:0,gpu:0"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
   EXPECT_THAT(r.output, HasSubstr("--device names gpu:0 twice"));

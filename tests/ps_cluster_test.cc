@@ -65,10 +65,9 @@ std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int wo
   std::vector<std::string> addresses(m.ps_addresses().begin(), m.ps_addresses().end());
   ParameterClientOptions options;
   options.worker = worker;
-  auto client =
-      ParameterClient::Create(m.model(), m.placement(),
-                              std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()),
-                              options);
+  auto client = ParameterClient::Create(
+      m.model(), m.placement(),
+      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), options);
   CHECK(client.ok()) << client.status();
   return *std::move(client);
 }
@@ -111,7 +110,8 @@ TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
         Gradients(c, i, &gw, &gb, &keys, &grows);
         errors[c] = client->Pull({"w", "b"}, &pulled);
         rows.resize(keys.size() * 8);
-        if (errors[c].ok()) errors[c] = client->PullRows("emb", keys.data(), keys.size(), rows.data());
+        if (errors[c].ok())
+          errors[c] = client->PullRows("emb", keys.data(), keys.size(), rows.data());
         if (errors[c].ok()) errors[c] = client->Push({"w", "b"}, {gw.data(), gb.data()}, i);
         if (errors[c].ok()) {
           errors[c] = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i);
@@ -126,8 +126,7 @@ TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
   auto placement1 = ComputePlacement(Model(), 1, m.placement().options());
   ASSERT_TRUE(placement1.ok());
   auto reference = ParameterClient::Create(
-      Model(), *placement1, std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()),
-      {});
+      Model(), *placement1, std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()), {});
   ASSERT_TRUE(reference.ok());
   ASSERT_TRUE((*reference)->CreateAll(v1::SyncOptions()).ok());
   std::set<int64_t> all_keys;
@@ -188,8 +187,8 @@ class PsBadInputTest : public ::testing::Test {
     for (const v1::DensePartition& p : model_.placement().partitions()) {
       if (p.variable() == "b") b_ps_ = p.ps_task();
     }
-    stub_ = v1::ParameterServer::NewStub(grpc::CreateChannel(
-        model_.ps_addresses(b_ps_), grpc::InsecureChannelCredentials()));
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(model_.ps_addresses(b_ps_), grpc::InsecureChannelCredentials()));
     client_ = ClientFor(model_, 0);
   }
 
@@ -232,8 +231,8 @@ class PsBadInputTest : public ::testing::Test {
   static v1::TensorChunk Chunk(const std::vector<float>& values, int64_t offset = 0) {
     v1::TensorChunk chunk;
     chunk.set_offset(offset);
-    chunk.set_data(std::string(reinterpret_cast<const char*>(values.data()),
-                               values.size() * sizeof(float)));
+    chunk.set_data(
+        std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
     return chunk;
   }
 

@@ -26,12 +26,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-#define PS_CHECK_OK(expr)                    \
-  do {                                       \
-    const absl::Status ps_check_ = (expr);   \
-    CHECK(ps_check_.ok()) << ps_check_;      \
+#define PS_CHECK_OK(expr)                  \
+  do {                                     \
+    const absl::Status ps_check_ = (expr); \
+    CHECK(ps_check_.ok()) << ps_check_;    \
   } while (0)
-
 
 // A chief and two ps tasks holding ConformanceModel().
 class DaemonEnvironment : public PsTransportEnvironment {
@@ -63,8 +62,7 @@ class DaemonEnvironment : public PsTransportEnvironment {
   }
 
   std::unique_ptr<PsTransport> NewTransport() override {
-    std::vector<std::string> addresses(model_.ps_addresses().begin(),
-                                       model_.ps_addresses().end());
+    std::vector<std::string> addresses(model_.ps_addresses().begin(), model_.ps_addresses().end());
     auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
     if (!tcp_) return grpc;
     return std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
@@ -82,10 +80,10 @@ class DaemonEnvironment : public PsTransportEnvironment {
 
 INSTANTIATE_TEST_SUITE_P(
     Daemons, PsTransportConformanceTest,
-    ::testing::Values(
-        PsTransportFactory{"grpc", [] { return std::make_unique<DaemonEnvironment>(false); }},
-        PsTransportFactory{"tensor_wire",
-                           [] { return std::make_unique<DaemonEnvironment>(true); }}),
+    ::testing::Values(PsTransportFactory{"grpc",
+                                         [] { return std::make_unique<DaemonEnvironment>(false); }},
+                      PsTransportFactory{"tensor_wire",
+                                         [] { return std::make_unique<DaemonEnvironment>(true); }}),
     PsTransportFactoryName);
 
 // A client of the data plane written from common/tensor_wire.h alone.
@@ -180,7 +178,8 @@ TEST_F(RawWireTest, BadFramesAreRefusedAndTheDaemonKeepsServing) {
   {
     // Not a frame at all (here, the start of an HTTP/2 preface).
     std::unique_ptr<WireSocket> s = Connect();
-    PS_CHECK_OK(s->Write(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n01234567"), absl::Seconds(5)));
+    PS_CHECK_OK(
+        s->Write(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n01234567"), absl::Seconds(5)));
     std::string message;
     absl::Status answer = ReadAnswer(*s, &message);
     EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument) << answer;
@@ -230,8 +229,7 @@ TEST_F(RawWireTest, BadFramesAreRefusedAndTheDaemonKeepsServing) {
     std::unique_ptr<WireSocket> s = Connect();
     v1::PullSparseRequest pull;
     pull.set_table("emb");
-    absl::Status a = Send(*s, WireOp::kPullSparse, pull.SerializeAsString(), "",
-                          uint64_t{1} << 63);
+    absl::Status a = Send(*s, WireOp::kPullSparse, pull.SerializeAsString(), "", uint64_t{1} << 63);
     EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
   }
   std::vector<float> after = ReadB();
@@ -260,8 +258,8 @@ TEST_F(RawWireTest, APushCutOffAfterItsLastByteAndRetriedIsAppliedOnce) {
     }
     std::unique_ptr<WireSocket> s = Connect();
     std::string answer;
-    absl::Status a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16, seq), Floats(16, 1), 64,
-                          &answer);
+    absl::Status a =
+        Send(*s, WireOp::kPushDense, PushHeaderOfB(16, seq), Floats(16, 1), 64, &answer);
     ASSERT_TRUE(a.ok()) << a;
     v1::PushDenseResponse resp;
     ASSERT_TRUE(resp.ParseFromString(answer));

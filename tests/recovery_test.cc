@@ -55,7 +55,6 @@ v1::ClusterStatus AwaitFinished(v1::Coordinator::Stub& chief, absl::Duration tim
   return s;
 }
 
-
 // Kills a task with SIGKILL and waits until it is gone.
 void Kill(ChildProcess& process) {
   ASSERT_TRUE(process.Signal(SIGKILL).ok());
@@ -116,8 +115,8 @@ class RecoveryTest : public ::testing::Test {
     v1::ClusterStatus s = AwaitFinished(*chief_, absl::Seconds(240));
     ASSERT_TRUE(s.progress().finished()) << cluster_->Logs(40);
     EXPECT_NEAR(s.progress().test_accuracy(), undisturbed_, kTolerance)
-        << "undisturbed " << undisturbed_ << ", this run " << s.progress().test_accuracy()
-        << "\n" << cluster_->Logs(60);
+        << "undisturbed " << undisturbed_ << ", this run " << s.progress().test_accuracy() << "\n"
+        << cluster_->Logs(60);
     LOG(INFO) << "final test accuracy " << s.progress().test_accuracy() << " (undisturbed "
               << undisturbed_ << ")";
     ExpectOnlyWholeCheckpoints(dir_);
@@ -208,8 +207,7 @@ struct CrashCase {
   std::string point;  // a crash point of storage/crash_points.h
 };
 
-class CheckpointCrashTest : public RecoveryTest,
-                            public ::testing::WithParamInterface<CrashCase> {};
+class CheckpointCrashTest : public RecoveryTest, public ::testing::WithParamInterface<CrashCase> {};
 
 TEST_P(CheckpointCrashTest, EveryCommittedCheckpointSurvivesAndTrainingFinishes) {
   const CrashCase& c = GetParam();
@@ -218,8 +216,7 @@ TEST_P(CheckpointCrashTest, EveryCommittedCheckpointSurvivesAndTrainingFinishes)
   ChildProcess& victim = c.task == "chief" ? cluster_->chief() : cluster_->ps(1);
   absl::StatusOr<int> status = victim.WaitForExit(absl::Seconds(120));
   ASSERT_TRUE(status.ok()) << "no crash at " << c.point << ": " << cluster_->Logs();
-  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
-      << DescribeWaitStatus(*status);
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << DescribeWaitStatus(*status);
   EXPECT_THAT(victim.LogTail(5), HasSubstr(absl::StrCat("crash point ", c.point, "@3 reached")));
   // What is on disk right after the crash: the first two checkpoints (steps 0 and 40), whole;
   // the third only if the crash came after its manifest was renamed into place.
@@ -243,16 +240,17 @@ TEST_P(CheckpointCrashTest, EveryCommittedCheckpointSurvivesAndTrainingFinishes)
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CrashPoints, CheckpointCrashTest,
-    ::testing::Values(CrashCase{"ps:1", kCrashSaveOpened}, CrashCase{"ps:1", kCrashSaveMidway},
-                      CrashCase{"ps:1", kCrashSaveDone},
-                      CrashCase{"chief", kCrashManifestBeforeWrite},
-                      CrashCase{"chief", kCrashManifestBeforeRename},
-                      CrashCase{"chief", kCrashManifestBeforeDirSync}),
-    [](const ::testing::TestParamInfo<CrashCase>& info) {
-      return absl::StrCat(info.param.task == "chief" ? "Chief" : "Ps", "_", info.param.point);
-    });
+INSTANTIATE_TEST_SUITE_P(CrashPoints, CheckpointCrashTest,
+                         ::testing::Values(CrashCase{"ps:1", kCrashSaveOpened},
+                                           CrashCase{"ps:1", kCrashSaveMidway},
+                                           CrashCase{"ps:1", kCrashSaveDone},
+                                           CrashCase{"chief", kCrashManifestBeforeWrite},
+                                           CrashCase{"chief", kCrashManifestBeforeRename},
+                                           CrashCase{"chief", kCrashManifestBeforeDirSync}),
+                         [](const ::testing::TestParamInfo<CrashCase>& info) {
+                           return absl::StrCat(info.param.task == "chief" ? "Chief" : "Ps", "_",
+                                               info.param.point);
+                         });
 
 // (e) Two faults: a ps task is killed, and the chief dies (SIGKILL, through --crash_at) at a
 // point of the ps task's recovery: its record written and nothing done; the shards re-created
@@ -260,8 +258,7 @@ INSTANTIATE_TEST_SUITE_P(
 // back. The chief is started again: it finds the record, redoes the recovery whole, and the
 // run ends with the undisturbed model. (Before the record existed, the second chief trusted
 // the half-recovered cluster and ended at chance level or points off, reporting success.)
-class RecoveryCrashTest : public RecoveryTest,
-                          public ::testing::WithParamInterface<std::string> {};
+class RecoveryCrashTest : public RecoveryTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(RecoveryCrashTest, AChiefKilledDuringARecoveryIsSucceededByOneThatFinishesIt) {
   const std::string point = GetParam();
@@ -271,8 +268,7 @@ TEST_P(RecoveryCrashTest, AChiefKilledDuringARecoveryIsSucceededByOneThatFinishe
   KillAndRestart("ps", 1);
   absl::StatusOr<int> status = cluster_->chief().WaitForExit(absl::Seconds(60));
   ASSERT_TRUE(status.ok()) << "no crash at " << point << ": " << cluster_->Logs();
-  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
-      << DescribeWaitStatus(*status);
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << DescribeWaitStatus(*status);
   EXPECT_THAT(cluster_->chief().LogTail(5), HasSubstr(absl::StrCat("crash point ", point)));
   // The record of the recovery under way is on disk, naming the checkpoint and the task.
   absl::StatusOr<v1::RecoveryIntent> intent = ReadRecoveryIntent(dir_);
@@ -338,7 +334,8 @@ TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
   v1::ClusterStatus s = AwaitFinished(*ChiefStubOf(**cluster), absl::Seconds(120));
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
   const std::string log = (*cluster)->chief().LogTail(400);
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("checkpoint ", newest, " cannot be restored: DATA_LOSS")));
+  EXPECT_THAT(log,
+              HasSubstr(absl::StrCat("checkpoint ", newest, " cannot be restored: DATA_LOSS")));
   EXPECT_THAT(log, HasSubstr(newest + "/ps-0"));
   EXPECT_THAT(log, HasSubstr("falling back to the previous one"));
   EXPECT_THAT(log, HasSubstr(absl::StrCat("restored checkpoint ", previous, " (step ",
@@ -401,8 +398,9 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
   auto chief = ChiefStubOf(**cluster);
   v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
-  EXPECT_THAT((*cluster)->chief().LogTail(400),
-              HasSubstr(absl::StrCat("(step ", saved_step, ", written by 2 ps tasks, restored into 3)")));
+  EXPECT_THAT(
+      (*cluster)->chief().LogTail(400),
+      HasSubstr(absl::StrCat("(step ", saved_step, ", written by 2 ps tasks, restored into 3)")));
   // The global step goes on from the checkpoint's.
   EXPECT_EQ(s.global_step(), saved_step + 1);
   // One more step from the restored model keeps what was learned, far above the 0.10 of fresh

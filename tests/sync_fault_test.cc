@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -128,10 +128,13 @@ TEST(SyncFaultTest, ImpossibleStepReportsAreRefusedAndChangeNothing) {
   };
   const int64_t max = std::numeric_limits<int64_t>::max();
   const std::vector<Case> cases = {
-      {0, max, 1, false, grpc::StatusCode::INVALID_ARGUMENT, "steps and 1 examples; expected at most"},
+      {0, max, 1, false, grpc::StatusCode::INVALID_ARGUMENT,
+       "steps and 1 examples; expected at most"},
       {0, 100000, 1, true, grpc::StatusCode::INVALID_ARGUMENT, "past the global step"},
-      {0, 1, -50, false, grpc::StatusCode::INVALID_ARGUMENT, "reports examples -50; expected a count >= 0"},
-      {3, 1, 1, true, grpc::StatusCode::INVALID_ARGUMENT, "worker 3 is not in the cluster (1 workers)"},
+      {0, 1, -50, false, grpc::StatusCode::INVALID_ARGUMENT,
+       "reports examples -50; expected a count >= 0"},
+      {3, 1, 1, true, grpc::StatusCode::INVALID_ARGUMENT,
+       "worker 3 is not in the cluster (1 workers)"},
   };
   for (const Case& k : cases) {
     const v1::ClusterStatus before = ClusterStatusOf(*chief);

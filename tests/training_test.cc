@@ -69,8 +69,8 @@ class SoftmaxRegressionTest : public ::testing::TestWithParam<SoftmaxRun> {};
 
 TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   const SoftmaxRun& run = GetParam();
-  const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-",
-                                           SoftmaxRunName({run, 0}), ".jsonl");
+  const std::string metrics =
+      absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-", SoftmaxRunName({run, 0}), ".jsonl");
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 2;
@@ -113,7 +113,8 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest,
-                         ::testing::Values(SoftmaxRun{"async", 0, 0.75}, SoftmaxRun{"async", 1, 0.65},
+                         ::testing::Values(SoftmaxRun{"async", 0, 0.75},
+                                           SoftmaxRun{"async", 1, 0.65},
                                            SoftmaxRun{"sync", 1, 0.75}),
                          SoftmaxRunName);
 
@@ -156,8 +157,8 @@ TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
   auto placement = ComputePlacement(model.model(), 1, v1::PlacementOptions());
   ASSERT_TRUE(placement.ok());
   auto local = ParameterClient::Create(
-      model.model(), *placement,
-      std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()), {});
+      model.model(), *placement, std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()),
+      {});
   ASSERT_TRUE(local.ok());
   ASSERT_TRUE((*local)->CreateAll(v1::SyncOptions()).ok());
   auto all = LoadDataset(model.training().data(), model.config().input_dim(), true);
@@ -223,11 +224,8 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
   options.num_ps = 1;
   options.num_workers = 3;
   options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=sync",
-                            "--replicas_to_aggregate=2",
-                            "--max_train_examples=6000",
-                            "--max_test_examples=100",
-                            "--batch_size=50",
+                            "--mode=sync", "--replicas_to_aggregate=2", "--max_train_examples=6000",
+                            "--max_test_examples=100", "--batch_size=50",
                             // 40 steps an epoch (2,000 examples a worker): 50 epochs, so that
                             // training outlasts the slow worker's start and several of its
                             // 400 ms steps, however fast the other two run; the checks below
@@ -239,14 +237,14 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
   auto chief = Chief(**cluster);
   const absl::Time start = absl::Now();
   v1::ClusterStatus status = AwaitStatus(
-      *chief, [](const v1::ClusterStatus& s) { return s.global_step() >= 40; },
-      absl::Seconds(120));
+      *chief, [](const v1::ClusterStatus& s) { return s.global_step() >= 40; }, absl::Seconds(120));
   const absl::Duration took = absl::Now() - start;
   ASSERT_GE(status.global_step(), 40) << (*cluster)->Logs();
   // 40 steps at the slow worker's pace would take over 16 s.
   EXPECT_LT(took, absl::Seconds(12)) << "the step waited for the slow worker";
   status = AwaitStatus(
-      *chief, [](const v1::ClusterStatus& s) {
+      *chief,
+      [](const v1::ClusterStatus& s) {
         return s.state().find("worker:2 had") != std::string::npos;
       },
       absl::Seconds(30));
@@ -285,8 +283,8 @@ TEST(SspTrainingTest, FastestWorkerStaysWithinTheBound) {
       *chief,
       [&](const v1::ClusterStatus& s) {
         if (s.progress().worker_steps_size() == 2) {
-          max_observed = std::max(max_observed, std::abs(s.progress().worker_steps(0) -
-                                                         s.progress().worker_steps(1)));
+          max_observed = std::max(
+              max_observed, std::abs(s.progress().worker_steps(0) - s.progress().worker_steps(1)));
         }
         return s.progress().workers_finished() == 2;
       },

@@ -10,8 +10,8 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev zlib1g-dev
-  # --config=clang (thread-safety analysis).
-  clang
+  # --config=clang (thread-safety analysis); the format check (tools/format.sh).
+  clang clang-format
   # Benchmarks: the loopback baseline.
   iperf3
   # The default dataset.

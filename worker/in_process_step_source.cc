@@ -9,8 +9,8 @@ InProcessStepSource::InProcessStepSource(v1::UpdateMode mode, int32_t worker,
     : mode_(mode), worker_(worker), coordinator_(coordinator), gate_(gate) {}
 
 absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t generation,
-                                          int pushes_in_flight,
-                                          const std::function<bool()>& stop, StepGrant* grant) {
+                                          int pushes_in_flight, const std::function<bool()>& stop,
+                                          StepGrant* grant) {
   *grant = StepGrant();
   while (true) {
     const absl::Time slice = absl::Now() + absl::Milliseconds(50);

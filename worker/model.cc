@@ -33,8 +33,8 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config)
         absl::StrCat("model ", config.name(), " has no dense layers; at least one is needed"));
   }
   if (config.input_dim() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("input_dim must be >= 0, got ",
-                                                   config.input_dim()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_dim must be >= 0, got ", config.input_dim()));
   }
   std::set<std::string> names;
   v1::ModelSpec spec;
@@ -69,15 +69,16 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config)
     *t->mutable_optimizer() = e.has_optimizer() ? e.optimizer() : config.optimizer();
   }
   if (width < 1) {
-    return absl::InvalidArgumentError("the first dense layer has no inputs: input_dim is 0 and "
-                                      "no embedding is concatenated");
+    return absl::InvalidArgumentError(
+        "the first dense layer has no inputs: input_dim is 0 and "
+        "no embedding is concatenated");
   }
   for (int i = 0; i < config.layers_size(); ++i) {
     const v1::DenseLayer& l = config.layers(i);
     const std::string name = l.name().empty() ? absl::StrCat("dense_", i) : l.name();
     if (l.units() < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("layer ", name, " has ", l.units(),
-                                                     " units; it needs at least 1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", name, " has ", l.units(), " units; it needs at least 1"));
     }
     if (i == config.layers_size() - 1 && l.activation() != v1::LINEAR) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -181,7 +182,7 @@ absl::StatusOr<float*> Model::Floats(int64_t n) {
 }
 
 absl::StatusOr<int32_t*> Model::Ints(int64_t n) {
-  PS_ASSIGN_OR_RETURN(int32_t* p, kernels_->AllocateInts(std::max<int64_t>(n, 1)));
+  PS_ASSIGN_OR_RETURN(int32_t * p, kernels_->AllocateInts(std::max<int64_t>(n, 1)));
   owned_.push_back(p);
   return p;
 }
@@ -400,9 +401,9 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
                             const std::vector<const float*>& rows, bool backward,
                             float gradient_scale, const Hooks& hooks, const Outputs& outputs) {
   if (params.size() != dense_names_.size() || rows.size() != embeddings_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "got ", params.size(), " dense variables and ", rows.size(), " tables; the model has ",
-        dense_names_.size(), " and ", embeddings_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("got ", params.size(), " dense variables and ", rows.size(),
+                     " tables; the model has ", dense_names_.size(), " and ", embeddings_.size()));
   }
   Inputs& in = inputs_[slot];
   const int b = in.size;
@@ -425,8 +426,7 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = layers_[l];
     if (hooks.before_layer) hooks.before_layer(static_cast<int>(l));
-    kernels_->Gemm(false, false, b, layer.units, layer.in, 1.0f, x, params[2 * l], 0.0f,
-                   layer.out);
+    kernels_->Gemm(false, false, b, layer.units, layer.in, 1.0f, x, params[2 * l], 0.0f, layer.out);
     kernels_->AddBias(params[2 * l + 1], b, layer.units, layer.out);
     kernels_->ActivationForward(layer.activation, layer.out, int64_t{b} * layer.units, layer.out);
     x = layer.out;
@@ -473,8 +473,8 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     Layer& layer = layers_[l];
     const float* input = l == 0 ? in.x0 : layers_[l - 1].out;
-    kernels_->ActivationBackward(layer.activation, layer.out, layer.dout,
-                                 int64_t{b} * layer.units, layer.dout);
+    kernels_->ActivationBackward(layer.activation, layer.out, layer.dout, int64_t{b} * layer.units,
+                                 layer.dout);
     kernels_->Gemm(true, false, layer.in, layer.units, b, 1.0f, input, layer.dout, 0.0f,
                    layer.dkernel);
     kernels_->BiasGrad(layer.dout, b, layer.units, layer.dbias);
@@ -484,8 +484,8 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
     }
     float* dinput = l == 0 ? dx0_ : layers_[l - 1].dout;
     if (l > 0 || !embeddings_.empty()) {
-      kernels_->Gemm(false, true, b, layer.in, layer.units, 1.0f, layer.dout, params[2 * l],
-                     0.0f, dinput);
+      kernels_->Gemm(false, true, b, layer.in, layer.units, 1.0f, layer.dout, params[2 * l], 0.0f,
+                     dinput);
     }
   }
   const int num_dense = static_cast<int>(dense_names_.size());
@@ -522,9 +522,9 @@ absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
                             const std::vector<const float*>& rows, bool backward,
                             StepResult* result) {
   if (params.size() != dense_names_.size() || rows.size() != embeddings_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "got ", params.size(), " dense variables and ", rows.size(), " tables; the model has ",
-        dense_names_.size(), " and ", embeddings_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("got ", params.size(), " dense variables and ", rows.size(),
+                     " tables; the model has ", dense_names_.size(), " and ", embeddings_.size()));
   }
   constexpr int kSlot = 0;
   PS_RETURN_IF_ERROR(StageInputs(kSlot, batch, sparse));

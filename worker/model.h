@@ -25,10 +25,10 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config)
 // One batch of examples, in host memory. Not owned.
 struct Batch {
   int size = 0;
-  const float* dense = nullptr;           // [size x input_dim]
+  const float* dense = nullptr;             // [size x input_dim]
   const int64_t* sparse_offsets = nullptr;  // [size + 1], or null without sparse features
   const int64_t* sparse_ids = nullptr;
-  const float* labels = nullptr;          // [size]: class index, or 0/1
+  const float* labels = nullptr;  // [size]: class index, or 0/1
 };
 
 // A batch's sparse ids, deduplicated: the rows to pull, and each id's index into them.
@@ -39,8 +39,8 @@ struct SparseInput {
 };
 
 struct StepResult {
-  double loss = 0;       // mean over the batch
-  int64_t correct = 0;   // classification: argmax == label; binary: (p > 0.5) == label
+  double loss = 0;      // mean over the batch
+  int64_t correct = 0;  // classification: argmax == label; binary: (p > 0.5) == label
   // Gradients of the mean loss, per dense variable (Model::dense_variables order) and per
   // table (Model::tables order, rows of SparseInput::unique_ids).
   std::vector<std::vector<float>> dense_grads;
@@ -147,8 +147,8 @@ class Model {
   // `gradient_scale` multiplies every gradient (towers: a tower's share of the whole batch).
   // Does not wait for the device.
   absl::Status Enqueue(int slot, const std::vector<const float*>& params,
-                       const std::vector<const float*>& rows, bool backward,
-                       float gradient_scale, const Hooks& hooks, const Outputs& outputs);
+                       const std::vector<const float*>& rows, bool backward, float gradient_scale,
+                       const Hooks& hooks, const Outputs& outputs);
 
   // The staged batch's size and, for tables, its unique ids (valid until the slot is staged
   // again).
@@ -169,7 +169,7 @@ class Model {
     Activation activation = Activation::kLinear;
     float* dkernel = nullptr;  // views into grads_
     float* dbias = nullptr;
-    float* out = nullptr;      // [max_batch x units]
+    float* out = nullptr;  // [max_batch x units]
     float* dout = nullptr;
   };
   struct Embedding {
@@ -183,8 +183,8 @@ class Model {
     int size = 0;
     int64_t num_rows = 0;
     // Host (page-locked).
-    float* host_dense = nullptr;    // [max_batch x input_dim]
-    float* host_labels = nullptr;   // [max_batch]
+    float* host_dense = nullptr;   // [max_batch x input_dim]
+    float* host_labels = nullptr;  // [max_batch]
     int32_t* host_int_labels = nullptr;
     std::vector<int32_t> host_row_index;  // grown as needed; not page-locked
     int32_t* host_offsets = nullptr;      // [max_batch + 1]

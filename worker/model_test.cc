@@ -111,8 +111,9 @@ TEST(ModelGradientTest, DenseLayersWithEveryActivation) {
   for (const char* act : {"LINEAR", "RELU", "SIGMOID", "TANH"}) {
     SCOPED_TRACE(act);
     CheckGradients(std::string(R"pb(input_dim: 5
-      layers { name: "h" units: 4 activation: )pb") + act + R"pb( }
-      layers { name: "out" units: 3 }
+                                    layers { name: "h" units: 4 activation:)pb") +
+                       act + R"pb(}
+                                  layers { name: "out" units: 3 }
       loss: SOFTMAX_CROSS_ENTROPY)pb",
                    false);
   }
@@ -120,20 +121,21 @@ TEST(ModelGradientTest, DenseLayersWithEveryActivation) {
 
 TEST(ModelGradientTest, EmbeddingBagsSumMeanAndWideWithSigmoidLoss) {
   CheckGradients(R"pb(input_dim: 3
-    embeddings { name: "deep" table: "deep_t" dim: 4 combiner: MEAN }
-    embeddings { name: "sum" table: "sum_t" dim: 2 combiner: SUM }
-    embeddings { name: "wide" table: "wide_t" dim: 1 combiner: SUM wide: true }
-    layers { name: "h" units: 5 activation: TANH }
-    layers { name: "logit" units: 1 }
-    loss: SIGMOID_CROSS_ENTROPY)pb",
+                      embeddings { name: "deep" table: "deep_t" dim: 4 combiner: MEAN }
+                      embeddings { name: "sum" table: "sum_t" dim: 2 combiner: SUM }
+                      embeddings { name: "wide" table: "wide_t" dim: 1 combiner: SUM wide: true }
+                      layers { name: "h" units: 5 activation: TANH }
+                      layers { name: "logit" units: 1 }
+                      loss: SIGMOID_CROSS_ENTROPY)pb",
                  true);
 }
 
 TEST(ModelTest, SpecNamesEveryVariable) {
-  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 784 seed: 5
-    layers { name: "hidden" units: 256 activation: RELU }
-    layers { name: "logits" units: 10 }
-    optimizer { adam { learning_rate: 0.001 } })pb"));
+  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 784
+                                             seed: 5
+                                             layers { name: "hidden" units: 256 activation: RELU }
+                                             layers { name: "logits" units: 10 }
+                                             optimizer { adam { learning_rate: 0.001 } })pb"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->variables_size(), 4);
   EXPECT_EQ(spec->variables(0).name(), "hidden/kernel");
@@ -152,18 +154,26 @@ TEST(ModelTest, RefusesConfigsThatCannotBeBuilt) {
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(substr));
   };
   expect("input_dim: 4", "has no dense layers");
-  expect(R"pb(input_dim: 4 layers { name: "a" units: 3 activation: RELU })pb",
+  expect(R"pb(input_dim: 4
+              layers { name: "a" units: 3 activation: RELU })pb",
          "the last layer, a, must be linear");
-  expect(R"pb(input_dim: 4 layers { name: "a" units: 0 })pb", "layer a has 0 units");
-  expect(R"pb(input_dim: 4 layers { name: "a" units: 2 } loss: SIGMOID_CROSS_ENTROPY)pb",
+  expect(R"pb(input_dim: 4
+              layers { name: "a" units: 0 })pb",
+         "layer a has 0 units");
+  expect(R"pb(input_dim: 4
+              layers { name: "a" units: 2 }
+              loss: SIGMOID_CROSS_ENTROPY)pb",
          "needs 1 output unit");
-  expect(R"pb(input_dim: 4 layers { name: "a" units: 2 } layers { name: "a" units: 2 })pb",
+  expect(R"pb(input_dim: 4
+              layers { name: "a" units: 2 }
+              layers { name: "a" units: 2 })pb",
          "name a is used twice");
 }
 
 TEST(ModelTest, RefusesOutOfRangeLabels) {
   std::unique_ptr<Kernels> kernels = NewCpuKernels();
-  auto model = Model::Create(Parse(R"pb(input_dim: 2 layers { name: "o" units: 3 })pb"),
+  auto model = Model::Create(Parse(R"pb(input_dim: 2
+                                        layers { name: "o" units: 3 })pb"),
                              kernels.get(), 4);
   ASSERT_TRUE(model.ok());
   Problem p = MakeProblem(**model, 2, 3, false, 1);

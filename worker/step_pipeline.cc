@@ -48,9 +48,10 @@ absl::StatusOr<std::unique_ptr<StepPipeline>> StepPipeline::Create(
     }
   }
   if (towers.size() > 1 && !towers[0]->tables().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", towers[0]->config().name(), " has embedding tables; a model with tables "
-        "trains on one device, not ", towers.size(), " towers"));
+    return absl::InvalidArgumentError(absl::StrCat("model ", towers[0]->config().name(),
+                                                   " has embedding tables; a model with tables "
+                                                   "trains on one device, not ",
+                                                   towers.size(), " towers"));
   }
   if (towers.size() > 1 && reducer == nullptr) {
     return absl::InvalidArgumentError("towers need a TowerReducer");
@@ -59,8 +60,8 @@ absl::StatusOr<std::unique_ptr<StepPipeline>> StepPipeline::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("staleness must be >= 0, got ", options.staleness));
   }
-  auto p = std::unique_ptr<StepPipeline>(new StepPipeline(std::move(towers), reducer, client,
-                                                          options));
+  auto p =
+      std::unique_ptr<StepPipeline>(new StepPipeline(std::move(towers), reducer, client, options));
   PS_RETURN_IF_ERROR(p->Allocate());
   p->pull_thread_ = std::thread([raw = p.get()] { raw->PullThread(); });
   p->push_thread_ = std::thread([raw = p.get()] { raw->PushThread(); });
@@ -193,9 +194,8 @@ absl::Status StepPipeline::Stage(int64_t index, const PreparedBatch& batch) {
     part.labels = whole.labels + at;
     at += sizes[t];
     if (part.size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("a batch of ", whole.size,
-                                                     " examples cannot be split over ",
-                                                     towers_.size(), " towers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a batch of ", whole.size, " examples cannot be split over ", towers_.size(), " towers"));
     }
     PS_RETURN_IF_ERROR(towers_[t]->StageInputs(slot, part, SparseInput()));
   }
@@ -207,9 +207,8 @@ absl::Status StepPipeline::StageGathered(int64_t index, const Dataset& data,
   const int slot = static_cast<int>(index % Model::kInputSlots);
   if (data.dense_dim != towers_[0]->config().input_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("the data has ", data.dense_dim,
-                                                   " features; model ",
-                                                   towers_[0]->config().name(), " takes ",
-                                                   towers_[0]->config().input_dim()));
+                                                   " features; model ", towers_[0]->config().name(),
+                                                   " takes ", towers_[0]->config().input_dim()));
   }
   const int num_towers = static_cast<int>(towers_.size());
   const std::vector<int> sizes = Split(static_cast<int>(positions.size()), num_towers);
@@ -219,9 +218,9 @@ absl::Status StepPipeline::StageGathered(int64_t index, const Dataset& data,
   stage_.ParallelFor(num_towers, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       results[t] = sizes[t] == 0
-                       ? absl::InvalidArgumentError(absl::StrCat(
-                             "a batch of ", positions.size(), " examples cannot be split over ",
-                             num_towers, " towers"))
+                       ? absl::InvalidArgumentError(absl::StrCat("a batch of ", positions.size(),
+                                                                 " examples cannot be split over ",
+                                                                 num_towers, " towers"))
                        : towers_[t]->StageGathered(slot, data.dense.data(), data.labels.data(),
                                                    positions.data() + starts[t], sizes[t]);
     }
@@ -341,8 +340,8 @@ absl::Status StepPipeline::PullInto(ParamSlot& slot, int64_t pull_step,
                       m.dense_sizes()[v] * sizeof(float));
         }
         const int64_t first = m.dense_offsets()[layer.indices.front()];
-        const int64_t last = m.dense_offsets()[layer.indices.back()] +
-                             m.dense_sizes()[layer.indices.back()];
+        const int64_t last =
+            m.dense_offsets()[layer.indices.back()] + m.dense_sizes()[layer.indices.back()];
         for (size_t t = 0; t < towers_.size(); ++t) {
           upload(static_cast<int>(t), first, last - first, l);
         }
@@ -358,8 +357,8 @@ absl::Status StepPipeline::PullInto(ParamSlot& slot, int64_t pull_step,
     for (size_t t = 0; t < tables_.size() && s.ok(); ++t) {
       std::vector<float>& rows = slot.host_rows[t];
       rows.resize(ids.size() * table_dims_[t]);
-      s = client_->PullRows(tables_[t], ids.data(), static_cast<int64_t>(ids.size()),
-                            rows.data(), pull_step);
+      s = client_->PullRows(tables_[t], ids.data(), static_cast<int64_t>(ids.size()), rows.data(),
+                            pull_step);
     }
     if (s.ok()) {
       Kernels* k = k0_;
@@ -398,8 +397,8 @@ absl::Status StepPipeline::AwaitLayer(int s, int64_t index, int layer) {
   if (slot.index != index) return absl::InternalError("parameter slot taken by another step");
   if (slot.ready[layer]) return absl::OkStatus();
   if (!slot.error.ok()) return slot.error;
-  return absl::InternalError(absl::StrCat("the pull of step ", index, " ended without layer ",
-                                          layer));
+  return absl::InternalError(
+      absl::StrCat("the pull of step ", index, " ended without layer ", layer));
 }
 
 absl::Status StepPipeline::RetryFailedPush() {
@@ -533,10 +532,11 @@ absl::Status StepPipeline::Run(int64_t index, int64_t tag, int64_t pull_step,
         k->Record(g.downloaded[v].get(), kDownload);
       };
     }
-    const float scale =
-        num_towers == 1 ? 1.0f : static_cast<float>(sizes[t]) / static_cast<float>(batch.data.num_examples);
-    absl::Status s = model.Enqueue(in_slot, params, rows, /*backward=*/true, scale, hooks,
-                                   g.outputs[t]);
+    const float scale = num_towers == 1 ? 1.0f
+                                        : static_cast<float>(sizes[t]) /
+                                              static_cast<float>(batch.data.num_examples);
+    absl::Status s =
+        model.Enqueue(in_slot, params, rows, /*backward=*/true, scale, hooks, g.outputs[t]);
     if (!pull_error.ok()) break;
     PS_RETURN_IF_ERROR(s);
     k->Record(slot.consumed[t].get(), kCompute);
@@ -661,10 +661,9 @@ absl::Status StepPipeline::Push(PushJob& job) {
   for (size_t t = 0; t < tables_.size(); ++t) {
     k0_->Synchronize(g.downloaded[num_dense + t].get());
     comm_.Schedule([&, t] {
-      results[num_layers + t] =
-          client_->PushRows(tables_[t], job.unique_ids.data(),
-                            static_cast<int64_t>(job.unique_ids.size()), g.host_rows[t], job.tag,
-                            &job.tickets[num_layers + t]);
+      results[num_layers + t] = client_->PushRows(
+          tables_[t], job.unique_ids.data(), static_cast<int64_t>(job.unique_ids.size()),
+          g.host_rows[t], job.tag, &job.tickets[num_layers + t]);
       done.DecrementCount();
     });
   }
@@ -675,8 +674,7 @@ absl::Status StepPipeline::Push(PushJob& job) {
 
 void StepPipeline::Collect(const PushJob& job) {
   GradSlot& g = grads_[job.grad_slot];
-  const bool softmax =
-      towers_[0]->config().loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
+  const bool softmax = towers_[0]->config().loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   StepOutcome out;
   out.index = job.index;
   out.tag = job.tag;

@@ -150,7 +150,7 @@ class StepPipeline {
   };
   // Gradients of one step being pushed.
   struct GradSlot {
-    float* host = nullptr;  // packed dense gradients (page-locked)
+    float* host = nullptr;          // packed dense gradients (page-locked)
     std::vector<float*> host_rows;  // per table (page-locked, grown)
     std::vector<int64_t> host_rows_capacity;
     std::vector<std::unique_ptr<Kernels::Event>> downloaded;  // per variable (tower 0)

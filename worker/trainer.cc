@@ -99,7 +99,7 @@ class BatchFeeder {
 
   const Dataset* const data_;  // Not owned.
   const int batch_size_;
-  BatchIterator batches_;  // used by one Prepare at a time
+  BatchIterator batches_;         // used by one Prepare at a time
   StepPipeline* const pipeline_;  // Not owned.
   std::vector<int64_t> positions_;
   ThreadPool thread_;
@@ -151,17 +151,15 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   const int num_towers = static_cast<int>(towers_.size());
   if (num_towers < 1) return absl::InvalidArgumentError("a trainer needs a device");
   if (batch_size < num_towers) {
-    return absl::InvalidArgumentError(absl::StrCat("a batch of ", batch_size,
-                                                   " examples cannot be split over ",
-                                                   num_towers, " devices"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batch of ", batch_size, " examples cannot be split over ", num_towers, " devices"));
   }
   // Each tower takes its share of the batch.
   const int per_tower = (batch_size + num_towers - 1) / num_towers;
   std::vector<std::unique_ptr<Model>> models;
   std::vector<Model*> tower_models;
   for (Kernels* k : towers_) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
-                        Model::Create(model_.config(), k, per_tower));
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::Create(model_.config(), k, per_tower));
     tower_models.push_back(m.get());
     models.push_back(std::move(m));
   }
@@ -185,11 +183,9 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   pipeline_options.staleness = policy->allows_overlap() ? options_.staleness : 0;
   pipeline_options.comm_threads = options_.comm_threads;
   pipeline_options.push_delay = options_.step_delay;
-  PS_ASSIGN_OR_RETURN(
-      std::unique_ptr<StepPipeline> pipeline,
-      StepPipeline::Create(tower_models, reducer.get(), client_, pipeline_options));
-  BatchFeeder feeder(&train_, batch_size, training.shuffle_seed(), drop_remainder,
-                     pipeline.get());
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> pipeline,
+                      StepPipeline::Create(tower_models, reducer.get(), client_, pipeline_options));
+  BatchFeeder feeder(&train_, batch_size, training.shuffle_seed(), drop_remainder, pipeline.get());
   LOG(INFO) << "worker:" << options_.worker << " trains on " << num_towers << " device(s) ("
             << towers_[0]->name() << (num_towers > 1 ? ", ..." : "") << "), batch " << batch_size
             << ", pipeline staleness " << pipeline_options.staleness;
@@ -227,8 +223,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   // ASYNC with overlapping steps: the gate's pass for the next step is asked for while this one
   // runs (the step about to run counts as a push in flight, so a closing gate answers "drain"
   // and no cut falls inside it), which takes the chief's answer off the step's critical path.
-  const bool prefetch_gate =
-      model_.sync().mode() == v1::ASYNC && pipeline_options.staleness > 0;
+  const bool prefetch_gate = model_.sync().mode() == v1::ASYNC && pipeline_options.staleness > 0;
   ThreadPool gate_thread(prefetch_gate ? 1 : 0);
   using GateAnswer = std::pair<absl::Status, StepGrant>;
   std::future<GateAnswer> next_gate;
@@ -249,8 +244,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       s = a.first;
       grant = a.second;
     } else {
-      s = source_->Acquire(policy->last_done(), policy->generation(),
-                           pipeline->pushes_in_flight(), stop, &grant);
+      s = source_->Acquire(policy->last_done(), policy->generation(), pipeline->pushes_in_flight(),
+                           stop, &grant);
     }
     if (stop()) break;
     StepPlan plan;
@@ -266,8 +261,9 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
       if (plan.new_generation) {
         if (plan.tag <= last_done) {
           LOG(WARNING) << "worker:" << options_.worker << " the chief sent the global step back to "
-                       << plan.tag << " (a recovery restored a checkpoint); computing again from "
-                                      "there";
+                       << plan.tag
+                       << " (a recovery restored a checkpoint); computing again from "
+                          "there";
         }
         pipeline->Invalidate();
       }
@@ -304,10 +300,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     const bool due = absl::Now() - last_report >= options_.report_every;
     if (due) {
       collect();
-      LOG(INFO) << absl::StrFormat(
-          "worker:%d step %d epoch %d/%d loss %.4f (staleness max %d)", options_.worker,
-          plan.tag, plan.epoch + 1, epochs,
-          pending.examples > 0 ? loss_sum / pending.examples : 0.0, pipeline->max_staleness());
+      LOG(INFO) << absl::StrFormat("worker:%d step %d epoch %d/%d loss %.4f (staleness max %d)",
+                                   options_.worker, plan.tag, plan.epoch + 1, epochs,
+                                   pending.examples > 0 ? loss_sum / pending.examples : 0.0,
+                                   pipeline->max_staleness());
     }
     if (policy->report_every_step() || due) {
       PS_RETURN_IF_ERROR(report(/*finished=*/false));

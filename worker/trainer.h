@@ -73,9 +73,9 @@ class Trainer {
 
   const v1::GetModelResponse model_;
   const Dataset train_;
-  ParameterClient* const client_;      // Not owned.
+  ParameterClient* const client_;       // Not owned.
   const std::vector<Kernels*> towers_;  // Not owned.
-  StepSource* const source_;           // Not owned.
+  StepSource* const source_;            // Not owned.
   const TrainerOptions options_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int32_t> epoch_{0};

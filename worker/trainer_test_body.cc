@@ -3,8 +3,6 @@
 // CPU; cuda_trainer_test.cc: GPUs).
 #include "worker/trainer_test_body.h"
 
-#include "worker/trainer.h"
-
 #include <atomic>
 #include <random>
 #include <thread>
@@ -25,6 +23,7 @@
 #include "worker/in_process_step_source.h"
 #include "worker/model.h"
 #include "worker/step_pipeline.h"
+#include "worker/trainer.h"
 
 namespace pscluster {
 namespace {
@@ -36,13 +35,17 @@ constexpr int64_t kSteps = kEpochs * kExamples / kBatch;
 
 v1::GetModelResponse MakeModel(v1::UpdateMode mode) {
   v1::GetModelResponse m;
-  CHECK(google::protobuf::TextFormat::ParseFromString(R"pb(
-    name: "tiny" input_dim: 4 seed: 5
-    layers { name: "h" units: 6 activation: RELU }
-    layers { name: "o" units: 3 }
-    loss: SOFTMAX_CROSS_ENTROPY
-    optimizer { sgd { learning_rate: 0.2 } }
-  )pb", m.mutable_config()));
+  CHECK(
+      google::protobuf::TextFormat::ParseFromString(R"pb(
+                                                      name: "tiny"
+                                                      input_dim: 4
+                                                      seed: 5
+                                                      layers { name: "h" units: 6 activation: RELU }
+                                                      layers { name: "o" units: 3 }
+                                                      loss: SOFTMAX_CROSS_ENTROPY
+                                                      optimizer { sgd { learning_rate: 0.2 } }
+                                                    )pb",
+                                                    m.mutable_config()));
   auto spec = ModelSpecFromConfig(m.config());
   CHECK(spec.ok());
   *m.mutable_model() = *spec;
@@ -157,8 +160,8 @@ struct RunResult {
 };
 
 RunResult Train(const v1::GetModelResponse& m, Cluster& cluster, std::vector<Kernels*> towers,
-          StepSource* source, TrainerOptions options,
-          std::unique_ptr<ParameterClient> client = nullptr) {
+                StepSource* source, TrainerOptions options,
+                std::unique_ptr<ParameterClient> client = nullptr) {
   if (client == nullptr) client = cluster.Client();
   options.report_every = absl::Milliseconds(1);
   Trainer trainer(m, MakeData(), client.get(), towers, source, options);
@@ -281,8 +284,8 @@ class LosingTransport : public PsTransport {
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override {
     return inner_->ListShards(ps);
   }
-  absl::StatusOr<v1::InspectShardResponse> InspectShard(
-      int ps, const v1::InspectShardRequest& r) override {
+  absl::StatusOr<v1::InspectShardResponse> InspectShard(int ps,
+                                                        const v1::InspectShardRequest& r) override {
     return inner_->InspectShard(ps, r);
   }
   absl::Status SaveShards(int ps, const v1::SaveShardsRequest& r,
@@ -310,8 +313,8 @@ class LosingTransport : public PsTransport {
 TEST_P(TrainerTest, PushesWhoseAnswersAreLostAreAppliedOnce) {
   const v1::GetModelResponse m = MakeModel(v1::ASYNC);
   Cluster cluster(m);
-  auto losing = std::make_unique<LosingTransport>(cluster.root->Share(),
-                                                  std::vector<int>{3, 10, 11, 25});
+  auto losing =
+      std::make_unique<LosingTransport>(cluster.root->Share(), std::vector<int>{3, 10, 11, 25});
   LosingTransport* transport = losing.get();
   std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);

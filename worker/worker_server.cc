@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
@@ -43,13 +43,13 @@ absl::StatusOr<std::vector<int>> ParseDevices(const std::string& device) {
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& options) {
   if (options.cluster.task().job() != kWorkerJob) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the worker must run as a worker task, not ", TaskName(options.cluster.task())));
+    return absl::InvalidArgumentError(absl::StrCat("the worker must run as a worker task, not ",
+                                                   TaskName(options.cluster.task())));
   }
   PS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseDevices(options.device));
   if (options.pipeline_staleness < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--pipeline_staleness must be >= 0, got ",
-                                                   options.pipeline_staleness));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline_staleness must be >= 0, got ", options.pipeline_staleness));
   }
   std::vector<std::unique_ptr<Kernels>> kernels;
   if (gpus.empty()) kernels.push_back(NewCpuKernels());
@@ -148,8 +148,8 @@ absl::Status WorkerServer::TrainOnce() {
   auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
   std::unique_ptr<PsTransport> transport;
   if (options_.tensor_wire) {
-    transport = std::make_unique<TcpPsTransport>(std::move(grpc), addresses,
-                                                 TcpPsTransportOptions());
+    transport =
+        std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
   } else {
     transport = std::move(grpc);
   }

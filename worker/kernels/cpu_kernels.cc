@@ -257,8 +257,8 @@ class CpuKernels final : public Kernels {
   bool device_is_host() const override { return true; }
 
   absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
-    void* p = ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), kAlignment,
-                             std::nothrow);
+    void* p =
+        ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), kAlignment, std::nothrow);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cpu: out of memory allocating ", bytes, " bytes of host memory"));

@@ -15,16 +15,16 @@ CudaDeviceInfo ProbeCudaDevice(int ordinal) {
     return info;
   }
   if (ordinal < 0 || ordinal >= info.visible_devices) {
-    info.error = "GPU " + std::to_string(ordinal) + " does not exist: " +
-                 std::to_string(info.visible_devices) +
+    info.error = "GPU " + std::to_string(ordinal) +
+                 " does not exist: " + std::to_string(info.visible_devices) +
                  " visible (CUDA_VISIBLE_DEVICES applies)";
     return info;
   }
   cudaDeviceProp prop;
   err = cudaGetDeviceProperties(&prop, ordinal);
   if (err != cudaSuccess) {
-    info.error = std::string("cannot query GPU ") + std::to_string(ordinal) + ": " +
-                 cudaGetErrorString(err);
+    info.error =
+        std::string("cannot query GPU ") + std::to_string(ordinal) + ": " + cudaGetErrorString(err);
     return info;
   }
   info.ok = true;

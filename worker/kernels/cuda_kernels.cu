@@ -3,6 +3,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +14,6 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
-
-#include <nccl.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -564,8 +563,8 @@ class CudaKernels final : public Kernels {
   absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
     MakeCurrent();
     void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)),
-                                          cudaHostAllocPortable);
+    const cudaError_t err =
+        cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocPortable);
     if (err != cudaSuccess) {
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrCat(name_, ": cudaHostAlloc of ", bytes,
@@ -589,15 +588,15 @@ class CudaKernels final : public Kernels {
   void CopyToDeviceAsync(Stream stream, const void* host, void* device, int64_t bytes) override {
     if (bytes <= 0) return;
     MakeCurrent();
-    PS_CUDA_CHECK(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes),
-                                  cudaMemcpyHostToDevice, StreamOf(stream)));
+    PS_CUDA_CHECK(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                  StreamOf(stream)));
   }
 
   void CopyToHostAsync(Stream stream, const void* device, void* host, int64_t bytes) override {
     if (bytes <= 0) return;
     MakeCurrent();
-    PS_CUDA_CHECK(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes),
-                                  cudaMemcpyDeviceToHost, StreamOf(stream)));
+    PS_CUDA_CHECK(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                  StreamOf(stream)));
   }
 
   void CopyRowsToDeviceAsync(Stream stream, const void* host, int64_t host_pitch, void* device,
@@ -605,9 +604,9 @@ class CudaKernels final : public Kernels {
     if (rows <= 0 || row_bytes <= 0) return;
     MakeCurrent();
     PS_CUDA_CHECK(cudaMemcpy2DAsync(device, static_cast<size_t>(device_pitch), host,
-                                    static_cast<size_t>(host_pitch),
-                                    static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
-                                    cudaMemcpyHostToDevice, StreamOf(stream)));
+                                    static_cast<size_t>(host_pitch), static_cast<size_t>(row_bytes),
+                                    static_cast<size_t>(rows), cudaMemcpyHostToDevice,
+                                    StreamOf(stream)));
   }
 
   std::unique_ptr<Event> NewEvent() override {
@@ -742,10 +741,10 @@ class CudaKernels final : public Kernels {
   const std::string name_;
   const int64_t memory_limit_bytes_;  // 0: no cap
   int multiprocessors_ = 1;
-  cudaStream_t stream_ = nullptr;    // Owned: compute.
+  cudaStream_t stream_ = nullptr;           // Owned: compute.
   cudaStream_t upload_stream_ = nullptr;    // Owned: host-to-device copies.
   cudaStream_t download_stream_ = nullptr;  // Owned: device-to-host copies.
-  cublasHandle_t cublas_ = nullptr;  // Owned; bound to stream_.
+  cublasHandle_t cublas_ = nullptr;         // Owned; bound to stream_.
   // Page-locked host memory; taken and freed from any thread.
   absl::Mutex host_mu_;
   std::unordered_set<void*> host_allocations_ ABSL_GUARDED_BY(host_mu_);
@@ -816,9 +815,8 @@ absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
   const ncclResult_t r =
       ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
   if (r != ncclSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("NCCL cannot join GPUs ",
-                                                      absl::StrJoin(devices, ", "), ": ",
-                                                      ncclGetErrorString(r)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL cannot join GPUs ", absl::StrJoin(devices, ", "), ": ", ncclGetErrorString(r)));
   }
   return std::unique_ptr<TowerReducer>(new NcclTowerReducer(std::move(cuda), std::move(comms)));
 }

@@ -83,8 +83,8 @@ class Kernels {
 
   // Sigmoid binary cross-entropy over logits [rows] with labels in {0, 1} [rows]:
   // loss[r] = max(z, 0) - z * y + log(1 + exp(-|z|)), dlogits = (sigmoid(z) - y) / rows.
-  virtual void SigmoidCrossEntropy(const float* logits, const float* labels, int rows,
-                                   float* loss, float* dlogits) = 0;
+  virtual void SigmoidCrossEntropy(const float* logits, const float* labels, int rows, float* loss,
+                                   float* dlogits) = 0;
 
   // Embedding bag. `rows` holds the distinct embedding rows this batch touches ([num_rows x
   // dim]); example b's ids are row_index[offsets[b] .. offsets[b + 1]) (indices into `rows`).
@@ -122,10 +122,8 @@ class Kernels {
   // Copies on `stream`, after the stream's earlier work. The host buffer must stay valid (and,
   // for an upload, unchanged) until an event recorded after the copy is complete. CPU: done at
   // once.
-  virtual void CopyToDeviceAsync(Stream stream, const void* host, void* device,
-                                 int64_t bytes) = 0;
-  virtual void CopyToHostAsync(Stream stream, const void* device, void* host,
-                               int64_t bytes) = 0;
+  virtual void CopyToDeviceAsync(Stream stream, const void* host, void* device, int64_t bytes) = 0;
+  virtual void CopyToHostAsync(Stream stream, const void* device, void* host, int64_t bytes) = 0;
   // `rows` rows of `row_bytes` each, from host rows `host_pitch` bytes apart to device rows
   // `device_pitch` bytes apart (the dense features of a batch into the first columns of the
   // model's input).

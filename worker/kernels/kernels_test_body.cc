@@ -666,8 +666,7 @@ TEST_P(KernelsConformanceTest, CopyRowsToDeviceFillsTheLeadingColumns) {
   std::unique_ptr<Kernels::Event> done = kernels_->NewEvent();
   kernels_->Record(done.get(), Kernels::Stream::kUpload);
   kernels_->Synchronize(done.get());
-  EXPECT_EQ(Download(device, 12),
-            (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0, 5, 6, 0, 0}));
+  EXPECT_EQ(Download(device, 12), (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0, 5, 6, 0, 0}));
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ class HostTowerReducer final : public TowerReducer {
   explicit HostTowerReducer(int towers) : towers_(towers) {}
   absl::Status AllReduceSum(const std::vector<float*>& buffers, int64_t n) override {
     if (static_cast<int>(buffers.size()) != towers_) {
-      return absl::InvalidArgumentError(absl::StrCat("AllReduceSum of ", buffers.size(),
-                                                     " buffers over ", towers_, " towers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllReduceSum of ", buffers.size(), " buffers over ", towers_, " towers"));
     }
     for (int64_t i = 0; i < n; ++i) {
       float sum = buffers[0][i];
@@ -44,8 +44,7 @@ class HostTowerReducer final : public TowerReducer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TowerReducer>> NewTowerReducer(
-    const std::vector<Kernels*>& towers) {
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewTowerReducer(const std::vector<Kernels*>& towers) {
   if (towers.empty()) return absl::InvalidArgumentError("a tower reducer needs a tower");
   if (towers.size() == 1) return std::unique_ptr<TowerReducer>(new SingleTowerReducer());
   const bool host = towers[0]->device_is_host();
