@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
-# (chief, ps_server, worker, train_bench, cluster_probe, cuda_kernels_test, cuda_trainer_test;
-# and psctl, for
-# looking at the cluster there, left out with a warning when it does not build), packs them
+# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, cuda_kernels_test,
+# cuda_trainer_test; and psctl, for looking at the cluster there, left out with a warning when
+# it does not build), packs them
 # with their shared libraries into a device bundle (../shared/tools/device-bundle; stripped,
 # and stored as payload.tar.gz holding its run, bin/ and lib/), and copies in the
 # Fashion-MNIST .gz files (data/), the model configs (configs/) and the scripts (bench/).
@@ -32,7 +32,7 @@ bundler=../shared/tools/device-bundle
 data_dir=/usr/share/datasets/fashion-mnist
 
 bash tools/setup.sh >/dev/null
-targets=(//chief //ps_server //worker //bench:train_bench //bench:cluster_probe)
+targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe)
 config=()
 if [[ $cuda -eq 1 ]]; then
   targets+=(//worker/kernels:cuda_kernels_test //worker:cuda_trainer_test)
@@ -42,6 +42,7 @@ echo "==> building ${config[*]:-(default config)}: ${targets[*]}"
 bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progress "${targets[@]}"
 bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
 binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
+  "$bin_dir/evaluator/evaluator"
   "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe")
 if bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progress \
   //cli:psctl; then

@@ -1,16 +1,17 @@
 #include "chief/chief_server.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "chief/evaluator.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "evaluator/evaluation.h"
 #include "glog/logging.h"
 #include "sharding/placement.h"
 #include "storage/checkpoint.h"
@@ -59,6 +60,7 @@ ChiefServer::ChiefServer(const ChiefOptions& options)
     : options_(options),
       start_time_(absl::Now()),
       num_workers_(NumTasks(options.cluster.cluster(), kWorkerJob)),
+      has_evaluator_(NumTasks(options.cluster.cluster(), kEvaluatorJob) > 0),
       registry_(options.cluster.cluster(), options.heartbeat_timeout, Clock::Real()),
       sync_(SyncOptionsFor(options, NumTasks(options.cluster.cluster(), kWorkerJob)),
             Clock::Real()),
@@ -689,22 +691,43 @@ absl::Status ChiefServer::InitializeModel() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<EvalResult> ChiefServer::OwnEvaluation(int64_t step) {
+  if (own_evaluator_ == nullptr) {
+    PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options_.training.data(),
+                                                  options_.config.input_dim(), /*train=*/false));
+    PS_ASSIGN_OR_RETURN(own_evaluator_,
+                        Evaluator::Create(options_.config, client_.get(), std::move(test)));
+  }
+  return own_evaluator_->Evaluate(step);
+}
+
+void ChiefServer::RecordEvaluation(const EvalResult& r, const std::string& by) {
+  std::string line;
+  {
+    absl::MutexLock lock(&mu_);
+    progress_.set_test_accuracy(r.accuracy);
+    progress_.set_test_loss(r.loss);
+    progress_.set_test_auc(r.auc);
+    progress_.set_test_step(r.step);
+    progress_.set_test_evaluated_by(by);
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_time_);
+    line = MetricsJsonLine(r, progress_.loss(), progress_.examples_per_second(), elapsed, by);
+  }
+  LOG(INFO) << absl::StrFormat("evaluation at step %d by %s: test loss %.4f, accuracy %.4f%s",
+                               r.step, by, r.loss, r.accuracy,
+                               r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "");
+  if (options_.metrics_path.empty()) return;
+  absl::MutexLock lock(&metrics_mu_);
+  std::ofstream metrics(options_.metrics_path, std::ios::app);
+  metrics << line << std::endl;
+  if (!metrics) LOG(WARNING) << "cannot append to the metrics file " << options_.metrics_path;
+}
+
 void ChiefServer::EvaluationLoop() {
-  absl::StatusOr<Dataset> test =
-      LoadDataset(options_.training.data(), options_.config.input_dim(), /*train=*/false);
-  if (!test.ok()) {
-    LOG(ERROR) << "no evaluation: cannot load the test data: " << test.status();
-    return;
-  }
-  absl::StatusOr<std::unique_ptr<Evaluator>> evaluator =
-      Evaluator::Create(options_.config, client_.get(), *std::move(test));
-  if (!evaluator.ok()) {
-    LOG(ERROR) << "no evaluation: " << evaluator.status();
-    return;
-  }
-  std::ofstream metrics;
-  if (!options_.metrics_path.empty()) metrics.open(options_.metrics_path, std::ios::app);
-  absl::Time next_eval = absl::Now() + options_.eval_every;
+  // With an evaluator task the chief computes nothing: the evaluator reports (ReportEvaluation)
+  // and is asked for the final evaluation; the chief evaluates only if that does not come.
+  absl::Time next_eval =
+      has_evaluator_ ? absl::InfiniteFuture() : absl::Now() + options_.eval_every;
   while (true) {
     bool all_finished = false;
     {
@@ -717,46 +740,126 @@ void ChiefServer::EvaluationLoop() {
       if (stop_requested_) return;
       all_finished = num_workers_ > 0 && progress_.workers_finished() >= num_workers_;
     }
-    const int64_t step = sync_.global_step();
-    int64_t global_step;
-    {
-      absl::MutexLock lock(&mu_);
-      global_step = progress_.global_step();
-    }
-    absl::StatusOr<EvalResult> r = (*evaluator)->Evaluate(std::max(step, global_step));
-    next_eval = absl::Now() + options_.eval_every;
-    if (!r.ok()) {
-      LOG(WARNING) << "evaluation failed: " << r.status();
+    const int64_t step = CurrentStep();
+    if (!all_finished) {
+      absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      next_eval = absl::Now() + options_.eval_every;
+      if (r.ok()) {
+        RecordEvaluation(*r, "chief");
+      } else {
+        LOG(WARNING) << "evaluation failed: " << r.status();
+      }
       continue;
     }
-    {
+    // The trained model is saved before anyone is told training is over.
+    if (!options_.checkpoint_dir.empty()) {
+      absl::StatusOr<v1::CheckpointResponse> c = TakeCheckpoint("training finished");
+      if (!c.ok()) LOG(WARNING) << "final checkpoint failed: " << c.status();
+    }
+    bool evaluated = false;
+    if (has_evaluator_) {
       absl::MutexLock lock(&mu_);
-      progress_.set_test_accuracy(r->accuracy);
-      progress_.set_test_loss(r->loss);
-      progress_.set_test_auc(r->auc);
-      progress_.set_test_step(r->step);
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_time_);
-      LOG(INFO) << absl::StrFormat("evaluation at step %d: test loss %.4f, accuracy %.4f%s",
-                                   r->step, r->loss, r->accuracy,
-                                   r->auc >= 0 ? absl::StrFormat(", AUC %.4f", r->auc) : "");
-      if (metrics.is_open()) {
-        metrics << MetricsJsonLine(*r, progress_.loss(), progress_.examples_per_second(), elapsed)
-                << std::endl;
+      final_step_ = step;
+      SetPhaseLocked(v1::FINAL_EVALUATION,
+                     absl::StrCat("waiting for evaluator:0 to evaluate step ", step));
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_requested_ || final_evaluated_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&done), options_.final_eval_timeout);
+      if (stop_requested_) return;
+      evaluated = final_evaluated_;
+      if (!evaluated) {
+        LOG(WARNING) << "evaluator:0 sent no evaluation of the final step " << step << " within "
+                     << absl::FormatDuration(options_.final_eval_timeout)
+                     << ": the chief evaluates it";
       }
     }
-    if (all_finished) {
-      // The trained model is saved before anyone is told training is over.
-      if (!options_.checkpoint_dir.empty()) {
-        absl::StatusOr<v1::CheckpointResponse> c = TakeCheckpoint("training finished");
-        if (!c.ok()) LOG(WARNING) << "final checkpoint failed: " << c.status();
+    if (!evaluated) {
+      absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      if (r.ok()) {
+        RecordEvaluation(*r, "chief");
+      } else {
+        LOG(WARNING) << "final evaluation failed: " << r.status();
       }
-      absl::MutexLock lock(&mu_);
-      progress_.set_finished(true);
-      SetPhaseLocked(v1::FINISHED, "");
-      LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f", r->accuracy);
-      return;
+    }
+    absl::MutexLock lock(&mu_);
+    progress_.set_finished(true);
+    SetPhaseLocked(v1::FINISHED, "");
+    LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f (by %s)",
+                                 progress_.test_accuracy(), progress_.test_evaluated_by());
+    return;
+  }
+}
+
+grpc::Status ChiefServer::ReportEvaluation(grpc::ServerContext*,
+                                           const v1::ReportEvaluationRequest* req,
+                                           v1::ReportEvaluationResponse* resp) {
+  PS_RETURN_IF_ERROR_GRPC(CheckEvaluationReport(*req));
+  EvalResult r;
+  r.step = req->step();
+  r.examples = req->examples();
+  r.loss = req->loss();
+  r.accuracy = req->accuracy();
+  r.auc = req->auc();
+  {
+    absl::MutexLock lock(&mu_);
+    if (req->final()) {
+      if (progress_.finished() && progress_.test_evaluated_by() == TaskName(req->task()) &&
+          progress_.test_step() == req->step()) {
+        resp->set_finished(true);  // a retry of the final report already taken
+        return grpc::Status::OK;
+      }
+      if (phase_ != v1::FINAL_EVALUATION || final_evaluated_) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("a final evaluation is not expected: the chief is ",
+                                         v1::ChiefPhase_Name(phase_)));
+      }
+      if (req->step() != final_step_) {
+        return grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("the final model is that of step ", final_step_, ", not ", req->step()));
+      }
     }
   }
+  RecordEvaluation(r, TaskName(req->task()));
+  absl::MutexLock lock(&mu_);
+  if (req->final()) final_evaluated_ = true;
+  resp->set_finished(progress_.finished());
+  return grpc::Status::OK;
+}
+
+absl::Status ChiefServer::CheckEvaluationReport(const v1::ReportEvaluationRequest& req) const {
+  if (!has_evaluator_) {
+    return absl::FailedPreconditionError(
+        "this cluster has no evaluator task: the chief evaluates the model itself");
+  }
+  if (req.task().job() != kEvaluatorJob || req.task().index() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluations are reported by the evaluator task (evaluator:0), not by ",
+                     TaskName(req.task())));
+  }
+  const int64_t now = CurrentStep();
+  if (req.step() < 0 || req.step() > now) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "evaluation of step ", req.step(), ": expected a step in [0, ", now, "], the global step"));
+  }
+  if (req.examples() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation of ", req.examples(), " examples: expected at least 1"));
+  }
+  if (!std::isfinite(req.loss()) || req.loss() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation loss ", req.loss(), ": expected a finite value >= 0"));
+  }
+  if (!(req.accuracy() >= 0 && req.accuracy() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation accuracy ", req.accuracy(), ": expected a value in [0, 1]"));
+  }
+  if (req.auc() != -1 && !(req.auc() >= 0 && req.auc() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation AUC ", req.auc(), ": expected a value in [0, 1], or -1 for none"));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status ChiefServer::RegisterTask(grpc::ServerContext*, const v1::RegisterTaskRequest* req,
@@ -868,6 +971,8 @@ std::string PhaseName(v1::ChiefPhase phase) {
       return "training";
     case v1::RECOVERING:
       return "recovering";
+    case v1::FINAL_EVALUATION:
+      return "final evaluation";
     case v1::FINISHED:
       return "training finished";
     case v1::FAILED:

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/daemon.h"
 #include "common/service_host.h"
+#include "evaluator/evaluation.h"
 #include "proto/cluster.pb.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/model.pb.h"
@@ -47,8 +48,12 @@ struct ChiefOptions {
   // Update mode: ASYNC; SYNC with replicas_to_aggregate (0: every worker); or SSP with its
   // staleness bound.
   v1::SyncOptions sync;
-  // Evaluate the test set this often while training, and once at the end (needs `config`).
+  // Without an evaluator task: evaluate the test set this often while training, and once at
+  // the end (needs `config`). With one, the evaluator evaluates and reports.
   absl::Duration eval_every = absl::Seconds(15);
+  // With an evaluator task: how long to wait for its evaluation of the final model before
+  // the chief evaluates it itself.
+  absl::Duration final_eval_timeout = absl::Seconds(60);
   // Each evaluation is appended here as a JSON line (empty: not written).
   std::string metrics_path;
   // Settings of the chief's own calls to the ps tasks.
@@ -103,6 +108,12 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
                           v1::ReportStepResponse* resp) override;
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
                           v1::CheckpointResponse* resp) override;
+  grpc::Status ReportEvaluation(grpc::ServerContext* ctx, const v1::ReportEvaluationRequest* req,
+                                v1::ReportEvaluationResponse* resp) override;
+  // INVALID_ARGUMENT for a report not from evaluator:0 or with impossible values (a step past
+  // the global step, no examples, a loss, accuracy or AUC out of range); FAILED_PRECONDITION
+  // when the cluster has no evaluator.
+  absl::Status CheckEvaluationReport(const v1::ReportEvaluationRequest& req) const;
 
   // Writes a checkpoint of the current model (sync: at a step boundary) and commits its
   // manifest. One at a time.
@@ -146,12 +157,20 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // Runs on background_.
   void Run();
   absl::Status InitializeModel();
+  // Evaluates periodically (without an evaluator task), then, once every worker is done,
+  // takes the final checkpoint, has the final model evaluated (by the evaluator, or by the
+  // chief if it has none or it does not answer in time) and marks training finished.
   void EvaluationLoop();
+  // The chief's own evaluation (its Evaluator is made on first use); background_ only.
+  absl::StatusOr<EvalResult> OwnEvaluation(int64_t step);
+  // Shows `r`, computed by task `by`, in the status, and appends it to the metrics file.
+  void RecordEvaluation(const EvalResult& r, const std::string& by) ABSL_LOCKS_EXCLUDED(mu_);
   bool stop_requested() const;
 
   const ChiefOptions options_;
   const absl::Time start_time_;
   const int num_workers_;
+  const bool has_evaluator_;  // the cluster has an evaluator task
   TaskRegistry registry_;
   SyncCoordinator sync_;
   StepGate gate_;  // ASYNC: where workers are held for a checkpoint or a recovery
@@ -160,7 +179,9 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   // Set once (under mu_, so that Stop() can cancel it), before model_ready_; read without the
   // lock after that.
   std::unique_ptr<ParameterClient> client_;
-  std::vector<uint64_t> ps_incarnations_;  // as of the last (re)creation; background_ only
+  std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
+  std::unique_ptr<Evaluator> own_evaluator_;  // OwnEvaluation's; the evaluation thread only
+  absl::Mutex metrics_mu_;                    // serializes appends to options_.metrics_path
 
   struct WorkerProgress {
     int64_t steps = 0;
@@ -196,6 +217,9 @@ class ChiefServer : public Daemon, private v1::Coordinator::Service {
   absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // A checkpoint or recovery is running.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  // FINAL_EVALUATION: the step whose model the evaluator must evaluate, and whether it has.
+  int64_t final_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool final_evaluated_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_checkpoint_ ABSL_GUARDED_BY(mu_);
 };
 

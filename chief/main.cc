@@ -38,6 +38,9 @@ DEFINE_int64(synthetic_examples, 200000, "synthetic_ctr: training examples to ge
 DEFINE_uint64(data_seed, 7, "synthetic_ctr: seed of the planted model and the examples.");
 DEFINE_int32(eval_every_secs, 15, "Evaluate the test set this often while training.");
 DEFINE_string(metrics_file, "", "Append each evaluation here as a JSON line.");
+DEFINE_int32(final_eval_timeout_secs, 60,
+             "With an evaluator task: how long to wait for its evaluation of the final model "
+             "before the chief evaluates it itself.");
 DEFINE_string(placement_strategy, "round_robin",
               "How variables are spread over ps tasks: round_robin (TF replica_device_setter) "
               "or greedy (by bytes, TF GreedyLoadBalancingStrategy).");
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
   data.set_seed(FLAGS_data_seed);
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
   options.metrics_path = FLAGS_metrics_file;
+  options.final_eval_timeout = absl::Seconds(FLAGS_final_eval_timeout_secs);
   if (FLAGS_placement_strategy == "round_robin") {
     options.placement.set_strategy(pscluster::v1::PlacementOptions::ROUND_ROBIN);
   } else if (FLAGS_placement_strategy == "greedy") {

@@ -140,6 +140,7 @@ TestCluster::~TestCluster() { KillAll(); }
 std::string TestCluster::BinaryFor(const std::string& job) const {
   if (job == kChiefJob) return binary_dir_ + "/chief/chief";
   if (job == kPsJob) return binary_dir_ + "/ps_server/ps_server";
+  if (job == kEvaluatorJob) return binary_dir_ + "/evaluator/evaluator";
   return binary_dir_ + "/worker/worker";
 }
 
@@ -157,11 +158,15 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const TestCluste
   add_job(&cluster->spec_, "chief", 1, "127.0.0.1:0");
   add_job(&cluster->spec_, "ps", options.num_ps, "127.0.0.1:0");
   add_job(&cluster->spec_, "worker", options.num_workers, "127.0.0.1:0");
+  add_job(&cluster->spec_, "evaluator", options.num_evaluators, "127.0.0.1:0");
   PS_RETURN_IF_ERROR(cluster->StartTask("chief", 0));
   (*cluster->spec_.mutable_jobs(0)->mutable_tasks())[0] = cluster->chief_address();
   for (int i = 0; i < options.num_ps; ++i) PS_RETURN_IF_ERROR(cluster->StartTask("ps", i));
   for (int i = 0; i < options.num_workers; ++i) {
     PS_RETURN_IF_ERROR(cluster->StartTask("worker", i));
+  }
+  for (int i = 0; i < options.num_evaluators; ++i) {
+    PS_RETURN_IF_ERROR(cluster->StartTask("evaluator", i));
   }
   return cluster;
 }

@@ -18,11 +18,14 @@ namespace pscluster {
 struct TestClusterOptions {
   int num_ps = 2;
   int num_workers = 2;
+  // 1: an evaluator task too (evaluator:0), started last.
+  int num_evaluators = 0;
   // Extra command-line flags for every task of a job ("chief", "ps", "worker"), and for one
   // task ("worker:2"), added after the job's.
   std::map<std::string, std::vector<std::string>> flags;
   // Where the binaries are; empty means this test's runfiles (the test's BUILD target lists
-  // //chief:chief, //ps_server:ps_server and //worker:worker in `data`).
+  // //chief:chief, //ps_server:ps_server and //worker:worker in `data`, and
+  // //evaluator:evaluator with an evaluator).
   std::string binary_dir;
   // Logs and port files go here; empty means $TEST_UNDECLARED_OUTPUTS_DIR or $TEST_TMPDIR.
   std::string work_dir;
@@ -46,6 +49,7 @@ class TestCluster {
   ChildProcess& chief() { return *tasks_.at("chief:0").process; }
   ChildProcess& ps(int i) { return *tasks_.at("ps:" + std::to_string(i)).process; }
   ChildProcess& worker(int i) { return *tasks_.at("worker:" + std::to_string(i)).process; }
+  ChildProcess& evaluator() { return *tasks_.at("evaluator:0").process; }
   // Every running task, the chief first.
   std::vector<ChildProcess*> processes();
 

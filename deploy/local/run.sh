@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The main job: starts a local cluster (1 chief, 2 ps, 2 workers by default, each a separate
-# process on 127.0.0.1), trains the MLP on Fashion-MNIST, shows progress, prints the final test
-# accuracy, and shuts everything down cleanly (also on Ctrl-C).
+# The main job: starts a local cluster (1 chief, 2 ps, 2 workers and an evaluator by default,
+# each a separate process on 127.0.0.1), trains the MLP on Fashion-MNIST, shows progress, prints
+# the final test accuracy, and shuts everything down cleanly (also on Ctrl-C).
 #
 #   bash deploy/local/run.sh [--mode async|sync|ssp] [--ps N] [--workers N]
 #                            [--model configs/mlp.pbtxt] [--epochs N] [--batch_size N]
-#                            [--device cpu|gpu:N[,gpu:M...]] [--hold] [--bin_dir DIR]
-#                            [--data_path DIR] [-- extra chief flags]
+#                            [--device cpu|gpu:N[,gpu:M...]] [--no_evaluator] [--hold]
+#                            [--bin_dir DIR] [--data_path DIR] [-- extra chief flags]
 #
+# The evaluator task evaluates the live model on the test set while training and at the end;
+# with --no_evaluator the chief does it.
 # --hold keeps the cluster up after training until Ctrl-C. Logs and metrics go to a fresh
 # folder under $TMPDIR (default /tmp), printed at the start. --bin_dir runs prebuilt binaries
-# (DIR/chief, DIR/ps_server, DIR/worker, DIR/psctl, with DIR/../lib on the library path, as in
+# (DIR/chief, DIR/ps_server, DIR/worker, DIR/psctl and DIR/evaluator (without it: no
+# evaluator task), with DIR/../lib on the library path, as in
 # the device bundle of bench/gpu_prepare.sh) instead of installing and building;
 # --data_path is the Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist).
 set -euo pipefail
@@ -24,6 +27,7 @@ epochs=10
 batch_size=128
 device=cpu
 hold=0
+evaluator=1
 bin_dir=""
 data_path=""
 chief_extra=()
@@ -37,10 +41,11 @@ while [[ $# -gt 0 ]]; do
     --batch_size) batch_size=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --hold) hold=1; shift ;;
+    --no_evaluator) evaluator=0; shift ;;
     --bin_dir) bin_dir=$2; shift 2 ;;
     --data_path) data_path=$2; shift 2 ;;
     --) shift; chief_extra=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -50,15 +55,20 @@ declare -A binary
 if [[ -z $bin_dir ]]; then
   bash tools/setup.sh >/dev/null
   echo "==> building the daemons"
-  bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //worker //cli:psctl
+  bazel build --ui_event_filters=-info --noshow_progress //chief //ps_server //worker //cli:psctl \
+    //evaluator
   bin=$(bazel info bazel-bin 2>/dev/null)
   binary=([chief]=$bin/chief/chief [ps_server]=$bin/ps_server/ps_server
-          [worker]=$bin/worker/worker [psctl]=$bin/cli/psctl)
+          [worker]=$bin/worker/worker [psctl]=$bin/cli/psctl [evaluator]=$bin/evaluator/evaluator)
 else
   bin_dir=$(cd "$bin_dir" && pwd)
   [[ -d $bin_dir/../lib ]] && export LD_LIBRARY_PATH="$bin_dir/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   binary=([chief]=$bin_dir/chief [ps_server]=$bin_dir/ps_server [worker]=$bin_dir/worker
-          [psctl]=$bin_dir/psctl)
+          [psctl]=$bin_dir/psctl [evaluator]=$bin_dir/evaluator)
+  if [[ $evaluator -eq 1 && ! -x ${binary[evaluator]} ]]; then
+    echo "run.sh: no $bin_dir/evaluator: running without an evaluator task (the chief evaluates)"
+    evaluator=0
+  fi
 fi
 data_flag=()
 [[ -n $data_path ]] && data_flag=(--data_path="$(cd "$data_path" && pwd)")
@@ -92,8 +102,10 @@ tf_config() {  # chief_address job index
   local ps="" workers="" i
   for ((i = 0; i < num_ps; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
   for ((i = 0; i < num_workers; i++)); do workers+="${workers:+,}\"127.0.0.1:0\""; done
-  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]},"task":{"type":"%s","index":%d}}' \
-    "$1" "$ps" "$workers" "$2" "$3"
+  local extra=""
+  [[ $evaluator -eq 1 ]] && extra=',"evaluator":["127.0.0.1:0"]'
+  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]%s},"task":{"type":"%s","index":%d}}' \
+    "$1" "$ps" "$workers" "$extra" "$2" "$3"
 }
 
 start_task() {  # name job index chief_address [flags...]
@@ -111,7 +123,7 @@ start_task() {  # name job index chief_address [flags...]
   exit 1
 }
 
-echo "==> starting 1 chief, $num_ps ps, $num_workers workers ($mode, $(basename "$model"), $epochs epochs)"
+echo "==> starting 1 chief, $num_ps ps, $num_workers workers$([[ $evaluator -eq 1 ]] && echo ", 1 evaluator") ($mode, $(basename "$model"), $epochs epochs)"
 start_task chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
   --epochs="$epochs" --batch_size="$batch_size" --metrics_file="$work/metrics.jsonl" \
   --checkpoint_dir="$work/checkpoints" --checkpoint_every_secs=20 \
@@ -121,6 +133,9 @@ for ((i = 0; i < num_ps; i++)); do start_task ps_server ps "$i" "$chief"; done
 for ((i = 0; i < num_workers; i++)); do
   start_task worker worker "$i" "$chief" --device="$device" ${data_flag[@]+"${data_flag[@]}"}
 done
+if [[ $evaluator -eq 1 ]]; then
+  start_task evaluator evaluator 0 "$chief" ${data_flag[@]+"${data_flag[@]}"}
+fi
 
 for _ in $(seq 100); do
   if "${binary[psctl]}" --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi

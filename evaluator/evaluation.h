@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_CHIEF_EVALUATOR_H_
-#define PSCLUSTER_CHIEF_EVALUATOR_H_
+#ifndef PSCLUSTER_EVALUATOR_EVALUATION_H_
+#define PSCLUSTER_EVALUATOR_EVALUATION_H_
 
 #include <cstdint>
 #include <memory>
@@ -46,10 +46,11 @@ class Evaluator {
   std::unique_ptr<Model> model_;
 };
 
-// One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...}.
+// One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...,
+// "evaluated_by":"evaluator:0"}; `evaluated_by` names the task that computed it.
 std::string MetricsJsonLine(const EvalResult& result, double train_loss, double examples_per_second,
-                            double elapsed_seconds);
+                            double elapsed_seconds, const std::string& evaluated_by);
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_CHIEF_EVALUATOR_H_
+#endif  // PSCLUSTER_EVALUATOR_EVALUATION_H_

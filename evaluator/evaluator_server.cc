@@ -1,0 +1,189 @@
+#include "evaluator/evaluator_server.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/grpc_ps_transport.h"
+#include "client/parameter_client.h"
+#include "client/tcp_ps_transport.h"
+#include "common/cluster_spec.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "evaluator/evaluation.h"
+#include "glog/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "worker/input.h"
+
+namespace pscluster {
+namespace {
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EvaluatorServer>> EvaluatorServer::Create(
+    const EvaluatorOptions& options) {
+  const v1::TaskId& task = options.cluster.task();
+  if (task.job() != kEvaluatorJob || task.index() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the evaluator must run as task evaluator:0, not ", TaskName(task)));
+  }
+  if (options.eval_every <= absl::ZeroDuration() || options.poll_every <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the evaluation interval (", absl::FormatDuration(options.eval_every),
+                     ") and the polling interval (", absl::FormatDuration(options.poll_every),
+                     ") must be positive"));
+  }
+  return std::unique_ptr<EvaluatorServer>(new EvaluatorServer(options));
+}
+
+EvaluatorServer::EvaluatorServer(const EvaluatorOptions& options) : options_(options) {}
+
+EvaluatorServer::~EvaluatorServer() {
+  if (task_) task_->RequestStop();
+  if (thread_.joinable()) thread_.join();
+  if (task_) task_->Shutdown();
+}
+
+absl::Status EvaluatorServer::Start() {
+  ServingTaskOptions serving;
+  serving.cluster = options_.cluster;
+  serving.host = options_.host;
+  serving.heartbeat_interval = options_.heartbeat_interval;
+  PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {}, [this](v1::HeartbeatRequest* r) {
+                        const int64_t step = evaluated_step_.load();
+                        r->set_step(std::max<int64_t>(step, 0));
+                        r->set_detail(finished_  ? "finished"
+                                      : step < 0 ? "waiting for the model"
+                                                 : absl::StrCat("evaluated step ", step));
+                      }));
+  thread_ = std::thread([this] { EvaluateLoop(); });
+  return absl::OkStatus();
+}
+
+void EvaluatorServer::Stop() {
+  if (task_) task_->RequestStop();
+}
+
+absl::Status EvaluatorServer::Wait() {
+  if (!task_) return absl::FailedPreconditionError("the evaluator was not started");
+  task_->AwaitStopRequested();
+  if (thread_.joinable()) thread_.join();
+  task_->Shutdown();
+  return absl::OkStatus();
+}
+
+void EvaluatorServer::EvaluateLoop() {
+  while (!task_->stop_requested()) {
+    absl::Status s = EvaluateOnce();
+    if (s.ok()) {
+      if (!task_->stop_requested()) {
+        finished_ = true;
+        LOG(INFO) << "evaluator:0: training is over";
+        if (options_.exit_after_training) task_->RequestStop();
+      }
+      return;
+    }
+    LOG(WARNING) << "evaluator:0: " << s << "; starting again from the chief's model";
+    task_->AwaitStopRequested(absl::Now() + absl::Seconds(1));
+  }
+}
+
+absl::Status EvaluatorServer::EvaluateOnce() {
+  const v1::ClusterSpec& spec = options_.cluster.cluster();
+  PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
+  auto chief = v1::Coordinator::NewStub(
+      grpc::CreateChannel(chief_address, grpc::InsecureChannelCredentials()));
+  v1::GetModelResponse model;
+  while (true) {
+    if (task_->stop_requested()) return absl::OkStatus();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
+    v1::GetModelRequest req;
+    req.set_wait_until_ready(true);
+    if (chief->GetModel(&ctx, req, &model).ok()) break;
+  }
+  if (model.config().layers_size() == 0) {
+    LOG(WARNING) << "evaluator:0: the model has no layers; nothing to evaluate";
+    task_->AwaitStopRequested();
+    return absl::OkStatus();
+  }
+  v1::DataConfig data = model.training().data();
+  if (!options_.data_path.empty()) data.set_path(options_.data_path);
+  PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config().input_dim(), /*train=*/false));
+  std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
+  auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
+  std::unique_ptr<PsTransport> transport;
+  if (options_.tensor_wire) {
+    transport =
+        std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
+  } else {
+    transport = std::move(grpc);
+  }
+  ParameterClientOptions client_options;  // a reader: worker -1, as tools
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterClient> client,
+                      ParameterClient::Create(model.model(), model.placement(),
+                                              std::move(transport), client_options));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
+                      Evaluator::Create(model.config(), client.get(), std::move(test)));
+  LOG(INFO) << "evaluator:0: evaluating the model on the test set every "
+            << absl::FormatDuration(options_.eval_every) << " while training, and at the end";
+
+  absl::Time next_eval = absl::Now() + options_.eval_every;
+  int64_t last_step = -1;
+  while (!task_->stop_requested()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
+    v1::ClusterStatus status;
+    grpc::Status got = chief->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
+    if (!got.ok()) return FromGrpcStatus(got);
+    if (status.progress().finished()) return absl::OkStatus();
+    const bool final = status.phase() == v1::FINAL_EVALUATION;
+    const int64_t step = status.global_step();
+    if (!final && (absl::Now() < next_eval || step == last_step)) {
+      task_->AwaitStopRequested(absl::Now() + options_.poll_every);
+      continue;
+    }
+    PS_ASSIGN_OR_RETURN(EvalResult r, evaluator->Evaluate(step));
+    next_eval = absl::Now() + options_.eval_every;
+    last_step = step;
+    evaluated_step_ = step;
+    LOG(INFO) << absl::StrFormat(
+        "evaluator:0: %sevaluation at step %d: test loss %.4f, accuracy %.4f%s",
+        final ? "final " : "", r.step, r.loss, r.accuracy,
+        r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "");
+    v1::ReportEvaluationRequest report;
+    *report.mutable_task() = options_.cluster.task();
+    report.set_step(r.step);
+    report.set_examples(r.examples);
+    report.set_loss(r.loss);
+    report.set_accuracy(r.accuracy);
+    report.set_auc(r.auc);
+    report.set_final(final);
+    grpc::ClientContext report_ctx;
+    report_ctx.set_deadline(DeadlineIn(absl::Seconds(5)));
+    v1::ReportEvaluationResponse resp;
+    grpc::Status reported = chief->ReportEvaluation(&report_ctx, report, &resp);
+    if (!reported.ok()) {
+      // A final evaluation the chief no longer wants (it moved on, or its final step is not
+      // this one) is not an error of ours: read its phase again.
+      LOG(WARNING) << "evaluator:0: the chief refused the evaluation of step " << r.step << ": "
+                   << reported.error_message();
+      if (reported.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+        return FromGrpcStatus(reported);
+      }
+      task_->AwaitStopRequested(absl::Now() + options_.poll_every);
+      continue;
+    }
+    if (resp.finished()) return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,35 @@
+// evaluator: the evaluator task. Parses flags and runs EvaluatorServer.
+#include <cstdio>
+
+#include "common/daemon.h"
+#include "common/daemon_flags.h"
+#include "evaluator/evaluator_server.h"
+#include "gflags/gflags.h"
+
+DEFINE_double(eval_every_secs, 15, "Evaluate the live model this often while training.");
+DEFINE_string(data_path, "", "Overrides the data location the chief names.");
+DEFINE_string(ps_transport, "tensor_wire",
+              "How pulls travel: tensor_wire (the ps tasks' TCP data plane) or grpc.");
+DEFINE_bool(exit_after_training, false, "Exit 0 when training is over instead of idling.");
+
+int main(int argc, char** argv) {
+  pscluster::InitDaemonMain(
+      "the evaluator task of a parameter-server training cluster: evaluates the live model on "
+      "the test set and reports to the chief.\n"
+      "The cluster comes from TF_CONFIG (task type \"evaluator\", index 0) or --cluster_spec_file "
+      "with --job_name=evaluator --task_index=0.",
+      &argc, &argv);
+  pscluster::EvaluatorOptions options;
+  options.cluster = pscluster::ClusterConfigFromFlagsOrExit("evaluator");
+  options.host = pscluster::ServiceHostOptionsFromFlags();
+  options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
+  options.data_path = FLAGS_data_path;
+  if (FLAGS_ps_transport != "tensor_wire" && FLAGS_ps_transport != "grpc") {
+    std::fprintf(stderr, "evaluator: --ps_transport must be tensor_wire or grpc, not \"%s\"\n",
+                 FLAGS_ps_transport.c_str());
+    return 2;
+  }
+  options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
+  options.exit_after_training = FLAGS_exit_after_training;
+  return pscluster::RunDaemonMain("evaluator", pscluster::EvaluatorServer::Create(options));
+}
