@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "sharding/partitioner.h"
 
 namespace pscluster {
 
@@ -75,8 +76,8 @@ absl::StatusOr<std::vector<float>> CheckpointVariableSource::Read(const std::str
           "checkpoint ", path_, ": ", variable, "/", saved.partition(), " in ", saved.file(),
           " holds ", record.values_and_slots.size(), " floats, its rows need ", n));
     }
-    std::copy(record.values_and_slots.begin(), record.values_and_slots.begin() + n,
-              out.begin() + begin * row_elements);
+    CopyOverlappingRows(record.values_and_slots.data(), RowRange{begin, end}, out.data(),
+                        RowRange{0, rows}, row_elements, /*planes=*/1);
     covered.emplace_back(begin, end);
   }
   std::sort(covered.begin(), covered.end());

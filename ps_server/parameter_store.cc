@@ -11,6 +11,7 @@
 #include "common/wire_codec.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "ps_server/float_stats.h"
+#include "sharding/partitioner.h"
 #include "storage/checkpoint.h"
 
 namespace pscluster {
@@ -765,9 +766,11 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     for (const v1::SavedShard& saved : request.saved()) {
       if (saved.is_table() || saved.name() != shard.name()) continue;
       const v1::DensePartition& theirs = saved.dense().partition();
-      const int64_t begin = std::max(mine.row_begin(), theirs.row_begin());
-      const int64_t end = std::min(mine.row_end(), theirs.row_end());
-      if (begin >= end) continue;
+      const RowRange their_rows{theirs.row_begin(), theirs.row_end()};
+      const RowRange my_rows{mine.row_begin(), mine.row_end()};
+      if (std::max(my_rows.begin, their_rows.begin) >= std::min(my_rows.end, their_rows.end)) {
+        continue;
+      }
       if (!google::protobuf::util::MessageDifferencer::Equals(saved.dense().variable().shape(),
                                                               shard.spec().variable().shape()) ||
           saved.dense().variable().optimizer().kind_case() !=
@@ -787,14 +790,9 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
             "checkpoint shard ", saved.name(), "/", saved.partition(), " in ", saved.file(),
             " has ", record.values_and_slots.size(), " floats, expected ", their_n * (1 + slots)));
       }
-      for (int s = 0; s <= slots; ++s) {
-        std::copy_n(
-            record.values_and_slots.data() + s * their_n + (begin - theirs.row_begin()) * row_elems,
-            (end - begin) * row_elems,
-            new_data[i].data() + s * n + (begin - mine.row_begin()) * row_elems);
-      }
+      covered += CopyOverlappingRows(record.values_and_slots.data(), their_rows, new_data[i].data(),
+                                     my_rows, row_elems, 1 + slots);
       new_updates[i] = std::max(new_updates[i], record.updates);
-      covered += end - begin;
     }
     if (covered != rows) {
       return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ", rows,

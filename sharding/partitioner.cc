@@ -52,6 +52,21 @@ absl::StatusOr<std::pair<int64_t, int64_t>> RowsAndRowBytes(const v1::TensorShap
 
 }  // namespace
 
+int64_t CopyOverlappingRows(const float* from, RowRange from_rows, float* to, RowRange to_rows,
+                            int64_t row_elements, int planes) {
+  const int64_t begin = std::max(from_rows.begin, to_rows.begin);
+  const int64_t end = std::min(from_rows.end, to_rows.end);
+  if (begin >= end) return 0;
+  const int64_t from_plane = (from_rows.end - from_rows.begin) * row_elements;
+  const int64_t to_plane = (to_rows.end - to_rows.begin) * row_elements;
+  for (int p = 0; p < planes; ++p) {
+    std::copy_n(from + p * from_plane + (begin - from_rows.begin) * row_elements,
+                (end - begin) * row_elements,
+                to + p * to_plane + (begin - to_rows.begin) * row_elements);
+  }
+  return end - begin;
+}
+
 absl::StatusOr<int64_t> BytesPerRow(const v1::TensorShape& shape, int64_t bytes_per_element) {
   PS_ASSIGN_OR_RETURN(const auto rows_and_row_bytes, RowsAndRowBytes(shape, bytes_per_element));
   return rows_and_row_bytes.second;

@@ -48,6 +48,16 @@ absl::StatusOr<std::vector<RowRange>> PartitionRows(const v1::TensorShape& shape
                                                     int64_t bytes_per_element,
                                                     int64_t max_partition_bytes);
 
+// Copies the rows two partitions of one tensor share, for restoring a checkpoint into another
+// partitioning. `from` holds rows [from_rows.begin, from_rows.end) of the tensor as `planes`
+// consecutive planes (the values, then each optimizer slot), each plane
+// (from_rows.end - from_rows.begin) * row_elements floats; `to` holds to_rows the same way. In
+// every plane, the rows in both ranges are copied from `from` to their place in `to`. Returns
+// how many rows that is (0 when the ranges do not meet; nothing is written then).
+// REQUIRES: from and to hold `planes` planes of their ranges; row_elements >= 0; planes >= 1.
+int64_t CopyOverlappingRows(const float* from, RowRange from_rows, float* to, RowRange to_rows,
+                            int64_t row_elements, int planes);
+
 // Bytes taken by one row of `shape` (one slice along the first dimension):
 // product(dims[1:]) * bytes_per_element, or bytes_per_element for a scalar.
 //

@@ -185,5 +185,28 @@ TEST(BytesPerRowTest, NegativeDimensionIsInvalid) {
   EXPECT_THAT(bytes.status().message(), HasSubstr("(-7)"));
 }
 
+// Rows of one tensor (rows of 2 elements) saved as [2, 6) with a slot plane, restored into
+// [4, 9): rows 4 and 5 of both planes land at their place; nothing else is written.
+TEST(CopyOverlappingRowsTest, CopiesTheSharedRowsOfEveryPlane) {
+  std::vector<float> from(2 * 4 * 2);  // 2 planes x 4 rows x 2 elements
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<float>(i);
+  std::vector<float> to(2 * 5 * 2, -1.0f);  // 2 planes x 5 rows x 2 elements
+  EXPECT_EQ(CopyOverlappingRows(from.data(), RowRange{2, 6}, to.data(), RowRange{4, 9}, 2, 2), 2);
+  // Plane 0: rows 4, 5 are from's rows 2, 3 (elements 4..7); plane 1 likewise, 8 further on.
+  EXPECT_THAT(to, ::testing::ElementsAre(4, 5, 6, 7, -1, -1, -1, -1, -1, -1,  //
+                                         12, 13, 14, 15, -1, -1, -1, -1, -1, -1));
+  // Ranges that do not meet copy nothing.
+  std::vector<float> untouched(10, -1.0f);
+  EXPECT_EQ(
+      CopyOverlappingRows(from.data(), RowRange{2, 6}, untouched.data(), RowRange{6, 11}, 2, 1), 0);
+  EXPECT_THAT(untouched, ::testing::Each(-1.0f));
+  // The whole tensor from two partitions, values only.
+  std::vector<float> whole(6 * 2, -1.0f);
+  std::vector<float> a = {0, 1, 2, 3, 4, 5}, b = {6, 7, 8, 9, 10, 11};
+  EXPECT_EQ(CopyOverlappingRows(a.data(), RowRange{0, 3}, whole.data(), RowRange{0, 6}, 2, 1), 3);
+  EXPECT_EQ(CopyOverlappingRows(b.data(), RowRange{3, 6}, whole.data(), RowRange{0, 6}, 2, 1), 3);
+  EXPECT_THAT(whole, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
+}
+
 }  // namespace
 }  // namespace pscluster
