@@ -17,13 +17,13 @@
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
 #include "common/clock.h"
-#include "common/daemon.h"
-#include "common/service_host.h"
 #include "evaluator/evaluation.h"
 #include "proto/cluster.pb.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/model.pb.h"
 #include "proto/model_config.pb.h"
+#include "runtime/daemon.h"
+#include "runtime/service_host.h"
 #include "storage/crash_points.h"
 
 namespace pscluster {

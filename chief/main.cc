@@ -3,10 +3,10 @@
 #include <string>
 
 #include "chief/chief_server.h"
-#include "common/daemon.h"
-#include "common/daemon_flags.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
+#include "runtime/daemon.h"
+#include "runtime/daemon_flags.h"
 #include "storage/crash_points.h"
 
 DEFINE_int32(heartbeat_interval_ms, 1000, "Tasks send a heartbeat this often, in milliseconds.");

@@ -23,10 +23,10 @@
 #include "cli/vars_command.h"
 #include "cli/watch_command.h"
 #include "common/cluster_spec.h"
-#include "common/daemon_flags.h"
 #include "gflags/gflags.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "runtime/daemon_flags.h"
 
 DEFINE_string(chief, "", "host:port of the chief. When empty, the cluster spec names it.");
 DEFINE_string(cluster, "",

@@ -8,9 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/serving_task.h"
-#include "common/daemon.h"
 #include "proto/cluster.pb.h"
+#include "runtime/daemon.h"
+#include "runtime/serving_task.h"
 
 namespace pscluster {
 

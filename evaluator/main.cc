@@ -1,10 +1,10 @@
 // evaluator: the evaluator task. Parses flags and runs EvaluatorServer.
 #include <cstdio>
 
-#include "common/daemon.h"
-#include "common/daemon_flags.h"
 #include "evaluator/evaluator_server.h"
 #include "gflags/gflags.h"
+#include "runtime/daemon.h"
+#include "runtime/daemon_flags.h"
 
 DEFINE_double(eval_every_secs, 15, "Evaluate the live model this often while training.");
 DEFINE_string(data_path, "", "Overrides the data location the chief names.");

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <thread>
 
-#include "common/daemon.h"
-#include "common/daemon_flags.h"
 #include "gflags/gflags.h"
 #include "ps_server/ps_server.h"
+#include "runtime/daemon.h"
+#include "runtime/daemon_flags.h"
 #include "storage/crash_points.h"
 
 DEFINE_string(nan_policy, "refuse",

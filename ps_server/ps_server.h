@@ -5,11 +5,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/serving_task.h"
-#include "common/daemon.h"
 #include "ps_server/parameter_store.h"
 #include "ps_server/ps_service.h"
 #include "ps_server/tensor_server.h"
+#include "runtime/daemon.h"
+#include "runtime/serving_task.h"
 
 namespace pscluster {
 

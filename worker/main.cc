@@ -2,9 +2,9 @@
 #include <cstdio>
 #include <string>
 
-#include "common/daemon.h"
-#include "common/daemon_flags.h"
 #include "gflags/gflags.h"
+#include "runtime/daemon.h"
+#include "runtime/daemon_flags.h"
 #include "worker/worker_server.h"
 
 DEFINE_string(device, "cpu",

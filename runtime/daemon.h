@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_COMMON_DAEMON_H_
-#define PSCLUSTER_COMMON_DAEMON_H_
+#ifndef PSCLUSTER_RUNTIME_DAEMON_H_
+#define PSCLUSTER_RUNTIME_DAEMON_H_
 
 #include <memory>
 
@@ -32,4 +32,4 @@ int RunDaemonMain(absl::string_view name, absl::StatusOr<std::unique_ptr<Daemon>
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_COMMON_DAEMON_H_
+#endif  // PSCLUSTER_RUNTIME_DAEMON_H_

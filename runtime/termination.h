@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_COMMON_TERMINATION_H_
-#define PSCLUSTER_COMMON_TERMINATION_H_
+#ifndef PSCLUSTER_RUNTIME_TERMINATION_H_
+#define PSCLUSTER_RUNTIME_TERMINATION_H_
 
 #include <functional>
 #include <thread>
@@ -27,4 +27,4 @@ class TerminationSignalWatcher {
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_COMMON_TERMINATION_H_
+#endif  // PSCLUSTER_RUNTIME_TERMINATION_H_

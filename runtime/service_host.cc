@@ -1,4 +1,4 @@
-#include "common/service_host.h"
+#include "runtime/service_host.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_CLIENT_SERVING_TASK_H_
-#define PSCLUSTER_CLIENT_SERVING_TASK_H_
+#ifndef PSCLUSTER_RUNTIME_SERVING_TASK_H_
+#define PSCLUSTER_RUNTIME_SERVING_TASK_H_
 
 #include <memory>
 #include <string>
@@ -10,8 +10,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/task_registrar.h"
-#include "common/service_host.h"
 #include "proto/cluster.pb.h"
+#include "runtime/service_host.h"
 
 namespace pscluster {
 
@@ -60,4 +60,4 @@ class ServingTask {
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_CLIENT_SERVING_TASK_H_
+#endif  // PSCLUSTER_RUNTIME_SERVING_TASK_H_

@@ -1,10 +1,10 @@
-#include "common/daemon.h"
+#include "runtime/daemon.h"
 
 #include <cstdio>
 #include <string>
 
-#include "common/termination.h"
 #include "glog/logging.h"
+#include "runtime/termination.h"
 
 namespace pscluster {
 

@@ -1,4 +1,4 @@
-#include "common/termination.h"
+#include "runtime/termination.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -1,13 +1,13 @@
-#include "common/daemon_flags.h"
+#include "runtime/daemon_flags.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "common/cluster_spec.h"
-#include "common/termination.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "runtime/termination.h"
 
 DEFINE_string(chief_hosts, "", "Comma-separated host:port of the chief task (TF1-style flags).");
 DEFINE_string(ps_hosts, "", "Comma-separated host:port list of the ps tasks.");

@@ -1,4 +1,4 @@
-#include "client/serving_task.h"
+#include "runtime/serving_task.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"

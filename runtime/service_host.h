@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_COMMON_SERVICE_HOST_H_
-#define PSCLUSTER_COMMON_SERVICE_HOST_H_
+#ifndef PSCLUSTER_RUNTIME_SERVICE_HOST_H_
+#define PSCLUSTER_RUNTIME_SERVICE_HOST_H_
 
 #include <memory>
 #include <string>
@@ -66,4 +66,4 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_COMMON_SERVICE_HOST_H_
+#endif  // PSCLUSTER_RUNTIME_SERVICE_HOST_H_

@@ -1,9 +1,9 @@
-#ifndef PSCLUSTER_COMMON_DAEMON_FLAGS_H_
-#define PSCLUSTER_COMMON_DAEMON_FLAGS_H_
+#ifndef PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
+#define PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
 
 #include "absl/status/statusor.h"
-#include "common/service_host.h"
 #include "proto/cluster.pb.h"
+#include "runtime/service_host.h"
 
 namespace pscluster {
 
@@ -29,4 +29,4 @@ ServiceHostOptions ServiceHostOptionsFromFlags();
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_COMMON_DAEMON_FLAGS_H_
+#endif  // PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
