@@ -35,7 +35,7 @@ bash tools/setup.sh >/dev/null
 targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe)
 config=()
 if [[ $cuda -eq 1 ]]; then
-  targets+=(//worker/kernels:cuda_kernels_test //worker:cuda_trainer_test)
+  targets+=(//kernels:cuda_kernels_test //worker:cuda_trainer_test)
   config=(--config=cuda)
 fi
 echo "==> building ${config[*]:-(default config)}: ${targets[*]}"
@@ -51,7 +51,7 @@ else
   echo "gpu_prepare.sh: warning: //cli:psctl does not build now; the bundle has no psctl" \
     "(gpu_train.sh does not need it)" >&2
 fi
-[[ $cuda -eq 1 ]] && binaries+=("$bin_dir/worker/kernels/cuda_kernels_test"
+[[ $cuda -eq 1 ]] && binaries+=("$bin_dir/kernels/cuda_kernels_test"
   "$bin_dir/worker/cuda_trainer_test")
 rm -rf "${out:?}"
 "$bundler" "$out" "${binaries[@]}"

@@ -13,10 +13,10 @@
 #include "common/status_macros.h"
 #include "evaluator/evaluation.h"
 #include "glog/logging.h"
+#include "model/input.h"
+#include "model/model.h"
 #include "sharding/placement.h"
 #include "storage/checkpoint.h"
-#include "worker/input.h"
-#include "worker/model.h"
 
 namespace pscluster {
 namespace {

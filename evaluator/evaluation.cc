@@ -3,8 +3,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "worker/data/metrics.h"
-#include "worker/data/shard.h"
+#include "model/data/metrics.h"
+#include "model/data/shard.h"
 
 namespace pscluster {
 

@@ -7,10 +7,10 @@
 
 #include "absl/status/statusor.h"
 #include "client/parameter_client.h"
+#include "kernels/kernels.h"
+#include "model/data/dataset.h"
+#include "model/model.h"
 #include "proto/model_config.pb.h"
-#include "worker/data/dataset.h"
-#include "worker/kernels/kernels.h"
-#include "worker/model.h"
 
 namespace pscluster {
 

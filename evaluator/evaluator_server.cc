@@ -15,8 +15,8 @@
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "model/input.h"
 #include "proto/coordinator_service.grpc.pb.h"
-#include "worker/input.h"
 
 namespace pscluster {
 namespace {

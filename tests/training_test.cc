@@ -17,13 +17,13 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "model/data/shard.h"
+#include "model/input.h"
+#include "model/model.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "ps_server/in_process_ps_transport.h"
 #include "sharding/placement.h"
 #include "testing/test_cluster.h"
-#include "worker/data/shard.h"
-#include "worker/input.h"
-#include "worker/model.h"
 
 namespace pscluster {
 namespace {

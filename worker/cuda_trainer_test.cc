@@ -3,7 +3,7 @@
 // towers test when two GPUs are visible (NCCL). Needs a GPU.
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "worker/kernels/kernels.h"
+#include "kernels/kernels.h"
 #include "worker/trainer_test_body.h"
 
 namespace pscluster {

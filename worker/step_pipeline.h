@@ -14,9 +14,9 @@
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
 #include "common/thread_pool.h"
-#include "worker/data/dataset.h"
-#include "worker/kernels/kernels.h"
-#include "worker/model.h"
+#include "kernels/kernels.h"
+#include "model/data/dataset.h"
+#include "model/model.h"
 
 namespace pscluster {
 

@@ -8,8 +8,8 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "glog/logging.h"
-#include "worker/data/shard.h"
-#include "worker/model.h"
+#include "model/data/shard.h"
+#include "model/model.h"
 #include "worker/step_pipeline.h"
 #include "worker/step_policy.h"
 

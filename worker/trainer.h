@@ -10,9 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
+#include "kernels/kernels.h"
+#include "model/data/dataset.h"
 #include "proto/coordinator_service.pb.h"
-#include "worker/data/dataset.h"
-#include "worker/kernels/kernels.h"
 #include "worker/step_source.h"
 
 namespace pscluster {

@@ -17,11 +17,11 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "model/data/shard.h"
+#include "model/model.h"
 #include "ps_server/in_process_ps_transport.h"
 #include "sharding/placement.h"
-#include "worker/data/shard.h"
 #include "worker/in_process_step_source.h"
-#include "worker/model.h"
 #include "worker/step_pipeline.h"
 #include "worker/trainer.h"
 

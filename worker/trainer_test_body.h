@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/kernels/kernels.h"
+#include "kernels/kernels.h"
 
 namespace pscluster {
 

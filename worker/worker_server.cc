@@ -16,8 +16,8 @@
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "worker/data/shard.h"
-#include "worker/input.h"
+#include "model/data/shard.h"
+#include "model/input.h"
 #include "worker/step_source.h"
 #include "worker/trainer.h"
 

@@ -8,11 +8,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/kernels.h"
 #include "proto/model.pb.h"
 #include "proto/worker_service.grpc.pb.h"
 #include "runtime/daemon.h"
 #include "runtime/serving_task.h"
-#include "worker/kernels/kernels.h"
 
 namespace pscluster {
 

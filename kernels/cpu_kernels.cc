@@ -1,0 +1,320 @@
+// The CPU backend: Eigen's GEMM for the matrix products, plain loops for the rest.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "Eigen/Core"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "kernels/kernels.h"
+
+namespace pscluster {
+namespace {
+
+using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMatrixMap = Eigen::Map<const RowMajorMatrix>;
+using MatrixMap = Eigen::Map<RowMajorMatrix>;
+
+// Cache-line alignment lets Eigen's packing read whole lines; it needs no more.
+constexpr std::align_val_t kAlignment{64};
+
+// c += alpha * a * b, where a and b are (possibly transposed) views; Eigen folds alpha and the
+// transposes into one GEMM call without copies.
+template <typename A, typename B>
+void AccumulateProduct(float alpha, const A& a, const B& b, MatrixMap* c) {
+  c->noalias() += alpha * a * b;
+}
+
+float Sigmoid(float x) {
+  // Split by sign so exp never overflows.
+  if (x >= 0) return 1.0f / (1.0f + std::exp(-x));
+  const float e = std::exp(x);
+  return e / (1.0f + e);
+}
+
+// Thread-compatible, like every Kernels.
+class CpuKernels final : public Kernels {
+ public:
+  CpuKernels() = default;
+  CpuKernels(const CpuKernels&) = delete;
+  CpuKernels& operator=(const CpuKernels&) = delete;
+
+  ~CpuKernels() override {
+    for (void* p : allocations_) ::operator delete(p, kAlignment);
+  }
+
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<float*> AllocateFloats(int64_t n) override {
+    absl::StatusOr<void*> p = Allocate(n, sizeof(float), "floats");
+    if (!p.ok()) return p.status();
+    return static_cast<float*>(*p);
+  }
+
+  absl::StatusOr<int32_t*> AllocateInts(int64_t n) override {
+    absl::StatusOr<void*> p = Allocate(n, sizeof(int32_t), "ints");
+    if (!p.ok()) return p.status();
+    return static_cast<int32_t*>(*p);
+  }
+
+  void Free(void* p) override {
+    if (p == nullptr) return;
+    const bool allocated_here = allocations_.erase(p) == 1;
+    CHECK(allocated_here) << "Free(" << p << "): not allocated by this Kernels";
+    ::operator delete(p, kAlignment);
+  }
+
+  void CopyToDevice(const float* host, float* device, int64_t n) override {
+    if (n > 0) std::memcpy(device, host, n * sizeof(float));
+  }
+  void CopyToDevice(const int32_t* host, int32_t* device, int64_t n) override {
+    if (n > 0) std::memcpy(device, host, n * sizeof(int32_t));
+  }
+  void CopyToHost(const float* device, float* host, int64_t n) override {
+    if (n > 0) std::memcpy(host, device, n * sizeof(float));
+  }
+  void CopyToHostInts(const int32_t* device, int32_t* host, int64_t n) override {
+    if (n > 0) std::memcpy(host, device, n * sizeof(int32_t));
+  }
+
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) override {
+    if (m <= 0 || n <= 0) return;
+    MatrixMap c_map(c, m, n);
+    // BLAS semantics: beta == 0 overwrites c without reading it (it may hold NaN).
+    if (beta == 0.0f) {
+      c_map.setZero();
+    } else if (beta != 1.0f) {
+      c_map *= beta;
+    }
+    if (k <= 0 || alpha == 0.0f) return;
+    const ConstMatrixMap a_map(a, trans_a ? k : m, trans_a ? m : k);
+    const ConstMatrixMap b_map(b, trans_b ? n : k, trans_b ? k : n);
+    if (!trans_a && !trans_b) {
+      AccumulateProduct(alpha, a_map, b_map, &c_map);
+    } else if (!trans_a && trans_b) {
+      AccumulateProduct(alpha, a_map, b_map.transpose(), &c_map);
+    } else if (trans_a && !trans_b) {
+      AccumulateProduct(alpha, a_map.transpose(), b_map, &c_map);
+    } else {
+      AccumulateProduct(alpha, a_map.transpose(), b_map.transpose(), &c_map);
+    }
+  }
+
+  void AddBias(const float* bias, int rows, int cols, float* x) override {
+    for (int r = 0; r < rows; ++r) {
+      float* row = x + int64_t{r} * cols;
+      for (int c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  }
+
+  void BiasGrad(const float* dy, int rows, int cols, float* dbias) override {
+    if (cols <= 0) return;
+    std::fill_n(dbias, cols, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = dy + int64_t{r} * cols;
+      for (int c = 0; c < cols; ++c) dbias[c] += row[c];
+    }
+  }
+
+  void ActivationForward(Activation f, const float* x, int64_t n, float* y) override {
+    switch (f) {
+      case Activation::kLinear:
+        if (x != y && n > 0) std::memmove(y, x, n * sizeof(float));
+        return;
+      case Activation::kRelu:
+        for (int64_t i = 0; i < n; ++i) y[i] = std::max(x[i], 0.0f);
+        return;
+      case Activation::kSigmoid:
+        for (int64_t i = 0; i < n; ++i) y[i] = Sigmoid(x[i]);
+        return;
+      case Activation::kTanh:
+        for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+        return;
+    }
+    LOG(FATAL) << "unknown activation " << static_cast<int>(f);
+  }
+
+  void ActivationBackward(Activation f, const float* y, const float* dy, int64_t n,
+                          float* dx) override {
+    switch (f) {
+      case Activation::kLinear:
+        if (dy != dx && n > 0) std::memmove(dx, dy, n * sizeof(float));
+        return;
+      case Activation::kRelu:
+        for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        return;
+      case Activation::kSigmoid:
+        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+        return;
+      case Activation::kTanh:
+        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+        return;
+    }
+    LOG(FATAL) << "unknown activation " << static_cast<int>(f);
+  }
+
+  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                           float* loss, float* dlogits) override {
+    if (rows <= 0 || classes <= 0) return;
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    for (int r = 0; r < rows; ++r) {
+      const float* x = logits + int64_t{r} * classes;
+      float* dx = dlogits + int64_t{r} * classes;
+      const float max = *std::max_element(x, x + classes);
+      float sum = 0.0f;
+      for (int c = 0; c < classes; ++c) sum += std::exp(x[c] - max);
+      const int label = labels[r];
+      // A label outside [0, classes) has no probability: the loss is NaN so it cannot go
+      // unnoticed, and nothing out of bounds is read. The CUDA backend does the same.
+      const bool label_ok = label >= 0 && label < classes;
+      loss[r] =
+          label_ok ? std::log(sum) - (x[label] - max) : std::numeric_limits<float>::quiet_NaN();
+      const float inv_sum = 1.0f / sum;
+      for (int c = 0; c < classes; ++c) {
+        const float onehot = c == label ? 1.0f : 0.0f;
+        dx[c] = (std::exp(x[c] - max) * inv_sum - onehot) * inv_rows;
+      }
+    }
+  }
+
+  void ArgMax(const float* logits, int rows, int classes, int32_t* out) override {
+    if (classes <= 0) return;
+    for (int r = 0; r < rows; ++r) {
+      const float* x = logits + int64_t{r} * classes;
+      // Ties go to the lowest index, as in the CUDA backend.
+      out[r] = static_cast<int32_t>(std::max_element(x, x + classes) - x);
+    }
+  }
+
+  void SigmoidCrossEntropy(const float* logits, const float* labels, int rows, float* loss,
+                           float* dlogits) override {
+    if (rows <= 0) return;
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    for (int r = 0; r < rows; ++r) {
+      const float z = logits[r];
+      const float y = labels[r];
+      loss[r] = std::max(z, 0.0f) - z * y + std::log1p(std::exp(-std::abs(z)));
+      dlogits[r] = (Sigmoid(z) - y) * inv_rows;
+    }
+  }
+
+  void EmbeddingBagForward(const float* rows, const int32_t* row_index, const int32_t* offsets,
+                           int batch, int dim, bool mean, int out_stride, int out_col,
+                           float* out) override {
+    for (int b = 0; b < batch; ++b) {
+      float* o = out + int64_t{b} * out_stride + out_col;
+      std::fill_n(o, dim, 0.0f);
+      const int32_t begin = offsets[b];
+      const int32_t end = offsets[b + 1];
+      for (int32_t i = begin; i < end; ++i) {
+        const float* row = rows + int64_t{row_index[i]} * dim;
+        for (int d = 0; d < dim; ++d) o[d] += row[d];
+      }
+      if (mean && end > begin) {
+        const float scale = 1.0f / static_cast<float>(end - begin);
+        for (int d = 0; d < dim; ++d) o[d] *= scale;
+      }
+    }
+  }
+
+  void EmbeddingBagBackward(const float* dout, const int32_t* row_index, const int32_t* offsets,
+                            int batch, int dim, bool mean, int out_stride, int out_col,
+                            float* drows) override {
+    for (int b = 0; b < batch; ++b) {
+      const float* g = dout + int64_t{b} * out_stride + out_col;
+      const int32_t begin = offsets[b];
+      const int32_t end = offsets[b + 1];
+      const float scale = mean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+      for (int32_t i = begin; i < end; ++i) {
+        float* row = drows + int64_t{row_index[i]} * dim;
+        for (int d = 0; d < dim; ++d) row[d] += g[d] * scale;
+      }
+    }
+  }
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+
+  void Fill(float* x, int64_t n, float value) override {
+    if (n > 0) std::fill_n(x, n, value);
+  }
+
+  void Scale(int64_t n, float alpha, float* y) override {
+    for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
+  }
+
+  bool device_is_host() const override { return true; }
+
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
+    void* p =
+        ::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), kAlignment, std::nothrow);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: out of memory allocating ", bytes, " bytes of host memory"));
+    }
+    return p;
+  }
+  void FreeHost(void* p) override {
+    if (p != nullptr) ::operator delete(p, kAlignment);
+  }
+
+  void CopyToDeviceAsync(Stream, const void* host, void* device, int64_t bytes) override {
+    if (bytes > 0 && host != device) std::memcpy(device, host, static_cast<size_t>(bytes));
+  }
+  void CopyToHostAsync(Stream, const void* device, void* host, int64_t bytes) override {
+    if (bytes > 0 && host != device) std::memcpy(host, device, static_cast<size_t>(bytes));
+  }
+  void CopyRowsToDeviceAsync(Stream, const void* host, int64_t host_pitch, void* device,
+                             int64_t device_pitch, int64_t row_bytes, int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(device) + r * device_pitch,
+                  static_cast<const char*>(host) + r * host_pitch, static_cast<size_t>(row_bytes));
+    }
+  }
+
+  // Every call completes at once: an event is always reached.
+  std::unique_ptr<Event> NewEvent() override { return std::make_unique<Event>(); }
+  void Record(Event*, Stream) override {}
+  void Wait(Stream, Event*) override {}
+  void Synchronize(Event*) override {}
+
+ private:
+  absl::StatusOr<void*> Allocate(int64_t n, int64_t element_size, const char* what) {
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", n, " ", what));
+    }
+    if (n > std::numeric_limits<int64_t>::max() / element_size) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", n, " ", what, ": the size overflows"));
+    }
+    // At least one element, so that every allocation is a distinct pointer.
+    const int64_t bytes = std::max<int64_t>(n, 1) * element_size;
+    void* p = ::operator new(static_cast<size_t>(bytes), kAlignment, std::nothrow);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: out of memory allocating ", bytes, " bytes for ", n, " ", what));
+    }
+    allocations_.insert(p);
+    return p;
+  }
+
+  // Every live allocation; the destructor frees what the caller did not.
+  absl::flat_hash_set<void*> allocations_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> NewCpuKernels() { return std::make_unique<CpuKernels>(); }
+
+}  // namespace pscluster

@@ -1,0 +1,839 @@
+// The CUDA backend: cuBLAS for the matrix products, small kernels for the rest, all issued on
+// one stream. Only built with --config=cuda.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "glog/logging.h"
+#include "kernels/cuda_device.h"
+#include "kernels/kernels.h"
+
+// After construction a failing CUDA or cuBLAS call means a bug or a broken device; the
+// interface has no way to report it, so the process stops with the call that failed.
+#define PS_CUDA_CHECK(call)                                                     \
+  do {                                                                          \
+    const cudaError_t ps_cuda_error_ = (call);                                  \
+    if (ps_cuda_error_ != cudaSuccess) {                                        \
+      LOG(FATAL) << #call << " failed: " << cudaGetErrorString(ps_cuda_error_); \
+    }                                                                           \
+  } while (0)
+
+#define PS_CUBLAS_CHECK(call)                                                         \
+  do {                                                                                \
+    const cublasStatus_t ps_cublas_status_ = (call);                                  \
+    if (ps_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                 \
+      LOG(FATAL) << #call << " failed: " << cublasGetStatusString(ps_cublas_status_); \
+    }                                                                                 \
+  } while (0)
+
+// Checks that a kernel launch was accepted; errors while it runs surface at the next
+// synchronization (CopyToHost), which is checked too.
+#define PS_CUDA_CHECK_LAUNCH(kernel_name)                              \
+  do {                                                                 \
+    const cudaError_t ps_cuda_error_ = cudaGetLastError();             \
+    if (ps_cuda_error_ != cudaSuccess) {                               \
+      LOG(FATAL) << "launching " << kernel_name                        \
+                 << " failed: " << cudaGetErrorString(ps_cuda_error_); \
+    }                                                                  \
+  } while (0)
+
+namespace pscluster {
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Reduces v over the block and returns the result to every thread. REQUIRES: blockDim.x is a
+// multiple of 32 and at most 1024; every thread of the block calls it. `scratch` holds 32.
+template <typename Op>
+__device__ float BlockAllReduce(float v, Op op, float* scratch) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v = op(v, __shfl_xor_sync(kFullWarp, v, offset));
+  }
+  const int warp = threadIdx.x / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarpSize;
+  v = scratch[0];
+  for (int w = 1; w < warps; ++w) v = op(v, scratch[w]);
+  // The caller may reuse scratch for its next reduction.
+  __syncthreads();
+  return v;
+}
+
+__device__ float StableSigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+__global__ void FillKernel(float* x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = value;
+  }
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float alpha) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] *= alpha;
+  }
+}
+
+__global__ void AxpyKernel(int64_t n, float alpha, const float* x, float* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += alpha * x[i];
+  }
+}
+
+__global__ void AddBiasKernel(const float* bias, int64_t n, int cols, float* x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] += bias[i % cols];
+  }
+}
+
+// Block (32, kBiasGradRowThreads): threadIdx.x picks a column (consecutive threads read
+// consecutive floats), threadIdx.y strides over the rows; the partial sums are then added in
+// shared memory. Deterministic: no atomics.
+constexpr int kBiasGradRowThreads = 8;
+
+__global__ void BiasGradKernel(const float* dy, int rows, int cols, float* dbias) {
+  __shared__ float partial[kBiasGradRowThreads][kWarpSize + 1];
+  const int col = blockIdx.x * kWarpSize + threadIdx.x;
+  float sum = 0.0f;
+  if (col < cols) {
+    for (int r = threadIdx.y; r < rows; r += kBiasGradRowThreads) {
+      sum += dy[int64_t{r} * cols + col];
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    for (int y = 1; y < kBiasGradRowThreads; ++y) sum += partial[y][threadIdx.x];
+    dbias[col] = sum;
+  }
+}
+
+template <Activation F>
+__global__ void ActivationForwardKernel(const float* x, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    switch (F) {
+      case Activation::kLinear:
+        y[i] = v;
+        break;
+      case Activation::kRelu:
+        y[i] = fmaxf(v, 0.0f);
+        break;
+      case Activation::kSigmoid:
+        y[i] = StableSigmoid(v);
+        break;
+      case Activation::kTanh:
+        y[i] = tanhf(v);
+        break;
+    }
+  }
+}
+
+template <Activation F>
+__global__ void ActivationBackwardKernel(const float* y, const float* dy, int64_t n, float* dx) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = dy[i];
+    switch (F) {
+      case Activation::kLinear:
+        dx[i] = g;
+        break;
+      case Activation::kRelu:
+        dx[i] = y[i] > 0.0f ? g : 0.0f;
+        break;
+      case Activation::kSigmoid:
+        dx[i] = g * y[i] * (1.0f - y[i]);
+        break;
+      case Activation::kTanh:
+        dx[i] = g * (1.0f - y[i] * y[i]);
+        break;
+    }
+  }
+}
+
+// One block per row: the row's max, then the sum of exp(x - max), then the outputs.
+__global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels, int classes,
+                                          float inv_rows, float* loss, float* dlogits) {
+  __shared__ float scratch[kWarpSize];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * classes;
+  float* dx = dlogits + row * classes;
+  float max = -INFINITY;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) max = fmaxf(max, x[c]);
+  max = BlockAllReduce(max, MaxOp(), scratch);
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) sum += expf(x[c] - max);
+  sum = BlockAllReduce(sum, SumOp(), scratch);
+  const int label = labels[row];
+  // Matches the CPU backend: an out-of-range label gives a NaN loss and no out-of-bounds read.
+  const bool label_ok = label >= 0 && label < classes;
+  if (threadIdx.x == 0) loss[row] = label_ok ? logf(sum) - (x[label] - max) : NAN;
+  const float inv_sum = 1.0f / sum;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) {
+    const float onehot = c == label ? 1.0f : 0.0f;
+    dx[c] = (expf(x[c] - max) * inv_sum - onehot) * inv_rows;
+  }
+}
+
+// True when (v, i) should win over (best_v, best_i): larger, or equal and earlier.
+__device__ bool Beats(float v, int i, float best_v, int best_i) {
+  return v > best_v || (v == best_v && i < best_i);
+}
+
+// One block per row; ties go to the lowest index, as on the CPU.
+__global__ void ArgMaxKernel(const float* logits, int classes, int32_t* out) {
+  __shared__ float scratch_v[kWarpSize];
+  __shared__ int scratch_i[kWarpSize];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * classes;
+  float best_v = -INFINITY;
+  int best_i = classes;
+  for (int c = threadIdx.x; c < classes; c += blockDim.x) {
+    if (Beats(x[c], c, best_v, best_i)) {
+      best_v = x[c];
+      best_i = c;
+    }
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float v = __shfl_xor_sync(kFullWarp, best_v, offset);
+    const int i = __shfl_xor_sync(kFullWarp, best_i, offset);
+    if (Beats(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  }
+  const int warp = threadIdx.x / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) {
+    scratch_v[warp] = best_v;
+    scratch_i[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < blockDim.x / kWarpSize; ++w) {
+      if (Beats(scratch_v[w], scratch_i[w], best_v, best_i)) {
+        best_v = scratch_v[w];
+        best_i = scratch_i[w];
+      }
+    }
+    // A row of NaNs only: no candidate won; report class 0, as the CPU does.
+    out[row] = best_i < classes ? best_i : 0;
+  }
+}
+
+__global__ void SigmoidCrossEntropyKernel(const float* logits, const float* labels, int rows,
+                                          float inv_rows, float* loss, float* dlogits) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
+    const float z = logits[i];
+    const float y = labels[i];
+    loss[i] = fmaxf(z, 0.0f) - z * y + log1pf(expf(-fabsf(z)));
+    dlogits[i] = (StableSigmoid(z) - y) * inv_rows;
+  }
+}
+
+// Block (x: dimensions, y: examples); each thread owns one (example, dimension) at a time, so
+// consecutive threads touch consecutive floats of a row.
+__global__ void EmbeddingBagForwardKernel(const float* rows, const int32_t* row_index,
+                                          const int32_t* offsets, int batch, int dim, bool mean,
+                                          int out_stride, int out_col, float* out) {
+  const int b = blockIdx.x * blockDim.y + threadIdx.y;
+  if (b >= batch) return;
+  const int32_t begin = offsets[b];
+  const int32_t end = offsets[b + 1];
+  const float scale = mean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+  float* o = out + int64_t{b} * out_stride + out_col;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int32_t i = begin; i < end; ++i) sum += rows[int64_t{row_index[i]} * dim + d];
+    o[d] = sum * scale;
+  }
+}
+
+// Same layout as the forward pass; rows shared by several examples (or repeated within one)
+// are accumulated with atomicAdd.
+__global__ void EmbeddingBagBackwardKernel(const float* dout, const int32_t* row_index,
+                                           const int32_t* offsets, int batch, int dim, bool mean,
+                                           int out_stride, int out_col, float* drows) {
+  const int b = blockIdx.x * blockDim.y + threadIdx.y;
+  if (b >= batch) return;
+  const int32_t begin = offsets[b];
+  const int32_t end = offsets[b + 1];
+  const float scale = mean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+  const float* g = dout + int64_t{b} * out_stride + out_col;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    const float grad = g[d] * scale;
+    for (int32_t i = begin; i < end; ++i) {
+      atomicAdd(&drows[int64_t{row_index[i]} * dim + d], grad);
+    }
+  }
+}
+
+// Thread-compatible, like every Kernels. Each call makes the object's device current first, so
+// the object may move between threads (cudaSetDevice is per host thread).
+class CudaKernels final : public Kernels {
+ public:
+  CudaKernels(int device, std::string device_name, int64_t memory_limit_bytes)
+      : device_(device),
+        name_(absl::StrCat("cuda:", device, " (", device_name, ")")),
+        memory_limit_bytes_(memory_limit_bytes) {}
+
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+
+  // Frees what the caller did not. Only logs on failure: the process may already be going
+  // down for a device error.
+  ~CudaKernels() override {
+    LogIfError(cudaSetDevice(device_), "cudaSetDevice");
+    for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
+      if (s != nullptr) LogIfError(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    }
+    for (const auto& [p, bytes] : allocations_) LogIfError(cudaFree(p), "cudaFree");
+    {
+      absl::MutexLock lock(&host_mu_);
+      for (void* p : host_allocations_) LogIfError(cudaFreeHost(p), "cudaFreeHost");
+    }
+    if (cublas_ != nullptr) {
+      const cublasStatus_t s = cublasDestroy(cublas_);
+      if (s != CUBLAS_STATUS_SUCCESS) {
+        LOG(ERROR) << "cublasDestroy failed: " << cublasGetStatusString(s);
+      }
+    }
+    for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
+      if (s != nullptr) LogIfError(cudaStreamDestroy(s), "cudaStreamDestroy");
+    }
+  }
+
+  // Creates the stream and the cuBLAS handle. Called once, by NewCudaKernels.
+  absl::Status Init() {
+    cudaError_t err = cudaSetDevice(device_);
+    if (err != cudaSuccess) return DeviceError("cudaSetDevice", err);
+    err = cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_);
+    if (err != cudaSuccess) return DeviceError("cudaDeviceGetAttribute", err);
+    // Non-blocking: no implicit synchronization with other libraries' work on the legacy
+    // default stream.
+    for (cudaStream_t* s : {&stream_, &upload_stream_, &download_stream_}) {
+      err = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+      if (err != cudaSuccess) return DeviceError("cudaStreamCreateWithFlags", err);
+    }
+    cublasStatus_t s = cublasCreate(&cublas_);
+    if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasCreate", s);
+    s = cublasSetStream(cublas_, stream_);
+    if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetStream", s);
+    // Full FP32 products: no TF32 tensor cores, whose 10-bit mantissa would make the CUDA
+    // gradients differ visibly from the CPU ones (cuBLAS's default, stated to be sure).
+    s = cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
+    if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetMathMode", s);
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return name_; }
+
+  absl::StatusOr<float*> AllocateFloats(int64_t n) override {
+    absl::StatusOr<void*> p = Allocate(n, sizeof(float), "floats");
+    if (!p.ok()) return p.status();
+    return static_cast<float*>(*p);
+  }
+
+  absl::StatusOr<int32_t*> AllocateInts(int64_t n) override {
+    absl::StatusOr<void*> p = Allocate(n, sizeof(int32_t), "ints");
+    if (!p.ok()) return p.status();
+    return static_cast<int32_t*>(*p);
+  }
+
+  // cudaFree waits for the device, so work still reading p finishes first.
+  void Free(void* p) override {
+    if (p == nullptr) return;
+    auto it = allocations_.find(p);
+    CHECK(it != allocations_.end()) << "Free(" << p << "): not allocated by " << name_;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaFree(p));
+    bytes_in_use_ -= it->second;
+    allocations_.erase(it);
+  }
+
+  // The host buffer may be reused as soon as these return: from pageable memory (std::vector,
+  // new[]) cudaMemcpyAsync stages the data before returning.
+  void CopyToDevice(const float* host, float* device, int64_t n) override {
+    CopyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  void CopyToDevice(const int32_t* host, int32_t* device, int64_t n) override {
+    CopyAsync(device, host, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+
+  void CopyToHost(const float* device, float* host, int64_t n) override {
+    CopyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost);
+    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void CopyToHostInts(const int32_t* device, int32_t* host, int64_t n) override {
+    CopyAsync(host, device, n * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // cuBLAS is column-major. A row-major [r x c] matrix is, read column-major, its transpose
+  // [c x r] with leading dimension c. So C (row-major [m x n]) is computed as the column-major
+  // C^T = op(B)^T * op(A)^T: cuBLAS's first operand is b, its second a, with m and n swapped.
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) override {
+    if (m <= 0 || n <= 0) return;
+    MakeCurrent();
+    if (k <= 0) {
+      // Nothing to multiply: c = beta * c, which cuBLAS is not asked to special-case.
+      if (beta == 0.0f) {
+        Fill(c, int64_t{m} * n, 0.0f);
+      } else if (beta != 1.0f) {
+        ScaleKernel<<<Blocks(int64_t{m} * n), kThreadsPerBlock, 0, stream_>>>(c, int64_t{m} * n,
+                                                                              beta);
+        PS_CUDA_CHECK_LAUNCH("ScaleKernel");
+      }
+      return;
+    }
+    const int lda = trans_a ? m : k;  // row length of a as stored
+    const int ldb = trans_b ? k : n;
+    PS_CUBLAS_CHECK(cublasSgemm(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a,
+                                lda, &beta, c, n));
+  }
+
+  void AddBias(const float* bias, int rows, int cols, float* x) override {
+    const int64_t n = int64_t{rows} * cols;
+    if (rows <= 0 || cols <= 0) return;
+    MakeCurrent();
+    AddBiasKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(bias, n, cols, x);
+    PS_CUDA_CHECK_LAUNCH("AddBiasKernel");
+  }
+
+  void BiasGrad(const float* dy, int rows, int cols, float* dbias) override {
+    if (cols <= 0) return;
+    MakeCurrent();
+    const dim3 block(kWarpSize, kBiasGradRowThreads);
+    const int grid = (cols + kWarpSize - 1) / kWarpSize;
+    BiasGradKernel<<<grid, block, 0, stream_>>>(dy, std::max(rows, 0), cols, dbias);
+    PS_CUDA_CHECK_LAUNCH("BiasGradKernel");
+  }
+
+  void ActivationForward(Activation f, const float* x, int64_t n, float* y) override {
+    if (n <= 0) return;
+    if (f == Activation::kLinear && x == y) return;
+    MakeCurrent();
+    switch (f) {
+      case Activation::kLinear:
+        LaunchActivationForward<Activation::kLinear>(x, n, y);
+        return;
+      case Activation::kRelu:
+        LaunchActivationForward<Activation::kRelu>(x, n, y);
+        return;
+      case Activation::kSigmoid:
+        LaunchActivationForward<Activation::kSigmoid>(x, n, y);
+        return;
+      case Activation::kTanh:
+        LaunchActivationForward<Activation::kTanh>(x, n, y);
+        return;
+    }
+    LOG(FATAL) << "unknown activation " << static_cast<int>(f);
+  }
+
+  void ActivationBackward(Activation f, const float* y, const float* dy, int64_t n,
+                          float* dx) override {
+    if (n <= 0) return;
+    if (f == Activation::kLinear && dy == dx) return;
+    MakeCurrent();
+    switch (f) {
+      case Activation::kLinear:
+        LaunchActivationBackward<Activation::kLinear>(y, dy, n, dx);
+        return;
+      case Activation::kRelu:
+        LaunchActivationBackward<Activation::kRelu>(y, dy, n, dx);
+        return;
+      case Activation::kSigmoid:
+        LaunchActivationBackward<Activation::kSigmoid>(y, dy, n, dx);
+        return;
+      case Activation::kTanh:
+        LaunchActivationBackward<Activation::kTanh>(y, dy, n, dx);
+        return;
+    }
+    LOG(FATAL) << "unknown activation " << static_cast<int>(f);
+  }
+
+  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                           float* loss, float* dlogits) override {
+    if (rows <= 0 || classes <= 0) return;
+    MakeCurrent();
+    SoftmaxCrossEntropyKernel<<<rows, RowThreads(classes), 0, stream_>>>(
+        logits, labels, classes, 1.0f / static_cast<float>(rows), loss, dlogits);
+    PS_CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyKernel");
+  }
+
+  void ArgMax(const float* logits, int rows, int classes, int32_t* out) override {
+    if (rows <= 0 || classes <= 0) return;
+    MakeCurrent();
+    ArgMaxKernel<<<rows, RowThreads(classes), 0, stream_>>>(logits, classes, out);
+    PS_CUDA_CHECK_LAUNCH("ArgMaxKernel");
+  }
+
+  void SigmoidCrossEntropy(const float* logits, const float* labels, int rows, float* loss,
+                           float* dlogits) override {
+    if (rows <= 0) return;
+    MakeCurrent();
+    SigmoidCrossEntropyKernel<<<Blocks(rows), kThreadsPerBlock, 0, stream_>>>(
+        logits, labels, rows, 1.0f / static_cast<float>(rows), loss, dlogits);
+    PS_CUDA_CHECK_LAUNCH("SigmoidCrossEntropyKernel");
+  }
+
+  void EmbeddingBagForward(const float* rows, const int32_t* row_index, const int32_t* offsets,
+                           int batch, int dim, bool mean, int out_stride, int out_col,
+                           float* out) override {
+    if (batch <= 0 || dim <= 0) return;
+    MakeCurrent();
+    const dim3 block = EmbeddingBlock(dim);
+    const int grid = (batch + block.y - 1) / block.y;
+    EmbeddingBagForwardKernel<<<grid, block, 0, stream_>>>(rows, row_index, offsets, batch, dim,
+                                                           mean, out_stride, out_col, out);
+    PS_CUDA_CHECK_LAUNCH("EmbeddingBagForwardKernel");
+  }
+
+  void EmbeddingBagBackward(const float* dout, const int32_t* row_index, const int32_t* offsets,
+                            int batch, int dim, bool mean, int out_stride, int out_col,
+                            float* drows) override {
+    if (batch <= 0 || dim <= 0) return;
+    MakeCurrent();
+    const dim3 block = EmbeddingBlock(dim);
+    const int grid = (batch + block.y - 1) / block.y;
+    EmbeddingBagBackwardKernel<<<grid, block, 0, stream_>>>(dout, row_index, offsets, batch, dim,
+                                                            mean, out_stride, out_col, drows);
+    PS_CUDA_CHECK_LAUNCH("EmbeddingBagBackwardKernel");
+  }
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    AxpyKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, alpha, x, y);
+    PS_CUDA_CHECK_LAUNCH("AxpyKernel");
+  }
+
+  void Fill(float* x, int64_t n, float value) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    FillKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(x, n, value);
+    PS_CUDA_CHECK_LAUNCH("FillKernel");
+  }
+
+  void Scale(int64_t n, float alpha, float* y) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    ScaleKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(y, n, alpha);
+    PS_CUDA_CHECK_LAUNCH("ScaleKernel");
+  }
+
+  bool device_is_host() const override { return false; }
+
+  // Page-locked and portable (usable with every device's streams: towers share buffers).
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override {
+    MakeCurrent();
+    void* p = nullptr;
+    const cudaError_t err =
+        cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(name_, ": cudaHostAlloc of ", bytes,
+                                                       " bytes failed: ", cudaGetErrorString(err)));
+    }
+    absl::MutexLock lock(&host_mu_);
+    host_allocations_.insert(p);
+    return p;
+  }
+
+  void FreeHost(void* p) override {
+    if (p == nullptr) return;
+    {
+      absl::MutexLock lock(&host_mu_);
+      CHECK(host_allocations_.erase(p) == 1) << "FreeHost(" << p << "): not from " << name_;
+    }
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaFreeHost(p));
+  }
+
+  void CopyToDeviceAsync(Stream stream, const void* host, void* device, int64_t bytes) override {
+    if (bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpyAsync(device, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                                  StreamOf(stream)));
+  }
+
+  void CopyToHostAsync(Stream stream, const void* device, void* host, int64_t bytes) override {
+    if (bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpyAsync(host, device, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
+                                  StreamOf(stream)));
+  }
+
+  void CopyRowsToDeviceAsync(Stream stream, const void* host, int64_t host_pitch, void* device,
+                             int64_t device_pitch, int64_t row_bytes, int64_t rows) override {
+    if (rows <= 0 || row_bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpy2DAsync(device, static_cast<size_t>(device_pitch), host,
+                                    static_cast<size_t>(host_pitch), static_cast<size_t>(row_bytes),
+                                    static_cast<size_t>(rows), cudaMemcpyHostToDevice,
+                                    StreamOf(stream)));
+  }
+
+  std::unique_ptr<Event> NewEvent() override {
+    MakeCurrent();
+    auto e = std::make_unique<CudaEvent>();
+    PS_CUDA_CHECK(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming));
+    return e;
+  }
+
+  void Record(Event* event, Stream stream) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent*>(event)->event, StreamOf(stream)));
+  }
+
+  void Wait(Stream stream, Event* event) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaStreamWaitEvent(StreamOf(stream), static_cast<CudaEvent*>(event)->event, 0));
+  }
+
+  void Synchronize(Event* event) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent*>(event)->event));
+  }
+
+  int device() const { return device_; }
+  cudaStream_t compute_stream() const { return stream_; }
+
+ private:
+  struct CudaEvent final : Event {
+    ~CudaEvent() override {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    cudaEvent_t event = nullptr;
+  };
+
+  cudaStream_t StreamOf(Stream s) const {
+    switch (s) {
+      case Stream::kUpload:
+        return upload_stream_;
+      case Stream::kDownload:
+        return download_stream_;
+      case Stream::kCompute:
+        break;
+    }
+    return stream_;
+  }
+
+  static void LogIfError(cudaError_t err, const char* call) {
+    if (err != cudaSuccess) LOG(ERROR) << call << " failed: " << cudaGetErrorString(err);
+  }
+
+  absl::Status DeviceError(const char* call, cudaError_t err) const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot use GPU ", device_, ": ", call, ": ", cudaGetErrorString(err)));
+  }
+  absl::Status CublasError(const char* call, cublasStatus_t s) const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot use GPU ", device_, ": ", call, ": ", cublasGetStatusString(s)));
+  }
+
+  void MakeCurrent() const { PS_CUDA_CHECK(cudaSetDevice(device_)); }
+
+  // Grid for a grid-stride loop over n elements: enough blocks to fill the device, no more.
+  int Blocks(int64_t n) const {
+    const int64_t needed = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
+    return static_cast<int>(std::min<int64_t>(needed, int64_t{multiprocessors_} * 16));
+  }
+
+  // Threads for one block per row of `classes`: a multiple of the warp size, up to 256.
+  static int RowThreads(int classes) {
+    const int warps = std::min((classes + kWarpSize - 1) / kWarpSize, kThreadsPerBlock / kWarpSize);
+    return std::max(warps, 1) * kWarpSize;
+  }
+
+  // x covers the dimensions (a whole number of warps, up to 256), y packs several examples
+  // into one block when dim is small.
+  static dim3 EmbeddingBlock(int dim) {
+    const int x = std::min((dim + kWarpSize - 1) / kWarpSize * kWarpSize, kThreadsPerBlock);
+    return dim3(x, kThreadsPerBlock / x);
+  }
+
+  template <Activation F>
+  void LaunchActivationForward(const float* x, int64_t n, float* y) {
+    ActivationForwardKernel<F><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(x, n, y);
+    PS_CUDA_CHECK_LAUNCH("ActivationForwardKernel");
+  }
+
+  template <Activation F>
+  void LaunchActivationBackward(const float* y, const float* dy, int64_t n, float* dx) {
+    ActivationBackwardKernel<F><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(y, dy, n, dx);
+    PS_CUDA_CHECK_LAUNCH("ActivationBackwardKernel");
+  }
+
+  void CopyAsync(void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind) {
+    if (bytes <= 0) return;
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_));
+  }
+
+  absl::StatusOr<void*> Allocate(int64_t n, int64_t element_size, const char* what) {
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", n, " ", what));
+    }
+    if (n > std::numeric_limits<int64_t>::max() / element_size) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cannot allocate ", n, " ", what, ": the size overflows"));
+    }
+    // At least one element, so that every allocation is a distinct, non-null pointer.
+    const int64_t bytes = std::max<int64_t>(n, 1) * element_size;
+    if (memory_limit_bytes_ > 0 && bytes > memory_limit_bytes_ - bytes_in_use_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name_, ": cannot allocate ", bytes, " bytes: ", bytes_in_use_, " bytes in use, limit ",
+          memory_limit_bytes_, " bytes (CudaKernelsOptions.memory_limit_bytes)"));
+    }
+    MakeCurrent();
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err == cudaErrorMemoryAllocation) {
+      // Not sticky: clear it so that the next launch check does not report it.
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cudaMalloc of ", bytes, " bytes failed (", bytes_in_use_,
+                       " bytes in use by this worker): ", cudaGetErrorString(err)));
+    }
+    PS_CUDA_CHECK(err);
+    allocations_.emplace(p, bytes);
+    bytes_in_use_ += bytes;
+    return p;
+  }
+
+  const int device_;
+  const std::string name_;
+  const int64_t memory_limit_bytes_;  // 0: no cap
+  int multiprocessors_ = 1;
+  cudaStream_t stream_ = nullptr;           // Owned: compute.
+  cudaStream_t upload_stream_ = nullptr;    // Owned: host-to-device copies.
+  cudaStream_t download_stream_ = nullptr;  // Owned: device-to-host copies.
+  cublasHandle_t cublas_ = nullptr;         // Owned; bound to stream_.
+  // Page-locked host memory; taken and freed from any thread.
+  absl::Mutex host_mu_;
+  std::unordered_set<void*> host_allocations_ ABSL_GUARDED_BY(host_mu_);
+  // Every live allocation and its size in bytes; the destructor frees what is left.
+  std::unordered_map<void*, int64_t> allocations_;
+  int64_t bytes_in_use_ = 0;
+};
+
+// Towers on several devices of this process: one NCCL communicator per device, an all-reduce
+// in a group so that one thread issues every device's part.
+class NcclTowerReducer final : public TowerReducer {
+ public:
+  NcclTowerReducer(std::vector<CudaKernels*> towers, std::vector<ncclComm_t> comms)
+      : towers_(std::move(towers)), comms_(std::move(comms)) {}
+  ~NcclTowerReducer() override {
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+  }
+
+  absl::Status AllReduceSum(const std::vector<float*>& buffers, int64_t n) override {
+    if (buffers.size() != towers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("AllReduceSum of ", buffers.size(),
+                                                     " buffers over ", towers_.size(), " towers"));
+    }
+    if (n <= 0) return absl::OkStatus();
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < towers_.size() && r == ncclSuccess; ++i) {
+      PS_CUDA_CHECK(cudaSetDevice(towers_[i]->device()));
+      r = ncclAllReduce(buffers[i], buffers[i], static_cast<size_t>(n), ncclFloat, ncclSum,
+                        comms_[i], towers_[i]->compute_stream());
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    if (r != ncclSuccess) {
+      return absl::InternalError(absl::StrCat("ncclAllReduce over ", towers_.size(),
+                                              " GPUs failed: ", ncclGetErrorString(r)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<CudaKernels*> towers_;  // Not owned.
+  std::vector<ncclComm_t> comms_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TowerReducer>> NewCudaTowerReducer(
+    const std::vector<Kernels*>& towers) {
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service: NCCL never uses it
+  // here, whatever the environment of whoever started this process says.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
+  std::vector<CudaKernels*> cuda;
+  std::vector<int> devices;
+  for (Kernels* k : towers) {
+    auto* c = dynamic_cast<CudaKernels*>(k);
+    if (c == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(k->name(), " is not a CUDA device"));
+    }
+    for (int d : devices) {
+      if (d == c->device()) {
+        return absl::InvalidArgumentError(absl::StrCat("GPU ", d, " is named twice"));
+      }
+    }
+    cuda.push_back(c);
+    devices.push_back(c->device());
+  }
+  std::vector<ncclComm_t> comms(devices.size());
+  const ncclResult_t r =
+      ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
+  if (r != ncclSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL cannot join GPUs ", absl::StrJoin(devices, ", "), ": ", ncclGetErrorString(r)));
+  }
+  return std::unique_ptr<TowerReducer>(new NcclTowerReducer(std::move(cuda), std::move(comms)));
+}
+
+absl::StatusOr<std::unique_ptr<Kernels>> NewCudaKernels(const CudaKernelsOptions& options) {
+  if (options.memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_limit_bytes must be >= 0 (0 means no cap), got ", options.memory_limit_bytes));
+  }
+  // Names the device and what is wrong: no driver, or no such ordinal.
+  const CudaDeviceInfo info = ProbeCudaDevice(options.device);
+  if (!info.ok) return absl::FailedPreconditionError(info.error);
+  auto kernels =
+      std::make_unique<CudaKernels>(options.device, info.name, options.memory_limit_bytes);
+  const absl::Status status = kernels->Init();
+  if (!status.ok()) return status;
+  return std::unique_ptr<Kernels>(std::move(kernels));
+}
+
+}  // namespace pscluster

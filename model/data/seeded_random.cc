@@ -1,0 +1,58 @@
+#include "model/data/seeded_random.h"
+
+#include <cmath>
+
+#include "glog/logging.h"
+
+namespace pscluster {
+namespace {
+
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+
+// Uniform in (0, 1]: never 0, so its logarithm is finite.
+double UniformPositive(uint64_t bits) { return static_cast<double>((bits >> 11) + 1) * 0x1.0p-53; }
+
+double BoxMuller(uint64_t bits1, uint64_t bits2) {
+  const double radius = std::sqrt(-2.0 * std::log(UniformPositive(bits1)));
+  const double angle = kTwoPi * (static_cast<double>(bits2 >> 11) * 0x1.0p-53);
+  return radius * std::cos(angle);
+}
+
+}  // namespace
+
+uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t CombineSeeds(uint64_t a, uint64_t b) {
+  return Mix64(Mix64(a) ^ (b + 0x632be59bd9b4e019ULL));
+}
+
+double UniformDouble(std::mt19937_64* rng) {
+  return static_cast<double>((*rng)() >> 11) * 0x1.0p-53;
+}
+
+uint64_t UniformBelow(std::mt19937_64* rng, uint64_t n) {
+  CHECK_GT(n, 0u);
+  // Outputs below 2^64 mod n would make the smallest residues more likely; skip them.
+  const uint64_t threshold = (0 - n) % n;
+  while (true) {
+    const uint64_t x = (*rng)();
+    if (x >= threshold) return x % n;
+  }
+}
+
+double StandardNormal(std::mt19937_64* rng) {
+  const uint64_t bits1 = (*rng)();
+  const uint64_t bits2 = (*rng)();
+  return BoxMuller(bits1, bits2);
+}
+
+double HashedStandardNormal(uint64_t key) {
+  return BoxMuller(Mix64(key), Mix64(key ^ 0xd1b54a32d192ed03ULL));
+}
+
+}  // namespace pscluster
