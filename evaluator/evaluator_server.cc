@@ -5,9 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/grpc_ps_transport.h"
+#include "client/cluster_client.h"
 #include "client/parameter_client.h"
-#include "client/tcp_ps_transport.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -100,15 +99,10 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
   auto chief = v1::Coordinator::NewStub(
       grpc::CreateChannel(chief_address, grpc::InsecureChannelCredentials()));
-  v1::GetModelResponse model;
-  while (true) {
-    if (task_->stop_requested()) return absl::OkStatus();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
-    v1::GetModelRequest req;
-    req.set_wait_until_ready(true);
-    if (chief->GetModel(&ctx, req, &model).ok()) break;
-  }
+  absl::StatusOr<v1::GetModelResponse> fetched =
+      AwaitModel(*chief, [this] { return task_->stop_requested(); });
+  if (!fetched.ok()) return absl::OkStatus();  // stopping
+  const v1::GetModelResponse& model = *fetched;
   if (model.config().layers_size() == 0) {
     LOG(WARNING) << "evaluator:0: the model has no layers; nothing to evaluate";
     task_->AwaitStopRequested();
@@ -118,18 +112,11 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
   PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config().input_dim(), /*train=*/false));
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
-  auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
-  std::unique_ptr<PsTransport> transport;
-  if (options_.tensor_wire) {
-    transport =
-        std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
-  } else {
-    transport = std::move(grpc);
-  }
   ParameterClientOptions client_options;  // a reader: worker -1, as tools
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterClient> client,
-                      ParameterClient::Create(model.model(), model.placement(),
-                                              std::move(transport), client_options));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterClient> client,
+      ParameterClient::Create(model.model(), model.placement(),
+                              NewPsTransport(addresses, options_.tensor_wire), client_options));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test)));
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "

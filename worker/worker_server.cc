@@ -7,9 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/grpc_ps_transport.h"
+#include "client/cluster_client.h"
 #include "client/parameter_client.h"
-#include "client/tcp_ps_transport.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -122,16 +121,10 @@ absl::Status WorkerServer::TrainOnce() {
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
   auto chief = v1::Coordinator::NewStub(
       grpc::CreateChannel(chief_address, grpc::InsecureChannelCredentials()));
-  v1::GetModelResponse model;
-  while (true) {
-    if (task_->stop_requested()) return absl::OkStatus();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    v1::GetModelRequest req;
-    req.set_wait_until_ready(true);
-    grpc::Status s = chief->GetModel(&ctx, req, &model);
-    if (s.ok()) break;
-  }
+  absl::StatusOr<v1::GetModelResponse> fetched =
+      AwaitModel(*chief, [this] { return task_->stop_requested(); });
+  if (!fetched.ok()) return absl::OkStatus();  // stopping
+  const v1::GetModelResponse& model = *fetched;
   v1::DataConfig data = model.training().data();
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
   PS_ASSIGN_OR_RETURN(Dataset all, LoadDataset(data, model.config().input_dim(), /*train=*/true));
@@ -145,17 +138,10 @@ absl::Status WorkerServer::TrainOnce() {
   ParameterClientOptions client_options;
   client_options.wire_dtype = options_.wire_dtype;
   client_options.worker = index;
-  auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
-  std::unique_ptr<PsTransport> transport;
-  if (options_.tensor_wire) {
-    transport =
-        std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
-  } else {
-    transport = std::move(grpc);
-  }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ParameterClient> client,
-                      ParameterClient::Create(model.model(), model.placement(),
-                                              std::move(transport), client_options));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterClient> client,
+      ParameterClient::Create(model.model(), model.placement(),
+                              NewPsTransport(addresses, options_.tensor_wire), client_options));
   TrainerOptions trainer_options;
   // A ps task restarted elsewhere (a new port, or a rescheduled pod's new IP) is found through
   // the chief, which serves the address it registered with last.
