@@ -1,0 +1,42 @@
+#include "evaluator/evaluator_server.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+EvaluatorOptions OptionsFor(const std::string& job, int index) {
+  EvaluatorOptions options;
+  options.cluster.mutable_task()->set_job(job);
+  options.cluster.mutable_task()->set_index(index);
+  return options;
+}
+
+TEST(EvaluatorServerTest, RefusesBadOptionsNamingWhatWasWrong) {
+  EXPECT_TRUE(EvaluatorServer::Create(OptionsFor("evaluator", 0)).ok());
+
+  absl::StatusOr<std::unique_ptr<EvaluatorServer>> s =
+      EvaluatorServer::Create(OptionsFor("worker", 1));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("the evaluator must run as task evaluator:0, not worker:1"));
+
+  s = EvaluatorServer::Create(OptionsFor("evaluator", 1));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+
+  EvaluatorOptions options = OptionsFor("evaluator", 0);
+  options.eval_every = absl::ZeroDuration();
+  s = EvaluatorServer::Create(options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("the evaluation interval (0) and the polling interval (250ms) must be "
+                        "positive"));
+}
+
+}  // namespace
+}  // namespace pscluster
