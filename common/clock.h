@@ -23,20 +23,32 @@ class Clock {
   static Clock* Real();
 };
 
-// A clock that moves only when told to (Advance), or when a wait cannot be satisfied: then
-// AwaitWithDeadline jumps the clock to the deadline and returns false at once, as if every
-// timer up to it had fired. For single-threaded tests of time-dependent logic. Thread-safe.
+// A clock that moves only when told to (Advance). What a wait that cannot be satisfied does
+// depends on `waits`:
+//  - kJump: AwaitWithDeadline jumps the clock to the deadline and returns false at once, as if
+//    every timer up to it had fired. For single-threaded tests of time-dependent logic.
+//  - kBlock: AwaitWithDeadline blocks until `cond` holds (checked every millisecond of real
+//    time) or Advance has moved the clock to the deadline. For tests of code with threads of
+//    its own, where only the test decides when time passes.
+// Thread-safe.
 class FakeClock : public Clock {
  public:
-  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50));
+  enum class Waits { kJump, kBlock };
+
+  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50),
+                     Waits waits = Waits::kJump);
   absl::Time Now() const override;
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
                          absl::Time deadline) const override;
   void Advance(absl::Duration d);
+  // Changes what waits do from now on (a test that is done switches to kJump so that every
+  // thread's timed wait ends).
+  void set_waits(Waits waits);
 
  private:
   mutable absl::Mutex mu_;
   mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
+  Waits waits_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

@@ -1,5 +1,7 @@
 #include "common/clock.h"
 
+#include <thread>
+
 #include "gtest/gtest.h"
 
 namespace pscluster {
@@ -25,6 +27,48 @@ TEST(FakeClockTest, AwaitReturnsAtOnceWhenConditionHoldsOrDeadlinePassed) {
   const absl::Time deadline = clock.Now() + absl::Minutes(3);
   EXPECT_FALSE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), deadline));
   EXPECT_EQ(clock.Now(), deadline);
+}
+
+TEST(FakeClockTest, BlockingWaitsEndOnlyWhenAdvancedOrSatisfied) {
+  FakeClock clock(absl::UnixEpoch(), FakeClock::Waits::kBlock);
+  absl::Mutex mu;
+  bool ready = false;
+  bool timed_out = false;
+  // Ends at the deadline: only when the clock is advanced to it, however long that takes.
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    timed_out = !clock.AwaitWithDeadline(&mu, absl::Condition(&ready),
+                                         absl::UnixEpoch() + absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  clock.Advance(absl::Seconds(9));
+  absl::SleepFor(absl::Milliseconds(50));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_FALSE(timed_out);
+  }
+  clock.Advance(absl::Seconds(1));
+  waiter.join();
+  EXPECT_TRUE(timed_out);
+  EXPECT_EQ(clock.Now(), absl::UnixEpoch() + absl::Seconds(10));  // not moved by the wait
+
+  // Ends when another thread makes the condition true, with the clock where it was.
+  std::thread satisfied([&] {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), absl::InfiniteFuture()));
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  {
+    absl::MutexLock lock(&mu);
+    ready = true;
+  }
+  satisfied.join();
+
+  // kJump from then on: an unsatisfiable wait returns at once.
+  clock.set_waits(FakeClock::Waits::kJump);
+  absl::MutexLock lock(&mu);
+  ready = false;
+  EXPECT_FALSE(clock.AwaitWithDeadline(&mu, absl::Condition(&ready), absl::InfiniteFuture()));
 }
 
 }  // namespace

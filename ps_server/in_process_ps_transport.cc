@@ -57,15 +57,29 @@ class SliceSink : public DensePullSink {
 }  // namespace
 
 InProcessPsTransport::InProcessPsTransport(int num_ps, const ParameterStoreOptions& options)
-    : fail_next_(num_ps, 0), calls_(num_ps, 0) {
-  for (int i = 0; i < num_ps; ++i) stores_.push_back(std::make_shared<ParameterStore>(options));
+    : InProcessPsTransport(std::make_shared<Stores>(options), num_ps) {
+  absl::MutexLock lock(&stores_->mu);
+  for (int i = 0; i < num_ps; ++i) {
+    stores_->stores.push_back(std::make_shared<ParameterStore>(options));
+  }
 }
 
-InProcessPsTransport::InProcessPsTransport(std::vector<std::shared_ptr<ParameterStore>> stores)
-    : stores_(std::move(stores)), fail_next_(stores_.size(), 0), calls_(stores_.size(), 0) {}
+InProcessPsTransport::InProcessPsTransport(std::shared_ptr<Stores> stores, int num_ps)
+    : stores_(std::move(stores)), num_ps_(num_ps), fail_next_(num_ps, 0), calls_(num_ps, 0) {}
 
 std::unique_ptr<InProcessPsTransport> InProcessPsTransport::Share() const {
-  return std::unique_ptr<InProcessPsTransport>(new InProcessPsTransport(stores_));
+  return std::unique_ptr<InProcessPsTransport>(new InProcessPsTransport(stores_, num_ps_));
+}
+
+void InProcessPsTransport::RestartTask(int ps) {
+  auto fresh = std::make_shared<ParameterStore>(stores_->options);
+  absl::MutexLock lock(&stores_->mu);
+  stores_->stores[ps] = std::move(fresh);
+}
+
+std::shared_ptr<ParameterStore> InProcessPsTransport::Store(int ps) const {
+  absl::MutexLock lock(&stores_->mu);
+  return stores_->stores[ps];
 }
 
 void InProcessPsTransport::FailNextCalls(int ps, int n) {
@@ -78,37 +92,39 @@ int InProcessPsTransport::calls(int ps) const {
   return calls_[ps];
 }
 
-absl::Status InProcessPsTransport::Enter(int ps) {
-  absl::MutexLock lock(&mu_);
-  ++calls_[ps];
-  if (fail_next_[ps] > 0) {
-    --fail_next_[ps];
-    return absl::UnavailableError(absl::StrCat("ps:", ps, " is unavailable (injected)"));
+absl::StatusOr<std::shared_ptr<ParameterStore>> InProcessPsTransport::Enter(int ps) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++calls_[ps];
+    if (fail_next_[ps] > 0) {
+      --fail_next_[ps];
+      return absl::UnavailableError(absl::StrCat("ps:", ps, " is unavailable (injected)"));
+    }
   }
-  return absl::OkStatus();
+  return Store(ps);
 }
 
 absl::Status InProcessPsTransport::CreateShards(int ps, const v1::CreateShardsRequest& request,
                                                 v1::CreateShardsResponse* response) {
-  PS_RETURN_IF_ERROR(Enter(ps));
-  return stores_[ps]->CreateShards(request, response);
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
+  return store->CreateShards(request, response);
 }
 
 absl::Status InProcessPsTransport::PullDense(int ps, const std::vector<DenseSlice>& slices,
                                              v1::DataType wire_dtype, int64_t step) {
-  PS_RETURN_IF_ERROR(Enter(ps));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   v1::PullDenseRequest req;
   for (const DenseSlice& s : slices) *req.add_shards() = s.ref;
   req.set_wire_dtype(WireOrFloat(wire_dtype));
   if (step >= 0) req.set_step(step);
   SliceSink sink(ps, slices, wire_dtype);
-  return stores_[ps]->PullDense(req, &sink);
+  return store->PullDense(req, &sink);
 }
 
 absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,
                                              const PushMeta& meta,
                                              v1::PushDenseResponse* response) {
-  PS_RETURN_IF_ERROR(Enter(ps));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   v1::PushDenseHeader header;
   for (const DenseSlice& s : slices) {
     *header.add_shards() = s.ref;
@@ -119,7 +135,7 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
   header.set_worker(meta.worker);
   *header.mutable_request_id() = meta.request_id;
   std::unique_ptr<DensePush> push = pushes_.Take();
-  absl::Status s = stores_[ps]->StartPushDense(header, push.get());
+  absl::Status s = store->StartPushDense(header, push.get());
   std::string scratch;
   const bool float32 = WireOrFloat(meta.wire_dtype) == v1::DT_FLOAT32;
   for (size_t i = 0; i < slices.size() && s.ok(); ++i) {
@@ -129,7 +145,7 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
                                  WireBytes(slices[i].push_from, slices[i].num_elements,
                                            meta.wire_dtype, &scratch));
   }
-  if (s.ok()) s = stores_[ps]->FinishPushDense(push.get(), response);
+  if (s.ok()) s = store->FinishPushDense(push.get(), response);
   pushes_.Return(std::move(push));
   return s;
 }
@@ -137,13 +153,13 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
 absl::Status InProcessPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
                                               int64_t n, int64_t dim, v1::DataType wire_dtype,
                                               int64_t step, float* out) {
-  PS_RETURN_IF_ERROR(Enter(ps));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   v1::PullSparseRequest req;
   req.set_table(table);
   req.set_wire_dtype(WireOrFloat(wire_dtype));
   if (step >= 0) req.set_step(step);
   std::vector<float> rows;
-  PS_RETURN_IF_ERROR(stores_[ps]->PullSparse(req, keys, n, &rows));
+  PS_RETURN_IF_ERROR(store->PullSparse(req, keys, n, &rows));
   if (static_cast<int64_t>(rows.size()) != n * dim) {
     return absl::DataLossError(absl::StrCat("ps:", ps, " answered a pull of ", n, " rows of ",
                                             table, " with ", rows.size(), " values, expected ",
@@ -158,7 +174,7 @@ absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table, 
                                               int64_t n, int64_t dim, const float* grads,
                                               const PushMeta& meta,
                                               v1::PushSparseResponse* response) {
-  PS_RETURN_IF_ERROR(Enter(ps));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   v1::PushSparseRequest req;
   req.set_table(table);
   req.set_wire_dtype(WireOrFloat(meta.wire_dtype));
@@ -168,42 +184,42 @@ absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table, 
   req.set_part(meta.part);
   req.set_num_parts(meta.num_parts);
   std::string scratch;
-  return stores_[ps]->PushSparse(req, keys, n, WireBytes(grads, n * dim, meta.wire_dtype, &scratch),
-                                 response);
+  return store->PushSparse(req, keys, n, WireBytes(grads, n * dim, meta.wire_dtype, &scratch),
+                           response);
 }
 
 absl::StatusOr<v1::ListShardsResponse> InProcessPsTransport::ListShards(int ps) {
-  PS_RETURN_IF_ERROR(Enter(ps));
-  return stores_[ps]->ListShards();
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
+  return store->ListShards();
 }
 
 absl::StatusOr<v1::InspectShardResponse> InProcessPsTransport::InspectShard(
     int ps, const v1::InspectShardRequest& request) {
-  PS_RETURN_IF_ERROR(Enter(ps));
-  return stores_[ps]->Inspect(request);
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
+  return store->Inspect(request);
 }
 
 absl::Status InProcessPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
                                               v1::SaveShardsResponse* response) {
-  PS_RETURN_IF_ERROR(Enter(ps));
-  return stores_[ps]->Save(request, response);
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
+  return store->Save(request, response);
 }
 
 absl::Status InProcessPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                                  v1::RestoreShardsResponse* response) {
-  PS_RETURN_IF_ERROR(Enter(ps));
-  return stores_[ps]->Restore(request, response);
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
+  return store->Restore(request, response);
 }
 
 absl::StatusOr<v1::TaskStatus> InProcessPsTransport::GetStatus(int ps) {
-  PS_RETURN_IF_ERROR(Enter(ps));
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   v1::TaskStatus status;
   status.mutable_task()->set_job("ps");
   status.mutable_task()->set_index(ps);
   status.set_address(absl::StrCat("in-process:", ps));
   status.set_health(v1::HEALTH_SERVING);
   status.set_detail(
-      absl::StrCat(stores_[ps]->total_pushes(), " pushes, ", stores_[ps]->total_pulls(), " pulls"));
+      absl::StrCat(store->total_pushes(), " pushes, ", store->total_pulls(), " pulls"));
   return status;
 }
 

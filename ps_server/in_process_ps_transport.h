@@ -21,16 +21,21 @@ class InProcessPsTransport : public PsTransport {
  public:
   InProcessPsTransport(int num_ps, const ParameterStoreOptions& options);
 
-  ParameterStore& store(int ps) { return *stores_[ps]; }
+  // Task `ps`'s store (valid until RestartTask(ps)).
+  ParameterStore& store(int ps) { return *Store(ps); }
   // Another transport to the same stores (with its own failure injection).
   std::unique_ptr<InProcessPsTransport> Share() const;
+  // Task `ps` restarts, as a ps process that died and came back: its store is replaced by an
+  // empty one, for this transport and every one shared with it. Calls under way finish on the
+  // old store.
+  void RestartTask(int ps);
 
   // The next `n` calls to task `ps` fail with UNAVAILABLE before doing anything.
   void FailNextCalls(int ps, int n);
   // Calls made to task `ps` so far (failed ones included).
   int calls(int ps) const;
 
-  int num_ps() const override { return static_cast<int>(stores_.size()); }
+  int num_ps() const override { return num_ps_; }
   absl::Status CreateShards(int ps, const v1::CreateShardsRequest& request,
                             v1::CreateShardsResponse* response) override;
   absl::Status PullDense(int ps, const std::vector<DenseSlice>& slices, v1::DataType wire_dtype,
@@ -52,11 +57,22 @@ class InProcessPsTransport : public PsTransport {
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
 
  private:
-  absl::Status Enter(int ps);
+  // The stores of every transport shared with this one.
+  struct Stores {
+    explicit Stores(const ParameterStoreOptions& o) : options(o) {}
+    const ParameterStoreOptions options;
+    absl::Mutex mu;
+    std::vector<std::shared_ptr<ParameterStore>> stores ABSL_GUARDED_BY(mu);
+  };
 
-  explicit InProcessPsTransport(std::vector<std::shared_ptr<ParameterStore>> stores);
+  // Counts the call and returns task `ps`'s store, or UNAVAILABLE when a failure is injected.
+  absl::StatusOr<std::shared_ptr<ParameterStore>> Enter(int ps);
+  std::shared_ptr<ParameterStore> Store(int ps) const;
 
-  std::vector<std::shared_ptr<ParameterStore>> stores_;
+  explicit InProcessPsTransport(std::shared_ptr<Stores> stores, int num_ps);
+
+  const std::shared_ptr<Stores> stores_;
+  const int num_ps_;
   // Push buffers kept between pushes (a transport over the network keeps one per connection).
   DensePushPool pushes_;
   mutable absl::Mutex mu_;

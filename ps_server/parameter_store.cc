@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/chief_epoch.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -206,9 +207,7 @@ absl::Status ParameterStore::Fence(int64_t epoch, const char* what) {
   while (epoch > seen && !chief_epoch_.compare_exchange_weak(seen, epoch)) {
   }
   if (epoch < seen) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " from chief epoch ", epoch,
-                                                      " refused: this ps task follows chief epoch ",
-                                                      seen, " (a newer chief)"));
+    return SupersededChiefError(what, epoch, seen);
   }
   return absl::OkStatus();
 }

@@ -215,8 +215,8 @@ TEST(ParameterStoreFencingTest, RequestsOfAnOlderChiefAreRefused) {
   older.mutable_dense(0)->mutable_partition()->set_variable("v");
   absl::Status s = store.CreateShards(older, &created);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("CreateShards from chief epoch 100 refused: this ps task "
-                                     "follows chief epoch 200"));
+  EXPECT_THAT(s.message(), HasSubstr("CreateShards from chief epoch 100 refused: this task "
+                                     "follows chief epoch 200 (a newer chief)"));
   v1::RestoreShardsRequest restore;
   restore.set_chief_epoch(199);
   v1::RestoreShardsResponse restored;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -290,14 +291,16 @@ namespace {
 
 absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
                                  const std::string& json, CrashPoints* crash_points,
-                                 const char* before_rename, const char* before_dir_sync);
+                                 const char* before_rename, const char* before_dir_sync,
+                                 const std::function<absl::Status()>& may_rename = nullptr);
 
 // Writes `message` as JSON to <dir>/<name>: <name>.tmp written and fsynced, renamed, the
 // directory fsynced (WriteFileAtomically). A crash leaves the old file or the new one whole.
 absl::Status WriteJsonAtomically(const std::string& dir, const std::string& name,
                                  const google::protobuf::Message& message,
                                  CrashPoints* crash_points, const char* before_rename,
-                                 const char* before_dir_sync) {
+                                 const char* before_dir_sync,
+                                 const std::function<absl::Status()>& may_rename = nullptr) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -305,12 +308,14 @@ absl::Status WriteJsonAtomically(const std::string& dir, const std::string& name
   if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) {
     return absl::InternalError(absl::StrCat("cannot encode ", name));
   }
-  return WriteFileAtomically(dir, name, json, crash_points, before_rename, before_dir_sync);
+  return WriteFileAtomically(dir, name, json, crash_points, before_rename, before_dir_sync,
+                             may_rename);
 }
 
 absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
                                  const std::string& json, CrashPoints* crash_points,
-                                 const char* before_rename, const char* before_dir_sync) {
+                                 const char* before_rename, const char* before_dir_sync,
+                                 const std::function<absl::Status()>& may_rename) {
   const std::string tmp = absl::StrCat(dir, "/", name, ".tmp");
   const std::string final_path = absl::StrCat(dir, "/", name);
   {
@@ -324,6 +329,12 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
       return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
   }
   if (before_rename != nullptr) MaybeCrash(crash_points, before_rename);
+  if (may_rename) {
+    if (absl::Status s = may_rename(); !s.ok()) {
+      unlink(tmp.c_str());
+      return s;
+    }
+  }
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
   }
@@ -349,10 +360,11 @@ absl::Status ReadJson(const std::string& path, const std::string& what,
 }  // namespace
 
 absl::Status CommitManifest(const std::string& checkpoint_path,
-                            const v1::CheckpointManifest& manifest, CrashPoints* crash_points) {
+                            const v1::CheckpointManifest& manifest, CrashPoints* crash_points,
+                            const std::function<absl::Status()>& may_commit) {
   MaybeCrash(crash_points, kCrashManifestBeforeWrite);
   return WriteJsonAtomically(checkpoint_path, kManifest, manifest, crash_points,
-                             kCrashManifestBeforeRename, kCrashManifestBeforeDirSync);
+                             kCrashManifestBeforeRename, kCrashManifestBeforeDirSync, may_commit);
 }
 
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path) {
@@ -375,10 +387,7 @@ absl::StatusOr<v1::RecoveryIntent> ReadRecoveryIntent(const std::string& dir) {
   return intent;
 }
 
-absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+absl::StatusOr<int64_t> ReadChiefEpoch(const std::string& dir) {
   int64_t last = 0;
   const std::string path = absl::StrCat(dir, "/", kChiefEpoch);
   if (std::ifstream in(path); in) {
@@ -387,6 +396,14 @@ absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least)
       return absl::DataLossError(absl::StrCat(path, " does not hold a number: \"", text, "\""));
     }
   }
+  return last;
+}
+
+absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  PS_ASSIGN_OR_RETURN(const int64_t last, ReadChiefEpoch(dir));
   const int64_t epoch = std::max(at_least, last + 1);
   PS_RETURN_IF_ERROR(
       WriteFileAtomically(dir, kChiefEpoch, absl::StrCat(epoch, "\n"), nullptr, nullptr, nullptr));

@@ -87,10 +87,12 @@ class CheckpointReader {
 
 // Commits a checkpoint: MANIFEST.json.tmp written and fsynced, renamed to MANIFEST.json, the
 // directory fsynced. A crash at any point leaves either no manifest or the whole one.
-// `crash_points` (not owned, may be null) is for fault-injection tests.
+// `crash_points` (not owned, may be null) is for fault-injection tests. `may_commit`, when
+// given, is asked just before the rename; an error from it is returned, with nothing committed.
 absl::Status CommitManifest(const std::string& checkpoint_path,
                             const v1::CheckpointManifest& manifest,
-                            CrashPoints* crash_points = nullptr);
+                            CrashPoints* crash_points = nullptr,
+                            const std::function<absl::Status()>& may_commit = nullptr);
 // NOT_FOUND when the checkpoint has no committed manifest; DATA_LOSS when it does not parse.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path);
 
@@ -107,6 +109,8 @@ absl::Status ClearRecoveryIntent(const std::string& dir);
 // every chief of the cluster has a higher epoch than the one before, even if the clock went
 // back. DATA_LOSS if the file holds something else than a number.
 absl::StatusOr<int64_t> NextChiefEpoch(const std::string& dir, int64_t at_least);
+// The newest chief epoch recorded in `dir` (0 when none is).
+absl::StatusOr<int64_t> ReadChiefEpoch(const std::string& dir);
 
 // Paths of the committed checkpoints under `dir`, newest (highest step, then highest sequence)
 // first.

@@ -108,7 +108,9 @@ TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
 
 TEST(CheckpointTest, EveryChiefGetsAHigherEpochThanTheOneBefore) {
   const std::string dir = Dir("epoch");
+  EXPECT_EQ(*ReadChiefEpoch(dir), 0);  // none recorded yet
   EXPECT_EQ(*NextChiefEpoch(dir, 1000), 1000);
+  EXPECT_EQ(*ReadChiefEpoch(dir), 1000);
   // A clock that went back does not lower it.
   EXPECT_EQ(*NextChiefEpoch(dir, 500), 1001);
   EXPECT_EQ(*NextChiefEpoch(dir, 5000), 5000);

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 namespace {
@@ -50,9 +51,21 @@ absl::StatusOr<std::unique_ptr<CrashPoints>> CrashPoints::Parse(absl::string_vie
                    absl::StrJoin(kKnownPoints, ", "), " (optionally @<n>)"));
 }
 
+std::unique_ptr<CrashPoints> CrashPoints::ForTest(absl::string_view point, int64_t nth,
+                                                  std::function<void()> reached) {
+  bool known = false;
+  for (const char* k : kKnownPoints) known = known || point == k;
+  CHECK(known) << "unknown crash point " << point;
+  return std::unique_ptr<CrashPoints>(new CrashPoints(std::string(point), nth, std::move(reached)));
+}
+
 void CrashPoints::Reach(absl::string_view point) {
   if (point != point_) return;
   if (visits_.fetch_add(1) + 1 != nth_) return;
+  if (reached_) {
+    reached_();
+    return;
+  }
   // Said on stderr with write(2) so the line is out before the signal lands.
   const std::string line = absl::StrCat("crash point ", point_, "@", nth_, " reached: SIGKILL\n");
   ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());

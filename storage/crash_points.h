@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,16 +55,26 @@ class CrashPoints {
   // unknown one or a bad count.
   static absl::StatusOr<std::unique_ptr<CrashPoints>> Parse(absl::string_view spec);
 
-  // Kills this process with SIGKILL when `point` is the armed one and this is its n-th visit.
+  // For tests of a component in one process: at the n-th visit of `point`, calls `reached` on
+  // the visiting thread instead of killing the process. A `reached` that blocks until the test
+  // lets it go stands for a process that stopped there: a successor can be started meanwhile.
+  // `point` must be one of the known points.
+  static std::unique_ptr<CrashPoints> ForTest(absl::string_view point, int64_t nth,
+                                              std::function<void()> reached);
+
+  // Kills this process with SIGKILL when `point` is the armed one and this is its n-th visit
+  // (or calls the test's function, see ForTest).
   void Reach(absl::string_view point);
 
   const std::string& point() const { return point_; }
 
  private:
-  CrashPoints(std::string point, int64_t nth) : point_(std::move(point)), nth_(nth) {}
+  CrashPoints(std::string point, int64_t nth, std::function<void()> reached = nullptr)
+      : point_(std::move(point)), nth_(nth), reached_(std::move(reached)) {}
 
   const std::string point_;
   const int64_t nth_;
+  const std::function<void()> reached_;
   std::atomic<int64_t> visits_{0};
 };
 

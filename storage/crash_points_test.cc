@@ -45,5 +45,17 @@ TEST(CrashPointsDeathTest, DiesOfSigkillOnTheNthVisitOfItsPointOnly) {
   MaybeCrash(nullptr, "save_midway");
 }
 
+TEST(CrashPointsTest, ForTestCallsItsFunctionOnTheNthVisitInsteadOfDying) {
+  int calls = 0;
+  auto c = CrashPoints::ForTest(kCrashRecoveryCreated, 2, [&calls] { ++calls; });
+  c->Reach(kCrashRecoveryRestored);
+  c->Reach(kCrashRecoveryCreated);
+  EXPECT_EQ(calls, 0);
+  c->Reach(kCrashRecoveryCreated);
+  EXPECT_EQ(calls, 1);
+  c->Reach(kCrashRecoveryCreated);  // only the n-th visit
+  EXPECT_EQ(calls, 1);
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -1,0 +1,224 @@
+#include "chief/checkpoint_manager.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/chief_epoch.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "storage/checkpoint.h"
+
+namespace pscluster {
+
+CheckpointManager::CheckpointManager(const CheckpointManagerOptions& options,
+                                     ParameterClient* client)
+    : options_(options), client_(client) {
+  CHECK(!options_.dir.empty());
+  CHECK(options_.clock != nullptr);
+}
+
+std::string CheckpointManager::last() const {
+  absl::MutexLock lock(&mu_);
+  return last_;
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointManager::Committed() const {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, ListCheckpoints(options_.dir));
+  if (checkpoints.empty()) {
+    return absl::NotFoundError(absl::StrCat("no committed checkpoint in ", options_.dir));
+  }
+  return checkpoints;
+}
+
+absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
+                                                               const std::string& reason) {
+  Clock* const clock = options_.clock;
+  std::string path = absl::StrCat(options_.dir, "/", CheckpointDirName(step));
+  v1::CheckpointResponse resp;
+  resp.set_step(step);
+  if (absl::StatusOr<v1::CheckpointManifest> existing = ReadManifest(path); existing.ok()) {
+    if (options_.sync.mode() == v1::SYNC) {
+      // At a step boundary the model is a function of the step: this one is saved already.
+      resp.set_path(path);
+      resp.set_bytes(existing->bytes());
+      resp.set_micros(existing->write_micros());
+      return resp;
+    }
+    // ASYNC and SSP apply updates without moving the global step: a save captures them in a
+    // checkpoint of its own, never one written before (and never into a committed one).
+    int64_t sequence = 1;
+    do {
+      path = absl::StrCat(options_.dir, "/", CheckpointDirName(step, sequence++));
+    } while (ReadManifest(path).ok());
+  }
+  resp.set_path(path);
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);  // an earlier, uncommitted attempt
+  const absl::Time start = clock->Now();
+  int64_t bytes = 0;
+  PS_ASSIGN_OR_RETURN(std::vector<v1::SavedShard> saved, client_->SaveShards(path, step, &bytes));
+  // Commit only a whole model: every partition, and every table from every ps task. A ps task
+  // that restarted since its shards were created has nothing to give.
+  const int num_ps = client_->num_ps();
+  int64_t dense = 0, tables = 0;
+  for (const v1::SavedShard& shard : saved) (shard.is_table() ? tables : dense) += 1;
+  if (dense != client_->placement().partitions_size() ||
+      tables != static_cast<int64_t>(client_->model().tables_size()) * num_ps) {
+    std::filesystem::remove_all(path, ec);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks gave ", dense, " of ", client_->placement().partitions_size(),
+        " dense partitions and ", tables, " of ", client_->model().tables_size() * num_ps,
+        " table parts (did a ps task restart?); not committed"));
+  }
+  v1::CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_created_unix_micros(absl::ToUnixMicros(clock->Now()));
+  manifest.set_num_ps(num_ps);
+  *manifest.mutable_model() = client_->model();
+  *manifest.mutable_placement() = client_->placement();
+  *manifest.mutable_config() = options_.config;
+  *manifest.mutable_sync() = options_.sync;
+  *manifest.mutable_cluster() = options_.cluster;
+  manifest.mutable_shards()->Add(saved.begin(), saved.end());
+  manifest.set_bytes(bytes);
+  manifest.set_write_micros(absl::ToInt64Microseconds(clock->Now() - start));
+  // A chief that was replaced while it saved must not commit: its successor may be writing
+  // the same directory. Checked just before the rename that commits.
+  PS_RETURN_IF_ERROR(
+      CommitManifest(path, manifest, options_.crash_points, [this] { return CheckStillChief(); }));
+  resp.set_bytes(bytes);
+  resp.set_micros(manifest.write_micros());
+  LOG(INFO) << absl::StrFormat("checkpoint of step %d committed (%s): %.2f MiB in %.1f ms at %s",
+                               step, reason, bytes / 1048576.0, resp.micros() / 1000.0, path);
+  absl::Status pruned = PruneCheckpoints(options_.dir, options_.keep);
+  if (!pruned.ok()) LOG(WARNING) << "cannot delete old checkpoints: " << pruned;
+  absl::MutexLock lock(&mu_);
+  last_ = path;
+  return resp;
+}
+
+absl::StatusOr<int64_t> CheckpointManager::RestoreEveryPs(const std::vector<std::string>& why,
+                                                          int64_t step_before,
+                                                          int64_t accumulator_step) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, Committed());
+  // First the record, then the changes: a chief that dies from here on leaves the record, and
+  // its successor restores every ps task again (RestoreEveryPs is idempotent).
+  v1::RecoveryIntent intent;
+  intent.set_step_before(step_before);
+  for (const std::string& w : why) intent.add_restarted(w);
+  intent.set_started_unix_micros(absl::ToUnixMicros(options_.clock->Now()));
+  intent.set_checkpoint_path(checkpoints.front());
+  if (absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(checkpoints.front()); m.ok()) {
+    intent.set_checkpoint_step(m->step());
+  }
+  PS_RETURN_IF_ERROR(RecordRecovery(intent));
+  MaybeCrash(options_.crash_points, kCrashRecoveryIntentWritten);
+  // Tasks that lost their shards get them again, held: no worker sees initial values.
+  CreateShardsOptions create;
+  create.start_step = std::max<int64_t>(step_before, 0);
+  create.hold_until_restored = true;
+  if (absl::Status s = client_->CreateAll(options_.sync, nullptr, create); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot re-create the shards: ", s.message()));
+  }
+  MaybeCrash(options_.crash_points, kCrashRecoveryCreated);
+  absl::StatusOr<int64_t> restored = RestoreLatest(accumulator_step, &intent);
+  if (restored.ok()) MaybeCrash(options_.crash_points, kCrashRecoveryRestored);
+  if (restored.status().code() == absl::StatusCode::kDataLoss) {
+    // No checkpoint restores: let the held shards serve what they have.
+    create.hold_until_restored = false;
+    absl::Status released = client_->CreateAll(options_.sync, nullptr, create);
+    if (!released.ok()) LOG(ERROR) << "cannot release the held shards: " << released;
+  }
+  return restored;
+}
+
+absl::Status CheckpointManager::CheckStillChief() const {
+  if (options_.chief_epoch == 0) return absl::OkStatus();
+  PS_ASSIGN_OR_RETURN(const int64_t recorded, ReadChiefEpoch(options_.dir));
+  if (recorded > options_.chief_epoch) {
+    return SupersededChiefError(absl::StrCat("writing ", options_.dir), options_.chief_epoch,
+                                recorded);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::RecordRecovery(const v1::RecoveryIntent& intent) {
+  PS_RETURN_IF_ERROR(CheckStillChief());
+  if (absl::Status s = WriteRecoveryIntent(options_.dir, intent); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot record the recovery before starting it: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::FinishRecovery() {
+  // Once a newer chief has started, the record is its own.
+  PS_RETURN_IF_ERROR(CheckStillChief());
+  if (absl::Status s = ClearRecoveryIntent(options_.dir); !s.ok()) {
+    // Harmless but wasteful: the next chief would restore again.
+    LOG(ERROR) << "cannot clear the recovery record: " << s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RecoveryIntent> CheckpointManager::UnfinishedRecovery() const {
+  return ReadRecoveryIntent(options_.dir);
+}
+
+absl::StatusOr<int64_t> CheckpointManager::RestoreLatest(int64_t accumulator_step,
+                                                         v1::RecoveryIntent* intent) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, Committed());
+  // With the midway crash point armed, ps:0 is restored alone first, then the crash.
+  const bool one_first = options_.crash_points != nullptr &&
+                         options_.crash_points->point() == kCrashRecoveryRestoreMidway;
+  absl::Status last_error;
+  for (const std::string& path : checkpoints) {
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(path);
+    if (!manifest.ok()) {
+      last_error = manifest.status();
+      LOG(ERROR) << "checkpoint " << path << " is unreadable: " << manifest.status()
+                 << "; falling back to the previous one";
+      continue;
+    }
+    if (intent != nullptr && intent->checkpoint_path() != path) {
+      intent->set_checkpoint_path(path);
+      intent->set_checkpoint_step(manifest->step());
+      PS_RETURN_IF_ERROR(RecordRecovery(*intent));
+    }
+    const std::vector<v1::SavedShard> saved(manifest->shards().begin(), manifest->shards().end());
+    const int64_t acc_step = accumulator_step >= 0 ? accumulator_step : manifest->step();
+    const absl::Time start = options_.clock->Now();
+    absl::Status s;
+    if (one_first) {
+      const std::vector<int> first = {0};
+      std::vector<int> rest;
+      for (int ps = 1; ps < client_->num_ps(); ++ps) rest.push_back(ps);
+      s = client_->RestoreShards(path, saved, acc_step, &first);
+      if (s.ok()) MaybeCrash(options_.crash_points, kCrashRecoveryRestoreMidway);
+      if (s.ok() && !rest.empty()) s = client_->RestoreShards(path, saved, acc_step, &rest);
+    } else {
+      s = client_->RestoreShards(path, saved, acc_step);
+    }
+    if (s.ok()) {
+      LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step()
+                << ", written by " << manifest->num_ps() << " ps tasks, restored into "
+                << client_->num_ps() << ") in "
+                << absl::FormatDuration(options_.clock->Now() - start);
+      return manifest->step();
+    }
+    if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled ||
+        IsSupersededChief(s)) {
+      // A ps task is unreachable, the chief is stopping, or it has been replaced: not the
+      // checkpoint's fault.
+      return s;
+    }
+    last_error = s;
+    LOG(ERROR) << "checkpoint " << path << " cannot be restored: " << s
+               << "; falling back to the previous one";
+  }
+  return absl::DataLossError(
+      absl::StrCat("no checkpoint in ", options_.dir, " restores: ", last_error.message()));
+}
+
+}  // namespace pscluster

@@ -1,0 +1,975 @@
+#include "chief/coordinator.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/chief_epoch.h"
+#include "common/cluster_spec.h"
+#include "common/status_macros.h"
+#include "evaluator/evaluation.h"
+#include "glog/logging.h"
+#include "model/input.h"
+#include "model/model.h"
+#include "sharding/placement.h"
+#include "storage/checkpoint.h"
+
+namespace pscluster {
+namespace {
+
+// Long waits are cut in slices this long, so that a stopping chief or a cancelled call ends
+// them.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(200);
+
+SyncCoordinatorOptions SyncOptionsFor(const CoordinatorOptions& o, int num_workers) {
+  SyncCoordinatorOptions s;
+  s.num_workers = num_workers;
+  s.replicas_to_aggregate =
+      o.sync.replicas_to_aggregate() > 0 ? o.sync.replicas_to_aggregate() : num_workers;
+  s.staleness = o.sync.mode() == v1::SSP ? o.sync.staleness() : -1;
+  s.first_generation = absl::ToUnixMicros(o.clock->Now());
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    const CoordinatorOptions& options) {
+  if (options.cluster.task().job() != kChiefJob || options.cluster.task().index() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the chief must run as task chief:0, not ", TaskName(options.cluster.task())));
+  }
+  if (options.clock == nullptr || !options.make_ps_transport) {
+    return absl::InvalidArgumentError("the coordinator needs a clock and a ps transport factory");
+  }
+  CoordinatorOptions resolved = options;
+  if (options.config.layers_size() > 0) {
+    PS_ASSIGN_OR_RETURN(resolved.model, ModelSpecFromConfig(options.config));
+  }
+  const int workers = NumTasks(options.cluster.cluster(), kWorkerJob);
+  if (options.sync.mode() == v1::SYNC && options.sync.replicas_to_aggregate() > workers) {
+    return absl::InvalidArgumentError(absl::StrCat("replicas_to_aggregate is ",
+                                                   options.sync.replicas_to_aggregate(),
+                                                   " but the cluster has ", workers, " workers"));
+  }
+  if (resolved.sync.mode() == v1::SYNC && resolved.sync.replicas_to_aggregate() == 0) {
+    resolved.sync.set_replicas_to_aggregate(workers);
+  }
+  return std::unique_ptr<Coordinator>(new Coordinator(resolved));
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options)
+    : options_(options),
+      clock_(options.clock),
+      start_time_(clock_->Now()),
+      num_ps_(NumTasks(options.cluster.cluster(), kPsJob)),
+      num_workers_(NumTasks(options.cluster.cluster(), kWorkerJob)),
+      has_evaluator_(NumTasks(options.cluster.cluster(), kEvaluatorJob) > 0),
+      registry_(options.cluster.cluster(), options.heartbeat_timeout, clock_),
+      sync_(SyncOptionsFor(options, num_workers_), clock_),
+      gate_(clock_) {
+  absl::MutexLock lock(&mu_);
+  progress_.set_epochs(std::max(1, options.training.epochs()));
+  progress_.set_test_accuracy(-1);
+  progress_.set_test_auc(-1);
+  progress_.set_metrics_path(options.metrics_path);
+  rate_window_start_ = start_time_;
+  phase_since_ = start_time_;
+}
+
+Coordinator::~Coordinator() {
+  Stop();
+  Join();
+}
+
+void Coordinator::Start() {
+  background_ = std::thread([this] { Run(); });
+}
+
+void Coordinator::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_requested_ = true;
+    // Calls to ps tasks that are gone retry for a long time; a stopping chief gives up at once.
+    if (client_ != nullptr) client_->Cancel();
+  }
+  sync_.Finish();  // wake workers waiting for tokens
+}
+
+bool Coordinator::stop_requested() const {
+  absl::MutexLock lock(&mu_);
+  return stop_requested_;
+}
+
+void Coordinator::Join() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&stop_requested_));
+  }
+  if (background_.joinable()) background_.join();
+}
+
+bool Coordinator::StopIfSuperseded(const absl::Status& s) {
+  if (!IsSupersededChief(s)) return false;
+  LOG(ERROR) << "another chief has replaced this one (" << s.message()
+             << "): this chief does nothing more and stops";
+  SetPhase(v1::FAILED, absl::StrCat("replaced by a newer chief: ", s.message()));
+  Stop();
+  return true;
+}
+
+void Coordinator::set_address(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  address_ = address;
+}
+
+v1::ChiefPhase Coordinator::phase() const {
+  absl::MutexLock lock(&mu_);
+  return phase_;
+}
+
+void Coordinator::Run() {
+  absl::Status s = InitializeModel();
+  if (!s.ok()) {
+    if (StopIfSuperseded(s)) return;
+    LOG(ERROR) << s;
+    SetPhase(v1::FAILED, std::string(s.message()));
+    return;
+  }
+  if (stop_requested()) return;
+  std::thread evaluation;
+  if (options_.config.layers_size() > 0) evaluation = std::thread([this] { EvaluationLoop(); });
+  MaintenanceLoop();
+  if (evaluation.joinable()) evaluation.join();
+}
+
+int64_t Coordinator::CurrentStep() const {
+  if (options_.sync.mode() == v1::SYNC) return sync_.global_step();
+  absl::MutexLock lock(&mu_);
+  return progress_.global_step();
+}
+
+void Coordinator::MaintenanceLoop() {
+  const int64_t every = options_.checkpoint_every_steps;
+  // SYNC checkpoints every N steps are cut exactly at multiples of N: the coordinator pauses
+  // itself there. ASYNC has no global step order; it checkpoints once N more steps are done.
+  const bool exact = checkpoints_ != nullptr && every > 0 && options_.sync.mode() == v1::SYNC;
+  int64_t last_step = CurrentStep();
+  int64_t next_due = 0;
+  auto schedule = [&](int64_t from) {
+    last_step = from;
+    next_due = exact ? (from / every + 1) * every : from + every;
+    if (exact) sync_.PauseAtStep(next_due);
+  };
+  schedule(last_step);
+  absl::Time last_time = clock_->Now();
+  while (!stop_requested()) {
+    if (exact && CurrentStep() < next_due) {
+      sync_.AwaitStep(next_due, clock_->Now() + kWaitSlice);
+    } else {
+      absl::MutexLock lock(&mu_);
+      clock_->AwaitWithDeadline(&mu_, absl::Condition(&stop_requested_),
+                                clock_->Now() + kWaitSlice);
+    }
+    if (stop_requested()) return;
+    std::vector<int> restarted;
+    for (int i = 0; i < num_ps_; ++i) {
+      const uint64_t now = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
+      if (now != 0 && now != ps_incarnations_[i]) restarted.push_back(i);
+    }
+    if (!restarted.empty()) {
+      RecoverRestartedPs(restarted);
+      schedule(CurrentStep());  // the step may have gone back
+      last_time = clock_->Now();
+      continue;
+    }
+    if (checkpoints_ == nullptr) continue;
+    bool finished;
+    {
+      absl::MutexLock lock(&mu_);
+      finished = progress_.finished();
+    }
+    const int64_t step = CurrentStep();
+    const bool due_steps = every > 0 && step >= next_due;
+    const bool due_time = options_.checkpoint_every > absl::ZeroDuration() &&
+                          clock_->Now() >= last_time + options_.checkpoint_every &&
+                          step > last_step;
+    if (finished || (!due_steps && !due_time)) continue;
+    absl::StatusOr<v1::CheckpointResponse> r =
+        TakeCheckpoint(due_steps ? "every N steps" : "periodic");
+    if (!r.ok()) LOG(WARNING) << "checkpoint skipped: " << r.status();
+    schedule(r.ok() ? r->step() : step);
+    last_time = clock_->Now();
+  }
+}
+
+void Coordinator::RecoverRestartedPs(const std::vector<int>& restarted) {
+  std::vector<std::string> names;
+  for (int i : restarted) names.push_back(absl::StrCat("ps:", i));
+  const absl::Time start = clock_->Now();
+  LOG(WARNING) << absl::StrJoin(names, ", ")
+               << " restarted and lost its shards: holding the workers"
+               << (checkpoints_ == nullptr
+                       ? " and creating them again from initial values (no --checkpoint_dir)"
+                       : " and restoring every ps task to the latest checkpoint");
+  absl::MutexLock operation(&operation_mu_);
+  SetPhase(v1::RECOVERING, absl::StrCat(absl::StrJoin(names, ", "), " restarted"));
+  // SYNC goes back to the restored step and computes the lost steps again, from the same
+  // batches (a worker's batch is a function of the step): the run ends with the model an
+  // undisturbed run would have. ASYNC has no global order to replay: the updates since the
+  // checkpoint are lost.
+  const bool rewind = options_.sync.mode() == v1::SYNC;
+  // No new steps. SYNC does not wait for the step under way: it may never close (a gradient
+  // went to the dead task), and it is abandoned anyway. ASYNC waits (briefly) for the workers'
+  // steps to end, so no push lands on a task after its restore.
+  HoldWorkersAtStepBoundary(rewind ? absl::ZeroDuration() : absl::Seconds(2)).IgnoreError();
+  const int64_t step_before = CurrentStep();
+  for (int i = 0; i < num_ps_; ++i) {
+    ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
+  }
+  FollowMovedPs(restarted);
+  bool done = false;
+  absl::Status error;
+  const std::string outcome = RestoreAfterRestart(names, step_before, rewind, &done, &error);
+  if (StopIfSuperseded(error)) {
+    ResumeWorkers();
+    return;
+  }
+  if (!done) {
+    // The maintenance loop tries again; the recovery record, if written, stays until then.
+    for (int i : restarted) ps_incarnations_[i] = 0;
+  }
+  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome << " (took "
+               << absl::FormatDuration(clock_->Now() - start) << ")";
+  ResumeWorkers();
+  SetPhase(ServingPhase(), "");
+}
+
+std::string Coordinator::RestoreAfterRestart(const std::vector<std::string>& names,
+                                             int64_t step_before, bool rewind, bool* done,
+                                             absl::Status* error) {
+  *done = false;
+  absl::StatusOr<int64_t> restored =
+      checkpoints_ == nullptr
+          ? absl::NotFoundError("no --checkpoint_dir")
+          : checkpoints_->RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
+  *error = restored.status();
+  std::string outcome;
+  int64_t resume_step = step_before;
+  if (restored.ok() && rewind) {
+    resume_step = *restored;
+    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                           "; the global step goes back from ", step_before, " to ", *restored,
+                           ": steps ", *restored, "..", step_before - 1,
+                           " are computed again from the same batches (", step_before - *restored,
+                           " steps of work lost)");
+  } else if (restored.ok()) {
+    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
+                           "; progress lost: the updates of steps ", *restored, "..", step_before);
+  } else if (restored.status().code() == absl::StatusCode::kNotFound ||
+             restored.status().code() == absl::StatusCode::kDataLoss) {
+    // Nothing to restore: the lost shards start again from their initial values. (After
+    // DATA_LOSS, RestoreEveryPs has created them already and released its hold.)
+    const bool none = restored.status().code() == absl::StatusCode::kNotFound;
+    absl::Status created;
+    if (none) {
+      CreateShardsOptions create;
+      create.start_step = step_before;
+      created = client_->CreateAll(options_.sync, nullptr, create);
+    }
+    outcome = none ? "no checkpoint to restore: the restarted shards start from their initial "
+                     "values"
+                   : absl::StrCat("restore failed: ", restored.status().message(),
+                                  "; the restarted shards start from their initial values");
+    if (!created.ok()) {
+      *error = created;
+      return absl::StrCat("cannot re-create the shards: ", created.message());
+    }
+    if (rewind) absl::StrAppend(&outcome, "; step ", step_before, " starts over");
+  } else {
+    return absl::StrCat("not finished (tried again shortly): ", restored.status().message());
+  }
+  *done = true;
+  if (rewind) {
+    sync_.Rewind(resume_step);
+    absl::MutexLock lock(&mu_);
+    progress_.set_global_step(resume_step);
+  }
+  if (checkpoints_ != nullptr) *error = checkpoints_->FinishRecovery();
+  return outcome;
+}
+
+void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
+  for (int ps : restarted) {
+    absl::StatusOr<std::string> now = registry_.AddressOf(MakeTaskId(kPsJob, ps));
+    if (!now.ok()) continue;
+    std::string before;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ps >= model_.ps_addresses_size() || model_.ps_addresses(ps) == *now) continue;
+      before = model_.ps_addresses(ps);
+      // Workers that cannot reach the old address find this one through GetModel.
+      model_.set_ps_addresses(ps, *now);
+    }
+    absl::Status s = client_->SetPsAddress(ps, *now);
+    LOG(WARNING) << "ps:" << ps << " came back at " << *now << " (was " << before << ")"
+                 << (s.ok() ? "" : absl::StrCat(": cannot follow it: ", s.message()));
+  }
+}
+
+absl::Status Coordinator::HoldWorkersAtStepBoundary(absl::Duration timeout) {
+  const absl::Time deadline = clock_->Now() + timeout;
+  if (options_.sync.mode() != v1::ASYNC) {
+    if (sync_.PauseAtStepBoundary(deadline)) return absl::OkStatus();
+    std::vector<std::string> slow;
+    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
+    return absl::UnavailableError(
+        absl::StrCat("no step boundary within ", absl::FormatDuration(timeout), " (step ",
+                     sync_.global_step(), " waits for ", absl::StrJoin(slow, ", "), ")"));
+  }
+  // ASYNC: every worker inside a step comes back to the gate, except those that are gone (no
+  // heartbeat): they push nothing more.
+  while (!gate_.Close(std::min(deadline, clock_->Now() + kWaitSlice))) {
+    for (const v1::TaskId& t : registry_.NotServing()) {
+      if (t.job() == kWorkerJob) gate_.Leave(t.index());
+    }
+    if (stop_requested()) return absl::CancelledError("the chief is stopping");
+    if (clock_->Now() >= deadline) {
+      std::vector<std::string> slow;
+      for (int w : gate_.inside()) slow.push_back(absl::StrCat("worker:", w));
+      return absl::UnavailableError(
+          absl::StrCat("no step boundary within ", absl::FormatDuration(timeout), " (",
+                       absl::StrJoin(slow, ", "), " still inside a step)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ResumeWorkers() {
+  sync_.Resume();
+  gate_.Open();
+}
+
+absl::StatusOr<v1::CheckpointResponse> Coordinator::TakeCheckpoint(const std::string& reason,
+                                                                   bool require_ready) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("the chief has no --checkpoint_dir: checkpoints are off");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (require_ready && !model_ready_) {
+      return absl::UnavailableError("the model is not ready yet");
+    }
+  }
+  absl::MutexLock operation(&operation_mu_);
+  absl::Status held = HoldWorkersAtStepBoundary(options_.checkpoint_hold_timeout);
+  absl::StatusOr<v1::CheckpointResponse> r =
+      held.ok() ? checkpoints_->Save(CurrentStep(), reason) : held;
+  ResumeWorkers();
+  StopIfSuperseded(r.status());
+  return r;
+}
+
+absl::Status Coordinator::Checkpoint(const v1::CheckpointRequest&, v1::CheckpointResponse* resp) {
+  PS_ASSIGN_OR_RETURN(*resp, TakeCheckpoint("requested"));
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::InitializeModel() {
+  while (!registry_.AwaitServing({std::string(kPsJob)}, clock_->Now() + kWaitSlice)) {
+    if (stop_requested()) return absl::OkStatus();
+  }
+  std::vector<std::string> addresses;
+  for (int i = 0; i < num_ps_; ++i) {
+    addresses.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
+  }
+  absl::StatusOr<v1::Placement> placement =
+      ComputePlacement(options_.model, num_ps_, options_.placement);
+  if (!placement.ok()) {
+    return absl::Status(placement.status().code(),
+                        absl::StrCat("cannot place the model: ", placement.status().message()));
+  }
+  LOG(INFO) << "placement of " << options_.model.variables_size() << " variables and "
+            << options_.model.tables_size() << " tables on " << num_ps_ << " ps tasks:\n"
+            << PlacementDebugString(*placement);
+  SetPhase(v1::CREATING_VARIABLES, "");
+  ParameterClientOptions client_options;
+  client_options.max_attempts = 20;
+  // Higher than any earlier chief's: recorded beside the checkpoints when there are any (so a
+  // clock that went back cannot lower it), else the start time.
+  client_options.chief_epoch = absl::ToUnixMicros(start_time_);
+  if (!options_.checkpoint_dir.empty()) {
+    absl::StatusOr<int64_t> epoch =
+        NextChiefEpoch(options_.checkpoint_dir, client_options.chief_epoch);
+    if (!epoch.ok()) return epoch.status();
+    client_options.chief_epoch = *epoch;
+  }
+  LOG(INFO) << "chief epoch " << client_options.chief_epoch
+            << ": ps tasks refuse control requests of earlier chiefs";
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
+                      options_.make_ps_transport(addresses));
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterClient> client,
+      ParameterClient::Create(options_.model, *placement, std::move(transport), client_options));
+  std::unique_ptr<CheckpointManager> checkpoints;
+  if (!options_.checkpoint_dir.empty()) {
+    CheckpointManagerOptions c;
+    c.dir = options_.checkpoint_dir;
+    c.keep = options_.keep_checkpoints;
+    c.config = options_.config;
+    c.sync = options_.sync;
+    c.cluster = options_.cluster.cluster();
+    c.crash_points = options_.crash_points;
+    c.clock = clock_;
+    c.chief_epoch = client_options.chief_epoch;
+    checkpoints = std::make_unique<CheckpointManager>(c, client.get());
+  }
+  {
+    // Stop() cancels the client's retries; one that came first cancels it here.
+    absl::MutexLock lock(&mu_);
+    client_ = std::move(client);
+    checkpoints_ = std::move(checkpoints);
+    if (stop_requested_) client_->Cancel();
+  }
+  for (int i = 0; i < num_ps_; ++i) {
+    ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
+  }
+  // With a checkpoint to start from, new shards wait for it (held): a chief that dies before
+  // restoring leaves them refusing service, never serving initial values as if trained.
+  const bool have_checkpoint = checkpoints_ != nullptr && checkpoints_->HasCheckpoint();
+  CreateShardsOptions create;
+  create.hold_until_restored = have_checkpoint;
+  int64_t fresh = 0;
+  std::vector<int> awaiting;
+  absl::Status created = client_->CreateAll(options_.sync, &fresh, create, &awaiting);
+  if (!created.ok()) {
+    return absl::Status(created.code(),
+                        absl::StrCat("cannot create the variables: ", created.message()));
+  }
+  int64_t restored_step = -1;
+  {
+    absl::MutexLock operation(&operation_mu_);
+    PS_ASSIGN_OR_RETURN(restored_step, RestoreAtStart(fresh, awaiting));
+  }
+  if (options_.sync.mode() == v1::SYNC && restored_step < 0) {
+    // After a chief restart the ps tasks still hold the model: the steps their accumulators
+    // have applied are the global step, so workers neither repeat nor skip steps.
+    int64_t applied = 0;
+    for (int ps = 0; ps < num_ps_; ++ps) {
+      absl::StatusOr<v1::ListShardsResponse> shards = client_->ListShards(ps);
+      if (!shards.ok()) return shards.status();
+      for (const v1::ShardStats& s : shards->shards()) {
+        if (!s.is_table()) applied = std::max(applied, s.applied_step());
+      }
+    }
+    if (applied > 0) {
+      LOG(INFO) << "recovered global step " << applied
+                << " from the ps tasks (steps their shards have applied)";
+      sync_.SetGlobalStep(applied);
+    }
+  }
+  if (checkpoints_ != nullptr && !have_checkpoint) {
+    // A checkpoint before the first step (as TensorFlow's chief saves one at step 0): a ps task
+    // that dies before the first periodic checkpoint is then restored with the others, and sync
+    // training replays from the start, instead of a restarted task's initial values meeting the
+    // others' trained ones.
+    absl::StatusOr<v1::CheckpointResponse> first =
+        TakeCheckpoint("before the first step", /*require_ready=*/false);
+    if (!first.ok()) LOG(WARNING) << "no checkpoint before the first step: " << first.status();
+  }
+  absl::MutexLock lock(&mu_);
+  *model_.mutable_model() = options_.model;
+  *model_.mutable_placement() = *placement;
+  for (const std::string& a : addresses) model_.add_ps_addresses(a);
+  *model_.mutable_sync() = options_.sync;
+  *model_.mutable_config() = options_.config;
+  *model_.mutable_training() = options_.training;
+  model_ready_ = true;
+  SetPhaseLocked(ServingPhase(), "");
+  LOG(INFO) << "every variable is created and initialized on its ps task";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Coordinator::RestoreAtStart(int64_t fresh,
+                                                    const std::vector<int>& awaiting) {
+  // Whether the cluster's state can be trusted: not if a recovery was under way when the last
+  // chief stopped (its record is there) or a ps task still waits for a restore.
+  std::vector<std::string> why;
+  if (checkpoints_ != nullptr) {
+    absl::StatusOr<v1::RecoveryIntent> unfinished = checkpoints_->UnfinishedRecovery();
+    if (unfinished.ok()) {
+      LOG(WARNING) << "the previous chief was recovering ("
+                   << absl::StrJoin(unfinished->restarted(), ", ") << " restarted; restoring "
+                   << unfinished->checkpoint_path() << ") when it stopped: redoing the recovery";
+      why.assign(unfinished->restarted().begin(), unfinished->restarted().end());
+    } else if (unfinished.status().code() != absl::StatusCode::kNotFound) {
+      LOG(ERROR) << unfinished.status() << ": treating it as a recovery under way";
+      why.push_back("an unreadable recovery record");
+    }
+  }
+  for (int ps : awaiting) why.push_back(absl::StrCat("ps:", ps, " waiting for a restore"));
+  if ((fresh == 0 && why.empty()) || checkpoints_ == nullptr || !checkpoints_->HasCheckpoint()) {
+    if (fresh == 0) {
+      LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
+    }
+    return -1;
+  }
+  // New variables, or a state half recovered: every ps task goes to the newest checkpoint.
+  if (why.empty()) why.push_back("new variables");
+  SetPhase(v1::RESTORING, absl::StrJoin(why, ", "));
+  absl::StatusOr<int64_t> restored = checkpoints_->RestoreEveryPs(why, -1, -1);
+  if (restored.ok()) {
+    // A new generation: workers drop whatever they computed for the steps after it.
+    sync_.Rewind(*restored);
+    PS_RETURN_IF_ERROR(checkpoints_->FinishRecovery());
+    absl::MutexLock lock(&mu_);
+    progress_.set_global_step(*restored);
+    steps_before_ = *restored;
+    return *restored;
+  }
+  if (restored.status().code() == absl::StatusCode::kDataLoss) {
+    LOG(ERROR) << restored.status() << "; starting from the values the ps tasks hold";
+    PS_RETURN_IF_ERROR(checkpoints_->FinishRecovery());
+    return -1;
+  }
+  return absl::Status(restored.status().code(),
+                      absl::StrCat("cannot restore the checkpoint: ", restored.status().message()));
+}
+
+absl::StatusOr<EvalResult> Coordinator::OwnEvaluation(int64_t step) {
+  if (own_evaluator_ == nullptr) {
+    PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options_.training.data(),
+                                                  options_.config.input_dim(), /*train=*/false));
+    PS_ASSIGN_OR_RETURN(own_evaluator_,
+                        Evaluator::Create(options_.config, client_.get(), std::move(test)));
+  }
+  return own_evaluator_->Evaluate(step);
+}
+
+void Coordinator::RecordEvaluation(const EvalResult& r, const std::string& by) {
+  std::string line;
+  {
+    absl::MutexLock lock(&mu_);
+    progress_.set_test_accuracy(r.accuracy);
+    progress_.set_test_loss(r.loss);
+    progress_.set_test_auc(r.auc);
+    progress_.set_test_step(r.step);
+    progress_.set_test_evaluated_by(by);
+    const double elapsed = absl::ToDoubleSeconds(clock_->Now() - start_time_);
+    line = MetricsJsonLine(r, progress_.loss(), progress_.examples_per_second(), elapsed, by);
+  }
+  LOG(INFO) << absl::StrFormat("evaluation at step %d by %s: test loss %.4f, accuracy %.4f%s",
+                               r.step, by, r.loss, r.accuracy,
+                               r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "");
+  if (options_.metrics_path.empty()) return;
+  absl::MutexLock lock(&metrics_mu_);
+  std::ofstream metrics(options_.metrics_path, std::ios::app);
+  metrics << line << std::endl;
+  if (!metrics) LOG(WARNING) << "cannot append to the metrics file " << options_.metrics_path;
+}
+
+void Coordinator::EvaluationLoop() {
+  // With an evaluator task the chief computes nothing: the evaluator reports (ReportEvaluation)
+  // and is asked for the final evaluation; the chief evaluates only if that does not come.
+  absl::Time next_eval =
+      has_evaluator_ ? absl::InfiniteFuture() : clock_->Now() + options_.eval_every;
+  while (true) {
+    bool all_finished = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this, next_eval]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_requested_ || progress_.workers_finished() >= num_workers_ ||
+               clock_->Now() >= next_eval;
+      };
+      clock_->AwaitWithDeadline(&mu_, absl::Condition(&wake), next_eval);
+      if (stop_requested_) return;
+      all_finished = num_workers_ > 0 && progress_.workers_finished() >= num_workers_;
+    }
+    const int64_t step = CurrentStep();
+    if (!all_finished) {
+      absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      next_eval = clock_->Now() + options_.eval_every;
+      if (r.ok()) {
+        RecordEvaluation(*r, "chief");
+      } else {
+        LOG(WARNING) << "evaluation failed: " << r.status();
+      }
+      continue;
+    }
+    // The trained model is saved before anyone is told training is over.
+    if (checkpoints_ != nullptr) {
+      absl::StatusOr<v1::CheckpointResponse> c = TakeCheckpoint("training finished");
+      if (!c.ok()) LOG(WARNING) << "final checkpoint failed: " << c.status();
+    }
+    bool evaluated = false;
+    if (has_evaluator_) {
+      absl::MutexLock lock(&mu_);
+      final_step_ = step;
+      SetPhaseLocked(v1::FINAL_EVALUATION,
+                     absl::StrCat("waiting for evaluator:0 to evaluate step ", step));
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_requested_ || final_evaluated_;
+      };
+      clock_->AwaitWithDeadline(&mu_, absl::Condition(&done),
+                                clock_->Now() + options_.final_eval_timeout);
+      if (stop_requested_) return;
+      evaluated = final_evaluated_;
+      if (!evaluated) {
+        LOG(WARNING) << "evaluator:0 sent no evaluation of the final step " << step << " within "
+                     << absl::FormatDuration(options_.final_eval_timeout)
+                     << ": the chief evaluates it";
+      }
+    }
+    if (!evaluated) {
+      absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      if (r.ok()) {
+        RecordEvaluation(*r, "chief");
+      } else {
+        LOG(WARNING) << "final evaluation failed: " << r.status();
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    progress_.set_finished(true);
+    SetPhaseLocked(v1::FINISHED, "");
+    LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f (by %s)",
+                                 progress_.test_accuracy(), progress_.test_evaluated_by());
+    return;
+  }
+}
+
+absl::Status Coordinator::ReportEvaluation(const v1::ReportEvaluationRequest& request,
+                                           v1::ReportEvaluationResponse* resp) {
+  const v1::ReportEvaluationRequest* req = &request;
+  PS_RETURN_IF_ERROR(CheckEvaluationReport(*req));
+  EvalResult r;
+  r.step = req->step();
+  r.examples = req->examples();
+  r.loss = req->loss();
+  r.accuracy = req->accuracy();
+  r.auc = req->auc();
+  {
+    absl::MutexLock lock(&mu_);
+    if (req->final()) {
+      if (progress_.finished() && progress_.test_evaluated_by() == TaskName(req->task()) &&
+          progress_.test_step() == req->step()) {
+        resp->set_finished(true);  // a retry of the final report already taken
+        return absl::OkStatus();
+      }
+      if (phase_ != v1::FINAL_EVALUATION || final_evaluated_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a final evaluation is not expected: the chief is ", v1::ChiefPhase_Name(phase_)));
+      }
+      if (req->step() != final_step_) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the final model is that of step ", final_step_, ", not ", req->step()));
+      }
+    }
+  }
+  RecordEvaluation(r, TaskName(req->task()));
+  absl::MutexLock lock(&mu_);
+  if (req->final()) final_evaluated_ = true;
+  resp->set_finished(progress_.finished());
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CheckEvaluationReport(const v1::ReportEvaluationRequest& req) const {
+  if (!has_evaluator_) {
+    return absl::FailedPreconditionError(
+        "this cluster has no evaluator task: the chief evaluates the model itself");
+  }
+  if (req.task().job() != kEvaluatorJob || req.task().index() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluations are reported by the evaluator task (evaluator:0), not by ",
+                     TaskName(req.task())));
+  }
+  const int64_t now = CurrentStep();
+  if (req.step() < 0 || req.step() > now) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "evaluation of step ", req.step(), ": expected a step in [0, ", now, "], the global step"));
+  }
+  if (req.examples() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation of ", req.examples(), " examples: expected at least 1"));
+  }
+  if (!std::isfinite(req.loss()) || req.loss() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation loss ", req.loss(), ": expected a finite value >= 0"));
+  }
+  if (!(req.accuracy() >= 0 && req.accuracy() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation accuracy ", req.accuracy(), ": expected a value in [0, 1]"));
+  }
+  if (req.auc() != -1 && !(req.auc() >= 0 && req.auc() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation AUC ", req.auc(), ": expected a value in [0, 1], or -1 for none"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RegisterTask(const v1::RegisterTaskRequest& req,
+                                       v1::RegisterTaskResponse* resp) {
+  PS_RETURN_IF_ERROR(registry_.Register(req.task(), req.address(), req.incarnation()));
+  resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+  PS_ASSIGN_OR_RETURN(bool known,
+                      registry_.Heartbeat(req.task(), req.incarnation(), req.step(), req.detail()));
+  resp->set_reregister(!known);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::GetModel(const v1::GetModelRequest& req, const CallContext& call,
+                                   v1::GetModelResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return model_ready_ || stop_requested_; };
+  while (req.wait_until_ready() && !done() && !call.cancelled() && clock_->Now() < call.deadline) {
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(&done),
+                              std::min(call.deadline, clock_->Now() + kWaitSlice));
+  }
+  if (!model_ready_) {
+    return absl::UnavailableError(absl::StrCat("the model is not ready: ", init_state_));
+  }
+  *resp = model_;
+  resp->set_global_step(sync_.global_step());
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::AcquireToken(const v1::AcquireTokenRequest& request,
+                                       const CallContext& call, v1::AcquireTokenResponse* resp) {
+  const v1::AcquireTokenRequest* req = &request;
+  if (req->worker() < 0 || req->worker() >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", req->worker(), " is not in the cluster (", num_workers_, " workers)"));
+  }
+  {
+    // Until the chief knows the global step (a restarted chief reads it from the ps tasks),
+    // no token is granted and no report is counted.
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) {
+      return absl::UnavailableError(absl::StrCat("the chief is starting: ", init_state_));
+    }
+  }
+  // Wait in slices so a cancelled call or a stopping chief ends the wait.
+  const absl::Time deadline = call.deadline;
+  if (options_.sync.mode() == v1::ASYNC) {
+    // No waiting for other workers; only a checkpoint or a recovery closes the gate.
+    while (true) {
+      const StepGate::Result r = gate_.Pass(
+          req->worker(), std::min(deadline, clock_->Now() + kWaitSlice), req->pushes_in_flight());
+      if (r == StepGate::Result::kPassed) break;
+      if (r == StepGate::Result::kDrain) {
+        resp->set_drain(true);
+        return absl::OkStatus();
+      }
+      if (call.cancelled() || clock_->Now() >= deadline || stop_requested()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "worker ", req->worker(), " is held: a checkpoint or a recovery is under way"));
+      }
+    }
+    resp->set_step(req->step() + 1);
+    NoteGranted(req->worker(), resp->step() + 1);
+    return absl::OkStatus();
+  }
+  while (true) {
+    const absl::Time slice = std::min(deadline, clock_->Now() + kWaitSlice);
+    SyncCoordinator::Token token =
+        sync_.AcquireToken(req->worker(), req->step(), req->generation(), slice);
+    if (token.granted || token.finished) {
+      if (token.granted) NoteGranted(req->worker(), token.step + 1);
+      resp->set_step(token.step);
+      resp->set_generation(token.generation);
+      resp->set_finished(token.finished && !token.granted);
+      if (token.finished) resp->set_finished(true);
+      return absl::OkStatus();
+    }
+    if (call.cancelled() || clock_->Now() >= deadline || stop_requested()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no token yet for worker ", req->worker(), " after step ", req->step()));
+    }
+  }
+}
+
+namespace {
+
+std::string PhaseName(v1::ChiefPhase phase) {
+  switch (phase) {
+    case v1::WAITING_FOR_PS:
+      return "waiting for the ps tasks";
+    case v1::CREATING_VARIABLES:
+      return "creating variables on the ps tasks";
+    case v1::RESTORING:
+      return "restoring a checkpoint";
+    case v1::MODEL_READY:
+      return "model ready";
+    case v1::TRAINING:
+      return "training";
+    case v1::RECOVERING:
+      return "recovering";
+    case v1::FINAL_EVALUATION:
+      return "final evaluation";
+    case v1::FINISHED:
+      return "training finished";
+    case v1::FAILED:
+      return "failed";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+void Coordinator::SetPhase(v1::ChiefPhase phase, const std::string& detail) {
+  absl::MutexLock lock(&mu_);
+  SetPhaseLocked(phase, detail);
+}
+
+void Coordinator::SetPhaseLocked(v1::ChiefPhase phase, const std::string& detail) {
+  if (phase != phase_ || detail != phase_detail_) {
+    LOG(INFO) << "chief: " << PhaseName(phase_) << " -> " << PhaseName(phase)
+              << (detail.empty() ? "" : absl::StrCat(" (", detail, ")"));
+  }
+  if (phase != phase_) phase_since_ = clock_->Now();
+  phase_ = phase;
+  phase_detail_ = detail;
+  init_state_ = detail.empty() ? PhaseName(phase) : absl::StrCat(PhaseName(phase), ": ", detail);
+}
+
+v1::ChiefPhase Coordinator::ServingPhase() const {
+  return num_workers_ > 0 && options_.config.layers_size() > 0 ? v1::TRAINING : v1::MODEL_READY;
+}
+
+void Coordinator::NoteGranted(int w, int64_t steps) {
+  absl::MutexLock lock(&mu_);
+  WorkerProgress& p = workers_[w];
+  p.granted_steps = std::max(p.granted_steps, steps);
+}
+
+absl::Status Coordinator::ReportStep(const v1::ReportStepRequest& request,
+                                     v1::ReportStepResponse* resp) {
+  const v1::ReportStepRequest* req = &request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) {
+      return absl::UnavailableError(absl::StrCat("the chief is starting: ", init_state_));
+    }
+    // Checked before anything is counted: a refused report changes nothing.
+    WorkerView view;
+    if (req->worker() >= 0 && req->worker() < num_workers_) {
+      view.registered = registry_.IncarnationOf(MakeTaskId(kWorkerJob, req->worker())) != 0;
+      auto it = workers_.find(req->worker());
+      if (it != workers_.end()) view.granted_steps = it->second.granted_steps;
+    }
+    PS_RETURN_IF_ERROR(
+        CheckStepReport(*req, options_.sync.mode(), num_workers_, sync_.global_step(), view));
+  }
+  if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
+    sync_.ReportStep(req->worker(), req->step() - 1, req->generation());
+  }
+  if (req->finished()) {
+    sync_.WorkerFinished(req->worker());
+    gate_.Leave(req->worker());
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  if (first_report_ == absl::InfinitePast()) {
+    first_report_ = now;
+    rate_window_start_ = now;
+  }
+  WorkerProgress& w = workers_[req->worker()];
+  w.steps = std::max(w.steps, req->step());
+  w.epoch = req->epoch();
+  if (req->finished() && !w.finished) {
+    w.finished = true;
+    progress_.set_workers_finished(progress_.workers_finished() + 1);
+    LOG(INFO) << "worker:" << req->worker() << " finished after " << w.steps << " steps ("
+              << progress_.workers_finished() << " of " << num_workers_ << " done)";
+  }
+  total_examples_ += req->examples();
+  rate_window_examples_ += req->examples();
+  const double window = absl::ToDoubleSeconds(now - rate_window_start_);
+  if (window >= 2.0) {
+    progress_.set_examples_per_second(rate_window_examples_ / window);
+    rate_window_start_ = now;
+    rate_window_examples_ = 0;
+  }
+  if (req->examples() > 0) {
+    progress_.set_loss(progress_.loss() == 0 ? req->loss()
+                                             : 0.8 * progress_.loss() + 0.2 * req->loss());
+    progress_.set_max_staleness(std::max(progress_.max_staleness(), req->max_staleness()));
+    progress_.set_mean_staleness(0.8 * progress_.mean_staleness() + 0.2 * req->mean_staleness());
+  }
+  int64_t steps = 0;
+  int32_t epoch = 0;
+  for (const auto& [i, p] : workers_) {
+    steps += p.steps;
+    epoch = std::max(epoch, p.epoch);
+  }
+  progress_.set_global_step(options_.sync.mode() == v1::SYNC ? sync_.global_step()
+                                                             : steps_before_ + steps);
+  progress_.set_epoch(epoch);
+  resp->set_global_step(progress_.global_step());
+  return absl::OkStatus();
+}
+
+void Coordinator::GetClusterStatus(v1::ClusterStatus* resp) const {
+  const absl::Time now = clock_->Now();
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    address = address_;
+  }
+  for (v1::TaskStatus& t : registry_.Snapshot()) {
+    if (t.task().job() == kChiefJob) {
+      // The chief does not heartbeat itself: if it answers, it is serving.
+      t.set_address(address);
+      t.set_health(v1::HEALTH_SERVING);
+      t.set_start_unix_micros(absl::ToUnixMicros(start_time_));
+      t.set_uptime_micros(absl::ToInt64Microseconds(now - start_time_));
+      t.set_step(sync_.global_step());
+    }
+    *resp->add_tasks() = std::move(t);
+  }
+  std::vector<std::string> names;
+  for (const v1::TaskId& t : registry_.NotServing()) {
+    if (t.job() == kChiefJob) continue;
+    names.push_back(TaskName(t));
+    *resp->add_waiting_for() = t;
+  }
+  resp->set_global_step(CurrentStep());
+  *resp->mutable_sync() = options_.sync;
+  absl::MutexLock lock(&mu_);
+  std::string state = names.empty() ? absl::StrCat("all tasks serving; ", init_state_)
+                                    : absl::StrCat("waiting for ", absl::StrJoin(names, ", "),
+                                                   " (no heartbeat); ", init_state_);
+  if (options_.sync.mode() != v1::ASYNC && model_ready_ && !progress_.finished()) {
+    std::vector<std::string> slow;
+    for (int w : sync_.waiting_for()) slow.push_back(absl::StrCat("worker:", w));
+    if (!slow.empty()) {
+      absl::StrAppend(&state, "; step ", sync_.global_step(), " waits for ",
+                      absl::StrJoin(slow, ", "));
+    }
+  }
+  for (const auto& [w, n] : sync_.dropped_per_worker()) {
+    absl::StrAppend(&state, "; worker:", w, " had ", n, " late gradients dropped");
+  }
+  resp->set_state(state);
+  resp->set_last_checkpoint(checkpoints_ == nullptr ? "" : checkpoints_->last());
+  resp->set_phase(phase_);
+  resp->set_phase_detail(phase_detail_);
+  resp->set_phase_since_unix_micros(absl::ToUnixMicros(phase_since_));
+  *resp->mutable_progress() = progress_;
+  for (int w = 0; w < num_workers_; ++w) {
+    auto it = workers_.find(w);
+    resp->mutable_progress()->add_worker_steps(it == workers_.end() ? 0 : it->second.steps);
+  }
+  resp->mutable_progress()->set_max_lead(sync_.max_lead());
+  resp->mutable_progress()->set_elapsed_seconds(
+      first_report_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(now - first_report_));
+}
+
+}  // namespace pscluster

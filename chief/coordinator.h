@@ -1,0 +1,256 @@
+#ifndef PSCLUSTER_CHIEF_COORDINATOR_H_
+#define PSCLUSTER_CHIEF_COORDINATOR_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "chief/checkpoint_manager.h"
+#include "chief/step_gate.h"
+#include "chief/step_reports.h"
+#include "chief/sync_coordinator.h"
+#include "chief/task_registry.h"
+#include "client/parameter_client.h"
+#include "client/ps_transport.h"
+#include "common/clock.h"
+#include "evaluator/evaluation.h"
+#include "proto/cluster.pb.h"
+#include "proto/coordinator_service.pb.h"
+#include "proto/model.pb.h"
+#include "proto/model_config.pb.h"
+#include "storage/crash_points.h"
+
+namespace pscluster {
+
+// Makes the chief's transport to the ps tasks, given their addresses by index.
+using PsTransportMaker =
+    std::function<absl::StatusOr<std::unique_ptr<PsTransport>>(const std::vector<std::string>&)>;
+
+struct CoordinatorOptions {
+  // The cluster; the task must be chief:0.
+  v1::ClusterConfig cluster;
+  // Tasks are told to send heartbeats this often.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A task without a heartbeat for this long is MISSING.
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // The model the workers train. When it has layers, the variables come from it and `model`
+  // is ignored; otherwise `model` lists the variables and tables directly (no training).
+  v1::ModelConfig config;
+  v1::ModelSpec model;
+  // Served to the workers: batch size, epochs, data.
+  v1::TrainingOptions training;
+  // How variables are spread over the ps tasks.
+  v1::PlacementOptions placement;
+  // Update mode: ASYNC; SYNC with replicas_to_aggregate (0: every worker); or SSP with its
+  // staleness bound.
+  v1::SyncOptions sync;
+  // Without an evaluator task: evaluate the test set this often while training, and once at
+  // the end (needs `config`). With one, the evaluator evaluates and reports.
+  absl::Duration eval_every = absl::Seconds(15);
+  // With an evaluator task: how long to wait for its evaluation of the final model before
+  // the chief evaluates it itself.
+  absl::Duration final_eval_timeout = absl::Seconds(60);
+  // Each evaluation is appended here as a JSON line (empty: not written).
+  std::string metrics_path;
+  // Checkpoints go here (empty: none). The newest committed one is restored when the chief
+  // starts with freshly created variables, and when a ps task restarts.
+  std::string checkpoint_dir;
+  // Take a checkpoint every this many global steps and/or this often (0: not on that trigger),
+  // and once when training ends.
+  int64_t checkpoint_every_steps = 0;
+  absl::Duration checkpoint_every = absl::ZeroDuration();
+  // Committed checkpoints kept; older ones are deleted.
+  int keep_checkpoints = 3;
+  // How long a checkpoint waits for the workers to reach a step boundary.
+  absl::Duration checkpoint_hold_timeout = absl::Seconds(10);
+  // Fault injection for tests (chief --crash_at). Not owned; null in real use.
+  CrashPoints* crash_points = nullptr;
+  // Where time comes from. Not owned; a FakeClock in tests.
+  Clock* clock = Clock::Real();
+  // Makes the transport to the ps tasks once they have registered (ChiefServer: gRPC; tests:
+  // in-process stores). Required.
+  PsTransportMaker make_ps_transport;
+};
+
+// A call's deadline, on the coordinator's clock, and whether its caller has gone.
+struct CallContext {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled = [] { return false; };
+};
+
+// The chief's logic, without RPC: waits until every ps task has registered, computes the
+// placement of the model's variables, creates and initializes every variable on its ps tasks
+// (harmless if repeated), then serves the model, the placement and the ps addresses to workers
+// (GetModel). It owns the global step and the sync tokens, gathers the workers' progress,
+// takes checkpoints, restores every ps task when one restarts, has the model evaluated
+// periodically and at the end, and reports all of it in GetClusterStatus. Its state is a
+// v1::ChiefPhase; every transition is logged and shown in the status.
+//
+// Its parts, one job each: TaskRegistry (who is in the cluster, their addresses and
+// heartbeats), SyncCoordinator (tokens and the global step) and StepGate (ASYNC: holding the
+// workers), CheckpointManager (checkpoint files and the recovery record). Time comes from the
+// injected Clock, the ps tasks through the injected transport. ChiefServer serves it over
+// gRPC (CoordinatorService); tests drive it directly.
+//
+// The methods named after the Coordinator service's RPCs validate their request whole and
+// change nothing when they refuse it.
+//
+// Lifecycle: Create() -> Start() -> Stop() (any thread) -> Join(). Thread-safe.
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const CoordinatorOptions& options);
+  ~Coordinator();
+
+  // Starts the background work (initialization, then checkpoints, recovery, evaluation).
+  void Start();
+  // Asks everything to stop: waits end, calls to the ps tasks are cancelled, workers waiting
+  // for tokens are told to finish.
+  void Stop();
+  // Blocks until Stop() has been called and the background work has ended.
+  void Join();
+  bool stop_requested() const;
+
+  // The chief's own address, shown in the status.
+  void set_address(const std::string& address);
+
+  // The Coordinator service (proto/coordinator_service.proto).
+  absl::Status RegisterTask(const v1::RegisterTaskRequest& req, v1::RegisterTaskResponse* resp);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+  void GetClusterStatus(v1::ClusterStatus* resp) const;
+  absl::Status GetModel(const v1::GetModelRequest& req, const CallContext& call,
+                        v1::GetModelResponse* resp);
+  absl::Status AcquireToken(const v1::AcquireTokenRequest& req, const CallContext& call,
+                            v1::AcquireTokenResponse* resp);
+  absl::Status ReportStep(const v1::ReportStepRequest& req, v1::ReportStepResponse* resp);
+  absl::Status Checkpoint(const v1::CheckpointRequest& req, v1::CheckpointResponse* resp);
+  // INVALID_ARGUMENT for a report not from evaluator:0 or with impossible values (a step past
+  // the global step, no examples, a loss, accuracy or AUC out of range); FAILED_PRECONDITION
+  // when the cluster has no evaluator or no final evaluation is expected.
+  absl::Status ReportEvaluation(const v1::ReportEvaluationRequest& req,
+                                v1::ReportEvaluationResponse* resp);
+
+  v1::ChiefPhase phase() const;
+  int64_t CurrentStep() const;
+
+ private:
+  explicit Coordinator(const CoordinatorOptions& options);
+
+  absl::Status CheckEvaluationReport(const v1::ReportEvaluationRequest& req) const;
+
+  // Stops new steps and waits until none is under way (SYNC: the current step closed; ASYNC:
+  // every live worker is back at the gate). UNAVAILABLE naming the workers still inside after
+  // `timeout`; the workers stay held either way until ResumeWorkers().
+  absl::Status HoldWorkersAtStepBoundary(absl::Duration timeout);
+  void ResumeWorkers();
+  // Writes a checkpoint of the current model (sync: at a step boundary) and commits its
+  // manifest. `require_ready`: refuse (UNAVAILABLE) until the model is ready; InitializeModel's
+  // first checkpoint is taken just before.
+  absl::StatusOr<v1::CheckpointResponse> TakeCheckpoint(const std::string& reason,
+                                                        bool require_ready = true)
+      ABSL_LOCKS_EXCLUDED(operation_mu_);
+  // Points the chief's calls, and the addresses GetModel serves, at the address each of the
+  // `restarted` ps tasks registered with last.
+  void FollowMovedPs(const std::vector<int>& restarted);
+  // Takes periodic checkpoints and restores every ps task when one restarts. Runs on
+  // background_ after initialization.
+  void MaintenanceLoop();
+  void RecoverRestartedPs(const std::vector<int>& restarted) ABSL_LOCKS_EXCLUDED(operation_mu_);
+  // Brings the ps tasks to a checkpoint after a restart of ps tasks (RecoverRestartedPs).
+  // Returns what happened, in words; `*done` says whether the recovery is complete, `*error`
+  // the error that left it incomplete.
+  std::string RestoreAfterRestart(const std::vector<std::string>& names, int64_t step_before,
+                                  bool rewind, bool* done, absl::Status* error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // When `s` says that a newer chief has replaced this one (common/chief_epoch.h): the phase
+  // becomes FAILED, the chief stops, and true is returned.
+  bool StopIfSuperseded(const absl::Status& s);
+
+  // Waits for the ps tasks, places and creates the variables, then evaluates periodically.
+  // Runs on background_.
+  void Run();
+  absl::Status InitializeModel();
+  // Restores every ps task when the cluster's state cannot be trusted (new variables, a
+  // recovery record left by an earlier chief, a task waiting for a restore). Returns the
+  // restored step, or -1 when nothing was restored.
+  absl::StatusOr<int64_t> RestoreAtStart(int64_t fresh, const std::vector<int>& awaiting)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // Evaluates periodically (without an evaluator task), then, once every worker is done,
+  // takes the final checkpoint, has the final model evaluated (by the evaluator, or by the
+  // chief if it has none or it does not answer in time) and marks training finished.
+  void EvaluationLoop();
+  // The chief's own evaluation (its Evaluator is made on first use); background_ only.
+  absl::StatusOr<EvalResult> OwnEvaluation(int64_t step);
+  // Shows `r`, computed by task `by`, in the status, and appends it to the metrics file.
+  void RecordEvaluation(const EvalResult& r, const std::string& by) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  const absl::Time start_time_;
+  const int num_ps_;
+  const int num_workers_;
+  const bool has_evaluator_;  // the cluster has an evaluator task
+  TaskRegistry registry_;
+  SyncCoordinator sync_;
+  StepGate gate_;  // ASYNC: where workers are held for a checkpoint or a recovery
+  std::thread background_;
+  // Set once (under mu_, so that Stop() can cancel it), before model_ready_; read without the
+  // lock after that.
+  std::unique_ptr<ParameterClient> client_;
+  // Set with client_ when there is a checkpoint directory.
+  std::unique_ptr<CheckpointManager> checkpoints_;
+  std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
+  std::unique_ptr<Evaluator> own_evaluator_;  // OwnEvaluation's; the evaluation thread only
+  absl::Mutex metrics_mu_;                    // serializes appends to options_.metrics_path
+
+  // Held for the whole of a checkpoint or a recovery: one at a time. Taken before mu_.
+  absl::Mutex operation_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
+  struct WorkerProgress {
+    int64_t steps = 0;
+    int32_t epoch = 0;
+    bool finished = false;
+    // ASYNC and SSP: see WorkerView::granted_steps.
+    int64_t granted_steps = 0;
+  };
+  // Moves to `phase` (logged with the one it leaves); `detail` says why or on what.
+  void SetPhase(v1::ChiefPhase phase, const std::string& detail) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetPhaseLocked(v1::ChiefPhase phase, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TRAINING, or MODEL_READY when there is nothing to train.
+  v1::ChiefPhase ServingPhase() const;
+  // Records that worker `w` may now have done `steps` steps (a token was granted).
+  void NoteGranted(int w, int64_t steps);
+  mutable absl::Mutex mu_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool model_ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  // What the chief is doing (SetPhaseLocked), and the same in words for messages.
+  v1::ChiefPhase phase_ ABSL_GUARDED_BY(mu_) = v1::WAITING_FOR_PS;
+  std::string phase_detail_ ABSL_GUARDED_BY(mu_);
+  absl::Time phase_since_ ABSL_GUARDED_BY(mu_);
+  std::string init_state_ ABSL_GUARDED_BY(mu_) = "waiting for the ps tasks";
+  v1::GetModelResponse model_ ABSL_GUARDED_BY(mu_);
+  std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);
+  v1::TrainingProgress progress_ ABSL_GUARDED_BY(mu_);
+  int64_t total_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  // ASYNC: the global step of the checkpoint this run started from; the workers' steps add up
+  // from there.
+  int64_t steps_before_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rate_window_start_ ABSL_GUARDED_BY(mu_);
+  int64_t rate_window_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // FINAL_EVALUATION: the step whose model the evaluator must evaluate, and whether it has.
+  int64_t final_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool final_evaluated_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_COORDINATOR_H_

@@ -1,0 +1,44 @@
+#ifndef PSCLUSTER_CHIEF_COORDINATOR_SERVICE_H_
+#define PSCLUSTER_CHIEF_COORDINATOR_SERVICE_H_
+
+#include "chief/coordinator.h"
+#include "common/clock.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace pscluster {
+
+// The Coordinator gRPC service over a Coordinator: it converts statuses, and each call's
+// deadline and cancellation into a CallContext on the coordinator's clock, and nothing else.
+// Thread-safe.
+class CoordinatorService : public v1::Coordinator::Service {
+ public:
+  // Neither is owned; both must outlive the service.
+  CoordinatorService(Coordinator* core, Clock* clock) : core_(core), clock_(clock) {}
+
+  grpc::Status RegisterTask(grpc::ServerContext* ctx, const v1::RegisterTaskRequest* req,
+                            v1::RegisterTaskResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status GetClusterStatus(grpc::ServerContext* ctx, const v1::GetClusterStatusRequest* req,
+                                v1::ClusterStatus* resp) override;
+  grpc::Status GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
+                        v1::GetModelResponse* resp) override;
+  grpc::Status AcquireToken(grpc::ServerContext* ctx, const v1::AcquireTokenRequest* req,
+                            v1::AcquireTokenResponse* resp) override;
+  grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::ReportStepRequest* req,
+                          v1::ReportStepResponse* resp) override;
+  grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
+                          v1::CheckpointResponse* resp) override;
+  grpc::Status ReportEvaluation(grpc::ServerContext* ctx, const v1::ReportEvaluationRequest* req,
+                                v1::ReportEvaluationResponse* resp) override;
+
+ private:
+  CallContext ContextOf(grpc::ServerContext* ctx) const;
+
+  Coordinator* const core_;
+  Clock* const clock_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_COORDINATOR_SERVICE_H_
