@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "chief/in_process_chief_client.h"
+#include "client/task_registrar.h"
 #include "common/clock.h"
 #include "common/cluster_spec.h"
 #include "glog/logging.h"
@@ -398,6 +400,105 @@ TEST_F(CoordinatorTest, ARestartedChiefBeforeThePsTasksRegisteredStartsNormally)
   RegisterAllAndAwaitReady(second);
   EXPECT_EQ(ListCheckpoints(dir_)->size(), 1u);
   EXPECT_EQ(second->CurrentStep(), 0);
+}
+
+// The ChiefClient's loops and the registrar, against the real chief logic through the
+// in-process client.
+TEST_F(CoordinatorTest, AwaitModelWaitsForTheModelAndStopsWhenAsked) {
+  Coordinator* chief = StartChief(Options(v1::ASYNC));
+  InProcessChiefClient client(chief, &clock_);
+  v1::GetModelResponse model;
+  absl::Status not_yet = client.GetModel(&model);
+  EXPECT_EQ(not_yet.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(not_yet.message()), HasSubstr("not ready"));
+  // A caller that stops gets CANCELLED (each poll ends with a slice of the clock).
+  std::atomic<bool> stop{false};
+  absl::StatusOr<v1::GetModelResponse> stopped;
+  std::thread waiter([&] { stopped = client.AwaitModel([&] { return stop.load(); }); });
+  absl::SleepFor(absl::Milliseconds(20));
+  stop = true;
+  clock_.Advance(client.options().poll_slice);
+  waiter.join();
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled);
+
+  absl::StatusOr<v1::GetModelResponse> ready;
+  std::thread fetcher([&] { ready = client.AwaitModel([] { return false; }); });
+  RegisterAllAndAwaitReady(chief);
+  fetcher.join();
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_EQ(ready->ps_addresses_size(), kNumPs);
+}
+
+TEST_F(CoordinatorTest, AwaitTokenLongPollsUntilGrantedOrStopped) {
+  Coordinator* chief = StartChief(Options(v1::SYNC));
+  RegisterAllAndAwaitReady(chief);
+  InProcessChiefClient client(chief, &clock_);
+  v1::AcquireTokenRequest first;
+  first.set_worker(0);
+  first.set_step(-1);
+  v1::AcquireTokenResponse token;
+  ASSERT_TRUE(client
+                  .AwaitToken(
+                      first, [] { return false; }, &token)
+                  .ok());
+  EXPECT_EQ(token.step(), 0);
+
+  // Worker 0 has done step 0, worker 1 has not: the next token waits, poll after poll, until
+  // the caller stops.
+  v1::AcquireTokenRequest next = first;
+  next.set_step(0);
+  next.set_generation(token.generation());
+  std::atomic<int> polls{0};
+  absl::Status stopped;
+  std::thread waiter([&] {
+    stopped = client.AwaitToken(
+        next, [&] { return ++polls >= 3; }, &token);
+  });
+  while (polls < 3) {
+    clock_.Advance(client.options().poll_slice);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  waiter.join();
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kCancelled);
+  // A refused request is the chief's error, at once.
+  v1::AcquireTokenRequest stranger = first;
+  stranger.set_worker(9);
+  absl::Status refused = client.AwaitToken(
+      stranger, [] { return false; }, &token);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("worker 9 is not in the cluster"));
+}
+
+TEST_F(CoordinatorTest, TheRegistrarRegistersAndHeartbeatsThroughAChiefClient) {
+  CoordinatorOptions options = Options(v1::ASYNC);
+  options.heartbeat_interval = absl::Milliseconds(20);
+  Coordinator* chief = StartChief(options);
+  TaskRegistrarOptions reg;
+  reg.task = MakeTaskId("worker", 1);
+  reg.address = "127.0.0.1:7123";
+  std::atomic<int> registered{0};
+  reg.on_registered = [&] { ++registered; };
+  TaskRegistrar registrar(std::make_unique<InProcessChiefClient>(chief, &clock_), reg,
+                          [](v1::HeartbeatRequest* req) {
+                            req->set_step(42);
+                            req->set_detail("training");
+                          });
+  registrar.Start();
+  ASSERT_TRUE(registrar.AwaitRegistered(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(registered, 1);
+  auto worker1 = [&] {
+    v1::ClusterStatus status;
+    chief->GetClusterStatus(&status);
+    for (const v1::TaskStatus& t : status.tasks()) {
+      if (TaskName(t.task()) == "worker:1") return t;
+    }
+    return v1::TaskStatus();
+  };
+  ASSERT_TRUE(WaitFor([&] { return worker1().step() == 42; }));
+  EXPECT_EQ(worker1().address(), "127.0.0.1:7123");
+  EXPECT_EQ(worker1().health(), v1::HEALTH_SERVING);
+  EXPECT_EQ(worker1().detail(), "training");
+  registrar.Stop();
 }
 
 // A chief that stops at `point` (frozen there) while it recovers restarted ps tasks, or while

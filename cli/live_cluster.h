@@ -6,14 +6,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/chief_client.h"
 #include "client/parameter_client.h"
 #include "client/ps_transport.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
 struct LiveClusterOptions {
-  // Deadline of each call to the chief or a ps task.
+  // Deadline of each call to a ps task (the chief's are the ChiefClient's).
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Calls to a ps task that fail with UNAVAILABLE are tried this many times in all: an
   // operator's tool reports a dead task quickly rather than waiting for it.
@@ -38,9 +39,7 @@ struct LiveCluster {
 // Asks the chief for the model (without waiting for it to be ready) and opens a channel to
 // every ps task. UNAVAILABLE "cannot reach the chief at ADDRESS: ..." when the chief does not
 // answer; the chief's own UNAVAILABLE ("the model is not ready: ...") before the model exists.
-absl::StatusOr<LiveCluster> ConnectToCluster(v1::Coordinator::StubInterface& chief,
-                                             const std::string& chief_address,
-                                             const LiveClusterOptions& options);
+absl::StatusOr<LiveCluster> ConnectToCluster(ChiefClient& chief, const LiveClusterOptions& options);
 
 // A LiveCluster over a given transport (a fake, or gRPC stubs chosen by a test).
 // INVALID_ARGUMENT when the placement does not fit the model or the transport.
@@ -48,10 +47,6 @@ absl::StatusOr<LiveCluster> LiveClusterOver(const std::string& chief_address,
                                             v1::GetModelResponse model,
                                             std::unique_ptr<PsTransport> transport,
                                             const LiveClusterOptions& options);
-
-// A non-OK status from the chief as the message psctl shows: "cannot reach the chief at
-// ADDRESS: why" for UNAVAILABLE and DEADLINE_EXCEEDED, the chief's own message otherwise.
-absl::Status ChiefError(const grpc::Status& status, const std::string& chief_address);
 
 }  // namespace pscluster
 

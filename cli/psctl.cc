@@ -22,10 +22,10 @@
 #include "cli/variable_source.h"
 #include "cli/vars_command.h"
 #include "cli/watch_command.h"
+#include "client/chief_client.h"
+#include "client/grpc_chief_client.h"
 #include "common/cluster_spec.h"
 #include "gflags/gflags.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "runtime/daemon_flags.h"
 
 DEFINE_string(chief, "", "host:port of the chief. When empty, the cluster spec names it.");
@@ -125,20 +125,14 @@ absl::StatusOr<std::string> ChiefAddress() {
   return pscluster::TaskAddress(config->cluster(), "chief", 0);
 }
 
-// Everything a command on a live cluster needs.
-struct Chief {
-  std::string address;
-  std::unique_ptr<pscluster::v1::Coordinator::Stub> stub;
-};
-
-absl::StatusOr<Chief> ConnectChief() {
+// The chief of a live cluster, with psctl's deadlines.
+absl::StatusOr<std::unique_ptr<pscluster::ChiefClient>> ConnectChief() {
   absl::StatusOr<std::string> address = ChiefAddress();
   if (!address.ok()) return address.status();
-  Chief chief;
-  chief.address = *address;
-  chief.stub = pscluster::v1::Coordinator::NewStub(
-      grpc::CreateChannel(chief.address, grpc::InsecureChannelCredentials()));
-  return chief;
+  pscluster::ChiefClientOptions options;
+  options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
+  options.checkpoint_timeout = Seconds(FLAGS_save_timeout_secs);
+  return pscluster::NewGrpcChiefClient(*address, options);
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseKeys(const std::string& list) {
@@ -176,7 +170,7 @@ int RunDump(const std::vector<std::string>& args) {
     checkpoint = args[1 + names];
   }
   // Declared in this order so that the source goes before the cluster it reads.
-  Chief chief;
+  std::unique_ptr<pscluster::ChiefClient> chief;
   pscluster::LiveCluster cluster;
   std::unique_ptr<pscluster::DenseVariableSource> source;
   if (!checkpoint.empty()) {
@@ -184,12 +178,12 @@ int RunDump(const std::vector<std::string>& args) {
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     source = *std::move(opened);
   } else {
-    absl::StatusOr<Chief> connected = ConnectChief();
+    absl::StatusOr<std::unique_ptr<pscluster::ChiefClient>> connected = ConnectChief();
     if (!connected.ok()) return Usage(std::string(connected.status().message()));
     chief = *std::move(connected);
     pscluster::LiveClusterOptions options;
     options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
-    auto live = pscluster::ConnectToCluster(*chief.stub, chief.address, options);
+    auto live = pscluster::ConnectToCluster(*chief, options);
     if (!live.ok()) return Fail(std::string(live.status().message()));
     cluster = *std::move(live);
     source = std::make_unique<pscluster::LiveVariableSource>(&cluster);
@@ -218,33 +212,30 @@ int main(int argc, char** argv) {
       command != "table" && command != "save") {
     return Usage("unknown command \"" + command + "\"");
   }
-  absl::StatusOr<Chief> chief = ConnectChief();
-  if (!chief.ok()) return Usage(std::string(chief.status().message()));
-  pscluster::v1::Coordinator::Stub& stub = *chief->stub;
-  const std::string& address = chief->address;
+  absl::StatusOr<std::unique_ptr<pscluster::ChiefClient>> connected = ConnectChief();
+  if (!connected.ok()) return Usage(std::string(connected.status().message()));
+  pscluster::ChiefClient& chief = **connected;
 
   if (command == "status") {
     pscluster::StatusOptions options;
     options.rate_window = Seconds(FLAGS_rate_window_secs);
     options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
     options.format = Format();
-    return Print(pscluster::RunStatusCommand(stub, address, options));
+    return Print(pscluster::RunStatusCommand(chief, options));
   }
   if (command == "watch") {
-    absl::Status s = pscluster::RunWatchCommand(stub, address, Seconds(FLAGS_interval_secs),
+    absl::Status s = pscluster::RunWatchCommand(chief, Seconds(FLAGS_interval_secs),
                                                 absl::Seconds(30), std::cout);
     if (!s.ok()) return Fail(std::string(s.message()));
     return 0;
   }
   if (command == "save") {
-    return Print(
-        pscluster::RunSaveCommand(stub, address, Seconds(FLAGS_save_timeout_secs), Format()));
+    return Print(pscluster::RunSaveCommand(chief, Format()));
   }
 
   pscluster::LiveClusterOptions options;
   options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
-  absl::StatusOr<pscluster::LiveCluster> cluster =
-      pscluster::ConnectToCluster(stub, address, options);
+  absl::StatusOr<pscluster::LiveCluster> cluster = pscluster::ConnectToCluster(chief, options);
   if (!cluster.ok()) return Fail(std::string(cluster.status().message()));
   if (command == "vars") return Print(pscluster::RunVarsCommand(*cluster, Format()));
   if (command == "shard") {

@@ -5,7 +5,8 @@
 
 #include "absl/time/time.h"
 #include "cli/command_output.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "client/chief_client.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
@@ -14,9 +15,7 @@ namespace pscluster {
 // CheckpointResponse). The chief's status otherwise, with the chief named: UNAVAILABLE
 // "cannot reach the chief at ...", UNIMPLEMENTED when that chief takes no checkpoints,
 // DEADLINE_EXCEEDED after `timeout`.
-CommandOutput RunSaveCommand(v1::Coordinator::StubInterface& chief,
-                             const std::string& chief_address, absl::Duration timeout,
-                             OutputFormat format);
+CommandOutput RunSaveCommand(ChiefClient& chief, OutputFormat format);
 
 }  // namespace pscluster
 

@@ -113,14 +113,6 @@ std::map<std::string, Sample> ProbeAll(const v1::ClusterStatus& status, absl::Du
   return out;
 }
 
-absl::Status GetStatus(v1::Coordinator::StubInterface& chief, const std::string& chief_address,
-                       absl::Duration timeout, v1::ClusterStatus* status) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-  return ChiefError(chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), status),
-                    chief_address);
-}
-
 }  // namespace
 
 std::string FormatClusterStatus(const v1::ClusterStatus& status,
@@ -158,11 +150,10 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
   return out;
 }
 
-CommandOutput RunStatusCommand(v1::Coordinator::StubInterface& chief,
-                               const std::string& chief_address, const StatusOptions& options) {
+CommandOutput RunStatusCommand(ChiefClient& chief, const StatusOptions& options) {
   CommandOutput out;
   v1::ClusterStatus status;
-  out.status = GetStatus(chief, chief_address, options.rpc_timeout, &status);
+  out.status = chief.GetClusterStatus(&status);
   if (!out.status.ok()) return out;
 
   std::map<std::string, Sample> first = ProbeAll(status, options.rpc_timeout);
@@ -171,7 +162,7 @@ CommandOutput RunStatusCommand(v1::Coordinator::StubInterface& chief,
     absl::SleepFor(options.rate_window);
     // The later picture is the one shown; if the chief stopped answering meanwhile, the first.
     v1::ClusterStatus later;
-    if (GetStatus(chief, chief_address, options.rpc_timeout, &later).ok()) status = later;
+    if (chief.GetClusterStatus(&later).ok()) status = later;
     second = ProbeAll(status, options.rpc_timeout);
   }
 

@@ -6,7 +6,8 @@
 
 #include "absl/time/time.h"
 #include "cli/command_output.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "client/chief_client.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
@@ -14,7 +15,7 @@ struct StatusOptions {
   // Push and pull rates are measured over this window, between two samples of every task;
   // zero asks each task once and shows no rates.
   absl::Duration rate_window = absl::Seconds(1);
-  // Deadline of each call.
+  // Deadline of each call to a task (the chief's are the ChiefClient's).
   absl::Duration rpc_timeout = absl::Seconds(5);
   OutputFormat format = OutputFormat::kTable;
 };
@@ -31,8 +32,7 @@ struct StatusOptions {
 // Every task the chief reports SERVING or MISSING is asked directly; one that does not answer
 // makes the status UNAVAILABLE naming it, with the table still printed. UNAVAILABLE "cannot
 // reach the chief at ADDRESS" (and no text) when the chief does not answer.
-CommandOutput RunStatusCommand(v1::Coordinator::StubInterface& chief,
-                               const std::string& chief_address, const StatusOptions& options);
+CommandOutput RunStatusCommand(ChiefClient& chief, const StatusOptions& options);
 
 // The table form of a ClusterStatus. The push and pull rates of the tasks named in `measured`
 // ("ps:0") are shown; the others' are "-".

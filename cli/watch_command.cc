@@ -1,10 +1,7 @@
 #include "cli/watch_command.h"
 
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_status.h"
 
 namespace pscluster {
 
@@ -19,21 +16,15 @@ std::string FormatProgress(const v1::ClusterStatus& status) {
                          p.examples_per_second(), p.loss(), test);
 }
 
-absl::Status RunWatchCommand(v1::Coordinator::StubInterface& chief,
-                             const std::string& chief_address, absl::Duration interval,
+absl::Status RunWatchCommand(ChiefClient& chief, absl::Duration interval,
                              absl::Duration give_up_after, std::ostream& out) {
   absl::Time last_ok = absl::Now();
   std::string last_state;
   while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ClusterStatus status;
-    grpc::Status s = chief.GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
+    absl::Status s = chief.GetClusterStatus(&status);
     if (!s.ok()) {
-      if (absl::Now() - last_ok > give_up_after) {
-        return absl::UnavailableError(
-            absl::StrCat("cannot reach the chief at ", chief_address, ": ", s.error_message()));
-      }
+      if (absl::Now() - last_ok > give_up_after) return absl::UnavailableError(s.message());
     } else {
       last_ok = absl::Now();
       if (status.state() != last_state) {

@@ -6,7 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "client/chief_client.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
@@ -16,8 +17,7 @@ std::string FormatProgress(const v1::ClusterStatus& status);
 // `psctl watch`: prints a progress line every `interval` until the chief reports training
 // finished, then "final test accuracy: 0.XXXX" and where the metrics are. UNAVAILABLE when the
 // chief stays unreachable for `give_up_after`.
-absl::Status RunWatchCommand(v1::Coordinator::StubInterface& chief,
-                             const std::string& chief_address, absl::Duration interval,
+absl::Status RunWatchCommand(ChiefClient& chief, absl::Duration interval,
                              absl::Duration give_up_after, std::ostream& out);
 
 }  // namespace pscluster

@@ -1,7 +1,5 @@
 #include "client/task_registrar.h"
 
-#include <chrono>
-
 #include "absl/random/random.h"
 #include "common/cluster_spec.h"
 #include "glog/logging.h"
@@ -14,16 +12,11 @@ uint64_t NewIncarnation() {
   return absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
 }
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
-}
-
 }  // namespace
 
-TaskRegistrar::TaskRegistrar(std::unique_ptr<v1::Coordinator::StubInterface> stub,
+TaskRegistrar::TaskRegistrar(std::unique_ptr<ChiefClient> chief,
                              const TaskRegistrarOptions& options, StatusFiller filler)
-    : stub_(std::move(stub)),
+    : chief_(std::move(chief)),
       options_(options),
       filler_(std::move(filler)),
       incarnation_(NewIncarnation()),
@@ -54,12 +47,10 @@ bool TaskRegistrar::RegisterOnce() {
   req.set_address(options_.address);
   req.set_incarnation(incarnation_);
   v1::RegisterTaskResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, options_.rpc_timeout);
-  grpc::Status s = stub_->RegisterTask(&ctx, req, &resp);
+  absl::Status s = chief_->RegisterTask(req, &resp);
   if (!s.ok()) {
     LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
-                             << ": cannot register with the chief: " << s.error_message()
+                             << ": cannot register with the chief: " << s.message()
                              << " (retrying)";
     return false;
   }
@@ -92,9 +83,7 @@ void TaskRegistrar::Run() {
       *req.mutable_task() = options_.task;
       req.set_incarnation(incarnation_);
       v1::HeartbeatResponse resp;
-      grpc::ClientContext ctx;
-      SetDeadline(&ctx, options_.rpc_timeout);
-      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      absl::Status s = chief_->Heartbeat(req, &resp);
       if (s.ok() && resp.reregister()) {
         LOG(INFO) << TaskName(options_.task) << ": the chief does not know us; registering again";
         need_register = true;
@@ -102,7 +91,7 @@ void TaskRegistrar::Run() {
       }
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
-                                 << ": heartbeat failed: " << s.error_message();
+                                 << ": heartbeat failed: " << s.message();
       }
     }
     absl::MutexLock lock(&mu_);

@@ -10,7 +10,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "client/chief_client.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
@@ -20,8 +21,6 @@ struct TaskRegistrarOptions {
   std::string address;
   // Between heartbeats; the chief's answer to RegisterTask overrides it.
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // Deadline of each RPC to the chief.
-  absl::Duration rpc_timeout = absl::Seconds(2);
   // Called (on the registrar's thread, no lock held) after every accepted registration.
   std::function<void()> on_registered;
 };
@@ -36,8 +35,8 @@ class TaskRegistrar {
   // Called before each heartbeat to fill in the step and detail.
   using StatusFiller = std::function<void(v1::HeartbeatRequest*)>;
 
-  TaskRegistrar(std::unique_ptr<v1::Coordinator::StubInterface> stub,
-                const TaskRegistrarOptions& options, StatusFiller filler = nullptr);
+  TaskRegistrar(std::unique_ptr<ChiefClient> chief, const TaskRegistrarOptions& options,
+                StatusFiller filler = nullptr);
   ~TaskRegistrar();
 
   void Start();
@@ -52,7 +51,7 @@ class TaskRegistrar {
   void Run();
   bool RegisterOnce();
 
-  const std::unique_ptr<v1::Coordinator::StubInterface> stub_;
+  const std::unique_ptr<ChiefClient> chief_;
   const TaskRegistrarOptions options_;
   const StatusFiller filler_;
   const uint64_t incarnation_;

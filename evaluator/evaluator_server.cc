@@ -1,30 +1,21 @@
 #include "evaluator/evaluator_server.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/chief_client.h"
 #include "client/cluster_client.h"
+#include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
 #include "common/cluster_spec.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "evaluator/evaluation.h"
 #include "glog/logging.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "model/input.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
-namespace {
-
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<EvaluatorServer>> EvaluatorServer::Create(
     const EvaluatorOptions& options) {
@@ -97,10 +88,9 @@ void EvaluatorServer::EvaluateLoop() {
 absl::Status EvaluatorServer::EvaluateOnce() {
   const v1::ClusterSpec& spec = options_.cluster.cluster();
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(chief_address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address);
   absl::StatusOr<v1::GetModelResponse> fetched =
-      AwaitModel(*chief, [this] { return task_->stop_requested(); });
+      chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
   const v1::GetModelResponse& model = *fetched;
   if (model.config().layers_size() == 0) {
@@ -125,11 +115,8 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   absl::Time next_eval = absl::Now() + options_.eval_every;
   int64_t last_step = -1;
   while (!task_->stop_requested()) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
     v1::ClusterStatus status;
-    grpc::Status got = chief->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &status);
-    if (!got.ok()) return FromGrpcStatus(got);
+    PS_RETURN_IF_ERROR(chief->GetClusterStatus(&status));
     if (status.progress().finished()) return absl::OkStatus();
     const bool final = status.phase() == v1::FINAL_EVALUATION;
     const int64_t step = status.global_step();
@@ -153,18 +140,14 @@ absl::Status EvaluatorServer::EvaluateOnce() {
     report.set_accuracy(r.accuracy);
     report.set_auc(r.auc);
     report.set_final(final);
-    grpc::ClientContext report_ctx;
-    report_ctx.set_deadline(DeadlineIn(absl::Seconds(5)));
     v1::ReportEvaluationResponse resp;
-    grpc::Status reported = chief->ReportEvaluation(&report_ctx, report, &resp);
+    absl::Status reported = chief->ReportEvaluation(report, &resp);
     if (!reported.ok()) {
       // A final evaluation the chief no longer wants (it moved on, or its final step is not
       // this one) is not an error of ours: read its phase again.
       LOG(WARNING) << "evaluator:0: the chief refused the evaluation of step " << r.step << ": "
-                   << reported.error_message();
-      if (reported.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
-        return FromGrpcStatus(reported);
-      }
+                   << reported.message();
+      if (reported.code() != absl::StatusCode::kFailedPrecondition) return reported;
       task_->AwaitStopRequested(absl::Now() + options_.poll_every);
       continue;
     }

@@ -1,11 +1,10 @@
 #include "runtime/serving_task.h"
 
 #include "absl/strings/str_cat.h"
+#include "client/grpc_chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 
 namespace pscluster {
 
@@ -28,9 +27,8 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   reg.heartbeat_interval = options.heartbeat_interval;
   ServiceHost* host_ptr = st->host_.get();
   reg.on_registered = [host_ptr] { host_ptr->SetServing(true); };
-  st->registrar_ = std::make_unique<TaskRegistrar>(
-      v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials())), reg,
-      std::move(filler));
+  st->registrar_ =
+      std::make_unique<TaskRegistrar>(NewGrpcChiefClient(chief), reg, std::move(filler));
   st->registrar_->Start();
   return st;
 }

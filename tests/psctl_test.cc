@@ -25,6 +25,7 @@
 #include "cli/shard_command.h"
 #include "cli/status_command.h"
 #include "cli/vars_command.h"
+#include "client/grpc_chief_client.h"
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
 #include "common/cluster_spec.h"
@@ -109,8 +110,8 @@ std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m) {
 }
 
 LiveCluster Connect(const std::string& chief_address) {
-  auto stub = ChiefStub(chief_address);
-  auto live = ConnectToCluster(*stub, chief_address, LiveClusterOptions());
+  auto chief = NewGrpcChiefClient(chief_address);
+  auto live = ConnectToCluster(*chief, LiveClusterOptions());
   CHECK(live.ok()) << live.status();
   return *std::move(live);
 }
@@ -456,11 +457,11 @@ TEST_F(PsctlTest, StatusShowsPushRatesOfTheTasks) {
       absl::SleepFor(absl::Milliseconds(5));
     }
   });
-  auto stub = ChiefStub(cluster_->chief_address());
+  auto chief_client = NewGrpcChiefClient(cluster_->chief_address());
   StatusOptions options;
   options.rate_window = absl::Milliseconds(500);
   options.format = OutputFormat::kJson;
-  CommandOutput out = RunStatusCommand(*stub, cluster_->chief_address(), options);
+  CommandOutput out = RunStatusCommand(*chief_client, options);
   stop = true;
   pusher.join();
   ASSERT_TRUE(out.status.ok()) << out.status;

@@ -14,7 +14,7 @@ namespace pscluster {
 
 // A StepSource over the chief's own token and gate logic (SyncCoordinator, StepGate) in this
 // process: the in-process fake of the chief for unit tests of the training loop, answering as
-// ChiefServer's AcquireToken and ReportStep do. Thread-safe; several workers' sources may share
+// the Coordinator's AcquireToken and ReportStep do. Thread-safe; several workers' sources may share
 // one coordinator and gate.
 class InProcessStepSource : public StepSource {
  public:

@@ -6,7 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "proto/coordinator_service.grpc.pb.h"
+#include "client/chief_client.h"
+#include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
 
@@ -53,26 +54,20 @@ class StepSource {
   virtual absl::Status Report(const StepReport& report) = 0;
 };
 
-struct ChiefStepSourceOptions {
-  int32_t worker = 0;
-  // Deadline of a report; a token request long-polls in slices of token_poll.
-  absl::Duration rpc_timeout = absl::Seconds(30);
-  absl::Duration token_poll = absl::Seconds(1);
-};
-
-// StepSource over the chief's Coordinator service. Thread-compatible.
+// StepSource over a ChiefClient (the chief's Coordinator service, or a Coordinator in this
+// process), for worker `worker`. Thread-compatible.
 class ChiefStepSource : public StepSource {
  public:
   // `chief` is not owned and must outlive this object.
-  ChiefStepSource(v1::Coordinator::StubInterface* chief, const ChiefStepSourceOptions& options);
+  ChiefStepSource(ChiefClient* chief, int32_t worker);
 
   absl::Status Acquire(int64_t last_done_step, int64_t generation, int pushes_in_flight,
                        const std::function<bool()>& stop, StepGrant* grant) override;
   absl::Status Report(const StepReport& report) override;
 
  private:
-  v1::Coordinator::StubInterface* const chief_;  // Not owned.
-  const ChiefStepSourceOptions options_;
+  ChiefClient* const chief_;  // Not owned.
+  const int32_t worker_;
 };
 
 }  // namespace pscluster

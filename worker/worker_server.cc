@@ -1,20 +1,18 @@
 #include "worker/worker_server.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/chief_client.h"
 #include "client/cluster_client.h"
+#include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
 #include "common/cluster_spec.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "model/data/shard.h"
 #include "model/input.h"
 #include "worker/step_source.h"
@@ -119,10 +117,9 @@ void WorkerServer::TrainLoop() {
 absl::Status WorkerServer::TrainOnce() {
   const v1::ClusterSpec& spec = options_.cluster.cluster();
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(chief_address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address);
   absl::StatusOr<v1::GetModelResponse> fetched =
-      AwaitModel(*chief, [this] { return task_->stop_requested(); });
+      chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
   const v1::GetModelResponse& model = *fetched;
   v1::DataConfig data = model.training().data();
@@ -146,13 +143,11 @@ absl::Status WorkerServer::TrainOnce() {
   // A ps task restarted elsewhere (a new port, or a rescheduled pod's new IP) is found through
   // the chief, which serves the address it registered with last.
   absl::Time last_lookup = absl::InfinitePast();
-  trainer_options.before_retry = [&, chief_stub = chief.get()] {
+  trainer_options.before_retry = [&] {
     if (absl::Now() - last_lookup < absl::Seconds(1)) return;
     last_lookup = absl::Now();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     v1::GetModelResponse now;
-    if (!chief_stub->GetModel(&ctx, v1::GetModelRequest(), &now).ok()) return;
+    if (!chief->GetModel(&now).ok()) return;
     for (int ps = 0; ps < now.ps_addresses_size() && ps < static_cast<int>(addresses.size());
          ++ps) {
       if (now.ps_addresses(ps) == addresses[ps]) continue;
@@ -166,9 +161,7 @@ absl::Status WorkerServer::TrainOnce() {
   trainer_options.step_delay = options_.step_delay;
   trainer_options.step_counter = &steps_;
   trainer_options.staleness = options_.pipeline_staleness;
-  ChiefStepSourceOptions source_options;
-  source_options.worker = index;
-  ChiefStepSource source(chief.get(), source_options);
+  ChiefStepSource source(chief.get(), index);
   std::vector<Kernels*> towers;
   for (const auto& k : kernels_) towers.push_back(k.get());
   Trainer trainer(model, std::move(shard), client.get(), towers, &source, trainer_options);

@@ -1,0 +1,106 @@
+#include "client/grpc_chief_client.h"
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/coordinator_service.grpc.pb.h"
+
+namespace pscluster {
+namespace {
+
+class GrpcChiefClient : public ChiefClient {
+ public:
+  GrpcChiefClient(const std::string& address, const ChiefClientOptions& options)
+      : ChiefClient(options),
+        address_(address),
+        stub_(v1::Coordinator::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+  std::string address() const override { return address_; }
+
+  absl::Status RegisterTask(const v1::RegisterTaskRequest& req,
+                            v1::RegisterTaskResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().rpc_timeout);
+    return Named(stub_->RegisterTask(&ctx, req, resp));
+  }
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().rpc_timeout);
+    return Named(stub_->Heartbeat(&ctx, req, resp));
+  }
+  absl::Status GetClusterStatus(v1::ClusterStatus* status) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().rpc_timeout);
+    return Named(stub_->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), status));
+  }
+  absl::Status ReportStep(const v1::ReportStepRequest& req, v1::ReportStepResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().rpc_timeout);
+    return Named(stub_->ReportStep(&ctx, req, resp));
+  }
+  absl::Status ReportEvaluation(const v1::ReportEvaluationRequest& req,
+                                v1::ReportEvaluationResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().rpc_timeout);
+    return Named(stub_->ReportEvaluation(&ctx, req, resp));
+  }
+  absl::Status Checkpoint(v1::CheckpointResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options().checkpoint_timeout);
+    return Named(stub_->Checkpoint(&ctx, v1::CheckpointRequest(), resp));
+  }
+
+ protected:
+  absl::Status PollModel(absl::Duration wait, v1::GetModelResponse* model) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, wait > absl::ZeroDuration() ? wait : options().rpc_timeout);
+    v1::GetModelRequest req;
+    req.set_wait_until_ready(wait > absl::ZeroDuration());
+    return Named(stub_->GetModel(&ctx, req, model));
+  }
+  absl::Status PollToken(const v1::AcquireTokenRequest& req, absl::Duration wait,
+                         v1::AcquireTokenResponse* resp) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, wait);
+    // The deadline of a long poll is its normal end: passed on as it is, for AwaitToken.
+    const grpc::Status s = stub_->AcquireToken(&ctx, req, resp);
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return FromGrpcStatus(s);
+    return Named(s);
+  }
+
+ private:
+  static void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
+  }
+
+  // The chief's own UNAVAILABLE ("the model is not ready") comes with a message of its own; a
+  // transport failure or a deadline names the connection.
+  absl::Status Named(const grpc::Status& status) const {
+    absl::Status s = FromGrpcStatus(status);
+    if (s.ok()) return s;
+    if (s.code() == absl::StatusCode::kDeadlineExceeded ||
+        (s.code() == absl::StatusCode::kUnavailable &&
+         !absl::StrContains(s.message(), "not ready") &&
+         !absl::StrContains(s.message(), "is starting"))) {
+      return absl::Status(s.code(),
+                          absl::StrCat("cannot reach the chief at ", address_, ": ", s.message()));
+    }
+    return absl::Status(s.code(), absl::StrCat("chief at ", address_, ": ", s.message()));
+  }
+
+  const std::string address_;
+  const std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChiefClient> NewGrpcChiefClient(const std::string& address,
+                                                const ChiefClientOptions& options) {
+  return std::make_unique<GrpcChiefClient>(address, options);
+}
+
+}  // namespace pscluster
