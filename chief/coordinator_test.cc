@@ -485,7 +485,8 @@ TEST_F(CoordinatorTest, TheRegistrarRegistersAndHeartbeatsThroughAChiefClient) {
                           });
   registrar.Start();
   ASSERT_TRUE(registrar.AwaitRegistered(absl::Now() + absl::Seconds(10)));
-  EXPECT_EQ(registered, 1);
+  // on_registered runs just after the registration is recorded.
+  ASSERT_TRUE(WaitFor([&] { return registered == 1; }));
   auto worker1 = [&] {
     v1::ClusterStatus status;
     chief->GetClusterStatus(&status);

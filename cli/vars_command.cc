@@ -83,11 +83,9 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
     info->set_shards(static_cast<int32_t>(listings[ps].shards.size()));
     for (const auto& [key, s] : listings[ps].shards) info->set_bytes(info->bytes() + s.bytes());
   }
-  for (int32_t owner : placement.virtual_shard_to_ps()) {
-    if (owner >= 0 && owner < report.ps_tasks_size()) {
-      psctl::PsTaskInfo* info = report.mutable_ps_tasks(owner);
-      info->set_virtual_shards(info->virtual_shards() + 1);
-    }
+  const std::vector<std::vector<int32_t>> owned = VirtualShardsByPs(placement);
+  for (int ps = 0; ps < report.ps_tasks_size() && ps < static_cast<int>(owned.size()); ++ps) {
+    report.mutable_ps_tasks(ps)->set_virtual_shards(static_cast<int32_t>(owned[ps].size()));
   }
 
   for (const v1::VariableSpec& spec : cluster.model.model().variables()) {

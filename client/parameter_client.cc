@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "sharding/partitioner.h"
+#include "sharding/placement.h"
 #include "sharding/sparse_hash.h"
 
 namespace pscluster {
@@ -38,20 +40,17 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
                                                      " of ", p.variable(),
                                                      ", which is not in the model"));
     }
-    int64_t row_elements = it->second.num_elements;
     const v1::VariableSpec* spec = nullptr;
     for (const v1::VariableSpec& v : model.variables()) {
       if (v.name() == p.variable()) spec = &v;
     }
-    if (spec->shape().dims_size() > 0 && spec->shape().dims(0) > 0) {
-      row_elements /= spec->shape().dims(0);
-    }
+    const ElementRange elements = ElementsOf(p, RowElements(spec->shape()));
     Part part;
     part.ref.set_variable(p.variable());
     part.ref.set_partition(p.partition());
     part.ps = p.ps_task();
-    part.offset = p.row_begin() * row_elements;
-    part.num_elements = (p.row_end() - p.row_begin()) * row_elements;
+    part.offset = elements.begin;
+    part.num_elements = elements.size;
     if (part.ps < 0 || part.ps >= placement.num_ps()) {
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.partition(), " of ",
                                                      p.variable(), " is placed on ps:", part.ps,
@@ -175,8 +174,9 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
       spec->set_num_virtual_shards(placement_.virtual_shard_to_ps_size());
       specs.push_back(spec);
     }
-    for (int v = 0; v < placement_.virtual_shard_to_ps_size(); ++v) {
-      specs[placement_.virtual_shard_to_ps(v)]->add_virtual_shards(v);
+    const std::vector<std::vector<int32_t>> owned = VirtualShardsByPs(placement_);
+    for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+      specs[ps]->mutable_virtual_shards()->Add(owned[ps].begin(), owned[ps].end());
     }
   }
   std::vector<int> all;
@@ -334,10 +334,7 @@ absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) cons
 
 std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys, int64_t n) const {
   std::vector<std::vector<int64_t>> positions(placement_.num_ps());
-  const int32_t nvs = placement_.virtual_shard_to_ps_size();
-  for (int64_t i = 0; i < n; ++i) {
-    positions[placement_.virtual_shard_to_ps(VirtualShardOfKey(keys[i], nvs))].push_back(i);
-  }
+  for (int64_t i = 0; i < n; ++i) positions[PsOfKey(placement_, keys[i])].push_back(i);
   return positions;
 }
 

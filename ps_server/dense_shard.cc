@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/initializer.h"
+#include "sharding/partitioner.h"
 
 namespace pscluster {
 
@@ -77,8 +78,9 @@ absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
     g.shape.add_dims(part.row_end() - part.row_begin());
     for (int i = 1; i < dims.size(); ++i) g.shape.add_dims(dims[i]);
   }
-  g.num_elements = (part.row_end() - part.row_begin()) * row_elements;
-  g.first_element = part.row_begin() * row_elements;
+  const ElementRange elements = ElementsOf(part, row_elements);
+  g.num_elements = elements.size;
+  g.first_element = elements.begin;
   return g;
 }
 

@@ -757,16 +757,15 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     const DenseShard& shard = *dense[i].first;
     const v1::DensePartition& mine = shard.spec().partition();
     const int64_t n = shard.num_elements();
-    const int64_t rows = mine.row_end() - mine.row_begin();
-    const int64_t row_elems = rows > 0 ? n / rows : 0;
+    const RowRange my_rows = RowsOf(mine);
+    const int64_t row_elems = RowElements(shard.spec().variable().shape());
     const int slots = shard.optimizer().num_slots();
     new_data[i].assign(n * (1 + slots), 0.0f);
     int64_t covered = 0;
     for (const v1::SavedShard& saved : request.saved()) {
       if (saved.is_table() || saved.name() != shard.name()) continue;
       const v1::DensePartition& theirs = saved.dense().partition();
-      const RowRange their_rows{theirs.row_begin(), theirs.row_end()};
-      const RowRange my_rows{mine.row_begin(), mine.row_end()};
+      const RowRange their_rows = RowsOf(theirs);
       if (std::max(my_rows.begin, their_rows.begin) >= std::min(my_rows.end, their_rows.end)) {
         continue;
       }
@@ -783,7 +782,7 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
       }
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
-      const int64_t their_n = (theirs.row_end() - theirs.row_begin()) * row_elems;
+      const int64_t their_n = ElementsOf(theirs, row_elems).size;
       if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
         return absl::DataLossError(absl::StrCat(
             "checkpoint shard ", saved.name(), "/", saved.partition(), " in ", saved.file(),
@@ -793,10 +792,10 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
                                      my_rows, row_elems, 1 + slots);
       new_updates[i] = std::max(new_updates[i], record.updates);
     }
-    if (covered != rows) {
-      return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ", rows,
-                                              " rows of ", shard.name(), "/", shard.partition(),
-                                              " held here"));
+    if (covered != my_rows.end - my_rows.begin) {
+      return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ",
+                                              my_rows.end - my_rows.begin, " rows of ",
+                                              shard.name(), "/", shard.partition(), " held here"));
     }
   }
   struct Row {

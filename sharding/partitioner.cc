@@ -67,6 +67,12 @@ int64_t CopyOverlappingRows(const float* from, RowRange from_rows, float* to, Ro
   return end - begin;
 }
 
+int64_t RowElements(const v1::TensorShape& shape) {
+  int64_t n = 1;
+  for (int i = 1; i < shape.dims_size(); ++i) n *= std::max<int64_t>(0, shape.dims(i));
+  return n;
+}
+
 absl::StatusOr<int64_t> BytesPerRow(const v1::TensorShape& shape, int64_t bytes_per_element) {
   PS_ASSIGN_OR_RETURN(const auto rows_and_row_bytes, RowsAndRowBytes(shape, bytes_per_element));
   return rows_and_row_bytes.second;

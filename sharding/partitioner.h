@@ -24,6 +24,30 @@ inline bool operator==(const RowRange& a, const RowRange& b) {
 }
 inline bool operator!=(const RowRange& a, const RowRange& b) { return !(a == b); }
 
+// The geometry of dense partitions, in one place for the client, the ps tasks, restore and
+// psctl. A partition holds rows [row_begin, row_end) of its variable's first dimension (a
+// scalar is one row of one element); each row holds RowElements(shape) values, and the
+// partition's values are a contiguous range of the variable's row-major values.
+
+// Elements per row of a variable of `shape`: the product of the dimensions after the first
+// (1 for a scalar or a vector). Negative dimensions count as 0.
+int64_t RowElements(const v1::TensorShape& shape);
+
+// The rows of a partition.
+inline RowRange RowsOf(const v1::DensePartition& partition) {
+  return {partition.row_begin(), partition.row_end()};
+}
+
+// A partition's elements within its variable's row-major values: [begin, begin + size).
+struct ElementRange {
+  int64_t begin;
+  int64_t size;
+};
+inline ElementRange ElementsOf(const v1::DensePartition& partition, int64_t row_elements) {
+  return {partition.row_begin() * row_elements,
+          (partition.row_end() - partition.row_begin()) * row_elements};
+}
+
 // Splits a tensor of `shape` along its first dimension into the fewest partitions such that
 // each holds at most `max_partition_bytes` bytes, where a row takes
 // product(dims[1:]) * bytes_per_element bytes (TensorFlow's variable_axis_size_partitioner).

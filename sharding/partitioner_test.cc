@@ -208,5 +208,37 @@ TEST(CopyOverlappingRowsTest, CopiesTheSharedRowsOfEveryPlane) {
   EXPECT_THAT(whole, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11));
 }
 
+TEST(PartitionGeometryTest, APartitionIsAContiguousRangeOfItsVariablesValues) {
+  v1::TensorShape matrix;
+  matrix.add_dims(10);
+  matrix.add_dims(3);
+  matrix.add_dims(2);
+  EXPECT_EQ(RowElements(matrix), 6);
+  EXPECT_EQ(RowElements(v1::TensorShape()), 1);  // a scalar: one row of one element
+  v1::TensorShape vector;
+  vector.add_dims(7);
+  EXPECT_EQ(RowElements(vector), 1);
+
+  v1::DensePartition p;
+  p.set_row_begin(4);
+  p.set_row_end(7);
+  EXPECT_EQ(RowsOf(p), (RowRange{4, 7}));
+  const ElementRange e = ElementsOf(p, RowElements(matrix));
+  EXPECT_EQ(e.begin, 24);
+  EXPECT_EQ(e.size, 18);
+  // The partitions PartitionRows makes cover the values exactly, in order.
+  absl::StatusOr<std::vector<RowRange>> parts = PartitionRows(matrix, 4, 50);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  int64_t next = 0;
+  for (const RowRange& r : *parts) {
+    v1::DensePartition q;
+    q.set_row_begin(r.begin);
+    q.set_row_end(r.end);
+    EXPECT_EQ(ElementsOf(q, RowElements(matrix)).begin, next);
+    next += ElementsOf(q, RowElements(matrix)).size;
+  }
+  EXPECT_EQ(next, 60);
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -336,10 +336,13 @@ absl::StatusOr<std::vector<const v1::DensePartition*>> PartitionsOf(const v1::Pl
   return partitions;
 }
 
-int32_t PsOfKey(const v1::Placement& placement, int64_t key) {
-  const int32_t num_virtual_shards = placement.virtual_shard_to_ps_size();
-  if (num_virtual_shards == 0) return -1;
-  return placement.virtual_shard_to_ps(VirtualShardOfKey(key, num_virtual_shards));
+std::vector<std::vector<int32_t>> VirtualShardsByPs(const v1::Placement& placement) {
+  std::vector<std::vector<int32_t>> owned(std::max(0, placement.num_ps()));
+  for (int32_t v = 0; v < placement.virtual_shard_to_ps_size(); ++v) {
+    const int32_t ps = placement.virtual_shard_to_ps(v);
+    if (ps >= 0 && ps < placement.num_ps()) owned[ps].push_back(v);
+  }
+  return owned;
 }
 
 }  // namespace pscluster

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/model.pb.h"
+#include "sharding/sparse_hash.h"
 
 namespace pscluster {
 
@@ -73,7 +74,15 @@ absl::StatusOr<std::vector<const v1::DensePartition*>> PartitionsOf(const v1::Pl
 //
 // Returns -1 if `placement` has no virtual shards (for example, a default-constructed one).
 // Thread-safe as long as no one modifies `placement`.
-int32_t PsOfKey(const v1::Placement& placement, int64_t key);
+inline int32_t PsOfKey(const v1::Placement& placement, int64_t key) {
+  const int32_t num_virtual_shards = placement.virtual_shard_to_ps_size();
+  if (num_virtual_shards == 0) return -1;
+  return placement.virtual_shard_to_ps(VirtualShardOfKey(key, num_virtual_shards));
+}
+
+// The virtual shards each ps task owns: result[ps], in increasing order, for ps in
+// [0, placement.num_ps()). Owners outside that range are left out.
+std::vector<std::vector<int32_t>> VirtualShardsByPs(const v1::Placement& placement);
 
 }  // namespace pscluster
 

@@ -407,5 +407,22 @@ TEST(ComputePlacementTest, RejectsNonFloat32Variable) {
   ExpectInvalid(model, 2, RoundRobin(), "variable 'small' has dtype DT_INT64");
 }
 
+TEST(PlacementKeysTest, EveryVirtualShardHasOneOwnerAndEveryKeyGoesToIt) {
+  absl::StatusOr<v1::Placement> placement =
+      ComputePlacement(MixedModel(), 3, Options(v1::PlacementOptions::ROUND_ROBIN, 80, 8));
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  const std::vector<std::vector<int32_t>> owned = VirtualShardsByPs(*placement);
+  ASSERT_EQ(owned.size(), 3u);
+  EXPECT_THAT(owned[0], ElementsAre(0, 3, 6));
+  EXPECT_THAT(owned[1], ElementsAre(1, 4, 7));
+  EXPECT_THAT(owned[2], ElementsAre(2, 5));
+  for (int64_t key : {int64_t{0}, int64_t{1}, int64_t{-5}, int64_t{1} << 40}) {
+    const int32_t v = VirtualShardOfKey(key, 8);
+    const int32_t ps = PsOfKey(*placement, key);
+    EXPECT_THAT(owned[ps], ::testing::Contains(v)) << key;
+  }
+  EXPECT_EQ(PsOfKey(v1::Placement(), 7), -1);
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "rocksdb/options.h"
+#include "sharding/partitioner.h"
 #include "storage/rocksdb_status.h"
 
 namespace pscluster {
@@ -141,7 +142,8 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteDense(
   saved.set_file(file_);
   saved.set_checksum(Crc(Crc(0, key), value));
   saved.set_bytes(static_cast<int64_t>(value.size()));
-  saved.set_rows(spec.partition().row_end() - spec.partition().row_begin());
+  const RowRange rows = RowsOf(spec.partition());
+  saved.set_rows(rows.end - rows.begin);
   *saved.mutable_dense() = spec;
   Written();
   return saved;
