@@ -131,12 +131,23 @@ v1::ChiefPhase Coordinator::phase() const {
 }
 
 void Coordinator::Run() {
-  absl::Status s = InitializeModel();
-  if (!s.ok()) {
+  while (true) {
+    absl::Status s = InitializeModel();
+    if (s.ok()) break;
     if (StopIfSuperseded(s)) return;
-    LOG(ERROR) << s;
-    SetPhase(v1::FAILED, std::string(s.message()));
-    return;
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded) {
+      LOG(ERROR) << s;
+      SetPhase(v1::FAILED, std::string(s.message()));
+      return;
+    }
+    // A ps task gone for longer than the client's retries: start again, with the addresses
+    // the tasks have registered since.
+    LOG(WARNING) << s << "; initializing again";
+    SetPhase(v1::WAITING_FOR_PS, absl::StrCat("initializing again after: ", s.message()));
+    absl::MutexLock lock(&mu_);
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(&stop_requested_), clock_->Now() + kWaitSlice);
+    if (stop_requested_) return;
   }
   if (stop_requested()) return;
   std::thread evaluation;
@@ -302,21 +313,27 @@ std::string Coordinator::RestoreAfterRestart(const std::vector<std::string>& nam
 }
 
 void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
-  for (int ps : restarted) {
-    absl::StatusOr<std::string> now = registry_.AddressOf(MakeTaskId(kPsJob, ps));
-    if (!now.ok()) continue;
-    std::string before;
-    {
-      absl::MutexLock lock(&mu_);
-      if (ps >= model_.ps_addresses_size() || model_.ps_addresses(ps) == *now) continue;
-      before = model_.ps_addresses(ps);
-      // Workers that cannot reach the old address find this one through GetModel.
-      model_.set_ps_addresses(ps, *now);
-    }
-    absl::Status s = client_->SetPsAddress(ps, *now);
-    LOG(WARNING) << "ps:" << ps << " came back at " << *now << " (was " << before << ")"
-                 << (s.ok() ? "" : absl::StrCat(": cannot follow it: ", s.message()));
+  for (int ps : restarted) FollowPs(ps);
+}
+
+void Coordinator::FollowPs(int ps) {
+  absl::StatusOr<std::string> now = registry_.AddressOf(MakeTaskId(kPsJob, ps));
+  if (!now.ok()) return;
+  std::string before;
+  ParameterClient* client;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ps >= static_cast<int>(ps_addresses_.size()) || ps_addresses_[ps] == *now) return;
+    before = ps_addresses_[ps];
+    ps_addresses_[ps] = *now;
+    // Workers that cannot reach the old address find this one through GetModel.
+    if (ps < model_.ps_addresses_size()) model_.set_ps_addresses(ps, *now);
+    client = client_.get();
   }
+  absl::Status s = client == nullptr ? absl::FailedPreconditionError("no client yet")
+                                     : client->SetPsAddress(ps, *now);
+  LOG(WARNING) << "ps:" << ps << " came back at " << *now << " (was " << before << ")"
+               << (s.ok() ? "" : absl::StrCat(": cannot follow it: ", s.message()));
 }
 
 absl::Status Coordinator::HoldWorkersAtStepBoundary(absl::Duration timeout) {
@@ -395,19 +412,26 @@ absl::Status Coordinator::InitializeModel() {
             << options_.model.tables_size() << " tables on " << num_ps_ << " ps tasks:\n"
             << PlacementDebugString(*placement);
   SetPhase(v1::CREATING_VARIABLES, "");
-  ParameterClientOptions client_options;
-  client_options.max_attempts = 20;
-  // Higher than any earlier chief's: recorded beside the checkpoints when there are any (so a
-  // clock that went back cannot lower it), else the start time.
-  client_options.chief_epoch = absl::ToUnixMicros(start_time_);
-  if (!options_.checkpoint_dir.empty()) {
-    absl::StatusOr<int64_t> epoch =
-        NextChiefEpoch(options_.checkpoint_dir, client_options.chief_epoch);
-    if (!epoch.ok()) return epoch.status();
-    client_options.chief_epoch = *epoch;
+  if (chief_epoch_ == 0) {
+    // Higher than any earlier chief's: recorded beside the checkpoints when there are any (so
+    // a clock that went back cannot lower it), else the start time.
+    chief_epoch_ = absl::ToUnixMicros(start_time_);
+    if (!options_.checkpoint_dir.empty()) {
+      PS_ASSIGN_OR_RETURN(chief_epoch_, NextChiefEpoch(options_.checkpoint_dir, chief_epoch_));
+    }
+    LOG(INFO) << "chief epoch " << chief_epoch_
+              << ": ps tasks refuse control requests of earlier chiefs";
   }
-  LOG(INFO) << "chief epoch " << client_options.chief_epoch
-            << ": ps tasks refuse control requests of earlier chiefs";
+  {
+    absl::MutexLock lock(&mu_);
+    ps_addresses_ = addresses;
+  }
+  ParameterClientOptions client_options;
+  client_options.max_attempts = options_.ps_call_attempts;
+  client_options.max_backoff = options_.ps_call_max_backoff;
+  client_options.chief_epoch = chief_epoch_;
+  // A ps task restarted elsewhere while the chief calls it is followed at its new address.
+  client_options.before_retry = [this](int ps) { FollowPs(ps); };
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));
   PS_ASSIGN_OR_RETURN(
@@ -423,7 +447,7 @@ absl::Status Coordinator::InitializeModel() {
     c.cluster = options_.cluster.cluster();
     c.crash_points = options_.crash_points;
     c.clock = clock_;
-    c.chief_epoch = client_options.chief_epoch;
+    c.chief_epoch = chief_epoch_;
     checkpoints = std::make_unique<CheckpointManager>(c, client.get());
   }
   {
@@ -433,6 +457,7 @@ absl::Status Coordinator::InitializeModel() {
     checkpoints_ = std::move(checkpoints);
     if (stop_requested_) client_->Cancel();
   }
+  ps_incarnations_.clear();
   for (int i = 0; i < num_ps_; ++i) {
     ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
   }
@@ -482,7 +507,7 @@ absl::Status Coordinator::InitializeModel() {
   absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;
   *model_.mutable_placement() = *placement;
-  for (const std::string& a : addresses) model_.add_ps_addresses(a);
+  for (const std::string& a : ps_addresses_) model_.add_ps_addresses(a);
   *model_.mutable_sync() = options_.sync;
   *model_.mutable_config() = options_.config;
   *model_.mutable_training() = options_.training;

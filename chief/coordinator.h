@@ -68,6 +68,10 @@ struct CoordinatorOptions {
   absl::Duration checkpoint_every = absl::ZeroDuration();
   // Committed checkpoints kept; older ones are deleted.
   int keep_checkpoints = 3;
+  // The chief's calls to a ps task that fail with UNAVAILABLE are tried this many times in all,
+  // with backoff up to ps_call_max_backoff (ParameterClientOptions).
+  int ps_call_attempts = 20;
+  absl::Duration ps_call_max_backoff = absl::Seconds(2);
   // How long a checkpoint waits for the workers to reach a step boundary.
   absl::Duration checkpoint_hold_timeout = absl::Seconds(10);
   // Fault injection for tests (chief --crash_at). Not owned; null in real use.
@@ -158,6 +162,9 @@ class Coordinator {
   // Points the chief's calls, and the addresses GetModel serves, at the address each of the
   // `restarted` ps tasks registered with last.
   void FollowMovedPs(const std::vector<int>& restarted);
+  // The same for task `ps`, if it registered elsewhere; also called by the client before it
+  // tries a call to it again.
+  void FollowPs(int ps) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes periodic checkpoints and restores every ps task when one restarts. Runs on
   // background_ after initialization.
   void MaintenanceLoop();
@@ -206,6 +213,7 @@ class Coordinator {
   // Set with client_ when there is a checkpoint directory.
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
+  int64_t chief_epoch_ = 0;                   // this chief's fencing epoch; background_ only
   std::unique_ptr<Evaluator> own_evaluator_;  // OwnEvaluation's; the evaluation thread only
   absl::Mutex metrics_mu_;                    // serializes appends to options_.metrics_path
 
@@ -231,6 +239,8 @@ class Coordinator {
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool model_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::string address_ ABSL_GUARDED_BY(mu_);
+  // Where the chief's calls to each ps task go (the address it registered with last).
+  std::vector<std::string> ps_addresses_ ABSL_GUARDED_BY(mu_);
   // What the chief is doing (SetPhaseLocked), and the same in words for messages.
   v1::ChiefPhase phase_ ABSL_GUARDED_BY(mu_) = v1::WAITING_FOR_PS;
   std::string phase_detail_ ABSL_GUARDED_BY(mu_);

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "chief/in_process_chief_client.h"
@@ -110,11 +111,12 @@ class CoordinatorTest : public ::testing::Test {
     o.checkpoint_dir = dir_;
     o.crash_points = crash_points;
     o.clock = &clock_;
-    InProcessPsTransport* ps = &ps_;
-    o.make_ps_transport = [ps](const std::vector<std::string>& addresses)
+    o.make_ps_transport = [this](const std::vector<std::string>& addresses)
         -> absl::StatusOr<std::unique_ptr<PsTransport>> {
       EXPECT_EQ(addresses.size(), static_cast<size_t>(kNumPs));
-      return std::unique_ptr<PsTransport>(ps->Share());
+      std::unique_ptr<InProcessPsTransport> transport = ps_.Share();
+      if (on_chief_transport_) on_chief_transport_(transport.get());
+      return std::unique_ptr<PsTransport>(std::move(transport));
     };
     return o;
   }
@@ -225,6 +227,8 @@ class CoordinatorTest : public ::testing::Test {
 
   FakeClock clock_;
   InProcessPsTransport ps_;
+  // Called with each transport a chief makes to the ps tasks (for failure injection).
+  std::function<void(InProcessPsTransport*)> on_chief_transport_;
   // A crash point for a chief that stops there: its thread blocks until `release`.
   struct Freeze {
     absl::Notification reached, release;
@@ -350,6 +354,34 @@ TEST_F(CoordinatorTest, ACheckpointWaitsForTheStepUnderWayAndGivesUpOnTheClock) 
   v1::AcquireTokenResponse token;
   ASSERT_TRUE(chief->AcquireToken(next, CallContext(), &token).ok());
   EXPECT_EQ(token.step(), 1);
+}
+
+TEST_F(CoordinatorTest, AnInitializationThatCannotReachAPsTaskStartsAgainWithItsNewAddress) {
+  CoordinatorOptions options = Options(v1::ASYNC);
+  options.ps_call_attempts = 3;
+  options.ps_call_max_backoff = absl::Milliseconds(1);
+  // The chief's first transport finds ps:1 gone for all 3 attempts; the next one, twice.
+  std::atomic<int> transports{0};
+  on_chief_transport_ = [&](InProcessPsTransport* t) {
+    t->FailNextCalls(1, ++transports == 1 ? 3 : 2);
+  };
+  Coordinator* chief = StartChief(options);
+  for (int i = 0; i < kNumPs; ++i) Register(chief, "ps", i, ps_incarnation_[i], 5000 + i);
+  ASSERT_TRUE(WaitFor([&] {
+    v1::ClusterStatus status;
+    chief->GetClusterStatus(&status);
+    return absl::StrContains(status.phase_detail(), "initializing again");
+  }));
+  EXPECT_EQ(chief->phase(), v1::WAITING_FOR_PS);
+  // ps:1 comes back elsewhere; the next attempt, a slice of the chief's clock later, uses it.
+  Register(chief, "ps", 1, ++ps_incarnation_[1], 5201);
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitFor([&] { return chief->phase() == v1::MODEL_READY; }))
+      << v1::ChiefPhase_Name(chief->phase());
+  v1::GetModelResponse model;
+  ASSERT_TRUE(chief->GetModel(v1::GetModelRequest(), CallContext(), &model).ok());
+  EXPECT_EQ(model.ps_addresses(1), "127.0.0.1:5201");
+  EXPECT_EQ(transports, 2);
 }
 
 TEST_F(CoordinatorTest, RestartedPsTasksAreRestoredToTheLatestCheckpointAtTheirNewAddress) {

@@ -128,6 +128,7 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
                  << options_.max_attempts << "), retrying in " << backoff << ": " << s.message();
     cancelled_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
+    if (options_.before_retry && !cancelled_.HasBeenNotified()) options_.before_retry(ps);
   }
 }
 

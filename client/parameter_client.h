@@ -40,6 +40,9 @@ struct ParameterClientOptions {
   // The chief's epoch, sent with CreateShards, SaveShards and RestoreShards (see
   // CreateShardsRequest.chief_epoch); 0 for other clients.
   int64_t chief_epoch = 0;
+  // Called before a call to ps task `ps` is tried again (after the backoff), on the calling
+  // thread: for example to look up where the task is now and SetPsAddress there. May be null.
+  std::function<void(int ps)> before_retry;
 };
 
 // How ParameterClient::CreateAll creates shards, and what it found.
