@@ -241,75 +241,28 @@ void Coordinator::RecoverRestartedPs(const std::vector<int>& restarted) {
     ps_incarnations_[i] = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
   }
   FollowMovedPs(restarted);
-  bool done = false;
-  absl::Status error;
-  const std::string outcome = RestoreAfterRestart(names, step_before, rewind, &done, &error);
-  if (StopIfSuperseded(error)) {
-    ResumeWorkers();
-    return;
-  }
-  if (!done) {
-    // The maintenance loop tries again; the recovery record, if written, stays until then.
-    for (int i : restarted) ps_incarnations_[i] = 0;
-  }
-  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << outcome << " (took "
-               << absl::FormatDuration(clock_->Now() - start) << ")";
-  ResumeWorkers();
-  SetPhase(ServingPhase(), "");
-}
-
-std::string Coordinator::RestoreAfterRestart(const std::vector<std::string>& names,
-                                             int64_t step_before, bool rewind, bool* done,
-                                             absl::Status* error) {
-  *done = false;
-  absl::StatusOr<int64_t> restored =
-      checkpoints_ == nullptr
-          ? absl::NotFoundError("no --checkpoint_dir")
-          : checkpoints_->RestoreEveryPs(names, step_before, rewind ? -1 : step_before);
-  *error = restored.status();
-  std::string outcome;
-  int64_t resume_step = step_before;
-  if (restored.ok() && rewind) {
-    resume_step = *restored;
-    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
-                           "; the global step goes back from ", step_before, " to ", *restored,
-                           ": steps ", *restored, "..", step_before - 1,
-                           " are computed again from the same batches (", step_before - *restored,
-                           " steps of work lost)");
-  } else if (restored.ok()) {
-    outcome = absl::StrCat("restored every ps task to the checkpoint of step ", *restored,
-                           "; progress lost: the updates of steps ", *restored, "..", step_before);
-  } else if (restored.status().code() == absl::StatusCode::kNotFound ||
-             restored.status().code() == absl::StatusCode::kDataLoss) {
-    // Nothing to restore: the lost shards start again from their initial values. (After
-    // DATA_LOSS, RestoreEveryPs has created them already and released its hold.)
-    const bool none = restored.status().code() == absl::StatusCode::kNotFound;
-    absl::Status created;
-    if (none) {
-      CreateShardsOptions create;
-      create.start_step = step_before;
-      created = client_->CreateAll(options_.sync, nullptr, create);
-    }
-    outcome = none ? "no checkpoint to restore: the restarted shards start from their initial "
-                     "values"
-                   : absl::StrCat("restore failed: ", restored.status().message(),
-                                  "; the restarted shards start from their initial values");
-    if (!created.ok()) {
-      *error = created;
-      return absl::StrCat("cannot re-create the shards: ", created.message());
-    }
-    if (rewind) absl::StrAppend(&outcome, "; step ", step_before, " starts over");
-  } else {
-    return absl::StrCat("not finished (tried again shortly): ", restored.status().message());
-  }
-  *done = true;
-  if (rewind) {
+  RecoveryDriver::Result r = recovery_->AfterRestart(names, step_before, rewind);
+  if (r.done && rewind) {
+    // SYNC: the global step goes back to the restored one (the step under way starts over
+    // when nothing was restored); a new token generation starts.
+    const int64_t resume_step = r.restored_step >= 0 ? r.restored_step : step_before;
     sync_.Rewind(resume_step);
     absl::MutexLock lock(&mu_);
     progress_.set_global_step(resume_step);
   }
-  if (checkpoints_ != nullptr) *error = checkpoints_->FinishRecovery();
-  return outcome;
+  if (r.done) r.error = recovery_->Finish();
+  if (StopIfSuperseded(r.error)) {
+    ResumeWorkers();
+    return;
+  }
+  if (!r.done) {
+    // The maintenance loop tries again; the recovery record, if written, stays until then.
+    for (int i : restarted) ps_incarnations_[i] = 0;
+  }
+  LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << r.summary << " (took "
+               << absl::FormatDuration(clock_->Now() - start) << ")";
+  ResumeWorkers();
+  SetPhase(ServingPhase(), "");
 }
 
 void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
@@ -450,6 +403,7 @@ absl::Status Coordinator::InitializeModel() {
     c.chief_epoch = chief_epoch_;
     checkpoints = std::make_unique<CheckpointManager>(c, client.get());
   }
+  recovery_ = std::make_unique<RecoveryDriver>(checkpoints.get(), client.get(), options_.sync);
   {
     // Stop() cancels the client's retries; one that came first cancels it here.
     absl::MutexLock lock(&mu_);
@@ -474,9 +428,21 @@ absl::Status Coordinator::InitializeModel() {
                         absl::StrCat("cannot create the variables: ", created.message()));
   }
   int64_t restored_step = -1;
-  {
+  const std::vector<std::string> why = recovery_->ReasonsToRestoreAtStart(fresh, awaiting);
+  if (!why.empty()) {
     absl::MutexLock operation(&operation_mu_);
-    PS_ASSIGN_OR_RETURN(restored_step, RestoreAtStart(fresh, awaiting));
+    SetPhase(v1::RESTORING, absl::StrJoin(why, ", "));
+    PS_ASSIGN_OR_RETURN(restored_step, recovery_->RestoreAtStart(why));
+    // A new generation: workers drop whatever they computed for the steps after it.
+    if (restored_step >= 0) sync_.Rewind(restored_step);
+    PS_RETURN_IF_ERROR(recovery_->Finish());
+    absl::MutexLock lock(&mu_);
+    if (restored_step >= 0) {
+      progress_.set_global_step(restored_step);
+      steps_before_ = restored_step;
+    }
+  } else if (fresh == 0) {
+    LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
   }
   if (options_.sync.mode() == v1::SYNC && restored_step < 0) {
     // After a chief restart the ps tasks still hold the model: the steps their accumulators
@@ -515,52 +481,6 @@ absl::Status Coordinator::InitializeModel() {
   SetPhaseLocked(ServingPhase(), "");
   LOG(INFO) << "every variable is created and initialized on its ps task";
   return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> Coordinator::RestoreAtStart(int64_t fresh,
-                                                    const std::vector<int>& awaiting) {
-  // Whether the cluster's state can be trusted: not if a recovery was under way when the last
-  // chief stopped (its record is there) or a ps task still waits for a restore.
-  std::vector<std::string> why;
-  if (checkpoints_ != nullptr) {
-    absl::StatusOr<v1::RecoveryIntent> unfinished = checkpoints_->UnfinishedRecovery();
-    if (unfinished.ok()) {
-      LOG(WARNING) << "the previous chief was recovering ("
-                   << absl::StrJoin(unfinished->restarted(), ", ") << " restarted; restoring "
-                   << unfinished->checkpoint_path() << ") when it stopped: redoing the recovery";
-      why.assign(unfinished->restarted().begin(), unfinished->restarted().end());
-    } else if (unfinished.status().code() != absl::StatusCode::kNotFound) {
-      LOG(ERROR) << unfinished.status() << ": treating it as a recovery under way";
-      why.push_back("an unreadable recovery record");
-    }
-  }
-  for (int ps : awaiting) why.push_back(absl::StrCat("ps:", ps, " waiting for a restore"));
-  if ((fresh == 0 && why.empty()) || checkpoints_ == nullptr || !checkpoints_->HasCheckpoint()) {
-    if (fresh == 0) {
-      LOG(INFO) << "the ps tasks already hold every variable: resuming from the cluster's state";
-    }
-    return -1;
-  }
-  // New variables, or a state half recovered: every ps task goes to the newest checkpoint.
-  if (why.empty()) why.push_back("new variables");
-  SetPhase(v1::RESTORING, absl::StrJoin(why, ", "));
-  absl::StatusOr<int64_t> restored = checkpoints_->RestoreEveryPs(why, -1, -1);
-  if (restored.ok()) {
-    // A new generation: workers drop whatever they computed for the steps after it.
-    sync_.Rewind(*restored);
-    PS_RETURN_IF_ERROR(checkpoints_->FinishRecovery());
-    absl::MutexLock lock(&mu_);
-    progress_.set_global_step(*restored);
-    steps_before_ = *restored;
-    return *restored;
-  }
-  if (restored.status().code() == absl::StatusCode::kDataLoss) {
-    LOG(ERROR) << restored.status() << "; starting from the values the ps tasks hold";
-    PS_RETURN_IF_ERROR(checkpoints_->FinishRecovery());
-    return -1;
-  }
-  return absl::Status(restored.status().code(),
-                      absl::StrCat("cannot restore the checkpoint: ", restored.status().message()));
 }
 
 absl::StatusOr<EvalResult> Coordinator::OwnEvaluation(int64_t step) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "chief/checkpoint_manager.h"
+#include "chief/recovery_driver.h"
 #include "chief/step_gate.h"
 #include "chief/step_reports.h"
 #include "chief/sync_coordinator.h"
@@ -99,7 +100,8 @@ struct CallContext {
 //
 // Its parts, one job each: TaskRegistry (who is in the cluster, their addresses and
 // heartbeats), SyncCoordinator (tokens and the global step) and StepGate (ASYNC: holding the
-// workers), CheckpointManager (checkpoint files and the recovery record). Time comes from the
+// workers), CheckpointManager (checkpoint files and the recovery record), RecoveryDriver
+// (what to restore after a restart, and at start). Time comes from the
 // injected Clock, the ps tasks through the injected transport. ChiefServer serves it over
 // gRPC (CoordinatorService); tests drive it directly.
 //
@@ -169,12 +171,6 @@ class Coordinator {
   // background_ after initialization.
   void MaintenanceLoop();
   void RecoverRestartedPs(const std::vector<int>& restarted) ABSL_LOCKS_EXCLUDED(operation_mu_);
-  // Brings the ps tasks to a checkpoint after a restart of ps tasks (RecoverRestartedPs).
-  // Returns what happened, in words; `*done` says whether the recovery is complete, `*error`
-  // the error that left it incomplete.
-  std::string RestoreAfterRestart(const std::vector<std::string>& names, int64_t step_before,
-                                  bool rewind, bool* done, absl::Status* error)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
   // When `s` says that a newer chief has replaced this one (common/chief_epoch.h): the phase
   // becomes FAILED, the chief stops, and true is returned.
   bool StopIfSuperseded(const absl::Status& s);
@@ -183,11 +179,6 @@ class Coordinator {
   // Runs on background_.
   void Run();
   absl::Status InitializeModel();
-  // Restores every ps task when the cluster's state cannot be trusted (new variables, a
-  // recovery record left by an earlier chief, a task waiting for a restore). Returns the
-  // restored step, or -1 when nothing was restored.
-  absl::StatusOr<int64_t> RestoreAtStart(int64_t fresh, const std::vector<int>& awaiting)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
   // Evaluates periodically (without an evaluator task), then, once every worker is done,
   // takes the final checkpoint, has the final model evaluated (by the evaluator, or by the
   // chief if it has none or it does not answer in time) and marks training finished.
@@ -212,6 +203,8 @@ class Coordinator {
   std::unique_ptr<ParameterClient> client_;
   // Set with client_ when there is a checkpoint directory.
   std::unique_ptr<CheckpointManager> checkpoints_;
+  // Set with client_; background_ only.
+  std::unique_ptr<RecoveryDriver> recovery_;
   std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
   int64_t chief_epoch_ = 0;                   // this chief's fencing epoch; background_ only
   std::unique_ptr<Evaluator> own_evaluator_;  // OwnEvaluation's; the evaluation thread only
