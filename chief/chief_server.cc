@@ -14,17 +14,24 @@ constexpr absl::Duration kShutdownDrain = absl::Milliseconds(500);
 absl::StatusOr<std::unique_ptr<ChiefServer>> ChiefServer::Create(const ChiefOptions& options) {
   CoordinatorOptions core_options = options;
   core_options.clock = Clock::Real();
-  const GrpcPsTransportOptions transport = options.ps_transport;
+  GrpcPsTransportOptions transport = options.ps_transport;
+  transport.tls = options.host.tls;
   core_options.make_ps_transport = [transport](const std::vector<std::string>& addresses)
       -> absl::StatusOr<std::unique_ptr<PsTransport>> {
     return std::make_unique<GrpcPsTransport>(addresses, transport);
   };
+  PS_ASSIGN_OR_RETURN(Authorizer authorizer,
+                      AuthorizerForTask(options.host.tls, options.cluster.task()));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> core, Coordinator::Create(core_options));
-  return std::unique_ptr<ChiefServer>(new ChiefServer(options, std::move(core)));
+  return std::unique_ptr<ChiefServer>(
+      new ChiefServer(options, std::move(core), std::move(authorizer)));
 }
 
-ChiefServer::ChiefServer(const ChiefOptions& options, std::unique_ptr<Coordinator> core)
-    : options_(options), core_(std::move(core)), service_(core_.get(), Clock::Real()) {}
+ChiefServer::ChiefServer(const ChiefOptions& options, std::unique_ptr<Coordinator> core,
+                         Authorizer authorizer)
+    : options_(options),
+      core_(std::move(core)),
+      service_(core_.get(), Clock::Real(), std::move(authorizer)) {}
 
 ChiefServer::~ChiefServer() {
   core_->Stop();

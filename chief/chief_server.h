@@ -17,7 +17,7 @@ struct ChiefOptions : CoordinatorOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   // Settings of the chief's own calls to the ps tasks (the transport is gRPC; any
-  // make_ps_transport given is replaced).
+  // make_ps_transport given is replaced; TLS is host.tls).
   GrpcPsTransportOptions ps_transport;
 };
 
@@ -38,7 +38,8 @@ class ChiefServer : public Daemon {
   std::string address() const;
 
  private:
-  ChiefServer(const ChiefOptions& options, std::unique_ptr<Coordinator> core);
+  ChiefServer(const ChiefOptions& options, std::unique_ptr<Coordinator> core,
+              Authorizer authorizer);
 
   const ChiefOptions options_;
   const std::unique_ptr<Coordinator> core_;

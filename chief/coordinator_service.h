@@ -4,16 +4,21 @@
 #include "chief/coordinator.h"
 #include "common/clock.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "security/authz.h"
 
 namespace pscluster {
 
 // The Coordinator gRPC service over a Coordinator: it converts statuses, and each call's
-// deadline and cancellation into a CallContext on the coordinator's clock, and nothing else.
+// deadline and cancellation into a CallContext on the coordinator's clock, and checks the
+// caller's role; nothing else.
 // Thread-safe.
 class CoordinatorService : public v1::Coordinator::Service {
  public:
-  // Neither is owned; both must outlive the service.
-  CoordinatorService(Coordinator* core, Clock* clock) : core_(core), clock_(clock) {}
+  // Neither is owned; both must outlive the service. `authorizer` decides who may call what
+  // (security/authz.h).
+  CoordinatorService(Coordinator* core, Clock* clock,
+                     Authorizer authorizer = Authorizer::AllowAll())
+      : core_(core), clock_(clock), authorizer_(std::move(authorizer)) {}
 
   grpc::Status RegisterTask(grpc::ServerContext* ctx, const v1::RegisterTaskRequest* req,
                             v1::RegisterTaskResponse* resp) override;
@@ -37,6 +42,7 @@ class CoordinatorService : public v1::Coordinator::Service {
 
   Coordinator* const core_;
   Clock* const clock_;
+  const Authorizer authorizer_;
 };
 
 }  // namespace pscluster

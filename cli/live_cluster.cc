@@ -39,6 +39,7 @@ absl::StatusOr<LiveCluster> ConnectToCluster(ChiefClient& chief,
   PS_RETURN_IF_ERROR(chief.GetModel(&model));
   GrpcPsTransportOptions transport_options;
   transport_options.rpc_timeout = options.rpc_timeout;
+  transport_options.tls = options.tls;
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
   return LiveClusterOver(chief.address(), std::move(model),
                          std::make_unique<GrpcPsTransport>(addresses, transport_options), options);

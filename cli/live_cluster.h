@@ -10,6 +10,7 @@
 #include "client/parameter_client.h"
 #include "client/ps_transport.h"
 #include "proto/coordinator_service.pb.h"
+#include "security/tls.h"
 
 namespace pscluster {
 
@@ -19,6 +20,8 @@ struct LiveClusterOptions {
   // Calls to a ps task that fail with UNAVAILABLE are tried this many times in all: an
   // operator's tool reports a dead task quickly rather than waiting for it.
   int max_attempts = 2;
+  // Mutual TLS toward the ps tasks (security/tls.h); plaintext when not enabled.
+  TlsConfig tls;
 };
 
 // A running cluster as psctl reads it: the chief's GetModel answer (the model, the placement

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -65,6 +66,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& content) {
   if (!absl::ConsumePrefix(&dims, "(") || !absl::ConsumeSuffix(&dims, ")")) {
     return absl::InvalidArgumentError(absl::StrCat("npy shape ", *shape, " is not a tuple"));
   }
+  // The element count, kept below what n * sizeof(float) can hold without overflowing.
+  constexpr int64_t kMaxElements = std::numeric_limits<int64_t>::max() / sizeof(float);
   int64_t n = 1;
   for (absl::string_view d : absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
     int64_t v;
@@ -72,6 +75,10 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& content) {
       return absl::InvalidArgumentError(absl::StrCat("npy shape ", *shape, " has a bad size"));
     }
     out.shape.push_back(v);
+    if (v != 0 && n > kMaxElements / v) {
+      return absl::InvalidArgumentError(absl::StrCat("npy shape ", *shape, " has more than ",
+                                                     kMaxElements, " elements"));
+    }
     n *= v;
   }
   if (content.size() - out.data_offset != static_cast<size_t>(n) * sizeof(float)) {

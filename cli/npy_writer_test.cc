@@ -102,5 +102,23 @@ TEST(NpyReaderTest, RefusesWhatIsNotFloat32Npy) {
               HasSubstr("needs 4"));
 }
 
+// Written beside fuzz/npy_reader_fuzzer: the element count of these shapes overflowed int64
+// (UBSan), and (2^62,) wrapped its byte count to 0, matched an empty data section and asked
+// for 2^62 floats (std::length_error).
+TEST(NpyReaderTest, RefusesAShapeTooLargeToCount) {
+  for (const std::string shape : {"(4611686018427387904, 4)", "(4611686018427387904,)"}) {
+    std::string f = EncodeNpy({1}, std::vector<float>{1}.data(), 1);
+    f.replace(f.find("(1,)"), 4, shape);
+    f.erase(f.size() - 4 - (shape.size() - 4), shape.size() - 4);  // same header length
+    f.resize(f.size() - 4);                                         // no data
+    f[f.size() - 1] = '\n';
+    const absl::Status s = ParseNpy(f).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shape;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("npy shape ", shape, " has more than 2305843009213693951 "
+                                       "elements")));
+  }
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -132,7 +132,9 @@ absl::StatusOr<std::unique_ptr<pscluster::ChiefClient>> ConnectChief() {
   pscluster::ChiefClientOptions options;
   options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
   options.checkpoint_timeout = Seconds(FLAGS_save_timeout_secs);
-  return pscluster::NewGrpcChiefClient(*address, options);
+  pscluster::GrpcChannelOptions channel;
+  channel.tls = pscluster::TlsConfigFromFlags();
+  return pscluster::NewGrpcChiefClient(*address, options, channel);
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseKeys(const std::string& list) {
@@ -183,6 +185,7 @@ int RunDump(const std::vector<std::string>& args) {
     chief = *std::move(connected);
     pscluster::LiveClusterOptions options;
     options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
+    options.tls = pscluster::TlsConfigFromFlags();
     auto live = pscluster::ConnectToCluster(*chief, options);
     if (!live.ok()) return Fail(std::string(live.status().message()));
     cluster = *std::move(live);
@@ -221,6 +224,7 @@ int main(int argc, char** argv) {
     options.rate_window = Seconds(FLAGS_rate_window_secs);
     options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
     options.format = Format();
+    options.tls = pscluster::TlsConfigFromFlags();
     return Print(pscluster::RunStatusCommand(chief, options));
   }
   if (command == "watch") {
@@ -235,6 +239,7 @@ int main(int argc, char** argv) {
 
   pscluster::LiveClusterOptions options;
   options.rpc_timeout = Seconds(FLAGS_rpc_timeout_secs);
+  options.tls = pscluster::TlsConfigFromFlags();
   absl::StatusOr<pscluster::LiveCluster> cluster = pscluster::ConnectToCluster(chief, options);
   if (!cluster.ok()) return Fail(std::string(cluster.status().message()));
   if (command == "vars") return Print(pscluster::RunVarsCommand(*cluster, Format()));

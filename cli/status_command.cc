@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "cli/live_cluster.h"
 #include "cli/table.h"
+#include "client/grpc_channel.h"
 #include "common/cluster_spec.h"
 #include "common/grpc_status.h"
 #include "grpcpp/create_channel.h"
@@ -68,8 +69,10 @@ bool ShouldProbe(const v1::TaskStatus& t) {
   return t.health() == v1::HEALTH_SERVING || t.health() == v1::HEALTH_MISSING;
 }
 
-Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
-  auto channel = grpc::CreateChannel(t.address(), grpc::InsecureChannelCredentials());
+Sample Probe(const v1::TaskStatus& t, absl::Duration timeout, const TlsConfig& tls) {
+  GrpcChannelOptions options;
+  options.tls = tls;
+  auto channel = NewGrpcChannel(t.address(), options);
   grpc::ClientContext ctx;
   // A task the chief sees serving whose first connection attempt fails is tried again (gRPC
   // reconnects within about a second) for up to 3 s: only one that stays unreachable is
@@ -102,11 +105,12 @@ Sample Probe(const v1::TaskStatus& t, absl::Duration timeout) {
 }
 
 // Probes every task that should answer, in parallel; keyed by task name.
-std::map<std::string, Sample> ProbeAll(const v1::ClusterStatus& status, absl::Duration timeout) {
+std::map<std::string, Sample> ProbeAll(const v1::ClusterStatus& status, absl::Duration timeout,
+                                       const TlsConfig& tls) {
   std::map<std::string, std::future<Sample>> pending;
   for (const v1::TaskStatus& t : status.tasks()) {
     if (!ShouldProbe(t)) continue;
-    pending.emplace(TaskName(t.task()), std::async(std::launch::async, Probe, t, timeout));
+    pending.emplace(TaskName(t.task()), std::async(std::launch::async, Probe, t, timeout, tls));
   }
   std::map<std::string, Sample> out;
   for (auto& [name, f] : pending) out.emplace(name, f.get());
@@ -156,14 +160,14 @@ CommandOutput RunStatusCommand(ChiefClient& chief, const StatusOptions& options)
   out.status = chief.GetClusterStatus(&status);
   if (!out.status.ok()) return out;
 
-  std::map<std::string, Sample> first = ProbeAll(status, options.rpc_timeout);
+  std::map<std::string, Sample> first = ProbeAll(status, options.rpc_timeout, options.tls);
   std::map<std::string, Sample> second;
   if (options.rate_window > absl::ZeroDuration()) {
     absl::SleepFor(options.rate_window);
     // The later picture is the one shown; if the chief stopped answering meanwhile, the first.
     v1::ClusterStatus later;
     if (chief.GetClusterStatus(&later).ok()) status = later;
-    second = ProbeAll(status, options.rpc_timeout);
+    second = ProbeAll(status, options.rpc_timeout, options.tls);
   }
 
   std::vector<absl::Status> errors;

@@ -8,6 +8,7 @@
 #include "cli/command_output.h"
 #include "client/chief_client.h"
 #include "proto/coordinator_service.pb.h"
+#include "security/tls.h"
 
 namespace pscluster {
 
@@ -18,6 +19,8 @@ struct StatusOptions {
   // Deadline of each call to a task (the chief's are the ChiefClient's).
   absl::Duration rpc_timeout = absl::Seconds(5);
   OutputFormat format = OutputFormat::kTable;
+  // Mutual TLS toward the tasks (security/tls.h); plaintext when not enabled.
+  TlsConfig tls;
 };
 
 // `psctl status`: every task as the chief sees it (role, address, health, uptime, step), the

@@ -7,13 +7,15 @@
 
 #include "absl/status/statusor.h"
 #include "client/ps_transport.h"
+#include "security/tls.h"
 
 namespace pscluster {
 
 // The transport to the ps tasks at `addresses` (their gRPC addresses): the tensor wire over
-// gRPC's control plane when `tensor_wire`, gRPC alone otherwise.
+// gRPC's control plane when `tensor_wire`, gRPC alone otherwise. With TLS the tensor wire
+// (plain TCP, unauthenticated) is never used: everything goes over gRPC with mutual TLS.
 std::unique_ptr<PsTransport> NewPsTransport(const std::vector<std::string>& addresses,
-                                            bool tensor_wire);
+                                            bool tensor_wire, const TlsConfig& tls = {});
 
 }  // namespace pscluster
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator_service.grpc.pb.h"
@@ -13,11 +14,11 @@ namespace {
 
 class GrpcChiefClient : public ChiefClient {
  public:
-  GrpcChiefClient(const std::string& address, const ChiefClientOptions& options)
+  GrpcChiefClient(const std::string& address, const ChiefClientOptions& options,
+                  const GrpcChannelOptions& channel)
       : ChiefClient(options),
         address_(address),
-        stub_(v1::Coordinator::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+        stub_(v1::Coordinator::NewStub(NewGrpcChannel(address, channel))) {}
 
   std::string address() const override { return address_; }
 
@@ -99,8 +100,9 @@ class GrpcChiefClient : public ChiefClient {
 }  // namespace
 
 std::unique_ptr<ChiefClient> NewGrpcChiefClient(const std::string& address,
-                                                const ChiefClientOptions& options) {
-  return std::make_unique<GrpcChiefClient>(address, options);
+                                                const ChiefClientOptions& options,
+                                                const GrpcChannelOptions& channel) {
+  return std::make_unique<GrpcChiefClient>(address, options, channel);
 }
 
 }  // namespace pscluster

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "client/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
@@ -39,16 +40,12 @@ GrpcPsTransport::GrpcPsTransport(
 
 std::shared_ptr<v1::ParameterServer::StubInterface> GrpcPsTransport::NewStub(
     const std::string& address) const {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  args.SetMaxSendMessageSize(options_.max_message_bytes);
-  // A ps task that restarts comes back at the same address within seconds: reconnect
-  // quickly instead of gRPC's default backoff (1 s growing to 120 s).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return v1::ParameterServer::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  GrpcChannelOptions channel;
+  channel.tls = options_.tls;
+  channel.max_message_bytes = options_.max_message_bytes;
+  // A ps task that restarts comes back at the same address within seconds.
+  channel.fast_reconnect = true;
+  return v1::ParameterServer::NewStub(NewGrpcChannel(address, channel));
 }
 
 std::shared_ptr<v1::ParameterServer::StubInterface> GrpcPsTransport::Stub(int ps) const {

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "client/ps_transport.h"
 #include "proto/ps_service.grpc.pb.h"
+#include "security/tls.h"
 
 namespace pscluster {
 
@@ -19,6 +20,8 @@ struct GrpcPsTransportOptions {
   // Largest message sent or received, in bytes (a sparse request and its answer are one
   // message; ParameterClient splits larger ones).
   int max_message_bytes = 64 << 20;
+  // Mutual TLS toward the ps tasks (security/tls.h); plaintext when not enabled.
+  TlsConfig tls;
 };
 
 // PsTransport over gRPC: one channel per ps task. Dense tensors stream in chunks, so no

@@ -88,7 +88,10 @@ void EvaluatorServer::EvaluateLoop() {
 absl::Status EvaluatorServer::EvaluateOnce() {
   const v1::ClusterSpec& spec = options_.cluster.cluster();
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
-  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address);
+  GrpcChannelOptions channel;
+  channel.tls = options_.host.tls;
+  channel.max_message_bytes = options_.host.max_message_bytes;
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address, {}, channel);
   absl::StatusOr<v1::GetModelResponse> fetched =
       chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
@@ -106,7 +109,8 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       ParameterClient::Create(model.model(), model.placement(),
-                              NewPsTransport(addresses, options_.tensor_wire), client_options));
+                              NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
+                              client_options));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test)));
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "

@@ -14,7 +14,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(const PsServerOptions
     return absl::InvalidArgumentError(
         absl::StrCat("ps_server must run as a ps task, not ", TaskName(options.cluster.task())));
   }
-  return std::unique_ptr<PsServer>(new PsServer(options));
+  PsServerOptions with_authz = options;
+  PS_ASSIGN_OR_RETURN(with_authz.service.authorizer,
+                      AuthorizerForTask(options.host.tls, options.cluster.task()));
+  return std::unique_ptr<PsServer>(new PsServer(with_authz));
 }
 
 PsServer::PsServer(const PsServerOptions& options)
@@ -34,6 +37,7 @@ std::string DataPlaneHost(const std::string& address) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  if (host == "localhost") return "127.0.0.1";
   unsigned char buf[16];
   if (inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1) {
     return host;
@@ -49,7 +53,12 @@ absl::Status PsServer::Start() {
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
   int data_port = 0;
-  if (options_.serve_data_plane) {
+  if (options_.serve_data_plane && options_.host.tls.enabled()) {
+    // The tensor data plane is plain TCP without authentication: with TLS every pull and push
+    // goes over gRPC, where the caller's role is checked.
+    LOG(INFO) << TaskName(options_.cluster.task())
+              << " serves no tensor data plane: TLS is on, so pulls and pushes go over gRPC";
+  } else if (options_.serve_data_plane) {
     const v1::TaskId& task = options_.cluster.task();
     PS_ASSIGN_OR_RETURN(std::string address,
                         TaskAddress(options_.cluster.cluster(), task.job(), task.index()));

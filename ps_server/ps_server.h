@@ -23,7 +23,8 @@ struct PsServerOptions {
   PsServiceOptions service;
   // The tensor data plane (pulls and pushes over plain TCP, beside gRPC). Its host is taken
   // from the task's address (a numeric host as given, a name: every interface); its port is
-  // data_plane.port (0: any free one), which GetStatus reports.
+  // data_plane.port (0: any free one), which GetStatus reports. Not served with TLS (the data
+  // plane has no authentication).
   bool serve_data_plane = true;
   TensorServerOptions data_plane;
 };

@@ -104,13 +104,15 @@ void PsService::SetIdentity(const v1::TaskId& task, const std::string& address, 
   data_port_ = data_port;
 }
 
-grpc::Status PsService::CreateShards(grpc::ServerContext*, const v1::CreateShardsRequest* req,
+grpc::Status PsService::CreateShards(grpc::ServerContext* ctx, const v1::CreateShardsRequest* req,
                                      v1::CreateShardsResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.CreateShards"));
   return ToGrpcStatus(store_->CreateShards(*req, resp));
 }
 
 grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseRequest* req,
                                   grpc::ServerWriter<v1::TensorChunk>* writer) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PullDense"));
   int64_t chunk_bytes = req->chunk_bytes() > 0 ? req->chunk_bytes() : options_.default_chunk_bytes;
   chunk_bytes = std::min(chunk_bytes, options_.max_chunk_bytes);
   // One shard at a time: encoded under its lock by the store, streamed after.
@@ -126,9 +128,10 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::PushDense(grpc::ServerContext*,
+grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
                                   grpc::ServerReader<v1::PushDenseRequest>* reader,
                                   v1::PushDenseResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushDense"));
   v1::PushDenseRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -149,8 +152,9 @@ grpc::Status PsService::PushDense(grpc::ServerContext*,
   return ToGrpcStatus(s);
 }
 
-grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseRequest* req,
+grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSparseRequest* req,
                                    v1::PullSparseResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PullSparse"));
   std::vector<int64_t> key_copy;
   int64_t n = 0;
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
@@ -166,8 +170,9 @@ grpc::Status PsService::PullSparse(grpc::ServerContext*, const v1::PullSparseReq
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::PushSparse(grpc::ServerContext*, const v1::PushSparseRequest* req,
+grpc::Status PsService::PushSparse(grpc::ServerContext* ctx, const v1::PushSparseRequest* req,
                                    v1::PushSparseResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushSparse"));
   std::vector<int64_t> key_copy;
   int64_t n = 0;
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
@@ -175,32 +180,37 @@ grpc::Status PsService::PushSparse(grpc::ServerContext*, const v1::PushSparseReq
   return ToGrpcStatus(store_->PushSparse(*req, *keys, n, req->gradients(), resp));
 }
 
-grpc::Status PsService::ListShards(grpc::ServerContext*, const v1::ListShardsRequest*,
+grpc::Status PsService::ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest*,
                                    v1::ListShardsResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.ListShards"));
   *resp = store_->ListShards();
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::InspectShard(grpc::ServerContext*, const v1::InspectShardRequest* req,
+grpc::Status PsService::InspectShard(grpc::ServerContext* ctx, const v1::InspectShardRequest* req,
                                      v1::InspectShardResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.InspectShard"));
   absl::StatusOr<v1::InspectShardResponse> r = store_->Inspect(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest* req,
+grpc::Status PsService::SaveShards(grpc::ServerContext* ctx, const v1::SaveShardsRequest* req,
                                    v1::SaveShardsResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.SaveShards"));
   return ToGrpcStatus(store_->Save(*req, resp));
 }
 
-grpc::Status PsService::RestoreShards(grpc::ServerContext*, const v1::RestoreShardsRequest* req,
+grpc::Status PsService::RestoreShards(grpc::ServerContext* ctx, const v1::RestoreShardsRequest* req,
                                       v1::RestoreShardsResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.RestoreShards"));
   return ToGrpcStatus(store_->Restore(*req, resp));
 }
 
-grpc::Status PsService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+grpc::Status PsService::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
                                   v1::TaskStatus* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.GetStatus"));
   {
     absl::MutexLock lock(&mu_);
     *resp->mutable_task() = task_;

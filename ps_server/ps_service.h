@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/parameter_store.h"
+#include "security/authz.h"
 
 namespace pscluster {
 
@@ -16,6 +17,8 @@ struct PsServiceOptions {
   int64_t default_chunk_bytes = 1 << 20;
   // Largest chunk a client may ask for, in bytes (kept under the message size limit).
   int64_t max_chunk_bytes = 16 << 20;
+  // Who may call what (security/authz.h); every call is allowed without TLS.
+  Authorizer authorizer = Authorizer::AllowAll();
 };
 
 // Adapts a ParameterStore to the ParameterServer gRPC service: marshals requests into the

@@ -19,6 +19,20 @@ DEFINE_string(cluster_spec_file, "",
               "A JSON file in TF_CONFIG format; used when no *_hosts flag is given.");
 DEFINE_string(port_file, "", "If set, the port actually bound is written to this file.");
 DEFINE_int32(max_message_bytes, 64 << 20, "Largest gRPC message sent or received, in bytes.");
+DEFINE_string(tls_ca_file, "",
+              "PEM file of the cluster's CA: with --tls_cert_file and --tls_key_file, every "
+              "channel (served and dialed) uses mutual TLS, and calls are checked against the "
+              "caller's role (docs/security.md). deploy/tls/make_certs.sh makes the files.");
+DEFINE_string(tls_cert_file, "", "PEM file of this process's certificate (see --tls_ca_file).");
+DEFINE_string(tls_key_file, "", "PEM file of this process's private key (see --tls_ca_file).");
+DEFINE_int32(tls_refresh_s, 60,
+             "How often the TLS files are checked for changes (rotated certificates are used "
+             "without a restart), in seconds.");
+DEFINE_bool(allow_insecure, false,
+            "Serve plaintext on a non-loopback address without TLS: anyone who can reach the "
+            "port may call anything. Without this, a daemon bound beyond loopback refuses to "
+            "start without --tls_* files.");
+DEFINE_bool(grpc_reflection, false, "Serve gRPC server reflection (for grpc_cli).");
 DEFINE_int32(shutdown_grace_ms, 2000,
              "On SIGTERM/SIGINT, calls in flight get this long to finish, in milliseconds.");
 
@@ -63,8 +77,20 @@ v1::ClusterConfig ClusterConfigFromFlagsOrExit(const char* name) {
   return *std::move(config);
 }
 
+TlsConfig TlsConfigFromFlags() {
+  TlsConfig tls;
+  tls.ca_file = FLAGS_tls_ca_file;
+  tls.cert_file = FLAGS_tls_cert_file;
+  tls.key_file = FLAGS_tls_key_file;
+  tls.refresh_interval_s = FLAGS_tls_refresh_s;
+  return tls;
+}
+
 ServiceHostOptions ServiceHostOptionsFromFlags() {
   ServiceHostOptions options;
+  options.tls = TlsConfigFromFlags();
+  options.allow_insecure = FLAGS_allow_insecure;
+  options.reflection = FLAGS_grpc_reflection;
   options.port_file = FLAGS_port_file;
   options.max_message_bytes = FLAGS_max_message_bytes;
   options.shutdown_grace = absl::Milliseconds(FLAGS_shutdown_grace_ms);

@@ -23,8 +23,13 @@ absl::StatusOr<v1::ClusterConfig> ClusterConfigFromFlags();
 // to stderr and exits with code 2.
 v1::ClusterConfig ClusterConfigFromFlagsOrExit(const char* name);
 
-// Server settings from --port_file, --max_message_bytes, --shutdown_grace_ms. The address is
-// left for the daemon to take from the cluster spec.
+// Mutual TLS files from --tls_ca_file, --tls_cert_file, --tls_key_file, --tls_refresh_s
+// (all empty: plaintext).
+TlsConfig TlsConfigFromFlags();
+
+// Server settings from --tls_*, --allow_insecure, --grpc_reflection, --port_file,
+// --max_message_bytes, --shutdown_grace_ms. The address is left for the daemon to take from the
+// cluster spec.
 ServiceHostOptions ServiceHostOptionsFromFlags();
 
 }  // namespace pscluster

@@ -31,6 +31,14 @@ std::string JoinHostPort(const std::string& host, int port) {
 
 }  // namespace
 
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -52,13 +60,27 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 absl::StatusOr<std::unique_ptr<ServiceHost>> ServiceHost::Start(
     const ServiceHostOptions& options, const std::vector<grpc::Service*>& services) {
   PS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(options.address));
-  const std::string bind_host = IsNumericHost(hp.host) ? hp.host : "0.0.0.0";
+  std::string bind_host = hp.host;
+  if (hp.host == "localhost") {
+    bind_host = "127.0.0.1";
+  } else if (!IsNumericHost(hp.host)) {
+    bind_host = "0.0.0.0";
+  }
+  PS_RETURN_IF_ERROR(ValidateTlsConfig(options.tls));
+  if (!options.tls.enabled() && !options.allow_insecure && !IsLoopbackHost(bind_host)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to serve plaintext on ", JoinHostPort(bind_host, hp.port), " (from ",
+        options.address,
+        "), which is not loopback: give --tls_ca_file, --tls_cert_file and "
+        "--tls_key_file (deploy/tls/make_certs.sh makes them), or --allow_insecure to let "
+        "anyone who reaches the port call anything"));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(JoinHostPort(bind_host, hp.port), grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(JoinHostPort(bind_host, hp.port), ServerCredentialsFor(options.tls),
                            &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);

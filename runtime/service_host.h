@@ -10,13 +10,22 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "security/tls.h"
 
 namespace pscluster {
 
 struct ServiceHostOptions {
   // host:port from the cluster spec. Port 0 binds any free port. A numeric host (127.0.0.1,
-  // [::1]) is bound as given; a name is served on all interfaces, as TensorFlow does.
+  // [::1]) is bound as given, "localhost" as 127.0.0.1; another name is served on all
+  // interfaces, as TensorFlow does.
   std::string address = "127.0.0.1:0";
+  // Mutual TLS (security/tls.h). Without it the host refuses to bind anything but loopback
+  // unless allow_insecure is set.
+  TlsConfig tls;
+  // Serve plaintext on a non-loopback address (anyone who reaches the port may call anything).
+  bool allow_insecure = false;
+  // Serve gRPC server reflection (grpc_cli ls); off unless asked for, as it lists every method.
+  bool reflection = false;
   // When set, the bound port is written to this file (atomically) once serving.
   std::string port_file;
   // Largest message received or sent, in bytes.
@@ -26,7 +35,7 @@ struct ServiceHostOptions {
 };
 
 // A gRPC server with the project's services plus the standard health service
-// (grpc.health.v1.Health) and server reflection.
+// (grpc.health.v1.Health), and server reflection when asked for.
 //
 // Lifecycle: Start() -> serving -> Shutdown() -> stopped. Health reports NOT_SERVING until
 // SetServing(true) and again from Shutdown() on. Thread-safe.
@@ -63,6 +72,10 @@ class ServiceHost {
 // Writes `contents` to `path` through a temporary file and a rename, so readers never see a
 // partial file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// Whether `host` (from a host:port) names this machine's loopback: 127.0.0.0/8, ::1 or
+// localhost.
+bool IsLoopbackHost(const std::string& host);
 
 }  // namespace pscluster
 

@@ -27,8 +27,11 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   reg.heartbeat_interval = options.heartbeat_interval;
   ServiceHost* host_ptr = st->host_.get();
   reg.on_registered = [host_ptr] { host_ptr->SetServing(true); };
-  st->registrar_ =
-      std::make_unique<TaskRegistrar>(NewGrpcChiefClient(chief), reg, std::move(filler));
+  GrpcChannelOptions channel;
+  channel.tls = options.host.tls;
+  channel.max_message_bytes = options.host.max_message_bytes;
+  st->registrar_ = std::make_unique<TaskRegistrar>(NewGrpcChiefClient(chief, {}, channel), reg,
+                                                   std::move(filler));
   st->registrar_->Start();
   return st;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "client/grpc_channel.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -72,9 +73,18 @@ v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief) {
   return status;
 }
 
+TlsConfig TlsFilesOf(const std::string& dir, const std::string& holder) {
+  TlsConfig tls;
+  tls.ca_file = dir + "/ca.pem";
+  tls.cert_file = absl::StrCat(dir, "/", holder, ".pem");
+  tls.key_file = absl::StrCat(dir, "/", holder, ".key");
+  return tls;
+}
+
 std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster) {
-  return v1::Coordinator::NewStub(
-      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
+  GrpcChannelOptions channel;
+  channel.tls = cluster.client_tls();
+  return v1::Coordinator::NewStub(NewGrpcChannel(cluster.chief_address(), channel));
 }
 
 bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step, absl::Duration timeout) {
@@ -86,9 +96,11 @@ bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step, absl::
   return true;
 }
 
-absl::Status AwaitServing(const std::string& address, absl::Duration timeout) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+absl::Status AwaitServing(const std::string& address, absl::Duration timeout,
+                          const TlsConfig& tls) {
+  GrpcChannelOptions channel;
+  channel.tls = tls;
+  auto stub = grpc::health::v1::Health::NewStub(NewGrpcChannel(address, channel));
   const absl::Time deadline = absl::Now() + timeout;
   std::string last = "no answer";
   while (absl::Now() < deadline) {
@@ -133,6 +145,7 @@ TestCluster::TestCluster(const TestClusterOptions& options) : options_(options) 
                                : options.work_dir,
                            "/cluster-", clusters++);
   mkdir(work_dir_.c_str(), 0755);
+  if (!options.tls_dir.empty()) client_tls_ = TlsFilesOf(options.tls_dir, "psctl-viewer");
 }
 
 TestCluster::~TestCluster() { KillAll(); }
@@ -191,6 +204,12 @@ absl::Status TestCluster::StartTask(const std::string& job, int index, bool same
   std::remove(port_file.c_str());
   child.log_path = base + ".log";
   child.args = {absl::StrCat("--port_file=", port_file)};
+  if (!options_.tls_dir.empty()) {
+    const TlsConfig tls = TlsFilesOf(options_.tls_dir, absl::StrCat(job, "-", index));
+    child.args.push_back("--tls_ca_file=" + tls.ca_file);
+    child.args.push_back("--tls_cert_file=" + tls.cert_file);
+    child.args.push_back("--tls_key_file=" + tls.key_file);
+  }
   for (const std::string& key : {job, name}) {
     auto it = options_.flags.find(key);
     if (it != options_.flags.end()) {
@@ -209,7 +228,8 @@ absl::Status TestCluster::StartTask(const std::string& job, int index, bool same
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   absl::Status serving;
   do {
-    serving = AwaitServing(task.address, std::min(absl::Milliseconds(500), deadline - absl::Now()));
+    serving = AwaitServing(task.address, std::min(absl::Milliseconds(500), deadline - absl::Now()),
+                           client_tls_);
     if (!serving.ok() && !task.process->Running()) {
       serving = absl::UnavailableError(absl::StrCat(task.address, " exited before serving"));
       break;

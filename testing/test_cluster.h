@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "security/tls.h"
 #include "testing/child_process.h"
 
 namespace pscluster {
@@ -31,7 +32,14 @@ struct TestClusterOptions {
   std::string work_dir;
   // How long each task may take to report SERVING.
   absl::Duration start_timeout = absl::Seconds(30);
+  // Mutual TLS: a directory of deploy/tls/make_certs.sh's files (ca.pem, <job>-<index>.pem and
+  // .key, psctl-viewer.pem and .key). Each task is started with its own certificate, and the
+  // cluster's own calls (health checks, ChiefStubOf) use psctl-viewer's. Empty: plaintext.
+  std::string tls_dir;
 };
+
+// The TLS files of `holder` ("worker-0", "psctl-admin", ...) in a make_certs.sh directory.
+TlsConfig TlsFilesOf(const std::string& dir, const std::string& holder);
 
 // A real cluster for multi-process tests: the chief, ps_server and worker binaries started as
 // child processes on 127.0.0.1 with port 0. The chief starts first; its real port (read back
@@ -59,6 +67,8 @@ class TestCluster {
   // The cluster spec that the non-chief tasks were given.
   const v1::ClusterSpec& spec() const { return spec_; }
   const std::string& work_dir() const { return work_dir_; }
+  // What the cluster's own calls use: psctl-viewer's certificate under tls_dir, or plaintext.
+  const TlsConfig& client_tls() const { return client_tls_; }
 
   // (Re)starts one task (e.g. after killing it) and waits until it is SERVING. A restarted
   // task binds the address it had, or with same_address false (not for the chief, whose
@@ -89,6 +99,7 @@ class TestCluster {
   TestClusterOptions options_;
   std::string binary_dir_;
   std::string work_dir_;
+  TlsConfig client_tls_;
   v1::ClusterSpec spec_;
   std::map<std::string, Task> tasks_;
   int starts_ = 0;
@@ -113,7 +124,7 @@ std::vector<std::string> RecoveryChiefFlags(const std::string& checkpoint_dir,
 // which in a test is the failure to report.
 v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief);
 
-// A Coordinator stub for the cluster's chief (plaintext, loopback).
+// A Coordinator stub for the cluster's chief (loopback; TLS as client_tls()).
 std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster);
 
 // Waits until the chief reports a global step of at least `step`; false after `timeout`.
@@ -122,7 +133,8 @@ bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step,
 
 // Calls grpc.health.v1.Health/Check on `address` until it answers SERVING or `timeout`
 // passes. Returns UNAVAILABLE / DEADLINE_EXCEEDED naming the address otherwise.
-absl::Status AwaitServing(const std::string& address, absl::Duration timeout);
+absl::Status AwaitServing(const std::string& address, absl::Duration timeout,
+                          const TlsConfig& tls = {});
 
 // Reads a port written by --port_file, waiting up to `timeout` for it to appear; fails early
 // if `process` exits.

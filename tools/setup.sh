@@ -9,15 +9,17 @@ PACKAGES=(
   # Code generation and the libraries we link.
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libgoogle-glog-dev libgflags-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev zlib1g-dev libssl-dev
   # --config=clang (thread-safety analysis); the format check (tools/format.sh).
   clang clang-format
+  # --config=fuzz, tools/fuzz.sh: libFuzzer for clang 14 (the sanitizers come with clang).
+  libfuzzer-14-dev
   # Benchmarks: the loopback baseline.
   iperf3
   # The default dataset.
   dataset-fashion-mnist
-  # Tests and scripts.
-  python3 procps
+  # Tests and scripts; openssl makes certificates (deploy/tls/make_certs.sh).
+  python3 procps openssl
 )
 
 SUDO=""

@@ -60,12 +60,18 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   for (const auto& k : kernels) {
     LOG(INFO) << TaskName(options.cluster.task()) << " computes on " << k->name();
   }
-  return std::unique_ptr<WorkerServer>(new WorkerServer(options, std::move(kernels)));
+  PS_ASSIGN_OR_RETURN(Authorizer authorizer,
+                      AuthorizerForTask(options.host.tls, options.cluster.task()));
+  return std::unique_ptr<WorkerServer>(
+      new WorkerServer(options, std::move(kernels), std::move(authorizer)));
 }
 
 WorkerServer::WorkerServer(const WorkerOptions& options,
-                           std::vector<std::unique_ptr<Kernels>> kernels)
-    : options_(options), start_time_(absl::Now()), kernels_(std::move(kernels)) {}
+                           std::vector<std::unique_ptr<Kernels>> kernels, Authorizer authorizer)
+    : options_(options),
+      start_time_(absl::Now()),
+      kernels_(std::move(kernels)),
+      authorizer_(std::move(authorizer)) {}
 
 WorkerServer::~WorkerServer() {
   if (task_) task_->RequestStop();
@@ -117,7 +123,10 @@ void WorkerServer::TrainLoop() {
 absl::Status WorkerServer::TrainOnce() {
   const v1::ClusterSpec& spec = options_.cluster.cluster();
   PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
-  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address);
+  GrpcChannelOptions channel;
+  channel.tls = options_.host.tls;
+  channel.max_message_bytes = options_.host.max_message_bytes;
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address, {}, channel);
   absl::StatusOr<v1::GetModelResponse> fetched =
       chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
@@ -138,7 +147,8 @@ absl::Status WorkerServer::TrainOnce() {
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       ParameterClient::Create(model.model(), model.placement(),
-                              NewPsTransport(addresses, options_.tensor_wire), client_options));
+                              NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
+                              client_options));
   TrainerOptions trainer_options;
   // A ps task restarted elsewhere (a new port, or a rescheduled pod's new IP) is found through
   // the chief, which serves the address it registered with last.
@@ -173,8 +183,9 @@ absl::Status WorkerServer::TrainOnce() {
   return s;
 }
 
-grpc::Status WorkerServer::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+grpc::Status WorkerServer::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
                                      v1::TaskStatus* resp) {
+  PS_RETURN_IF_DENIED(authorizer_.Check(*ctx, "Worker.GetStatus"));
   *resp->mutable_task() = options_.cluster.task();
   resp->set_address(task_->address());
   resp->set_health(v1::HEALTH_SERVING);

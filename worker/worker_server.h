@@ -13,6 +13,7 @@
 #include "proto/worker_service.grpc.pb.h"
 #include "runtime/daemon.h"
 #include "runtime/serving_task.h"
+#include "security/authz.h"
 
 namespace pscluster {
 
@@ -59,7 +60,8 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   absl::Status Wait() override;
 
  private:
-  WorkerServer(const WorkerOptions& options, std::vector<std::unique_ptr<Kernels>> kernels);
+  WorkerServer(const WorkerOptions& options, std::vector<std::unique_ptr<Kernels>> kernels,
+               Authorizer authorizer);
 
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest* req,
                          v1::TaskStatus* resp) override;
@@ -72,6 +74,7 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   const WorkerOptions options_;
   const absl::Time start_time_;
   const std::vector<std::unique_ptr<Kernels>> kernels_;  // one per tower
+  const Authorizer authorizer_;
   std::unique_ptr<ServingTask> task_;
   std::thread train_thread_;
   std::atomic<int64_t> steps_{0};

@@ -6,10 +6,12 @@
 #   bash deploy/local/run.sh [--mode async|sync|ssp] [--ps N] [--workers N]
 #                            [--model configs/mlp.pbtxt] [--epochs N] [--batch_size N]
 #                            [--device cpu|gpu:N[,gpu:M...]] [--no_evaluator] [--hold]
-#                            [--bin_dir DIR] [--data_path DIR] [-- extra chief flags]
+#                            [--tls] [--bin_dir DIR] [--data_path DIR] [-- extra chief flags]
 #
 # The evaluator task evaluates the live model on the test set while training and at the end;
 # with --no_evaluator the chief does it.
+# --tls runs every channel on mutual TLS with certificates made on the fly by
+# deploy/tls/make_certs.sh (cluster "local"; psctl runs as viewer); see docs/security.md.
 # --hold keeps the cluster up after training until Ctrl-C. Logs and metrics go to a fresh
 # folder under $TMPDIR (default /tmp), printed at the start. --bin_dir runs prebuilt binaries
 # (DIR/chief, DIR/ps_server, DIR/worker, DIR/psctl and DIR/evaluator (without it: no
@@ -27,6 +29,7 @@ epochs=10
 batch_size=128
 device=cpu
 hold=0
+tls=0
 evaluator=1
 bin_dir=""
 data_path=""
@@ -41,11 +44,12 @@ while [[ $# -gt 0 ]]; do
     --batch_size) batch_size=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --hold) hold=1; shift ;;
+    --tls) tls=1; shift ;;
     --no_evaluator) evaluator=0; shift ;;
     --bin_dir) bin_dir=$2; shift 2 ;;
     --data_path) data_path=$2; shift 2 ;;
     --) shift; chief_extra=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +81,23 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/pscluster.XXXXXX")
 echo "==> logs and metrics in $work"
 pids=()
 names=()
+
+# --tls: a CA and one certificate per task and per psctl level, for this run only.
+tls_flags() {  # holder (chief-0, ps-1, psctl-viewer, ...)
+  [[ $tls -eq 1 ]] || return 0
+  echo "--tls_ca_file=$work/certs/ca.pem --tls_cert_file=$work/certs/$1.pem --tls_key_file=$work/certs/$1.key"
+}
+if [[ $tls -eq 1 ]]; then
+  hosts() { local out="" i; for ((i = 0; i < $1; i++)); do out+="${out:+,}127.0.0.1:0"; done; echo "$out"; }
+  eval_hosts=()
+  [[ $evaluator -eq 1 ]] && eval_hosts=(--evaluator_hosts 127.0.0.1:0)
+  bash deploy/tls/make_certs.sh --out "$work/certs" --cluster local --chief_hosts 127.0.0.1:0 \
+    --ps_hosts "$(hosts "$num_ps")" --worker_hosts "$(hosts "$num_workers")" \
+    ${eval_hosts[@]+"${eval_hosts[@]}"} >/dev/null
+  echo "==> mutual TLS on every channel: certificates in $work/certs"
+fi
+# shellcheck disable=SC2207
+psctl_tls=($(tls_flags psctl-viewer))
 
 stop_all() {
   local failed=0
@@ -112,8 +133,9 @@ start_task() {  # name job index chief_address [flags...]
   local name=$1 job=$2 index=$3 chief_address=$4
   shift 4
   local port_file="$work/$job-$index.port"
+  # shellcheck disable=SC2046
   TF_CONFIG=$(tf_config "$chief_address" "$job" "$index") "${binary[$name]}" \
-    --port_file="$port_file" "$@" >"$work/$job-$index.log" 2>&1 &
+    --port_file="$port_file" $(tls_flags "$job-$index") "$@" >"$work/$job-$index.log" 2>&1 &
   pids+=($!)
   names+=("$job:$index")
   for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
@@ -138,15 +160,15 @@ if [[ $evaluator -eq 1 ]]; then
 fi
 
 for _ in $(seq 100); do
-  if "${binary[psctl]}" --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi
+  if "${binary[psctl]}" ${psctl_tls[@]+"${psctl_tls[@]}"} --chief="$chief" status 2>/dev/null | grep -q "all tasks serving"; then break; fi
   sleep 0.1
 done
 echo "==> psctl --chief=$chief status"
 # A task unreachable for a moment shows in the table (and makes psctl exit 1); training goes on.
-"${binary[psctl]}" --chief="$chief" status || true
+"${binary[psctl]}" ${psctl_tls[@]+"${psctl_tls[@]}"} --chief="$chief" status || true
 echo "==> training (psctl --chief=$chief watch)"
 status=0
-"${binary[psctl]}" --chief="$chief" --interval_secs=5 watch || status=$?
+"${binary[psctl]}" ${psctl_tls[@]+"${psctl_tls[@]}"} --chief="$chief" --interval_secs=5 watch || status=$?
 
 if [[ $hold -eq 1 ]]; then
   echo "==> cluster up; Ctrl-C stops it"

@@ -1,0 +1,338 @@
+// Mutual TLS and roles through the real daemons (issue 14): a cluster trains with every channel
+// on mTLS, and calls without a certificate, with another CA's, an expired one, another
+// cluster's, or a role that may not make them are refused, change nothing, and leave the
+// daemons serving. Certificates come from deploy/tls/make_certs.sh (openssl).
+#include "security/tls.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/grpc_channel.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "proto/ps_service.grpc.pb.h"
+#include "testing/child_process.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TmpDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a command under /bin/sh to completion.
+RunResult RunShell(const std::string& command) {
+  static int n = 0;
+  const std::string log = absl::StrCat(TmpDir(), "/run", n++, ".log");
+  ChildProcessOptions options;
+  options.binary = "/bin/sh";
+  options.args = {"-c", command};
+  options.log_path = log;
+  auto child = ChildProcess::Spawn(options);
+  CHECK(child.ok()) << child.status();
+  auto status = (*child)->WaitForExit(absl::Seconds(60));
+  CHECK(status.ok()) << status.status();
+  RunResult r;
+  if (WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+  r.output = ReadFile(log);
+  return r;
+}
+
+// make_certs.sh with these arguments; CHECK-fails (the test cannot go on) if it fails.
+void MakeCerts(const std::string& args) {
+  RunResult r = RunShell(
+      absl::StrCat("exec bash ", Quote(RunfilePath("deploy/tls/make_certs.sh")), " ", args));
+  CHECK_EQ(r.exit_code, 0) << r.output;
+}
+
+class TlsClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(TmpDir() + "/certs");
+    const std::string hosts =
+        "--chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0 --worker_hosts 127.0.0.1:0";
+    MakeCerts(absl::StrCat("--out ", *dir_, "/main --cluster mnist ", hosts));
+    // Another CA, same names.
+    MakeCerts(absl::StrCat("--out ", *dir_, "/other_ca --cluster mnist ", hosts));
+    // The cluster's own CA, but expired (valid until a day ago).
+    MakeCerts(absl::StrCat("--out ", *dir_, "/expired --ca_dir ", *dir_,
+                           "/main --cluster mnist --days -1 ", hosts));
+    // The cluster's own CA, another cluster's name.
+    MakeCerts(
+        absl::StrCat("--out ", *dir_, "/foreign --ca_dir ", *dir_, "/main --cluster ads ", hosts));
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void SetUp() override {
+    TestClusterOptions options = EndlessSyncTraining(/*num_ps=*/1, /*num_workers=*/1);
+    options.tls_dir = *dir_ + "/main";
+    static int clusters = 0;
+    options.flags["chief"].push_back(
+        absl::StrCat("--checkpoint_dir=", TmpDir(), "/checkpoints-", clusters++));
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    chief_ = ChiefStubOf(*cluster_);
+  }
+
+  static TlsConfig Files(const std::string& set, const std::string& holder) {
+    TlsConfig tls = TlsFilesOf(*dir_ + "/" + set, holder);
+    tls.ca_file = *dir_ + "/main/ca.pem";  // every client trusts the cluster's real CA
+    return tls;
+  }
+
+  std::unique_ptr<v1::ParameterServer::Stub> PsStub(const TlsConfig& tls) {
+    GrpcChannelOptions channel;
+    channel.tls = tls;
+    return v1::ParameterServer::NewStub(NewGrpcChannel(cluster_->address("ps:0"), channel));
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> ChiefStub(const TlsConfig& tls) {
+    GrpcChannelOptions channel;
+    channel.tls = tls;
+    return v1::Coordinator::NewStub(NewGrpcChannel(cluster_->chief_address(), channel));
+  }
+
+  static void Deadline(grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+
+  // ps:0's shards (names and shapes) as the chief's certificate reads them.
+  std::vector<std::string> Shards() {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ListShardsResponse shards;
+    grpc::Status s = PsStub(Files("main", "chief-0"))->ListShards(&ctx, {}, &shards);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::vector<std::string> out;
+    for (const v1::ShardStats& shard : shards.shards()) {
+      out.push_back(shard.name() + " " + shard.shape().ShortDebugString());
+    }
+    return out;
+  }
+
+  // Training goes on over mTLS: the global step moves past where it is now.
+  void ExpectTraining() {
+    const int64_t now = ClusterStatusOf(*chief_).global_step();
+    EXPECT_TRUE(AwaitGlobalStep(*chief_, now + 5, absl::Seconds(30))) << cluster_->Logs();
+  }
+
+  RunResult Psctl(const std::string& holder, const std::string& command) {
+    const TlsConfig tls = TlsFilesOf(*dir_ + "/main", holder);
+    return RunShell(absl::StrCat("exec ", Quote(RunfilePath("cli/psctl")), " ", command,
+                                 " --chief=", cluster_->chief_address(),
+                                 " --tls_ca_file=", tls.ca_file, " --tls_cert_file=", tls.cert_file,
+                                 " --tls_key_file=", tls.key_file));
+  }
+
+  static std::string* dir_;
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<v1::Coordinator::Stub> chief_;
+};
+
+std::string* TlsClusterTest::dir_ = nullptr;
+
+TEST_F(TlsClusterTest, TrainsWithEveryChannelOnMutualTls) {
+  ExpectTraining();
+  // The ps serves no plaintext tensor data plane beside TLS.
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  v1::TaskStatus status;
+  ASSERT_TRUE(PsStub(Files("main", "worker-0"))->GetStatus(&ctx, {}, &status).ok());
+  EXPECT_EQ(status.data_port(), 0);
+}
+
+TEST_F(TlsClusterTest, RefusesCallersWithoutAValidCertificate) {
+  const std::vector<std::string> before = Shards();
+  struct Case {
+    const char* what;
+    TlsConfig tls;
+  };
+  const Case cases[] = {
+      {"no certificate (plaintext)", TlsConfig()},
+      {"another CA's certificate", Files("other_ca", "worker-0")},
+      {"an expired certificate", Files("expired", "worker-0")},
+  };
+  for (const Case& c : cases) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::CreateShardsRequest create;
+    create.add_dense()->mutable_variable()->set_name("injected");
+    v1::CreateShardsResponse created;
+    grpc::Status s = PsStub(c.tls)->CreateShards(&ctx, create, &created);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << c.what << ": " << s.error_message();
+
+    grpc::ClientContext ctx2;
+    Deadline(&ctx2);
+    v1::ReportStepRequest report;
+    report.set_worker(0);
+    report.set_finished(true);
+    v1::ReportStepResponse reported;
+    s = ChiefStub(c.tls)->ReportStep(&ctx2, report, &reported);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << c.what << ": " << s.error_message();
+  }
+  // A certificate from the cluster's own CA that names another cluster gets through the
+  // handshake and is refused by name.
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  v1::ListShardsResponse listed;
+  grpc::Status s = PsStub(Files("foreign", "worker-0"))->ListShards(&ctx, {}, &listed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("spiffe://ads/worker/0"));
+  EXPECT_THAT(s.error_message(), HasSubstr("not a member of cluster \"mnist\""));
+
+  EXPECT_EQ(Shards(), before);
+  ExpectTraining();
+}
+
+// Clients check the server's certificate too: ps:0's names 127.0.0.1, so dialing it as
+// "localhost" fails the host name check although the chain is good.
+TEST_F(TlsClusterTest, ClientsVerifyTheServersHostName) {
+  const std::string address = cluster_->address("ps:0");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  GrpcChannelOptions channel;
+  channel.tls = Files("main", "worker-0");
+  auto stub = v1::ParameterServer::NewStub(NewGrpcChannel("localhost:" + port, channel));
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  v1::ListShardsResponse listed;
+  grpc::Status s = stub->ListShards(&ctx, {}, &listed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+}
+
+TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
+  const std::vector<std::string> before = Shards();
+  const int64_t step_before = ClusterStatusOf(*chief_).global_step();
+  auto ps = PsStub(Files("main", "worker-0"));
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::CreateShardsRequest create;
+    create.add_dense()->mutable_variable()->set_name("injected");
+    v1::CreateShardsResponse created;
+    grpc::Status s = ps->CreateShards(&ctx, create, &created);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("role worker (worker:0) may not call ParameterServer.CreateShards; "
+                          "allowed: chief"));
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::SaveShardsRequest save;
+    save.set_checkpoint_path("/etc/evil");
+    v1::SaveShardsResponse saved;
+    grpc::Status s = ps->SaveShards(&ctx, save, &saved);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("may not call ParameterServer.SaveShards"));
+  }
+  {
+    // The spoofed re-registration that rolled a whole model back (issue 14).
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::RegisterTaskRequest reg;
+    reg.mutable_task()->set_job("ps");
+    reg.mutable_task()->set_index(0);
+    reg.set_address("127.0.0.1:1");
+    reg.set_incarnation(987654321);
+    v1::RegisterTaskResponse registered;
+    grpc::Status s = ChiefStub(Files("main", "worker-0"))->RegisterTask(&ctx, reg, &registered);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("worker:0 may not call Coordinator.RegisterTask for ps:0"));
+  }
+  {
+    // ReportStep for a worker index that is not the caller's.
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ReportStepRequest report;
+    report.set_worker(0);
+    report.set_finished(true);
+    v1::ReportStepResponse reported;
+    grpc::Status s = ChiefStub(Files("main", "ps-0"))->ReportStep(&ctx, report, &reported);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  }
+  EXPECT_EQ(Shards(), before);  // no "injected" shard
+  const v1::ClusterStatus status = ClusterStatusOf(*chief_);
+  EXPECT_GE(status.global_step(), step_before);
+  for (const v1::TaskStatus& task : status.tasks()) {
+    EXPECT_NE(task.address(), "127.0.0.1:1") << "the spoofed registration was accepted";
+  }
+  ExpectTraining();
+}
+
+TEST_F(TlsClusterTest, PsctlViewerReadsButOnlyAdminSaves) {
+  RunResult status = Psctl("psctl-viewer", "status");
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("ps:0"));
+
+  RunResult vars = Psctl("psctl-viewer", "vars");
+  EXPECT_EQ(vars.exit_code, 0) << vars.output;
+
+  RunResult refused = Psctl("psctl-viewer", "save");
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_THAT(refused.output,
+              HasSubstr("role viewer (psctl viewer) may not call Coordinator.Checkpoint"));
+
+  RunResult saved = Psctl("psctl-admin", "save");
+  EXPECT_EQ(saved.exit_code, 0) << saved.output;
+  ExpectTraining();
+}
+
+// A daemon checks its own certificate against its task at start: ps:0 given worker:0's
+// certificate refuses to start, naming both.
+TEST(TlsStartTest, ADaemonRefusesAnotherTasksCertificate) {
+  const std::string dir = TmpDir() + "/start-certs";
+  MakeCerts(absl::StrCat("--out ", dir,
+                         " --cluster mnist --chief_hosts 127.0.0.1:0 --worker_hosts 127.0.0.1:0"));
+  const TlsConfig worker = TlsFilesOf(dir, "worker-0");
+  RunResult r = RunShell(
+      absl::StrCat("exec ", Quote(RunfilePath("ps_server/ps_server")),
+                   " --chief_hosts=127.0.0.1:1 --ps_hosts=127.0.0.1:0 --job_name=ps --task_index=0",
+                   " --tls_ca_file=", worker.ca_file, " --tls_cert_file=", worker.cert_file,
+                   " --tls_key_file=", worker.key_file));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output,
+              HasSubstr("names worker:0 (spiffe://mnist/worker/0) but this task is ps:0"));
+}
+
+// Without TLS a daemon serves only loopback, unless told --allow_insecure.
+TEST(TlsStartTest, PlaintextBeyondLoopbackIsRefused) {
+  RunResult r = RunShell(
+      absl::StrCat("exec ", Quote(RunfilePath("ps_server/ps_server")),
+                   " --chief_hosts=127.0.0.1:1 --ps_hosts=0.0.0.0:0 --job_name=ps --task_index=0"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("refusing to serve plaintext on 0.0.0.0:0"));
+  EXPECT_THAT(r.output, HasSubstr("--allow_insecure"));
+}
+
+}  // namespace
+}  // namespace pscluster
