@@ -72,6 +72,15 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
 
 namespace {
 
+// The checkpoint's name, the last part of its directory: what a ps task with its own
+// --checkpoint_dir resolves (storage/checkpoint_path.h).
+std::string CheckpointName(const std::string& checkpoint_path) {
+  std::string path = checkpoint_path;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 // A random, non-zero id for this client's pushes: a restarted process is a new client.
 uint64_t NewClientId() {
   std::random_device device;
@@ -206,6 +215,7 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
   PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
     v1::SaveShardsRequest req;
     req.set_checkpoint_path(checkpoint_path);
+    req.set_checkpoint(CheckpointName(checkpoint_path));
     req.set_step(step);
     req.set_ps_index(ps);
     req.set_chief_epoch(options_.chief_epoch);
@@ -226,6 +236,7 @@ absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
                                             const std::vector<int>* tasks) {
   v1::RestoreShardsRequest req;
   req.set_checkpoint_path(checkpoint_path);
+  req.set_checkpoint(CheckpointName(checkpoint_path));
   req.mutable_saved()->Add(saved.begin(), saved.end());
   req.set_step(step);
   req.set_chief_epoch(options_.chief_epoch);

@@ -31,6 +31,11 @@ DEFINE_int64(memory_budget_mb, -1,
              "MiB; shards beyond it are refused (-1: 90% of the machine's memory, 0: no limit).");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 
+DEFINE_string(checkpoint_dir, "",
+              "The cluster's checkpoint directory (the chief's --checkpoint_dir, shared): saves "
+              "and restores name a checkpoint, resolved under it; a path a peer sends is not "
+              "used. Required with TLS; without TLS and without it, the chief's paths are used "
+              "as given.");
 DEFINE_string(crash_at, "",
               "Tests only: die of SIGKILL at a point of the checkpoint write, \"<point>[@<n>]\" "
               "(the n-th time; see storage/crash_points.h).");
@@ -67,6 +72,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.max_sparse_keys = FLAGS_max_sparse_keys;
+  options.store.checkpoint_dir = FLAGS_checkpoint_dir;
+  options.store.require_checkpoint_dir = options.host.tls.enabled();
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
   if (!crash_points.ok()) {
     std::fprintf(stderr, "ps_server: --crash_at: %s\n",

@@ -14,6 +14,7 @@
 #include "ps_server/float_stats.h"
 #include "sharding/partitioner.h"
 #include "storage/checkpoint.h"
+#include "storage/checkpoint_path.h"
 
 namespace pscluster {
 namespace {
@@ -672,8 +673,32 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ParameterStore::CheckpointPathOf(const std::string& name,
+                                                             const std::string& legacy_path,
+                                                             absl::string_view method) const {
+  if (!options_.checkpoint_dir.empty()) return ResolveCheckpoint(options_.checkpoint_dir, name);
+  if (options_.require_checkpoint_dir) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(method,
+                     ": this ps task has no --checkpoint_dir (give it the chief's shared "
+                     "checkpoint directory); with TLS a peer's path is never used"));
+  }
+  if (legacy_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(method, ": no checkpoint_path"));
+  }
+  return legacy_path;
+}
+
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response) {
+  PS_ASSIGN_OR_RETURN(
+      const std::string checkpoint_path,
+      CheckpointPathOf(request.checkpoint(), request.checkpoint_path(), "SaveShards"));
+  PS_RETURN_IF_ERROR(CheckNotCommitted(checkpoint_path));
+  if (request.ps_index() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SaveShards: ps_index ", request.ps_index(), " is negative"));
+  }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
   const absl::Time start = absl::Now();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
@@ -711,7 +736,7 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   }
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<CheckpointWriter> writer,
-      CheckpointWriter::Open(request.checkpoint_path(), request.ps_index(), options_.crash_points));
+      CheckpointWriter::Open(checkpoint_path, request.ps_index(), options_.crash_points));
   int64_t bytes = 0;
   for (DenseCopy& d : dense) {
     PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
@@ -733,13 +758,19 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
 
 absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) {
+  PS_ASSIGN_OR_RETURN(
+      const std::string checkpoint_path,
+      CheckpointPathOf(request.checkpoint(), request.checkpoint_path(), "RestoreShards"));
+  for (const v1::SavedShard& saved : request.saved()) {
+    PS_RETURN_IF_ERROR(CheckShardFileName(saved.file()));
+  }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "RestoreShards"));
   std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
   auto reader_for = [&](const v1::SavedShard& saved) -> absl::StatusOr<CheckpointReader*> {
     auto& r = readers[saved.file()];
     if (!r) {
-      PS_ASSIGN_OR_RETURN(
-          r, CheckpointReader::Open(absl::StrCat(request.checkpoint_path(), "/", saved.file())));
+      PS_ASSIGN_OR_RETURN(r,
+                          CheckpointReader::Open(absl::StrCat(checkpoint_path, "/", saved.file())));
     }
     return r.get();
   };

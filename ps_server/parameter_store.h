@@ -28,6 +28,13 @@ struct ParameterStoreOptions {
   bool allow_non_finite = false;
   // Fault injection for tests (ps_server --crash_at). Not owned; null in real use.
   CrashPoints* crash_points = nullptr;
+  // Where checkpoints live (--checkpoint_dir, the same shared directory as the chief's): Save
+  // and Restore resolve the request's checkpoint name under it (storage/checkpoint_path.h).
+  // Empty: the request's checkpoint_path is used as given, unless require_checkpoint_dir.
+  std::string checkpoint_dir;
+  // Refuse Save and Restore without a checkpoint_dir (set when serving TLS: a peer's path is
+  // never trusted there).
+  bool require_checkpoint_dir = false;
   // Bytes of values and optimizer slots this ps task may hold in dense shards; a CreateShards
   // that would pass it is refused (RESOURCE_EXHAUSTED). 0: no limit (ps_server sets it from
   // --memory_budget_mb, by default 90% of the machine's memory).
@@ -177,7 +184,9 @@ class ParameterStore {
   absl::Status PushSparse(const v1::PushSparseRequest& request, const int64_t* keys, int64_t n,
                           absl::string_view gradient_bytes, v1::PushSparseResponse* response);
 
-  // Writes every shard and table part into <checkpoint_path>/ps-<ps_index>. Pushes are held
+  // Writes every shard and table part into <checkpoint>/ps-<ps_index>, where <checkpoint> is
+  // the request's name under options.checkpoint_dir (or its checkpoint_path without one); a
+  // committed checkpoint is refused (FAILED_PRECONDITION). Pushes are held
   // while the values are copied, so every shard reflects the same moment; the copy is then
   // written without holding anything.
   absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response);
@@ -252,6 +261,10 @@ class ParameterStore {
   // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
   // naming both); epoch 0 (not a chief) always passes.
   absl::Status Fence(int64_t epoch, const char* what);
+  // The directory of a Save's or Restore's checkpoint (see ParameterStoreOptions).
+  absl::StatusOr<std::string> CheckpointPathOf(const std::string& name,
+                                               const std::string& legacy_path,
+                                               absl::string_view method) const;
   bool holding_for_restore_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);

@@ -1,6 +1,9 @@
 #include "ps_server/parameter_store.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "ps_server/initializer.h"
 #include "sharding/placement.h"
+#include "storage/checkpoint.h"
 
 namespace pscluster {
 namespace {
@@ -218,12 +222,14 @@ TEST(ParameterStoreFencingTest, RequestsOfAnOlderChiefAreRefused) {
   EXPECT_THAT(s.message(), HasSubstr("CreateShards from chief epoch 100 refused: this task "
                                      "follows chief epoch 200 (a newer chief)"));
   v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(testing::TempDir() + "/fenced");
   restore.set_chief_epoch(199);
   v1::RestoreShardsResponse restored;
   s = store.Restore(restore, &restored);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("RestoreShards from chief epoch 199"));
   v1::SaveShardsRequest save;
+  save.set_checkpoint_path(testing::TempDir() + "/fenced");
   save.set_chief_epoch(1);
   v1::SaveShardsResponse saved;
   s = store.Save(save, &saved);
@@ -559,6 +565,81 @@ TEST(ParameterStoreLimitsTest, ShardsBeyondTheMemoryBudgetAreRefusedBeforeAlloca
   *small.add_dense() = Whole(Var("small", {1000}));
   ASSERT_TRUE(store.CreateShards(small, &resp).ok());
   EXPECT_EQ(resp.created(), 1);
+}
+
+}  // namespace
+}  // namespace pscluster
+
+namespace pscluster {
+namespace {
+
+// With --checkpoint_dir, a save or restore names a checkpoint, resolved under the directory;
+// paths, escapes and committed checkpoints are refused and write nothing (issue 14).
+TEST(ParameterStoreCheckpointDirTest, RequestsNameACheckpointUnderTheDirectory) {
+  const std::string root = testing::TempDir() + "/confined";
+  const std::string dir = root + "/checkpoints";
+  ASSERT_EQ(system(("rm -rf '" + root + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  ParameterStoreOptions options;
+  options.checkpoint_dir = dir;
+  ParameterStore store(options);
+  v1::CreateShardsRequest create;
+  *create.add_dense() = Whole(Var("a", {2}));
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(store.CreateShards(create, &created).ok());
+
+  v1::SaveShardsRequest save;
+  save.set_checkpoint("ckpt-0000000001");
+  save.set_checkpoint_path("/etc/evil");  // ignored: the ps has its own directory
+  v1::SaveShardsResponse saved;
+  ASSERT_TRUE(store.Save(save, &saved).ok());
+  EXPECT_EQ(access((dir + "/ckpt-0000000001/ps-0").c_str(), F_OK), 0);
+  EXPECT_NE(access("/etc/evil", F_OK), 0);
+
+  for (const std::string name : {"../escaped", "/tmp/abs", ""}) {
+    save.set_checkpoint(name);
+    absl::Status s = store.Save(save, &saved);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--checkpoint_dir")) << name;
+  }
+  EXPECT_NE(access((root + "/escaped").c_str(), F_OK), 0);
+
+  // Once committed, no ps may add a file to it (the ps_index 7 of issue 14).
+  ASSERT_TRUE(CommitManifest(dir + "/ckpt-0000000001", v1::CheckpointManifest()).ok());
+  save.set_checkpoint("ckpt-0000000001");
+  save.set_ps_index(7);
+  absl::Status s = store.Save(save, &saved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("never written into again"));
+  EXPECT_NE(access((dir + "/ckpt-0000000001/ps-7").c_str(), F_OK), 0);
+
+  // A restore reads only ps-<index> files of a named checkpoint.
+  v1::SaveShardsResponse first;
+  save.set_checkpoint("ckpt-0000000002");
+  save.set_ps_index(0);
+  ASSERT_TRUE(store.Save(save, &first).ok());
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint("ckpt-0000000002");
+  *restore.mutable_saved() = first.shards();
+  v1::RestoreShardsResponse restored;
+  ASSERT_TRUE(store.Restore(restore, &restored).ok());
+  restore.mutable_saved(0)->set_file("../../ckpt-0000000001/ps-0");
+  s = store.Restore(restore, &restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("expected ps-<index>"));
+}
+
+TEST(ParameterStoreCheckpointDirTest, WithoutADirectoryTlsRefusesToSaveAtAll) {
+  ParameterStoreOptions options;
+  options.require_checkpoint_dir = true;
+  ParameterStore store(options);
+  v1::SaveShardsRequest save;
+  save.set_checkpoint_path(testing::TempDir() + "/anywhere");
+  save.set_checkpoint("anywhere");
+  v1::SaveShardsResponse saved;
+  absl::Status s = store.Save(save, &saved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no --checkpoint_dir"));
+  EXPECT_NE(access((testing::TempDir() + "/anywhere").c_str(), F_OK), 0);
 }
 
 }  // namespace

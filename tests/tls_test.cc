@@ -95,8 +95,9 @@ class TlsClusterTest : public ::testing::Test {
     TestClusterOptions options = EndlessSyncTraining(/*num_ps=*/1, /*num_workers=*/1);
     options.tls_dir = *dir_ + "/main";
     static int clusters = 0;
-    options.flags["chief"].push_back(
-        absl::StrCat("--checkpoint_dir=", TmpDir(), "/checkpoints-", clusters++));
+    checkpoint_dir_ = absl::StrCat(TmpDir(), "/checkpoints-", clusters++);
+    options.flags["chief"].push_back("--checkpoint_dir=" + checkpoint_dir_);
+    options.flags["ps"].push_back("--checkpoint_dir=" + checkpoint_dir_);
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
@@ -154,6 +155,7 @@ class TlsClusterTest : public ::testing::Test {
   }
 
   static std::string* dir_;
+  std::string checkpoint_dir_;  // the chief's and ps:0's
   std::unique_ptr<TestCluster> cluster_;
   std::unique_ptr<v1::Coordinator::Stub> chief_;
 };
@@ -286,6 +288,46 @@ TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
   for (const v1::TaskStatus& task : status.tasks()) {
     EXPECT_NE(task.address(), "127.0.0.1:1") << "the spoofed registration was accepted";
   }
+  ExpectTraining();
+}
+
+// Even the chief's certificate cannot make a ps write outside its own --checkpoint_dir, or into
+// a committed checkpoint: requests name a checkpoint, not a path.
+TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
+  RunResult saved = Psctl("psctl-admin", "save");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  std::string committed;  // the last checkpoint listed
+  std::istringstream names(RunShell("ls " + Quote(checkpoint_dir_)).output);
+  for (std::string line; std::getline(names, line);) {
+    if (absl::StartsWith(line, "ckpt-")) committed = line;
+  }
+  ASSERT_FALSE(committed.empty()) << "no checkpoint in " << checkpoint_dir_;
+  auto ps = PsStub(Files("main", "chief-0"));
+  struct Case {
+    std::string name;
+    grpc::StatusCode code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"../escaped", grpc::StatusCode::INVALID_ARGUMENT, "a path, not a name"},
+      {"/etc/evil", grpc::StatusCode::INVALID_ARGUMENT, "a path, not a name"},
+      {committed, grpc::StatusCode::FAILED_PRECONDITION, "never written into again"},
+  };
+  for (const Case& c : cases) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::SaveShardsRequest save;
+    save.set_checkpoint(c.name);
+    save.set_checkpoint_path("/tmp/escaped-by-path");
+    save.set_ps_index(7);
+    v1::SaveShardsResponse response;
+    grpc::Status s = ps->SaveShards(&ctx, save, &response);
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.name;
+  }
+  EXPECT_NE(RunShell("test -e " + Quote(checkpoint_dir_ + "/../escaped")).exit_code, 0);
+  EXPECT_NE(RunShell("test -e /tmp/escaped-by-path").exit_code, 0);
+  EXPECT_NE(RunShell("test -e " + Quote(checkpoint_dir_ + "/" + committed + "/ps-7")).exit_code, 0);
   ExpectTraining();
 }
 

@@ -151,7 +151,9 @@ start_task chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
   --checkpoint_dir="$work/checkpoints" --checkpoint_every_secs=20 \
   ${data_flag[@]+"${data_flag[@]}"} ${chief_extra[@]+"${chief_extra[@]}"}
 chief="127.0.0.1:$(cat "$work/chief-0.port")"
-for ((i = 0; i < num_ps; i++)); do start_task ps_server ps "$i" "$chief"; done
+for ((i = 0; i < num_ps; i++)); do
+  start_task ps_server ps "$i" "$chief" --checkpoint_dir="$work/checkpoints"
+done
 for ((i = 0; i < num_workers; i++)); do
   start_task worker worker "$i" "$chief" --device="$device" ${data_flag[@]+"${data_flag[@]}"}
 done
