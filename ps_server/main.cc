@@ -30,6 +30,9 @@ DEFINE_int64(memory_budget_mb, -1,
              "Memory this ps task may give to dense shards (values and optimizer slots), in "
              "MiB; shards beyond it are refused (-1: 90% of the machine's memory, 0: no limit).");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
+DEFINE_int64(max_table_rows, 0,
+             "Most rows one embedding table may hold on this ps task; pulls and pushes that "
+             "would create more are refused (0: no limit).");
 
 DEFINE_string(checkpoint_dir, "",
               "The cluster's checkpoint directory (the chief's --checkpoint_dir, shared): saves "
@@ -73,6 +76,11 @@ int main(int argc, char** argv) {
   }
   options.store.max_sparse_keys = FLAGS_max_sparse_keys;
   options.store.checkpoint_dir = FLAGS_checkpoint_dir;
+  if (FLAGS_max_table_rows < 0) {
+    std::fprintf(stderr, "ps_server: --max_table_rows must be >= 0\n");
+    return 2;
+  }
+  options.store.max_table_rows = FLAGS_max_table_rows;
   options.store.require_checkpoint_dir = options.host.tls.enabled();
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
   if (!crash_points.ok()) {

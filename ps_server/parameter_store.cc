@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -447,6 +448,23 @@ absl::Status ParameterStore::CheckSparseSize(const std::string& table, const cha
   return absl::OkStatus();
 }
 
+absl::Status ParameterStore::CheckTableRows(const std::string& table, const EmbeddingTable& t,
+                                            const int64_t* keys, int64_t n) const {
+  if (options_.max_table_rows <= 0) return absl::OkStatus();
+  const int64_t rows = t.num_rows();
+  if (rows + n <= options_.max_table_rows) return absl::OkStatus();
+  std::vector<int64_t> found, missing;
+  std::vector<float> values;
+  t.Lookup(keys, n, &found, &values, &missing);
+  const int64_t fresh =
+      static_cast<int64_t>(absl::flat_hash_set<int64_t>(missing.begin(), missing.end()).size());
+  if (rows + fresh <= options_.max_table_rows) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table ", table, ": ", fresh, " new rows would pass this ps task's limit of ",
+                   options_.max_table_rows, " rows per table (--max_table_rows; it holds ", rows,
+                   "); nothing was done"));
+}
+
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {
   PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(request.shards()));
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
@@ -597,6 +615,7 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
   const int64_t dim = t.table->dim();
   PS_RETURN_IF_ERROR(CheckSparseSize(request.table(), "pull", n, dim));
+  PS_RETURN_IF_ERROR(CheckTableRows(request.table(), *t.table, keys, n));
   SettleTable(t, request.has_step() ? request.step() : -1);
   rows->resize(n * dim);
   PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), &apply_pool_));
@@ -627,6 +646,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     grads = decoded.data();
   }
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
+  PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -841,10 +861,14 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
       if (!saved.is_table() || saved.name() != tables[i].first) continue;
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
-      PS_RETURN_IF_ERROR(reader->ReadTable(saved, [&](int64_t key, const float* row, int64_t t) {
-        if (table.OwnsKey(key))
-          table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
-      }));
+      // Rows of another stride (another dim or optimizer) are refused, not read past.
+      PS_RETURN_IF_ERROR(reader->ReadTable(
+          saved,
+          [&](int64_t key, const float* row, int64_t t) {
+            if (table.OwnsKey(key))
+              table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
+          },
+          stride));
     }
   }
   // Everything verified: apply.

@@ -45,6 +45,11 @@ struct ParameterStoreOptions {
   // Largest sparse request: keys per pull or push, and bytes of rows pulled or gradients pushed.
   // Larger requests are refused before anything changes; clients split theirs.
   int64_t max_sparse_keys = 8 << 20;
+  // Most rows one table may hold on this ps task (--max_table_rows), until tables can evict:
+  // a pull or push that would create rows beyond it is refused (RESOURCE_EXHAUSTED) before
+  // anything is created. Checked per request, so concurrent requests may pass it by their own
+  // size. 0: no limit.
+  int64_t max_table_rows = 0;
   int64_t max_sparse_bytes = 256 << 20;
   // Push ids remembered per client, and clients remembered (see PushLedger).
   int push_ids_per_client = 4096;
@@ -237,6 +242,9 @@ class ParameterStore {
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.
+  // RESOURCE_EXHAUSTED when the keys' new rows would pass options_.max_table_rows.
+  absl::Status CheckTableRows(const std::string& table, const EmbeddingTable& t,
+                              const int64_t* keys, int64_t n) const;
   absl::Status CheckSparseSize(const std::string& table, const char* what, int64_t n,
                                int64_t dim) const;
 

@@ -543,6 +543,32 @@ TEST(ParameterStoreLimitsTest, ASparsePullOverTheLimitCreatesNothing) {
   EXPECT_EQ(store.ListShards().shards(0).rows(), 0);
 }
 
+TEST(ParameterStoreLimitsTest, NewRowsBeyondTheTableLimitAreRefusedBeforeAnyIsCreated) {
+  ParameterStoreOptions options;
+  options.max_table_rows = 10;
+  ParameterStore store(options);
+  v1::CreateShardsRequest req;
+  *req.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  std::vector<int64_t> keys = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(store, "emb", keys, &rows).ok());
+  // 8 rows exist: known keys (even many of them, repeated) pass; 3 new ones do not.
+  std::vector<int64_t> known(50, 3);
+  EXPECT_TRUE(PullSparse(store, "emb", known, &rows).ok());
+  std::vector<int64_t> more = {1, 8, 9, 10, 10};
+  absl::Status s = PullSparse(store, "emb", more, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("table emb: 3 new rows would pass this ps task's limit of 10 rows per "
+                        "table (--max_table_rows; it holds 8); nothing was done"));
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 8);
+  std::vector<int64_t> two = {8, 9};
+  EXPECT_TRUE(PullSparse(store, "emb", two, &rows).ok());
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 10);
+}
+
 TEST(ParameterStoreLimitsTest, ShardsBeyondTheMemoryBudgetAreRefusedBeforeAllocating) {
   ParameterStoreOptions options;
   options.memory_budget_bytes = 1 << 20;

@@ -19,6 +19,8 @@ DEFINE_string(cluster_spec_file, "",
               "A JSON file in TF_CONFIG format; used when no *_hosts flag is given.");
 DEFINE_string(port_file, "", "If set, the port actually bound is written to this file.");
 DEFINE_int32(max_message_bytes, 64 << 20, "Largest gRPC message sent or received, in bytes.");
+DEFINE_int32(max_concurrent_streams, 256,
+             "Calls one peer's connection may have open at once; more wait (0: no limit).");
 DEFINE_string(tls_ca_file, "",
               "PEM file of the cluster's CA: with --tls_cert_file and --tls_key_file, every "
               "channel (served and dialed) uses mutual TLS, and calls are checked against the "
@@ -93,6 +95,7 @@ ServiceHostOptions ServiceHostOptionsFromFlags() {
   options.reflection = FLAGS_grpc_reflection;
   options.port_file = FLAGS_port_file;
   options.max_message_bytes = FLAGS_max_message_bytes;
+  options.max_concurrent_streams = FLAGS_max_concurrent_streams;
   options.shutdown_grace = absl::Milliseconds(FLAGS_shutdown_grace_ms);
   return options;
 }

@@ -28,8 +28,8 @@ v1::ClusterConfig ClusterConfigFromFlagsOrExit(const char* name);
 TlsConfig TlsConfigFromFlags();
 
 // Server settings from --tls_*, --allow_insecure, --grpc_reflection, --port_file,
-// --max_message_bytes, --shutdown_grace_ms. The address is left for the daemon to take from the
-// cluster spec.
+// --max_message_bytes, --max_concurrent_streams, --shutdown_grace_ms. The address is left for
+// the daemon to take from the cluster spec.
 ServiceHostOptions ServiceHostOptionsFromFlags();
 
 }  // namespace pscluster

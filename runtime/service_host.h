@@ -30,6 +30,9 @@ struct ServiceHostOptions {
   std::string port_file;
   // Largest message received or sent, in bytes.
   int max_message_bytes = 64 << 20;
+  // Calls one connection (one peer's channel) may have open at once; more wait. 0: gRPC's
+  // default (no limit).
+  int max_concurrent_streams = 256;
   // On Shutdown, calls in flight get this long to finish before they are cancelled.
   absl::Duration shutdown_grace = absl::Seconds(2);
 };
