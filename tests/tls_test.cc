@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/grpc_channel.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
@@ -347,6 +349,48 @@ TEST_F(TlsClusterTest, PsctlViewerReadsButOnlyAdminSaves) {
   RunResult saved = Psctl("psctl-admin", "save");
   EXPECT_EQ(saved.exit_code, 0) << saved.output;
   ExpectTraining();
+}
+
+// The TLS files are watched: a CA added to ps:0's trust file is accepted without a restart
+// (this is how a CA is rotated: trust both, reissue, drop the old one).
+TEST(TlsRotationTest, ANewlyTrustedCaIsAcceptedWithoutARestart) {
+  const std::string dir = TmpDir() + "/rotation";
+  const std::string hosts =
+      "--chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0 --worker_hosts 127.0.0.1:0";
+  MakeCerts(absl::StrCat("--out ", dir, "/main --cluster mnist ", hosts));
+  MakeCerts(absl::StrCat("--out ", dir, "/next --cluster mnist ", hosts));
+  TestClusterOptions options = EndlessSyncTraining(/*num_ps=*/1, /*num_workers=*/1);
+  options.tls_dir = dir + "/main";
+  options.flags["ps"].push_back("--tls_refresh_s=1");
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  TlsConfig next = TlsFilesOf(dir + "/next", "worker-0");
+  next.ca_file = dir + "/main/ca.pem";  // the client trusts the server's CA
+  GrpcChannelOptions channel;
+  channel.tls = next;
+  const auto list = [&] {
+    auto stub = v1::ParameterServer::NewStub(NewGrpcChannel((*cluster)->address("ps:0"), channel));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ListShardsResponse listed;
+    return stub->ListShards(&ctx, {}, &listed);
+  };
+  EXPECT_EQ(list().error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  // ps:0 now trusts both CAs (its file is rewritten in place, as a Secret update would).
+  const std::string bundle = ReadFile(dir + "/main/ca.pem") + ReadFile(dir + "/next/ca.pem");
+  const std::string tmp = dir + "/main/ca.pem.new";
+  std::ofstream(tmp) << bundle;
+  ASSERT_EQ(std::rename(tmp.c_str(), (dir + "/main/ca.pem").c_str()), 0);
+  grpc::Status s;
+  for (int i = 0; i < 50; ++i) {
+    s = list();
+    if (s.ok()) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(s.ok()) << "a certificate of the newly trusted CA is still refused: "
+                      << s.error_message();
 }
 
 // A daemon checks its own certificate against its task at start: ps:0 given worker:0's
