@@ -217,19 +217,28 @@ TEST_F(TlsClusterTest, RefusesCallersWithoutAValidCertificate) {
   ExpectTraining();
 }
 
-// Clients check the server's certificate too: ps:0's names 127.0.0.1, so dialing it as
-// "localhost" fails the host name check although the chain is good.
+// Clients check the server's certificate too: ps:0's names 127.0.0.1, so a client that expects
+// another name there (as if DNS had sent it to the wrong host) refuses it although the chain
+// is good.
 TEST_F(TlsClusterTest, ClientsVerifyTheServersHostName) {
-  const std::string address = cluster_->address("ps:0");
-  const std::string port = address.substr(address.rfind(':') + 1);
-  GrpcChannelOptions channel;
-  channel.tls = Files("main", "worker-0");
-  auto stub = v1::ParameterServer::NewStub(NewGrpcChannel("localhost:" + port, channel));
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("ps-0.elsewhere.example");
+  auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+      cluster_->address("ps:0"), ChannelCredentialsFor(Files("main", "worker-0")), args));
   grpc::ClientContext ctx;
   Deadline(&ctx);
   v1::ListShardsResponse listed;
   grpc::Status s = stub->ListShards(&ctx, {}, &listed);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  // The same client, expecting the name the certificate has, is served.
+  grpc::ChannelArguments right;
+  right.SetSslTargetNameOverride("127.0.0.1");
+  stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+      cluster_->address("ps:0"), ChannelCredentialsFor(Files("main", "worker-0")), right));
+  grpc::ClientContext ctx2;
+  Deadline(&ctx2);
+  s = stub->ListShards(&ctx2, {}, &listed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
