@@ -76,8 +76,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& content) {
     }
     out.shape.push_back(v);
     if (v != 0 && n > kMaxElements / v) {
-      return absl::InvalidArgumentError(absl::StrCat("npy shape ", *shape, " has more than ",
-                                                     kMaxElements, " elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("npy shape ", *shape, " has more than ", kMaxElements, " elements"));
     }
     n *= v;
   }

@@ -110,12 +110,13 @@ TEST(NpyReaderTest, RefusesAShapeTooLargeToCount) {
     std::string f = EncodeNpy({1}, std::vector<float>{1}.data(), 1);
     f.replace(f.find("(1,)"), 4, shape);
     f.erase(f.size() - 4 - (shape.size() - 4), shape.size() - 4);  // same header length
-    f.resize(f.size() - 4);                                         // no data
+    f.resize(f.size() - 4);                                        // no data
     f[f.size() - 1] = '\n';
     const absl::Status s = ParseNpy(f).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shape;
     EXPECT_THAT(std::string(s.message()),
-                HasSubstr(absl::StrCat("npy shape ", shape, " has more than 2305843009213693951 "
+                HasSubstr(absl::StrCat("npy shape ", shape,
+                                       " has more than 2305843009213693951 "
                                        "elements")));
   }
 }

@@ -64,6 +64,12 @@ absl::StatusOr<DenseGeometry> GeometryOf(const v1::DenseShardSpec& spec) {
       row_elements *= dims[i];
     }
   }
+  // -1 is a table's partition number (ShardStats, SavedShard, InspectShardRequest).
+  if (part.partition() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("variable ", var.name(), " partition ",
+                                                   part.partition(),
+                                                   ": a partition index must be >= 0"));
+  }
   if (part.row_begin() < 0 || part.row_end() < part.row_begin() || part.row_end() > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "variable ", var.name(), " partition ", part.partition(), ": rows [", part.row_begin(),

@@ -149,6 +149,19 @@ TEST(DenseShardTest, RefusesBadSpecsNamingTheVariable) {
               HasSubstr("only DT_FLOAT32"));
 }
 
+// Found by fuzz/parameter_store_fuzzer: partition -1 was created, then listed as a dense
+// shard that Inspect (where -1 selects a table) could not find.
+TEST(DenseShardTest, RefusesANegativePartitionIndex) {
+  v1::DenseShardSpec spec = Spec({4}, 0, 4);
+  spec.mutable_partition()->set_partition(-1);
+  for (const absl::Status& s :
+       {DenseShard::Create(spec).status(), DenseShard::BytesFor(spec).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("variable w partition -1: a partition index must be >= 0"));
+  }
+}
+
 TEST(DenseShardTest, FloatStatsSkipNonFinite) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();

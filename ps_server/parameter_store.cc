@@ -5,12 +5,14 @@
 #include <limits>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chief_epoch.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
+#include "google/protobuf/stubs/common.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "ps_server/float_stats.h"
 #include "sharding/partitioner.h"
@@ -78,6 +80,19 @@ absl::Status RequestIdTooOld(const v1::RequestId& id) {
       "push ", id.seq(), " of client ", absl::Hex(id.client()),
       " is older than every push this ps task remembers of that client: whether it was applied "
       "cannot be told, so it is not applied again"));
+}
+
+// Names go into checkpoint manifests, which are JSON: they must be UTF-8, or the manifest
+// would name another shard than the one written.
+absl::Status CheckName(const char* what, const std::string& name) {
+  // protobuf's own check, as its parser applies to string fields (the gRPC path).
+  if (name.size() <= static_cast<size_t>(std::numeric_limits<int>::max()) &&
+      google::protobuf::internal::IsStructurallyValidUTF8(name.data(),
+                                                          static_cast<int>(name.size()))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, " name \"", absl::CHexEscape(name),
+                                                 "\" is not valid UTF-8; names must be UTF-8"));
 }
 
 }  // namespace
@@ -222,6 +237,13 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     return absl::InvalidArgumentError(
         absl::StrCat("SYNC mode needs replicas_to_aggregate >= 1, got ",
                      request.sync().replicas_to_aggregate()));
+  }
+
+  for (const v1::DenseShardSpec& spec : request.dense()) {
+    PS_RETURN_IF_ERROR(CheckName("variable", spec.variable().name()));
+  }
+  for (const v1::TableShardSpec& spec : request.tables()) {
+    PS_RETURN_IF_ERROR(CheckName("table", spec.table().name()));
   }
 
   // Sizes first: a request whose shards do not fit the budget is refused before anything is
@@ -859,6 +881,12 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     EmbeddingTable& table = *tables[i].second.table;
     for (const v1::SavedShard& saved : request.saved()) {
       if (!saved.is_table() || saved.name() != tables[i].first) continue;
+      // Another dim may have the same stride with another number of slots: check both.
+      if (saved.has_table() && saved.table().dim() != table.dim()) {
+        return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ",
+                                                saved.file(), " has dim ", saved.table().dim(),
+                                                ", this ps task's table has dim ", table.dim()));
+      }
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
       // Rows of another stride (another dim or optimizer) are refused, not read past.

@@ -668,5 +668,61 @@ TEST(ParameterStoreCheckpointDirTest, WithoutADirectoryTlsRefusesToSaveAtAll) {
   EXPECT_NE(access((testing::TempDir() + "/anywhere").c_str(), F_OK), 0);
 }
 
+// Found by fuzz/parameter_store_fuzzer (ASan, then its restore invariant): Restore read table
+// rows with the live table's stride, past the end of rows saved with another dim; a table of
+// another dim (whatever its stride) is now refused, with nothing restored.
+TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {
+  ParameterStore saver{ParameterStoreOptions()};
+  v1::CreateShardsRequest create;
+  *create.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(saver.CreateShards(create, &created).ok());
+  std::vector<float> rows;
+  const int64_t keys[] = {1, 2};
+  v1::PullSparseRequest pull;
+  pull.set_table("emb");
+  ASSERT_TRUE(saver.PullSparse(pull, keys, 2, &rows).ok());
+  v1::SaveShardsRequest save;
+  save.set_checkpoint_path(testing::TempDir() + "/other_dim");
+  v1::SaveShardsResponse saved;
+  ASSERT_TRUE(saver.Save(save, &saved).ok());
+
+  ParameterStore store{ParameterStoreOptions()};
+  create.mutable_tables(0)->mutable_table()->set_dim(3);
+  ASSERT_TRUE(store.CreateShards(create, &created).ok());
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(save.checkpoint_path());
+  *restore.mutable_saved() = saved.shards();
+  v1::RestoreShardsResponse restored;
+  const absl::Status s = store.Restore(restore, &restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("checkpoint table emb in ps-0 has dim 2, this ps task's table has dim 3"));
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 0);
+}
+
+// Found by fuzz/parameter_store_fuzzer: a variable named with bytes that are not UTF-8 was
+// created and saved, but the JSON manifest could not carry its name, so the checkpoint named
+// a shard that did not exist and could never be read back.
+TEST(ParameterStoreNamesTest, NamesMustBeUtf8) {
+  ParameterStore store{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("w\x8e", {2}));
+  v1::CreateShardsResponse resp;
+  absl::Status s = store.CreateShards(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("variable name \"w\\x8e\" is not valid UTF-8; names must be UTF-8"));
+  v1::CreateShardsRequest tables;
+  *tables.add_tables() = Table("\xed\xa0\x80", 2);  // a UTF-16 surrogate
+  s = store.CreateShards(tables, &resp);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("table name"));
+  EXPECT_TRUE(store.ListShards().shards().empty());
+  v1::CreateShardsRequest ok;
+  *ok.add_dense() =
+      Whole(Var("w\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", {2}));  // w, e-acute, euro, emoji
+  EXPECT_TRUE(store.CreateShards(ok, &resp).ok());
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -65,7 +65,8 @@ uint32_t Crc(uint32_t crc, absl::string_view bytes) {
 std::string Record(int64_t count, const float* values, int64_t n) {
   std::string out(sizeof(int64_t) + n * sizeof(float), '\0');
   std::memcpy(out.data(), &count, sizeof(count));
-  std::memcpy(out.data() + sizeof(count), values, n * sizeof(float));
+  // An empty shard's `values` may be null, which memcpy must not be given even for 0 bytes.
+  if (n > 0) std::memcpy(out.data() + sizeof(count), values, n * sizeof(float));
   return out;
 }
 
@@ -220,6 +221,71 @@ CheckpointReader::CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB
 
 CheckpointReader::~CheckpointReader() = default;
 
+absl::StatusOr<DenseRecord> DecodeDenseRecord(const std::string& path, const v1::SavedShard& saved,
+                                              absl::string_view key, absl::string_view value) {
+  if (Crc(Crc(0, key), value) != saved.checksum() || value.size() < sizeof(int64_t) ||
+      (value.size() - sizeof(int64_t)) % sizeof(float) != 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", saved.name(), "/",
+                                            saved.partition(),
+                                            " fails its checksum (the file is corrupt)"));
+  }
+  DenseRecord r;
+  std::memcpy(&r.updates, value.data(), sizeof(int64_t));
+  r.values_and_slots.resize((value.size() - sizeof(int64_t)) / sizeof(float));
+  if (!r.values_and_slots.empty()) {
+    std::memcpy(r.values_and_slots.data(), value.data() + sizeof(int64_t),
+                r.values_and_slots.size() * sizeof(float));
+  }
+  return r;
+}
+
+TablePartDecoder::TablePartDecoder(std::string path, const v1::SavedShard& saved)
+    : path_(std::move(path)), saved_(saved), prefix_(Prefix(saved)) {}
+
+std::string TablePartDecoder::Prefix(const v1::SavedShard& saved) {
+  return TablePrefix(saved.name());
+}
+
+absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view value) {
+  crc_ = Crc(Crc(crc_, key), value);
+  if (key.size() != prefix_.size() + 8) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
+                                            " has a malformed row: its key has ", key.size(),
+                                            " bytes, expected ", prefix_.size() + 8));
+  }
+  // An 8-byte update count, then whole float32s; every row as long as the first.
+  if (value.size() < sizeof(int64_t) || (value.size() - sizeof(int64_t)) % sizeof(float) != 0 ||
+      (stride_ >= 0 && static_cast<int64_t>(value.size()) != 8 + stride_ * 4)) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path_, ": table ", saved_.name(),
+        " has a malformed row: ", value.size(), " bytes, expected an 8-byte update count and ",
+        stride_ >= 0 ? absl::StrCat(stride_, " float32s (", 8 + stride_ * 4, " bytes)")
+                     : std::string("whole float32s")));
+  }
+  stride_ = (static_cast<int64_t>(value.size()) - 8) / 4;
+  keys_.push_back(DecodeKey(key.substr(prefix_.size(), 8)));
+  int64_t t;
+  std::memcpy(&t, value.data(), 8);
+  counts_.push_back(t);
+  const size_t at = values_.size();
+  values_.resize(at + stride_);
+  if (stride_ > 0) std::memcpy(values_.data() + at, value.data() + 8, stride_ * 4);
+  return absl::OkStatus();
+}
+
+absl::Status TablePartDecoder::Finish(
+    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn) {
+  const int64_t rows = static_cast<int64_t>(keys_.size());
+  if (crc_ != saved_.checksum() || rows != saved_.rows()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
+                                            " fails its checksum (", rows, " rows read, ",
+                                            saved_.rows(), " saved)"));
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    fn(keys_[i], values_.data() + i * stride_, counts_[i], stride_);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DenseRecord> CheckpointReader::ReadDense(const v1::SavedShard& saved) {
   const std::string key = DenseKey(saved.name(), saved.partition());
   std::string value;
@@ -231,62 +297,34 @@ absl::StatusOr<DenseRecord> CheckpointReader::ReadDense(const v1::SavedShard& sa
                                             saved.name(), "/", saved.partition(), ": ",
                                             s.ToString()));
   }
-  if (Crc(Crc(0, key), value) != saved.checksum() ||
-      (value.size() - sizeof(int64_t)) % sizeof(float) != 0 || value.size() < sizeof(int64_t)) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": ", saved.name(), "/",
-                                            saved.partition(),
-                                            " fails its checksum (the file is corrupt)"));
-  }
-  DenseRecord r;
-  std::memcpy(&r.updates, value.data(), sizeof(int64_t));
-  r.values_and_slots.resize((value.size() - sizeof(int64_t)) / sizeof(float));
-  std::memcpy(r.values_and_slots.data(), value.data() + sizeof(int64_t),
-              r.values_and_slots.size() * sizeof(float));
-  return r;
+  return DecodeDenseRecord(path_, saved, key, value);
 }
 
 absl::Status CheckpointReader::ReadTable(
     const v1::SavedShard& saved,
-    const std::function<void(int64_t key, const float* row, int64_t t)>& fn) {
-  const std::string prefix = TablePrefix(saved.name());
+    const std::function<void(int64_t key, const float* row, int64_t t)>& fn, int64_t stride) {
+  TablePartDecoder decoder(path_, saved);
+  const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
-  uint32_t crc = 0;
-  int64_t rows = 0;
-  std::vector<int64_t> keys, counts;
-  std::vector<float> values;
-  int64_t stride = -1;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();
-    crc =
-        Crc(Crc(crc, absl::string_view(k.data(), k.size())), absl::string_view(v.data(), v.size()));
-    if (k.size() != prefix.size() + 8 || v.size() < sizeof(int64_t) ||
-        (stride >= 0 && static_cast<int64_t>(v.size()) != 8 + stride * 4)) {
-      return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
-                                              " has a malformed row"));
-    }
-    stride = (static_cast<int64_t>(v.size()) - 8) / 4;
-    keys.push_back(DecodeKey(absl::string_view(k.data() + prefix.size(), 8)));
-    int64_t t;
-    std::memcpy(&t, v.data(), 8);
-    counts.push_back(t);
-    const size_t at = values.size();
-    values.resize(at + stride);
-    std::memcpy(values.data() + at, v.data() + 8, stride * 4);
-    ++rows;
+    PS_RETURN_IF_ERROR(
+        decoder.Add(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
   }
   if (!it->status().ok()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": reading table ",
                                             saved.name(), ": ", it->status().ToString()));
   }
-  if (crc != saved.checksum() || rows != saved.rows()) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
-                                            " fails its checksum (", rows, " rows read, ",
-                                            saved.rows(), " saved)"));
+  if (stride >= 0 && decoder.stride() >= 0 && decoder.stride() != stride) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", path_, ": table ", saved.name(), " has rows of ",
+                     decoder.stride(), " floats (values and optimizer slots), expected ", stride,
+                     "; was it saved with another dim or optimizer?"));
   }
-  for (int64_t i = 0; i < rows; ++i) fn(keys[i], values.data() + i * stride, counts[i]);
-  return absl::OkStatus();
+  return decoder.Finish(
+      [&fn](int64_t key, const float* row, int64_t t, int64_t /*stride*/) { fn(key, row, t); });
 }
 
 namespace {
@@ -344,6 +382,18 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   return SyncPath(dir, /*directory=*/true);
 }
 
+// Parses `json` into *message: DATA_LOSS naming `what` and `path` if it does not parse.
+absl::Status ParseJson(absl::string_view json, const std::string& path, const std::string& what,
+                       google::protobuf::Message* message) {
+  google::protobuf::util::JsonParseOptions options;
+  if (!google::protobuf::util::JsonStringToMessage(
+           google::protobuf::StringPiece(json.data(), json.size()), message, options)
+           .ok()) {
+    return absl::DataLossError(absl::StrCat(what, " ", path, " does not parse"));
+  }
+  return absl::OkStatus();
+}
+
 // Reads <path> as JSON into *message: NOT_FOUND if there is no such file (`what` names it),
 // DATA_LOSS if it does not parse.
 absl::Status ReadJson(const std::string& path, const std::string& what,
@@ -352,11 +402,7 @@ absl::Status ReadJson(const std::string& path, const std::string& what,
   if (!in) return absl::NotFoundError(absl::StrCat("no ", what, " at ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  google::protobuf::util::JsonParseOptions options;
-  if (!google::protobuf::util::JsonStringToMessage(ss.str(), message, options).ok()) {
-    return absl::DataLossError(absl::StrCat(what, " ", path, " does not parse"));
-  }
-  return absl::OkStatus();
+  return ParseJson(ss.str(), path, what, message);
 }
 
 }  // namespace
@@ -373,6 +419,13 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoin
   v1::CheckpointManifest manifest;
   PS_RETURN_IF_ERROR(
       ReadJson(absl::StrCat(checkpoint_path, "/", kManifest), "committed manifest", &manifest));
+  return manifest;
+}
+
+absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view json,
+                                                     const std::string& path) {
+  v1::CheckpointManifest manifest;
+  PS_RETURN_IF_ERROR(ParseJson(json, path, "committed manifest", &manifest));
   return manifest;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/coordinator_service.pb.h"
 #include "proto/ps_service.pb.h"
 #include "rocksdb/db.h"
@@ -65,6 +66,49 @@ struct DenseRecord {
   std::vector<float> values_and_slots;
 };
 
+// The decoding of stored records, apart from RocksDB: what CheckpointReader does with the bytes
+// it reads (public for tests and fuzzing). `path` names the shard file in errors.
+//
+// A dense partition's record, `key` and `value` as stored. DATA_LOSS naming the file and the
+// shard when they fail `saved.checksum()` or the value is not an 8-byte update count followed
+// by whole float32s.
+absl::StatusOr<DenseRecord> DecodeDenseRecord(const std::string& path, const v1::SavedShard& saved,
+                                              absl::string_view key, absl::string_view value);
+
+// A table part's records, fed one by one in key order (the keys that start with
+// TablePartDecoder::Prefix(saved)). Thread-compatible.
+class TablePartDecoder {
+ public:
+  TablePartDecoder(std::string path, const v1::SavedShard& saved);
+
+  // The key prefix of the table's rows: "t/<table>/".
+  static std::string Prefix(const v1::SavedShard& saved);
+
+  // One record. DATA_LOSS naming the file and table when it is malformed: a key that is not the
+  // prefix and 8 bytes, a value that is not an 8-byte update count and whole float32s, or a
+  // row of another length than the first.
+  // REQUIRES: key starts with Prefix(saved).
+  absl::Status Add(absl::string_view key, absl::string_view value);
+
+  // After the last record: checks the checksum and the row count against `saved` (DATA_LOSS),
+  // then calls fn(key, row, updates, stride) for every row, in order; `row` holds `stride`
+  // floats (values then slots).
+  absl::Status Finish(
+      const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn);
+
+  // Floats per row (values then slots) of the rows added so far; -1 before the first.
+  int64_t stride() const { return stride_; }
+
+ private:
+  const std::string path_;
+  const v1::SavedShard& saved_;
+  const std::string prefix_;
+  uint32_t crc_ = 0;
+  int64_t stride_ = -1;
+  std::vector<int64_t> keys_, counts_;
+  std::vector<float> values_;
+};
+
 // Reads shards from one RocksDB of a checkpoint, read-only. Thread-compatible.
 class CheckpointReader {
  public:
@@ -75,8 +119,11 @@ class CheckpointReader {
   // DATA_LOSS naming the file and shard when the record is missing, short or fails its checksum.
   absl::StatusOr<DenseRecord> ReadDense(const v1::SavedShard& saved);
   // Calls fn for every row of the table part, after its checksum has been verified.
+  // With `stride` >= 0, rows of another length than `stride` floats (values and slots) are
+  // DATA_LOSS naming the file, the table and both lengths, and fn is not called.
   absl::Status ReadTable(const v1::SavedShard& saved,
-                         const std::function<void(int64_t key, const float* row, int64_t t)>& fn);
+                         const std::function<void(int64_t key, const float* row, int64_t t)>& fn,
+                         int64_t stride = -1);
 
  private:
   CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);
@@ -95,6 +142,9 @@ absl::Status CommitManifest(const std::string& checkpoint_path,
                             const std::function<absl::Status()>& may_commit = nullptr);
 // NOT_FOUND when the checkpoint has no committed manifest; DATA_LOSS when it does not parse.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& checkpoint_path);
+// Parses the contents of a MANIFEST.json; DATA_LOSS naming `path` when it does not parse.
+absl::StatusOr<v1::CheckpointManifest> ParseManifest(absl::string_view json,
+                                                     const std::string& path);
 
 // The recovery record (RecoveryIntent) of a checkpoint directory: <dir>/RECOVERY.json.
 // WriteRecoveryIntent replaces it atomically (a temporary file synced, renamed, the directory

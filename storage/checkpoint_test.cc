@@ -1,6 +1,7 @@
 #include "storage/checkpoint.h"
 
 #include <signal.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -82,6 +83,24 @@ TEST(CheckpointTest, WrittenShardsReadBackAndVerify) {
   EXPECT_THAT(keys, ::testing::ElementsAre(-9, 5, 1LL << 40));  // sorted by key
   EXPECT_THAT(firsts, ::testing::ElementsAre(3, 1, 5));
   EXPECT_TRUE(VerifyCheckpoint(path).ok());
+}
+
+// Found by fuzz/parameter_store_fuzzer (ASan): ParameterStore::Restore copied each row with the
+// live table's stride, past the end of the rows of a table saved with a smaller dim.
+TEST(CheckpointTest, TableRowsOfAnotherStrideAreDataLoss) {
+  const std::string dir = Dir("stride");
+  v1::CheckpointManifest m = Write(dir, 1);
+  auto reader = CheckpointReader::Open(dir + "/ckpt-0000000001/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  int calls = 0;
+  auto count = [&calls](int64_t, const float*, int64_t) { ++calls; };
+  const absl::Status s = (*reader)->ReadTable(m.shards(1), count, /*stride=*/3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("table emb has rows of 2 floats (values and optimizer slots), expected 3"));
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE((*reader)->ReadTable(m.shards(1), count, /*stride=*/2).ok());
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
@@ -218,6 +237,96 @@ TEST(CheckpointTest, ACorruptedShardFileIsDataLossNamingTheFile) {
 // A process killed at any point of writing a checkpoint leaves the committed ones intact and
 // never a half checkpoint that lists or restores. Each write runs in a forked child that
 // really dies of SIGKILL at the point.
+// Found by fuzz/parameter_store_fuzzer (UBSan, bazel test --config=asan): saving a shard with
+// no elements passed memcpy a null source.
+TEST(CheckpointTest, AnEmptyDensePartitionWritesAndReadsBack) {
+  const std::string path = Dir("empty") + "/" + CheckpointDirName(1);
+  auto writer = CheckpointWriter::Open(path, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  v1::DenseShardSpec spec = Spec();
+  spec.mutable_partition()->set_row_begin(3);  // rows [3, 3): no elements
+  auto saved = (*writer)->WriteDense(spec, 5, {});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_TRUE((*writer)->Finish().ok());
+  writer->reset();
+  auto reader = CheckpointReader::Open(absl::StrCat(path, "/", saved->file()));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto record = (*reader)->ReadDense(*saved);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->updates, 5);
+  EXPECT_TRUE(record->values_and_slots.empty());
+}
+
+// Found by fuzz/shard_record_fuzzer: a table row whose value was an update count and 11.25
+// floats was read as 11 floats, the rest dropped, instead of being refused.
+TEST(CheckpointTest, ATableRowOfPartialFloatsIsDataLoss) {
+  v1::SavedShard saved;
+  saved.set_name("emb");
+  saved.set_is_table(true);
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  EXPECT_EQ(prefix, "t/emb/");
+  const std::string key = prefix + std::string(8, '\x80');
+  TablePartDecoder decoder("ckpt/ps-0", saved);
+  const absl::Status s = decoder.Add(key, std::string(8 + 4 * 2 + 1, '\0'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("checkpoint file ckpt/ps-0: table emb has a malformed row: 17 bytes, "
+                        "expected an 8-byte update count and whole float32s"));
+  TablePartDecoder short_key("ckpt/ps-0", saved);
+  EXPECT_THAT(std::string(short_key.Add(prefix + "1234567", std::string(8, '\0')).message()),
+              HasSubstr("its key has 13 bytes, expected 14"));
+}
+
+TEST(CheckpointTest, RecordsDecodeApartFromRocksDb) {
+  v1::SavedShard saved;
+  saved.set_name("emb");
+  saved.set_is_table(true);
+  saved.set_rows(2);
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  std::string row(8 + 4, '\0');
+  row[0] = 3;
+  const std::string k1 = prefix + std::string("\x80\0\0\0\0\0\0\x01", 8);
+  const std::string k2 = prefix + std::string("\x80\0\0\0\0\0\0\x02", 8);
+  uLong crc = crc32(0, reinterpret_cast<const Bytef*>(k1.data()), k1.size());
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(row.data()), row.size());
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(k2.data()), k2.size());
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(row.data()), row.size());
+  saved.set_checksum(static_cast<uint32_t>(crc));
+  TablePartDecoder decoder("ckpt/ps-0", saved);
+  ASSERT_TRUE(decoder.Add(k1, row).ok());
+  ASSERT_TRUE(decoder.Add(k2, row).ok());
+  std::vector<int64_t> keys;
+  ASSERT_TRUE(decoder
+                  .Finish([&](int64_t key, const float*, int64_t t, int64_t stride) {
+                    EXPECT_EQ(t, 3);
+                    EXPECT_EQ(stride, 1);
+                    keys.push_back(key);
+                  })
+                  .ok());
+  EXPECT_EQ(keys, (std::vector<int64_t>{1, 2}));
+
+  v1::SavedShard dense;
+  dense.set_name("w");
+  dense.set_checksum(1);
+  const absl::StatusOr<DenseRecord> bad = DecodeDenseRecord("ckpt/ps-0", dense, "d/w/0", row);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("checkpoint file ckpt/ps-0: w/0 fails its checksum"));
+}
+
+TEST(CheckpointTest, AManifestParsesFromBytes) {
+  absl::StatusOr<v1::CheckpointManifest> m =
+      ParseManifest(R"({"step": "12", "num_ps": 2, "shards": [{"name": "w", "file": "ps-1"}]})",
+                    "ckpt/MANIFEST.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step(), 12);
+  EXPECT_EQ(m->shards(0).file(), "ps-1");
+  absl::StatusOr<v1::CheckpointManifest> bad = ParseManifest("{\"step\": ", "ckpt/MANIFEST.json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("committed manifest ckpt/MANIFEST.json does not parse"));
+}
+
 TEST(CheckpointDeathTest, AKillAtAnyPointOfAWriteLeavesOnlyWholeCheckpoints) {
   ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
   const struct {
