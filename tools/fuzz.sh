@@ -40,6 +40,11 @@ echo "fuzz.sh: ${seconds}s per target; corpora, logs and crashes under $scratch"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
+# FUZZ_SEED=N makes the inputs tried the same from run to run (CI uses it); unset, each run
+# explores afresh.
+seed_flag=""
+[[ -n ${FUZZ_SEED:-} ]] && seed_flag="-seed=$FUZZ_SEED"
+
 summary=()
 crashed=()
 for t in "${targets[@]}"; do
@@ -50,7 +55,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   rc=0
   # -rss_limit_mb: the parameter store fuzzer holds a ps task; 2 GiB flags a runaway allocation.
-  "$bin/fuzz/$t" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 \
+  "$bin/fuzz/$t" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 $seed_flag \
       -timeout=25 -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
   elapsed=$(( $(date +%s) - start ))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -n 1)
