@@ -1,11 +1,10 @@
 #include "ps_server/ps_server.h"
 
-#include <arpa/inet.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/service_host.h"
 
 namespace pscluster {
 
@@ -30,19 +29,13 @@ PsServer::~PsServer() {
 
 namespace {
 
-// The data plane binds the gRPC address's host when it is numeric, else every interface (as
-// ServiceHost does for a name).
+// The data plane binds what the gRPC server binds for the task's host (BindHostFor).
 std::string DataPlaneHost(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (host == "localhost") return "127.0.0.1";
-  unsigned char buf[16];
-  if (inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1) {
-    return host;
-  }
-  return "0.0.0.0";
+  return BindHostFor(host);
 }
 
 }  // namespace

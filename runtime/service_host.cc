@@ -31,6 +31,11 @@ std::string JoinHostPort(const std::string& host, int port) {
 
 }  // namespace
 
+std::string BindHostFor(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  return IsNumericHost(host) ? host : "0.0.0.0";
+}
+
 bool IsLoopbackHost(const std::string& host) {
   if (host == "localhost") return true;
   in_addr v4;
@@ -60,12 +65,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 absl::StatusOr<std::unique_ptr<ServiceHost>> ServiceHost::Start(
     const ServiceHostOptions& options, const std::vector<grpc::Service*>& services) {
   PS_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(options.address));
-  std::string bind_host = hp.host;
-  if (hp.host == "localhost") {
-    bind_host = "127.0.0.1";
-  } else if (!IsNumericHost(hp.host)) {
-    bind_host = "0.0.0.0";
-  }
+  const std::string bind_host = BindHostFor(hp.host);
   PS_RETURN_IF_ERROR(ValidateTlsConfig(options.tls));
   if (!options.tls.enabled() && !options.allow_insecure && !IsLoopbackHost(bind_host)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -76,6 +76,11 @@ class ServiceHost {
 // partial file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
+// The address a server for `host` (from a host:port, brackets removed) binds: a numeric host as
+// given, "localhost" as 127.0.0.1, another name as 0.0.0.0 (every interface), as TensorFlow
+// does.
+std::string BindHostFor(const std::string& host);
+
 // Whether `host` (from a host:port) names this machine's loopback: 127.0.0.0/8, ::1 or
 // localhost.
 bool IsLoopbackHost(const std::string& host);

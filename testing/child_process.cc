@@ -10,10 +10,12 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "glog/logging.h"
 
 extern char** environ;
 
@@ -132,6 +134,23 @@ std::string DescribeWaitStatus(int wait_status) {
                         strsignal(WTERMSIG(wait_status)), ")");
   }
   return absl::StrCat("wait status ", wait_status);
+}
+
+ShellResult RunShellCommand(const std::string& command, const std::string& log_path,
+                            absl::Duration timeout) {
+  ChildProcessOptions options;
+  options.binary = "/bin/sh";
+  options.args = {"-c", command};
+  options.log_path = log_path;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(options);
+  CHECK(child.ok()) << child.status();
+  absl::StatusOr<int> status = (*child)->WaitForExit(timeout);
+  CHECK(status.ok()) << command << ": " << status.status();
+  ShellResult r;
+  if (WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+  std::ifstream in(log_path, std::ios::binary);
+  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
 }
 
 }  // namespace pscluster

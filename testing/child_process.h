@@ -63,6 +63,18 @@ class ChildProcess {
 // A human-readable form of a wait status: "exit 0", "killed by signal 9".
 std::string DescribeWaitStatus(int wait_status);
 
+// What a shell command run to completion did.
+struct ShellResult {
+  int exit_code = -1;  // -1: did not exit normally
+  std::string output;  // its stdout and stderr, together
+};
+
+// Runs `command` under /bin/sh to completion (at most `timeout`), its output going to
+// `log_path`. CHECK-fails when it cannot be started or does not end in time: in a test, that is
+// the failure to report.
+ShellResult RunShellCommand(const std::string& command, const std::string& log_path,
+                            absl::Duration timeout = absl::Seconds(60));
+
 }  // namespace pscluster
 
 #endif  // PSCLUSTER_TESTING_CHILD_PROCESS_H_

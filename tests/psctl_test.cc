@@ -140,16 +140,8 @@ RunResult Psctl(const std::vector<std::string>& args) {
   std::string command = "exec " + Quote(RunfilePath("cli/psctl"));
   for (const std::string& a : args) command += " " + Quote(a);
   command += " >" + Quote(base + ".out") + " 2>" + Quote(base + ".err");
-  ChildProcessOptions options;
-  options.binary = "/bin/sh";
-  options.args = {"-c", command};
-  options.log_path = base + ".log";
-  auto child = ChildProcess::Spawn(options);
-  CHECK(child.ok()) << child.status();
-  auto status = (*child)->WaitForExit(absl::Seconds(60));
-  CHECK(status.ok()) << status.status();
   RunResult r;
-  if (WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+  r.exit_code = RunShellCommand(command, base + ".log").exit_code;
   r.out = ReadFile(base + ".out");
   r.err = ReadFile(base + ".err");
   return r;

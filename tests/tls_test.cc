@@ -4,8 +4,6 @@
 // daemons serving. Certificates come from deploy/tls/make_certs.sh (openssl).
 #include "security/tls.h"
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -45,32 +43,15 @@ std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 // Runs a command under /bin/sh to completion.
-RunResult RunShell(const std::string& command) {
+ShellResult RunShell(const std::string& command) {
   static int n = 0;
-  const std::string log = absl::StrCat(TmpDir(), "/run", n++, ".log");
-  ChildProcessOptions options;
-  options.binary = "/bin/sh";
-  options.args = {"-c", command};
-  options.log_path = log;
-  auto child = ChildProcess::Spawn(options);
-  CHECK(child.ok()) << child.status();
-  auto status = (*child)->WaitForExit(absl::Seconds(60));
-  CHECK(status.ok()) << status.status();
-  RunResult r;
-  if (WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
-  r.output = ReadFile(log);
-  return r;
+  return RunShellCommand(command, absl::StrCat(TmpDir(), "/run", n++, ".log"));
 }
 
 // make_certs.sh with these arguments; CHECK-fails (the test cannot go on) if it fails.
 void MakeCerts(const std::string& args) {
-  RunResult r = RunShell(
+  ShellResult r = RunShell(
       absl::StrCat("exec bash ", Quote(RunfilePath("deploy/tls/make_certs.sh")), " ", args));
   CHECK_EQ(r.exit_code, 0) << r.output;
 }
@@ -148,7 +129,7 @@ class TlsClusterTest : public ::testing::Test {
     EXPECT_TRUE(AwaitGlobalStep(*chief_, now + 5, absl::Seconds(30))) << cluster_->Logs();
   }
 
-  RunResult Psctl(const std::string& holder, const std::string& command) {
+  ShellResult Psctl(const std::string& holder, const std::string& command) {
     const TlsConfig tls = TlsFilesOf(*dir_ + "/main", holder);
     return RunShell(absl::StrCat("exec ", Quote(RunfilePath("cli/psctl")), " ", command,
                                  " --chief=", cluster_->chief_address(),
@@ -305,7 +286,7 @@ TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
 // Even the chief's certificate cannot make a ps write outside its own --checkpoint_dir, or into
 // a committed checkpoint: requests name a checkpoint, not a path.
 TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
-  RunResult saved = Psctl("psctl-admin", "save");
+  ShellResult saved = Psctl("psctl-admin", "save");
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   std::string committed;  // the last checkpoint listed
   std::istringstream names(RunShell("ls " + Quote(checkpoint_dir_)).output);
@@ -343,19 +324,19 @@ TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
 }
 
 TEST_F(TlsClusterTest, PsctlViewerReadsButOnlyAdminSaves) {
-  RunResult status = Psctl("psctl-viewer", "status");
+  ShellResult status = Psctl("psctl-viewer", "status");
   EXPECT_EQ(status.exit_code, 0) << status.output;
   EXPECT_THAT(status.output, HasSubstr("ps:0"));
 
-  RunResult vars = Psctl("psctl-viewer", "vars");
+  ShellResult vars = Psctl("psctl-viewer", "vars");
   EXPECT_EQ(vars.exit_code, 0) << vars.output;
 
-  RunResult refused = Psctl("psctl-viewer", "save");
+  ShellResult refused = Psctl("psctl-viewer", "save");
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_THAT(refused.output,
               HasSubstr("role viewer (psctl viewer) may not call Coordinator.Checkpoint"));
 
-  RunResult saved = Psctl("psctl-admin", "save");
+  ShellResult saved = Psctl("psctl-admin", "save");
   EXPECT_EQ(saved.exit_code, 0) << saved.output;
   ExpectTraining();
 }
@@ -409,7 +390,7 @@ TEST(TlsStartTest, ADaemonRefusesAnotherTasksCertificate) {
   MakeCerts(absl::StrCat("--out ", dir,
                          " --cluster mnist --chief_hosts 127.0.0.1:0 --worker_hosts 127.0.0.1:0"));
   const TlsConfig worker = TlsFilesOf(dir, "worker-0");
-  RunResult r = RunShell(
+  ShellResult r = RunShell(
       absl::StrCat("exec ", Quote(RunfilePath("ps_server/ps_server")),
                    " --chief_hosts=127.0.0.1:1 --ps_hosts=127.0.0.1:0 --job_name=ps --task_index=0",
                    " --tls_ca_file=", worker.ca_file, " --tls_cert_file=", worker.cert_file,
@@ -421,7 +402,7 @@ TEST(TlsStartTest, ADaemonRefusesAnotherTasksCertificate) {
 
 // Without TLS a daemon serves only loopback, unless told --allow_insecure.
 TEST(TlsStartTest, PlaintextBeyondLoopbackIsRefused) {
-  RunResult r = RunShell(
+  ShellResult r = RunShell(
       absl::StrCat("exec ", Quote(RunfilePath("ps_server/ps_server")),
                    " --chief_hosts=127.0.0.1:1 --ps_hosts=0.0.0.0:0 --job_name=ps --task_index=0"));
   EXPECT_NE(r.exit_code, 0);
