@@ -575,11 +575,14 @@ void Coordinator::EvaluationLoop() {
         LOG(WARNING) << "final evaluation failed: " << r.status();
       }
     }
-    absl::MutexLock lock(&mu_);
-    progress_.set_finished(true);
-    SetPhaseLocked(v1::FINISHED, "");
-    LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f (by %s)",
-                                 progress_.test_accuracy(), progress_.test_evaluated_by());
+    {
+      absl::MutexLock lock(&mu_);
+      progress_.set_finished(true);
+      SetPhaseLocked(v1::FINISHED, "");
+      LOG(INFO) << absl::StrFormat("training finished: final test accuracy %.4f (by %s)",
+                                   progress_.test_accuracy(), progress_.test_evaluated_by());
+    }
+    if (options_.exit_after_training) StopTheCluster();
     return;
   }
 }
@@ -664,7 +667,51 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
   PS_ASSIGN_OR_RETURN(bool known,
                       registry_.Heartbeat(req.task(), req.incarnation(), req.step(), req.detail()));
   resp->set_reregister(!known);
+  if (known) {
+    absl::MutexLock lock(&mu_);
+    if (telling_tasks_to_stop_) {
+      resp->set_stop(true);
+      told_to_stop_.insert(TaskName(req.task()));
+    }
+  }
   return absl::OkStatus();
+}
+
+bool Coordinator::AllTasksToldToStop(std::vector<std::string>* waiting) const {
+  // The registry's lock is not taken under mu_.
+  std::vector<v1::TaskStatus> tasks = registry_.Snapshot();
+  absl::MutexLock lock(&mu_);
+  waiting->clear();
+  for (const v1::TaskStatus& t : tasks) {
+    const std::string name = TaskName(t.task());
+    if (t.task().job() == kChiefJob || t.health() != v1::HEALTH_SERVING) continue;
+    if (!told_to_stop_.contains(name)) waiting->push_back(name);
+  }
+  return waiting->empty();
+}
+
+void Coordinator::StopTheCluster() {
+  {
+    absl::MutexLock lock(&mu_);
+    telling_tasks_to_stop_ = true;
+  }
+  LOG(INFO) << "training is over (--exit_after_training): telling every task to stop";
+  const absl::Time deadline = clock_->Now() + options_.exit_grace;
+  std::vector<std::string> waiting;
+  while (!AllTasksToldToStop(&waiting)) {
+    absl::MutexLock lock(&mu_);
+    if (stop_requested_) return;
+    if (clock_->Now() >= deadline) {
+      LOG(WARNING) << "after " << absl::FormatDuration(options_.exit_grace) << ", "
+                   << absl::StrJoin(waiting, ", ")
+                   << " had not heard that training is over; the chief stops anyway";
+      break;
+    }
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(&stop_requested_),
+                              std::min(deadline, clock_->Now() + absl::Milliseconds(100)));
+  }
+  LOG(INFO) << "every task has been told to stop; the chief stops";
+  Stop();
 }
 
 absl::Status Coordinator::GetModel(const v1::GetModelRequest& req, const CallContext& call,

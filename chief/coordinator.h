@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -58,6 +59,12 @@ struct CoordinatorOptions {
   // With an evaluator task: how long to wait for its evaluation of the final model before
   // the chief evaluates it itself.
   absl::Duration final_eval_timeout = absl::Seconds(60);
+  // Once training is over (final checkpoint and evaluation taken): answer every task's next
+  // heartbeat with `stop`, wait until each has heard it or is gone (no heartbeat for
+  // heartbeat_timeout), for at most exit_grace, then stop the chief too, so the whole cluster
+  // exits 0 (a Kubernetes Job completes). Off: the cluster keeps serving the trained model.
+  bool exit_after_training = false;
+  absl::Duration exit_grace = absl::Seconds(30);
   // Each evaluation is appended here as a JSON line (empty: not written).
   std::string metrics_path;
   // Checkpoints go here (empty: none). The newest committed one is restored when the chief
@@ -228,6 +235,11 @@ class Coordinator {
   v1::ChiefPhase ServingPhase() const;
   // Records that worker `w` may now have done `steps` steps (a token was granted).
   void NoteGranted(int w, int64_t steps);
+  // exit_after_training: has every task but the chief heard `stop`, or gone? Lists the others.
+  bool AllTasksToldToStop(std::vector<std::string>* waiting) const;
+  // exit_after_training, after FINISHED: tells every task to stop, waits (exit_grace at most),
+  // then stops the chief.
+  void StopTheCluster();
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool model_ready_ ABSL_GUARDED_BY(mu_) = false;
@@ -252,6 +264,9 @@ class Coordinator {
   // FINAL_EVALUATION: the step whose model the evaluator must evaluate, and whether it has.
   int64_t final_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool final_evaluated_ ABSL_GUARDED_BY(mu_) = false;
+  // exit_after_training: heartbeats are answered with `stop`, and who has heard it.
+  bool telling_tasks_to_stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<std::string> told_to_stop_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

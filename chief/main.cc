@@ -41,6 +41,12 @@ DEFINE_string(metrics_file, "", "Append each evaluation here as a JSON line.");
 DEFINE_int32(final_eval_timeout_secs, 60,
              "With an evaluator task: how long to wait for its evaluation of the final model "
              "before the chief evaluates it itself.");
+DEFINE_bool(exit_after_training, false,
+            "When training is over (final checkpoint and evaluation taken), tell every ps, "
+            "worker and evaluator to stop, wait for them (--exit_grace_secs at most) and exit "
+            "0: the whole run ends, as a Kubernetes Job should. Off: keep serving the model.");
+DEFINE_int32(exit_grace_secs, 30,
+             "--exit_after_training: how long to wait for every task to hear that it must stop.");
 DEFINE_string(placement_strategy, "round_robin",
               "How variables are spread over ps tasks: round_robin (TF replica_device_setter) "
               "or greedy (by bytes, TF GreedyLoadBalancingStrategy).");
@@ -127,6 +133,9 @@ int main(int argc, char** argv) {
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
   options.metrics_path = FLAGS_metrics_file;
   options.final_eval_timeout = absl::Seconds(FLAGS_final_eval_timeout_secs);
+  if (FLAGS_exit_grace_secs < 0) return Fail("--exit_grace_secs must be >= 0");
+  options.exit_after_training = FLAGS_exit_after_training;
+  options.exit_grace = absl::Seconds(FLAGS_exit_grace_secs);
   if (FLAGS_placement_strategy == "round_robin") {
     options.placement.set_strategy(pscluster::v1::PlacementOptions::ROUND_ROBIN);
   } else if (FLAGS_placement_strategy == "greedy") {

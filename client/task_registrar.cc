@@ -93,6 +93,11 @@ void TaskRegistrar::Run() {
         LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
                                  << ": heartbeat failed: " << s.message();
       }
+      if (s.ok() && resp.stop() && !told_to_stop_) {
+        told_to_stop_ = true;
+        LOG(INFO) << TaskName(options_.task) << ": the chief says training is over; stopping";
+        if (options_.on_stop) options_.on_stop();
+      }
     }
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), need_register ? kRetry : interval_);

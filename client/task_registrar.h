@@ -23,11 +23,15 @@ struct TaskRegistrarOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Called (on the registrar's thread, no lock held) after every accepted registration.
   std::function<void()> on_registered;
+  // Called (on the registrar's thread, no lock held) once, when a heartbeat's answer says
+  // training is over and the task should stop (HeartbeatResponse.stop).
+  std::function<void()> on_stop;
 };
 
 // Announces a task to the chief and keeps it known: registers (retrying while the chief is
 // unreachable), then sends heartbeats, and registers again when the chief says it does not
 // know this incarnation (it restarted). Every process start has a new random incarnation.
+// When the chief answers a heartbeat with `stop` (training is over), it calls on_stop once.
 //
 // Lifecycle: constructed -> Start() -> Stop(). Thread-safe.
 class TaskRegistrar {
@@ -59,6 +63,7 @@ class TaskRegistrar {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool told_to_stop_ = false;  // only the registrar's thread uses it
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -27,6 +27,9 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   reg.heartbeat_interval = options.heartbeat_interval;
   ServiceHost* host_ptr = st->host_.get();
   reg.on_registered = [host_ptr] { host_ptr->SetServing(true); };
+  // The registrar is stopped in Shutdown(), before the task goes away.
+  ServingTask* task_ptr = st.get();
+  reg.on_stop = [task_ptr] { task_ptr->RequestStop(); };
   GrpcChannelOptions channel;
   channel.tls = options.host.tls;
   channel.max_message_bytes = options.host.max_message_bytes;

@@ -25,7 +25,8 @@ struct ServingTaskOptions {
 
 // The part every non-chief daemon shares: serve its gRPC services on the task's address, then
 // register with the chief and keep sending heartbeats. Health turns SERVING once the chief
-// has accepted the task.
+// has accepted the task. When the chief says training is over (it runs with
+// --exit_after_training), the task requests its own stop, and its daemon exits 0.
 //
 // Lifecycle: Start() -> serving -> RequestStop() (any thread) -> Shutdown(). Thread-safe.
 class ServingTask {

@@ -13,6 +13,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "storage/checkpoint.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
@@ -83,6 +84,47 @@ TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
     // Reaped and gone: nothing is left behind.
     EXPECT_EQ(kill(p->pid(), 0), -1);
   }
+}
+
+// With --exit_after_training the run ends by itself, as a Kubernetes Job must: the chief takes
+// the final checkpoint, tells every task to stop through its heartbeat answer, and exits; the
+// ps tasks and the workers (which were not given --exit_after_training themselves) exit 0 too.
+TEST(LifecycleTest, TheWholeClusterExitsZeroWhenTrainingEnds) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/exit-after-training");
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  options.flags["chief"] = RecoveryChiefFlags(dir);
+  options.flags["chief"].push_back("--exit_after_training");
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+
+  std::vector<ChildProcess*> processes = c.processes();
+  ASSERT_EQ(processes.size(), 5u);
+  auto chief_exit = c.chief().WaitForExit(absl::Seconds(240));
+  ASSERT_TRUE(chief_exit.ok()) << chief_exit.status() << c.Logs();
+  EXPECT_EQ(DescribeWaitStatus(*chief_exit), "exit 0") << c.chief().LogTail(30);
+  EXPECT_THAT(c.chief().LogTail(30), HasSubstr("every task has been told to stop"));
+  // Every other task has heard it by the time the chief exits, and stops within moments.
+  for (ChildProcess* p : processes) {
+    auto exit = p->WaitForExit(absl::Seconds(10));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << p->LogTail();
+    EXPECT_EQ(DescribeWaitStatus(*exit), "exit 0") << p->options().binary << "\n" << p->LogTail();
+  }
+  for (const std::string task : {"ps:0", "ps:1", "worker:0", "worker:1"}) {
+    ChildProcess& p = task[0] == 'p' ? c.ps(task.back() - '0') : c.worker(task.back() - '0');
+    EXPECT_THAT(p.LogTail(30), HasSubstr("the chief says training is over")) << task;
+  }
+  // The final checkpoint holds the final step: 2 epochs of 12,000 examples, each sync step
+  // a batch of 50 from each of the 2 workers.
+  auto checkpoints = ListCheckpoints(dir);
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  ASSERT_FALSE(checkpoints->empty());
+  auto manifest = ReadManifest(checkpoints->front());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step(), 240);
+  EXPECT_TRUE(VerifyCheckpoint(checkpoints->front()).ok());
 }
 
 // SIGTERM is honoured within the grace period whatever the chief waits on: here a recovery
