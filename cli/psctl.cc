@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cli/checkpoint_source.h"
 #include "cli/ckpt_command.h"
 #include "cli/command_output.h"
@@ -23,9 +25,12 @@
 #include "cli/vars_command.h"
 #include "cli/watch_command.h"
 #include "client/chief_client.h"
+#include "client/grpc_channel.h"
 #include "client/grpc_chief_client.h"
 #include "common/cluster_spec.h"
 #include "gflags/gflags.h"
+#include "grpcpp/client_context.h"
+#include "proto/health.grpc.pb.h"
 #include "runtime/daemon_flags.h"
 
 DEFINE_string(chief, "", "host:port of the chief. When empty, the cluster spec names it.");
@@ -46,6 +51,9 @@ DEFINE_bool(all, false, "dump: every dense variable, one .npy each, plus index.j
 DEFINE_string(checkpoint, "",
               "dump: read from this checkpoint (a ckpt-* directory, or a directory of "
               "checkpoints for its newest) instead of the live cluster.");
+DEFINE_string(tls_server_name, "",
+              "health: with TLS, the name the server's certificate must carry when it is not "
+              "the address's host (a probe that dials 127.0.0.1).");
 DEFINE_double(save_timeout_secs, 600, "save: how long to wait for the checkpoint to commit.");
 DECLARE_string(job_name);
 DECLARE_int32(task_index);
@@ -68,6 +76,8 @@ constexpr char kUsage[] =
     "  dump VAR --out=F.npy   the whole variable as .npy (--checkpoint=PATH: from a checkpoint)\n"
     "  dump --all --out=DIR   every dense variable as DIR/NAME.npy plus DIR/index.json\n"
     "  save                   take a checkpoint now and wait until it is committed\n"
+    "  health HOST:PORT       one gRPC health check of any task (0: SERVING, 1: not); for\n"
+    "                         Kubernetes probes (--tls_server_name when dialling 127.0.0.1)\n"
     "commands on checkpoints (offline):\n"
     "  ckpt list DIR          the committed checkpoints under DIR, newest first\n"
     "  ckpt show PATH         a checkpoint's manifest (PATH: a ckpt-* dir, or DIR for the newest)\n"
@@ -195,6 +205,24 @@ int RunDump(const std::vector<std::string>& args) {
   return Print(pscluster::RunDumpCommand(*source, args[1], FLAGS_out, Format()));
 }
 
+// One grpc.health.v1 Check of a task, for probes: exit 0 if it answers SERVING.
+int RunHealth(const std::vector<std::string>& args) {
+  if (args.size() != 2) return Usage("health takes one address (HOST:PORT)");
+  pscluster::GrpcChannelOptions channel;
+  channel.tls = pscluster::TlsConfigFromFlags();
+  channel.tls_server_name = FLAGS_tls_server_name;
+  auto stub = grpc::health::v1::Health::NewStub(pscluster::NewGrpcChannel(args[1], channel));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + Seconds(FLAGS_rpc_timeout_secs)));
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+  if (!s.ok()) return Fail(args[1] + ": health check failed: " + s.error_message());
+  const std::string status =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  std::cout << args[1] << ": " << status << std::endl;
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -206,6 +234,7 @@ int main(int argc, char** argv) {
   // Offline: no cluster needed.
   if (command == "ckpt") return RunCkpt(args);
   if (command == "dump") return RunDump(args);
+  if (command == "health") return RunHealth(args);
 
   const size_t expected_args = command == "shard" || command == "table" ? 2 : 1;
   if (args.size() != expected_args) {

@@ -15,6 +15,7 @@ std::shared_ptr<grpc::Channel> NewGrpcChannel(const std::string& address,
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   }
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   return grpc::CreateCustomChannel(address, ChannelCredentialsFor(options.tls), args);
 }
 

@@ -18,6 +18,9 @@ struct GrpcChannelOptions {
   // Reconnect within 100 ms to 1 s instead of gRPC's default backoff (1 s growing to 120 s):
   // for peers that restart at the same address, as ps tasks do.
   bool fast_reconnect = false;
+  // With TLS: the name the server's certificate must carry, when it is not the address's host
+  // (a probe inside a pod dials 127.0.0.1 but the certificate names the pod's DNS name).
+  std::string tls_server_name;
 };
 
 // A channel to `address` (host:port) with these settings.

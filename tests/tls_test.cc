@@ -341,6 +341,24 @@ TEST_F(TlsClusterTest, PsctlViewerReadsButOnlyAdminSaves) {
   ExpectTraining();
 }
 
+// The probe the Kubernetes pods run: psctl health with the task's own certificate, as its
+// container holds it. The certificate's names are checked: another name fails.
+TEST_F(TlsClusterTest, PsctlHealthProbesATaskWithItsOwnCertificate) {
+  const std::string ps0 = cluster_->address("ps:0");
+  ShellResult serving = Psctl("ps-0", "health " + ps0);
+  EXPECT_EQ(serving.exit_code, 0) << serving.output;
+  EXPECT_THAT(serving.output, HasSubstr(ps0 + ": SERVING"));
+
+  ShellResult wrong_name = Psctl("ps-0", "health " + ps0 + " --tls_server_name=ps-0.elsewhere");
+  EXPECT_EQ(wrong_name.exit_code, 1) << wrong_name.output;
+  EXPECT_THAT(wrong_name.output, HasSubstr("health check failed"));
+
+  ShellResult plaintext =
+      RunShell(absl::StrCat("exec ", Quote(RunfilePath("cli/psctl")), " health ", ps0));
+  EXPECT_EQ(plaintext.exit_code, 1) << plaintext.output;
+  ExpectTraining();
+}
+
 // The TLS files are watched: a CA added to ps:0's trust file is accepted without a restart
 // (this is how a CA is rotated: trust both, reissue, drop the old one).
 TEST(TlsRotationTest, ANewlyTrustedCaIsAcceptedWithoutARestart) {
