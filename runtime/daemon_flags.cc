@@ -2,9 +2,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/cluster_spec.h"
+#include "common/version.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "runtime/termination.h"
@@ -39,17 +45,112 @@ DEFINE_int32(shutdown_grace_ms, 2000,
              "On SIGTERM/SIGINT, calls in flight get this long to finish, in milliseconds.");
 
 DECLARE_bool(help);
+DECLARE_bool(helpshort);
 
 namespace pscluster {
+namespace {
+
+// --help shows the project's flags only, in these groups (the shared ones) and then the
+// program's own; --helpfull shows every flag, the logging library's too.
+struct FlagGroup {
+  const char* title;
+  std::vector<std::string> flags;
+  bool for_psctl;
+};
+
+const FlagGroup& SharedGroup(int i) {
+  static const FlagGroup* const kGroups = new FlagGroup[3]{
+      {"Cluster spec (else the TF_CONFIG environment variable)",
+       {"chief_hosts", "ps_hosts", "worker_hosts", "evaluator_hosts", "job_name", "task_index",
+        "cluster_spec_file"},
+       true},
+      {"Mutual TLS (docs/security.md)",
+       {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_refresh_s", "allow_insecure"},
+       true},
+      {"Server",
+       {"port_file", "max_message_bytes", "max_concurrent_streams", "grpc_reflection",
+        "shutdown_grace_ms"},
+       false},
+  };
+  return kGroups[i];
+}
+
+// Wraps `text` at 96 columns, each line indented by `indent` spaces.
+std::string Wrap(const std::string& text, int indent) {
+  std::string out;
+  int column = 0;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (column > 0 && column + 1 + static_cast<int>(word.size()) > 96) {
+      out += "\n";
+      column = 0;
+    }
+    if (column == 0) {
+      out.append(indent, ' ');
+      column = indent;
+    } else {
+      out += ' ';
+      ++column;
+    }
+    out.append(word.data(), word.size());
+    column += static_cast<int>(word.size());
+  }
+  return out + "\n";
+}
+
+void PrintFlag(const gflags::CommandLineFlagInfo& flag) {
+  std::string line = "  --" + flag.name;
+  if (flag.type == "string") {
+    line += flag.default_value.empty() ? "" : "  (default \"" + flag.default_value + "\")";
+  } else {
+    line += "  (" + flag.type + ", default " + flag.default_value + ")";
+  }
+  std::printf("%s\n%s", line.c_str(), Wrap(flag.description, 6).c_str());
+}
+
+// The program's own flags are defined in its main file (chief/main.cc, cli/psctl.cc...).
+bool IsProgramFlag(const std::string& file) {
+  for (const char* dir : {"chief/", "ps_server/", "worker/", "evaluator/", "cli/"}) {
+    if (absl::StartsWith(file, dir)) return true;
+  }
+  return false;
+}
+
+void PrintProjectHelp(const std::string& program) {
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  std::map<std::string, const gflags::CommandLineFlagInfo*> by_name;
+  for (const gflags::CommandLineFlagInfo& f : flags) by_name[f.name] = &f;
+  std::printf("%s: %s\n", program.c_str(), gflags::ProgramUsage());
+  std::printf("\n%s flags:\n", program.c_str());
+  for (const gflags::CommandLineFlagInfo& f : flags) {
+    if (IsProgramFlag(f.filename)) PrintFlag(f);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const FlagGroup& group = SharedGroup(i);
+    if (program == "psctl" && !group.for_psctl) continue;
+    std::printf("\n%s:\n", group.title);
+    for (const std::string& name : group.flags) {
+      auto it = by_name.find(name);
+      if (it != by_name.end()) PrintFlag(*it->second);
+    }
+  }
+  std::printf(
+      "\nLogs go to stderr (glog). --helpfull lists every flag, the logging library's too;\n"
+      "--version prints the version and commit.\n");
+}
+
+}  // namespace
 
 void InitDaemonMain(const char* usage, int* argc, char*** argv) {
   BlockTerminationSignals();
   FLAGS_logtostderr = true;
   gflags::SetUsageMessage(usage);
+  gflags::SetVersionString(VersionString());
   gflags::ParseCommandLineNonHelpFlags(argc, argv, true);
-  if (FLAGS_help) {
-    // gflags would exit with 1 after --help; asking for help is not an error.
-    gflags::ShowUsageWithFlags((*argv)[0]);
+  if (FLAGS_help || FLAGS_helpshort) {
+    // Asking for help is not an error (gflags would exit with 1).
+    PrintProjectHelp(std::string(
+        absl::string_view((*argv)[0]).substr(absl::string_view((*argv)[0]).find_last_of('/') + 1)));
     std::exit(0);
   }
   gflags::HandleCommandLineHelpFlags();

@@ -11,7 +11,9 @@ namespace pscluster {
 // environment; libraries take a ClusterConfig and options structs instead.
 
 // The start of every daemon's main(): blocks SIGTERM/SIGINT (see BlockTerminationSignals),
-// logs to stderr unless --logtostderr=false, parses flags (--help lists them) and starts glog.
+// logs to stderr unless --logtostderr=false, parses flags and starts glog. --help (and
+// --helpshort) lists the project's flags by group, --helpfull every flag, --version the
+// version and commit (common/version.h); each exits 0.
 void InitDaemonMain(const char* usage, int* argc, char*** argv);
 
 // The cluster spec from --ps_hosts, --worker_hosts, --chief_hosts, --evaluator_hosts,

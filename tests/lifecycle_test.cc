@@ -20,6 +20,7 @@ namespace pscluster {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct RunResult {
   int wait_status = 0;
@@ -254,13 +255,40 @@ INSTANTIATE_TEST_SUITE_P(
                               "job \"chief\" has 2 tasks"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
 
-TEST(DaemonFlagsTest, HelpListsTheFlagsAndExitsZero) {
-  for (const char* binary : {"chief/chief", "ps_server/ps_server", "worker/worker"}) {
-    RunResult r = RunToExit(binary, {"--help"}, "");
-    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 0") << binary;
-    for (const char* flag : {"-port_file", "-ps_hosts", "-task_index", "-cluster_spec_file"}) {
-      EXPECT_THAT(r.output, HasSubstr(flag)) << binary;
+TEST(DaemonFlagsTest, HelpListsTheProjectsFlagsByGroupAndExitsZero) {
+  for (const char* binary :
+       {"chief/chief", "ps_server/ps_server", "worker/worker", "evaluator/evaluator"}) {
+    for (const char* help : {"--help", "--helpshort"}) {
+      RunResult r = RunToExit(binary, {help}, "");
+      EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 0") << binary << " " << help;
+      for (const char* text :
+           {"--port_file", "--ps_hosts", "--task_index", "--cluster_spec_file", "--tls_ca_file",
+            "Cluster spec (else the TF_CONFIG environment variable):",
+            "Mutual TLS (docs/security.md):", "Server:", "--helpfull lists every flag"}) {
+        EXPECT_THAT(r.output, HasSubstr(text)) << binary << " " << help;
+      }
+      // The logging library's flags are left to --helpfull.
+      EXPECT_THAT(r.output, Not(HasSubstr("--minloglevel"))) << binary;
+      EXPECT_THAT(r.output, Not(HasSubstr("--flagfile"))) << binary;
     }
+    RunResult full = RunToExit(binary, {"--helpfull"}, "");
+    EXPECT_THAT(full.output, HasSubstr("-minloglevel")) << binary;
+  }
+  // Each program lists its own flags first, under its name.
+  EXPECT_THAT(RunToExit("chief/chief", {"--help"}, "").output,
+              HasSubstr("chief flags:\n  --batch_size  (int32, default 128)"));
+  EXPECT_THAT(RunToExit("ps_server/ps_server", {"--help"}, "").output,
+              HasSubstr("--max_table_rows"));
+}
+
+TEST(DaemonFlagsTest, VersionNamesTheReleaseAndCommit) {
+  for (const char* binary :
+       {"chief/chief", "ps_server/ps_server", "worker/worker", "evaluator/evaluator"}) {
+    RunResult r = RunToExit(binary, {"--version"}, "");
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 0") << binary;
+    EXPECT_THAT(r.output, ::testing::MatchesRegex(".* version [0-9]+\\.[0-9]+\\.[0-9]+ "
+                                                  "\\(commit [0-9a-z-]+\\)"))
+        << binary;
   }
 }
 
