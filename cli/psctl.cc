@@ -54,6 +54,9 @@ DEFINE_string(checkpoint, "",
 DEFINE_string(tls_server_name, "",
               "health: with TLS, the name the server's certificate must carry when it is not "
               "the address's host (a probe that dials 127.0.0.1).");
+DEFINE_bool(alive, false,
+            "health: exit 0 whenever the task answers, SERVING or not (a liveness probe: a ps "
+            "waiting for its chief is alive but not ready).");
 DEFINE_double(save_timeout_secs, 600, "save: how long to wait for the checkpoint to commit.");
 DECLARE_string(job_name);
 DECLARE_int32(task_index);
@@ -76,8 +79,9 @@ constexpr char kUsage[] =
     "  dump VAR --out=F.npy   the whole variable as .npy (--checkpoint=PATH: from a checkpoint)\n"
     "  dump --all --out=DIR   every dense variable as DIR/NAME.npy plus DIR/index.json\n"
     "  save                   take a checkpoint now and wait until it is committed\n"
-    "  health HOST:PORT       one gRPC health check of any task (0: SERVING, 1: not); for\n"
-    "                         Kubernetes probes (--tls_server_name when dialling 127.0.0.1)\n"
+    "  health HOST:PORT       one gRPC health check of any task (0: SERVING, 1: not; --alive:\n"
+    "                         0 whenever it answers); for Kubernetes probes (--tls_server_name\n"
+    "                         when dialling 127.0.0.1)\n"
     "commands on checkpoints (offline):\n"
     "  ckpt list DIR          the committed checkpoints under DIR, newest first\n"
     "  ckpt show PATH         a checkpoint's manifest (PATH: a ckpt-* dir, or DIR for the newest)\n"
@@ -220,6 +224,7 @@ int RunHealth(const std::vector<std::string>& args) {
   const std::string status =
       grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
   std::cout << args[1] << ": " << status << std::endl;
+  if (FLAGS_alive) return 0;
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 

@@ -20,6 +20,9 @@ PACKAGES=(
   dataset-fashion-mnist
   # Tests and scripts; openssl makes certificates (deploy/tls/make_certs.sh).
   python3 procps openssl
+  # The deployment checks: the Kubernetes manifests' schema (python3-kubernetes, with
+  # kubectl's kustomize, which is not a Debian package), the systemd units (systemd-analyze).
+  python3-kubernetes python3-yaml systemd
 )
 
 SUDO=""

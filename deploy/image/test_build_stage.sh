@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# "The image builds", measured without a container engine: runs the Dockerfile's two stages
+# in clean Debian 12 roots made with debootstrap from the package mirror.
+#   1. build root (debootstrap bookworm): the committed tree (git archive HEAD) at /src, then
+#      deploy/image/build_stage.sh /out, as the Dockerfile's build stage runs it;
+#   2. runtime root (debootstrap --variant=minbase, as slim as debian:12-slim): only the
+#      packages of /out/runtime-packages.txt and dataset-fashion-mnist, /out/opt/pscluster, a
+#      non-root user; then, as that user, every binary's --version, the entrypoint's
+#      TF_CONFIG, and a short training run (chief, ps and worker on 127.0.0.1, the chief with
+#      --exit_after_training): each task must exit 0.
+# Root only (debootstrap, chroot, mounts). About 30-40 minutes on 2 cores, most of it Bazel.
+#
+#   bash deploy/image/test_build_stage.sh [--work DIR] [--mirror URL] [--keep]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$(pwd)
+work=/var/tmp/pscluster-image-test
+mirror=http://deb.debian.org/debian
+keep=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --work) work=$2; shift 2 ;;
+    --mirror) mirror=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "test_build_stage.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $(id -u) -eq 0 ]] || { echo "test_build_stage.sh: needs root (debootstrap, chroot)" >&2; exit 2; }
+command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
+
+build=$work/build-root
+runtime=$work/runtime-root
+mounted=()
+cleanup() {
+  local m
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+  [[ $keep -eq 1 ]] || rm -rf "$work"
+}
+trap cleanup EXIT
+mount_system() {  # root
+  for d in proc sys dev dev/pts; do
+    mkdir -p "$1/$d"
+    mount --bind "/$d" "$1/$d"
+    mounted+=("$1/$d")
+  done
+  cp /etc/resolv.conf "$1/etc/resolv.conf"
+}
+in_root() {  # root command...
+  local root=$1
+  shift
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"
+}
+start=$(date +%s)
+step() { echo "==> [$(( $(date +%s) - start )) s] $*"; }
+
+rm -rf "$work"
+mkdir -p "$work"
+step "debootstrap bookworm (build root) from $mirror"
+debootstrap bookworm "$build" "$mirror" >"$work/debootstrap-build.log" 2>&1 ||
+  { tail -20 "$work/debootstrap-build.log"; exit 1; }
+mount_system "$build"
+step "the committed tree ($(git rev-parse --short HEAD)) at /src"
+mkdir -p "$build/src"
+git archive HEAD | tar -x -C "$build/src"
+step "build stage: bash deploy/image/build_stage.sh /out"
+in_root "$build" bash -c 'cd /src && bash deploy/image/build_stage.sh /out' 2>&1 | tee "$work/build-stage.log" | grep -E '^(==>|setup:)' || true
+[[ ${PIPESTATUS[0]} -eq 0 && -x $build/out/opt/pscluster/bin/chief ]] ||
+  { echo "test_build_stage.sh: the build stage failed; see $work/build-stage.log" >&2; tail -30 "$work/build-stage.log"; keep=1; exit 1; }
+
+step "debootstrap --variant=minbase bookworm (runtime root)"
+debootstrap --variant=minbase bookworm "$runtime" "$mirror" >"$work/debootstrap-runtime.log" 2>&1 ||
+  { tail -20 "$work/debootstrap-runtime.log"; exit 1; }
+mount_system "$runtime"
+step "runtime stage: $(tr '\n' ' ' <"$build/out/runtime-packages.txt")dataset-fashion-mnist"
+cp "$build/out/runtime-packages.txt" "$runtime/tmp/"
+in_root "$runtime" bash -c 'apt-get update -q && xargs -a /tmp/runtime-packages.txt apt-get install -y -q --no-install-recommends dataset-fashion-mnist' \
+  >"$work/runtime-apt.log" 2>&1 || { tail -20 "$work/runtime-apt.log"; exit 1; }
+cp -a "$build/out/opt/pscluster" "$runtime/opt/"
+in_root "$runtime" useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin pscluster
+ln -sf /opt/pscluster/bin/psctl "$runtime/usr/local/bin/psctl"
+echo "    runtime root: $(du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" 2>/dev/null | cut -f1)"
+
+as_user() { chroot --userspec=10001:10001 "$runtime" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp "$@"; }
+step "each binary runs as the non-root user"
+for b in chief ps_server worker evaluator psctl; do
+  out=$(as_user "/opt/pscluster/bin/$b" --version) || { echo "$b --version failed: $out" >&2; exit 1; }
+  echo "    $out"
+done
+
+step "entrypoint.sh builds this pod's TF_CONFIG in the runtime root"
+as_user /usr/bin/env JOB=ps NUM_PS=2 NUM_WORKERS=2 PORT=2222 HOSTNAME=pscluster-ps-1 \
+  JOB_COMPLETION_INDEX=1 PSCLUSTER_DRY_RUN=1 /opt/pscluster/entrypoint.sh | sed 's/^/    /'
+
+step "a short training run as the non-root user: chief, 1 ps, 1 worker on 127.0.0.1"
+logs=$runtime/tmp/run
+mkdir -p "$logs" && chmod 777 "$logs"
+port=$((20000 + RANDOM % 20000))
+spec="\"chief\":[\"127.0.0.1:$port\"],\"ps\":[\"127.0.0.1:$((port + 1))\"],\"worker\":[\"127.0.0.1:$((port + 2))\"]"
+pids=()
+task() {  # job index binary flags...
+  local job=$1 index=$2 binary=$3
+  shift 3
+  as_user GLOG_logtostderr=1 TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
+    "/opt/pscluster/bin/$binary" "$@" >"$logs/$job-$index.log" 2>&1 &
+  pids+=($!)
+}
+task chief 0 chief --model_config=/opt/pscluster/configs/softmax_regression.pbtxt \
+  --max_train_examples=6000 --max_test_examples=1000 --epochs=1 --exit_after_training \
+  --checkpoint_dir=/tmp/run/checkpoints
+task ps 0 ps_server --checkpoint_dir=/tmp/run/checkpoints
+task worker 0 worker
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+tail -3 "$logs"/chief-0.log | sed 's/^/    chief: /'
+[[ $status -eq 0 ]] || { echo "test_build_stage.sh: a task exited non-zero; logs in $logs" >&2; keep=1; exit 1; }
+grep -q "training finished" "$logs/chief-0.log" || { echo "no 'training finished' in the chief's log" >&2; keep=1; exit 1; }
+step "PASS: the build stage built on a clean Debian 12, and the runtime stage trained to the end and exited 0"

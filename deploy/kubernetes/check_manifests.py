@@ -1,0 +1,350 @@
+#!/usr/bin/python3
+"""Checks the Kubernetes manifests as CI can without a cluster.
+
+For every overlay under deploy/kubernetes/overlays:
+  1. it renders (`kubectl kustomize`);
+  2. every rendered object passes a schema check that rejects unknown fields and wrong scalar
+     types, against the API types of Debian's python3-kubernetes (Kubernetes 1.22 objects:
+     every field used here exists since then), and deserializes with its required fields;
+  3. the cluster holds together: the headless Service publishes not-ready addresses and
+     selects every task's pod; each Job is an Indexed Job named <service>-<job> with the
+     Service as subdomain; running entrypoint.sh in each simulated pod (its rendered
+     environment and ConfigMap, its host name and completion index) gives a TF_CONFIG whose
+     every address is a pod of the rendered Jobs at <pod>.<service>:<port>, and probes that
+     dial the pod's own port with its own DNS name; the NetworkPolicy, Secret, volume and
+     ConfigMap references match; pods run non-root, read-only, without capabilities or a
+     service-account token; ps tasks get guaranteed QoS.
+Also: entrypoint.sh refuses a broken pod environment with a message naming what is wrong, and
+base/model.pbtxt is configs/mlp.pbtxt.
+
+usage: check_manifests.py REPO_ROOT   (exit 0: all good; 1: the failures are listed)
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+from kubernetes import client as k8s
+
+FAILURES = []
+
+
+def fail(where, message):
+    FAILURES.append(f"{where}: {message}")
+
+
+# apiVersion/kind -> the python3-kubernetes model class name.
+MODELS = {
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Service"): "V1Service",
+    ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
+    ("v1", "Secret"): "V1Secret",
+    ("batch/v1", "Job"): "V1Job",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
+}
+
+SCALARS = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+
+
+def check_value(where, value, type_name):
+    """Checks `value` against an openapi type name of the python client."""
+    if type_name == "object":  # IntOrString, Quantity with a number, raw extensions
+        if not isinstance(value, (str, int, float, dict, list)):
+            fail(where, f"unexpected {type(value).__name__}")
+        return
+    if type_name in SCALARS:
+        expected = SCALARS[type_name]
+        if isinstance(value, bool) and type_name != "bool":
+            fail(where, f"is a boolean, expected {type_name}")
+        elif not isinstance(value, expected):
+            fail(where, f"is {type(value).__name__} {value!r}, expected {type_name}")
+        return
+    if type_name.startswith("list["):
+        if not isinstance(value, list):
+            fail(where, f"is {type(value).__name__}, expected a list")
+            return
+        for i, item in enumerate(value):
+            check_value(f"{where}[{i}]", item, type_name[5:-1])
+        return
+    if type_name.startswith("dict("):
+        if not isinstance(value, dict):
+            fail(where, f"is {type(value).__name__}, expected a map")
+            return
+        item_type = type_name[5:-1].split(", ", 1)[1]
+        for key, item in value.items():
+            check_value(f"{where}.{key}", item, item_type)
+        return
+    model = getattr(k8s, type_name, None)
+    if model is None:
+        fail(where, f"no model {type_name} in python3-kubernetes")
+        return
+    if not isinstance(value, dict):
+        fail(where, f"is {type(value).__name__}, expected an object ({type_name})")
+        return
+    by_json = {json_name: py for py, json_name in model.attribute_map.items()}
+    for key, item in value.items():
+        if key not in by_json:
+            fail(where, f"unknown field \"{key}\" in {type_name}")
+            continue
+        check_value(f"{where}.{key}", item, model.openapi_types[by_json[key]])
+
+
+def check_schema(where, obj):
+    model = MODELS.get((obj.get("apiVersion"), obj.get("kind")))
+    if model is None:
+        fail(where, f"apiVersion {obj.get('apiVersion')} kind {obj.get('kind')} is not checked here")
+        return
+    check_value(where, obj, model)
+    # Deserializing checks each model's required fields (it raises on a missing one).
+    api = k8s.ApiClient()
+    try:
+        api._ApiClient__deserialize(obj, model)  # pylint: disable=protected-access
+    except (ValueError, TypeError) as e:
+        fail(where, f"does not deserialize as {model}: {e}")
+
+
+def render(overlay):
+    result = subprocess.run(["kubectl", "kustomize", overlay], capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(overlay, f"kubectl kustomize failed: {result.stderr.strip()}")
+        return []
+    return [o for o in yaml.safe_load_all(result.stdout) if o]
+
+
+def dry_run(entrypoint, env, args):
+    """Runs entrypoint.sh with PSCLUSTER_DRY_RUN=1 in `env`; returns (code, stdout, stderr)."""
+    full = {"PATH": "/usr/bin:/bin", "PSCLUSTER_DRY_RUN": "1"}
+    full.update(env)
+    result = subprocess.run(["/bin/sh", entrypoint] + args, env=full, capture_output=True,
+                            text=True)
+    return result.returncode, result.stdout, result.stderr
+
+
+def pod_env(where, container, config_maps):
+    """The environment a container gets from its env and envFrom ConfigMaps."""
+    env = {}
+    for source in container.get("envFrom", []):
+        name = source.get("configMapRef", {}).get("name")
+        if name not in config_maps:
+            fail(where, f"envFrom names ConfigMap {name}, which is not rendered")
+            continue
+        env.update(config_maps[name].get("data", {}))
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+    return env
+
+
+def check_pod_security(where, pod, container):
+    if pod.get("automountServiceAccountToken") is not False:
+        fail(where, "the service-account token is mounted")
+    sc = pod.get("securityContext", {})
+    if sc.get("runAsNonRoot") is not True or not sc.get("runAsUser"):
+        fail(where, "pods must run as a non-root user")
+    if sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        fail(where, "seccomp profile is not RuntimeDefault")
+    csc = container.get("securityContext", {})
+    if csc.get("readOnlyRootFilesystem") is not True:
+        fail(where, "the root filesystem is writable")
+    if csc.get("allowPrivilegeEscalation") is not False:
+        fail(where, "privilege escalation is allowed")
+    if csc.get("capabilities", {}).get("drop") != ["ALL"]:
+        fail(where, "capabilities are not all dropped")
+    if pod.get("restartPolicy") != "OnFailure":
+        fail(where, "restartPolicy is not OnFailure (a dead process must restart in place)")
+
+
+def check_overlay(overlay, entrypoint):
+    objects = render(overlay)
+    if not objects:
+        return
+    name = os.path.basename(overlay)
+    for obj in objects:
+        check_schema(f"{name}/{obj.get('kind')}/{obj.get('metadata', {}).get('name')}", obj)
+
+    def of_kind(kind):
+        return [o for o in objects if o.get("kind") == kind]
+
+    config_maps = {o["metadata"]["name"]: o for o in of_kind("ConfigMap")}
+    claims = {o["metadata"]["name"] for o in of_kind("PersistentVolumeClaim")}
+    services = of_kind("Service")
+    if len(services) != 1:
+        fail(name, f"expected one Service, found {len(services)}")
+        return
+    service = services[0]
+    svc = service["metadata"]["name"]
+    spec = service["spec"]
+    if spec.get("clusterIP") != "None" or spec.get("publishNotReadyAddresses") is not True:
+        fail(name, f"Service {svc} must be headless and publish not-ready addresses")
+    ports = [p for p in spec.get("ports", []) if p.get("name") == "grpc"]
+    if len(ports) != 1:
+        fail(name, f"Service {svc} has no port named grpc")
+        return
+    port = ports[0]["port"]
+    selector = spec.get("selector", {})
+    if not selector:
+        fail(name, f"Service {svc} selects nothing")
+
+    jobs = {}
+    for job in of_kind("Job"):
+        component = job["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        jobs[component] = job
+    if set(jobs) != {"chief", "ps", "worker"}:
+        fail(name, f"expected Jobs for chief, ps and worker, found {sorted(jobs)}")
+        return
+    # (A completions that is not a number is the schema check's failure; count it as 0 here.)
+    counts = {c: jobs[c]["spec"].get("completions") for c in jobs}
+    counts = {c: n if isinstance(n, int) and not isinstance(n, bool) else 0
+              for c, n in counts.items()}
+    if counts["chief"] != 1:
+        fail(name, f"the chief Job has {counts['chief']} completions, expected 1")
+    expected_hosts = set()
+    for component, job in jobs.items():
+        expected_hosts.update(f"{svc}-{component}-{i}.{svc}:{port}"
+                              for i in range(counts[component]))
+
+    policy_ports = set()
+    for policy in of_kind("NetworkPolicy"):
+        for rule in policy["spec"].get("ingress", []):
+            policy_ports.update(p.get("port") for p in rule.get("ports", []))
+        pod_selector = policy["spec"].get("podSelector", {}).get("matchLabels", {})
+        if not pod_selector or any(selector.get(k) != v for k, v in pod_selector.items()):
+            fail(name, f"NetworkPolicy {policy['metadata']['name']} does not select the "
+                 "cluster's pods (and only them)")
+    if policy_ports != {port}:
+        fail(name, f"the NetworkPolicy admits ports {sorted(policy_ports)}, the cluster uses {port}")
+
+    for component, job in jobs.items():
+        where = f"{name}/Job/{job['metadata']['name']}"
+        if job["metadata"]["name"] != f"{svc}-{component}":
+            fail(where, f"must be named {svc}-{component}: its pods' host names are the tasks' names")
+        jspec = job["spec"]
+        if jspec.get("completionMode") != "Indexed":
+            fail(where, "is not an Indexed Job")
+        if jspec.get("parallelism") != jspec.get("completions"):
+            fail(where, "parallelism differs from completions: every task runs at once")
+        pod = jspec["template"]["spec"]
+        labels = jspec["template"]["metadata"].get("labels", {})
+        if any(labels.get(k) != v for k, v in selector.items()):
+            fail(where, f"pods lack the Service's selector labels {selector}")
+        if pod.get("subdomain") != svc:
+            fail(where, f"subdomain is {pod.get('subdomain')}, not the Service {svc}")
+        container = pod["containers"][0]
+        check_pod_security(where, pod, container)
+        grpc_ports = [p["containerPort"] for p in container.get("ports", [])
+                      if p.get("name") == "grpc"]
+        if grpc_ports != [port]:
+            fail(where, f"container port {grpc_ports}, the Service says {port}")
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        secret = volumes.get("tls", {}).get("secret", {}).get("secretName")
+        if secret != f"{svc}-tls-{component}":
+            fail(where, f"TLS Secret {secret}, make_tls_secrets.sh --service {svc} makes "
+                 f"{svc}-tls-{component}")
+        for volume in volumes.values():
+            claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+            if claim is not None and claim not in claims:
+                fail(where, f"claims volume {claim}, which is not rendered")
+            cm = volume.get("configMap", {}).get("name")
+            if cm is not None and cm not in config_maps:
+                fail(where, f"mounts ConfigMap {cm}, which is not rendered")
+        if component in ("chief", "ps"):
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            claim = volumes.get(mounts.get("/checkpoints"), {}).get("persistentVolumeClaim")
+            if not claim:
+                fail(where, "has no shared checkpoint volume at /checkpoints")
+            if "--checkpoint_dir=/checkpoints" not in container.get("args", []):
+                fail(where, "is not given --checkpoint_dir=/checkpoints")
+        if component == "ps":
+            res = container.get("resources", {})
+            if not res.get("limits") or res.get("requests") != res.get("limits"):
+                fail(where, "ps requests must equal limits (guaranteed QoS)")
+        for probe in ("readinessProbe", "livenessProbe"):
+            if "exec" not in container.get(probe, {}):
+                fail(where, f"has no {probe}")
+
+        env = pod_env(where, container, config_maps)
+        for index in range(counts[component]):
+            host = f"{svc}-{component}-{index}"
+            penv = dict(env, HOSTNAME=host, JOB_COMPLETION_INDEX=str(index),
+                        TLS_DIR="/nonexistent")
+            code, out, err = dry_run(entrypoint, penv, container.get("args", []))
+            if code != 0:
+                fail(f"{where}[{index}]", f"entrypoint.sh failed: {err.strip()}")
+                continue
+            config = json.loads(out.splitlines()[0][len("TF_CONFIG="):])
+            addresses = set()
+            for job_name, hosts in config["cluster"].items():
+                addresses.update(hosts)
+            if addresses != expected_hosts:
+                fail(f"{where}[{index}]", f"TF_CONFIG names {sorted(addresses)}, the pods are "
+                     f"{sorted(expected_hosts)}")
+            if config["task"] != {"type": component, "index": index}:
+                fail(f"{where}[{index}]", f"TF_CONFIG task is {config['task']}")
+            for probe in ("readinessProbe", "livenessProbe"):
+                command = container[probe]["exec"]["command"]
+                code, out, err = dry_run(command[0].replace("/opt/pscluster/entrypoint.sh",
+                                                            entrypoint), penv, command[1:])
+                want = f"health 127.0.0.1:{port} --tls_server_name={host}.{svc}"
+                if code != 0 or want not in out:
+                    fail(f"{where}[{index}]", f"{probe} runs {out.strip()!r} {err.strip()}, "
+                         f"expected psctl {want}")
+
+
+def check_entrypoint_refusals(entrypoint):
+    good = {"JOB": "ps", "NUM_PS": "2", "NUM_WORKERS": "2", "PORT": "2222",
+            "HOSTNAME": "pscluster-ps-1", "JOB_COMPLETION_INDEX": "1", "TLS_DIR": "/nonexistent"}
+    code, out, _ = dry_run(entrypoint, good, [])
+    if code != 0 or '"task":{"type":"ps","index":1}' not in out:
+        fail("entrypoint.sh", f"a good pod environment failed: {out}")
+    cases = [
+        ({"JOB": ""}, "JOB is not set"),
+        ({"JOB": "evaluator"}, 'JOB is "evaluator" (expected chief, ps or worker)'),
+        ({"NUM_PS": "two"}, 'NUM_PS is "two" (expected a whole number'),
+        ({"PORT": "70000"}, "PORT is 70000 (expected 1-65535)"),
+        ({"HOSTNAME": "ps-1"}, "host name ps-1 is not <service>-ps-1"),
+        ({"HOSTNAME": "pscluster-ps-3", "JOB_COMPLETION_INDEX": "3"},
+         "ps index 3 is not below the cluster's 2 ps task(s)"),
+    ]
+    for change, message in cases:
+        code, out, err = dry_run(entrypoint, dict(good, **change), [])
+        if code != 2 or message not in err or out:
+            fail("entrypoint.sh", f"with {change}: exit {code}, {err.strip()!r}; expected exit 2 "
+                 f"and {message!r}")
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = os.path.abspath(sys.argv[1])
+    if shutil.which("kubectl") is None:
+        print("check_manifests.py: kubectl (with kustomize) is not on PATH", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        # A real copy: kustomize refuses files that resolve outside a kustomization (Bazel's
+        # runfiles are links into the source tree).
+        tree = os.path.join(tmp, "kubernetes")
+        shutil.copytree(os.path.join(root, "deploy/kubernetes"), tree, symlinks=False)
+        entrypoint = os.path.join(tree, "entrypoint.sh")
+        overlays = sorted(os.path.join(tree, "overlays", d)
+                          for d in os.listdir(os.path.join(tree, "overlays")))
+        for overlay in overlays:
+            check_overlay(overlay, entrypoint)
+        check_entrypoint_refusals(entrypoint)
+        with open(os.path.join(tree, "base/model.pbtxt")) as a, \
+                open(os.path.join(root, "configs/mlp.pbtxt")) as b:
+            if a.read() != b.read():
+                fail("base/model.pbtxt", "differs from configs/mlp.pbtxt (copy it again)")
+        print(f"checked overlays: {', '.join(os.path.basename(o) for o in overlays)}")
+    for f in FAILURES:
+        print(f"FAIL {f}")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
