@@ -8,7 +8,7 @@
 # installs the build dependencies (tools/setup.sh), builds the daemons and psctl with
 # `bazel build -c opt` (--gpu: --config=cuda, which needs the CUDA toolkit in /usr/local/cuda),
 # and lays out what the runtime stage copies:
-#   OUT/opt/pscluster/{bin/,entrypoint.sh,configs/,VERSION}
+#   OUT/opt/pscluster/{bin/,entrypoint.sh,configs/,VERSION,systemd/,docs/deploy.md}
 #   OUT/runtime-packages.txt   the Debian packages whose libraries the binaries load
 #   OUT/cuda-libs/             --gpu: the CUDA runtime and cuBLAS libraries they load
 set -euo pipefail
@@ -36,6 +36,10 @@ done
 install -m 0755 deploy/kubernetes/entrypoint.sh "$stage/entrypoint.sh"
 install -m 0644 configs/*.pbtxt "$stage/configs/"
 install -m 0644 VERSION "$stage/VERSION"
+# Per-host launch takes the same tree (docs/deploy.md): the systemd units and their docs.
+mkdir -p "$stage/systemd" "$stage/docs"
+install -m 0644 deploy/systemd/*.service deploy/systemd/cluster.env "$stage/systemd/"
+install -m 0644 docs/deploy.md "$stage/docs/"
 
 # The runtime stage installs exactly the packages that own the libraries the binaries load.
 declare -A packages=()
