@@ -23,6 +23,8 @@ PACKAGES=(
   # The deployment checks: the Kubernetes manifests' schema (python3-kubernetes, with
   # kubectl's kustomize, which is not a Debian package), the systemd units (systemd-analyze).
   python3-kubernetes python3-yaml systemd
+  # tests/netns_test.sh: network namespaces, packet loss (nftables) and a rate cap (tc).
+  iproute2 nftables
 )
 
 SUDO=""

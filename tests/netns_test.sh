@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Multi-host runs without a cluster: every task in its own Linux network namespace, as on its
+# own machine. A "switch" namespace holds a bridge; each task's namespace has a veth to it, its
+# own IP in 10.231.0.0/24 and a hosts file (ip netns exec mounts /etc/netns/<ns>/hosts) naming
+# every "host". TF_CONFIG names the tasks by host name, so the daemons bind their interfaces,
+# not loopback, and talk across the bridge (plaintext: --allow_insecure, which a non-loopback
+# bind requires without TLS).
+#
+#   1. chief, 2 ps and 2 workers train to the end (async, the chief with
+#      --exit_after_training): every task exits 0.
+#   2. again, with 5% packet loss into ps-1 (nftables), ps-1's link capped at 20 Mbit/s (tc
+#      tbf), and worker-1's link down for 4 s in the middle of training: training still
+#      finishes, every task exits 0, and the chief saw worker:1 go missing and come back.
+#
+# Runs as root (CI does); otherwise it says so and exits 0 without testing anything. Needs ip
+# (iproute2), nft (nftables) and tc.
+#   bazel test //tests:netns_test     or     bash tests/netns_test.sh BIN_DIR CONFIG_DIR
+set -euo pipefail
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "netns_test: SKIPPED: needs root to make network namespaces (CI runs as root)"
+  exit 0
+fi
+for tool in ip nft tc; do
+  command -v "$tool" >/dev/null || { echo "netns_test: $tool not found (tools/setup.sh installs it)" >&2; exit 1; }
+done
+
+if [[ -n ${TEST_SRCDIR:-} ]]; then
+  root=$TEST_SRCDIR/pscluster
+  declare -A bin=([chief]=$root/chief/chief [ps]=$root/ps_server/ps_server [worker]=$root/worker/worker)
+  configs=$root/configs
+  work=$TEST_TMPDIR
+else
+  bin_dir=${1:?usage: netns_test.sh BIN_DIR CONFIG_DIR}
+  declare -A bin=([chief]=$bin_dir/chief [ps]=$bin_dir/ps_server [worker]=$bin_dir/worker)
+  configs=${2:?usage: netns_test.sh BIN_DIR CONFIG_DIR}
+  work=$(mktemp -d)
+fi
+
+# Names unique to this run, so that runs side by side do not collide.
+run=psc$$
+switch=$run-sw
+tasks=(chief-0 ps-0 ps-1 worker-0 worker-1)
+declare -A ip_of=([chief-0]=10.231.0.10 [ps-0]=10.231.0.20 [ps-1]=10.231.0.21
+  [worker-0]=10.231.0.30 [worker-1]=10.231.0.31)
+ns_of() { echo "$run-$1"; }
+link_of() { echo "${run}${1//-/}"; }  # the switch side of a task's veth (at most 15 chars)
+
+cleanup() {
+  for t in "${tasks[@]}"; do
+    ip netns pids "$(ns_of "$t")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$(ns_of "$t")" 2>/dev/null || true
+    rm -rf "/etc/netns/$(ns_of "$t")"
+  done
+  ip netns del "$switch" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+ip netns add "$switch"
+ip -n "$switch" link add br0 type bridge
+ip -n "$switch" link set br0 up
+hosts_file=$work/hosts
+: >"$hosts_file"
+echo "127.0.0.1 localhost" >>"$hosts_file"
+for t in "${tasks[@]}"; do echo "${ip_of[$t]} $t.hosts.test" >>"$hosts_file"; done
+for t in "${tasks[@]}"; do
+  ns=$(ns_of "$t")
+  ip netns add "$ns"
+  mkdir -p "/etc/netns/$ns"
+  cp "$hosts_file" "/etc/netns/$ns/hosts"
+  ip link add "$(link_of "$t")" netns "$switch" type veth peer name eth0 netns "$ns"
+  ip -n "$switch" link set "$(link_of "$t")" master br0 up
+  ip -n "$ns" addr add "${ip_of[$t]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+done
+# Each host resolves the others' names through its own hosts file.
+[[ $(ip netns exec "$(ns_of worker-1)" getent hosts ps-1.hosts.test) == "${ip_of[ps-1]}"* ]] ||
+  { echo "netns_test: worker-1's namespace does not resolve ps-1.hosts.test" >&2; exit 1; }
+echo "netns_test: 5 hosts on a bridge: $(tr '\n' ' ' <"$hosts_file")"
+
+port=2222
+spec="\"chief\":[\"chief-0.hosts.test:$port\"],\"ps\":[\"ps-0.hosts.test:$port\",\"ps-1.hosts.test:$port\"],\"worker\":[\"worker-0.hosts.test:$port\",\"worker-1.hosts.test:$port\"]"
+declare -A pid_of=()
+start() {  # task logfile flags...
+  local t=$1 log=$2
+  shift 2
+  local job=${t%-*} index=${t##*-}
+  ip netns exec "$(ns_of "$t")" env \
+    TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
+    "${bin[$job]}" --allow_insecure "$@" >"$log" 2>&1 &
+  pid_of[$t]=$!
+}
+
+train() {  # name [faults]
+  local name=$1 faults=${2:-}
+  local dir=$work/$name
+  mkdir -p "$dir"
+  start chief-0 "$dir/chief-0.log" --model_config="$configs/softmax_regression.pbtxt" \
+    --mode=async --max_train_examples=12000 --max_test_examples=2000 --epochs=3 \
+    --batch_size=50 --eval_every_secs=60 --heartbeat_interval_ms=200 \
+    --heartbeat_timeout_ms=1500 --exit_after_training --checkpoint_dir="$dir/checkpoints" \
+    --checkpoint_every_secs=5
+  for t in ps-0 ps-1; do start "$t" "$dir/$t.log" --checkpoint_dir="$dir/checkpoints"; done
+  local step_delay=()
+  [[ -n $faults ]] && step_delay=(--step_delay_ms=20)  # long enough for the faults to land
+  for t in worker-0 worker-1; do start "$t" "$dir/$t.log" ${step_delay[@]+"${step_delay[@]}"}; done
+
+  if [[ -n $faults ]]; then
+    # Wait until worker:1 trains, then cut its link for 4 s.
+    for _ in $(seq 300); do
+      grep -q -- "-> training" "$dir/chief-0.log" 2>/dev/null && break
+      sleep 0.1
+    done
+    sleep 1
+    echo "netns_test: $name: worker-1's link down for 4 s"
+    ip -n "$switch" link set "$(link_of worker-1)" down
+    sleep 4
+    ip -n "$switch" link set "$(link_of worker-1)" up
+  fi
+
+  local failed=0 t
+  local deadline=$((SECONDS + 240))
+  for t in "${tasks[@]}"; do
+    while kill -0 "${pid_of[$t]}" 2>/dev/null && [[ $SECONDS -lt $deadline ]]; do sleep 0.2; done
+    if kill -0 "${pid_of[$t]}" 2>/dev/null; then
+      echo "netns_test: $name: $t still running after 240 s" >&2
+      failed=1
+      continue
+    fi
+    local code=0
+    wait "${pid_of[$t]}" || code=$?
+    if [[ $code -ne 0 ]]; then
+      echo "netns_test: $name: $t exited $code" >&2
+      failed=1
+    fi
+  done
+  if [[ $failed -ne 0 ]] || ! grep -q "training finished" "$dir/chief-0.log"; then
+    for t in "${tasks[@]}"; do echo "--- $t"; tail -15 "$dir/$t.log"; done >&2
+    echo "netns_test: $name: FAILED" >&2
+    exit 1
+  fi
+  echo "netns_test: $name: trained to the end; $(grep -o 'training finished: final test accuracy [0-9.]*' "$dir/chief-0.log" | head -1); every task exited 0"
+}
+
+train clean
+
+# Faults: 5% of the packets into ps-1 dropped, its link capped, worker-1 cut off for a while.
+ps1=$(ns_of ps-1)
+ip netns exec "$ps1" nft add table inet loss
+ip netns exec "$ps1" nft add chain inet loss input '{ type filter hook input priority 0; }'
+ip netns exec "$ps1" nft add rule inet loss input numgen random mod 100 '<' 5 drop
+tc -n "$ps1" qdisc add dev eth0 root tbf rate 20mbit burst 32kbit latency 400ms
+echo "netns_test: faults: 5% loss into ps-1, ps-1 capped at 20 Mbit/s"
+train faults yes
+grep -q "worker:1 is back after" "$work/faults/chief-0.log" ||
+  { echo "netns_test: the chief never saw worker:1 come back" >&2; tail -30 "$work/faults/chief-0.log" >&2; exit 1; }
+echo "netns_test: faults: the chief saw worker:1 missing and back: $(grep -o 'worker:1 is back after.*' "$work/faults/chief-0.log" | head -1)"
+echo "netns_test: PASSED"
