@@ -1,8 +1,10 @@
 #include "chief/chief_server.h"
 
+#include "chief/chief_metrics.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/metrics.h"
 
 namespace pscluster {
 namespace {
@@ -34,6 +36,7 @@ ChiefServer::ChiefServer(const ChiefOptions& options, std::unique_ptr<Coordinato
       service_(core_.get(), Clock::Real(), std::move(authorizer)) {}
 
 ChiefServer::~ChiefServer() {
+  if (options_.host.metrics != nullptr) options_.host.metrics->RemoveCollectors();
   core_->Stop();
   core_->Join();
   if (host_) host_->Shutdown();
@@ -47,6 +50,10 @@ absl::Status ChiefServer::Start() {
   // termination grace period.
   host_options.shutdown_grace = std::min(host_options.shutdown_grace, kShutdownDrain);
   PS_ASSIGN_OR_RETURN(host_options.address, TaskAddress(options_.cluster.cluster(), kChiefJob, 0));
+  if (options_.host.metrics != nullptr) {
+    const Coordinator* core = core_.get();
+    options_.host.metrics->AddCollector([core] { return ChiefMetricFamilies(*core); });
+  }
   PS_ASSIGN_OR_RETURN(host_, ServiceHost::Start(host_options, {&service_}));
   LOG(INFO) << "chief:0 serving on " << host_->address();
   core_->set_address(host_->address());

@@ -826,9 +826,15 @@ void Coordinator::SetPhaseLocked(v1::ChiefPhase phase, const std::string& detail
               << (detail.empty() ? "" : absl::StrCat(" (", detail, ")"));
   }
   if (phase != phase_) phase_since_ = clock_->Now();
+  if (phase == v1::RECOVERING && phase_ != v1::RECOVERING) ++recoveries_;
   phase_ = phase;
   phase_detail_ = detail;
   init_state_ = detail.empty() ? PhaseName(phase) : absl::StrCat(PhaseName(phase), ": ", detail);
+}
+
+int64_t Coordinator::recoveries() const {
+  absl::MutexLock lock(&mu_);
+  return recoveries_;
 }
 
 v1::ChiefPhase Coordinator::ServingPhase() const {

@@ -137,6 +137,8 @@ class Coordinator {
   absl::Status RegisterTask(const v1::RegisterTaskRequest& req, v1::RegisterTaskResponse* resp);
   absl::Status Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   void GetClusterStatus(v1::ClusterStatus* resp) const;
+  // Recoveries begun since this chief started (for metrics).
+  int64_t recoveries() const;
   absl::Status GetModel(const v1::GetModelRequest& req, const CallContext& call,
                         v1::GetModelResponse* resp);
   absl::Status AcquireToken(const v1::AcquireTokenRequest& req, const CallContext& call,
@@ -266,6 +268,7 @@ class Coordinator {
   bool final_evaluated_ ABSL_GUARDED_BY(mu_) = false;
   // exit_after_training: heartbeats are answered with `stop`, and who has heard it.
   bool telling_tasks_to_stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> told_to_stop_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -155,5 +155,9 @@ int main(int argc, char** argv) {
   if (!crash_points.ok())
     return Fail("--crash_at: " + std::string(crash_points.status().message()));
   options.crash_points = crash_points->get();
+  // Outlives the daemon, whose collectors it calls.
+  std::unique_ptr<pscluster::Metrics> metrics =
+      pscluster::MetricsFromFlagsOrExit("chief", options.cluster);
+  options.host.metrics = metrics.get();
   return pscluster::RunDaemonMain("chief", pscluster::ChiefServer::Create(options));
 }

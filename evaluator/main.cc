@@ -31,5 +31,9 @@ int main(int argc, char** argv) {
   }
   options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
   options.exit_after_training = FLAGS_exit_after_training;
+  // Outlives the daemon, whose collectors it calls.
+  std::unique_ptr<pscluster::Metrics> metrics =
+      pscluster::MetricsFromFlagsOrExit("evaluator", options.cluster);
+  options.host.metrics = metrics.get();
   return pscluster::RunDaemonMain("evaluator", pscluster::EvaluatorServer::Create(options));
 }

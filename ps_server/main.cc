@@ -89,5 +89,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.crash_points = crash_points->get();
+  // Outlives the daemon, whose collectors it calls.
+  std::unique_ptr<pscluster::Metrics> metrics =
+      pscluster::MetricsFromFlagsOrExit("ps_server", options.cluster);
+  options.host.metrics = metrics.get();
   return pscluster::RunDaemonMain("ps_server", pscluster::PsServer::Create(options));
 }

@@ -29,12 +29,34 @@ std::string DenseName(const std::string& variable, int32_t partition) {
 v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
 
 // How a complete sync step's mean reaches its shard or table.
-DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard, ThreadPool* pool) {
-  return [shard, pool](const float* mean) { shard->Apply(mean, pool); };
+// Adds an apply's count and duration to `totals` (ParameterStore::apply_totals) when it ends.
+class ApplyTimer {
+ public:
+  ApplyTimer(std::atomic<int64_t>* totals, int64_t applies)
+      : totals_(totals), applies_(applies), start_(absl::Now()) {}
+  ~ApplyTimer() {
+    totals_[0].fetch_add(applies_, std::memory_order_relaxed);
+    totals_[1].fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start_), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int64_t>* const totals_;
+  const int64_t applies_;
+  const absl::Time start_;
+};
+
+DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard, ThreadPool* pool,
+                                  std::atomic<int64_t>* totals) {
+  return [shard, pool, totals](const float* mean) {
+    ApplyTimer timer(totals, 1);
+    shard->Apply(mean, pool);
+  };
 }
 
-SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool) {
-  return [table, pool](const int64_t* keys, int64_t n, const float* mean) {
+SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool,
+                                   std::atomic<int64_t>* totals) {
+  return [table, pool, totals](const int64_t* keys, int64_t n, const float* mean) {
+    ApplyTimer timer(totals, 1);
     // Keys this task owns (checked on push) and finite means: cannot fail.
     table->ApplyPush(keys, n, mean, pool).IgnoreError();
   };
@@ -429,7 +451,7 @@ void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>&
   absl::ReaderMutexLock barrier(&apply_barrier_);
   for (size_t i = 0; i < shards.size(); ++i) {
     if (accumulators[i] != nullptr) {
-      accumulators[i]->Settle(before_step, ApplyTo(shards[i].get(), &apply_pool_));
+      accumulators[i]->Settle(before_step, ApplyTo(shards[i].get(), &apply_pool_, apply_totals_));
     }
   }
 }
@@ -437,7 +459,7 @@ void ParameterStore::SettleDense(const std::vector<std::shared_ptr<DenseShard>>&
 void ParameterStore::SettleTable(const Table& t, int64_t before_step) {
   if (t.accumulator == nullptr) return;
   absl::ReaderMutexLock barrier(&apply_barrier_);
-  t.accumulator->Settle(before_step, ApplyTo(t.table.get(), &apply_pool_));
+  t.accumulator->Settle(before_step, ApplyTo(t.table.get(), &apply_pool_, apply_totals_ + 2));
 }
 
 void ParameterStore::SettleAll() {
@@ -595,7 +617,10 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
       now.push_back(push->shards_[i].get());
       now_grads.push_back(push->grads_[i].values());
     }
-    DenseShard::ApplyAll(now, now_grads, &apply_pool_);
+    {
+      ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
+      DenseShard::ApplyAll(now, now_grads, &apply_pool_);
+    }
     for (int i = 0; i < n; ++i) {
       DenseShard& shard = *push->shards_[i];
       const float* grad = push->grads_[i].values();
@@ -606,7 +631,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
         continue;
       }
       switch (accumulators[i]->Add(header.step(), header.worker(), grad,
-                                   ApplyTo(&shard, &apply_pool_))) {
+                                   ApplyTo(&shard, &apply_pool_, apply_totals_))) {
         case AccumulateOutcome::kComplete:  // pending until the next step needs it
         case AccumulateOutcome::kAccumulated:
           ++outcome.accepted;
@@ -686,12 +711,13 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
     if (t.accumulator == nullptr) {
+      ApplyTimer timer(apply_totals_ + 2, 1);
       applied = t.table->ApplyPush(keys, n, grads, &apply_pool_);
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
                                  request.num_parts(), keys, n, grads,
-                                 ApplyTo(t.table.get(), &apply_pool_))) {
+                                 ApplyTo(t.table.get(), &apply_pool_, apply_totals_ + 2))) {
         case AccumulateOutcome::kComplete:  // pending until the next step needs it
         case AccumulateOutcome::kAccumulated:
           outcome.accepted = static_cast<int32_t>(n);
@@ -985,6 +1011,15 @@ absl::StatusOr<v1::InspectShardResponse> ParameterStore::Inspect(
     out.set_slice(reinterpret_cast<const char*>(values + offset), count * sizeof(float));
   });
   return out;
+}
+
+ParameterStore::ApplyTotals ParameterStore::apply_totals() const {
+  ApplyTotals t;
+  t.dense_applies = apply_totals_[0].load(std::memory_order_relaxed);
+  t.dense_nanos = apply_totals_[1].load(std::memory_order_relaxed);
+  t.sparse_applies = apply_totals_[2].load(std::memory_order_relaxed);
+  t.sparse_nanos = apply_totals_[3].load(std::memory_order_relaxed);
+  return t;
 }
 
 int64_t ParameterStore::total_pushes() const {

@@ -216,6 +216,16 @@ class ParameterStore {
   int64_t total_pushes() const;
   int64_t total_pulls() const;
 
+  // Optimizer updates applied (dense: one per shard, sparse: one per push or sync step) and
+  // the time spent in them, since the task started (for metrics).
+  struct ApplyTotals {
+    int64_t dense_applies = 0;
+    int64_t dense_nanos = 0;
+    int64_t sparse_applies = 0;
+    int64_t sparse_nanos = 0;
+  };
+  ApplyTotals apply_totals() const;
+
   const ParameterStoreOptions& options() const { return options_; }
 
  private:
@@ -251,6 +261,8 @@ class ParameterStore {
   const ParameterStoreOptions options_;
   // Applies large dense updates in parallel (options_.apply_threads).
   ThreadPool apply_pool_;
+  // apply_totals(): dense then sparse, count then nanoseconds.
+  mutable std::atomic<int64_t> apply_totals_[4] = {};
   PushLedger ledger_;
   // Pushes hold it shared; Save holds it exclusively while copying: a consistent cut.
   absl::Mutex apply_barrier_;

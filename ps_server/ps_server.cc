@@ -4,6 +4,8 @@
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "ps_server/ps_metrics.h"
+#include "runtime/metrics.h"
 #include "runtime/service_host.h"
 
 namespace pscluster {
@@ -23,6 +25,7 @@ PsServer::PsServer(const PsServerOptions& options)
     : options_(options), store_(options.store), service_(&store_, options.service) {}
 
 PsServer::~PsServer() {
+  if (options_.host.metrics != nullptr) options_.host.metrics->RemoveCollectors();
   if (task_) task_->Shutdown();
   if (data_plane_) data_plane_->Shutdown();
 }
@@ -41,6 +44,9 @@ std::string DataPlaneHost(const std::string& address) {
 }  // namespace
 
 absl::Status PsServer::Start() {
+  if (options_.host.metrics != nullptr) {
+    options_.host.metrics->AddCollector([this] { return PsMetricFamilies(store_); });
+  }
   ServingTaskOptions serving;
   serving.cluster = options_.cluster;
   serving.host = options_.host;

@@ -44,6 +44,12 @@ DEFINE_bool(grpc_reflection, false, "Serve gRPC server reflection (for grpc_cli)
 DEFINE_int32(shutdown_grace_ms, 2000,
              "On SIGTERM/SIGINT, calls in flight get this long to finish, in milliseconds.");
 
+DEFINE_int32(metrics_port, -1,
+             "Serve Prometheus metrics (http://HOST:PORT/metrics) on this port, bound as the "
+             "gRPC port is (the task's host); 0: any free port (see --metrics_port_file); -1: "
+             "off. The endpoint is plaintext and read-only.");
+DEFINE_string(metrics_port_file, "", "If set, the metrics port actually bound is written here.");
+
 DECLARE_bool(help);
 DECLARE_bool(helpshort);
 
@@ -69,7 +75,7 @@ const FlagGroup& SharedGroup(int i) {
        true},
       {"Server",
        {"port_file", "max_message_bytes", "max_concurrent_streams", "grpc_reflection",
-        "shutdown_grace_ms"},
+        "shutdown_grace_ms", "metrics_port", "metrics_port_file"},
        false},
   };
   return kGroups[i];
@@ -199,6 +205,36 @@ ServiceHostOptions ServiceHostOptionsFromFlags() {
   options.max_concurrent_streams = FLAGS_max_concurrent_streams;
   options.shutdown_grace = absl::Milliseconds(FLAGS_shutdown_grace_ms);
   return options;
+}
+
+std::unique_ptr<Metrics> MetricsFromFlagsOrExit(const char* name,
+                                                const v1::ClusterConfig& cluster) {
+  if (FLAGS_metrics_port < 0) return nullptr;
+  if (FLAGS_metrics_port > 65535) {
+    std::fprintf(stderr, "%s: --metrics_port %d is not a port (0-65535, or -1: off)\n", name,
+                 FLAGS_metrics_port);
+    std::exit(2);
+  }
+  absl::StatusOr<std::string> address =
+      TaskAddress(cluster.cluster(), cluster.task().job(), cluster.task().index());
+  absl::StatusOr<HostPort> hp =
+      address.ok() ? ParseHostPort(*address) : absl::StatusOr<HostPort>(address.status());
+  if (!hp.ok()) {
+    std::fprintf(stderr, "%s: metrics: %s\n", name, std::string(hp.status().message()).c_str());
+    std::exit(2);
+  }
+  MetricsOptions options;
+  options.address = JoinHostPort(BindHostFor(hp->host), FLAGS_metrics_port);
+  options.port_file = FLAGS_metrics_port_file;
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "%s: --metrics_port: %s\n", name,
+                 std::string(metrics.status().message()).c_str());
+    std::exit(2);
+  }
+  LOG(INFO) << name << ": Prometheus metrics on http://"
+            << JoinHostPort(BindHostFor(hp->host), (*metrics)->port()) << "/metrics";
+  return *std::move(metrics);
 }
 
 }  // namespace pscluster

@@ -1,8 +1,11 @@
 #ifndef PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
 #define PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "proto/cluster.pb.h"
+#include "runtime/metrics.h"
 #include "runtime/service_host.h"
 
 namespace pscluster {
@@ -33,6 +36,11 @@ TlsConfig TlsConfigFromFlags();
 // --max_message_bytes, --max_concurrent_streams, --shutdown_grace_ms. The address is left for
 // the daemon to take from the cluster spec.
 ServiceHostOptions ServiceHostOptionsFromFlags();
+
+// The Prometheus endpoint of --metrics_port and --metrics_port_file, on the task's bind host
+// (as the gRPC server's); null when --metrics_port is -1 (off). On error prints
+// "NAME: WHY" to stderr and exits with code 2. Keep it alive longer than the daemon.
+std::unique_ptr<Metrics> MetricsFromFlagsOrExit(const char* name, const v1::ClusterConfig& cluster);
 
 }  // namespace pscluster
 

@@ -15,6 +15,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "runtime/metrics.h"
 
 namespace pscluster {
 namespace {
@@ -24,12 +25,12 @@ bool IsNumericHost(const std::string& host) {
   return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
+}  // namespace
+
 std::string JoinHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
 }
-
-}  // namespace
 
 std::string BindHostFor(const std::string& host) {
   if (host == "localhost") return "127.0.0.1";
@@ -88,6 +89,11 @@ absl::StatusOr<std::unique_ptr<ServiceHost>> ServiceHost::Start(
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   }
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (options.metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(options.metrics->RpcInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(

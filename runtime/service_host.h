@@ -14,6 +14,8 @@
 
 namespace pscluster {
 
+class Metrics;
+
 struct ServiceHostOptions {
   // host:port from the cluster spec. Port 0 binds any free port. A numeric host (127.0.0.1,
   // [::1]) is bound as given, "localhost" as 127.0.0.1; another name is served on all
@@ -35,6 +37,8 @@ struct ServiceHostOptions {
   int max_concurrent_streams = 256;
   // On Shutdown, calls in flight get this long to finish before they are cancelled.
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // When set (not owned; it must outlive the host), every call served is counted in it.
+  Metrics* metrics = nullptr;
 };
 
 // A gRPC server with the project's services plus the standard health service
@@ -80,6 +84,9 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 // given, "localhost" as 127.0.0.1, another name as 0.0.0.0 (every interface), as TensorFlow
 // does.
 std::string BindHostFor(const std::string& host);
+
+// "host:port", with an IPv6 host in brackets.
+std::string JoinHostPort(const std::string& host, int port);
 
 // Whether `host` (from a host:port) names this machine's loopback: 127.0.0.0/8, ::1 or
 // localhost.

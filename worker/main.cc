@@ -59,5 +59,9 @@ int main(int argc, char** argv) {
   options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
   options.exit_after_training = FLAGS_exit_after_training;
   options.step_delay = absl::Milliseconds(FLAGS_step_delay_ms);
+  // Outlives the daemon, whose collectors it calls.
+  std::unique_ptr<pscluster::Metrics> metrics =
+      pscluster::MetricsFromFlagsOrExit("worker", options.cluster);
+  options.host.metrics = metrics.get();
   return pscluster::RunDaemonMain("worker", pscluster::WorkerServer::Create(options));
 }

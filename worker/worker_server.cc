@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "model/data/shard.h"
 #include "model/input.h"
+#include "runtime/metrics.h"
 #include "worker/step_source.h"
 #include "worker/trainer.h"
 
@@ -74,12 +75,33 @@ WorkerServer::WorkerServer(const WorkerOptions& options,
       authorizer_(std::move(authorizer)) {}
 
 WorkerServer::~WorkerServer() {
+  if (options_.host.metrics != nullptr) options_.host.metrics->RemoveCollectors();
   if (task_) task_->RequestStop();
   if (train_thread_.joinable()) train_thread_.join();
   if (task_) task_->Shutdown();
 }
 
 absl::Status WorkerServer::Start() {
+  if (options_.host.metrics != nullptr) {
+    options_.host.metrics->AddCollector([this] {
+      using prometheus::MetricType;
+      std::vector<prometheus::MetricFamily> families;
+      families.push_back(FamilyBuilder("pscluster_worker_steps_total",
+                                       "Steps this worker has completed", MetricType::Counter)
+                             .Add(static_cast<double>(steps_.load()))
+                             .Build());
+      families.push_back(FamilyBuilder("pscluster_worker_staleness",
+                                       "Pushes of its own the last step's parameters missed",
+                                       MetricType::Gauge)
+                             .Add(max_staleness_.load())
+                             .Build());
+      families.push_back(
+          FamilyBuilder("pscluster_worker_finished", "1 once training is done", MetricType::Gauge)
+              .Add(finished_.load() ? 1 : 0)
+              .Build());
+      return families;
+    });
+  }
   ServingTaskOptions serving;
   serving.cluster = options_.cluster;
   serving.host = options_.host;

@@ -1,0 +1,19 @@
+#ifndef PSCLUSTER_CHIEF_CHIEF_METRICS_H_
+#define PSCLUSTER_CHIEF_CHIEF_METRICS_H_
+
+#include <vector>
+
+#include "chief/coordinator.h"
+#include "prometheus/metric_family.h"
+
+namespace pscluster {
+
+// The chief's series, read from its coordinator at scrape time (runtime/metrics.h): the
+// global step, rate, loss and test accuracy, each worker's steps, staleness, the tasks by job
+// and health, the phase, recoveries, and the newest checkpoint's step, size, write time and
+// age (from its manifest).
+std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& core);
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CHIEF_CHIEF_METRICS_H_

@@ -1,0 +1,71 @@
+#include "ps_server/ps_metrics.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/metrics.h"
+
+namespace pscluster {
+
+std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& store) {
+  using prometheus::MetricType;
+  const v1::ListShardsResponse shards = store.ListShards();
+  struct Sums {
+    double bytes = 0, pushes = 0, pulls = 0, in = 0, out = 0;
+  };
+  std::map<std::string, Sums> by_variable;
+  FamilyBuilder rows("pscluster_ps_table_rows", "Rows of each embedding table on this ps task",
+                     MetricType::Gauge);
+  for (const v1::ShardStats& s : shards.shards()) {
+    Sums& sum = by_variable[s.name()];
+    sum.bytes += static_cast<double>(s.bytes());
+    sum.pushes += static_cast<double>(s.pushes());
+    sum.pulls += static_cast<double>(s.pulls());
+    sum.in += static_cast<double>(s.bytes_in());
+    sum.out += static_cast<double>(s.bytes_out());
+    if (s.is_table()) rows.Add(static_cast<double>(s.rows()), {{"table", s.name()}});
+  }
+  FamilyBuilder bytes("pscluster_ps_variable_bytes",
+                      "Bytes of each variable's shards on this ps task, optimizer slots included",
+                      MetricType::Gauge);
+  FamilyBuilder pushes("pscluster_ps_pushes_total", "Gradient pushes received, by variable",
+                       MetricType::Counter);
+  FamilyBuilder pulls("pscluster_ps_pulls_total", "Pulls served, by variable", MetricType::Counter);
+  FamilyBuilder in("pscluster_ps_received_bytes_total", "Gradient bytes received, by variable",
+                   MetricType::Counter);
+  FamilyBuilder out("pscluster_ps_sent_bytes_total", "Parameter bytes sent, by variable",
+                    MetricType::Counter);
+  for (const auto& [name, sum] : by_variable) {
+    bytes.Add(sum.bytes, {{"variable", name}});
+    pushes.Add(sum.pushes, {{"variable", name}});
+    pulls.Add(sum.pulls, {{"variable", name}});
+    in.Add(sum.in, {{"variable", name}});
+    out.Add(sum.out, {{"variable", name}});
+  }
+  FamilyBuilder dropped("pscluster_ps_dropped_stale_gradients_total",
+                        "Sync mode: gradients dropped as stale or duplicate, by worker",
+                        MetricType::Counter);
+  for (const auto& [worker, count] : shards.dropped_by_worker()) {
+    dropped.Add(static_cast<double>(count), {{"worker", absl::StrCat(worker)}});
+  }
+  const ParameterStore::ApplyTotals t = store.apply_totals();
+  FamilyBuilder applies("pscluster_ps_applies_total",
+                        "Optimizer updates applied (dense: per shard; sparse: per push or step)",
+                        MetricType::Counter);
+  applies.Add(static_cast<double>(t.dense_applies), {{"kind", "dense"}})
+      .Add(static_cast<double>(t.sparse_applies), {{"kind", "sparse"}});
+  FamilyBuilder apply_seconds("pscluster_ps_apply_seconds_total",
+                              "Time spent applying optimizer updates", MetricType::Counter);
+  apply_seconds.Add(static_cast<double>(t.dense_nanos) * 1e-9, {{"kind", "dense"}})
+      .Add(static_cast<double>(t.sparse_nanos) * 1e-9, {{"kind", "sparse"}});
+
+  std::vector<prometheus::MetricFamily> families;
+  for (FamilyBuilder* b :
+       {&bytes, &pushes, &pulls, &in, &out, &rows, &dropped, &applies, &apply_seconds}) {
+    families.push_back(std::move(*b).Build());
+  }
+  return families;
+}
+
+}  // namespace pscluster

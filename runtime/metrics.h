@@ -1,0 +1,79 @@
+#ifndef PSCLUSTER_RUNTIME_METRICS_H_
+#define PSCLUSTER_RUNTIME_METRICS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace pscluster {
+
+struct MetricsOptions {
+  // host:port the HTTP endpoint (/metrics, Prometheus' text format) listens on; port 0: any
+  // free port (see port()).
+  std::string address;
+  // If set, the port actually bound is written here (as --port_file does for gRPC).
+  std::string port_file;
+};
+
+// A daemon's Prometheus endpoint. Two kinds of series:
+//   - instruments updated as things happen (registry(): counters, histograms), among them
+//     every gRPC call the daemon serves, through RpcInterceptorFactory(): requests by method
+//     and status code, latency, bytes sent;
+//   - series read from the daemon's own state at scrape time (AddCollector): nothing is
+//     counted twice and the hot paths pay nothing.
+// Thread-safe. Lifecycle: Start() -> serving until destroyed; the daemon whose state a
+// collector reads must remove it (RemoveCollectors) or outlive this object.
+class Metrics {
+ public:
+  using Collector = std::function<std::vector<prometheus::MetricFamily>()>;
+
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const MetricsOptions& options);
+  ~Metrics();
+
+  prometheus::Registry& registry() { return *registry_; }
+  int port() const { return port_; }
+
+  void AddCollector(Collector collector);
+  void RemoveCollectors();
+
+  // For ServiceHost: counts every call into this object's registry.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcInterceptorFactory();
+
+  struct RpcFamilies;  // the RPC instruments (metrics.cc)
+
+ private:
+  class CollectorSet;
+  Metrics() = default;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<CollectorSet> collectors_;
+  std::shared_ptr<RpcFamilies> rpc_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Builders for collectors' families: one family, then one sample per call of Add.
+class FamilyBuilder {
+ public:
+  FamilyBuilder(std::string name, std::string help, prometheus::MetricType type);
+  FamilyBuilder& Add(double value, std::vector<prometheus::ClientMetric::Label> labels = {});
+  // Moves the family out: call once, last.
+  prometheus::MetricFamily Build() { return std::move(family_); }
+
+ private:
+  prometheus::MetricFamily family_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_RUNTIME_METRICS_H_
