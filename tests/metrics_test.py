@@ -9,11 +9,16 @@ ps tasks' counters, RPC counts and latency), that the ps and chief series are th
 labels (apply time, variable bytes, table rows none for this model, the newest checkpoint's
 age), and then that the run ends by itself with every task exiting 0.
 
-usage: metrics_test.py BIN_DIR CONFIG_DIR WORK_DIR   (or through bazel test //tests:metrics_test)
+Every panel of deploy/grafana's dashboard must be a query Prometheus accepts, over series the
+run has.
+
+usage: metrics_test.py BIN_DIR CONFIG_DIR WORK_DIR DASHBOARD_JSON
+       (or through bazel test //tests:metrics_test)
 """
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -74,7 +79,7 @@ class Prometheus:
 
 
 def main():
-    bin_dir, config_dir, work = sys.argv[1:4]
+    bin_dir, config_dir, work, dashboard = sys.argv[1:5]
     os.makedirs(work, exist_ok=True)
     procs = {}
     failures = []
@@ -136,6 +141,19 @@ def main():
         ]
         for expr in present:
             prom.await_value(f"count({expr})", lambda v: v > 0, timeout=20)
+        # Every panel of the Grafana dashboard is a query Prometheus accepts, over series this
+        # run has (tables and sync drops exist only with tables and in sync mode).
+        with open(dashboard) as f:
+            panels = json.load(f)["panels"]
+        only_sometimes = {"pscluster_ps_table_rows", "pscluster_ps_dropped_stale_gradients_total"}
+        for panel in panels:
+            expr = panel["targets"][0]["expr"]
+            prom.query(expr)  # raises on a query Prometheus refuses
+            for metric in set(re.findall(r"pscluster_[a-z_]+", expr)) - only_sometimes:
+                metric = re.sub(r"_(bucket|count|sum)$", "", metric)
+                if not prom.query(f'count({{__name__=~"{metric}(_bucket)?"}})'):
+                    failures.append(f"dashboard panel {panel['title']!r}: no series {metric}")
+        print(f"metrics_test: the {len(panels)} dashboard panels' queries run on the live series")
         served = prom.value('sum(pscluster_tasks{cluster_job="ps",health="HEALTH_SERVING"})')
         if served != 2:
             failures.append(f"pscluster_tasks says {served} ps tasks serving, expected 2")

@@ -12,8 +12,9 @@ For every overlay under deploy/kubernetes/overlays:
      environment and ConfigMap, its host name and completion index) gives a TF_CONFIG whose
      every address is a pod of the rendered Jobs at <pod>.<service>:<port>, and probes that
      dial the pod's own port with its own DNS name; the NetworkPolicy, Secret, volume and
-     ConfigMap references match; pods run non-root, read-only, without capabilities or a
-     service-account token; ps tasks get guaranteed QoS.
+     ConfigMap references match; the metrics port (METRICS_PORT) is the pods' annotated,
+     declared and admitted one, and the daemons get it; pods run non-root, read-only, without
+     capabilities or a service-account token; ps tasks get guaranteed QoS.
 Also: entrypoint.sh refuses a broken pod environment with a message naming what is wrong, and
 base/model.pbtxt is configs/mlp.pbtxt.
 
@@ -216,8 +217,12 @@ def check_overlay(overlay, entrypoint):
         if not pod_selector or any(selector.get(k) != v for k, v in pod_selector.items()):
             fail(name, f"NetworkPolicy {policy['metadata']['name']} does not select the "
                  "cluster's pods (and only them)")
-    if policy_ports != {port}:
-        fail(name, f"the NetworkPolicy admits ports {sorted(policy_ports)}, the cluster uses {port}")
+    cluster_cms = [cm for n, cm in config_maps.items() if "NUM_PS" in cm.get("data", {})]
+    metrics_port = int(cluster_cms[0]["data"]["METRICS_PORT"]) if cluster_cms and \
+        "METRICS_PORT" in cluster_cms[0]["data"] else None
+    if policy_ports != {port, metrics_port}:
+        fail(name, f"the NetworkPolicy admits ports {sorted(policy_ports, key=str)}, the cluster "
+             f"uses {port} and metrics {metrics_port}")
 
     for component, job in jobs.items():
         where = f"{name}/Job/{job['metadata']['name']}"
@@ -240,6 +245,13 @@ def check_overlay(overlay, entrypoint):
                       if p.get("name") == "grpc"]
         if grpc_ports != [port]:
             fail(where, f"container port {grpc_ports}, the Service says {port}")
+        metrics_ports = [p["containerPort"] for p in container.get("ports", [])
+                         if p.get("name") == "metrics"]
+        annotations = jspec["template"]["metadata"].get("annotations", {})
+        if (metrics_ports != [metrics_port] or annotations.get("prometheus.io/scrape") != "true"
+                or annotations.get("prometheus.io/port") != str(metrics_port)):
+            fail(where, f"metrics port {metrics_ports}, annotations {annotations}; the "
+                 f"ConfigMap's METRICS_PORT is {metrics_port}")
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         secret = volumes.get("tls", {}).get("secret", {}).get("secretName")
         if secret != f"{svc}-tls-{component}":
@@ -285,6 +297,9 @@ def check_overlay(overlay, entrypoint):
                      f"{sorted(expected_hosts)}")
             if config["task"] != {"type": component, "index": index}:
                 fail(f"{where}[{index}]", f"TF_CONFIG task is {config['task']}")
+            if f"--metrics_port={metrics_port} " not in out.splitlines()[1] + " ":
+                fail(f"{where}[{index}]", f"the daemon is not given --metrics_port={metrics_port}: "
+                     f"{out.splitlines()[1]}")
             for probe in ("readinessProbe", "livenessProbe"):
                 command = container[probe]["exec"]["command"]
                 code, out, err = dry_run(command[0].replace("/opt/pscluster/entrypoint.sh",
@@ -306,6 +321,7 @@ def check_entrypoint_refusals(entrypoint):
         ({"JOB": "evaluator"}, 'JOB is "evaluator" (expected chief, ps or worker)'),
         ({"NUM_PS": "two"}, 'NUM_PS is "two" (expected a whole number'),
         ({"PORT": "70000"}, "PORT is 70000 (expected 1-65535)"),
+        ({"METRICS_PORT": "http"}, 'METRICS_PORT is "http" (expected 1-65535, or unset'),
         ({"HOSTNAME": "ps-1"}, "host name ps-1 is not <service>-ps-1"),
         ({"HOSTNAME": "pscluster-ps-3", "JOB_COMPLETION_INDEX": "3"},
          "ps index 3 is not below the cluster's 2 ps task(s)"),

@@ -9,7 +9,8 @@
 # Environment: JOB (chief, ps or worker); NUM_PS, NUM_WORKERS and PORT (the cluster's
 # ConfigMap); HOSTNAME, which an Indexed Job's pod has as <service>-<job>-<index> with the
 # headless Service <service> as its subdomain, so every task is <service>-<job>-<i>.<service>;
-# JOB_COMPLETION_INDEX (set by the Job controller; else the host name's last part).
+# JOB_COMPLETION_INDEX (set by the Job controller; else the host name's last part);
+# METRICS_PORT (optional): Prometheus metrics on that port (--metrics_port).
 # Mutual TLS: the job's Secret (make_tls_secrets.sh) mounted at $TLS_DIR (default
 # /etc/pscluster/tls) holds ca.pem and <job>-<index>.pem/.key. Without it the daemons serve
 # plaintext only when ALLOW_INSECURE=1.
@@ -36,6 +37,12 @@ for var in NUM_PS NUM_WORKERS PORT; do
   is_count "$value" || fail "$var is \"$value\" (expected a whole number, from the cluster's ConfigMap)"
 done
 [ "$PORT" -gt 0 ] && [ "$PORT" -lt 65536 ] || fail "PORT is $PORT (expected 1-65535)"
+metrics_flag=""
+if [ -n "${METRICS_PORT:-}" ]; then
+  { is_count "$METRICS_PORT" && [ "$METRICS_PORT" -gt 0 ] && [ "$METRICS_PORT" -lt 65536 ]; } ||
+    fail "METRICS_PORT is \"$METRICS_PORT\" (expected 1-65535, or unset: no metrics)"
+  metrics_flag="--metrics_port=$METRICS_PORT"
+fi
 [ -n "${HOSTNAME:-}" ] || fail "HOSTNAME is not set"
 index=${JOB_COMPLETION_INDEX:-${HOSTNAME##*-}}
 is_count "$index" || fail "no task index: JOB_COMPLETION_INDEX is unset and host name $HOSTNAME does not end in -<index>"
@@ -105,4 +112,4 @@ case "$JOB" in
   worker) daemon=worker ;;
 esac
 # shellcheck disable=SC2086
-run "$bin/$daemon" $tls_flags "$@"
+run "$bin/$daemon" $tls_flags $metrics_flag "$@"
