@@ -13,11 +13,12 @@ DEFINE_int32(heartbeat_interval_ms, 1000, "Tasks send a heartbeat this often, in
 DEFINE_int32(heartbeat_timeout_ms, 5000,
              "A task without a heartbeat for this long is reported MISSING, in milliseconds.");
 DEFINE_string(model_config, "",
-              "The model to train: a pscluster.v1.ModelConfig in text format (or JSON when the "
-              "name ends in .json), e.g. configs/mlp.pbtxt.");
-DEFINE_string(model_spec, "",
-              "Instead of --model_config: variables and tables only (pscluster.v1.ModelSpec), "
-              "for a cluster that serves parameters without training.");
+              "Path of the model to train: a pscluster.v1.ModelConfig in text format (or JSON "
+              "when the name ends in .json), e.g. configs/mlp.pbtxt.");
+DEFINE_string(
+    model_spec, "",
+    "Instead of --model_config, a path: variables and tables only (pscluster.v1.ModelSpec), "
+    "for a cluster that serves parameters without training.");
 DEFINE_string(mode, "async", "async, sync (SyncReplicas) or ssp (bounded staleness).");
 DEFINE_int32(replicas_to_aggregate, 0,
              "sync: gradients averaged per step; fewer than the workers makes the slowest "
@@ -29,15 +30,17 @@ DEFINE_int64(max_steps, 0, "Stop each worker after this many steps (0: run the e
 DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
 DEFINE_string(data, "fashion_mnist", "fashion_mnist, libsvm or synthetic_ctr.");
 DEFINE_string(data_path, "",
-              "fashion_mnist: the idx files' directory (default "
-              "/usr/share/datasets/fashion-mnist); libsvm: the training file.");
-DEFINE_string(test_data_path, "", "libsvm: the test file.");
+              "Path of the data: fashion_mnist: the idx files' directory (default "
+              "/usr/share/datasets/fashion-mnist); libsvm: the training file. Checked at start.");
+DEFINE_string(test_data_path, "", "libsvm: path of the test file. Checked at start.");
 DEFINE_int64(max_train_examples, 0, "Use at most this many training examples (0: all).");
 DEFINE_int64(max_test_examples, 0, "Evaluate on at most this many test examples (0: all).");
 DEFINE_int64(synthetic_examples, 200000, "synthetic_ctr: training examples to generate.");
 DEFINE_uint64(data_seed, 7, "synthetic_ctr: seed of the planted model and the examples.");
 DEFINE_int32(eval_every_secs, 15, "Evaluate the test set this often while training.");
-DEFINE_string(metrics_file, "", "Append each evaluation here as a JSON line.");
+DEFINE_string(metrics_file, "",
+              "Path of a file each evaluation is appended to as a JSON line (its directory must "
+              "exist).");
 DEFINE_int32(final_eval_timeout_secs, 60,
              "With an evaluator task: how long to wait for its evaluation of the final model "
              "before the chief evaluates it itself.");
@@ -58,7 +61,8 @@ DEFINE_int64(split_bytes, 0,
              "so that every ps serves a share of them (0: 256 KiB; negative: never).");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 DEFINE_string(checkpoint_dir, "",
-              "Checkpoints go here; the newest is restored at start and when a ps task restarts. "
+              "Directory the checkpoints go to (created if missing; shared with every ps task's "
+              "--checkpoint_dir); the newest is restored at start and when a ps task restarts. "
               "Empty: no checkpoints.");
 DEFINE_int64(checkpoint_every_steps, 0, "Checkpoint every this many global steps (0: off).");
 DEFINE_int32(checkpoint_every_secs, 60, "Checkpoint this often while training (0: off).");
@@ -148,6 +152,14 @@ int main(int argc, char** argv) {
   options.placement.set_split_bytes(FLAGS_split_bytes);
   options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);
   options.checkpoint_dir = FLAGS_checkpoint_dir;
+  using pscluster::PathKind;
+  pscluster::CheckPathFlagOrExit("chief", "data_path", FLAGS_data_path, PathKind::kExisting);
+  pscluster::CheckPathFlagOrExit("chief", "test_data_path", FLAGS_test_data_path,
+                                 PathKind::kExisting);
+  pscluster::CheckPathFlagOrExit("chief", "metrics_file", FLAGS_metrics_file,
+                                 PathKind::kFileToWrite);
+  pscluster::CheckPathFlagOrExit("chief", "checkpoint_dir", FLAGS_checkpoint_dir,
+                                 PathKind::kDirectoryToCreate);
   options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;
   options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
   options.keep_checkpoints = FLAGS_keep_checkpoints;

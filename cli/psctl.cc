@@ -33,7 +33,8 @@
 #include "proto/health.grpc.pb.h"
 #include "runtime/daemon_flags.h"
 
-DEFINE_string(chief, "", "host:port of the chief. When empty, the cluster spec names it.");
+DEFINE_string(chief, "",
+              "Address (host:port) of the chief. When empty, the cluster spec names it.");
 DEFINE_string(cluster, "",
               "The cluster spec in TF_CONFIG format: the JSON itself, or a file holding it. "
               "When empty, --chief, the *_hosts flags, --cluster_spec_file or TF_CONFIG.");

@@ -7,7 +7,9 @@
 #include "runtime/daemon_flags.h"
 
 DEFINE_double(eval_every_secs, 15, "Evaluate the live model this often while training.");
-DEFINE_string(data_path, "", "Overrides the data location the chief names.");
+DEFINE_string(data_path, "",
+              "Path of the data on this host, instead of the one the chief names (a directory "
+              "for fashion_mnist, a file for libsvm). Checked at start.");
 DEFINE_string(ps_transport, "tensor_wire",
               "How pulls travel: tensor_wire (the ps tasks' TCP data plane) or grpc.");
 DEFINE_bool(exit_after_training, false, "Exit 0 when training is over instead of idling.");
@@ -24,6 +26,8 @@ int main(int argc, char** argv) {
   options.host = pscluster::ServiceHostOptionsFromFlags();
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
   options.data_path = FLAGS_data_path;
+  pscluster::CheckPathFlagOrExit("evaluator", "data_path", FLAGS_data_path,
+                                 pscluster::PathKind::kExisting);
   if (FLAGS_ps_transport != "tensor_wire" && FLAGS_ps_transport != "grpc") {
     std::fprintf(stderr, "evaluator: --ps_transport must be tensor_wire or grpc, not \"%s\"\n",
                  FLAGS_ps_transport.c_str());

@@ -35,7 +35,8 @@ DEFINE_int64(max_table_rows, 0,
              "would create more are refused (0: no limit).");
 
 DEFINE_string(checkpoint_dir, "",
-              "The cluster's checkpoint directory (the chief's --checkpoint_dir, shared): saves "
+              "Path of the cluster's checkpoint directory (the chief's --checkpoint_dir, shared; "
+              "it must exist): saves "
               "and restores name a checkpoint, resolved under it; a path a peer sends is not "
               "used. Required with TLS; without TLS and without it, the chief's paths are used "
               "as given.");
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
   }
   options.store.max_sparse_keys = FLAGS_max_sparse_keys;
   options.store.checkpoint_dir = FLAGS_checkpoint_dir;
+  // The chief's directory, shared: it must be there (mounted), not made empty here.
+  pscluster::CheckPathFlagOrExit("ps_server", "checkpoint_dir", FLAGS_checkpoint_dir,
+                                 pscluster::PathKind::kDirectory);
   if (FLAGS_max_table_rows < 0) {
     std::fprintf(stderr, "ps_server: --max_table_rows must be >= 0\n");
     return 2;

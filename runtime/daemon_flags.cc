@@ -1,9 +1,13 @@
 #include "runtime/daemon_flags.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -15,15 +19,16 @@
 #include "glog/logging.h"
 #include "runtime/termination.h"
 
-DEFINE_string(chief_hosts, "", "Comma-separated host:port of the chief task (TF1-style flags).");
-DEFINE_string(ps_hosts, "", "Comma-separated host:port list of the ps tasks.");
-DEFINE_string(worker_hosts, "", "Comma-separated host:port list of the worker tasks.");
-DEFINE_string(evaluator_hosts, "", "host:port of the evaluator task, if any.");
+DEFINE_string(chief_hosts, "", "Address (host:port) of the chief task (TF1-style flags).");
+DEFINE_string(ps_hosts, "", "Addresses (host:port, comma-separated) of the ps tasks.");
+DEFINE_string(worker_hosts, "", "Addresses (host:port, comma-separated) of the worker tasks.");
+DEFINE_string(evaluator_hosts, "", "Address (host:port) of the evaluator task, if any.");
 DEFINE_string(job_name, "", "This task's job: chief, ps, worker or evaluator.");
 DEFINE_int32(task_index, -1, "This task's index within its job.");
 DEFINE_string(cluster_spec_file, "",
-              "A JSON file in TF_CONFIG format; used when no *_hosts flag is given.");
-DEFINE_string(port_file, "", "If set, the port actually bound is written to this file.");
+              "Path of a JSON file in TF_CONFIG format; used when no *_hosts flag is given.");
+DEFINE_string(port_file, "",
+              "Path of a file the port actually bound is written to (its directory must exist).");
 DEFINE_int32(max_message_bytes, 64 << 20, "Largest gRPC message sent or received, in bytes.");
 DEFINE_int32(max_concurrent_streams, 256,
              "Calls one peer's connection may have open at once; more wait (0: no limit).");
@@ -48,7 +53,9 @@ DEFINE_int32(metrics_port, -1,
              "Serve Prometheus metrics (http://HOST:PORT/metrics) on this port, bound as the "
              "gRPC port is (the task's host); 0: any free port (see --metrics_port_file); -1: "
              "off. The endpoint is plaintext and read-only.");
-DEFINE_string(metrics_port_file, "", "If set, the metrics port actually bound is written here.");
+DEFINE_string(metrics_port_file, "",
+              "Path of a file the metrics port actually bound is written to (its directory must "
+              "exist).");
 
 DECLARE_bool(help);
 DECLARE_bool(helpshort);
@@ -209,6 +216,9 @@ ServiceHostOptions ServiceHostOptionsFromFlags() {
 
 std::unique_ptr<Metrics> MetricsFromFlagsOrExit(const char* name,
                                                 const v1::ClusterConfig& cluster) {
+  // The shared path flags are checked here, which every daemon's main() calls.
+  CheckPathFlagOrExit(name, "port_file", FLAGS_port_file, PathKind::kFileToWrite);
+  CheckPathFlagOrExit(name, "metrics_port_file", FLAGS_metrics_port_file, PathKind::kFileToWrite);
   if (FLAGS_metrics_port < 0) return nullptr;
   if (FLAGS_metrics_port > 65535) {
     std::fprintf(stderr, "%s: --metrics_port %d is not a port (0-65535, or -1: off)\n", name,
@@ -235,6 +245,50 @@ std::unique_ptr<Metrics> MetricsFromFlagsOrExit(const char* name,
   LOG(INFO) << name << ": Prometheus metrics on http://"
             << JoinHostPort(BindHostFor(hp->host), (*metrics)->port()) << "/metrics";
   return *std::move(metrics);
+}
+
+void CheckPathFlagOrExit(const char* name, const char* flag, const std::string& path,
+                         PathKind kind) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string problem;
+  switch (kind) {
+    case PathKind::kExisting:
+      if (!fs::exists(path, ec)) {
+        problem = "no such file or directory";
+      } else if (access(path.c_str(), R_OK) != 0) {
+        problem = "not readable by this user";
+      }
+      break;
+    case PathKind::kDirectory:
+      if (!fs::is_directory(path, ec)) problem = "not an existing directory";
+      break;
+    case PathKind::kDirectoryToCreate:
+      if (!fs::exists(path, ec) && !fs::create_directories(path, ec)) {
+        problem = "cannot create it: " + ec.message();
+      } else if (!fs::is_directory(path, ec)) {
+        problem = "not a directory";
+      } else if (access(path.c_str(), W_OK | X_OK) != 0) {
+        problem = "not writable by this user";
+      }
+      break;
+    case PathKind::kFileToWrite: {
+      fs::path dir = fs::path(path).parent_path();
+      if (dir.empty()) dir = ".";
+      if (fs::is_directory(path, ec)) {
+        problem = "is a directory, expected a file";
+      } else if (!fs::is_directory(dir, ec)) {
+        problem = "its directory " + dir.string() + " does not exist";
+      } else if (access(dir.c_str(), W_OK | X_OK) != 0) {
+        problem = "its directory " + dir.string() + " is not writable by this user";
+      }
+      break;
+    }
+  }
+  if (problem.empty()) return;
+  std::fprintf(stderr, "%s: --%s %s: %s\n", name, flag, path.c_str(), problem.c_str());
+  std::exit(2);
 }
 
 }  // namespace pscluster

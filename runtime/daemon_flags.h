@@ -2,6 +2,7 @@
 #define PSCLUSTER_RUNTIME_DAEMON_FLAGS_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "proto/cluster.pb.h"
@@ -36,6 +37,19 @@ TlsConfig TlsConfigFromFlags();
 // --max_message_bytes, --max_concurrent_streams, --shutdown_grace_ms. The address is left for
 // the daemon to take from the cluster spec.
 ServiceHostOptions ServiceHostOptionsFromFlags();
+
+// What a path flag must name, checked at start (CheckPathFlagOrExit).
+enum class PathKind {
+  kExisting,           // a file or directory that exists and can be read
+  kDirectory,          // an existing directory
+  kDirectoryToCreate,  // a directory, created (with its parents) if missing, writable
+  kFileToWrite,        // a file whose directory exists and is writable
+};
+
+// For main(): when `path` is not empty and is not what `kind` asks for, prints
+// "NAME: --FLAG PATH: WHY" to stderr and exits with code 2, before the daemon starts.
+void CheckPathFlagOrExit(const char* name, const char* flag, const std::string& path,
+                         PathKind kind);
 
 // The Prometheus endpoint of --metrics_port and --metrics_port_file, on the task's bind host
 // (as the gRPC server's); null when --metrics_port is -1 (off). On error prints

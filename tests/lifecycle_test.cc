@@ -292,6 +292,48 @@ TEST(DaemonFlagsTest, VersionNamesTheReleaseAndCommit) {
   }
 }
 
+// Flags naming paths are checked before anything starts, with the flag, the path and why.
+TEST(DaemonFlagsTest, BadPathsAreRefusedAtStart) {
+  const std::string chief_config =
+      R"({"cluster": {"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"]},
+          "task": {"type": "chief", "index": 0}})";
+  const std::string model = "--model_config=" + RunfilePath("configs/mlp.pbtxt");
+  const std::string tmp = getenv("TEST_TMPDIR");
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{model, "--data_path=/nonexistent"},
+            "chief: --data_path /nonexistent: no such file or directory"},
+           {{model, "--metrics_file=/nonexistent/m.jsonl"},
+            "chief: --metrics_file /nonexistent/m.jsonl: its directory /nonexistent does not "
+            "exist"},
+           {{model, "--metrics_file=" + tmp},
+            "chief: --metrics_file " + tmp + ": is a directory, expected a file"},
+           {{model, "--checkpoint_dir=/proc/nope"},
+            "chief: --checkpoint_dir /proc/nope: cannot create it"},
+           {{model, "--port_file=/nonexistent/port"},
+            "chief: --port_file /nonexistent/port: its directory /nonexistent does not exist"},
+       }) {
+    RunResult r = RunToExit("chief/chief", c.args, chief_config);
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.message));
+  }
+  RunResult ps = RunToExit("ps_server/ps_server", {"--checkpoint_dir=/nonexistent"},
+                           R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"]},
+                               "task": {"type": "ps", "index": 0}})");
+  EXPECT_EQ(DescribeWaitStatus(ps.wait_status), "exit 2") << ps.output;
+  EXPECT_THAT(ps.output, HasSubstr("ps_server: --checkpoint_dir /nonexistent: not an existing "
+                                   "directory"));
+  RunResult worker = RunToExit("worker/worker", {"--data_path=/nonexistent"},
+                               R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"],
+                                   "worker": ["127.0.0.1:0"]},
+                                   "task": {"type": "worker", "index": 0}})");
+  EXPECT_EQ(DescribeWaitStatus(worker.wait_status), "exit 2") << worker.output;
+  EXPECT_THAT(worker.output, HasSubstr("worker: --data_path /nonexistent: no such file"));
+}
+
 TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   const std::string tf_config =
       R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]},

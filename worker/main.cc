@@ -18,7 +18,9 @@ DEFINE_int64(gpu_memory_limit_mb, 0,
 DEFINE_string(wire_dtype, "float32",
               "Encoding of gradients and pulled values on the wire: float32, float16 or "
               "bfloat16.");
-DEFINE_string(data_path, "", "Overrides the data location the chief names.");
+DEFINE_string(data_path, "",
+              "Path of the data on this host, instead of the one the chief names (a directory "
+              "for fashion_mnist, a file for libsvm). Checked at start.");
 DEFINE_string(ps_transport, "tensor_wire",
               "How pulls and pushes travel: tensor_wire (the ps tasks' TCP data plane, found "
               "through their gRPC service; gRPC where a ps has none) or grpc.");
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.data_path = FLAGS_data_path;
+  pscluster::CheckPathFlagOrExit("worker", "data_path", FLAGS_data_path,
+                                 pscluster::PathKind::kExisting);
   if (FLAGS_ps_transport != "tensor_wire" && FLAGS_ps_transport != "grpc") {
     std::fprintf(stderr, "worker: --ps_transport must be tensor_wire or grpc, not \"%s\"\n",
                  FLAGS_ps_transport.c_str());
