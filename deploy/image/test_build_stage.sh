@@ -65,7 +65,8 @@ step "the committed tree ($(git rev-parse --short HEAD)) at /src"
 mkdir -p "$build/src"
 git archive HEAD | tar -x -C "$build/src"
 step "build stage: bash deploy/image/build_stage.sh /out"
-in_root "$build" bash -c 'cd /src && bash deploy/image/build_stage.sh /out' 2>&1 | tee "$work/build-stage.log" | grep -E '^(==>|setup:)' || true
+in_root "$build" PSCLUSTER_COMMIT="$(git rev-parse --short=12 HEAD)" \
+  bash -c 'cd /src && bash deploy/image/build_stage.sh /out' 2>&1 | tee "$work/build-stage.log" | grep -E '^(==>|setup:)' || true
 [[ ${PIPESTATUS[0]} -eq 0 && -x $build/out/opt/pscluster/bin/chief ]] ||
   { echo "test_build_stage.sh: the build stage failed; see $work/build-stage.log" >&2; tail -30 "$work/build-stage.log"; keep=1; exit 1; }
 
