@@ -95,7 +95,8 @@ start() {  # task logfile flags...
 train() {  # name [faults]
   local name=$1 faults=${2:-}
   local dir=$work/$name
-  mkdir -p "$dir"
+  # The shared checkpoint directory exists before any task starts, as a mounted one would.
+  mkdir -p "$dir/checkpoints"
   start chief-0 "$dir/chief-0.log" --model_config="$configs/softmax_regression.pbtxt" \
     --mode=async --max_train_examples=12000 --max_test_examples=2000 --epochs=3 \
     --batch_size=50 --eval_every_secs=60 --heartbeat_interval_ms=200 \
@@ -119,21 +120,32 @@ train() {  # name [faults]
     ip -n "$switch" link set "$(link_of worker-1)" up
   fi
 
-  local failed=0 t
+  # Every task must exit 0 by itself; one that fails ends the wait at once.
+  local failed=0 t running
+  local -A code_of=()
   local deadline=$((SECONDS + 240))
-  for t in "${tasks[@]}"; do
-    while kill -0 "${pid_of[$t]}" 2>/dev/null && [[ $SECONDS -lt $deadline ]]; do sleep 0.2; done
-    if kill -0 "${pid_of[$t]}" 2>/dev/null; then
-      echo "netns_test: $name: $t still running after 240 s" >&2
+  while true; do
+    running=0
+    for t in "${tasks[@]}"; do
+      [[ -n ${code_of[$t]:-} ]] && continue
+      if kill -0 "${pid_of[$t]}" 2>/dev/null; then
+        running=1
+        continue
+      fi
+      code_of[$t]=0
+      wait "${pid_of[$t]}" || code_of[$t]=$?
+      if [[ ${code_of[$t]} -ne 0 ]]; then
+        echo "netns_test: $name: $t exited ${code_of[$t]}" >&2
+        failed=1
+      fi
+    done
+    [[ $running -eq 0 || $failed -ne 0 ]] && break
+    if [[ $SECONDS -ge $deadline ]]; then
+      echo "netns_test: $name: tasks still running after 240 s" >&2
       failed=1
-      continue
+      break
     fi
-    local code=0
-    wait "${pid_of[$t]}" || code=$?
-    if [[ $code -ne 0 ]]; then
-      echo "netns_test: $name: $t exited $code" >&2
-      failed=1
-    fi
+    sleep 0.2
   done
   if [[ $failed -ne 0 ]] || ! grep -q "training finished" "$dir/chief-0.log"; then
     for t in "${tasks[@]}"; do echo "--- $t"; tail -15 "$dir/$t.log"; done >&2
