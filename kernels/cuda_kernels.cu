@@ -631,6 +631,18 @@ class CudaKernels final : public Kernels {
     PS_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent*>(event)->event));
   }
 
+  MemoryInfo DeviceMemory() override {
+    MemoryInfo info;
+    size_t free_bytes = 0, total_bytes = 0;
+    // On the calling thread (a metrics scrape): its current device, then the query.
+    if (cudaSetDevice(device_) == cudaSuccess &&
+        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      info.total_bytes = static_cast<int64_t>(total_bytes);
+      info.used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+    }
+    return info;
+  }
+
   int device() const { return device_; }
   cudaStream_t compute_stream() const { return stream_; }
 

@@ -114,6 +114,14 @@ class Kernels {
   // to the compute methods and skip the copies.
   virtual bool device_is_host() const = 0;
 
+  // The device's memory, in bytes: in use (by every process on it) and in all. Zero for the
+  // host backend. Callable from any thread (metrics scrapes).
+  struct MemoryInfo {
+    int64_t used_bytes = 0;
+    int64_t total_bytes = 0;
+  };
+  virtual MemoryInfo DeviceMemory() { return MemoryInfo(); }
+
   // Host memory for the asynchronous copies (CUDA: page-locked, so a copy needs no staging
   // and runs while the host goes on). RESOURCE_EXHAUSTED when none is left.
   virtual absl::StatusOr<void*> AllocateHost(int64_t bytes) = 0;

@@ -99,6 +99,19 @@ absl::Status WorkerServer::Start() {
           FamilyBuilder("pscluster_worker_finished", "1 once training is done", MetricType::Gauge)
               .Add(finished_.load() ? 1 : 0)
               .Build());
+      FamilyBuilder used("pscluster_worker_gpu_memory_used_bytes",
+                         "Memory in use on each GPU this worker trains on (every process's)",
+                         MetricType::Gauge);
+      FamilyBuilder total("pscluster_worker_gpu_memory_total_bytes",
+                          "Memory of each GPU this worker trains on", MetricType::Gauge);
+      for (const std::unique_ptr<Kernels>& k : kernels_) {
+        if (k->device_is_host()) continue;
+        const Kernels::MemoryInfo m = k->DeviceMemory();
+        used.Add(static_cast<double>(m.used_bytes), {{"device", k->name()}});
+        total.Add(static_cast<double>(m.total_bytes), {{"device", k->name()}});
+      }
+      families.push_back(used.Build());
+      families.push_back(total.Build());
       return families;
     });
   }
