@@ -1,7 +1,17 @@
 #include "runtime/metrics.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +20,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
+#include "prometheus/text_serializer.h"
 
 namespace pscluster {
 
@@ -148,19 +159,48 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const MetricsOptions& op
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->collectors_ = std::make_shared<CollectorSet>();
   m->rpc_ = std::make_shared<RpcFamilies>(*m->registry_);
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(options.address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
+
+  // host:port, the host maybe in brackets (IPv6).
+  const size_t colon = options.address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", options.address, "\" is not host:port"));
+  }
+  std::string host = options.address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = options.address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", options.address, "\" is not a numeric host:port"));
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound =
+      fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 64) == 0;
+  const int bind_errno = errno;
+  freeaddrinfo(found);
+  if (!bound) {
+    if (fd >= 0) close(fd);
     return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", options.address, ": ", e.what()));
+        absl::StrCat("cannot serve metrics on ", options.address, ": ", std::strerror(bind_errno)));
   }
-  m->exposer_->RegisterCollectable(m->registry_);
-  m->exposer_->RegisterCollectable(m->collectors_);
-  const std::vector<int> ports = m->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("metrics: nothing listens on ", options.address));
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  m->port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  m->listen_fd_ = fd;
+  if (pipe2(m->stop_fd_, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("metrics: pipe: ", std::strerror(errno)));
   }
-  m->port_ = ports[0];
   if (!options.port_file.empty()) {
     // Written whole, then renamed into place: a reader sees no file or the whole port.
     const std::string tmp = options.port_file + ".tmp";
@@ -169,11 +209,86 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const MetricsOptions& op
       return absl::UnavailableError(absl::StrCat("cannot write ", options.port_file));
     }
   }
+  Metrics* raw = m.get();
+  m->thread_ = std::thread([raw] { raw->ServeLoop(); });
   return m;
 }
 
 Metrics::~Metrics() {
   if (collectors_) collectors_->Clear();
+  if (stop_fd_[1] >= 0) {
+    const char byte = 0;
+    (void)write(stop_fd_[1], &byte, 1);
+  }
+  if (thread_.joinable()) thread_.join();
+  for (int fd : {listen_fd_, stop_fd_[0], stop_fd_[1]}) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+void Metrics::ServeLoop() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_[0], POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    Serve(conn);
+    close(conn);
+  }
+}
+
+void Metrics::Serve(int fd) {
+  // One request per connection, read within 2 s and up to 8 KiB (a scrape's is a few hundred
+  // bytes); anything else is answered 400, 404 or 405 and closed.
+  std::string request;
+  char buf[1024];
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+    const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    pollfd p = {fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, left) <= 0) return;
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return;
+    request.append(buf, static_cast<size_t>(n));
+  }
+  std::string status = "200 OK";
+  std::string body;
+  std::string type = "text/plain; version=0.0.4; charset=utf-8";
+  std::istringstream line(request.substr(0, request.find("\r\n")));
+  std::string method, target;
+  line >> method >> target;
+  const std::string path = target.substr(0, target.find('?'));
+  if (method.empty() || target.empty()) {
+    status = "400 Bad Request";
+  } else if (method != "GET" && method != "HEAD") {
+    status = "405 Method Not Allowed";
+  } else if (path != "/metrics") {
+    status = "404 Not Found";
+  }
+  if (status != "200 OK") {
+    type = "text/plain; charset=utf-8";
+    body = status + ": this endpoint serves GET /metrics only\n";
+  } else {
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    for (prometheus::MetricFamily& f : collectors_->Collect()) families.push_back(std::move(f));
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, families);
+    if (method == "GET") body = out.str();
+  }
+  const std::string response =
+      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
+  size_t sent = 0;
+  while (sent < response.size()) {
+    const ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
 }
 
 void Metrics::AddCollector(Collector collector) { collectors_->Add(std::move(collector)); }

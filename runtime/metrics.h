@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -11,7 +12,6 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 
@@ -31,6 +31,10 @@ struct MetricsOptions {
 //     and status code, latency, bytes sent;
 //   - series read from the daemon's own state at scrape time (AddCollector): nothing is
 //     counted twice and the hot paths pay nothing.
+// The endpoint is a minimal HTTP/1.1 server of its own (GET /metrics, one request per
+// connection), not prometheus-cpp's civetweb exposer: civetweb starts its threads with a
+// 100 KiB stack, which glibc refuses (EINVAL) in a process whose libraries' static TLS is
+// larger, as the CUDA worker's (cuBLAS alone has 94 KiB).
 // Thread-safe. Lifecycle: Start() -> serving until destroyed; the daemon whose state a
 // collector reads must remove it (RemoveCollectors) or outlive this object.
 class Metrics {
@@ -55,10 +59,16 @@ class Metrics {
   class CollectorSet;
   Metrics() = default;
 
+  // Serves connections until stop_fd_ is written to.
+  void ServeLoop();
+  void Serve(int fd);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<CollectorSet> collectors_;
   std::shared_ptr<RpcFamilies> rpc_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  int listen_fd_ = -1;
+  int stop_fd_[2] = {-1, -1};
+  std::thread thread_;
   int port_ = 0;
 };
 

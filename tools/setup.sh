@@ -25,7 +25,8 @@ PACKAGES=(
   python3-kubernetes python3-yaml systemd
   # tests/netns_test.sh: network namespaces, packet loss (nftables) and a rate cap (tc).
   iproute2 nftables
-  # Metrics (--metrics_port) and the test that scrapes them with a real Prometheus server.
+  # Metrics (--metrics_port: prometheus-cpp's core) and the test that scrapes them with a
+  # real Prometheus server.
   prometheus-cpp-dev prometheus
 )
 
