@@ -96,14 +96,16 @@ as_user /usr/bin/env JOB=ps NUM_PS=2 NUM_WORKERS=2 PORT=2222 HOSTNAME=pscluster-
 
 step "a short training run as the non-root user: chief, 1 ps, 1 worker on 127.0.0.1"
 logs=$runtime/tmp/run
-mkdir -p "$logs" && chmod 777 "$logs"
+# The shared checkpoint directory exists before the tasks start, as a mounted one would.
+mkdir -p "$logs/checkpoints" && chmod 777 "$logs" "$logs/checkpoints"
 port=$((20000 + RANDOM % 20000))
 spec="\"chief\":[\"127.0.0.1:$port\"],\"ps\":[\"127.0.0.1:$((port + 1))\"],\"worker\":[\"127.0.0.1:$((port + 2))\"]"
 pids=()
 task() {  # job index binary flags...
   local job=$1 index=$2 binary=$3
   shift 3
-  as_user GLOG_logtostderr=1 TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
+  # Each task gets 3 minutes: one that waits forever for another fails the check.
+  as_user /usr/bin/timeout 180 /usr/bin/env GLOG_logtostderr=1 TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
     "/opt/pscluster/bin/$binary" "$@" >"$logs/$job-$index.log" 2>&1 &
   pids+=($!)
 }
