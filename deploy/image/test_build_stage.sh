@@ -35,7 +35,7 @@ mounted=()
 cleanup() {
   local m
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
-  [[ $keep -eq 1 ]] || rm -rf "$work"
+  [[ $keep -eq 1 ]] || rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 mount_system() {  # root
@@ -55,7 +55,12 @@ in_root() {  # root command...
 start=$(date +%s)
 step() { echo "==> [$(( $(date +%s) - start )) s] $*"; }
 
-rm -rf "$work"
+# A run killed before its cleanup may have left its bind mounts of /proc, /sys and /dev under
+# $work: undo them before deleting anything, and never cross into another filesystem.
+if [[ -d $work ]]; then
+  findmnt -rno TARGET | grep "^$work/" | sort -r | xargs -r -n1 umount -l
+  rm -rf --one-file-system "$work"
+fi
 mkdir -p "$work"
 step "debootstrap bookworm (build root) from $mirror"
 debootstrap bookworm "$build" "$mirror" >"$work/debootstrap-build.log" 2>&1 ||
