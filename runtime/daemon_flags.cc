@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/cluster_spec.h"
@@ -235,8 +236,12 @@ std::unique_ptr<Metrics> MetricsFromFlagsOrExit(const char* name,
   }
   MetricsOptions options;
   options.address = JoinHostPort(BindHostFor(hp->host), FLAGS_metrics_port);
-  options.port_file = FLAGS_metrics_port_file;
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Start(options);
+  if (metrics.ok() && !FLAGS_metrics_port_file.empty()) {
+    absl::Status written =
+        WriteFileAtomically(FLAGS_metrics_port_file, absl::StrCat((*metrics)->port(), "\n"));
+    if (!written.ok()) metrics = written;
+  }
   if (!metrics.ok()) {
     std::fprintf(stderr, "%s: --metrics_port: %s\n", name,
                  std::string(metrics.status().message()).c_str());

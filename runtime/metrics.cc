@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cluster_spec.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -24,7 +24,7 @@
 
 namespace pscluster {
 
-// The collectors, as one Collectable the exposer asks at each scrape.
+// The collectors, asked at each scrape.
 class Metrics::CollectorSet : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override {
@@ -160,23 +160,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const MetricsOptions& op
   m->collectors_ = std::make_shared<CollectorSet>();
   m->rpc_ = std::make_shared<RpcFamilies>(*m->registry_);
 
-  // host:port, the host maybe in brackets (IPv6).
-  const size_t colon = options.address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address \"", options.address, "\" is not host:port"));
+  absl::StatusOr<HostPort> hp = ParseHostPort(options.address);
+  if (!hp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address \"", options.address,
+                                                   "\" is not host:port: ", hp.status().message()));
   }
-  std::string host = options.address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const std::string port = options.address.substr(colon + 1);
+  const std::string port = absl::StrCat(hp->port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+  if (getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address \"", options.address, "\" is not a numeric host:port"));
   }
@@ -200,14 +195,6 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const MetricsOptions& op
   m->listen_fd_ = fd;
   if (pipe2(m->stop_fd_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("metrics: pipe: ", std::strerror(errno)));
-  }
-  if (!options.port_file.empty()) {
-    // Written whole, then renamed into place: a reader sees no file or the whole port.
-    const std::string tmp = options.port_file + ".tmp";
-    std::ofstream(tmp) << m->port_ << "\n";
-    if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot write ", options.port_file));
-    }
   }
   Metrics* raw = m.get();
   m->thread_ = std::thread([raw] { raw->ServeLoop(); });

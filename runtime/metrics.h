@@ -21,8 +21,6 @@ struct MetricsOptions {
   // host:port the HTTP endpoint (/metrics, Prometheus' text format) listens on; port 0: any
   // free port (see port()).
   std::string address;
-  // If set, the port actually bound is written here (as --port_file does for gRPC).
-  std::string port_file;
 };
 
 // A daemon's Prometheus endpoint. Two kinds of series:
