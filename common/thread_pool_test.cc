@@ -29,7 +29,9 @@ TEST(ThreadPoolTest, ParallelForCoversTheRangeOnceInBigEnoughBlocks) {
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[i].load(), 1) << "n=" << n << " i=" << i;
       EXPECT_LE(static_cast<int>(blocks.size()), threads + 1);
       for (const auto& [begin, end] : blocks) {
-        if (end != n) EXPECT_GE(end - begin, 10) << "n=" << n;
+        if (end != n) {
+          EXPECT_GE(end - begin, 10) << "n=" << n;
+        }
       }
     }
   }

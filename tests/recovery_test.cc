@@ -175,7 +175,9 @@ TEST_F(RecoveryTest, APsRestartedAtANewAddressIsFoundAndRestored) {
   // The chief serves the new address to anyone who asks, and reports it in the status.
   v1::ClusterStatus s = ClusterStatusOf(*chief_);
   for (const v1::TaskStatus& t : s.tasks()) {
-    if (t.task().job() == "ps" && t.task().index() == 1) EXPECT_EQ(t.address(), after);
+    if (t.task().job() == "ps" && t.task().index() == 1) {
+      EXPECT_EQ(t.address(), after);
+    }
   }
 }
 
@@ -357,8 +359,17 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
     v1::ClusterStatus s = AwaitFinished(*chief, absl::Seconds(120));
     ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
     ASSERT_FALSE(s.last_checkpoint().empty());
-    auto manifest = ReadManifest(s.last_checkpoint());
-    ASSERT_TRUE(manifest.ok());
+    // Stop the cluster before reading the directory: a running chief may still write or prune
+    // a checkpoint between the listing and the read of a manifest.
+    for (ChildProcess* p : (*cluster)->processes()) ASSERT_TRUE(p->Signal(SIGTERM).ok());
+    for (ChildProcess* p : (*cluster)->processes()) {
+      ASSERT_TRUE(p->WaitForExit(absl::Seconds(30)).ok());
+    }
+    auto newest = ListCheckpoints(dir);
+    ASSERT_TRUE(newest.ok()) << newest.status();
+    ASSERT_FALSE(newest->empty());
+    auto manifest = ReadManifest(newest->front());
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
     saved_step = manifest->step();
     EXPECT_EQ(manifest->num_ps(), 2);
     // Async checkpoints are a consistent cut too: every worker step pushes to both partitions
@@ -370,7 +381,7 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
     ASSERT_GE(committed->size(), 2u);
     for (const std::string& path : *committed) {
       auto m = ReadManifest(path);
-      ASSERT_TRUE(m.ok());
+      ASSERT_TRUE(m.ok()) << m.status();
       std::vector<int64_t> updates;
       for (const v1::SavedShard& shard : m->shards()) {
         auto reader = CheckpointReader::Open(absl::StrCat(path, "/", shard.file()));
@@ -384,7 +395,6 @@ TEST(WholeClusterRestartTest, ResumesFromItsCheckpointWithAnotherPsCount) {
       // The checkpoint before the first step (if not yet pruned) has none.
       EXPECT_EQ(updates[0] > 0, m->step() > 0) << path;
     }
-    for (ChildProcess* p : (*cluster)->processes()) ASSERT_TRUE(p->Signal(SIGTERM).ok());
   }
   TestClusterOptions options;
   options.num_ps = 3;
