@@ -1,0 +1,169 @@
+#include "model/data/input_file.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pscluster {
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;
+constexpr size_t kLineBufferBytes = 1 << 16;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InputFile>> InputFile::Open(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  unsigned char magic[2] = {0, 0};
+  const size_t got = std::fread(magic, 1, 2, file);
+  const bool gzipped = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+  std::unique_ptr<InputFile> input(new InputFile(path, gzipped));
+  if (!gzipped) {
+    std::rewind(file);
+    input->file_ = file;
+    return input;
+  }
+  std::fclose(file);
+  input->gz_ = gzopen(path.c_str(), "rb");
+  if (input->gz_ == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  gzbuffer(input->gz_, 1 << 17);
+  return input;
+}
+
+InputFile::~InputFile() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (gz_ != nullptr) gzclose(gz_);
+}
+
+std::string InputFile::Where(int64_t offset) const {
+  return absl::StrCat("offset ", offset, gzipped_ ? " (decompressed)" : "");
+}
+
+absl::StatusOr<size_t> InputFile::Read(unsigned char* buffer, size_t size) {
+  size_t total = 0;
+  if (file_ != nullptr) {
+    total = std::fread(buffer, 1, size, file_);
+    if (total < size && std::ferror(file_)) {
+      return absl::ErrnoToStatus(errno,
+                                 absl::StrCat(path_, ": read error at ", Where(offset_ + total)));
+    }
+  } else {
+    while (total < size) {
+      const unsigned request = static_cast<unsigned>(std::min<size_t>(size - total, kChunkBytes));
+      const int got = gzread(gz_, buffer + total, request);
+      if (got < 0) {
+        int zerr = Z_OK;
+        const char* message = gzerror(gz_, &zerr);
+        if (zerr == Z_ERRNO) {
+          return absl::ErrnoToStatus(
+              errno, absl::StrCat(path_, ": read error at ", Where(offset_ + total)));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip stream at ",
+                                                       Where(offset_ + total), ": ", message));
+      }
+      total += static_cast<size_t>(got);
+      if (static_cast<unsigned>(got) < request) {
+        // The end of the stream. zlib reports a member cut off before its trailer as
+        // Z_BUF_ERROR but still returns the bytes it could decompress.
+        int zerr = Z_OK;
+        gzerror(gz_, &zerr);
+        gzip_cut_short_ = zerr == Z_BUF_ERROR;
+        break;
+      }
+    }
+  }
+  offset_ += static_cast<int64_t>(total);
+  return total;
+}
+
+const char* InputFile::TruncationNote() const {
+  return gzip_cut_short_ ? " (the gzip stream is cut short)" : "";
+}
+
+absl::Status InputFile::ReadExactly(unsigned char* buffer, size_t size, const char* what,
+                                    int64_t expected_end) {
+  PS_ASSIGN_OR_RETURN(const size_t got, Read(buffer, size));
+  if (got < size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": truncated ", what, ": the file ends at ", Where(offset_),
+                     " of expected ", expected_end, " bytes", TruncationNote()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InputFile::ExpectEnd(const std::string& layout) {
+  unsigned char extra;
+  const int64_t end = offset_;
+  PS_ASSIGN_OR_RETURN(const size_t got, Read(&extra, 1));
+  if (got != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": unexpected data after ", Where(end), ", where ", layout, " end"));
+  }
+  if (gzip_cut_short_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": truncated gzip stream: it is cut short after ", Where(end),
+                     ", before its trailer (the data is complete but its checksum is missing)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(const std::string& path) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path));
+  return std::unique_ptr<LineReader>(new LineReader(std::move(file)));
+}
+
+LineReader::LineReader(std::unique_ptr<InputFile> file)
+    : file_(std::move(file)), buffer_(kLineBufferBytes) {}
+
+absl::StatusOr<bool> LineReader::Fill() {
+  begin_ = 0;
+  PS_ASSIGN_OR_RETURN(end_, file_->Read(buffer_.data(), buffer_.size()));
+  if (end_ > 0) return true;
+  if (file_->gzip_cut_short()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file_->path(), ": truncated gzip stream: it is cut short after ",
+        file_->Where(file_->offset()), " (line ", line_number_ + 1, "), before its trailer"));
+  }
+  return false;
+}
+
+absl::StatusOr<bool> LineReader::Next(std::string* line) {
+  line->clear();
+  bool any = false;  // Whether the line has begun (a byte or a '\n' was seen).
+  while (true) {
+    if (begin_ == end_) {
+      PS_ASSIGN_OR_RETURN(const bool more, Fill());
+      if (!more) break;
+    }
+    const unsigned char* start = buffer_.data() + begin_;
+    const void* newline = std::memchr(start, '\n', end_ - begin_);
+    any = true;
+    if (newline == nullptr) {
+      line->append(reinterpret_cast<const char*>(start), end_ - begin_);
+      begin_ = end_;
+      continue;
+    }
+    const size_t length = static_cast<const unsigned char*>(newline) - start;
+    line->append(reinterpret_cast<const char*>(start), length);
+    begin_ += length + 1;
+    if (!line->empty() && line->back() == '\r') line->pop_back();
+    ++line_number_;
+    return true;
+  }
+  if (!any) return false;
+  if (!line->empty() && line->back() == '\r') line->pop_back();
+  ++line_number_;
+  return true;
+}
+
+}  // namespace pscluster
