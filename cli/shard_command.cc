@@ -265,6 +265,10 @@ psctl::TableReport BuildTableReport(LiveCluster& cluster, absl::string_view tabl
     part->set_bytes(r->shard().bytes());
     part->set_pushes(r->shard().pushes());
     part->set_pulls(r->shard().pulls());
+    part->set_admitted_rows(r->shard().admitted_rows());
+    part->set_evicted_rows(r->shard().evicted_rows());
+    part->set_expired_rows(r->shard().expired_rows());
+    part->set_unadmitted_keys(r->shard().unadmitted_keys());
     *part->mutable_stats() = r->values();
     part->mutable_hot_keys()->CopyFrom(r->shard().hot_keys());
     hot.insert(hot.end(), r->shard().hot_keys().begin(), r->shard().hot_keys().end());
@@ -321,20 +325,30 @@ std::string FormatTableReport(const psctl::TableReport& report) {
                                  HumanBytes(t.bytes()), ", ", t.optimizer(), "\n");
   TextTable parts({"PS", "ADDRESS", "ROWS", "BYTES", "PUSHES", "PULLS", "COUNT", "MIN", "MAX",
                    "MEAN", "STD", "L2 NORM", "NAN", "INF"});
+  // Admission and eviction, in a table of their own.
+  TextTable churn({"PS", "RESIDENT", "ADMITTED", "EVICTED", "EXPIRED", "NOT ADMITTED"});
   for (const psctl::TablePart& p : t.parts()) {
     std::vector<std::string> row = {absl::StrCat("ps:", p.ps_task()), p.ps_address()};
+    std::vector<std::string> churn_row = {absl::StrCat("ps:", p.ps_task())};
     if (!p.reachable()) {
       for (int i = 0; i < 12; ++i) row.push_back("?");
+      for (int i = 0; i < 5; ++i) churn_row.push_back("?");
     } else {
       row.push_back(absl::StrCat(p.rows()));
       row.push_back(HumanBytes(p.bytes()));
       row.push_back(absl::StrCat(p.pushes()));
       row.push_back(absl::StrCat(p.pulls()));
       for (std::string& c : StatCells(p.stats())) row.push_back(std::move(c));
+      for (int64_t v :
+           {p.rows(), p.admitted_rows(), p.evicted_rows(), p.expired_rows(), p.unadmitted_keys()}) {
+        churn_row.push_back(absl::StrCat(v));
+      }
     }
     parts.AddRow(std::move(row));
+    churn.AddRow(std::move(churn_row));
   }
   out += parts.ToString();
+  absl::StrAppend(&out, "\n", churn.ToString());
   if (report.hot_keys_size() > 0) {
     TextTable hot({"HOT KEY", "COUNT"});
     for (const v1::HotKey& h : report.hot_keys()) {

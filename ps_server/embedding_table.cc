@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/denormal.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
@@ -76,7 +79,61 @@ absl::Status WithTablePrefix(const std::string& table, const absl::Status& statu
   return absl::Status(status.code(), absl::StrCat("table ", table, ": ", status.message()));
 }
 
+constexpr int kSketchRows = 4;
+constexpr int64_t kDefaultSketchWidth = int64_t{1} << 18;
+constexpr int64_t kMinSketchWidth = 4096;
+constexpr int64_t kMaxSketchWidth = int64_t{1} << 26;
+
+int64_t RowBytes(int64_t stride, bool tracks_last) {
+  return stride * static_cast<int64_t>(sizeof(float)) +
+         static_cast<int64_t>(sizeof(RowIndex::Entry)) + (tracks_last ? 4 : 0);
+}
+
+bool TracksLast(const v1::EvictionSpec& e) {
+  return e.ttl_steps() > 0 || e.ttl_seconds() > 0 || e.max_rows() > 0 || e.max_bytes() > 0;
+}
+
+// Per-stripe sketch width: the spec's total width over the stripes, a power of two.
+int64_t StripeSketchWidth(const v1::AdmissionSpec& a) {
+  int64_t total = a.sketch_width() > 0 ? a.sketch_width() : kDefaultSketchWidth;
+  total = std::max(total, kMinSketchWidth);
+  int64_t width = 1;
+  while (width * EmbeddingTable::kNumStripes < total) width *= 2;
+  return width;
+}
+
 }  // namespace
+
+absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec) {
+  const auto bad = [&spec](absl::string_view field, auto value, absl::string_view expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.name(), ": ", field, " ", value, ": expected ", expected));
+  };
+  const v1::AdmissionSpec& a = spec.admission();
+  if (a.min_count() < 0 || a.min_count() > 65535) {
+    return bad("admission.min_count", a.min_count(), "a count in [0, 65535]");
+  }
+  if (!(a.probability() >= 0 && a.probability() <= 1)) {
+    return bad("admission.probability", a.probability(), "a probability in [0, 1]");
+  }
+  if (a.sketch_width() < 0 || a.sketch_width() > kMaxSketchWidth) {
+    return bad("admission.sketch_width", a.sketch_width(), "0 (the default) to 2^26 counters");
+  }
+  const v1::EvictionSpec& e = spec.eviction();
+  constexpr int64_t kMaxTtl = std::numeric_limits<uint32_t>::max();
+  if (e.ttl_steps() < 0 || e.ttl_steps() > kMaxTtl) {
+    return bad("eviction.ttl_steps", e.ttl_steps(), "0 (none) to 2^32 - 1 steps");
+  }
+  if (e.ttl_seconds() < 0 || e.ttl_seconds() > kMaxTtl) {
+    return bad("eviction.ttl_seconds", e.ttl_seconds(), "0 (none) to 2^32 - 1 seconds");
+  }
+  if (e.ttl_steps() > 0 && e.ttl_seconds() > 0) {
+    return bad("eviction.ttl_seconds", e.ttl_seconds(), "0 when ttl_steps is set (one TTL)");
+  }
+  if (e.max_rows() < 0) return bad("eviction.max_rows", e.max_rows(), "0 (no limit) or more");
+  if (e.max_bytes() < 0) return bad("eviction.max_bytes", e.max_bytes(), "0 (no limit) or more");
+  return absl::OkStatus();
+}
 
 constexpr int EmbeddingTable::kNumStripes;
 constexpr int64_t EmbeddingTable::kMinParallelKeys;
@@ -98,6 +155,23 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   if (!initializer_status.ok()) return WithTablePrefix(spec.name(), initializer_status);
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.optimizer());
   if (!optimizer.ok()) return WithTablePrefix(spec.name(), optimizer.status());
+  PS_RETURN_IF_ERROR(ValidateAdmissionAndEviction(spec));
+  // The capacity as rows per stripe: the tighter of max_rows and max_bytes.
+  const v1::EvictionSpec& eviction = spec.eviction();
+  const int64_t row_bytes =
+      RowBytes(spec.dim() * (1 + int64_t{(*optimizer)->num_slots()}), TracksLast(eviction));
+  int64_t capacity = eviction.max_rows();
+  if (eviction.max_bytes() > 0) {
+    const int64_t by_bytes = eviction.max_bytes() / row_bytes;
+    if (by_bytes < kNumStripes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", spec.name(), ": eviction.max_bytes ", eviction.max_bytes(), " holds ", by_bytes,
+          " rows of ", row_bytes, " bytes: expected room for at least ", kNumStripes,
+          " (one per lock stripe)"));
+    }
+    capacity = capacity > 0 ? std::min(capacity, by_bytes) : by_bytes;
+  }
+  const int64_t stripe_capacity = capacity > 0 ? std::max<int64_t>(1, capacity / kNumStripes) : 0;
   if (num_virtual_shards <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(), ": num_virtual_shards ",
                                                    num_virtual_shards, " is not positive"));
@@ -111,12 +185,13 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     }
     owned[static_cast<size_t>(shard)] = true;
   }
-  return absl::WrapUnique(
-      new EmbeddingTable(spec, *std::move(optimizer), std::move(owned), num_virtual_shards));
+  return absl::WrapUnique(new EmbeddingTable(spec, *std::move(optimizer), std::move(owned),
+                                             num_virtual_shards, stripe_capacity));
 }
 
 EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer,
-                               std::vector<bool> owned, int32_t num_virtual_shards)
+                               std::vector<bool> owned, int32_t num_virtual_shards,
+                               int64_t stripe_capacity)
     : spec_(std::move(spec)),
       dim_(spec_.dim()),
       optimizer_(std::move(optimizer)),
@@ -124,12 +199,138 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
       stride_((1 + int64_t{num_slots_}) * dim_),
       owned_(std::move(owned)),
       num_virtual_shards_(num_virtual_shards),
-      stripes_(new Stripe[kNumStripes]) {}
+      admission_(spec_.has_admission()),
+      min_count_(static_cast<uint32_t>(spec_.admission().min_count())),
+      admit_probability_(spec_.admission().probability()),
+      sketch_width_(admission_ ? StripeSketchWidth(spec_.admission()) : 0),
+      tracks_last_(TracksLast(spec_.eviction())),
+      ttl_in_seconds_(spec_.eviction().ttl_seconds() > 0),
+      ttl_(static_cast<uint32_t>(
+          std::max(spec_.eviction().ttl_steps(), spec_.eviction().ttl_seconds()))),
+      stripe_capacity_(stripe_capacity),
+      lfu_(spec_.eviction().policy() == v1::EvictionSpec::LFU),
+      stripes_(new Stripe[kNumStripes]) {
+  if (admission_) {
+    for (int s = 0; s < kNumStripes; ++s) {
+      absl::MutexLock lock(&stripes_[s].mu);
+      stripes_[s].sketch.assign(static_cast<size_t>(kSketchRows * sketch_width_), 0);
+    }
+  }
+}
 
 EmbeddingTable::~EmbeddingTable() = default;
 
 bool EmbeddingTable::OwnsKey(int64_t key) const {
   return owned_[static_cast<size_t>(VirtualShardOfKey(key, num_virtual_shards_))];
+}
+
+void EmbeddingTable::ObserveStep(int64_t step) {
+  if (step < 0) return;
+  const uint32_t tick =
+      static_cast<uint32_t>(std::min<int64_t>(step, std::numeric_limits<uint32_t>::max()));
+  uint32_t seen = step_clock_.load(std::memory_order_relaxed);
+  while (seen < tick && !step_clock_.compare_exchange_weak(seen, tick, std::memory_order_relaxed)) {
+  }
+}
+
+uint32_t EmbeddingTable::Now() const {
+  if (ttl_in_seconds_) {
+    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToUnixSeconds(absl::Now()), 0,
+                                                     std::numeric_limits<uint32_t>::max()));
+  }
+  return step_clock_.load(std::memory_order_relaxed);
+}
+
+EmbeddingTable::Counts EmbeddingTable::counts() const {
+  Counts c;
+  c.admitted = admitted_.load(std::memory_order_relaxed);
+  c.evicted = evicted_.load(std::memory_order_relaxed);
+  c.expired = expired_.load(std::memory_order_relaxed);
+  c.unadmitted = unadmitted_.load(std::memory_order_relaxed);
+  return c;
+}
+
+absl::Status EmbeddingTable::InitialRow(int64_t key, float* values, bool slots) const {
+  PS_RETURN_IF_ERROR(InitializeRow(spec_.initializer(), spec_.name(), key, dim_, values));
+  if (slots) {
+    for (int s = 0; s < num_slots_; ++s) {
+      std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool EmbeddingTable::AdmitLocked(Stripe* stripe, int64_t key) {
+  // Four counters from two 32-bit halves of a hash unlike the stripe's and the index's
+  // (Kirsch-Mitzenmacher); conservative update: only the smallest counters grow.
+  const uint64_t h = MixKey(key ^ static_cast<int64_t>(0x9e3779b97f4a7c15ULL));
+  const uint64_t h1 = h & 0xffffffffu, h2 = (h >> 32) | 1;
+  const uint64_t mask = static_cast<uint64_t>(sketch_width_) - 1;
+  uint16_t* counters[kSketchRows];
+  uint32_t estimate = 0xffff;
+  for (int r = 0; r < kSketchRows; ++r) {
+    counters[r] = &stripe->sketch[r * sketch_width_ + ((h1 + r * h2) & mask)];
+    estimate = std::min<uint32_t>(estimate, *counters[r]);
+  }
+  const uint32_t count = std::min<uint32_t>(estimate + 1, 0xffff);
+  for (uint16_t* c : counters) *c = static_cast<uint16_t>(std::max<uint32_t>(*c, count));
+  if (count >= min_count_) return true;
+  if (admit_probability_ <= 0) return false;
+  const uint64_t draw = MixKey(key ^ static_cast<int64_t>(count * 0xd6e8feb86659fd93ULL));
+  return static_cast<double>(draw >> 11) * 0x1.0p-53 < admit_probability_;
+}
+
+void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) {
+  stripe->rows.Erase(key);
+  stripe->free_rows.push_back(row);
+}
+
+void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
+  // Expired rows are swept before any eviction for capacity, so that what the capacity evicts
+  // does not depend on when the stripe was last swept (which a restore does not reproduce).
+  const bool over =
+      stripe_capacity_ > 0 && static_cast<int64_t>(stripe->rows.size()) > stripe_capacity_;
+  if (ttl_ > 0 &&
+      (over || now < stripe->swept_at || now - stripe->swept_at >= std::max(1u, ttl_ / 4))) {
+    stripe->swept_at = now;
+    std::vector<std::pair<int64_t, uint32_t>> old;
+    stripe->rows.ForEach([&](const RowIndex::Entry& e) {
+      if (Expired(stripe->last[e.row], now)) old.emplace_back(e.key, e.row);
+    });
+    for (const auto& [key, row] : old) RemoveRowLocked(stripe, key, row);
+    expired_.fetch_add(static_cast<int64_t>(old.size()), std::memory_order_relaxed);
+  }
+  const int64_t rows = static_cast<int64_t>(stripe->rows.size());
+  if (stripe_capacity_ == 0 || rows <= stripe_capacity_) return;
+  const int64_t keep = stripe_capacity_ - stripe_capacity_ / 16;
+  // Evict first what sorts first: (rank1, rank2, hash of the key, key).
+  struct Victim {
+    uint64_t rank1, rank2, hash;
+    int64_t key;
+    uint32_t row;
+    bool operator<(const Victim& o) const {
+      return std::tie(rank1, rank2, hash, key) < std::tie(o.rank1, o.rank2, o.hash, o.key);
+    }
+  };
+  std::vector<Victim> all;
+  all.reserve(static_cast<size_t>(rows));
+  stripe->rows.ForEach([&](const RowIndex::Entry& e) {
+    const uint32_t last = stripe->last[e.row];
+    Victim v{0, 0, MixKey(e.key), e.key, e.row};
+    if (lfu_) {
+      // Rows pushed at this tick go last, or a new row would be the first to go.
+      v.rank1 = (uint64_t{last >= now} << 32) | e.count;
+      v.rank2 = last;
+    } else {
+      v.rank1 = last;
+      v.rank2 = e.count;
+    }
+    all.push_back(v);
+  });
+  const size_t evict = static_cast<size_t>(rows - keep);
+  std::nth_element(all.begin(), all.begin() + evict, all.end());
+  for (size_t i = 0; i < evict; ++i) RemoveRowLocked(stripe, all[i].key, all[i].row);
+  evicted_.fetch_add(static_cast<int64_t>(evict), std::memory_order_relaxed);
 }
 
 absl::Status EmbeddingTable::NotOwnedError(int64_t key) const {
@@ -167,33 +368,53 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
 }
 
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
-                                                                 bool initialize) {
-  const size_t new_row = stripe->rows.size();
+                                                                 bool initialize, uint32_t now) {
+  const size_t arena_rows = stripe->arena.size() / static_cast<size_t>(stride_);
+  const bool reuse = !stripe->free_rows.empty();
+  const size_t new_row = reuse ? stripe->free_rows.back() : arena_rows;
   if (new_row >= RowIndex::kNoRow) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", spec_.name(), ": cannot create the row of key ", key,
-                     ": its stripe already holds ", new_row, " rows"));
+                     ": its stripe already holds ", stripe->rows.size(), " rows"));
   }
-  stripe->arena.resize((new_row + 1) * static_cast<size_t>(stride_));
+  if (!reuse) {
+    stripe->arena.resize((new_row + 1) * static_cast<size_t>(stride_));
+    if (tracks_last_) stripe->last.resize(new_row + 1);
+  }
   float* values = stripe->arena.data() + new_row * static_cast<size_t>(stride_);
   if (initialize) {
-    absl::Status status = InitializeRow(spec_.initializer(), spec_.name(), key, dim_, values);
+    absl::Status status = InitialRow(key, values, /*slots=*/true);
     if (!status.ok()) {
-      stripe->arena.resize(new_row * static_cast<size_t>(stride_));
+      if (!reuse) {
+        stripe->arena.resize(new_row * static_cast<size_t>(stride_));
+        if (tracks_last_) stripe->last.resize(new_row);
+      }
       return WithTablePrefix(spec_.name(), status);
     }
-    for (int s = 0; s < num_slots_; ++s) {
-      std::fill_n(values + (1 + s) * dim_, dim_, optimizer_->slot_initial_value(s));
-    }
   }
+  if (reuse) stripe->free_rows.pop_back();
+  if (tracks_last_) stripe->last[new_row] = now;
   return stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
 }
 
-absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe,
-                                                                       int64_t key) {
+absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key,
+                                                                       uint32_t now) {
   RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-  if (entry != nullptr) return entry;
-  return AppendRowLocked(stripe, key, /*initialize=*/true);
+  if (entry != nullptr) {
+    if (tracks_last_ && Expired(stripe->last[entry->row], now)) {
+      // Past its TTL: as if removed and created again.
+      float* values = stripe->arena.data() + static_cast<size_t>(entry->row) * stride_;
+      PS_RETURN_IF_ERROR(WithTablePrefix(spec_.name(), InitialRow(key, values, /*slots=*/true)));
+      entry->count = 0;
+      stripe->last[entry->row] = now;
+      expired_.fetch_add(1, std::memory_order_relaxed);
+      admitted_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return entry;
+  }
+  PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(stripe, key, /*initialize=*/true, now));
+  admitted_.fetch_add(1, std::memory_order_relaxed);
+  return entry;
 }
 
 absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool) {
@@ -218,7 +439,8 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, Th
 absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
                                         int64_t count, float* out) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  std::vector<int64_t> absent;
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  std::vector<int64_t> absent;  // positions of keys without a row, or with an expired one
   {
     // Rows that exist are copied under the shared lock, so pulls do not block each other. The
     // loop is a pipeline: the hash slot of the key kKeyAhead positions on is prefetched, the
@@ -230,7 +452,10 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
     for (int64_t i = 0; i < count + kRowLag; ++i) {
       if (i + kKeyAhead < count) stripe->rows.Prefetch(keys[order[i + kKeyAhead]]);
       if (i < count) {
-        const uint32_t row = stripe->rows.Find(keys[order[i]]);
+        uint32_t row = stripe->rows.Find(keys[order[i]]);
+        if (row != RowIndex::kNoRow && tracks_last_ && Expired(stripe->last[row], now)) {
+          row = RowIndex::kNoRow;
+        }
         ring[i % kRowRing] = row;
         if (row == RowIndex::kNoRow) {
           absent.push_back(order[i]);
@@ -245,13 +470,28 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
     }
   }
   if (absent.empty()) return absl::OkStatus();
+  if (admission_ || tracks_last_) {
+    // Pulls create no rows under admission, and do not restart expired ones: the key's initial
+    // values, which a row created now would have.
+    for (int64_t pos : absent) {
+      PS_RETURN_IF_ERROR(
+          WithTablePrefix(spec_.name(), InitialRow(keys[pos], out + pos * dim_, /*slots=*/false)));
+    }
+    if (admission_) return absl::OkStatus();
+  }
   // Another thread may create some of these rows in between; FindOrCreate handles it.
   absl::MutexLock lock(&stripe->mu);
   for (int64_t pos : absent) {
-    PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry, FindOrCreateRowLocked(stripe, keys[pos]));
+    if (tracks_last_) {
+      const uint32_t row = stripe->rows.Find(keys[pos]);
+      if (row != RowIndex::kNoRow && Expired(stripe->last[row], now)) continue;  // done above
+    }
+    PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry,
+                        FindOrCreateRowLocked(stripe, keys[pos], now));
     std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(entry->row) * stride_,
                 row_bytes);
   }
+  if (tracks_last_) EvictLocked(stripe, now);
   return absl::OkStatus();
 }
 
@@ -351,6 +591,8 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   }
   const int64_t num_distinct = static_cast<int64_t>(distinct.size());
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  int64_t unadmitted = 0;
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
   // and prefetch this key's row, update the row found kRowLag keys back. The update count is
@@ -369,24 +611,36 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
       if (i + kKeyAhead < num_distinct) {
         stripe->rows.Prefetch(keys[distinct[i + kKeyAhead]]);
       }
-      absl::StatusOr<RowIndex::Entry*> entry = FindOrCreateRowLocked(stripe, keys[distinct[i]]);
-      if (entry.ok()) {
+      const int64_t key = keys[distinct[i]];
+      absl::StatusOr<RowIndex::Entry*> entry = nullptr;
+      if (!admission_ || stripe->rows.Find(key) != RowIndex::kNoRow || AdmitLocked(stripe, key)) {
+        entry = FindOrCreateRowLocked(stripe, key, now);
+      }
+      if (!entry.ok()) {
+        status = entry.status();
+      } else if (*entry == nullptr) {
+        ring[i % kRowRing] = Found{RowIndex::kNoRow, 0};  // counted, not admitted
+        ++unadmitted;
+        ++found;
+      } else {
         const uint32_t row = (*entry)->row;
+        if (tracks_last_) stripe->last[row] = now;
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(*entry)};
         PrefetchFloats(stripe->arena.data() + static_cast<size_t>(row) * stride_, stride_);
         ++found;
-      } else {
-        status = entry.status();
       }
     }
     const int64_t j = i - kRowLag;
     if (j >= found) break;
     if (j < 0) continue;
     const Found& row = ring[j % kRowRing];
+    if (row.row == RowIndex::kNoRow) continue;
     float* values = stripe->arena.data() + static_cast<size_t>(row.row) * stride_;
     for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
     optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, row.t);
   }
+  if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
+  if (tracks_last_) EvictLocked(stripe, now);
   return status;
 }
 
@@ -399,6 +653,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
   std::vector<float> gathered(static_cast<size_t>(n * dim_));
   std::vector<char> exists(static_cast<size_t>(n), 0);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  const uint32_t now = tracks_last_ ? Now() : 0;
   for (int s = 0; s < kNumStripes; ++s) {
     const int64_t begin = groups.begin[s];
     const int64_t end = groups.begin[s + 1];
@@ -409,6 +664,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
       const int64_t pos = groups.order[j];
       const uint32_t row = stripe.rows.Find(keys[pos]);
       if (row == RowIndex::kNoRow) continue;
+      if (tracks_last_ && Expired(stripe.last[row], now)) continue;  // as removed
       exists[pos] = 1;
       std::memcpy(gathered.data() + pos * dim_,
                   stripe.arena.data() + static_cast<size_t>(row) * stride_, row_bytes);
@@ -433,10 +689,9 @@ int64_t EmbeddingTable::num_rows() const {
   return rows;
 }
 
-int64_t EmbeddingTable::bytes() const {
-  return num_rows() * (stride_ * static_cast<int64_t>(sizeof(float)) +
-                       static_cast<int64_t>(sizeof(RowIndex::Entry)));
-}
+int64_t EmbeddingTable::bytes() const { return num_rows() * row_bytes(); }
+
+int64_t EmbeddingTable::row_bytes() const { return RowBytes(stride_, tracks_last_); }
 
 void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
   if (n <= 0) return;
@@ -501,46 +756,61 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    const size_t num_rows = stripe.rows.size();
-    for (size_t row = 0; row < num_rows; ++row) all.Add(stripe.arena.data() + row * stride_, dim_);
+    stripe.rows.ForEach([&](const RowIndex::Entry& e) {
+      all.Add(stripe.arena.data() + static_cast<size_t>(e.row) * stride_, dim_);
+    });
   }
   all.Fill(stats);
 }
 
-void EmbeddingTable::ForEachRow(
-    const std::function<void(int64_t key, const float* values_and_slots, int64_t t)>& fn) const {
-  std::vector<int64_t> key_of_row;
-  std::vector<float> arena;
-  std::vector<uint32_t> count_of_row;
+void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const float* values_and_slots,
+                                                         int64_t t, uint32_t last)>& fn) const {
+  std::vector<RowIndex::Entry> entries;
+  std::vector<float> rows;
+  std::vector<uint32_t> last;
+  const size_t stride = static_cast<size_t>(stride_);
+  const uint32_t now = tracks_last_ ? Now() : 0;
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     {
       // Copy, so that fn runs with no lock held.
       absl::ReaderMutexLock lock(&stripe.mu);
-      key_of_row.resize(stripe.rows.size());
-      count_of_row.resize(stripe.rows.size());
+      entries.clear();
+      rows.resize(stripe.rows.size() * stride);
+      last.assign(stripe.rows.size(), 0);
       stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
-        key_of_row[entry.row] = entry.key;
-        count_of_row[entry.row] = entry.count;
+        if (tracks_last_ && Expired(stripe.last[entry.row], now)) return;  // as removed
+        const size_t i = entries.size();
+        std::memcpy(rows.data() + i * stride, stripe.arena.data() + entry.row * stride,
+                    stride * sizeof(float));
+        if (tracks_last_) last[i] = stripe.last[entry.row];
+        entries.push_back(entry);
       });
-      arena.assign(stripe.arena.begin(), stripe.arena.end());
     }
-    for (size_t row = 0; row < key_of_row.size(); ++row) {
-      fn(key_of_row[row], arena.data() + row * stride_, count_of_row[row]);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      fn(entries[i].key, rows.data() + i * stride, entries[i].count, last[i]);
     }
   }
 }
 
-void EmbeddingTable::Clear() {
+void EmbeddingTable::Clear(int64_t step) {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
     stripe.rows = RowIndex();
     std::vector<float, CacheLineAllocator<float>>().swap(stripe.arena);
+    std::vector<uint32_t>().swap(stripe.free_rows);
+    std::vector<uint32_t>().swap(stripe.last);
+    std::fill(stripe.sketch.begin(), stripe.sketch.end(), 0);
+    stripe.swept_at = 0;
   }
+  step_clock_.store(
+      static_cast<uint32_t>(std::clamp<int64_t>(step, 0, std::numeric_limits<uint32_t>::max())),
+      std::memory_order_relaxed);
 }
 
-absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t) {
+absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t,
+                                       uint32_t last) {
   if (!OwnsKey(key)) return NotOwnedError(key);
   if (t < 0) {
     return absl::InvalidArgumentError(absl::StrCat("table ", spec_.name(), ": row of key ", key,
@@ -551,8 +821,9 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   RowIndex::Entry* entry = stripe.rows.FindEntry(key);
   if (entry == nullptr) {
     // Not initialized: the row is overwritten below.
-    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false));
+    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false, last));
   }
+  if (tracks_last_) stripe.last[entry->row] = last;
   std::memcpy(stripe.arena.data() + static_cast<size_t>(entry->row) * stride_, values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_PS_SERVER_EMBEDDING_TABLE_H_
 #define PSCLUSTER_PS_SERVER_EMBEDDING_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +21,12 @@ namespace pscluster {
 
 class ThreadPool;
 
+// OK, or INVALID_ARGUMENT naming the table and the field, if spec's admission or eviction is out
+// of range: admission.min_count not in [0, 65535], probability not in [0, 1], sketch_width
+// negative or over 2^26; eviction ttl_steps, ttl_seconds, max_rows or max_bytes negative or past
+// 2^32 (the TTLs), both TTLs set, or max_bytes smaller than one row per stripe.
+absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
+
 // One ps task's part of a sparse embedding table: int64 key -> a row of dim() floats, plus the
 // optimizer's slots for that row and the row's update count `t` (the 1-based step number that
 // Optimizer::Apply receives, which Adam's bias correction uses). Counts saturate at 2^32 - 1
@@ -32,6 +39,26 @@ class ThreadPool;
 // A row is created on first touch (Pull or Push) with the values InitializeRow gives for
 // (table initializer, table name, key), so a row's initial values do not depend on which task
 // creates it or when; its slots start at the optimizer's slot_initial_value and its count at 0.
+//
+// Admission (spec.admission set, model.proto's AdmissionSpec): a key without a row is pulled as
+// its initial values, creating nothing, and its pushes are counted in a count-min sketch (one
+// per stripe, 4 rows of 16-bit counters, conservative update) and dropped until one admits it:
+// that push creates the row and is applied. Whether a push admits depends only on the key and
+// its count, so the same sequence of pushes admits the same keys.
+//
+// Eviction (spec.eviction set): every row remembers when it was last pushed, in ticks of the
+// table's clock: the highest step ObserveStep has seen, or, with ttl_seconds, Unix seconds. A
+// row older than the TTL behaves as removed at once (pulled as its initial values; a push
+// starts it again from them, count 0) and is removed by a sweep of its stripe, which runs at the
+// end of a push or a pull that creates rows once the clock has moved a quarter of the TTL since
+// the stripe's last sweep, and before any eviction for capacity. A stripe holding more than its
+// share of the capacity (max_rows or
+// max_bytes over kNumStripes) after a request removes rows down to 15/16 of its share, least
+// recently pushed first (LRU) or least updated first (LFU; rows pushed at the current tick
+// last), ties broken by a hash of the key: the choice depends on the rows' contents, not on
+// where they lie in memory, so a restored table evicts as the original would. The work is one
+// pass over the stripe's index under its lock, at most once per 1/16 of its share of new rows.
+// The arena's freed rows are reused by new ones.
 //
 // Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
 // creates no row and updates none.
@@ -60,7 +87,8 @@ class EmbeddingTable {
   // num_virtual_shards virtual shards (duplicates are ignored; an empty list owns no key).
   // INVALID_ARGUMENT, naming the value, if spec.name() is empty, spec.dim() is not in
   // [1, 2^31), the initializer or the optimizer is invalid (or unset: the optimizer has no
-  // default), num_virtual_shards <= 0, or an owned shard is not in [0, num_virtual_shards).
+  // default), the admission or eviction spec is out of range (ValidateAdmissionAndEviction),
+  // num_virtual_shards <= 0, or an owned shard is not in [0, num_virtual_shards).
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(
       const v1::TableSpec& spec, std::vector<int32_t> owned_virtual_shards,
       int32_t num_virtual_shards);
@@ -75,6 +103,21 @@ class EmbeddingTable {
 
   // True if `key` hashes to a virtual shard this table owns.
   bool OwnsKey(int64_t key) const;
+
+  // Moves the table's step clock (eviction by steps, LRU) to `step` if it is higher; negative
+  // steps are ignored. Thread-safe; call before the push of that step.
+  void ObserveStep(int64_t step);
+
+  // Counts since the table was created (or last cleared): rows created by pulls and pushes,
+  // rows removed for capacity, rows removed or restarted for their TTL, and pushed keys counted
+  // but not admitted.
+  struct Counts {
+    int64_t admitted = 0;
+    int64_t evicted = 0;
+    int64_t expired = 0;
+    int64_t unadmitted = 0;
+  };
+  Counts counts() const;
 
   // Writes the row of keys[i] to out[i*dim, (i+1)*dim) for i in [0, n), creating rows on first
   // touch. Duplicate keys are fine.
@@ -116,13 +159,15 @@ class EmbeddingTable {
   void Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>* found, std::vector<float>* rows,
               std::vector<int64_t>* missing) const;
 
-  // Number of rows created so far.
+  // Number of rows the table holds (resident).
   int64_t num_rows() const;
 
-  // Memory estimate, in bytes, of what the rows hold: num_rows() * ((1 + num_slots) * dim
-  // floats + one 16-byte index entry: key, row number, update count). The index's empty
-  // entries (it is at most 3/4 full) and vector slack are not counted.
+  // Memory estimate, in bytes, of what the rows hold: num_rows() * row_bytes(). The index's
+  // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted.
   int64_t bytes() const;
+  // (1 + num_slots) * dim floats, a 16-byte index entry (key, row number, update count) and,
+  // with eviction, the 4-byte tick of the row's last push.
+  int64_t row_bytes() const;
 
   // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them.
   // Approximate: a Space-Saving sketch of kHotKeyCounters counters is fed, by each successful
@@ -140,34 +185,46 @@ class EmbeddingTable {
   // REQUIRES: stats is non-null. Not owned.
   void ComputeValueStats(v1::ValueStats* stats) const;
 
-  // For checkpoints: calls fn(key, values_and_slots, t) once for every row, where
+  // For checkpoints: calls fn(key, values_and_slots, t, last) once for every row, where
   // values_and_slots holds (1 + num_slots) * dim floats: the dim values, then each slot's dim
-  // floats. Each stripe is copied under its lock and fn runs on the copy with no lock held, so
-  // fn may call back into the table; the rows of one stripe are a consistent snapshot, rows of
-  // different stripes may be from different moments. The pointer is valid only during the call.
-  void ForEachRow(
-      const std::function<void(int64_t key, const float* values_and_slots, int64_t t)>& fn) const;
+  // floats, and last is the clock's tick at the row's last push (0 without eviction). Rows
+  // past their TTL are left out (as removed), swept or not. Each stripe
+  // is copied under its lock and fn runs on the copy with no lock held, so fn may call back into
+  // the table; the rows of one stripe are a consistent snapshot, rows of different stripes may be
+  // from different moments. The pointer is valid only during the call.
+  void ForEachRow(const std::function<void(int64_t key, const float* values_and_slots, int64_t t,
+                                           uint32_t last)>& fn) const;
 
   // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
-  // floats, laid out as in ForEachRow) and update count t (for restore; a t past
-  // RowIndex::kMaxCount is kept as kMaxCount).
+  // floats, laid out as in ForEachRow), update count t (for restore; a t past
+  // RowIndex::kMaxCount is kept as kMaxCount) and last-push tick `last` (kept with eviction
+  // only). Nothing is evicted: a restore may leave a stripe over its capacity until its next
+  // push.
   // FAILED_PRECONDITION if the key is not owned (as Pull); INVALID_ARGUMENT if t < 0.
   // REQUIRES: values_and_slots holds (1 + num_slots) * dim floats. Not owned.
-  absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t);
+  absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t, uint32_t last = 0);
 
-  // Removes every row (for a restore: rows created after the checkpoint must not survive it;
-  // touched again, a key gets its initial values, as in the run the checkpoint came from).
-  // Stripe by stripe: call while no request is under way.
-  void Clear();
+  // Removes every row and the admission counts (for a restore: rows created after the
+  // checkpoint must not survive it; touched again, a key gets its initial values, as in the run
+  // the checkpoint came from), and sets the step clock to `step`. Stripe by stripe: call while
+  // no request is under way.
+  void Clear(int64_t step = 0);
 
  private:
   // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
   // the first dim floats and slot s the dim floats at offset (1 + s) * dim; the row's entry in
-  // `rows` holds its key and t. Rows are never removed.
+  // `rows` holds its key and t. Removed rows' numbers wait in free_rows for new ones.
   struct alignas(64) Stripe {
     mutable absl::Mutex mu;
     RowIndex rows ABSL_GUARDED_BY(mu);
     std::vector<float, CacheLineAllocator<float>> arena ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
+    // With eviction: the tick of each arena row's last push.
+    std::vector<uint32_t> last ABSL_GUARDED_BY(mu);
+    // With admission: the count-min sketch, 4 rows of sketch_width_ counters.
+    std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
+    // With a TTL: the tick of the stripe's last sweep.
+    uint32_t swept_at ABSL_GUARDED_BY(mu) = 0;
   };
 
   // A request's positions grouped by stripe with a stable counting sort: stripe s holds
@@ -201,21 +258,40 @@ class EmbeddingTable {
   absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count);
 
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
-                 int32_t num_virtual_shards);
+                 int32_t num_virtual_shards, int64_t stripe_capacity);
 
   // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
   absl::Status CheckOwned(const int64_t* keys, int64_t n) const;
   absl::Status NotOwnedError(int64_t key) const;
 
   // Appends the row of `key`, which the stripe does not hold, with its initial values and
-  // slots if `initialize` (else zeros, for the caller to overwrite) and count 0. Fails, changing
-  // nothing, if the stripe holds 2^32 - 1 rows (RESOURCE_EXHAUSTED) or the initializer fails
-  // (which Create rules out).
-  // Returns the row's index entry, valid until the stripe's next new row.
-  absl::StatusOr<RowIndex::Entry*> AppendRowLocked(Stripe* stripe, int64_t key, bool initialize)
+  // slots if `initialize` (else unspecified, for the caller to overwrite), count 0 and last
+  // push `now`, in a freed row if there is one. Fails, changing nothing, if the stripe holds
+  // 2^32 - 1 rows (RESOURCE_EXHAUSTED) or the initializer fails (which Create rules out).
+  // Returns the row's index entry, valid until the stripe's next new or removed row.
+  absl::StatusOr<RowIndex::Entry*> AppendRowLocked(Stripe* stripe, int64_t key, bool initialize,
+                                                   uint32_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
-  // The entry of `key`'s row, appended with its initial values if absent (as AppendRowLocked).
-  absl::StatusOr<RowIndex::Entry*> FindOrCreateRowLocked(Stripe* stripe, int64_t key)
+  // The entry of `key`'s row, appended with its initial values if absent (as AppendRowLocked),
+  // or restarted from them if it has expired.
+  absl::StatusOr<RowIndex::Entry*> FindOrCreateRowLocked(Stripe* stripe, int64_t key, uint32_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Writes the initial values of `key`'s row to values[0, dim) and, if `slots`, the slots'
+  // initial values after them.
+  absl::Status InitialRow(int64_t key, float* values, bool slots) const;
+
+  // The clock's tick now (see the class comment).
+  uint32_t Now() const;
+  // True if a row last pushed at `last` is past the TTL at `now`.
+  bool Expired(uint32_t last, uint32_t now) const {
+    return ttl_ > 0 && now > last && now - last > ttl_;
+  }
+  // Counts one push of `key`, which has no row, and returns whether it admits the key.
+  bool AdmitLocked(Stripe* stripe, int64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // The TTL sweep and the capacity limit (class comment), after a request that may have added
+  // rows.
+  void EvictLocked(Stripe* stripe, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  void RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
   // Feeds a sample of a successful push's keys to the hot-key sketch.
@@ -232,6 +308,21 @@ class EmbeddingTable {
   // owned_[v] is true if this table holds virtual shard v.
   const std::vector<bool> owned_;
   const int32_t num_virtual_shards_;
+
+  // Admission (all zero without it).
+  const bool admission_;
+  const uint32_t min_count_;
+  const double admit_probability_;
+  const int64_t sketch_width_;  // per stripe; a power of two
+  // Eviction (all zero without it).
+  const bool tracks_last_;
+  const bool ttl_in_seconds_;
+  const uint32_t ttl_;             // in ticks; 0: none
+  const int64_t stripe_capacity_;  // rows per stripe; 0: none
+  const bool lfu_;
+
+  std::atomic<uint32_t> step_clock_{0};
+  std::atomic<int64_t> admitted_{0}, evicted_{0}, expired_{0}, unadmitted_{0};
 
   std::unique_ptr<Stripe[]> stripes_;
 

@@ -95,7 +95,7 @@ struct Row {
 std::map<int64_t, Row> Snapshot(const EmbeddingTable& table) {
   const int64_t stride = (1 + table.optimizer().num_slots()) * table.dim();
   std::map<int64_t, Row> rows;
-  table.ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t) {
+  table.ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
     EXPECT_EQ(rows.count(key), 0u) << "key " << key << " visited twice";
     rows[key] = Row{std::vector<float>(values_and_slots, values_and_slots + stride), t};
   });
@@ -367,7 +367,7 @@ TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
     ASSERT_TRUE(Push(*source, keys, grads).ok());
   }
   int64_t visited = 0;
-  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t) {
+  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
     ++visited;
     EXPECT_TRUE(restored->InsertRow(key, values_and_slots, t).ok());
   });

@@ -93,6 +93,11 @@ void FillTableStats(const std::string& name, const EmbeddingTable& table,
   s->set_rows(table.num_rows());
   s->set_bytes(table.bytes());
   s->set_optimizer(std::string(table.optimizer().name()));
+  const EmbeddingTable::Counts counts = table.counts();
+  s->set_admitted_rows(counts.admitted);
+  s->set_evicted_rows(counts.evicted);
+  s->set_expired_rows(counts.expired);
+  s->set_unadmitted_keys(counts.unadmitted);
   counters.FillStats(s);
   for (v1::HotKey& h : table.HotKeys(10)) *s->add_hot_keys() = std::move(h);
 }
@@ -694,6 +699,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   }
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
   PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
+  t.table->ObserveStep(request.step());
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -795,9 +801,9 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
     for (DenseCopy& d : dense) d.shard->Snapshot(&d.data, &d.updates);
     for (TableCopy& t : tables) {
       t.stride = t.table->dim() * (1 + t.table->optimizer().num_slots());
-      t.table->ForEachRow([&t](int64_t key, const float* row, int64_t count) {
+      t.table->ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
         t.keys.push_back(key);
-        t.counts.push_back(count);
+        t.counts.push_back(PackRowCount(count, last));
         t.rows.insert(t.rows.end(), row, row + t.stride);
       });
     }
@@ -901,6 +907,7 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     int64_t key;
     std::vector<float> data;
     int64_t t;
+    uint32_t last;
   };
   std::vector<std::vector<Row>> table_rows(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
@@ -918,9 +925,11 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
       // Rows of another stride (another dim or optimizer) are refused, not read past.
       PS_RETURN_IF_ERROR(reader->ReadTable(
           saved,
-          [&](int64_t key, const float* row, int64_t t) {
-            if (table.OwnsKey(key))
-              table_rows[i].push_back({key, std::vector<float>(row, row + stride), t});
+          [&](int64_t key, const float* row, int64_t word) {
+            if (table.OwnsKey(key)) {
+              table_rows[i].push_back({key, std::vector<float>(row, row + stride),
+                                       UnpackRowCount(word), UnpackRowLast(word)});
+            }
           },
           stride));
     }
@@ -934,9 +943,9 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     // The checkpoint's rows, and no others: a row created since would survive otherwise.
-    tables[i].second.table->Clear();
+    tables[i].second.table->Clear(request.step());
     for (const Row& r : table_rows[i]) {
-      PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t));
+      PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t, r.last));
     }
     ++restored;
   }

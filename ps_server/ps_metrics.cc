@@ -17,6 +17,20 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
   std::map<std::string, Sums> by_variable;
   FamilyBuilder rows("pscluster_ps_table_rows", "Rows of each embedding table on this ps task",
                      MetricType::Gauge);
+  FamilyBuilder churn("pscluster_ps_table_row_events_total",
+                      "Embedding-table rows admitted (created), evicted (capacity), expired (TTL), "
+                      "and pushed keys not admitted, on this ps task",
+                      MetricType::Counter);
+  for (const v1::ShardStats& s : shards.shards()) {
+    if (s.is_table()) {
+      churn
+          .Add(static_cast<double>(s.admitted_rows()), {{"table", s.name()}, {"event", "admitted"}})
+          .Add(static_cast<double>(s.evicted_rows()), {{"table", s.name()}, {"event", "evicted"}})
+          .Add(static_cast<double>(s.expired_rows()), {{"table", s.name()}, {"event", "expired"}})
+          .Add(static_cast<double>(s.unadmitted_keys()),
+               {{"table", s.name()}, {"event", "not_admitted"}});
+    }
+  }
   for (const v1::ShardStats& s : shards.shards()) {
     Sums& sum = by_variable[s.name()];
     sum.bytes += static_cast<double>(s.bytes());
@@ -62,7 +76,7 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
 
   std::vector<prometheus::MetricFamily> families;
   for (FamilyBuilder* b :
-       {&bytes, &pushes, &pulls, &in, &out, &rows, &dropped, &applies, &apply_seconds}) {
+       {&bytes, &pushes, &pulls, &in, &out, &rows, &churn, &dropped, &applies, &apply_seconds}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

@@ -58,8 +58,8 @@ struct CacheLineAllocator {
 // entry is one known cache line that a pipelined caller can prefetch exactly, while a swiss
 // table's probe touches a control group and a 256-byte slot group that its prefetch() only partly
 // covers. The count lives in the entry (in what would otherwise be padding) so that an update
-// that finds its row has its count in the same cache line. Rows are never removed, so there are
-// no tombstones.
+// that finds its row has its count in the same cache line. Erase shifts entries back instead of
+// leaving tombstones.
 //
 // Thread-safety: none (the stripe's lock guards it); const methods may run concurrently.
 class RowIndex {
@@ -103,6 +103,33 @@ class RowIndex {
     if (4 * (size_ + 1) > 3 * slots_.size()) Grow();
     ++size_;
     return Place(Entry{key, row, 0});
+  }
+
+  // Removes `key`'s entry, if any, and returns whether there was one. Backward-shift deletion:
+  // the entries after it in its probe run move up, so lookups never meet a tombstone. Entry
+  // pointers from before the call are invalid after it.
+  bool Erase(int64_t key) {
+    size_t i = Home(key);
+    while (true) {
+      if (slots_[i].row == kNoRow) return false;
+      if (slots_[i].key == key) break;
+      i = (i + 1) & mask_;
+    }
+    // Fill the hole at i with a later entry of the run that may move there (its home is not
+    // cyclically within (i, j]), until the run ends.
+    size_t j = i;
+    while (true) {
+      j = (j + 1) & mask_;
+      if (slots_[j].row == kNoRow) break;
+      const size_t home = Home(slots_[j].key);
+      const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+      if (stays) continue;
+      slots_[i] = slots_[j];
+      i = j;
+    }
+    slots_[i] = Entry{};
+    --size_;
+    return true;
   }
 
   // Adds one to *entry's count, saturating at kMaxCount, and returns the new count.

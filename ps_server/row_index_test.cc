@@ -87,5 +87,45 @@ TEST(RowIndexTest, CountsStartAtZeroSurviveGrowthAndSaturate) {
   EXPECT_EQ(RowIndex::CountUpdate(moved), RowIndex::kMaxCount);
 }
 
+// Random inserts and erases against a std::map: every key still there is found with its row and
+// count, every erased one is gone, through growth and long probe runs (keys drawn from a small
+// range, so runs wrap around the end of the slots too).
+TEST(RowIndexTest, EraseKeepsEveryOtherKeyFindable) {
+  RowIndex index;
+  std::map<int64_t, uint32_t> expected;
+  std::mt19937_64 rng(5);
+  uint32_t next_row = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const int64_t key = static_cast<int64_t>(rng() % 3000) - 1500;
+    if (rng() % 3 != 0) {
+      if (expected.count(key) == 0) {
+        RowIndex::Entry* entry = index.Insert(key, next_row);
+        entry->count = next_row % 7;
+        expected[key] = next_row++;
+      }
+    } else {
+      EXPECT_EQ(index.Erase(key), expected.erase(key) == 1) << key;
+    }
+    if (round % 997 == 0) {
+      ASSERT_EQ(index.size(), expected.size());
+      for (const auto& [k, row] : expected) {
+        const RowIndex::Entry* entry = index.FindEntry(k);
+        ASSERT_NE(entry, nullptr) << k;
+        EXPECT_EQ(entry->row, row);
+        EXPECT_EQ(entry->count, row % 7);
+      }
+    }
+  }
+  for (int64_t key = -1500; key < 1500; ++key) {
+    EXPECT_EQ(index.Find(key) != RowIndex::kNoRow, expected.count(key) == 1) << key;
+  }
+  // Erasing everything leaves an empty index that still takes keys.
+  for (const auto& [k, row] : expected) EXPECT_TRUE(index.Erase(k));
+  EXPECT_EQ(index.size(), 0u);
+  EXPECT_FALSE(index.Erase(7));
+  index.Insert(7, 1);
+  EXPECT_EQ(index.Find(7), 1u);
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -25,8 +25,20 @@ namespace pscluster {
 // A dense partition is one record "d/<variable>/<partition>": its update count (8 bytes,
 // little-endian) then its values and each optimizer slot (float32). A table's part is one
 // record per row, "t/<table>/<key as 8 big-endian bytes, sign bit flipped>" (so rows sort by
-// key): the row's update count then its values and slots. Each shard's CRC-32 (zlib) over its
-// records' keys and values, in key order, is kept in the manifest and checked on every read.
+// key): an 8-byte word, the row's update count in its low 32 bits and the clock's tick at the
+// row's last push (eviction) in its high 32 (PackRowCount; 0 in checkpoints of tables without
+// eviction, and in those written before it existed), then its values and slots. Each shard's CRC-32
+// (zlib) over its records' keys and values, in key order, is kept in the manifest and checked on
+// every read.
+
+// The 8-byte word before a table row's floats, and its two halves.
+inline int64_t PackRowCount(int64_t count, uint32_t last) {
+  return static_cast<int64_t>((uint64_t{last} << 32) | static_cast<uint64_t>(count & 0xffffffffLL));
+}
+inline int64_t UnpackRowCount(int64_t word) { return word & 0xffffffffLL; }
+inline uint32_t UnpackRowLast(int64_t word) {
+  return static_cast<uint32_t>(static_cast<uint64_t>(word) >> 32);
+}
 
 // "ckpt-0000000120"; with a sequence > 0, "ckpt-0000000120.<sequence>": a later checkpoint of
 // the same global step (ASYNC: updates applied since, without the step moving). Listed after

@@ -1,0 +1,262 @@
+// Admission and eviction of embedding-table rows (model.proto's AdmissionSpec, EvictionSpec).
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "proto/model.pb.h"
+#include "ps_server/embedding_table.h"
+#include "ps_server/initializer.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::TableSpec ParseTable(const std::string& text) {
+  v1::TableSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  return spec;
+}
+
+// SGD with learning rate 1 from constant 0.5: a row pushed with gradient g holds 0.5 - g.
+std::unique_ptr<EmbeddingTable> Table(const std::string& extra, int64_t dim = 1) {
+  const std::string text = absl::StrCat(
+      "name: \"emb\" dim: ", dim,
+      " initializer { kind: CONSTANT value: 0.5 } optimizer { sgd { learning_rate: 1 } } ", extra);
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> table =
+      EmbeddingTable::Create(ParseTable(text), {0}, 1);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return table.ok() ? *std::move(table) : nullptr;
+}
+
+std::vector<float> Pull(EmbeddingTable& table, const std::vector<int64_t>& keys) {
+  std::vector<float> out(keys.size() * table.dim(), -1.0f);
+  absl::Status status = table.Pull(keys.data(), static_cast<int64_t>(keys.size()), out.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return out;
+}
+
+void Push(EmbeddingTable& table, const std::vector<int64_t>& keys, float grad = 0.125f) {
+  std::vector<float> grads(keys.size() * table.dim(), grad);
+  absl::Status status =
+      table.Push(keys.data(), static_cast<int64_t>(keys.size()), grads.data(), false);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+std::vector<int64_t> Range(int64_t begin, int64_t end) {
+  std::vector<int64_t> keys;
+  for (int64_t k = begin; k < end; ++k) keys.push_back(k);
+  return keys;
+}
+
+// Keys of `keys` that have a row.
+std::vector<int64_t> Resident(const EmbeddingTable& table, const std::vector<int64_t>& keys) {
+  std::vector<int64_t> found, missing;
+  std::vector<float> rows;
+  table.Lookup(keys.data(), static_cast<int64_t>(keys.size()), &found, &rows, &missing);
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+TEST(AdmissionTest, AKeyGetsARowAtItsMinCountthPushAndIsPulledAsItsInitialValuesBefore) {
+  std::unique_ptr<EmbeddingTable> table = Table("admission { min_count: 3 }");
+  ASSERT_NE(table, nullptr);
+  // Pulls give the initial value and create nothing.
+  EXPECT_THAT(Pull(*table, {7, 8}), ElementsAre(0.5f, 0.5f));
+  EXPECT_EQ(table->num_rows(), 0);
+  // Two pushes are counted and dropped; a key named twice in one push counts once.
+  Push(*table, {7, 7});
+  Push(*table, {7});
+  EXPECT_EQ(table->num_rows(), 0);
+  EXPECT_THAT(Pull(*table, {7}), ElementsAre(0.5f));
+  // The third admits it and is applied.
+  Push(*table, {7});
+  EXPECT_EQ(table->num_rows(), 1);
+  EXPECT_THAT(Pull(*table, {7, 8}), ElementsAre(0.375f, 0.5f));
+  Push(*table, {7});
+  EXPECT_THAT(Pull(*table, {7}), ElementsAre(0.25f));
+  const EmbeddingTable::Counts counts = table->counts();
+  EXPECT_EQ(counts.admitted, 1);
+  EXPECT_EQ(counts.unadmitted, 2);
+  EXPECT_EQ(counts.evicted, 0);
+}
+
+TEST(AdmissionTest, ProbabilityAdmitsAboutThatShareAndTheSameKeysEveryTime) {
+  const std::string spec = "admission { min_count: 65535 probability: 0.25 }";
+  std::unique_ptr<EmbeddingTable> a = Table(spec), b = Table(spec);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<int64_t> keys = Range(0, 20000);
+  Push(*a, keys);
+  // The same pushes in another order, split differently.
+  Push(*b, Range(10000, 20000));
+  Push(*b, Range(0, 10000));
+  EXPECT_GT(a->num_rows(), 4500);  // 5000 expected; the standard deviation is 61
+  EXPECT_LT(a->num_rows(), 5500);
+  EXPECT_EQ(Resident(*a, keys), Resident(*b, keys));
+  EXPECT_EQ(a->counts().unadmitted, 20000 - a->num_rows());
+  // A key's second push has another chance.
+  Push(*a, keys);
+  EXPECT_GT(a->num_rows(), 8000);  // 1 - 0.75^2 = 0.4375 of them
+}
+
+TEST(EvictionTest, ARowPastItsTtlIsPulledAsInitialRestartsOnPushAndIsSweptAway) {
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 10 }");
+  ASSERT_NE(table, nullptr);
+  table->ObserveStep(0);
+  Push(*table, {1, 2});
+  table->ObserveStep(5);
+  Push(*table, {2});
+  table->ObserveStep(11);  // key 1 was last pushed 11 steps ago, key 2 six
+  EXPECT_THAT(Pull(*table, {1, 2}), ElementsAre(0.5f, 0.25f));
+  EXPECT_THAT(Resident(*table, {1, 2}), ElementsAre(2));
+  Push(*table, {1});  // starts again from the initial value
+  EXPECT_THAT(Pull(*table, {1}), ElementsAre(0.375f));
+  EXPECT_EQ(table->counts().expired, 1);
+
+  // 1000 rows pushed at step 11, then 1000 others at step 30: every stripe is swept, and only
+  // the second thousand (and nothing older) is left.
+  Push(*table, Range(100, 1100));
+  table->ObserveStep(30);
+  Push(*table, Range(2000, 3000));
+  EXPECT_EQ(table->num_rows(), 1000);
+  EXPECT_EQ(Resident(*table, Range(0, 3000)), Range(2000, 3000));
+}
+
+TEST(EvictionTest, LruCapacityKeepsTheMostRecentlyPushedRows) {
+  // 1024 rows: 16 per stripe.
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { max_rows: 1024 }");
+  ASSERT_NE(table, nullptr);
+  for (int step = 0; step < 20; ++step) {
+    table->ObserveStep(step);
+    Push(*table, Range(step * 100, step * 100 + 100));
+    EXPECT_LE(table->num_rows(), 1024) << step;
+  }
+  EXPECT_EQ(Resident(*table, Range(1900, 2000)).size(), 100u);  // the last push's rows
+  EXPECT_TRUE(Resident(*table, Range(0, 100)).empty());         // the first push's rows
+  const EmbeddingTable::Counts counts = table->counts();
+  EXPECT_EQ(counts.admitted, 2000);
+  EXPECT_EQ(counts.evicted, 2000 - table->num_rows());
+  // An evicted key starts again from its initial value.
+  EXPECT_THAT(Pull(*table, {0}), ElementsAre(0.5f));
+}
+
+TEST(EvictionTest, LfuCapacityKeepsTheMostUpdatedRows) {
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { max_rows: 1024 policy: LFU }");
+  ASSERT_NE(table, nullptr);
+  const std::vector<int64_t> hot = Range(0, 100);
+  for (int i = 0; i < 5; ++i) Push(*table, hot);
+  for (int step = 1; step <= 20; ++step) {
+    table->ObserveStep(step);
+    Push(*table, Range(step * 1000, step * 1000 + 100));  // each pushed once
+  }
+  EXPECT_LE(table->num_rows(), 1024);
+  EXPECT_EQ(Resident(*table, hot), hot);
+  EXPECT_THAT(Pull(*table, {0}), ElementsAre(0.5f - 5 * 0.125f));
+}
+
+TEST(EvictionTest, MaxBytesBoundsTheRowsBytes) {
+  // dim 8, SGD: 32 bytes of values, a 16-byte index entry and 4 bytes of last push.
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { max_bytes: 65536 }", 8);
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->row_bytes(), 52);
+  Push(*table, Range(0, 5000));
+  EXPECT_LE(table->bytes(), 65536);
+  EXPECT_GT(table->bytes(), 65536 * 3 / 4);
+}
+
+// The rows a table evicts depend on what it holds, not on the order the rows were inserted in:
+// a table restored (in another order) from another's rows keeps the same rows as the original
+// through the same pushes.
+TEST(EvictionTest, ARestoredTableEvictsAsTheOriginalDoes) {
+  for (const std::string policy : {"LRU", "LFU"}) {
+    const std::string spec = absl::StrCat("eviction { max_rows: 2048 policy: ", policy, " }");
+    std::unique_ptr<EmbeddingTable> original = Table(spec, 2), restored = Table(spec, 2);
+    ASSERT_NE(original, nullptr);
+    ASSERT_NE(restored, nullptr);
+    for (int step = 0; step < 10; ++step) {
+      original->ObserveStep(step);
+      Push(*original, Range(step * 150, step * 150 + 200), 0.01f * step);
+    }
+    struct Row {
+      int64_t key;
+      std::vector<float> data;
+      int64_t t;
+      uint32_t last;
+    };
+    std::vector<Row> rows;
+    original->ForEachRow([&](int64_t key, const float* data, int64_t t, uint32_t last) {
+      rows.push_back({key, std::vector<float>(data, data + 2), t, last});
+    });
+    std::reverse(rows.begin(), rows.end());
+    restored->Clear(9);
+    for (const Row& r : rows)
+      ASSERT_TRUE(restored->InsertRow(r.key, r.data.data(), r.t, r.last).ok());
+    for (int step = 10; step < 16; ++step) {
+      for (EmbeddingTable* t : {original.get(), restored.get()}) {
+        t->ObserveStep(step);
+        Push(*t, Range(step * 150 + 7, step * 150 + 407), 0.02f);
+      }
+    }
+    std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>> a, b;
+    original->ForEachRow([&](int64_t key, const float* data, int64_t t, uint32_t last) {
+      a[key] = {std::vector<float>(data, data + 2), t, last};
+    });
+    restored->ForEachRow([&](int64_t key, const float* data, int64_t t, uint32_t last) {
+      b[key] = {std::vector<float>(data, data + 2), t, last};
+    });
+    EXPECT_GT(original->counts().evicted, 0) << policy;
+    EXPECT_EQ(a, b) << policy;
+  }
+}
+
+TEST(EvictionTest, ForEachRowGivesTheLastPushStep) {
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 100 }");
+  ASSERT_NE(table, nullptr);
+  table->ObserveStep(3);
+  Push(*table, {1, 2});
+  table->ObserveStep(8);
+  Push(*table, {2});
+  table->ObserveStep(4);  // the clock never goes back
+  Push(*table, {3});
+  std::map<int64_t, uint32_t> last;
+  table->ForEachRow([&](int64_t key, const float*, int64_t, uint32_t l) { last[key] = l; });
+  EXPECT_EQ(last, (std::map<int64_t, uint32_t>{{1, 3}, {2, 8}, {3, 8}}));
+}
+
+TEST(AdmissionAndEvictionTest, BadSpecsAreRefusedNamingTheField) {
+  const struct {
+    std::string extra, message;
+  } cases[] = {
+      {"admission { min_count: 70000 }",
+       "admission.min_count 70000: expected a count in [0, 65535]"},
+      {"admission { probability: 1.5 }", "admission.probability 1.5: expected a probability"},
+      {"admission { sketch_width: -1 }", "admission.sketch_width -1"},
+      {"eviction { ttl_steps: -2 }", "eviction.ttl_steps -2"},
+      {"eviction { ttl_steps: 5 ttl_seconds: 5 }", "0 when ttl_steps is set"},
+      {"eviction { max_rows: -1 }", "eviction.max_rows -1"},
+      {"eviction { max_bytes: 100 }", "expected room for at least 64"},
+  };
+  for (const auto& c : cases) {
+    const v1::TableSpec spec = ParseTable(
+        absl::StrCat("name: \"emb\" dim: 4 optimizer { sgd { learning_rate: 1 } } ", c.extra));
+    absl::StatusOr<std::unique_ptr<EmbeddingTable>> table = EmbeddingTable::Create(spec, {0}, 1);
+    ASSERT_FALSE(table.ok()) << c.extra;
+    EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(table.status().message(), HasSubstr("table emb: ")) << c.extra;
+    EXPECT_THAT(table.status().message(), HasSubstr(c.message)) << c.extra;
+  }
+}
+
+}  // namespace
+}  // namespace pscluster
