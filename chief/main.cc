@@ -5,6 +5,7 @@
 #include "chief/chief_server.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
+#include "model/input.h"
 #include "runtime/daemon.h"
 #include "runtime/daemon_flags.h"
 #include "storage/crash_points.h"
@@ -28,11 +29,30 @@ DEFINE_int32(batch_size, 128, "Examples per worker per step.");
 DEFINE_int32(epochs, 10, "Passes over each worker's shard of the data.");
 DEFINE_int64(max_steps, 0, "Stop each worker after this many steps (0: run the epochs).");
 DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
-DEFINE_string(data, "fashion_mnist", "fashion_mnist, libsvm or synthetic_ctr.");
+DEFINE_string(data, "fashion_mnist",
+              "fashion_mnist, libsvm, criteo (Criteo display-ads TSV), csv or synthetic_ctr "
+              "(docs/data.md).");
 DEFINE_string(data_path, "",
               "Path of the data: fashion_mnist: the idx files' directory (default "
-              "/usr/share/datasets/fashion-mnist); libsvm: the training file. Checked at start.");
-DEFINE_string(test_data_path, "", "libsvm: path of the test file. Checked at start.");
+              "/usr/share/datasets/fashion-mnist); libsvm, criteo, csv: the training file "
+              "(criteo and csv: plain or gzip). Checked at start.");
+DEFINE_string(test_data_path, "", "libsvm, criteo, csv: path of the test file. Checked at start.");
+DEFINE_int64(hash_buckets, 0,
+             "criteo, csv: 0 makes each categorical value a 62-bit hashed id; N > 0 gives "
+             "field f the ids [f*N, (f+1)*N).");
+DEFINE_int32(criteo_int_columns, 13,
+             "criteo: integer columns after the label (dense features, log(1 + max(x, 0))); "
+             "must equal the model's input_dim.");
+DEFINE_int32(criteo_cat_columns, 26, "criteo: categorical columns after the integer ones.");
+DEFINE_string(csv_columns, "",
+              "csv: the columns of a record, in order, comma-separated, each name:type "
+              "(an empty field is an error) or name:type:default (an empty field takes the "
+              "default; everything after the second ':'). Types: float and int (dense "
+              "features, as many as the model's input_dim), string (a categorical value, "
+              "hashed to a sparse id; empty gives none), label (exactly one; 0 or 1), ignore. "
+              "E.g. \"click:label,age:float:0,visits:int:0,city:string:,comment:ignore\".");
+DEFINE_bool(csv_header, false, "csv: the first line is a header, skipped.");
+DEFINE_string(csv_delimiter, ",", "csv: the field delimiter, one character (\\t for a tab).");
 DEFINE_int64(max_train_examples, 0, "Use at most this many training examples (0: all).");
 DEFINE_int64(max_test_examples, 0, "Evaluate on at most this many test examples (0: all).");
 DEFINE_int64(synthetic_examples, 200000, "synthetic_ctr: training examples to generate.");
@@ -124,9 +144,13 @@ int main(int argc, char** argv) {
     data.set_kind(DataConfig::LIBSVM);
   } else if (FLAGS_data == "synthetic_ctr") {
     data.set_kind(DataConfig::SYNTHETIC_CTR);
+  } else if (FLAGS_data == "criteo") {
+    data.set_kind(DataConfig::CRITEO);
+  } else if (FLAGS_data == "csv") {
+    data.set_kind(DataConfig::CSV);
   } else {
-    return Fail("--data must be fashion_mnist, libsvm or synthetic_ctr, not \"" + FLAGS_data +
-                "\"");
+    return Fail("--data must be fashion_mnist, libsvm, criteo, csv or synthetic_ctr, not \"" +
+                FLAGS_data + "\"");
   }
   data.set_path(FLAGS_data_path);
   data.set_test_path(FLAGS_test_data_path);
@@ -134,6 +158,30 @@ int main(int argc, char** argv) {
   data.set_max_test_examples(FLAGS_max_test_examples);
   data.set_synthetic_examples(FLAGS_synthetic_examples);
   data.set_seed(FLAGS_data_seed);
+  if (data.kind() == DataConfig::CRITEO || data.kind() == DataConfig::CSV) {
+    if (FLAGS_data_path.empty() || FLAGS_test_data_path.empty()) {
+      return Fail("--data=" + FLAGS_data + " needs --data_path and --test_data_path");
+    }
+    data.set_hash_buckets(FLAGS_hash_buckets);
+  }
+  if (data.kind() == DataConfig::CRITEO) {
+    data.set_criteo_int_columns(FLAGS_criteo_int_columns);
+    data.set_criteo_cat_columns(FLAGS_criteo_cat_columns);
+  }
+  if (data.kind() == DataConfig::CSV) {
+    if (FLAGS_csv_columns.empty()) {
+      return Fail("--data=csv needs --csv_columns (see --help)");
+    }
+    auto columns = pscluster::CsvColumnsFromSpec(FLAGS_csv_columns);
+    if (!columns.ok()) return Fail("--csv_columns: " + std::string(columns.status().message()));
+    for (pscluster::v1::CsvColumn& column : *columns) *data.add_csv_columns() = column;
+    data.set_csv_header(FLAGS_csv_header);
+    data.set_csv_delimiter(FLAGS_csv_delimiter == "\\t" ? "\t" : FLAGS_csv_delimiter);
+  }
+  if (!FLAGS_model_config.empty()) {
+    absl::Status usable = pscluster::CheckDataConfig(data, options.config.input_dim());
+    if (!usable.ok()) return Fail("--data=" + FLAGS_data + ": " + std::string(usable.message()));
+  }
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
   options.metrics_path = FLAGS_metrics_file;
   options.final_eval_timeout = absl::Seconds(FLAGS_final_eval_timeout_secs);

@@ -2,12 +2,149 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/data/criteo.h"
+#include "model/data/csv.h"
 #include "model/data/libsvm.h"
 #include "model/data/mnist.h"
 #include "model/data/shard.h"
 #include "model/data/synthetic_ctr.h"
 
 namespace pscluster {
+namespace {
+
+CriteoOptions CriteoOptionsOf(const v1::DataConfig& config, int64_t limit) {
+  CriteoOptions options;
+  if (config.has_criteo_int_columns()) options.num_int = config.criteo_int_columns();
+  if (config.has_criteo_cat_columns()) options.num_cat = config.criteo_cat_columns();
+  options.hash_buckets = config.hash_buckets();
+  options.max_examples = limit;
+  return options;
+}
+
+CsvColumn::Type CsvTypeOf(v1::CsvColumn::Type type) {
+  switch (type) {
+    case v1::CsvColumn::FLOAT:
+      return CsvColumn::Type::kFloat;
+    case v1::CsvColumn::INT:
+      return CsvColumn::Type::kInt;
+    case v1::CsvColumn::STRING:
+      return CsvColumn::Type::kString;
+    case v1::CsvColumn::LABEL:
+      return CsvColumn::Type::kLabel;
+    default:
+      return CsvColumn::Type::kIgnore;
+  }
+}
+
+absl::StatusOr<CsvOptions> CsvOptionsOf(const v1::DataConfig& config, int64_t limit) {
+  CsvOptions options;
+  for (const v1::CsvColumn& c : config.csv_columns()) {
+    if (!v1::CsvColumn::Type_IsValid(c.type())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CSV column ", c.name(), ": unknown type ", static_cast<int>(c.type())));
+    }
+    CsvColumn column;
+    column.name = c.name();
+    column.type = CsvTypeOf(c.type());
+    if (c.has_default_value()) column.default_value = c.default_value();
+    options.columns.push_back(std::move(column));
+  }
+  options.header = config.csv_header();
+  if (config.csv_delimiter().size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("CSV delimiter '", config.csv_delimiter(),
+                                                   "' is ", config.csv_delimiter().size(),
+                                                   " characters, expected one"));
+  }
+  if (!config.csv_delimiter().empty()) options.delimiter = config.csv_delimiter()[0];
+  options.hash_buckets = config.hash_buckets();
+  options.max_examples = limit;
+  PS_RETURN_IF_ERROR(ValidateCsvOptions(options));
+  return options;
+}
+
+int DenseColumns(const CsvOptions& options) {
+  int dense = 0;
+  for (const CsvColumn& c : options.columns) {
+    if (c.type == CsvColumn::Type::kFloat || c.type == CsvColumn::Type::kInt) ++dense;
+  }
+  return dense;
+}
+
+// The first `limit` examples of `data` (all of them if limit is 0).
+Dataset Prefix(Dataset data, int64_t limit) {
+  if (limit == 0 || data.num_examples <= limit) return data;
+  std::vector<int64_t> first(limit);
+  for (int64_t i = 0; i < limit; ++i) first[i] = i;
+  Dataset cut;
+  SelectExamples(data, first, &cut);
+  return cut;
+}
+
+}  // namespace
+
+absl::Status CheckDataConfig(const v1::DataConfig& config, int dense_dim) {
+  switch (config.kind()) {
+    case v1::DataConfig::CRITEO: {
+      const CriteoOptions options = CriteoOptionsOf(config, 0);
+      if (options.num_int < 0 || options.num_cat < 0 || options.hash_buckets < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "CRITEO data: criteo_int_columns (", options.num_int, "), criteo_cat_columns (",
+            options.num_cat, ") and hash_buckets (", options.hash_buckets, ") must be >= 0"));
+      }
+      if (options.num_int != dense_dim) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CRITEO data has ", options.num_int,
+                         " integer columns (dense features) but the model's "
+                         "input_dim is ",
+                         dense_dim, ": set criteo_int_columns or the model's input_dim"));
+      }
+      return absl::OkStatus();
+    }
+    case v1::DataConfig::CSV: {
+      PS_ASSIGN_OR_RETURN(const CsvOptions options, CsvOptionsOf(config, 0));
+      const int dense = DenseColumns(options);
+      if (dense != dense_dim) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CSV data has ", dense,
+                         " float and int columns (dense features) but the model's "
+                         "input_dim is ",
+                         dense_dim));
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<std::vector<v1::CsvColumn>> CsvColumnsFromSpec(absl::string_view spec) {
+  PS_ASSIGN_OR_RETURN(const std::vector<CsvColumn> parsed, ParseCsvColumns(spec));
+  std::vector<v1::CsvColumn> columns;
+  for (const CsvColumn& c : parsed) {
+    v1::CsvColumn column;
+    column.set_name(c.name);
+    switch (c.type) {
+      case CsvColumn::Type::kFloat:
+        column.set_type(v1::CsvColumn::FLOAT);
+        break;
+      case CsvColumn::Type::kInt:
+        column.set_type(v1::CsvColumn::INT);
+        break;
+      case CsvColumn::Type::kString:
+        column.set_type(v1::CsvColumn::STRING);
+        break;
+      case CsvColumn::Type::kLabel:
+        column.set_type(v1::CsvColumn::LABEL);
+        break;
+      case CsvColumn::Type::kIgnore:
+        column.set_type(v1::CsvColumn::IGNORE);
+        break;
+    }
+    if (c.default_value.has_value()) column.set_default_value(*c.default_value);
+    columns.push_back(std::move(column));
+  }
+  return columns;
+}
 
 absl::StatusOr<Dataset> LoadDataset(const v1::DataConfig& config, int dense_dim, bool train) {
   const int64_t limit = train ? config.max_train_examples() : config.max_test_examples();
@@ -22,14 +159,16 @@ absl::StatusOr<Dataset> LoadDataset(const v1::DataConfig& config, int dense_dim,
     case v1::DataConfig::LIBSVM: {
       const std::string& path = train ? config.path() : config.test_path();
       PS_ASSIGN_OR_RETURN(Dataset data, ReadLibsvm(path, dense_dim));
-      if (limit > 0 && data.num_examples > limit) {
-        std::vector<int64_t> first(limit);
-        for (int64_t i = 0; i < limit; ++i) first[i] = i;
-        Dataset cut;
-        SelectExamples(data, first, &cut);
-        return cut;
-      }
-      return data;
+      return Prefix(std::move(data), limit);
+    }
+    case v1::DataConfig::CRITEO: {
+      PS_RETURN_IF_ERROR(CheckDataConfig(config, dense_dim));
+      return ReadCriteo(train ? config.path() : config.test_path(), CriteoOptionsOf(config, limit));
+    }
+    case v1::DataConfig::CSV: {
+      PS_RETURN_IF_ERROR(CheckDataConfig(config, dense_dim));
+      PS_ASSIGN_OR_RETURN(const CsvOptions options, CsvOptionsOf(config, limit));
+      return ReadCsv(train ? config.path() : config.test_path(), options);
     }
     case v1::DataConfig::SYNTHETIC_CTR: {
       // Training and test examples are independent streams from the same planted model.
