@@ -1,5 +1,6 @@
 #include "model/data/seeded_random.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "glog/logging.h"
@@ -53,6 +54,21 @@ double StandardNormal(std::mt19937_64* rng) {
 
 double HashedStandardNormal(uint64_t key) {
   return BoxMuller(Mix64(key), Mix64(key ^ 0xd1b54a32d192ed03ULL));
+}
+
+int64_t PowerLawRank(double u, int64_t n, double s) {
+  const double top = static_cast<double>(n) + 1.0;
+  double x;
+  if (s == 0) {
+    x = 1.0 + u * static_cast<double>(n);
+  } else if (std::abs(s - 1.0) < 1e-9) {
+    x = std::exp(u * std::log(top));
+  } else {
+    const double a = 1.0 - s;
+    x = std::pow(1.0 + u * (std::pow(top, a) - 1.0), 1.0 / a);
+  }
+  const int64_t rank = static_cast<int64_t>(std::floor(x)) - 1;
+  return std::clamp<int64_t>(rank, 0, n - 1);
 }
 
 }  // namespace pscluster

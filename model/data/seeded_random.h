@@ -41,6 +41,12 @@ double StandardNormal(std::mt19937_64* rng);
 // it): a table of weights indexed by key without storing the table.
 double HashedStandardNormal(uint64_t key);
 
+// A popularity rank in [0, n) for a uniform `u` in [0, 1): a bounded continuous power law with
+// density proportional to x^-s on [1, n + 1), floored -- closed-form inversion, O(1) time and
+// memory for any n, and close to Zipf(s) for the hot ranks (s = 0 is uniform, ~1 web-like).
+// REQUIRES: n >= 1, s >= 0 and finite.
+int64_t PowerLawRank(double u, int64_t n, double s);
+
 // Shuffles *values in place with the Fisher-Yates algorithm (Durstenfeld's version, from the
 // back), drawing with UniformBelow. The result depends only on the input and the state of *rng.
 template <typename T>

@@ -51,24 +51,6 @@ absl::Status ValidateOptions(const SyntheticCtrOptions& options) {
   return absl::OkStatus();
 }
 
-// Draws a popularity rank in [0, n) from a bounded continuous power law with density
-// proportional to x^-s on [1, n + 1), floored: closed-form inversion, O(1) time and memory
-// for any n, and close to Zipf(s) for the hot ranks.
-int64_t DrawRank(double u, int64_t n, double s) {
-  const double top = static_cast<double>(n) + 1.0;
-  double x;
-  if (s == 0) {
-    x = 1.0 + u * static_cast<double>(n);
-  } else if (std::abs(s - 1.0) < 1e-9) {
-    x = std::exp(u * std::log(top));
-  } else {
-    const double a = 1.0 - s;
-    x = std::pow(1.0 + u * (std::pow(top, a) - 1.0), 1.0 / a);
-  }
-  const int64_t rank = static_cast<int64_t>(std::floor(x)) - 1;
-  return std::clamp<int64_t>(rank, 0, n - 1);
-}
-
 double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
 }  // namespace
@@ -161,7 +143,7 @@ absl::StatusOr<Dataset> GenerateSyntheticCtr(const SyntheticCtrOptions& options)
       data.sparse_offsets[i] = i * fields;
       for (int f = 0; f < fields; ++f) {
         const int64_t rank =
-            DrawRank(UniformDouble(&rng), options.ids_per_field, options.zipf_exponent);
+            PowerLawRank(UniformDouble(&rng), options.ids_per_field, options.zipf_exponent);
         data.sparse_ids[i * fields + f] = model.IdOfRank(f, rank);
       }
     }
