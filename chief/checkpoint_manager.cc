@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/chief_epoch.h"
@@ -37,20 +39,39 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
   std::string path = absl::StrCat(options_.dir, "/", CheckpointDirName(step));
   v1::CheckpointResponse resp;
   resp.set_step(step);
-  if (absl::StatusOr<v1::CheckpointManifest> existing = ReadManifest(path); existing.ok()) {
-    if (options_.sync.mode() == v1::SYNC) {
+  // The newest committed checkpoint of this step, if any (a higher sequence is newer).
+  std::string newest;
+  int64_t newest_sequence = -1;
+  if (absl::StatusOr<std::vector<std::string>> all = ListCheckpoints(options_.dir); all.ok()) {
+    const std::string base = CheckpointDirName(step);
+    for (const std::string& p : *all) {
+      const std::string name = std::filesystem::path(p).filename().string();
+      int64_t sequence = 0;
+      if (name != base && !(absl::StartsWith(name, base + ".") &&
+                            absl::SimpleAtoi(name.substr(base.size() + 1), &sequence))) {
+        continue;
+      }
+      newest = p;
+      newest_sequence = sequence;
+      break;  // newest first
+    }
+  }
+  if (newest_sequence >= 0) {
+    absl::StatusOr<v1::CheckpointManifest> existing = ReadManifest(newest);
+    if (existing.ok() && options_.sync.mode() == v1::SYNC &&
+        existing->num_ps() == client_->num_ps()) {
       // At a step boundary the model is a function of the step: this one is saved already.
-      resp.set_path(path);
+      // (Unless it was written by another number of ps tasks: a cluster restarted at another
+      // size saves the same model in its own layout.)
+      resp.set_path(newest);
       resp.set_bytes(existing->bytes());
       resp.set_micros(existing->write_micros());
       return resp;
     }
     // ASYNC and SSP apply updates without moving the global step: a save captures them in a
-    // checkpoint of its own, never one written before (and never into a committed one).
-    int64_t sequence = 1;
-    do {
-      path = absl::StrCat(options_.dir, "/", CheckpointDirName(step, sequence++));
-    } while (ReadManifest(path).ok());
+    // checkpoint of its own, newer than any of the step, never one written before (and never
+    // into a committed one).
+    path = absl::StrCat(options_.dir, "/", CheckpointDirName(step, newest_sequence + 1));
   }
   resp.set_path(path);
   std::error_code ec;

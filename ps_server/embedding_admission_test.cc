@@ -133,6 +133,30 @@ TEST(EvictionTest, ARowPastItsTtlIsPulledAsInitialRestartsOnPushAndIsSweptAway) 
   EXPECT_EQ(Resident(*table, Range(0, 3000)), Range(2000, 3000));
 }
 
+TEST(EvictionTest, PullsCreateNoRowsAndJudgeTheTtlAtTheirStep) {
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 10 }");
+  ASSERT_NE(table, nullptr);
+  std::vector<float> out(2);
+  const std::vector<int64_t> keys = {1, 2};
+  ASSERT_TRUE(table->Pull(keys.data(), 2, out.data()).ok());
+  EXPECT_THAT(out, ElementsAre(0.5f, 0.5f));
+  EXPECT_EQ(table->num_rows(), 0);
+  table->ObserveStep(4);
+  Push(*table, {1});
+  table->ObserveStep(20);
+  // Judged at step 14, the row pushed at 4 is alive; at the clock (20) it is not.
+  ASSERT_TRUE(table->Pull(keys.data(), 1, out.data(), nullptr, /*step=*/14).ok());
+  EXPECT_EQ(out[0], 0.375f);
+  ASSERT_TRUE(table->Pull(keys.data(), 1, out.data()).ok());
+  EXPECT_EQ(out[0], 0.5f);
+  // A push applied at an explicit step stamps it.
+  ASSERT_TRUE(
+      table->ApplyPush(keys.data(), 1, std::vector<float>{0.125f}.data(), nullptr, 15).ok());
+  std::map<int64_t, uint32_t> last;
+  table->ForEachRow([&](int64_t key, const float*, int64_t, uint32_t l) { last[key] = l; });
+  EXPECT_EQ(last, (std::map<int64_t, uint32_t>{{1, 15}}));
+}
+
 TEST(EvictionTest, LruCapacityKeepsTheMostRecentlyPushedRows) {
   // 1024 rows: 16 per stripe.
   std::unique_ptr<EmbeddingTable> table = Table("eviction { max_rows: 1024 }");
@@ -199,7 +223,7 @@ TEST(EvictionTest, ARestoredTableEvictsAsTheOriginalDoes) {
       rows.push_back({key, std::vector<float>(data, data + 2), t, last});
     });
     std::reverse(rows.begin(), rows.end());
-    restored->Clear(9);
+    restored->Clear();
     for (const Row& r : rows)
       ASSERT_TRUE(restored->InsertRow(r.key, r.data.data(), r.t, r.last).ok());
     for (int step = 10; step < 16; ++step) {

@@ -233,7 +233,10 @@ void EmbeddingTable::ObserveStep(int64_t step) {
   }
 }
 
-uint32_t EmbeddingTable::Now() const {
+uint32_t EmbeddingTable::Now(int64_t step) const {
+  if (!ttl_in_seconds_ && step >= 0) {
+    return static_cast<uint32_t>(std::min<int64_t>(step, std::numeric_limits<uint32_t>::max()));
+  }
   if (ttl_in_seconds_) {
     return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToUnixSeconds(absl::Now()), 0,
                                                      std::numeric_limits<uint32_t>::max()));
@@ -417,7 +420,8 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* s
   return entry;
 }
 
-absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool) {
+absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool,
+                                  int64_t step) {
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": pull of ", n, " keys"));
@@ -426,20 +430,20 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, Th
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, /*with_order=*/true, &groups);
+  const uint32_t now = tracks_last_ ? Now(step) : 0;
   absl::Status status[kNumStripes];
   ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
     if (begin == groups.begin[s + 1]) return;
     status[s] = PullStripe(&stripes_[s], keys, groups.order.data() + begin,
-                           groups.begin[s + 1] - begin, out);
+                           groups.begin[s + 1] - begin, out, now);
   });
   return FirstError(status);
 }
 
 absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
-                                        int64_t count, float* out) {
+                                        int64_t count, float* out, uint32_t now) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  const uint32_t now = tracks_last_ ? Now() : 0;
   std::vector<int64_t> absent;  // positions of keys without a row, or with an expired one
   {
     // Rows that exist are copied under the shared lock, so pulls do not block each other. The
@@ -471,27 +475,23 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
   }
   if (absent.empty()) return absl::OkStatus();
   if (admission_ || tracks_last_) {
-    // Pulls create no rows under admission, and do not restart expired ones: the key's initial
-    // values, which a row created now would have.
+    // With admission or eviction, pulls create no rows (nor restart expired ones): rows are
+    // made by pushes, so that reads (an evaluator's, say) neither fill the table nor make it
+    // evict. A key without a row gets the initial values a row created now would have.
     for (int64_t pos : absent) {
       PS_RETURN_IF_ERROR(
           WithTablePrefix(spec_.name(), InitialRow(keys[pos], out + pos * dim_, /*slots=*/false)));
     }
-    if (admission_) return absl::OkStatus();
+    return absl::OkStatus();
   }
   // Another thread may create some of these rows in between; FindOrCreate handles it.
   absl::MutexLock lock(&stripe->mu);
   for (int64_t pos : absent) {
-    if (tracks_last_) {
-      const uint32_t row = stripe->rows.Find(keys[pos]);
-      if (row != RowIndex::kNoRow && Expired(stripe->last[row], now)) continue;  // done above
-    }
     PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry,
-                        FindOrCreateRowLocked(stripe, keys[pos], now));
+                        FindOrCreateRowLocked(stripe, keys[pos], /*now=*/0));
     std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(entry->row) * stride_,
                 row_bytes);
   }
-  if (tracks_last_) EvictLocked(stripe, now);
   return absl::OkStatus();
 }
 
@@ -541,7 +541,7 @@ absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* g
 }
 
 absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const float* grads,
-                                       ThreadPool* pool) {
+                                       ThreadPool* pool, int64_t step) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, /*with_order=*/false, &groups);
@@ -561,19 +561,20 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
       std::memcpy(sorted_grads.data() + j * dim_, grads + i * dim_, row_bytes);
     }
   }
+  const uint32_t now = tracks_last_ ? Now(step) : 0;
   absl::Status status[kNumStripes];
   ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
     if (begin == groups.begin[s + 1]) return;
     status[s] = ApplyStripe(&stripes_[s], sorted_keys.data() + begin,
-                            sorted_grads.data() + begin * dim_, groups.begin[s + 1] - begin);
+                            sorted_grads.data() + begin * dim_, groups.begin[s + 1] - begin, now);
   });
   SampleHotKeys(keys, n);
   return FirstError(status);
 }
 
 absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads,
-                                         int64_t count) {
+                                         int64_t count, uint32_t now) {
   // Sum the gradients of repeated keys into their first occurrence, outside the lock.
   FirstOccurrenceIndex first_occurrence;
   first_occurrence.Reset(count);
@@ -591,7 +592,6 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   }
   const int64_t num_distinct = static_cast<int64_t>(distinct.size());
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
-  const uint32_t now = tracks_last_ ? Now() : 0;
   int64_t unadmitted = 0;
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
@@ -793,7 +793,7 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
   }
 }
 
-void EmbeddingTable::Clear(int64_t step) {
+void EmbeddingTable::Clear() {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
@@ -804,9 +804,7 @@ void EmbeddingTable::Clear(int64_t step) {
     std::fill(stripe.sketch.begin(), stripe.sketch.end(), 0);
     stripe.swept_at = 0;
   }
-  step_clock_.store(
-      static_cast<uint32_t>(std::clamp<int64_t>(step, 0, std::numeric_limits<uint32_t>::max())),
-      std::memory_order_relaxed);
+  step_clock_.store(0, std::memory_order_relaxed);
 }
 
 absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t,
@@ -824,6 +822,8 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
     PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false, last));
   }
   if (tracks_last_) stripe.last[entry->row] = last;
+  // The clock resumes where the checkpoint's newest push left it.
+  if (tracks_last_ && !ttl_in_seconds_) ObserveStep(last);
   std::memcpy(stripe.arena.data() + static_cast<size_t>(entry->row) * stride_, values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));

@@ -46,12 +46,16 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // that push creates the row and is applied. Whether a push admits depends only on the key and
 // its count, so the same sequence of pushes admits the same keys.
 //
+// With admission or eviction, only pushes create rows; a pull of a key without a row gives
+// the key's initial values, so reads (an evaluator's) neither fill the table nor make it evict.
+//
 // Eviction (spec.eviction set): every row remembers when it was last pushed, in ticks of the
 // table's clock: the highest step ObserveStep has seen, or, with ttl_seconds, Unix seconds. A
 // row older than the TTL behaves as removed at once (pulled as its initial values; a push
 // starts it again from them, count 0) and is removed by a sweep of its stripe, which runs at the
 // end of a push or a pull that creates rows once the clock has moved a quarter of the TTL since
-// the stripe's last sweep, and before any eviction for capacity. A stripe holding more than its
+// the stripe's last sweep, and before any eviction for capacity (a sync step's mean is applied
+// at the tick of its step, whenever it is settled). A stripe holding more than its
 // share of the capacity (max_rows or
 // max_bytes over kNumStripes) after a request removes rows down to 15/16 of its share, least
 // recently pushed first (LRU) or least updated first (LFU; rows pushed at the current tick
@@ -105,7 +109,8 @@ class EmbeddingTable {
   bool OwnsKey(int64_t key) const;
 
   // Moves the table's step clock (eviction by steps, LRU) to `step` if it is higher; negative
-  // steps are ignored. Thread-safe; call before the push of that step.
+  // steps are ignored. Thread-safe; call before the push of that step. Only pushes move it:
+  // reads (an evaluator's pulls) must not age the model.
   void ObserveStep(int64_t step);
 
   // Counts since the table was created (or last cleared): rows created by pulls and pushes,
@@ -120,13 +125,18 @@ class EmbeddingTable {
   Counts counts() const;
 
   // Writes the row of keys[i] to out[i*dim, (i+1)*dim) for i in [0, n), creating rows on first
-  // touch. Duplicate keys are fine.
+  // touch (without admission and eviction; with either, the initial values of a key without a
+  // row, creating nothing). Duplicate keys are fine.
   // FAILED_PRECONDITION if a key is not owned ("key K of table T hashes to virtual shard V, not
   // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0; either way before
   // anything changes.
   // With a non-null `pool` (not owned), a large request's stripes are read on its threads too.
   // REQUIRES: keys holds n keys and out n*dim() floats (both may be null when n == 0). Not owned.
-  absl::Status Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool = nullptr);
+  // `step`, when not negative, is the tick at which a TTL is judged (with ttl_steps; ignored
+  // with ttl_seconds), instead of the clock: the pull of a sync step sees the same rows in a
+  // replay as in the original run.
+  absl::Status Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool = nullptr,
+                    int64_t step = -1);
 
   // Applies gradient grads[i*dim, (i+1)*dim) to the row of keys[i], for i in [0, n). The
   // gradients of a key that appears several times are summed first (in order of position), then
@@ -148,9 +158,10 @@ class EmbeddingTable {
   // request's gradients on `pool`'s threads too, when given one.
   absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite,
                          ThreadPool* pool = nullptr) const;
+  // `step` as for Pull, and also the tick stamped on the pushed rows (a sync step's mean).
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
   absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
-                         ThreadPool* pool = nullptr);
+                         ThreadPool* pool = nullptr, int64_t step = -1);
 
   // Reads without creating. For each keys[i], in order: if its row exists (on this table; an
   // unowned key never does), appends the key to *found and its dim() values to *rows; otherwise
@@ -198,17 +209,17 @@ class EmbeddingTable {
   // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
   // floats, laid out as in ForEachRow), update count t (for restore; a t past
   // RowIndex::kMaxCount is kept as kMaxCount) and last-push tick `last` (kept with eviction
-  // only). Nothing is evicted: a restore may leave a stripe over its capacity until its next
-  // push.
-  // FAILED_PRECONDITION if the key is not owned (as Pull); INVALID_ARGUMENT if t < 0.
-  // REQUIRES: values_and_slots holds (1 + num_slots) * dim floats. Not owned.
+  // only; with a TTL in steps, the step clock moves to it if it is higher). Nothing is evicted: a
+  // restore may leave a stripe over its capacity until its next push. FAILED_PRECONDITION if the
+  // key is not owned (as Pull); INVALID_ARGUMENT if t < 0. REQUIRES: values_and_slots holds (1 +
+  // num_slots) * dim floats. Not owned.
   absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t, uint32_t last = 0);
 
-  // Removes every row and the admission counts (for a restore: rows created after the
-  // checkpoint must not survive it; touched again, a key gets its initial values, as in the run
-  // the checkpoint came from), and sets the step clock to `step`. Stripe by stripe: call while
-  // no request is under way.
-  void Clear(int64_t step = 0);
+  // Removes every row and the admission counts, and sets the step clock to 0 (for a restore:
+  // rows created after the checkpoint must not survive it; touched again, a key gets its
+  // initial values, as in the run the checkpoint came from; InsertRow then moves the clock to
+  // the restored rows' newest push). Stripe by stripe: call while no request is under way.
+  void Clear();
 
  private:
   // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
@@ -252,10 +263,11 @@ class EmbeddingTable {
 
   // Pull's work on one stripe: the keys keys[order[0..count)], rows to out[order[i] * dim].
   absl::Status PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order, int64_t count,
-                          float* out);
+                          float* out, uint32_t now);
   // ApplyPush's work on one stripe: keys[0..count) with gradients grads[i * dim], which it
   // overwrites (repeated keys are summed into the first occurrence).
-  absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count);
+  absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count,
+                           uint32_t now);
 
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
                  int32_t num_virtual_shards, int64_t stripe_capacity);
@@ -280,8 +292,9 @@ class EmbeddingTable {
   // initial values after them.
   absl::Status InitialRow(int64_t key, float* values, bool slots) const;
 
-  // The clock's tick now (see the class comment).
-  uint32_t Now() const;
+  // The clock's tick now (see the class comment), or `step` when it is not negative and the TTL
+  // is in steps.
+  uint32_t Now(int64_t step = -1) const;
   // True if a row last pushed at `last` is past the TTL at `now`.
   bool Expired(uint32_t last, uint32_t now) const {
     return ttl_ > 0 && now > last && now - last > ttl_;

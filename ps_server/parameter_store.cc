@@ -55,10 +55,11 @@ DenseAccumulator::ApplyFn ApplyTo(DenseShard* shard, ThreadPool* pool,
 
 SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool,
                                    std::atomic<int64_t>* totals) {
-  return [table, pool, totals](const int64_t* keys, int64_t n, const float* mean) {
+  return [table, pool, totals](int64_t step, const int64_t* keys, int64_t n, const float* mean) {
     ApplyTimer timer(totals, 1);
-    // Keys this task owns (checked on push) and finite means: cannot fail.
-    table->ApplyPush(keys, n, mean, pool).IgnoreError();
+    // Keys this task owns (checked on push) and finite means: cannot fail. The step's mean is
+    // applied at the step's tick, whenever it is settled.
+    table->ApplyPush(keys, n, mean, pool, step).IgnoreError();
   };
 }
 
@@ -670,7 +671,8 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   PS_RETURN_IF_ERROR(CheckTableRows(request.table(), *t.table, keys, n));
   SettleTable(t, request.has_step() ? request.step() : -1);
   rows->resize(n * dim);
-  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), &apply_pool_));
+  PS_RETURN_IF_ERROR(
+      t.table->Pull(keys, n, rows->data(), &apply_pool_, request.has_step() ? request.step() : -1));
   Touch(*t.counters, /*push=*/false, n * dim * elem_bytes);
   return absl::OkStatus();
 }
@@ -943,7 +945,7 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     // The checkpoint's rows, and no others: a row created since would survive otherwise.
-    tables[i].second.table->Clear(request.step());
+    tables[i].second.table->Clear();
     for (const Row& r : table_rows[i]) {
       PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t, r.last));
     }

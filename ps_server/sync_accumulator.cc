@@ -67,7 +67,8 @@ void SparseAccumulator::ResetLocked() {
 
 void SparseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) {
   if (!pending_ || (before_step >= 0 && step_ - 1 >= before_step)) return;
-  apply(pending_keys_.data(), static_cast<int64_t>(pending_keys_.size()), pending_mean_.data());
+  apply(step_ - 1, pending_keys_.data(), static_cast<int64_t>(pending_keys_.size()),
+        pending_mean_.data());
   pending_ = false;
 }
 

@@ -73,7 +73,9 @@ class DenseAccumulator {
 // one gradient are summed first). Thread-safe.
 class SparseAccumulator {
  public:
-  using ApplyFn = std::function<void(const int64_t* keys, int64_t n, const float* mean)>;
+  // `step` is the step whose mean it is.
+  using ApplyFn =
+      std::function<void(int64_t step, const int64_t* keys, int64_t n, const float* mean)>;
 
   SparseAccumulator(int64_t dim, int replicas);
 

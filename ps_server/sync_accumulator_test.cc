@@ -78,7 +78,8 @@ TEST(SparseAccumulatorTest, AveragesPerKeyOverTheGradientsThatHaveIt) {
   SparseAccumulator acc(1, 2);
   std::vector<int64_t> keys;
   std::vector<float> mean;
-  const SparseAccumulator::ApplyFn apply = [&](const int64_t* k, int64_t n, const float* m) {
+  const SparseAccumulator::ApplyFn apply = [&](int64_t, const int64_t* k, int64_t n,
+                                               const float* m) {
     keys.assign(k, k + n);
     mean.assign(m, m + n);
   };

@@ -3,20 +3,28 @@
 // checkpoint makes the chief restore every ps task to it; the surviving task must drop the
 // table rows created since (EmbeddingTable::Clear), or the replayed steps would update rows
 // that should start from their initial values. The final model, every table row with its
-// update count and every dense value, must be bit for bit that of the undisturbed run.
+// update count and every dense value, must be bit for bit that of the undisturbed run. Every
+// test runs twice: with tables that keep their rows, and with tables that evict them (a TTL
+// in steps and a capacity per ps task), whose evictions must replay exactly too.
 #include <signal.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "proto/ps_service.grpc.pb.h"
 #include "storage/checkpoint.h"
 #include "testing/test_cluster.h"
 
@@ -67,11 +75,29 @@ std::string TestDir(const std::string& name) {
   return dir;
 }
 
+// configs/wide_deep_ctr.pbtxt, or with `evicting` a copy whose two tables remove rows not
+// pushed for 8 steps and keep at most 1024 rows per ps task (least recently pushed go first).
+std::string WideDeepConfig(bool evicting) {
+  const std::string path = RunfilePath("configs/wide_deep_ctr.pbtxt");
+  if (!evicting) return path;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string eviction = "eviction { ttl_steps: 8 max_rows: 1024 }\n";
+  const std::string config =
+      absl::StrReplaceAll(text.str(), {{"combiner: MEAN\n", "combiner: MEAN\n" + eviction},
+                                       {"combiner: SUM\n", "combiner: SUM\n" + eviction}});
+  EXPECT_EQ(config.size(), text.str().size() + 2 * eviction.size()) << "two tables";
+  const std::string out = absl::StrCat(getenv("TEST_TMPDIR"), "/wide_deep_evicting.pbtxt");
+  std::ofstream(out) << config;
+  return out;
+}
+
 // 2 ps, 2 workers, sync; 12,000 synthetic examples, batches of 50: 120 steps, a checkpoint
 // every 40. The workers pause 30 ms a step, so that a test can act between checkpoints.
-TestClusterOptions WideDeep(const std::string& checkpoint_dir) {
+TestClusterOptions WideDeep(const std::string& checkpoint_dir, bool evicting) {
   TestClusterOptions options;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/wide_deep_ctr.pbtxt"),
+  options.flags["chief"] = {"--model_config=" + WideDeepConfig(evicting),
                             "--data=synthetic_ctr",
                             "--synthetic_examples=12000",
                             "--max_test_examples=1000",
@@ -105,25 +131,109 @@ std::string Newest(const std::string& dir) {
   return all.ok() && !all->empty() ? all->front() : "";
 }
 
-TEST(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
-  // The undisturbed run.
-  const std::string undisturbed_dir = TestDir("wide-deep-undisturbed");
-  Model undisturbed;
-  {
-    auto cluster = TestCluster::Start(WideDeep(undisturbed_dir));
+// The tables' ListShards figures summed over the cluster's ps tasks.
+v1::ShardStats TableCounts(const TestCluster& cluster, int num_ps) {
+  v1::ShardStats sum;
+  for (int ps = 0; ps < num_ps; ++ps) {
+    auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
+        cluster.address(absl::StrCat("ps:", ps)), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListShardsResponse response;
+    const grpc::Status status = stub->ListShards(&context, v1::ListShardsRequest(), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    for (const v1::ShardStats& s : response.shards()) {
+      if (!s.is_table()) continue;
+      sum.set_rows(sum.rows() + s.rows());
+      sum.set_admitted_rows(sum.admitted_rows() + s.admitted_rows());
+      sum.set_evicted_rows(sum.evicted_rows() + s.evicted_rows());
+      sum.set_expired_rows(sum.expired_rows() + s.expired_rows());
+    }
+  }
+  return sum;
+}
+
+// Compares two models: every table row of `expected` must be in `actual` with the same values,
+// slots and update count, and every dense value bit for bit. `actual` may hold more rows only
+// if none was ever updated (created by an evaluation's pulls, which create rows of tables
+// without eviction).
+void ExpectSameModel(const Model& expected, const Model& actual) {
+  int64_t differing_rows = 0;
+  for (const auto& [key, row] : expected.rows) {
+    auto it = actual.rows.find(key);
+    if (it == actual.rows.end() ||
+        std::memcmp(it->second.data(), row.data(), row.size() * sizeof(float)) != 0 ||
+        actual.counts.at(key) != expected.counts.at(key)) {
+      ++differing_rows;
+    }
+  }
+  EXPECT_EQ(differing_rows, 0) << "of " << expected.rows.size() << " rows";
+  int64_t extra_updated = 0;
+  for (const auto& [key, count] : actual.counts) {
+    if (expected.rows.count(key) == 0 && count != 0) ++extra_updated;
+  }
+  EXPECT_EQ(extra_updated, 0) << "rows updated in one model and absent from the other";
+  ASSERT_EQ(actual.dense.size(), expected.dense.size());
+  for (const auto& [name, values] : expected.dense) {
+    ASSERT_EQ(actual.dense.count(name), 1u) << name;
+    EXPECT_EQ(
+        std::memcmp(actual.dense.at(name).data(), values.data(), values.size() * sizeof(float)), 0)
+        << name;
+  }
+}
+
+class TableRecoveryTest : public ::testing::TestWithParam<bool> {
+ protected:
+  bool evicting() const { return GetParam(); }
+  std::string Dir(const std::string& name) const {
+    return TestDir(absl::StrCat(name, evicting() ? "-evicting" : ""));
+  }
+
+  // The undisturbed run: its final model, and the tables' counts while it still runs.
+  void RunUndisturbed(const std::string& dir, Model* model, v1::ShardStats* counts) {
+    auto cluster = TestCluster::Start(WideDeep(dir, evicting()));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto chief = ChiefStubOf(**cluster);
     v1::ClusterStatus s = AwaitFinished(*chief);
     ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
     ASSERT_EQ(s.global_step(), 120);
-    undisturbed = ReadModel(Newest(undisturbed_dir));
+    *counts = TableCounts(**cluster, 2);
+    std::cout << "tables: " << counts->rows() << " rows resident, " << counts->admitted_rows()
+              << " admitted, " << counts->evicted_rows() << " evicted, " << counts->expired_rows()
+              << " expired\n";
+    *model = ReadModel(Newest(dir));
+    ASSERT_EQ(model->step, 120);
+    ASSERT_FALSE(model->rows.empty());
+    // Eviction happened in the evicting run and only there; the final checkpoint holds what
+    // the tables held.
+    if (evicting()) {
+      EXPECT_GT(counts->evicted_rows(), 0);
+      EXPECT_GT(counts->expired_rows(), 0);
+      EXPECT_LE(counts->rows(), 2 * 2 * 1024);
+    } else {
+      EXPECT_EQ(counts->evicted_rows() + counts->expired_rows(), 0);
+      EXPECT_EQ(counts->admitted_rows(), counts->rows());
+    }
+    // Rows past their TTL but not yet swept are counted, not saved; without eviction, an
+    // evaluation after the final checkpoint may have created rows.
+    EXPECT_LE(static_cast<int64_t>(model->rows.size()), counts->rows());
   }
-  ASSERT_EQ(undisturbed.step, 120);
-  ASSERT_FALSE(undisturbed.rows.empty());
+};
+
+INSTANTIATE_TEST_SUITE_P(Tables, TableRecoveryTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Evicting" : "Keeping";
+                         });
+
+TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
+  Model undisturbed;
+  v1::ShardStats counts;
+  RunUndisturbed(Dir("wide-deep-undisturbed"), &undisturbed, &counts);
+  if (HasFatalFailure()) return;
 
   // The same run with ps:1 killed between the checkpoints of steps 40 and 80.
-  const std::string dir = TestDir("wide-deep-ps-kill");
-  auto cluster = TestCluster::Start(WideDeep(dir));
+  const std::string dir = Dir("wide-deep-ps-kill");
+  auto cluster = TestCluster::Start(WideDeep(dir, evicting()));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = ChiefStubOf(**cluster);
   ASSERT_TRUE(AwaitGlobalStep(*chief, 55, absl::Seconds(120))) << (*cluster)->Logs();
@@ -145,28 +255,59 @@ TEST(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
     if (m.ok() && m->step() == 40) at40 = ReadModel(path);
   }
   ASSERT_EQ(at40.step, 40) << "the checkpoint of step 40 was pruned";
-  EXPECT_LT(at40.rows.size(), undisturbed.rows.size());
+  if (!evicting()) EXPECT_LT(at40.rows.size(), undisturbed.rows.size());
 
   const Model disturbed = ReadModel(Newest(dir));
   ASSERT_EQ(disturbed.step, 120);
-  EXPECT_EQ(disturbed.rows.size(), undisturbed.rows.size());
-  int64_t differing_rows = 0;
-  for (const auto& [key, row] : undisturbed.rows) {
-    auto it = disturbed.rows.find(key);
-    if (it == disturbed.rows.end() ||
-        std::memcmp(it->second.data(), row.data(), row.size() * sizeof(float)) != 0 ||
-        disturbed.counts.at(key) != undisturbed.counts.at(key)) {
-      ++differing_rows;
+  ExpectSameModel(undisturbed, disturbed);
+}
+
+// The whole cluster restarted with 3 ps tasks, then with 1, from the final checkpoint of a run
+// with 2: the chief restores it (rows re-hashed to their new owners) and, training being over,
+// checkpoints it again when asked. Every row and dense value survives both moves bit for bit.
+TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
+  const std::string dir = Dir("wide-deep-reshard");
+  Model original;
+  v1::ShardStats counts;
+  RunUndisturbed(dir, &original, &counts);
+  if (HasFatalFailure()) return;
+  for (int num_ps : {3, 1}) {
+    TestClusterOptions options = WideDeep(dir, evicting());
+    options.num_ps = num_ps;
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto chief = ChiefStubOf(**cluster);
+    v1::ClusterStatus s = AwaitFinished(*chief);
+    ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs();
+    EXPECT_THAT((*cluster)->chief().LogTail(400),
+                HasSubstr(absl::StrCat("restored into ", num_ps)));
+    // Training being over, the chief checkpoints only when asked.
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CheckpointResponse saved;
+    const grpc::Status status = chief->Checkpoint(&context, v1::CheckpointRequest(), &saved);
+    ASSERT_TRUE(status.ok()) << status.error_message() << (*cluster)->Logs();
+    const std::string newest = Newest(dir);
+    EXPECT_EQ(newest, saved.path()) << [&] {
+      std::string listing;
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        listing += e.path().filename().string() + " ";
+      }
+      return listing;
+    }() << (*cluster)->chief().LogTail(60);
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(newest);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    EXPECT_EQ(manifest->num_ps(), num_ps) << newest;
+    // Every ps task holds a part of each table.
+    if (num_ps == 3) {
+      for (const v1::SavedShard& saved : manifest->shards()) {
+        if (saved.is_table()) EXPECT_GT(saved.rows(), 0) << saved.name() << " " << saved.file();
+      }
     }
-  }
-  EXPECT_EQ(differing_rows, 0) << "of " << undisturbed.rows.size() << " rows";
-  ASSERT_EQ(disturbed.dense.size(), undisturbed.dense.size());
-  for (const auto& [name, values] : undisturbed.dense) {
-    ASSERT_EQ(disturbed.dense.count(name), 1u) << name;
-    EXPECT_EQ(
-        std::memcmp(disturbed.dense.at(name).data(), values.data(), values.size() * sizeof(float)),
-        0)
-        << name;
+    const Model restored = ReadModel(newest);
+    EXPECT_EQ(restored.step, original.step);
+    ExpectSameModel(original, restored);
+    EXPECT_GE(TableCounts(**cluster, num_ps).rows(), static_cast<int64_t>(original.rows.size()));
   }
 }
 
