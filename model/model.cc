@@ -67,6 +67,8 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config)
       t->mutable_initializer()->set_seed(config.seed());
     }
     *t->mutable_optimizer() = e.has_optimizer() ? e.optimizer() : config.optimizer();
+    if (e.has_admission()) *t->mutable_admission() = e.admission();
+    if (e.has_eviction()) *t->mutable_eviction() = e.eviction();
   }
   if (width < 1) {
     return absl::InvalidArgumentError(

@@ -146,6 +146,30 @@ TEST(ModelTest, SpecNamesEveryVariable) {
   EXPECT_TRUE(spec->variables(3).optimizer().has_adam());
 }
 
+// An embedding layer's admission and eviction go to its table's spec, and only there.
+TEST(ModelTest, TablesGetTheirLayersAdmissionAndEviction) {
+  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 2
+                                             embeddings {
+                                               name: "e1"
+                                               table: "t1"
+                                               dim: 4
+                                               admission { min_count: 3 probability: 0.1 }
+                                               eviction { ttl_steps: 100 max_rows: 5000 }
+                                             }
+                                             embeddings { name: "e2" table: "t2" dim: 4 }
+                                             layers { name: "out" units: 1 }
+                                             loss: SIGMOID_CROSS_ENTROPY
+                                             optimizer { sgd { learning_rate: 0.1 } })pb"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->tables_size(), 2);
+  EXPECT_EQ(spec->tables(0).admission().min_count(), 3);
+  EXPECT_EQ(spec->tables(0).admission().probability(), 0.1);
+  EXPECT_EQ(spec->tables(0).eviction().ttl_steps(), 100);
+  EXPECT_EQ(spec->tables(0).eviction().max_rows(), 5000);
+  EXPECT_FALSE(spec->tables(1).has_admission());
+  EXPECT_FALSE(spec->tables(1).has_eviction());
+}
+
 TEST(ModelTest, RefusesConfigsThatCannotBeBuilt) {
   auto expect = [](const std::string& text, const std::string& substr) {
     auto spec = ModelSpecFromConfig(Parse(text));
