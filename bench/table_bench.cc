@@ -1,31 +1,53 @@
-// The sparse table's own speed, with no network: EmbeddingTable::Push and Pull of --keys
-// distinct random keys from a key space of --key_space (rows created by a warm-up), Adagrad as
-// in bench/ps.sh, with an apply pool of --threads threads (0: the calling thread only). Prints
-// ns per key and MB/s of rows for each, the figure bench/ps.sh's sparse rows are bounded by
-// when the wire is not.
+// The sparse table's own speed and memory, with no network.
+//
+// Speed: EmbeddingTable::Push and Pull of --keys distinct random keys from a key space of
+// --key_space (rows created by a warm-up of pushes), Adagrad as in bench/ps.sh, with an apply
+// pool of --threads threads (0: the calling thread only). Prints ns per key and MB/s of rows
+// for each, the figure bench/ps.sh's sparse rows are bounded by when the wire is not. With
+// --compare, the same is measured --trials times for a table without admission and eviction
+// and one with both (admission after --min_count pushes, a TTL of a million steps and a
+// capacity of twice the key space, so that the bookkeeping is paid and nothing is removed;
+// --churn makes the capacity half the key space instead, so that rows are evicted all the
+// time), interleaved, with each one's ratio to the plain table of its trial.
 //
 //   bazel run -c opt //bench:table_bench -- --keys 100000 --key_space 1000000 --threads 2
+//   bazel run -c opt //bench:table_bench -- --compare --trials 3
+//
+// Memory (--memory_rows N): pushes N distinct keys into a table of --dim with Adagrad and a
+// capacity of N rows (eviction.max_rows), and reads the process's resident memory before and
+// after: bytes per row against the row's own floats and slots ((1 + 1) * dim * 4 bytes).
+//
+//   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/thread_pool.h"
 #include "gflags/gflags.h"
 #include "proto/model.pb.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/row_index.h"
 
 DEFINE_int64(keys, 100000, "Distinct keys per push or pull.");
 DEFINE_int64(key_space, 1000000, "Keys are drawn from [0, key_space).");
 DEFINE_int32(dim, 8, "Floats per row.");
 DEFINE_int32(threads, 2, "Apply pool threads (0: the calling thread only).");
 DEFINE_int32(rounds, 30, "Timed pushes and pulls.");
+DEFINE_bool(compare, false, "Measure a plain table against one with admission and eviction.");
+DEFINE_int32(trials, 3, "--compare: interleaved trials of each table.");
+DEFINE_int32(min_count, 2, "--compare: the admission's min_count.");
+DEFINE_bool(churn, false, "--compare: a capacity of half the key space (rows evicted always).");
+DEFINE_int64(memory_rows, 0, "Measure the memory of a table of this many rows instead.");
 
 namespace pscluster {
 namespace {
@@ -35,44 +57,51 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int Run() {
+v1::TableSpec Spec(int64_t dim) {
   v1::TableSpec spec;
   spec.set_name("emb");
-  spec.set_dim(FLAGS_dim);
+  spec.set_dim(dim);
   spec.mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
   spec.mutable_initializer()->set_min(-0.05f);
   spec.mutable_initializer()->set_max(0.05f);
   spec.mutable_initializer()->set_seed(7);
   spec.mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.05f);
   spec.mutable_optimizer()->mutable_adagrad()->set_initial_accumulator_value(0.1f);
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const v1::TableSpec& spec) {
   constexpr int32_t kVirtualShards = 64;
   std::vector<int32_t> all(kVirtualShards);
   std::iota(all.begin(), all.end(), 0);
-  auto table = EmbeddingTable::Create(spec, all, kVirtualShards);
-  if (!table.ok()) {
-    std::fprintf(stderr, "table_bench: %s\n", table.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(FLAGS_threads);
+  return EmbeddingTable::Create(spec, all, kVirtualShards);
+}
 
+struct Timing {
+  double push_ns = 0, pull_ns = 0;
+};
+
+// Warms `table` up with pushes of the whole key space (enough of them for admission), then
+// times --rounds pushes and pulls of fresh random subsets; medians.
+absl::StatusOr<Timing> Measure(EmbeddingTable& table, ThreadPool* pool, int warmups) {
   const int64_t n = FLAGS_keys;
   const int64_t dim = FLAGS_dim;
   std::vector<int64_t> space(static_cast<size_t>(FLAGS_key_space));
   std::iota(space.begin(), space.end(), 0);
   std::vector<float> out(static_cast<size_t>(n * dim));
-  // Warm-up: every key of the space gets its row.
-  for (int64_t begin = 0; begin < FLAGS_key_space; begin += n) {
-    const int64_t count = std::min(n, FLAGS_key_space - begin);
-    absl::Status s = (*table)->Pull(space.data() + begin, count, out.data(), pool.get());
-    if (!s.ok()) {
-      std::fprintf(stderr, "table_bench: warm-up: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
   std::mt19937_64 rng(1);
   std::vector<float> grads(static_cast<size_t>(n * dim));
   std::uniform_real_distribution<float> grad(-0.01f, 0.01f);
   for (float& g : grads) g = grad(rng);
+  int64_t step = 0;
+  for (int w = 0; w < warmups; ++w) {
+    for (int64_t begin = 0; begin < FLAGS_key_space; begin += n) {
+      const int64_t count = std::min(n, FLAGS_key_space - begin);
+      table.ObserveStep(step++);
+      absl::Status s = table.Push(space.data() + begin, count, grads.data(), false, pool);
+      if (!s.ok()) return s;
+    }
+  }
   std::vector<double> push_ns, pull_ns;
   for (int r = 0; r < FLAGS_rounds; ++r) {
     // A fresh random subset each round, as ps_bench draws them.
@@ -81,27 +110,127 @@ int Run() {
           space[static_cast<size_t>(i)],
           space[static_cast<size_t>(i + static_cast<int64_t>(rng() % (FLAGS_key_space - i)))]);
     }
+    table.ObserveStep(step++);
     auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = (*table)->Push(space.data(), n, grads.data(), false, pool.get());
+    absl::Status s = table.Push(space.data(), n, grads.data(), false, pool);
     auto t1 = std::chrono::steady_clock::now();
-    absl::Status p = (*table)->Pull(space.data(), n, out.data(), pool.get());
+    absl::Status p = table.Pull(space.data(), n, out.data(), pool);
     auto t2 = std::chrono::steady_clock::now();
-    if (!s.ok() || !p.ok()) {
-      std::fprintf(stderr, "table_bench: %s %s\n", s.ToString().c_str(), p.ToString().c_str());
-      return 1;
-    }
+    if (!s.ok()) return s;
+    if (!p.ok()) return p;
     push_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / n);
     pull_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count() / n);
   }
-  const double row_bytes = static_cast<double>(dim) * sizeof(float);
-  for (const auto& [name, v] :
-       {std::pair<const char*, std::vector<double>&>{"push", push_ns}, {"pull", pull_ns}}) {
-    const double ns = Median(v);
-    std::printf(
-        "BENCH table_%s_%lldx%lld_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)\n", name,
-        static_cast<long long>(n), static_cast<long long>(dim), FLAGS_threads, ns,
-        row_bytes / ns * 1e3, 1e3 / ns);
+  return Timing{Median(push_ns), Median(pull_ns)};
+}
+
+void Print(const std::string& name, double ns, double ratio) {
+  const double row_bytes = static_cast<double>(FLAGS_dim) * sizeof(float);
+  std::printf("BENCH table_%s_%lldx%d_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)",
+              name.c_str(), static_cast<long long>(FLAGS_keys), FLAGS_dim, FLAGS_threads, ns,
+              row_bytes / ns * 1e3, 1e3 / ns);
+  if (ratio > 0) std::printf(" ratio=%.3f", ratio);
+  std::printf("\n");
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "table_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int RunSpeed() {
+  std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(FLAGS_threads);
+  if (!FLAGS_compare) {
+    auto table = Create(Spec(FLAGS_dim));
+    if (!table.ok()) return Fail(table.status());
+    absl::StatusOr<Timing> t = Measure(**table, pool.get(), 1);
+    if (!t.ok()) return Fail(t.status());
+    Print("push", t->push_ns, 0);
+    Print("pull", t->pull_ns, 0);
+    return 0;
   }
+  v1::TableSpec managed = Spec(FLAGS_dim);
+  managed.mutable_admission()->set_min_count(FLAGS_min_count);
+  // Four counters per key of the space: few keys admitted early (model.proto).
+  managed.mutable_admission()->set_sketch_width(std::min<int64_t>(4 * FLAGS_key_space, 1 << 26));
+  managed.mutable_eviction()->set_ttl_steps(1000000);
+  managed.mutable_eviction()->set_max_rows(FLAGS_churn ? FLAGS_key_space / 2 : 2 * FLAGS_key_space);
+  const std::string tag = FLAGS_churn ? "churn" : "managed";
+  for (int trial = 0; trial < FLAGS_trials; ++trial) {
+    // A fresh table of each kind per trial, plain first.
+    auto plain = Create(Spec(FLAGS_dim));
+    if (!plain.ok()) return Fail(plain.status());
+    absl::StatusOr<Timing> base = Measure(**plain, pool.get(), FLAGS_min_count);
+    if (!base.ok()) return Fail(base.status());
+    plain->reset();
+    auto table = Create(managed);
+    if (!table.ok()) return Fail(table.status());
+    absl::StatusOr<Timing> t = Measure(**table, pool.get(), FLAGS_min_count);
+    if (!t.ok()) return Fail(t.status());
+    const EmbeddingTable::Counts c = (*table)->counts();
+    std::printf("trial %d: %s table: %lld rows, %lld admitted, %lld evicted, %lld not admitted\n",
+                trial, tag.c_str(), static_cast<long long>((*table)->num_rows()),
+                static_cast<long long>(c.admitted), static_cast<long long>(c.evicted),
+                static_cast<long long>(c.unadmitted));
+    Print("push_plain", base->push_ns, 0);
+    Print("push_" + tag, t->push_ns, base->push_ns / t->push_ns);
+    Print("pull_plain", base->pull_ns, 0);
+    Print("pull_" + tag, t->pull_ns, base->pull_ns / t->pull_ns);
+  }
+  return 0;
+}
+
+// The process's resident memory, in bytes (VmRSS of /proc/self/status).
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      status >> kb;
+      return kb * 1024;
+    }
+    status.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
+int RunMemory() {
+  const int64_t rows = FLAGS_memory_rows;
+  const int64_t dim = FLAGS_dim;
+  v1::TableSpec spec = Spec(dim);
+  spec.mutable_eviction()->set_max_rows(rows);
+  std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(FLAGS_threads);
+  constexpr int64_t kBatch = 100000;
+  std::vector<int64_t> keys(kBatch);
+  std::vector<float> grads(static_cast<size_t>(kBatch * dim), 0.001f);
+  const int64_t before = ResidentBytes();
+  auto table = Create(spec);
+  if (!table.ok()) return Fail(table.status());
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t begin = 0; begin < rows; begin += kBatch) {
+    const int64_t n = std::min(kBatch, rows - begin);
+    // Scattered keys, as hashed feature ids are.
+    for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>(MixKey(begin + i) >> 1);
+    absl::Status s = (*table)->Push(keys.data(), n, grads.data(), false, pool.get());
+    if (!s.ok()) return Fail(s);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t after = ResidentBytes();
+  const int64_t resident = (*table)->num_rows();
+  const double own = 2.0 * static_cast<double>(dim) * sizeof(float);  // values and accumulator
+  const double per_row = static_cast<double>(after - before) / static_cast<double>(resident);
+  std::printf(
+      "table of %lld rows of dim %lld (Adagrad), capacity %lld: filled in %.1f s (%.0f ns "
+      "per new row); resident memory %.1f MiB -> %.1f MiB\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), static_cast<long long>(rows),
+      seconds, seconds * 1e9 / static_cast<double>(rows), before / 1048576.0, after / 1048576.0);
+  std::printf(
+      "BENCH table_memory_per_row_%lldx%lld %.1f bytes ratio=%.3f (to the row's %.0f "
+      "bytes of values and slots; ListShards counts %lld)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), per_row, per_row / own, own,
+      static_cast<long long>((*table)->row_bytes()));
   return 0;
 }
 
@@ -110,5 +239,5 @@ int Run() {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  return pscluster::Run();
+  return FLAGS_memory_rows > 0 ? pscluster::RunMemory() : pscluster::RunSpeed();
 }

@@ -80,7 +80,7 @@ absl::Status WithTablePrefix(const std::string& table, const absl::Status& statu
 }
 
 constexpr int kSketchRows = 4;
-constexpr int64_t kDefaultSketchWidth = int64_t{1} << 18;
+constexpr int64_t kDefaultSketchWidth = int64_t{1} << 20;
 constexpr int64_t kMinSketchWidth = 4096;
 constexpr int64_t kMaxSketchWidth = int64_t{1} << 26;
 

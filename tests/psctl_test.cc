@@ -373,10 +373,20 @@ TEST_F(PsctlTest, KeyPrintsOneRowAndCreatesNone) {
   EXPECT_EQ(report.table().rows(), rows_before);
   EXPECT_EQ(report.table().parts_size(), 2);
   EXPECT_GT(report.hot_keys_size(), 0);
+  // The table neither admits nor evicts: every row it holds was created, none removed.
+  int64_t admitted = 0, removed = 0;
+  for (const psctl::TablePart& part : report.table().parts()) {
+    admitted += part.admitted_rows();
+    removed += part.evicted_rows() + part.expired_rows() + part.unadmitted_keys();
+  }
+  EXPECT_EQ(admitted, rows_before);
+  EXPECT_EQ(removed, 0);
 
   r = Psctl({chief(), "--key=" + std::to_string(key), "table", "emb"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("key ", key, " (ps:")));
+  EXPECT_THAT(r.out, HasSubstr("RESIDENT"));
+  EXPECT_THAT(r.out, HasSubstr("NOT ADMITTED"));
 
   // A key without a row: reported, and still without one afterwards.
   r = Psctl({chief(), "--key=" + std::to_string(kUntouchedKey), "table", "emb"});
