@@ -110,6 +110,32 @@ TEST(AdmissionTest, ProbabilityAdmitsAboutThatShareAndTheSameKeysEveryTime) {
   EXPECT_GT(a->num_rows(), 8000);  // 1 - 0.75^2 = 0.4375 of them
 }
 
+// A table given another's sketch (as a restore does) admits what the other would.
+TEST(AdmissionTest, AMergedSketchCarriesTheCounts) {
+  const std::string spec = "admission { min_count: 2 sketch_width: 65536 }";
+  std::unique_ptr<EmbeddingTable> a = Table(spec), b = Table(spec), c = Table(spec);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(c, nullptr);
+  Push(*a, Range(0, 1000));  // counted once each
+  const std::vector<uint16_t> sketch = a->AdmissionSketch();
+  EXPECT_EQ(static_cast<int64_t>(sketch.size()), a->admission_sketch_size());
+  ASSERT_TRUE(b->MergeAdmissionSketch(sketch).ok());
+  EXPECT_EQ(b->AdmissionSketch(), sketch);
+  Push(*a, Range(0, 1000));  // the second push admits them, in a
+  Push(*b, Range(0, 1000));  // and in b
+  Push(*c, Range(0, 1000));  // not in c, which never counted them (a few collide)
+  EXPECT_EQ(a->num_rows(), 1000);
+  EXPECT_EQ(b->num_rows(), 1000);
+  EXPECT_LT(c->num_rows(), 20);
+  // A sketch of another width is refused, changing nothing.
+  std::unique_ptr<EmbeddingTable> narrow = Table("admission { min_count: 2 }");
+  ASSERT_NE(narrow, nullptr);
+  const absl::Status s = narrow->MergeAdmissionSketch(sketch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("was admission.sketch_width changed?"));
+}
+
 TEST(EvictionTest, ARowPastItsTtlIsPulledAsInitialRestartsOnPushAndIsSweptAway) {
   std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 10 }");
   ASSERT_NE(table, nullptr);

@@ -79,7 +79,7 @@ absl::Status WithTablePrefix(const std::string& table, const absl::Status& statu
   return absl::Status(status.code(), absl::StrCat("table ", table, ": ", status.message()));
 }
 
-constexpr int kSketchRows = 4;
+constexpr int kSketchRows = EmbeddingTable::kSketchRows;
 constexpr int64_t kDefaultSketchWidth = int64_t{1} << 20;
 constexpr int64_t kMinSketchWidth = 4096;
 constexpr int64_t kMaxSketchWidth = int64_t{1} << 26;
@@ -791,6 +791,44 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       fn(entries[i].key, rows.data() + i * stride, entries[i].count, last[i]);
     }
   }
+}
+
+std::vector<uint16_t> EmbeddingTable::AdmissionSketch() const {
+  std::vector<uint16_t> counters;
+  if (!admission_) return counters;
+  counters.reserve(static_cast<size_t>(kNumStripes * kSketchRows * sketch_width_));
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    counters.insert(counters.end(), stripes_[s].sketch.begin(), stripes_[s].sketch.end());
+  }
+  return counters;
+}
+
+std::vector<int32_t> EmbeddingTable::OwnedVirtualShards() const {
+  std::vector<int32_t> shards;
+  for (size_t v = 0; v < owned_.size(); ++v) {
+    if (owned_[v]) shards.push_back(static_cast<int32_t>(v));
+  }
+  return shards;
+}
+
+absl::Status EmbeddingTable::MergeAdmissionSketch(const std::vector<uint16_t>& counters) {
+  const size_t per_stripe = static_cast<size_t>(kSketchRows * sketch_width_);
+  if (counters.size() != per_stripe * kNumStripes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec_.name(), ": an admission sketch of ", counters.size(),
+                     " counters; this table's has ", per_stripe * kNumStripes,
+                     " (was admission.sketch_width changed?)"));
+  }
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::MutexLock lock(&stripes_[s].mu);
+    std::vector<uint16_t>& mine = stripes_[s].sketch;
+    for (size_t i = 0; i < per_stripe; ++i) {
+      mine[i] = static_cast<uint16_t>(
+          std::min<uint32_t>(uint32_t{mine[i]} + counters[s * per_stripe + i], 0xffff));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void EmbeddingTable::Clear() {

@@ -80,6 +80,8 @@ class EmbeddingTable {
  public:
   // Number of lock stripes.
   static constexpr int kNumStripes = 64;
+  // Rows of an admission sketch (count-min).
+  static constexpr int kSketchRows = 4;
   // Counters kept by the hot-key sketch; HotKeys returns at most this many keys.
   static constexpr int kHotKeyCounters = 64;
   // Keys of one push that the hot-key sketch looks at, at most.
@@ -214,6 +216,17 @@ class EmbeddingTable {
   // key is not owned (as Pull); INVALID_ARGUMENT if t < 0. REQUIRES: values_and_slots holds (1 +
   // num_slots) * dim floats. Not owned.
   absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t, uint32_t last = 0);
+
+  // For checkpoints: the admission sketch's counters, stripe after stripe (empty without
+  // admission), and the virtual shards this table owns, in increasing order.
+  std::vector<uint16_t> AdmissionSketch() const;
+  // AdmissionSketch().size(), without the copy.
+  int64_t admission_sketch_size() const { return kNumStripes * kSketchRows * sketch_width_; }
+  std::vector<int32_t> OwnedVirtualShards() const;
+  // Adds `counters` (an AdmissionSketch() of a table with the same sketch width) to this
+  // table's counters, saturating: a restore gives a task the counts of the parts whose keys it
+  // now owns. INVALID_ARGUMENT, changing nothing, if the size differs.
+  absl::Status MergeAdmissionSketch(const std::vector<uint16_t>& counters);
 
   // Removes every row and the admission counts, and sets the step clock to 0 (for a restore:
   // rows created after the checkpoint must not survive it; touched again, a key gets its

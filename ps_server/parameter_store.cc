@@ -12,6 +12,7 @@
 #include "common/chief_epoch.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
+#include "glog/logging.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "ps_server/float_stats.h"
@@ -789,13 +790,14 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
     std::vector<int64_t> keys, counts;
     std::vector<float> rows;
     int64_t stride = 0;
+    std::vector<uint16_t> sketch;
   };
   std::vector<DenseCopy> dense;
   std::vector<TableCopy> tables;
   {
     absl::ReaderMutexLock lock(&mu_);
     for (const auto& [key, shard] : dense_) dense.push_back({shard, {}, 0});
-    for (const auto& [name, t] : tables_) tables.push_back({t.table, {}, {}, {}, 0});
+    for (const auto& [name, t] : tables_) tables.push_back({t.table, {}, {}, {}, 0, {}});
   }
   {
     // No push is applied while the copies are taken.
@@ -808,6 +810,7 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
         t.counts.push_back(PackRowCount(count, last));
         t.rows.insert(t.rows.end(), row, row + t.stride);
       });
+      t.sketch = t.table->AdmissionSketch();
     }
   }
   PS_ASSIGN_OR_RETURN(
@@ -823,6 +826,9 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   for (TableCopy& t : tables) {
     PS_ASSIGN_OR_RETURN(v1::SavedShard saved, writer->WriteTable(t.table->spec(), std::move(t.keys),
                                                                  t.rows, t.counts, t.stride));
+    if (!t.sketch.empty()) {
+      PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, t.table->OwnedVirtualShards(), &saved));
+    }
     bytes += saved.bytes();
     *response->add_shards() = std::move(saved);
   }
@@ -912,8 +918,12 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     uint32_t last;
   };
   std::vector<std::vector<Row>> table_rows(tables.size());
+  // Admission sketches of the saved parts whose virtual shards overlap this task's.
+  std::vector<std::vector<std::vector<uint16_t>>> sketches(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
     EmbeddingTable& table = *tables[i].second.table;
+    const std::vector<int32_t> owned = table.OwnedVirtualShards();
+    const size_t sketch_size = static_cast<size_t>(table.admission_sketch_size());
     for (const v1::SavedShard& saved : request.saved()) {
       if (!saved.is_table() || saved.name() != tables[i].first) continue;
       // Another dim may have the same stride with another number of slots: check both.
@@ -934,6 +944,20 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
             }
           },
           stride));
+      if (saved.sketch_counters() > 0 && sketch_size > 0 &&
+          std::any_of(
+              saved.virtual_shards().begin(), saved.virtual_shards().end(),
+              [&owned](int32_t v) { return std::binary_search(owned.begin(), owned.end(), v); })) {
+        PS_ASSIGN_OR_RETURN(std::vector<uint16_t> sketch, reader->ReadTableSketch(saved));
+        if (sketch.size() == sketch_size) {
+          sketches[i].push_back(std::move(sketch));
+        } else {
+          LOG(WARNING) << "table " << tables[i].first << ": the checkpoint's admission sketch in "
+                       << saved.file() << " has " << sketch.size() << " counters, this table's "
+                       << sketch_size << " (admission.sketch_width changed?): not restored, "
+                       << "admission counts start again";
+        }
+      }
     }
   }
   // Everything verified: apply.
@@ -948,6 +972,9 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     tables[i].second.table->Clear();
     for (const Row& r : table_rows[i]) {
       PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t, r.last));
+    }
+    for (const std::vector<uint16_t>& sketch : sketches[i]) {
+      PS_RETURN_IF_ERROR(tables[i].second.table->MergeAdmissionSketch(sketch));  // sizes checked
     }
     ++restored;
   }

@@ -40,6 +40,8 @@ std::string DenseKey(const std::string& name, int32_t partition) {
 
 std::string TablePrefix(const std::string& name) { return absl::StrCat("t/", name, "/"); }
 
+std::string SketchKey(const std::string& table) { return absl::StrCat("s/", table); }
+
 // Big-endian with the sign bit flipped: byte order equals numeric order.
 std::string EncodeKey(int64_t key) {
   uint64_t u = static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
@@ -189,6 +191,24 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
   return saved;
 }
 
+absl::Status CheckpointWriter::WriteTableSketch(const std::vector<uint16_t>& counters,
+                                                const std::vector<int32_t>& virtual_shards,
+                                                v1::SavedShard* saved) {
+  std::string value(counters.size() * sizeof(uint16_t), '\0');
+  for (size_t i = 0; i < counters.size(); ++i) {
+    value[2 * i] = static_cast<char>(counters[i] & 0xff);
+    value[2 * i + 1] = static_cast<char>(counters[i] >> 8);
+  }
+  PS_RETURN_IF_ERROR(FromRocksDb(
+      db_->Put(rocksdb::WriteOptions(), SketchKey(saved->name()), value),
+      absl::StrCat("writing the admission sketch of table ", saved->name(), " to ", file_)));
+  saved->set_sketch_counters(static_cast<int64_t>(counters.size()));
+  saved->set_sketch_checksum(Crc(0, value));
+  saved->set_bytes(saved->bytes() + static_cast<int64_t>(value.size()));
+  saved->mutable_virtual_shards()->Assign(virtual_shards.begin(), virtual_shards.end());
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointWriter::Finish() {
   MaybeCrash(crash_points_, kCrashSaveBeforeSync);
   rocksdb::FlushOptions flush;
@@ -298,6 +318,32 @@ absl::StatusOr<DenseRecord> CheckpointReader::ReadDense(const v1::SavedShard& sa
                                             s.ToString()));
   }
   return DecodeDenseRecord(path_, saved, key, value);
+}
+
+absl::StatusOr<std::vector<uint16_t>> CheckpointReader::ReadTableSketch(
+    const v1::SavedShard& saved) {
+  std::vector<uint16_t> counters;
+  if (saved.sketch_counters() <= 0) return counters;
+  std::string value;
+  rocksdb::ReadOptions read;
+  read.verify_checksums = true;
+  const rocksdb::Status s = db_->Get(read, SketchKey(saved.name()), &value);
+  const auto lost = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path_, ": the admission sketch of table ", saved.name(), " ", what));
+  };
+  if (!s.ok()) return lost(absl::StrCat("cannot be read: ", s.ToString()));
+  if (static_cast<int64_t>(value.size()) != saved.sketch_counters() * 2) {
+    return lost(absl::StrCat("has ", value.size(), " bytes, the manifest says ",
+                             saved.sketch_counters(), " 2-byte counters"));
+  }
+  if (Crc(0, value) != saved.sketch_checksum()) return lost("fails its checksum");
+  counters.resize(static_cast<size_t>(saved.sketch_counters()));
+  for (size_t i = 0; i < counters.size(); ++i) {
+    counters[i] = static_cast<uint16_t>(static_cast<uint8_t>(value[2 * i]) |
+                                        (static_cast<uint8_t>(value[2 * i + 1]) << 8));
+  }
+  return counters;
 }
 
 absl::Status CheckpointReader::ReadTable(

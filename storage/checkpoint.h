@@ -29,7 +29,8 @@ namespace pscluster {
 // row's last push (eviction) in its high 32 (PackRowCount; 0 in checkpoints of tables without
 // eviction, and in those written before it existed), then its values and slots. Each shard's CRC-32
 // (zlib) over its records' keys and values, in key order, is kept in the manifest and checked on
-// every read.
+// every read. A table with admission also has one record "s/<table>": its count-min sketch's
+// 16-bit counters, little-endian, checked against SavedShard.sketch_checksum.
 
 // The 8-byte word before a table row's floats, and its two halves.
 inline int64_t PackRowCount(int64_t count, uint32_t last) {
@@ -60,6 +61,10 @@ class CheckpointWriter {
   absl::StatusOr<v1::SavedShard> WriteTable(const v1::TableSpec& spec, std::vector<int64_t> keys,
                                             const std::vector<float>& rows,
                                             const std::vector<int64_t>& counts, int64_t stride);
+  // Adds the admission sketch of the table part `saved` (from WriteTable) and the virtual
+  // shards its writer owns to the checkpoint, recording them in *saved.
+  absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
+                                const std::vector<int32_t>& virtual_shards, v1::SavedShard* saved);
   // Flushes and syncs everything written; call once, last.
   absl::Status Finish();
 
@@ -136,6 +141,10 @@ class CheckpointReader {
   absl::Status ReadTable(const v1::SavedShard& saved,
                          const std::function<void(int64_t key, const float* row, int64_t t)>& fn,
                          int64_t stride = -1);
+  // The admission sketch of a table part: empty if none was saved (sketch_counters 0); DATA_LOSS
+  // naming the file and table when the record is missing, of another size or fails its
+  // checksum.
+  absl::StatusOr<std::vector<uint16_t>> ReadTableSketch(const v1::SavedShard& saved);
 
  private:
   CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);

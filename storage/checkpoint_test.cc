@@ -103,6 +103,63 @@ TEST(CheckpointTest, TableRowsOfAnotherStrideAreDataLoss) {
   EXPECT_EQ(calls, 3);
 }
 
+// A table part's admission sketch and owned virtual shards: read back as written; a sketch
+// whose bytes changed is DATA_LOSS naming the file and the table; a part without one reads as
+// empty.
+TEST(CheckpointTest, AdmissionSketchReadsBackAndIsChecked) {
+  const std::string path = Dir("sketch") + "/ckpt-0000000005";
+  auto writer = CheckpointWriter::Open(path, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  v1::TableSpec table;
+  table.set_name("emb");
+  table.set_dim(1);
+  auto with = (*writer)->WriteTable(table, {1}, {0.5f}, {PackRowCount(2, 7)}, 1);
+  ASSERT_TRUE(with.ok()) << with.status();
+  const std::vector<uint16_t> counters = {0, 1, 2, 65535, 258};
+  ASSERT_TRUE((*writer)->WriteTableSketch(counters, {3, 9}, &*with).ok());
+  table.set_name("plain");
+  auto without = (*writer)->WriteTable(table, {1}, {0.5f}, {1}, 1);
+  ASSERT_TRUE(without.ok()) << without.status();
+  ASSERT_TRUE((*writer)->Finish().ok());
+  EXPECT_EQ(with->sketch_counters(), 5);
+  EXPECT_THAT(with->virtual_shards(), ::testing::ElementsAre(3, 9));
+  {
+    auto reader = CheckpointReader::Open(path + "/ps-0");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    auto sketch = (*reader)->ReadTableSketch(*with);
+    ASSERT_TRUE(sketch.ok()) << sketch.status();
+    EXPECT_EQ(*sketch, counters);
+    auto none = (*reader)->ReadTableSketch(*without);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_TRUE(none->empty());
+    // The row's word: update count 2, last push 7.
+    ASSERT_TRUE((*reader)
+                    ->ReadTable(*with,
+                                [](int64_t, const float*, int64_t word) {
+                                  EXPECT_EQ(UnpackRowCount(word), 2);
+                                  EXPECT_EQ(UnpackRowLast(word), 7u);
+                                })
+                    .ok());
+  }
+  v1::SavedShard tampered = *with;
+  tampered.set_sketch_checksum(with->sketch_checksum() ^ 1);
+  v1::SavedShard longer = *with;
+  longer.set_sketch_counters(6);
+  auto reader = CheckpointReader::Open(path + "/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const auto& [saved, message] :
+       {std::pair<v1::SavedShard, std::string>{tampered,
+                                               "the admission sketch of table emb fails "
+                                               "its checksum"},
+        {longer, "has 10 bytes, the manifest says 6 2-byte counters"}}) {
+    auto sketch = (*reader)->ReadTableSketch(saved);
+    ASSERT_FALSE(sketch.ok());
+    EXPECT_EQ(sketch.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(sketch.status().message()), HasSubstr(message));
+    EXPECT_THAT(std::string(sketch.status().message()), HasSubstr("ps-0"));
+  }
+}
+
 TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
   const std::string dir = Dir("list");
   Write(dir, 10);

@@ -4,8 +4,9 @@
 // table rows created since (EmbeddingTable::Clear), or the replayed steps would update rows
 // that should start from their initial values. The final model, every table row with its
 // update count and every dense value, must be bit for bit that of the undisturbed run. Every
-// test runs twice: with tables that keep their rows, and with tables that evict them (a TTL
-// in steps and a capacity per ps task), whose evictions must replay exactly too.
+// test runs twice: with tables that keep their rows, and with managed tables, which admit a key
+// at its second push and evict rows (a TTL in steps and a capacity per ps task): admissions
+// (the count-min sketch is checkpointed) and evictions must replay exactly too.
 #include <signal.h>
 
 #include <cstring>
@@ -75,15 +76,17 @@ std::string TestDir(const std::string& name) {
   return dir;
 }
 
-// configs/wide_deep_ctr.pbtxt, or with `evicting` a copy whose two tables remove rows not
-// pushed for 8 steps and keep at most 1024 rows per ps task (least recently pushed go first).
+// configs/wide_deep_ctr.pbtxt, or with `evicting` a copy whose two tables admit a key at its
+// second push, remove rows not pushed for 8 steps and keep at most 1024 rows per ps task (least
+// recently pushed go first).
 std::string WideDeepConfig(bool evicting) {
   const std::string path = RunfilePath("configs/wide_deep_ctr.pbtxt");
   if (!evicting) return path;
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
-  const std::string eviction = "eviction { ttl_steps: 8 max_rows: 1024 }\n";
+  const std::string eviction =
+      "admission { min_count: 2 } eviction { ttl_steps: 8 max_rows: 1024 }\n";
   const std::string config =
       absl::StrReplaceAll(text.str(), {{"combiner: MEAN\n", "combiner: MEAN\n" + eviction},
                                        {"combiner: SUM\n", "combiner: SUM\n" + eviction}});
@@ -146,6 +149,7 @@ v1::ShardStats TableCounts(const TestCluster& cluster, int num_ps) {
       if (!s.is_table()) continue;
       sum.set_rows(sum.rows() + s.rows());
       sum.set_admitted_rows(sum.admitted_rows() + s.admitted_rows());
+      sum.set_unadmitted_keys(sum.unadmitted_keys() + s.unadmitted_keys());
       sum.set_evicted_rows(sum.evicted_rows() + s.evicted_rows());
       sum.set_expired_rows(sum.expired_rows() + s.expired_rows());
     }
@@ -200,18 +204,19 @@ class TableRecoveryTest : public ::testing::TestWithParam<bool> {
     *counts = TableCounts(**cluster, 2);
     std::cout << "tables: " << counts->rows() << " rows resident, " << counts->admitted_rows()
               << " admitted, " << counts->evicted_rows() << " evicted, " << counts->expired_rows()
-              << " expired\n";
+              << " expired, " << counts->unadmitted_keys() << " pushed keys not admitted\n";
     *model = ReadModel(Newest(dir));
     ASSERT_EQ(model->step, 120);
     ASSERT_FALSE(model->rows.empty());
-    // Eviction happened in the evicting run and only there; the final checkpoint holds what
-    // the tables held.
+    // Admission and eviction happened in the managed run and only there; the final checkpoint
+    // holds what the tables held.
     if (evicting()) {
+      EXPECT_GT(counts->unadmitted_keys(), 0);
       EXPECT_GT(counts->evicted_rows(), 0);
       EXPECT_GT(counts->expired_rows(), 0);
       EXPECT_LE(counts->rows(), 2 * 2 * 1024);
     } else {
-      EXPECT_EQ(counts->evicted_rows() + counts->expired_rows(), 0);
+      EXPECT_EQ(counts->evicted_rows() + counts->expired_rows() + counts->unadmitted_keys(), 0);
       EXPECT_EQ(counts->admitted_rows(), counts->rows());
     }
     // Rows past their TTL but not yet swept are counted, not saved; without eviction, an
@@ -222,7 +227,7 @@ class TableRecoveryTest : public ::testing::TestWithParam<bool> {
 
 INSTANTIATE_TEST_SUITE_P(Tables, TableRecoveryTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Evicting" : "Keeping";
+                           return info.param ? "Managed" : "Keeping";
                          });
 
 TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
