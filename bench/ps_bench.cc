@@ -608,10 +608,15 @@ class PsBench {
     std::fprintf(stderr, "ps_bench %s: creating %lld rows of %s\n", tag_.c_str(),
                  static_cast<long long>(key_space), table.c_str());
     {
-      std::vector<float> rows(keys * dim);
-      for (int64_t begin = 0; begin < key_space; begin += keys) {
-        const int64_t n = std::min(keys, key_space - begin);
-        PS_RETURN_IF_ERROR(clients_[0]->PullRows(table, universe.data() + begin, n, rows.data()));
+      // Zero gradients, pushed twice: rows are created by pushes in tables with admission or
+      // eviction (and admitted at a second push at most, as bench/ps.sh configures them).
+      std::vector<float> zeros(keys * dim, 0.0f);
+      for (int round = 0; round < 2; ++round) {
+        for (int64_t begin = 0; begin < key_space; begin += keys) {
+          const int64_t n = std::min(keys, key_space - begin);
+          PS_RETURN_IF_ERROR(
+              clients_[0]->PushRows(table, universe.data() + begin, n, zeros.data(), /*step=*/0));
+        }
       }
     }
     // A few key sets per client, drawn up front so that the timed loop only sends them.

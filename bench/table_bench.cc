@@ -14,8 +14,9 @@
 //   bazel run -c opt //bench:table_bench -- --compare --trials 3
 //
 // Memory (--memory_rows N): pushes N distinct keys into a table of --dim with Adagrad and a
-// capacity of N rows (eviction.max_rows), and reads the process's resident memory before and
-// after: bytes per row against the row's own floats and slots ((1 + 1) * dim * 4 bytes).
+// capacity of --memory_capacity * N rows (eviction.max_rows), and reads the process's resident
+// memory before and after: bytes per row against the row's own floats and slots
+// ((1 + 1) * dim * 4 bytes).
 //
 //   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
@@ -48,6 +49,10 @@ DEFINE_int32(trials, 3, "--compare: interleaved trials of each table.");
 DEFINE_int32(min_count, 2, "--compare: the admission's min_count.");
 DEFINE_bool(churn, false, "--compare: a capacity of half the key space (rows evicted always).");
 DEFINE_int64(memory_rows, 0, "Measure the memory of a table of this many rows instead.");
+DEFINE_double(memory_capacity, 1.02,
+              "--memory_rows: the table's eviction.max_rows, as a multiple of --memory_rows (a "
+              "stripe evicts at its 1/64 share, and keys do not split exactly evenly); 0: no "
+              "eviction.");
 
 namespace pscluster {
 namespace {
@@ -199,7 +204,8 @@ int RunMemory() {
   const int64_t rows = FLAGS_memory_rows;
   const int64_t dim = FLAGS_dim;
   v1::TableSpec spec = Spec(dim);
-  spec.mutable_eviction()->set_max_rows(rows);
+  const int64_t capacity = static_cast<int64_t>(FLAGS_memory_capacity * static_cast<double>(rows));
+  if (capacity > 0) spec.mutable_eviction()->set_max_rows(capacity);
   std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(FLAGS_threads);
   constexpr int64_t kBatch = 100000;
   std::vector<int64_t> keys(kBatch);
@@ -224,8 +230,9 @@ int RunMemory() {
   std::printf(
       "table of %lld rows of dim %lld (Adagrad), capacity %lld: filled in %.1f s (%.0f ns "
       "per new row); resident memory %.1f MiB -> %.1f MiB\n",
-      static_cast<long long>(resident), static_cast<long long>(dim), static_cast<long long>(rows),
-      seconds, seconds * 1e9 / static_cast<double>(rows), before / 1048576.0, after / 1048576.0);
+      static_cast<long long>(resident), static_cast<long long>(dim),
+      static_cast<long long>(capacity), seconds, seconds * 1e9 / static_cast<double>(rows),
+      before / 1048576.0, after / 1048576.0);
   std::printf(
       "BENCH table_memory_per_row_%lldx%lld %.1f bytes ratio=%.3f (to the row's %.0f "
       "bytes of values and slots; ListShards counts %lld)\n",

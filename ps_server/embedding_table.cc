@@ -403,18 +403,7 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe,
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::FindOrCreateRowLocked(Stripe* stripe, int64_t key,
                                                                        uint32_t now) {
   RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-  if (entry != nullptr) {
-    if (tracks_last_ && Expired(stripe->last[entry->row], now)) {
-      // Past its TTL: as if removed and created again.
-      float* values = stripe->arena.data() + static_cast<size_t>(entry->row) * stride_;
-      PS_RETURN_IF_ERROR(WithTablePrefix(spec_.name(), InitialRow(key, values, /*slots=*/true)));
-      entry->count = 0;
-      stripe->last[entry->row] = now;
-      expired_.fetch_add(1, std::memory_order_relaxed);
-      admitted_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return entry;
-  }
+  if (entry != nullptr) return entry;
   PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(stripe, key, /*initialize=*/true, now));
   admitted_.fetch_add(1, std::memory_order_relaxed);
   return entry;
@@ -456,21 +445,24 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
     for (int64_t i = 0; i < count + kRowLag; ++i) {
       if (i + kKeyAhead < count) stripe->rows.Prefetch(keys[order[i + kKeyAhead]]);
       if (i < count) {
-        uint32_t row = stripe->rows.Find(keys[order[i]]);
-        if (row != RowIndex::kNoRow && tracks_last_ && Expired(stripe->last[row], now)) {
-          row = RowIndex::kNoRow;
-        }
+        const uint32_t row = stripe->rows.Find(keys[order[i]]);
         ring[i % kRowRing] = row;
         if (row == RowIndex::kNoRow) {
           absent.push_back(order[i]);
         } else {
           PrefetchFloats(arena + static_cast<size_t>(row) * stride_, dim_);
+          if (tracks_last_) __builtin_prefetch(&stripe->last[row]);
         }
       }
       const int64_t j = i - kRowLag;
-      if (j < 0 || ring[j % kRowRing] == RowIndex::kNoRow) continue;
-      std::memcpy(out + order[j] * dim_, arena + static_cast<size_t>(ring[j % kRowRing]) * stride_,
-                  row_bytes);
+      if (j < 0) continue;
+      const uint32_t row = ring[j % kRowRing];
+      if (row == RowIndex::kNoRow) continue;
+      if (tracks_last_ && Expired(stripe->last[row], now)) {
+        absent.push_back(order[j]);  // as removed
+        continue;
+      }
+      std::memcpy(out + order[j] * dim_, arena + static_cast<size_t>(row) * stride_, row_bytes);
     }
   }
   if (absent.empty()) return absl::OkStatus();
@@ -592,12 +584,12 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   }
   const int64_t num_distinct = static_cast<int64_t>(distinct.size());
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
-  int64_t unadmitted = 0;
+  int64_t admitted = 0, unadmitted = 0, expired = 0;
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
-  // and prefetch this key's row, update the row found kRowLag keys back. The update count is
-  // taken when the row is found (it shares the index entry's cache line). Rows are held as
-  // indices: creating a row may move the arena and the index.
+  // and prefetch this key's row (and its last-push tick), update the row found kRowLag keys
+  // back. The update count is taken when the row is found (it shares the index entry's cache
+  // line). Rows are held as indices: creating a row may move the arena and the index.
   absl::Status status;
   int64_t found = 0;  // Rows found so far; finding stops at the first error.
   struct Found {
@@ -612,34 +604,56 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
         stripe->rows.Prefetch(keys[distinct[i + kKeyAhead]]);
       }
       const int64_t key = keys[distinct[i]];
-      absl::StatusOr<RowIndex::Entry*> entry = nullptr;
-      if (!admission_ || stripe->rows.Find(key) != RowIndex::kNoRow || AdmitLocked(stripe, key)) {
-        entry = FindOrCreateRowLocked(stripe, key, now);
+      RowIndex::Entry* entry = stripe->rows.FindEntry(key);
+      if (entry == nullptr && (!admission_ || AdmitLocked(stripe, key))) {
+        absl::StatusOr<RowIndex::Entry*> created =
+            AppendRowLocked(stripe, key, /*initialize=*/true, now);
+        if (created.ok()) {
+          entry = *created;
+          ++admitted;
+        } else {
+          status = created.status();
+        }
       }
-      if (!entry.ok()) {
-        status = entry.status();
-      } else if (*entry == nullptr) {
+      if (!status.ok()) {
+        // Finding stops here; the rows found so far are still updated.
+      } else if (entry == nullptr) {
         ring[i % kRowRing] = Found{RowIndex::kNoRow, 0};  // counted, not admitted
         ++unadmitted;
         ++found;
       } else {
-        const uint32_t row = (*entry)->row;
-        if (tracks_last_) stripe->last[row] = now;
-        ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(*entry)};
+        const uint32_t row = entry->row;
+        ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
         PrefetchFloats(stripe->arena.data() + static_cast<size_t>(row) * stride_, stride_);
+        if (tracks_last_) __builtin_prefetch(&stripe->last[row]);
         ++found;
       }
     }
     const int64_t j = i - kRowLag;
     if (j >= found) break;
     if (j < 0) continue;
-    const Found& row = ring[j % kRowRing];
+    Found row = ring[j % kRowRing];
     if (row.row == RowIndex::kNoRow) continue;
     float* values = stripe->arena.data() + static_cast<size_t>(row.row) * stride_;
+    if (tracks_last_) {
+      uint32_t& last = stripe->last[row.row];
+      if (Expired(last, now)) {
+        // Past its TTL: as if removed and created again (Create checked the initializer).
+        const int64_t key = keys[distinct[j]];
+        InitialRow(key, values, /*slots=*/true).IgnoreError();
+        stripe->rows.FindEntry(key)->count = 1;
+        row.t = 1;
+        ++expired;
+        ++admitted;
+      }
+      last = now;
+    }
     for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
     optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, row.t);
   }
+  if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
+  if (expired > 0) expired_.fetch_add(expired, std::memory_order_relaxed);
   if (tracks_last_) EvictLocked(stripe, now);
   return status;
 }
