@@ -159,7 +159,7 @@ TEST(EvictionTest, ARowPastItsTtlIsPulledAsInitialRestartsOnPushAndIsSweptAway) 
   EXPECT_EQ(Resident(*table, Range(0, 3000)), Range(2000, 3000));
 }
 
-TEST(EvictionTest, PullsCreateNoRowsAndJudgeTheTtlAtTheirStep) {
+TEST(EvictionTest, PullsCreateNoRowsAndOnlyPushesMoveTheClock) {
   std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 10 }");
   ASSERT_NE(table, nullptr);
   std::vector<float> out(2);
@@ -169,18 +169,23 @@ TEST(EvictionTest, PullsCreateNoRowsAndJudgeTheTtlAtTheirStep) {
   EXPECT_EQ(table->num_rows(), 0);
   table->ObserveStep(4);
   Push(*table, {1});
-  table->ObserveStep(20);
-  // Judged at step 14, the row pushed at 4 is alive; at the clock (20) it is not.
-  ASSERT_TRUE(table->Pull(keys.data(), 1, out.data(), nullptr, /*step=*/14).ok());
-  EXPECT_EQ(out[0], 0.375f);
-  ASSERT_TRUE(table->Pull(keys.data(), 1, out.data()).ok());
-  EXPECT_EQ(out[0], 0.5f);
-  // A push applied at an explicit step stamps it.
+  // A mean applied at an explicit step (a sync step's) is judged and stamped at that step,
+  // whatever the clock says.
   ASSERT_TRUE(
-      table->ApplyPush(keys.data(), 1, std::vector<float>{0.125f}.data(), nullptr, 15).ok());
+      table->ApplyPush(keys.data(), 1, std::vector<float>{0.125f}.data(), nullptr, 12).ok());
   std::map<int64_t, uint32_t> last;
   table->ForEachRow([&](int64_t key, const float*, int64_t, uint32_t l) { last[key] = l; });
-  EXPECT_EQ(last, (std::map<int64_t, uint32_t>{{1, 15}}));
+  EXPECT_EQ(last, (std::map<int64_t, uint32_t>{{1, 12}}));
+  EXPECT_THAT(Pull(*table, {1}), ElementsAre(0.25f));
+  // At step 20 (the clock: pushes only), the row last pushed at 12 is alive; at 23 it is not.
+  table->ObserveStep(20);
+  EXPECT_THAT(Pull(*table, {1}), ElementsAre(0.25f));
+  table->ObserveStep(23);
+  EXPECT_THAT(Pull(*table, {1}), ElementsAre(0.5f));
+  EXPECT_EQ(table->num_rows(), 1);  // not swept yet: no push since
+  // A pull for an explicit step (a sync step's) is judged at that step instead.
+  ASSERT_TRUE(table->Pull(keys.data(), 1, out.data(), nullptr, /*step=*/21).ok());
+  EXPECT_EQ(out[0], 0.25f);
 }
 
 TEST(EvictionTest, LruCapacityKeepsTheMostRecentlyPushedRows) {

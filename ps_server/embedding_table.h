@@ -133,10 +133,11 @@ class EmbeddingTable {
   // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0; either way before
   // anything changes.
   // With a non-null `pool` (not owned), a large request's stripes are read on its threads too.
+  // A TTL is judged at the clock, which only pushes move, or, when `step` is not negative (with
+  // ttl_steps), at `step`: in sync mode, the step the pull is for, so that a pull sees the same
+  // rows whether or not a faster worker has already pushed that step (and in a replay). (In
+  // async mode pushes carry each worker's own step, which a pull's step is not comparable to.)
   // REQUIRES: keys holds n keys and out n*dim() floats (both may be null when n == 0). Not owned.
-  // `step`, when not negative, is the tick at which a TTL is judged (with ttl_steps; ignored
-  // with ttl_seconds), instead of the clock: the pull of a sync step sees the same rows in a
-  // replay as in the original run.
   absl::Status Pull(const int64_t* keys, int64_t n, float* out, ThreadPool* pool = nullptr,
                     int64_t step = -1);
 
@@ -160,7 +161,9 @@ class EmbeddingTable {
   // request's gradients on `pool`'s threads too, when given one.
   absl::Status CheckPush(const int64_t* keys, int64_t n, const float* grads, bool allow_non_finite,
                          ThreadPool* pool = nullptr) const;
-  // `step` as for Pull, and also the tick stamped on the pushed rows (a sync step's mean).
+  // `step`, when not negative, is the tick at which a TTL is judged and which the pushed rows
+  // are stamped with (with ttl_steps; ignored with ttl_seconds), instead of the clock: a sync
+  // step's mean, applied whenever it is settled.
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
   absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
                          ThreadPool* pool = nullptr, int64_t step = -1);

@@ -672,8 +672,9 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   PS_RETURN_IF_ERROR(CheckTableRows(request.table(), *t.table, keys, n));
   SettleTable(t, request.has_step() ? request.step() : -1);
   rows->resize(n * dim);
-  PS_RETURN_IF_ERROR(
-      t.table->Pull(keys, n, rows->data(), &apply_pool_, request.has_step() ? request.step() : -1));
+  // Sync: a TTL is judged at the step the pull is for (EmbeddingTable::Pull).
+  const int64_t ttl_step = t.accumulator != nullptr && request.has_step() ? request.step() : -1;
+  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), &apply_pool_, ttl_step));
   Touch(*t.counters, /*push=*/false, n * dim * elem_bytes);
   return absl::OkStatus();
 }
