@@ -107,6 +107,11 @@ class EmbeddingTable {
   int64_t dim() const { return dim_; }
   const Optimizer& optimizer() const { return *optimizer_; }
 
+  // Whether a pull creates the rows it does not find (neither admission nor eviction), and
+  // whether the table has a capacity (eviction.max_rows or max_bytes).
+  bool pulls_create_rows() const { return !admission_ && !tracks_last_; }
+  bool has_capacity() const { return stripe_capacity_ > 0; }
+
   // True if `key` hashes to a virtual shard this table owns.
   bool OwnsKey(int64_t key) const;
 

@@ -32,7 +32,8 @@ DEFINE_int64(memory_budget_mb, -1,
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 DEFINE_int64(max_table_rows, 0,
              "Most rows one embedding table may hold on this ps task; pulls and pushes that "
-             "would create more are refused (0: no limit).");
+             "would create more are refused (0: no limit). Tables with a capacity of their own "
+             "(eviction.max_rows or max_bytes in the model config) evict instead.");
 
 DEFINE_string(checkpoint_dir, "",
               "Path of the cluster's checkpoint directory (the chief's --checkpoint_dir, shared; "

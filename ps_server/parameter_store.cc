@@ -669,7 +669,10 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
   const int64_t dim = t.table->dim();
   PS_RETURN_IF_ERROR(CheckSparseSize(request.table(), "pull", n, dim));
-  PS_RETURN_IF_ERROR(CheckTableRows(request.table(), *t.table, keys, n));
+  // With admission or eviction a pull creates no row: nothing to limit.
+  if (t.table->pulls_create_rows()) {
+    PS_RETURN_IF_ERROR(CheckTableRows(request.table(), *t.table, keys, n));
+  }
   SettleTable(t, request.has_step() ? request.step() : -1);
   rows->resize(n * dim);
   // Sync: a TTL is judged at the step the pull is for (EmbeddingTable::Pull).
@@ -702,7 +705,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     grads = decoded.data();
   }
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
-  PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
+  // A table with a capacity evicts rather than refuse.
+  if (!t.table->has_capacity()) PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
   t.table->ObserveStep(request.step());
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {

@@ -45,10 +45,12 @@ struct ParameterStoreOptions {
   // Largest sparse request: keys per pull or push, and bytes of rows pulled or gradients pushed.
   // Larger requests are refused before anything changes; clients split theirs.
   int64_t max_sparse_keys = 8 << 20;
-  // Most rows one table may hold on this ps task (--max_table_rows), until tables can evict:
-  // a pull or push that would create rows beyond it is refused (RESOURCE_EXHAUSTED) before
-  // anything is created. Checked per request, so concurrent requests may pass it by their own
-  // size. 0: no limit.
+  // Most rows one table may hold on this ps task (--max_table_rows), a backstop for tables
+  // without a capacity of their own (EvictionSpec.max_rows / max_bytes, which evict instead):
+  // a pull or push that could create rows beyond it is refused (RESOURCE_EXHAUSTED) before
+  // anything is created. Pulls of tables with admission or eviction create no rows and are
+  // not checked. Checked per request, so concurrent requests may pass it by their own size.
+  // 0: no limit.
   int64_t max_table_rows = 0;
   int64_t max_sparse_bytes = 256 << 20;
   // Push ids remembered per client, and clients remembered (see PushLedger).

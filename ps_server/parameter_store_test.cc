@@ -569,6 +569,60 @@ TEST(ParameterStoreLimitsTest, NewRowsBeyondTheTableLimitAreRefusedBeforeAnyIsCr
   EXPECT_EQ(store.ListShards().shards(0).rows(), 10);
 }
 
+// A table with a capacity evicts where --max_table_rows would refuse; a pull of a table with
+// eviction creates nothing and is not refused.
+TEST(ParameterStoreLimitsTest, ATableWithACapacityEvictsInsteadOfBeingRefused) {
+  ParameterStoreOptions options;
+  options.max_table_rows = 10;
+  ParameterStore store(options);
+  v1::CreateShardsRequest req;
+  v1::TableShardSpec table = Table("emb", 2);
+  table.mutable_table()->mutable_eviction()->set_max_rows(640);  // 10 a stripe
+  *req.add_tables() = table;
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  std::vector<int64_t> keys(2000);
+  for (int64_t i = 0; i < 2000; ++i) keys[i] = i;
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(store, "emb", keys, &rows).ok());
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 0);
+  v1::PushSparseResponse resp;
+  ASSERT_TRUE(PushSparse(store, "emb", keys, std::vector<float>(4000, 0.5f), &resp).ok());
+  const v1::ShardStats stats = store.ListShards().shards(0);
+  EXPECT_LE(stats.rows(), 640);
+  EXPECT_EQ(stats.admitted_rows(), 2000);
+  EXPECT_EQ(stats.evicted_rows(), 2000 - stats.rows());
+}
+
+// Async pushes carry each worker's own step; a pull's step (an evaluator's global step, much
+// higher) must not make rows look expired. In sync mode steps are comparable and a pull is
+// judged at its own.
+TEST(ParameterStoreTtlTest, AnAsyncPullIsJudgedAtThePushesClockNotItsOwnStep) {
+  ParameterStore store(ParameterStoreOptions{});
+  v1::CreateShardsRequest req;
+  v1::TableShardSpec table = Table("emb", 1);
+  table.mutable_table()->mutable_eviction()->set_ttl_steps(10);
+  *req.add_tables() = table;
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  v1::PushSparseRequest push;
+  push.set_table("emb");
+  push.set_step(5);
+  const float grad = 0.25f;
+  const int64_t key = 3;
+  v1::PushSparseResponse resp;
+  ASSERT_TRUE(store
+                  .PushSparse(push, &key, 1,
+                              absl::string_view(reinterpret_cast<const char*>(&grad), 4), &resp)
+                  .ok());
+  v1::PullSparseRequest pull;
+  pull.set_table("emb");
+  pull.set_step(100000);
+  std::vector<float> rows;
+  ASSERT_TRUE(store.PullSparse(pull, &key, 1, &rows).ok());
+  EXPECT_EQ(rows, std::vector<float>{-0.25f});  // zeros - 1.0 * 0.25: alive
+}
+
 TEST(ParameterStoreLimitsTest, ShardsBeyondTheMemoryBudgetAreRefusedBeforeAllocating) {
   ParameterStoreOptions options;
   options.memory_budget_bytes = 1 << 20;
