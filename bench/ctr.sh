@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# CTR training throughput with embedding tables of millions of rows per ps task: wide & deep
+# (configs/wide_deep.pbtxt's network) trained by a local cluster (deploy/local/run.sh: 2 ps,
+# 2 workers, async, CPU) on synthetic Criteo-layout click logs whose categorical values are
+# uniform over a large space, so that nearly every id is new and the tables grow to
+# --rows_per_ps rows per ps task, where their capacity (eviction.max_rows) holds them.
+# Admission is off here (uniform ids are seen about once: admission would keep them out).
+#
+# Prints the training throughput (examples/s, and keys/s: examples/s times the ids per example,
+# each pulled and pushed, in each of the two tables), the rows each ps task holds at the end
+# (from the final checkpoint's manifest), and each ps task's peak resident memory per row
+# against the rows' own floats and slots, as `BENCH <name> <value> <unit>` lines.
+#
+#   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
+#                     [--batch_size N] [--epochs N]
+#
+# Defaults: 1,000,000 examples (26 ids each, 5 % missing: about 24.7 M ids, 12 M per ps task
+# and table), a capacity of 10,000,000 rows per ps task and table, 10,000,000 values per field,
+# batch 512, 1 epoch. About 4 minutes and 8 GiB of memory on 2 cores. Temporary files go under
+# $TMPDIR (default /tmp) and are removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+train_examples=1000000
+rows_per_ps=10000000
+ids_per_field=10000000
+batch_size=512
+epochs=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --train_examples) train_examples=$2; shift 2 ;;
+    --rows_per_ps) rows_per_ps=$2; shift 2 ;;
+    --ids_per_field) ids_per_field=$2; shift 2 ;;
+    --batch_size) batch_size=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+bash tools/setup.sh >/dev/null
+bazel build -c opt //model/data:ctr_datagen >/dev/null
+work=$(mktemp -d "${TMPDIR:-/tmp}/ctr_bench.XXXXXX")
+trap 'kill "$sampler" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+echo "==> $train_examples training examples, 26 categorical columns of $ids_per_field uniform values"
+bazel-bin/model/data/ctr_datagen --train_out="$work/train.txt" --test_out="$work/test.txt" \
+  --train_examples="$train_examples" --test_examples=20000 --ids_per_field="$ids_per_field" \
+  --zipf_exponent=0 | tee "$work/datagen.out"
+
+# The network of configs/wide_deep.pbtxt; both tables capped at --rows_per_ps rows per ps task.
+sed -e '/admission {/d' \
+  -e "s/eviction { ttl_steps: 5000 max_rows: 5000000 }/eviction { max_rows: $rows_per_ps }/" \
+  configs/wide_deep.pbtxt >"$work/model.pbtxt"
+grep -q "max_rows: $rows_per_ps" "$work/model.pbtxt" || {
+  echo "ctr.sh: configs/wide_deep.pbtxt no longer has the eviction line this script replaces" >&2
+  exit 1
+}
+
+# Peak resident memory of each ps task of this run (their command lines name $work).
+: >"$work/rss"
+(
+  while true; do
+    for pid in $(pgrep -f "ps_server.*$work" || true); do
+      rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+      idx=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed -nE 's/.*ps-([0-9]+)\.port.*/\1/p')
+      [[ -n $rss && -n $idx ]] && echo "$idx $rss" >>"$work/rss"
+    done
+    sleep 1
+  done
+) &
+sampler=$!
+
+# Every line of the run stamped with the time it was printed: training runs from run.sh's
+# "==> training" to its "final test AUC" (which includes one evaluation of 20,000 examples).
+TMPDIR="$work" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
+  --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
+  --batch_size "$batch_size" --ps 2 --workers 2 2>&1 |
+  while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done |
+  tee "$work/run.out" | grep -E "==>|AUC" || true
+kill "$sampler" 2>/dev/null || true
+start=$(awk '/==> training/ {print $1; exit}' "$work/run.out")
+end=$(awk '/final test AUC/ {print $1; exit}' "$work/run.out")
+planted=$(sed -nE 's/.*planted_test_auc=([0-9.]+).*/\1/p' "$work/datagen.out")
+
+run_dir=$(ls -d "$work"/pscluster.* | head -1)
+manifest=$(ls -d "$run_dir"/checkpoints/ckpt-* | sort | tail -1)/MANIFEST.json
+/usr/bin/python3 - "$run_dir/metrics.jsonl" "$manifest" "$work/rss" "$train_examples" "$epochs" \
+  "$start" "$end" "$planted" <<'EOF'
+import json, sys
+metrics_path, manifest_path, rss_path, examples, epochs, start, end, planted = sys.argv[1:]
+lines = [json.loads(l) for l in open(metrics_path) if l.strip()]
+final = lines[-1]
+seconds = float(end) - float(start)
+rate = int(examples) * int(epochs) / seconds
+manifest = json.load(open(manifest_path))
+rows = {}        # ps file -> rows over both tables
+own_bytes = {}   # ps file -> the rows' values and slots, in bytes
+for s in manifest["shards"]:
+    if not s.get("is_table"):
+        continue
+    t = s["table"]
+    slots = 2 if "ftrl" in t["optimizer"] else 1
+    n = int(s.get("rows", 0))
+    rows[s["file"]] = rows.get(s["file"], 0) + n
+    own_bytes[s["file"]] = own_bytes.get(s["file"], 0) + n * (1 + slots) * int(t["dim"]) * 4
+peak = {}
+for line in open(rss_path):
+    idx, kb = line.split()
+    peak[int(idx)] = max(peak.get(int(idx), 0), int(kb) * 1024)
+ids = 26 * 0.95  # categorical columns, 5 % empty (ctr_datagen --missing_rate)
+print("BENCH ctr_examples_per_second %.0f examples/s" % rate)
+print("BENCH ctr_keys_per_second %.2f Mkeys/s (ids per example x 2 tables, each pulled and pushed)"
+      % (rate * ids * 2 * 2 / 1e6))
+print("BENCH ctr_training_seconds %.1f s (%s examples x %s epochs; final step %d, test AUC "
+      "%.4f, the planted model's %s)"
+      % (seconds, examples, epochs, final["step"], final["test_auc"], planted))
+for f in sorted(rows):
+    i = int(f.split("-")[1])
+    print("BENCH ctr_rows_%s %d rows (both tables, final checkpoint)" % (f.replace("-", ""), rows[f]))
+    if i in peak and rows[f]:
+        print("BENCH ctr_peak_rss_per_row_%s %.1f bytes ratio=%.3f (peak resident %.0f MiB; the "
+              "rows' own values and slots: %.1f bytes a row)"
+              % (f.replace("-", ""), peak[i] / rows[f], peak[i] / own_bytes[f], peak[i] / 2**20,
+                 own_bytes[f] / rows[f]))
+EOF
