@@ -42,9 +42,11 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
   // The newest committed checkpoint of this step, if any (a higher sequence is newer).
   std::string newest;
   int64_t newest_sequence = -1;
-  if (absl::StatusOr<std::vector<std::string>> all = ListCheckpoints(options_.dir); all.ok()) {
+  {
+    // An error here must not fall through to removing a committed checkpoint below.
+    PS_ASSIGN_OR_RETURN(const std::vector<std::string> all, ListCheckpoints(options_.dir));
     const std::string base = CheckpointDirName(step);
-    for (const std::string& p : *all) {
+    for (const std::string& p : all) {
       const std::string name = std::filesystem::path(p).filename().string();
       int64_t sequence = 0;
       if (name != base && !(absl::StartsWith(name, base + ".") &&

@@ -136,6 +136,68 @@ TEST(AdmissionTest, AMergedSketchCarriesTheCounts) {
   EXPECT_THAT(s.message(), HasSubstr("was admission.sketch_width changed?"));
 }
 
+// The keys of one push are admitted from the sketch as it was before the push, so their order
+// does not matter, even with a sketch so small that their counters collide.
+TEST(AdmissionTest, TheOrderOfAPushsKeysDoesNotChangeWhatIsAdmitted) {
+  const std::string spec = "admission { min_count: 2 sketch_width: 4096 }";
+  std::unique_ptr<EmbeddingTable> a = Table(spec), b = Table(spec);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  // The same first push to both: about 47 keys per stripe on 64 counters a sketch row.
+  Push(*a, Range(0, 3000));
+  Push(*b, Range(0, 3000));
+  EXPECT_EQ(a->num_rows(), 0);  // decided on the empty sketch
+  // New keys, in opposite orders: admitted where all four counters were already counted.
+  const std::vector<int64_t> keys = Range(3000, 6000);
+  const std::vector<int64_t> reversed(keys.rbegin(), keys.rend());
+  Push(*a, keys);
+  Push(*b, reversed);
+  EXPECT_GT(a->num_rows(), 30);
+  EXPECT_LT(a->num_rows(), 1500);
+  EXPECT_EQ(Resident(*a, keys), Resident(*b, keys));
+  EXPECT_EQ(a->AdmissionSketch(), b->AdmissionSketch());
+}
+
+// A row past its TTL that its stripe has not swept yet behaves as one it has: with admission,
+// the key is admitted again (or not) by the same draw either way.
+TEST(AdmissionTest, AnExpiredRowIsAdmittedAgainWhetherOrNotItWasSwept) {
+  const std::string spec =
+      "admission { min_count: 65535 probability: 0.5 } eviction { ttl_steps: 4 }";
+  std::unique_ptr<EmbeddingTable> swept = Table(spec), unswept = Table(spec);
+  ASSERT_NE(swept, nullptr);
+  ASSERT_NE(unswept, nullptr);
+  const std::vector<int64_t> keys = Range(0, 2000);
+  for (EmbeddingTable* t : {swept.get(), unswept.get()}) {
+    t->ObserveStep(0);
+    for (int i = 0; i < 3; ++i) Push(*t, keys);
+    t->ObserveStep(10);
+  }
+  const int64_t before = swept->num_rows();
+  EXPECT_GT(before, 1500);  // 1 - 0.5^3 of them
+  // Other keys, pushed to one table only, make every stripe of it sweep the expired rows.
+  Push(*swept, Range(100000, 101000));
+  EXPECT_LT(swept->num_rows(), 1000);              // only some of the other keys
+  EXPECT_EQ(unswept->num_rows(), before);          // still held, though expired
+  EXPECT_EQ(Resident(*unswept, keys).size(), 0u);  // and seen as removed
+  Push(*swept, keys);
+  Push(*unswept, keys);
+  EXPECT_EQ(Resident(*swept, keys), Resident(*unswept, keys));
+  EXPECT_EQ(Pull(*swept, keys), Pull(*unswept, keys));
+  EXPECT_GT(Resident(*swept, keys).size(), 600u);  // about half
+  EXPECT_LT(Resident(*swept, keys).size(), 1400u);
+}
+
+// Ticks saved by a table without eviction, or in another unit, are not this table's.
+TEST(EvictionTest, SavedTicksAreComparableOnlyInTheSameUnit) {
+  std::unique_ptr<EmbeddingTable> steps = Table("eviction { ttl_steps: 10 }");
+  ASSERT_NE(steps, nullptr);
+  EXPECT_TRUE(steps->TicksComparable(ParseTable("eviction { ttl_steps: 99 }")));
+  EXPECT_TRUE(steps->TicksComparable(ParseTable("eviction { max_rows: 99 }")));
+  EXPECT_FALSE(steps->TicksComparable(ParseTable("eviction { ttl_seconds: 99 }")));
+  EXPECT_FALSE(steps->TicksComparable(ParseTable("name: \"emb\"")));
+  EXPECT_EQ(steps->TickOf(1234), 1234u);
+}
+
 TEST(EvictionTest, ARowPastItsTtlIsPulledAsInitialRestartsOnPushAndIsSweptAway) {
   std::unique_ptr<EmbeddingTable> table = Table("eviction { ttl_steps: 10 }");
   ASSERT_NE(table, nullptr);

@@ -244,6 +244,10 @@ uint32_t EmbeddingTable::Now(int64_t step) const {
   return step_clock_.load(std::memory_order_relaxed);
 }
 
+bool EmbeddingTable::TicksComparable(const v1::TableSpec& saved) const {
+  return TracksLast(saved.eviction()) && (saved.eviction().ttl_seconds() > 0) == ttl_in_seconds_;
+}
+
 EmbeddingTable::Counts EmbeddingTable::counts() const {
   Counts c;
   c.admitted = admitted_.load(std::memory_order_relaxed);
@@ -263,24 +267,33 @@ absl::Status EmbeddingTable::InitialRow(int64_t key, float* values, bool slots) 
   return absl::OkStatus();
 }
 
-bool EmbeddingTable::AdmitLocked(Stripe* stripe, int64_t key) {
+bool EmbeddingTable::AdmitLocked(const Stripe& stripe, int64_t key,
+                                 std::vector<SketchBump>* bumps) const {
   // Four counters from two 32-bit halves of a hash unlike the stripe's and the index's
-  // (Kirsch-Mitzenmacher); conservative update: only the smallest counters grow.
+  // (Kirsch-Mitzenmacher); conservative update: only the smallest counters grow, each to the
+  // key's new count (raising to a maximum commutes, so the order of the bumps does not matter).
   const uint64_t h = MixKey(key ^ static_cast<int64_t>(0x9e3779b97f4a7c15ULL));
   const uint64_t h1 = h & 0xffffffffu, h2 = (h >> 32) | 1;
   const uint64_t mask = static_cast<uint64_t>(sketch_width_) - 1;
-  uint16_t* counters[kSketchRows];
+  uint32_t counters[kSketchRows];
   uint32_t estimate = 0xffff;
   for (int r = 0; r < kSketchRows; ++r) {
-    counters[r] = &stripe->sketch[r * sketch_width_ + ((h1 + r * h2) & mask)];
-    estimate = std::min<uint32_t>(estimate, *counters[r]);
+    counters[r] = static_cast<uint32_t>(r * sketch_width_ + ((h1 + r * h2) & mask));
+    estimate = std::min<uint32_t>(estimate, stripe.sketch[counters[r]]);
   }
   const uint32_t count = std::min<uint32_t>(estimate + 1, 0xffff);
-  for (uint16_t* c : counters) *c = static_cast<uint16_t>(std::max<uint32_t>(*c, count));
+  for (uint32_t c : counters) bumps->push_back({c, static_cast<uint16_t>(count)});
   if (count >= min_count_) return true;
   if (admit_probability_ <= 0) return false;
   const uint64_t draw = MixKey(key ^ static_cast<int64_t>(count * 0xd6e8feb86659fd93ULL));
   return static_cast<double>(draw >> 11) * 0x1.0p-53 < admit_probability_;
+}
+
+void EmbeddingTable::ApplyBumpsLocked(Stripe* stripe, const std::vector<SketchBump>& bumps) {
+  for (const SketchBump& b : bumps) {
+    uint16_t& c = stripe->sketch[b.counter];
+    c = std::max(c, b.value);
+  }
 }
 
 void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) {
@@ -585,6 +598,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   const int64_t num_distinct = static_cast<int64_t>(distinct.size());
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
   int64_t admitted = 0, unadmitted = 0, expired = 0;
+  std::vector<SketchBump> bumps;
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
   // and prefetch this key's row (and its last-push tick), update the row found kRowLag keys
@@ -605,7 +619,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
       }
       const int64_t key = keys[distinct[i]];
       RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-      if (entry == nullptr && (!admission_ || AdmitLocked(stripe, key))) {
+      if (entry == nullptr && (!admission_ || AdmitLocked(*stripe, key, &bumps))) {
         absl::StatusOr<RowIndex::Entry*> created =
             AppendRowLocked(stripe, key, /*initialize=*/true, now);
         if (created.ok()) {
@@ -638,15 +652,23 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
     if (tracks_last_) {
       uint32_t& last = stripe->last[row.row];
       if (Expired(last, now)) {
-        // Past its TTL: as if removed and created again (Create checked the initializer).
+        // Past its TTL: as if it had been swept, which the stripe may not have done yet.
         const int64_t key = keys[distinct[j]];
+        ++expired;
+        if (admission_ && !AdmitLocked(*stripe, key, &bumps)) {
+          // Counted, not admitted: the row goes (no later row of the ring uses its number).
+          RemoveRowLocked(stripe, key, row.row);
+          ++unadmitted;
+          continue;
+        }
+        // Created again (Create checked the initializer).
         InitialRow(key, values, /*slots=*/true).IgnoreError();
         stripe->rows.FindEntry(key)->count = 1;
         row.t = 1;
-        ++expired;
         ++admitted;
       }
-      last = now;
+      // Never back: an async push that read the clock before another took the lock.
+      last = std::max(last, now);
     }
     for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
     optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, row.t);
@@ -654,6 +676,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
   if (expired > 0) expired_.fetch_add(expired, std::memory_order_relaxed);
+  ApplyBumpsLocked(stripe, bumps);
   if (tracks_last_) EvictLocked(stripe, now);
   return status;
 }

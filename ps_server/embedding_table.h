@@ -52,17 +52,17 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // Eviction (spec.eviction set): every row remembers when it was last pushed, in ticks of the
 // table's clock: the highest step ObserveStep has seen, or, with ttl_seconds, Unix seconds. A
 // row older than the TTL behaves as removed at once (pulled as its initial values; a push
-// starts it again from them, count 0) and is removed by a sweep of its stripe, which runs at the
-// end of a push or a pull that creates rows once the clock has moved a quarter of the TTL since
-// the stripe's last sweep, and before any eviction for capacity (a sync step's mean is applied
-// at the tick of its step, whenever it is settled). A stripe holding more than its
-// share of the capacity (max_rows or
-// max_bytes over kNumStripes) after a request removes rows down to 15/16 of its share, least
-// recently pushed first (LRU) or least updated first (LFU; rows pushed at the current tick
-// last), ties broken by a hash of the key: the choice depends on the rows' contents, not on
-// where they lie in memory, so a restored table evicts as the original would. The work is one
-// pass over the stripe's index under its lock, at most once per 1/16 of its share of new rows.
-// The arena's freed rows are reused by new ones.
+// starts it again from them, count 0, after admitting it again if the table admits) and is
+// removed by a sweep of its stripe, which runs at the end of a push once the clock has moved a
+// quarter of the TTL since the stripe's last sweep, and before any eviction for capacity (a sync
+// step's mean is applied at the tick of its step, whenever it is settled). A stripe holding more
+// than its share of the capacity (max_rows or max_bytes over kNumStripes) after a push removes
+// rows down to 15/16 of its share, least recently pushed first (LRU) or least updated first
+// (LFU; rows pushed at the current tick last), ties broken by a hash of the key (a push of more
+// new keys than that may so lose some of its own new rows): the choice depends on the rows'
+// contents, not on where they lie in memory, so a restored table evicts as the original would. The
+// work is one pass over the stripe's index under its lock, at most once per 1/16 of its share of
+// new rows. The arena's freed rows are reused by new ones.
 //
 // Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
 // creates no row and updates none.
@@ -106,6 +106,12 @@ class EmbeddingTable {
   const v1::TableSpec& spec() const { return spec_; }
   int64_t dim() const { return dim_; }
   const Optimizer& optimizer() const { return *optimizer_; }
+
+  // Whether the last-push ticks of rows saved by a table of spec `saved` mean what this
+  // table's do (both track them, in steps or both in seconds), and the tick of `step` on this
+  // table's clock (with ttl_seconds: now), for rows whose saved ticks do not.
+  bool TicksComparable(const v1::TableSpec& saved) const;
+  uint32_t TickOf(int64_t step) const { return Now(step); }
 
   // Whether a pull creates the rows it does not find (neither admission nor eviction), and
   // whether the table has a capacity (eviction.max_rows or max_bytes).
@@ -320,8 +326,19 @@ class EmbeddingTable {
   bool Expired(uint32_t last, uint32_t now) const {
     return ttl_ > 0 && now > last && now - last > ttl_;
   }
-  // Counts one push of `key`, which has no row, and returns whether it admits the key.
-  bool AdmitLocked(Stripe* stripe, int64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // A count to raise a sketch counter to, after a request's admissions were decided.
+  struct SketchBump {
+    uint32_t counter;  // index in Stripe::sketch
+    uint16_t value;
+  };
+  // Counts one push of `key`, which has no row (or an expired one), and returns whether it
+  // admits the key. The decision reads the sketch as it was before the request: the counts go
+  // to *bumps, which ApplyBumpsLocked applies after the request, so that the keys of one
+  // request are decided the same whatever their order.
+  bool AdmitLocked(const Stripe& stripe, int64_t key, std::vector<SketchBump>* bumps) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
+  static void ApplyBumpsLocked(Stripe* stripe, const std::vector<SketchBump>& bumps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // The TTL sweep and the capacity limit (class comment), after a request that may have added
   // rows.
   void EvictLocked(Stripe* stripe, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);

@@ -59,7 +59,8 @@ SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool,
   return [table, pool, totals](int64_t step, const int64_t* keys, int64_t n, const float* mean) {
     ApplyTimer timer(totals, 1);
     // Keys this task owns (checked on push) and finite means: cannot fail. The step's mean is
-    // applied at the step's tick, whenever it is settled.
+    // applied at the step's tick, whenever it is settled; the clock is the last settled step.
+    table->ObserveStep(step);
     table->ApplyPush(keys, n, mean, pool, step).IgnoreError();
   };
 }
@@ -707,7 +708,6 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
   // A table with a capacity evicts rather than refuse.
   if (!t.table->has_capacity()) PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
-  t.table->ObserveStep(request.step());
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -726,6 +726,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
     if (t.accumulator == nullptr) {
       ApplyTimer timer(apply_totals_ + 2, 1);
+      // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
+      t.table->ObserveStep(request.step());
       applied = t.table->ApplyPush(keys, n, grads, &apply_pool_);
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
@@ -939,13 +941,18 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
       }
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
+      const bool comparable_ticks = saved.has_table() && table.TicksComparable(saved.table());
+      const uint32_t restore_tick = table.TickOf(request.step());
       // Rows of another stride (another dim or optimizer) are refused, not read past.
       PS_RETURN_IF_ERROR(reader->ReadTable(
           saved,
           [&](int64_t key, const float* row, int64_t word) {
             if (table.OwnsKey(key)) {
+              // Ticks saved by a table without eviction (0), or in another unit, mean nothing
+              // here: such rows count as pushed at the checkpoint's step (or now).
               table_rows[i].push_back({key, std::vector<float>(row, row + stride),
-                                       UnpackRowCount(word), UnpackRowLast(word)});
+                                       UnpackRowCount(word),
+                                       comparable_ticks ? UnpackRowLast(word) : restore_tick});
             }
           },
           stride));
