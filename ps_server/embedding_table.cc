@@ -310,8 +310,11 @@ void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
       (over || now < stripe->swept_at || now - stripe->swept_at >= std::max(1u, ttl_ / 4))) {
     stripe->swept_at = now;
     std::vector<std::pair<int64_t, uint32_t>> old;
+    // Taken here, under the lock, for the lambda (which the thread-safety analysis cannot see
+    // into).
+    const std::vector<uint32_t>& last = stripe->last;
     stripe->rows.ForEach([&](const RowIndex::Entry& e) {
-      if (Expired(stripe->last[e.row], now)) old.emplace_back(e.key, e.row);
+      if (Expired(last[e.row], now)) old.emplace_back(e.key, e.row);
     });
     for (const auto& [key, row] : old) RemoveRowLocked(stripe, key, row);
     expired_.fetch_add(static_cast<int64_t>(old.size()), std::memory_order_relaxed);
@@ -330,8 +333,9 @@ void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
   };
   std::vector<Victim> all;
   all.reserve(static_cast<size_t>(rows));
+  const std::vector<uint32_t>& last_of_row = stripe->last;  // for the lambda, as above
   stripe->rows.ForEach([&](const RowIndex::Entry& e) {
-    const uint32_t last = stripe->last[e.row];
+    const uint32_t last = last_of_row[e.row];
     Victim v{0, 0, MixKey(e.key), e.key, e.row};
     if (lfu_) {
       // Rows pushed at this tick go last, or a new row would be the first to go.
@@ -793,8 +797,9 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
+    const float* arena = stripe.arena.data();
     stripe.rows.ForEach([&](const RowIndex::Entry& e) {
-      all.Add(stripe.arena.data() + static_cast<size_t>(e.row) * stride_, dim_);
+      all.Add(arena + static_cast<size_t>(e.row) * stride_, dim_);
     });
   }
   all.Fill(stats);
@@ -815,12 +820,14 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       entries.clear();
       rows.resize(stripe.rows.size() * stride);
       last.assign(stripe.rows.size(), 0);
+      // Taken under the lock for the lambda, which the thread-safety analysis cannot see into.
+      const float* arena = stripe.arena.data();
+      const std::vector<uint32_t>& last_of_row = stripe.last;
       stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
-        if (tracks_last_ && Expired(stripe.last[entry.row], now)) return;  // as removed
+        if (tracks_last_ && Expired(last_of_row[entry.row], now)) return;  // as removed
         const size_t i = entries.size();
-        std::memcpy(rows.data() + i * stride, stripe.arena.data() + entry.row * stride,
-                    stride * sizeof(float));
-        if (tracks_last_) last[i] = stripe.last[entry.row];
+        std::memcpy(rows.data() + i * stride, arena + entry.row * stride, stride * sizeof(float));
+        if (tracks_last_) last[i] = last_of_row[entry.row];
         entries.push_back(entry);
       });
     }
