@@ -312,7 +312,7 @@ void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
     std::vector<std::pair<int64_t, uint32_t>> old;
     // Taken here, under the lock, for the lambda (which the thread-safety analysis cannot see
     // into).
-    const std::vector<uint32_t>& last = stripe->last;
+    const uint32_t* last = stripe->last.data();
     stripe->rows.ForEach([&](const RowIndex::Entry& e) {
       if (Expired(last[e.row], now)) old.emplace_back(e.key, e.row);
     });
@@ -333,7 +333,7 @@ void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
   };
   std::vector<Victim> all;
   all.reserve(static_cast<size_t>(rows));
-  const std::vector<uint32_t>& last_of_row = stripe->last;  // for the lambda, as above
+  const uint32_t* last_of_row = stripe->last.data();  // for the lambda, as above
   stripe->rows.ForEach([&](const RowIndex::Entry& e) {
     const uint32_t last = last_of_row[e.row];
     Victim v{0, 0, MixKey(e.key), e.key, e.row};
@@ -822,7 +822,7 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       last.assign(stripe.rows.size(), 0);
       // Taken under the lock for the lambda, which the thread-safety analysis cannot see into.
       const float* arena = stripe.arena.data();
-      const std::vector<uint32_t>& last_of_row = stripe.last;
+      const uint32_t* last_of_row = stripe.last.data();
       stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
         if (tracks_last_ && Expired(last_of_row[entry.row], now)) return;  // as removed
         const size_t i = entries.size();
