@@ -79,7 +79,6 @@ absl::Status WithTablePrefix(const std::string& table, const absl::Status& statu
   return absl::Status(status.code(), absl::StrCat("table ", table, ": ", status.message()));
 }
 
-constexpr int kSketchRows = EmbeddingTable::kSketchRows;
 constexpr int64_t kDefaultSketchWidth = int64_t{1} << 20;
 constexpr int64_t kMinSketchWidth = 4096;
 constexpr int64_t kMaxSketchWidth = int64_t{1} << 26;
