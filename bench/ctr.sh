@@ -8,11 +8,12 @@
 #
 # Prints the training throughput (examples/s, and keys/s: examples/s times the ids per example,
 # each pulled and pushed, in each of the two tables), the rows each ps task holds at the end
-# (from the final checkpoint's manifest), and each ps task's peak resident memory per row
-# against the rows' own floats and slots, as `BENCH <name> <value> <unit>` lines.
+# (psctl vars, live), and each ps task's peak resident memory per row against the rows' own
+# floats and slots, as `BENCH <name> <value> <unit>` lines. --keep keeps the run's folder
+# (logs, checkpoints) instead of removing it.
 #
 #   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
-#                     [--batch_size N] [--epochs N]
+#                     [--batch_size N] [--epochs N] [--keep]
 #
 # Defaults: 1,000,000 examples (26 ids each, 5 % missing: about 24.7 M ids, 12 M per ps task
 # and table), a capacity of 10,000,000 rows per ps task and table, 10,000,000 values per field,
@@ -26,6 +27,7 @@ rows_per_ps=10000000
 ids_per_field=10000000
 batch_size=512
 epochs=1
+keep=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --train_examples) train_examples=$2; shift 2 ;;
@@ -33,7 +35,8 @@ while [[ $# -gt 0 ]]; do
     --ids_per_field) ids_per_field=$2; shift 2 ;;
     --batch_size) batch_size=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +44,7 @@ done
 bash tools/setup.sh >/dev/null
 bazel build -c opt //model/data:ctr_datagen >/dev/null
 work=$(mktemp -d "${TMPDIR:-/tmp}/ctr_bench.XXXXXX")
-trap 'kill "$sampler" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill "$sampler" 2>/dev/null || true; if [[ $keep -eq 0 ]]; then rm -rf "$work"; else echo "kept $work"; fi' EXIT
 
 echo "==> $train_examples training examples, 26 categorical columns of $ids_per_field uniform values"
 bazel-bin/model/data/ctr_datagen --train_out="$work/train.txt" --test_out="$work/test.txt" \
@@ -71,39 +74,51 @@ grep -q "max_rows: $rows_per_ps" "$work/model.pbtxt" || {
 ) &
 sampler=$!
 
-# Every line of the run stamped with the time it was printed: training runs from run.sh's
-# "==> training" to its "final test AUC" (which includes one evaluation of 20,000 examples).
+# The run, held up after training (--hold) so that its tables can be read live, with every line
+# stamped with the time it was printed: training runs from run.sh's "==> training" to its
+# "final test AUC" (which includes one evaluation of 20,000 examples).
 TMPDIR="$work" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
   --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
-  --batch_size "$batch_size" --ps 2 --workers 2 2>&1 |
-  while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done |
-  tee "$work/run.out" | grep -E "==>|AUC" || true
+  --batch_size "$batch_size" --ps 2 --workers 2 --hold 2>&1 |
+  while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done >"$work/run.out" &
+runner=$!
+until grep -q "==> cluster up" "$work/run.out" 2>/dev/null; do
+  if ! kill -0 "$runner" 2>/dev/null; then
+    echo "ctr.sh: the run ended before training did:" >&2
+    tail -20 "$work/run.out" >&2
+    exit 1
+  fi
+  sleep 1
+done
+grep -E "==>|AUC" "$work/run.out" | cut -d' ' -f2-
 kill "$sampler" 2>/dev/null || true
+chief=$(sed -nE 's/.*psctl --chief=([0-9.:]+) status.*/\1/p' "$work/run.out" | head -1)
+"$(bazel info bazel-bin 2>/dev/null)/cli/psctl" --chief="$chief" --json vars >"$work/vars.json"
+pkill -TERM -f "deploy/local/run.sh --model $work" || true
+wait "$runner" 2>/dev/null || true
 start=$(awk '/==> training/ {print $1; exit}' "$work/run.out")
 end=$(awk '/final test AUC/ {print $1; exit}' "$work/run.out")
 planted=$(sed -nE 's/.*planted_test_auc=([0-9.]+).*/\1/p' "$work/datagen.out")
 
-run_dir=$(ls -d "$work"/pscluster.* | head -1)
-manifest=$(ls -d "$run_dir"/checkpoints/ckpt-* | sort | tail -1)/MANIFEST.json
-/usr/bin/python3 - "$run_dir/metrics.jsonl" "$manifest" "$work/rss" "$train_examples" "$epochs" \
-  "$start" "$end" "$planted" <<'EOF'
+run_dir=$(find "$work" -maxdepth 1 -name 'pscluster.*' | head -1)
+/usr/bin/python3 - "$run_dir/metrics.jsonl" "$work/vars.json" "$work/rss" "$train_examples" \
+  "$epochs" "$start" "$end" "$planted" <<'EOF'
 import json, sys
-metrics_path, manifest_path, rss_path, examples, epochs, start, end, planted = sys.argv[1:]
+metrics_path, vars_path, rss_path, examples, epochs, start, end, planted = sys.argv[1:]
 lines = [json.loads(l) for l in open(metrics_path) if l.strip()]
 final = lines[-1]
 seconds = float(end) - float(start)
 rate = int(examples) * int(epochs) / seconds
-manifest = json.load(open(manifest_path))
-rows = {}        # ps file -> rows over both tables
-own_bytes = {}   # ps file -> the rows' values and slots, in bytes
-for s in manifest["shards"]:
-    if not s.get("is_table"):
-        continue
-    t = s["table"]
-    slots = 2 if "ftrl" in t["optimizer"] else 1
-    n = int(s.get("rows", 0))
-    rows[s["file"]] = rows.get(s["file"], 0) + n
-    own_bytes[s["file"]] = own_bytes.get(s["file"], 0) + n * (1 + slots) * int(t["dim"]) * 4
+report = json.load(open(vars_path))  # psctl --json vars: the live tables, part by ps task
+rows = {}        # ps task -> rows over both tables
+own_bytes = {}   # ps task -> the rows' values and slots, in bytes
+for t in report["tables"]:
+    slots = 2 if t["optimizer"].startswith("ftrl") else 1
+    for p in t["parts"]:
+        i = int(p.get("ps_task", 0))
+        n = int(p.get("rows", 0))
+        rows[i] = rows.get(i, 0) + n
+        own_bytes[i] = own_bytes.get(i, 0) + n * (1 + slots) * int(t["dim"]) * 4
 peak = {}
 for line in open(rss_path):
     idx, kb = line.split()
@@ -115,12 +130,11 @@ print("BENCH ctr_keys_per_second %.2f Mkeys/s (ids per example x 2 tables, each 
 print("BENCH ctr_training_seconds %.1f s (%s examples x %s epochs; final step %d, test AUC "
       "%.4f, the planted model's %s)"
       % (seconds, examples, epochs, final["step"], final["test_auc"], planted))
-for f in sorted(rows):
-    i = int(f.split("-")[1])
-    print("BENCH ctr_rows_%s %d rows (both tables, final checkpoint)" % (f.replace("-", ""), rows[f]))
-    if i in peak and rows[f]:
-        print("BENCH ctr_peak_rss_per_row_%s %.1f bytes ratio=%.3f (peak resident %.0f MiB; the "
+for i in sorted(rows):
+    print("BENCH ctr_rows_ps%d %d rows (both tables, at the end)" % (i, rows[i]))
+    if i in peak and rows[i]:
+        print("BENCH ctr_peak_rss_per_row_ps%d %.1f bytes ratio=%.3f (peak resident %.0f MiB; the "
               "rows' own values and slots: %.1f bytes a row)"
-              % (f.replace("-", ""), peak[i] / rows[f], peak[i] / own_bytes[f], peak[i] / 2**20,
-                 own_bytes[f] / rows[f]))
+              % (i, peak[i] / rows[i], peak[i] / own_bytes[i], peak[i] / 2**20,
+                 own_bytes[i] / rows[i]))
 EOF

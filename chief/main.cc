@@ -87,6 +87,9 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_int64(checkpoint_every_steps, 0, "Checkpoint every this many global steps (0: off).");
 DEFINE_int32(checkpoint_every_secs, 60, "Checkpoint this often while training (0: off).");
 DEFINE_int32(keep_checkpoints, 3, "Committed checkpoints kept; older ones are deleted.");
+DEFINE_int32(checkpoint_timeout_secs, 600,
+             "Deadline of each ps task's save or restore of its shards (tables of tens of "
+             "millions of rows take tens of seconds).");
 DEFINE_string(crash_at, "",
               "Tests only: die of SIGKILL at a point of the checkpoint commit, "
               "\"<point>[@<n>]\" (the n-th time; see storage/crash_points.h).");
@@ -211,6 +214,11 @@ int main(int argc, char** argv) {
   options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;
   options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
   options.keep_checkpoints = FLAGS_keep_checkpoints;
+  if (FLAGS_checkpoint_timeout_secs <= 0) {
+    return Fail("--checkpoint_timeout_secs must be positive, not " +
+                std::to_string(FLAGS_checkpoint_timeout_secs));
+  }
+  options.ps_transport.checkpoint_timeout = absl::Seconds(FLAGS_checkpoint_timeout_secs);
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
   if (!crash_points.ok())
     return Fail("--crash_at: " + std::string(crash_points.status().message()));

@@ -69,8 +69,12 @@ absl::Status GrpcPsTransport::SetAddress(int ps, const std::string& address) {
 }
 
 void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {
+  SetDeadline(ctx, options_.rpc_timeout);
+}
+
+void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::microseconds(absl::ToInt64Microseconds(options_.rpc_timeout)));
+                    std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
 }
 
 absl::Status GrpcPsTransport::Annotate(int ps, const grpc::Status& status) const {
@@ -231,14 +235,14 @@ absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
 absl::Status GrpcPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
                                          v1::SaveShardsResponse* response) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx);
+  SetDeadline(&ctx, options_.checkpoint_timeout);
   return Annotate(ps, Stub(ps)->SaveShards(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                             v1::RestoreShardsResponse* response) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx);
+  SetDeadline(&ctx, options_.checkpoint_timeout);
   return Annotate(ps, Stub(ps)->RestoreShards(&ctx, request, response));
 }
 

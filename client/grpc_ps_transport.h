@@ -13,8 +13,11 @@
 namespace pscluster {
 
 struct GrpcPsTransportOptions {
-  // Deadline of each RPC.
+  // Deadline of each RPC, but SaveShards and RestoreShards.
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of SaveShards and RestoreShards, which write or read every shard of a ps task
+  // (tables of tens of millions of rows take tens of seconds).
+  absl::Duration checkpoint_timeout = absl::Minutes(10);
   // Size of each streamed chunk of a dense push or pull, in bytes.
   int64_t chunk_bytes = 1 << 20;
   // Largest message sent or received, in bytes (a sparse request and its answer are one
@@ -68,6 +71,7 @@ class GrpcPsTransport : public PsTransport {
   std::shared_ptr<v1::ParameterServer::StubInterface> Stub(int ps) const;
   std::shared_ptr<v1::ParameterServer::StubInterface> NewStub(const std::string& address) const;
   void SetDeadline(grpc::ClientContext* ctx) const;
+  void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) const;
   absl::Status Annotate(int ps, const grpc::Status& status) const;
 
   const GrpcPsTransportOptions options_;
