@@ -17,6 +17,7 @@
 #include "model/data/feature_hash.h"
 #include "model/data/metrics.h"
 #include "model/data/seeded_random.h"
+#include "model/data/synthetic_ctr.h"
 
 namespace pscluster {
 namespace {
@@ -66,8 +67,6 @@ absl::Status ValidateOptions(const SyntheticCriteoOptions& options) {
   }
   return absl::OkStatus();
 }
-
-double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
 // A text file written front to back, gzip-compressed or plain. Thread-compatible.
 class TextWriter {
@@ -176,17 +175,8 @@ double PlantedCriteoModel::IdWeight(int64_t id) const {
 }
 
 double PlantedCriteoModel::Logit(const Dataset& data, int64_t example) const {
-  CHECK(example >= 0 && example < data.num_examples) << "example " << example;
-  CHECK_EQ(static_cast<size_t>(data.dense_dim), dense_weights_.size()) << "dense_dim";
-  double logit = centered_bias_;
-  const float* x = data.dense.data() + example * data.dense_dim;
-  for (int j = 0; j < data.dense_dim; ++j) logit += dense_weights_[j] * x[j];
-  if (data.has_sparse()) {
-    for (int64_t k = data.sparse_offsets[example]; k < data.sparse_offsets[example + 1]; ++k) {
-      logit += IdWeight(data.sparse_ids[k]);
-    }
-  }
-  return logit;
+  return PlantedLogit(data, example, centered_bias_, dense_weights_,
+                      [this](int64_t id) { return IdWeight(id); });
 }
 
 std::vector<float> PlantedCriteoModel::PredictAll(const Dataset& data) const {

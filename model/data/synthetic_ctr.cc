@@ -51,8 +51,6 @@ absl::Status ValidateOptions(const SyntheticCtrOptions& options) {
   return absl::OkStatus();
 }
 
-double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
-
 }  // namespace
 
 absl::StatusOr<PlantedCtrModel> PlantedCtrModel::Create(const SyntheticCtrOptions& options) {
@@ -95,18 +93,27 @@ int64_t PlantedCtrModel::IdOfRank(int field, int64_t rank) const {
   return field * ids_per_field_ + offset;
 }
 
-double PlantedCtrModel::Logit(const Dataset& data, int64_t example) const {
+double Sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+double PlantedLogit(const Dataset& data, int64_t example, double bias,
+                    const std::vector<double>& dense_weights,
+                    const std::function<double(int64_t id)>& id_weight) {
   CHECK(example >= 0 && example < data.num_examples) << "example " << example;
-  CHECK_EQ(static_cast<size_t>(data.dense_dim), dense_weights_.size()) << "dense_dim";
-  double logit = bias_;
+  CHECK_EQ(static_cast<size_t>(data.dense_dim), dense_weights.size()) << "dense_dim";
+  double logit = bias;
   const float* x = data.dense.data() + example * data.dense_dim;
-  for (int j = 0; j < data.dense_dim; ++j) logit += dense_weights_[j] * x[j];
+  for (int j = 0; j < data.dense_dim; ++j) logit += dense_weights[j] * x[j];
   if (data.has_sparse()) {
     for (int64_t k = data.sparse_offsets[example]; k < data.sparse_offsets[example + 1]; ++k) {
-      logit += IdWeight(data.sparse_ids[k]);
+      logit += id_weight(data.sparse_ids[k]);
     }
   }
   return logit;
+}
+
+double PlantedCtrModel::Logit(const Dataset& data, int64_t example) const {
+  return PlantedLogit(data, example, bias_, dense_weights_,
+                      [this](int64_t id) { return IdWeight(id); });
 }
 
 std::vector<float> PlantedCtrModel::PredictAll(const Dataset& data) const {

@@ -2,6 +2,7 @@
 #define PSCLUSTER_MODEL_DATA_SYNTHETIC_CTR_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,15 @@ struct SyntheticCtrOptions {
   // training and 1 for a held-out test set.
   uint64_t example_stream = 0;
 };
+
+// What both planted models (this one and synthetic_criteo.h's) compute: the logit
+// bias + w . x + the sum of id_weight(id) over the example's sparse ids, and the logistic
+// function of it.
+// REQUIRES: example is in [0, data.num_examples); dense_weights has data.dense_dim weights.
+double PlantedLogit(const Dataset& data, int64_t example, double bias,
+                    const std::vector<double>& dense_weights,
+                    const std::function<double(int64_t id)>& id_weight);
+double Sigmoid(double z);
 
 // The planted ground truth of GenerateSyntheticCtr for some options. Immutable: thread-safe.
 class PlantedCtrModel {
