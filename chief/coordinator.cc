@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     return absl::InvalidArgumentError("the coordinator needs a clock and a ps transport factory");
   }
   CoordinatorOptions resolved = options;
-  if (options.config.layers_size() > 0) {
+  if (HasNetwork(options.config)) {
     PS_ASSIGN_OR_RETURN(resolved.model, ModelSpecFromConfig(options.config));
   }
   const int workers = NumTasks(options.cluster.cluster(), kWorkerJob);
@@ -151,7 +151,7 @@ void Coordinator::Run() {
   }
   if (stop_requested()) return;
   std::thread evaluation;
-  if (options_.config.layers_size() > 0) evaluation = std::thread([this] { EvaluationLoop(); });
+  if (HasNetwork(options_.config)) evaluation = std::thread([this] { EvaluationLoop(); });
   MaintenanceLoop();
   if (evaluation.joinable()) evaluation.join();
 }
@@ -838,7 +838,7 @@ int64_t Coordinator::recoveries() const {
 }
 
 v1::ChiefPhase Coordinator::ServingPhase() const {
-  return num_workers_ > 0 && options_.config.layers_size() > 0 ? v1::TRAINING : v1::MODEL_READY;
+  return num_workers_ > 0 && HasNetwork(options_.config) ? v1::TRAINING : v1::MODEL_READY;
 }
 
 void Coordinator::NoteGranted(int w, int64_t steps) {

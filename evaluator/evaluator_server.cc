@@ -13,6 +13,7 @@
 #include "evaluator/evaluation.h"
 #include "glog/logging.h"
 #include "model/input.h"
+#include "model/model.h"
 #include "proto/coordinator_service.pb.h"
 
 namespace pscluster {
@@ -96,7 +97,7 @@ absl::Status EvaluatorServer::EvaluateOnce() {
       chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
   const v1::GetModelResponse& model = *fetched;
-  if (model.config().layers_size() == 0) {
+  if (!HasNetwork(model.config())) {
     LOG(WARNING) << "evaluator:0: the model has no layers; nothing to evaluate";
     task_->AwaitStopRequested();
     return absl::OkStatus();

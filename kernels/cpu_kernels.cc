@@ -8,6 +8,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "Eigen/Core"
 #include "absl/container/flat_hash_set.h"
@@ -252,6 +253,255 @@ class CpuKernels final : public Kernels {
 
   void Scale(int64_t n, float alpha, float* y) override {
     for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
+  }
+
+  void ScaleCopy(int64_t n, float alpha, const float* x, float* y) override {
+    if (alpha == 1.0f) {
+      if (x != y && n > 0) std::memmove(y, x, n * sizeof(float));
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+  }
+
+  void Add(int64_t n, const float* a, const float* b, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
+  void Im2Col(const ConvGeometry& g, const float* x, float* cols) override {
+    const int64_t channels = g.channels;
+    const int64_t row_floats = int64_t{g.kernel_w} * channels;
+    float* out = cols;
+    for (int n = 0; n < g.batch; ++n) {
+      const float* image = x + int64_t{n} * g.height * g.width * channels;
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          const int w0 = ow * g.stride_w - g.pad_left;
+          // The kernel columns [kw_begin, kw_end) fall inside the image: one contiguous run.
+          const int kw_begin = std::max(0, -w0);
+          const int kw_end = std::min(g.kernel_w, g.width - w0);
+          for (int kh = 0; kh < g.kernel_h; ++kh, out += row_floats) {
+            const int ih = oh * g.stride_h - g.pad_top + kh;
+            if (ih < 0 || ih >= g.height || kw_begin >= kw_end) {
+              std::memset(out, 0, row_floats * sizeof(float));
+              continue;
+            }
+            if (kw_begin > 0) std::memset(out, 0, kw_begin * channels * sizeof(float));
+            std::memcpy(out + kw_begin * channels,
+                        image + (int64_t{ih} * g.width + w0 + kw_begin) * channels,
+                        (kw_end - kw_begin) * channels * sizeof(float));
+            if (kw_end < g.kernel_w) {
+              std::memset(out + kw_end * channels, 0,
+                          (g.kernel_w - kw_end) * channels * sizeof(float));
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void Col2Im(const ConvGeometry& g, const float* dcols, float* dx) override {
+    const int64_t channels = g.channels;
+    if (g.input_size() > 0) std::fill_n(dx, g.input_size(), 0.0f);
+    const float* in = dcols;
+    for (int n = 0; n < g.batch; ++n) {
+      float* image = dx + int64_t{n} * g.height * g.width * channels;
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          for (int kh = 0; kh < g.kernel_h; ++kh) {
+            const int ih = oh * g.stride_h - g.pad_top + kh;
+            for (int kw = 0; kw < g.kernel_w; ++kw, in += channels) {
+              const int iw = ow * g.stride_w - g.pad_left + kw;
+              if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+              float* d = image + (int64_t{ih} * g.width + iw) * channels;
+              for (int64_t c = 0; c < channels; ++c) d[c] += in[c];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void MaxPoolForward(const ConvGeometry& g, const float* x, float* y, int32_t* argmax) override {
+    const int64_t channels = g.channels;
+    for (int n = 0; n < g.batch; ++n) {
+      const int64_t image = int64_t{n} * g.height * g.width;
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        const int h_begin = std::max(0, oh * g.stride_h - g.pad_top);
+        const int h_end = std::min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          const int w_begin = std::max(0, ow * g.stride_w - g.pad_left);
+          const int w_end = std::min(g.width, ow * g.stride_w - g.pad_left + g.kernel_w);
+          const int64_t o = ((int64_t{n} * g.out_h + oh) * g.out_w + ow) * channels;
+          float* y_out = y + o;
+          int32_t* a_out = argmax + o;
+          bool first = true;
+          for (int ih = h_begin; ih < h_end; ++ih) {
+            for (int iw = w_begin; iw < w_end; ++iw) {
+              const int64_t base = (image + int64_t{ih} * g.width + iw) * channels;
+              const float* v = x + base;
+              if (first) {
+                for (int64_t c = 0; c < channels; ++c) {
+                  y_out[c] = v[c];
+                  a_out[c] = static_cast<int32_t>(base + c);
+                }
+                first = false;
+                continue;
+              }
+              // Strictly greater: ties keep the first (lowest-index) position.
+              for (int64_t c = 0; c < channels; ++c) {
+                if (v[c] > y_out[c]) {
+                  y_out[c] = v[c];
+                  a_out[c] = static_cast<int32_t>(base + c);
+                }
+              }
+            }
+          }
+          if (first) {
+            // A window wholly in the padding (impossible for SAME and VALID geometry).
+            for (int64_t c = 0; c < channels; ++c) {
+              y_out[c] = 0.0f;
+              a_out[c] = -1;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void MaxPoolBackward(const ConvGeometry& g, const float* dy, const int32_t* argmax,
+                       float* dx) override {
+    const int64_t input_size = g.input_size();
+    if (input_size > 0) std::fill_n(dx, input_size, 0.0f);
+    const int64_t outputs = g.output_positions() * g.channels;
+    for (int64_t o = 0; o < outputs; ++o) {
+      const int32_t i = argmax[o];
+      if (i >= 0 && i < input_size) dx[i] += dy[o];
+    }
+  }
+
+  void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,
+                            float* y) override {
+    if (channels <= 0) return;
+    std::vector<double> sum(channels);
+    for (int n = 0; n < batch; ++n) {
+      std::fill(sum.begin(), sum.end(), 0.0);
+      const float* image = x + int64_t{n} * positions * channels;
+      for (int p = 0; p < positions; ++p) {
+        const float* v = image + int64_t{p} * channels;
+        for (int c = 0; c < channels; ++c) sum[c] += v[c];
+      }
+      float* out = y + int64_t{n} * channels;
+      for (int c = 0; c < channels; ++c) {
+        out[c] = positions > 0 ? static_cast<float>(sum[c] / positions) : 0.0f;
+      }
+    }
+  }
+
+  void GlobalAvgPoolBackward(const float* dy, int batch, int positions, int channels,
+                             float* dx) override {
+    if (positions <= 0 || channels <= 0) return;
+    const float scale = 1.0f / static_cast<float>(positions);
+    for (int n = 0; n < batch; ++n) {
+      const float* d = dy + int64_t{n} * channels;
+      float* image = dx + int64_t{n} * positions * channels;
+      for (int p = 0; p < positions; ++p) {
+        float* out = image + int64_t{p} * channels;
+        for (int c = 0; c < channels; ++c) out[c] = d[c] * scale;
+      }
+    }
+  }
+
+  void BatchNormForwardTraining(const float* x, int64_t rows, int channels, const float* gamma,
+                                const float* beta, float epsilon, float* y, float* mean,
+                                float* variance) override {
+    if (channels <= 0) return;
+    if (rows <= 0) {
+      std::fill_n(mean, channels, 0.0f);
+      std::fill_n(variance, channels, 0.0f);
+      return;
+    }
+    // Two passes in double: the mean, then the squared deviations from it.
+    std::vector<double> sum(channels, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x + r * channels;
+      for (int c = 0; c < channels; ++c) sum[c] += v[c];
+    }
+    std::vector<double> mu(channels);
+    for (int c = 0; c < channels; ++c) mu[c] = sum[c] / static_cast<double>(rows);
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x + r * channels;
+      for (int c = 0; c < channels; ++c) {
+        const double d = v[c] - mu[c];
+        sum[c] += d * d;
+      }
+    }
+    for (int c = 0; c < channels; ++c) {
+      mean[c] = static_cast<float>(mu[c]);
+      variance[c] = static_cast<float>(sum[c] / static_cast<double>(rows));
+    }
+    BatchNormForwardInference(x, rows, channels, gamma, beta, mean, variance, epsilon, y);
+  }
+
+  void BatchNormForwardInference(const float* x, int64_t rows, int channels, const float* gamma,
+                                 const float* beta, const float* mean, const float* variance,
+                                 float epsilon, float* y) override {
+    if (channels <= 0) return;
+    std::vector<float> scale(channels);
+    for (int c = 0; c < channels; ++c) scale[c] = gamma[c] / std::sqrt(variance[c] + epsilon);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x + r * channels;
+      float* out = y + r * channels;
+      for (int c = 0; c < channels; ++c) out[c] = (v[c] - mean[c]) * scale[c] + beta[c];
+    }
+  }
+
+  void BatchNormBackward(const float* x, const float* dy, int64_t rows, int channels,
+                         const float* gamma, const float* mean, const float* variance,
+                         float epsilon, float* dgamma, float* dbeta, float* dx) override {
+    if (channels <= 0) return;
+    std::vector<float> inv_std(channels);
+    for (int c = 0; c < channels; ++c) inv_std[c] = 1.0f / std::sqrt(variance[c] + epsilon);
+    std::vector<double> sum_dy(channels, 0.0);
+    std::vector<double> sum_dy_xhat(channels, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x + r * channels;
+      const float* d = dy + r * channels;
+      for (int c = 0; c < channels; ++c) {
+        const float xhat = (v[c] - mean[c]) * inv_std[c];
+        sum_dy[c] += d[c];
+        sum_dy_xhat[c] += static_cast<double>(d[c]) * xhat;
+      }
+    }
+    for (int c = 0; c < channels; ++c) {
+      dbeta[c] = static_cast<float>(sum_dy[c]);
+      dgamma[c] = static_cast<float>(sum_dy_xhat[c]);
+    }
+    if (rows <= 0) return;
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    std::vector<float> scale(channels);
+    std::vector<float> mean_dy(channels);
+    std::vector<float> mean_dy_xhat(channels);
+    for (int c = 0; c < channels; ++c) {
+      scale[c] = gamma[c] * inv_std[c];
+      mean_dy[c] = dbeta[c] * inv_rows;
+      mean_dy_xhat[c] = dgamma[c] * inv_rows;
+    }
+    // dx may alias dy: each element's dy is read before its dx is written.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x + r * channels;
+      const float* d = dy + r * channels;
+      float* out = dx + r * channels;
+      for (int c = 0; c < channels; ++c) {
+        const float xhat = (v[c] - mean[c]) * inv_std[c];
+        out[c] = scale[c] * (d[c] - mean_dy[c] - xhat * mean_dy_xhat[c]);
+      }
+    }
+  }
+
+  void MovingAverageGradient(int64_t n, float alpha, const float* moving, const float* value,
+                             float value_scale, float* grad) override {
+    for (int64_t i = 0; i < n; ++i) grad[i] = alpha * (moving[i] - value_scale * value[i]);
   }
 
   bool device_is_host() const override { return true; }

@@ -301,6 +301,371 @@ __global__ void EmbeddingBagBackwardKernel(const float* dout, const int32_t* row
   }
 }
 
+__global__ void ScaleCopyKernel(int64_t n, float alpha, const float* x, float* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = alpha * x[i];
+  }
+}
+
+__global__ void AddKernel(int64_t n, const float* a, const float* b, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void MovingAverageGradientKernel(int64_t n, float alpha, const float* moving,
+                                            const float* value, float value_scale, float* grad) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    grad[i] = alpha * (moving[i] - value_scale * value[i]);
+  }
+}
+
+// ConvGeometry's size helpers are host functions; these are their device counterparts.
+__device__ int64_t InputSize(const ConvGeometry& g) {
+  return int64_t{g.batch} * g.height * g.width * g.channels;
+}
+__device__ int64_t OutputPositions(const ConvGeometry& g) {
+  return int64_t{g.batch} * g.out_h * g.out_w;
+}
+__device__ int64_t PatchSize(const ConvGeometry& g) {
+  return int64_t{g.kernel_h} * g.kernel_w * g.channels;
+}
+
+// The conv kernels below index with Index: int32_t when every index fits (cheaper division),
+// else int64_t.
+
+// One thread per element of cols [output positions x patch].
+template <typename Index>
+__global__ void Im2ColKernel(ConvGeometry g, const float* x, float* cols) {
+  const Index patch = PatchSize(g);
+  const Index n_total = OutputPositions(g) * patch;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index p = i / patch;
+    const Index j = i - p * patch;
+    const int c = static_cast<int>(j % g.channels);
+    const int k = static_cast<int>(j / g.channels);
+    const int kw = k % g.kernel_w;
+    const int kh = k / g.kernel_w;
+    const int ow = static_cast<int>(p % g.out_w);
+    const Index q = p / g.out_w;
+    const int oh = static_cast<int>(q % g.out_h);
+    const Index n = q / g.out_h;
+    const int ih = oh * g.stride_h - g.pad_top + kh;
+    const int iw = ow * g.stride_w - g.pad_left + kw;
+    const bool inside = ih >= 0 && ih < g.height && iw >= 0 && iw < g.width;
+    cols[i] = inside ? x[((n * g.height + ih) * g.width + iw) * g.channels + c] : 0.0f;
+  }
+}
+
+// The first output index o with o * stride - pad + kernel > h (windows starting at or after it
+// may cover h), and one past the last with o * stride - pad <= h; clamped to [0, out).
+__device__ void CoveringWindows(int h, int stride, int pad, int kernel, int out, int* begin,
+                                int* end) {
+  const int first = h + pad - kernel + 1;  // o * stride >= first
+  *begin = first <= 0 ? 0 : (first + stride - 1) / stride;
+  *end = min(out, (h + pad) / stride + 1);
+}
+
+// A gather: one thread per element of dx, summing the dcols entries that Im2Col copied from it
+// in a fixed order (no atomics).
+template <typename Index>
+__global__ void Col2ImKernel(ConvGeometry g, const float* dcols, float* dx) {
+  const Index patch = PatchSize(g);
+  const Index n_total = InputSize(g);
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const Index q = i / g.channels;
+    const int w = static_cast<int>(q % g.width);
+    const Index r = q / g.width;
+    const int h = static_cast<int>(r % g.height);
+    const Index n = r / g.height;
+    int oh_begin, oh_end, ow_begin, ow_end;
+    CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
+    CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
+    float sum = 0.0f;
+    for (int oh = oh_begin; oh < oh_end; ++oh) {
+      const int kh = h + g.pad_top - oh * g.stride_h;
+      for (int ow = ow_begin; ow < ow_end; ++ow) {
+        const int kw = w + g.pad_left - ow * g.stride_w;
+        const Index p = (n * g.out_h + oh) * g.out_w + ow;
+        sum += dcols[p * patch + (Index{kh} * g.kernel_w + kw) * g.channels + c];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+// One thread per output element; ties keep the first position in window order (the lowest
+// flat index), as on the CPU.
+template <typename Index>
+__global__ void MaxPoolForwardKernel(ConvGeometry g, const float* x, float* y, int32_t* argmax) {
+  const Index n_total = OutputPositions(g) * g.channels;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const Index q = i / g.channels;
+    const int ow = static_cast<int>(q % g.out_w);
+    const Index r = q / g.out_w;
+    const int oh = static_cast<int>(r % g.out_h);
+    const Index n = r / g.out_h;
+    const int h_begin = max(0, oh * g.stride_h - g.pad_top);
+    const int h_end = min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
+    const int w_begin = max(0, ow * g.stride_w - g.pad_left);
+    const int w_end = min(g.width, ow * g.stride_w - g.pad_left + g.kernel_w);
+    float best = 0.0f;
+    Index best_index = -1;
+    for (int ih = h_begin; ih < h_end; ++ih) {
+      for (int iw = w_begin; iw < w_end; ++iw) {
+        const Index index = ((n * g.height + ih) * g.width + iw) * g.channels + c;
+        const float v = x[index];
+        if (best_index < 0 || v > best) {
+          best = v;
+          best_index = index;
+        }
+      }
+    }
+    y[i] = best;
+    argmax[i] = static_cast<int32_t>(best_index);
+  }
+}
+
+// A gather: one thread per element of dx, adding dy of the windows covering it whose argmax
+// is this element, in output order (no atomics).
+template <typename Index>
+__global__ void MaxPoolBackwardKernel(ConvGeometry g, const float* dy, const int32_t* argmax,
+                                      float* dx) {
+  const Index n_total = InputSize(g);
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const Index q = i / g.channels;
+    const int w = static_cast<int>(q % g.width);
+    const Index r = q / g.width;
+    const int h = static_cast<int>(r % g.height);
+    const Index n = r / g.height;
+    int oh_begin, oh_end, ow_begin, ow_end;
+    CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
+    CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
+    float sum = 0.0f;
+    for (int oh = oh_begin; oh < oh_end; ++oh) {
+      for (int ow = ow_begin; ow < ow_end; ++ow) {
+        const Index o = ((n * g.out_h + oh) * g.out_w + ow) * g.channels + c;
+        if (argmax[o] == i) sum += dy[o];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+// One thread per (example, channel): consecutive threads read consecutive channels.
+__global__ void GlobalAvgPoolForwardKernel(const float* x, int batch, int positions, int channels,
+                                           float* y) {
+  const int64_t n_total = int64_t{batch} * channels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / channels;
+    const int c = static_cast<int>(i - n * channels);
+    const float* v = x + n * positions * channels + c;
+    float sum = 0.0f;
+    for (int p = 0; p < positions; ++p) sum += v[int64_t{p} * channels];
+    y[i] = positions > 0 ? sum / static_cast<float>(positions) : 0.0f;
+  }
+}
+
+__global__ void GlobalAvgPoolBackwardKernel(const float* dy, int positions, int channels,
+                                            int64_t n_total, float scale, float* dx) {
+  const int64_t per_example = int64_t{positions} * channels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / per_example;
+    const int c = static_cast<int>(i % channels);
+    dx[i] = dy[n * channels + c] * scale;
+  }
+}
+
+// The batch-norm elementwise kernels keep per-channel constants in (dynamic) shared memory when
+// there are at most this many channels, and compute them per element otherwise. The channel of
+// element i (i % channels) is tracked incrementally along the grid-stride loop rather than divided
+// out each time.
+constexpr int kMaxSharedChannels = 1024;
+
+// y = (x - mean) * gamma / sqrt(variance + epsilon) + beta.
+__global__ void BatchNormApplyKernel(const float* x, int64_t n_total, int channels,
+                                     const float* gamma, const float* beta, const float* mean,
+                                     const float* variance, float epsilon, float* y) {
+  extern __shared__ float constants[];  // [scale, mean, beta][channels] when cached
+  const bool cached = channels <= kMaxSharedChannels;
+  float* const s_scale = constants;
+  float* const s_mean = constants + channels;
+  float* const s_beta = constants + 2 * channels;
+  if (cached) {
+    for (int c = threadIdx.x; c < channels; c += blockDim.x) {
+      s_scale[c] = gamma[c] / sqrtf(variance[c] + epsilon);
+      s_mean[c] = mean[c];
+      s_beta[c] = beta[c];
+    }
+    __syncthreads();
+  }
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int c_step = static_cast<int>(stride % channels);
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int c = static_cast<int>(i % channels); i < n_total; i += stride) {
+    if (cached) {
+      y[i] = (x[i] - s_mean[c]) * s_scale[c] + s_beta[c];
+    } else {
+      const float scale = gamma[c] / sqrtf(variance[c] + epsilon);
+      y[i] = (x[i] - mean[c]) * scale + beta[c];
+    }
+    c += c_step;
+    if (c >= channels) c -= channels;
+  }
+}
+
+// dx = gamma / sqrt(variance + epsilon) * (dy - (dbeta + xhat * dgamma) / rows); dx may alias
+// dy (each element is read before it is written, by the same thread).
+__global__ void BatchNormBackwardDxKernel(const float* x, const float* dy, int64_t n_total,
+                                          int channels, float inv_rows, const float* gamma,
+                                          const float* mean, const float* variance, float epsilon,
+                                          const float* dgamma, const float* dbeta, float* dx) {
+  // [inv_std, scale, mean, mean dy, mean dy * xhat][channels] when cached.
+  extern __shared__ float constants[];
+  const bool cached = channels <= kMaxSharedChannels;
+  float* const s_inv_std = constants;
+  float* const s_scale = constants + channels;
+  float* const s_mean = constants + 2 * channels;
+  float* const s_mean_dy = constants + 3 * channels;
+  float* const s_mean_dy_xhat = constants + 4 * channels;
+  if (cached) {
+    for (int c = threadIdx.x; c < channels; c += blockDim.x) {
+      const float inv_std = 1.0f / sqrtf(variance[c] + epsilon);
+      s_inv_std[c] = inv_std;
+      s_scale[c] = gamma[c] * inv_std;
+      s_mean[c] = mean[c];
+      s_mean_dy[c] = dbeta[c] * inv_rows;
+      s_mean_dy_xhat[c] = dgamma[c] * inv_rows;
+    }
+    __syncthreads();
+  }
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int c_step = static_cast<int>(stride % channels);
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int c = static_cast<int>(i % channels); i < n_total; i += stride) {
+    if (cached) {
+      const float xhat = (x[i] - s_mean[c]) * s_inv_std[c];
+      dx[i] = s_scale[c] * (dy[i] - s_mean_dy[c] - xhat * s_mean_dy_xhat[c]);
+    } else {
+      const float inv_std = 1.0f / sqrtf(variance[c] + epsilon);
+      const float xhat = (x[i] - mean[c]) * inv_std;
+      dx[i] = gamma[c] * inv_std * (dy[i] - dbeta[c] * inv_rows - xhat * (dgamma[c] * inv_rows));
+    }
+    c += c_step;
+    if (c >= channels) c -= channels;
+  }
+}
+
+// ---- Column sums of a tall [rows x cols] matrix, in two deterministic passes ----
+//
+// Pass 1: each block of kReduceThreads threads covers a tile of up to kReduceThreads columns
+// and strides over the rows; its threads sit on rows_per_step consecutive rows of the tile, so
+// that one step reads a contiguous stretch of memory. The block's per-column sums (in a fixed
+// order) go to partials[block][value][col]. Pass 2: one block per (value, column) adds the
+// blocks' partial sums in a fixed tree order, in double. The number of blocks depends only on
+// the shape and the device, so the result is the same on every run.
+constexpr int kReduceThreads = 256;
+constexpr int kFinalThreads = 128;  // A power of two: pass 2's tree.
+// Each pass-1 block covers at least this many steps (rows_per_step rows each).
+constexpr int kMinStepsPerBlock = 16;
+// BiasGrad switches to the two-pass reduction from this many rows on.
+constexpr int kTwoPassMinRows = 1024;
+
+// The value of element i (column c) to sum: x.
+struct LoadValue {
+  static constexpr int kValues = 1;
+  const float* x;
+  __device__ void operator()(int64_t i, int c, float* v) const { v[0] = x[i]; }
+};
+
+// (x - mean)^2: the variance's numerator.
+struct LoadSquaredDeviation {
+  static constexpr int kValues = 1;
+  const float* x;
+  const float* mean;
+  __device__ void operator()(int64_t i, int c, float* v) const {
+    const float d = x[i] - mean[c];
+    v[0] = d * d;
+  }
+};
+
+// dy and dy * xhat: batch norm's dbeta and dgamma.
+struct LoadBatchNormGrad {
+  static constexpr int kValues = 2;
+  const float* x;
+  const float* dy;
+  const float* mean;
+  const float* variance;
+  float epsilon;
+  __device__ void operator()(int64_t i, int c, float* v) const {
+    const float inv_std = 1.0f / sqrtf(variance[c] + epsilon);
+    const float g = dy[i];
+    v[0] = g;
+    v[1] = g * ((x[i] - mean[c]) * inv_std);
+  }
+};
+
+template <typename Load>
+__global__ void ColumnPartialSumsKernel(Load load, int64_t rows, int cols, float* partials) {
+  constexpr int kValues = Load::kValues;
+  __shared__ float shared[kValues][kReduceThreads];
+  const int tile_cols = min(cols, kReduceThreads);
+  const int rows_per_step = kReduceThreads / tile_cols;
+  const int col_in_tile = threadIdx.x % tile_cols;
+  const int row_in_step = threadIdx.x / tile_cols;
+  const int col = blockIdx.y * tile_cols + col_in_tile;
+  float sum[kValues];
+  for (int k = 0; k < kValues; ++k) sum[k] = 0.0f;
+  if (row_in_step < rows_per_step && col < cols) {
+    const int64_t step = int64_t{gridDim.x} * rows_per_step;
+    for (int64_t r = int64_t{blockIdx.x} * rows_per_step + row_in_step; r < rows; r += step) {
+      float v[kValues];
+      load(r * cols + col, col, v);
+      for (int k = 0; k < kValues; ++k) sum[k] += v[k];
+    }
+  }
+  for (int k = 0; k < kValues; ++k) shared[k][threadIdx.x] = sum[k];
+  __syncthreads();
+  if (threadIdx.x < tile_cols && col < cols) {
+    for (int k = 0; k < kValues; ++k) {
+      float total = shared[k][threadIdx.x];
+      for (int j = 1; j < rows_per_step; ++j) total += shared[k][j * tile_cols + threadIdx.x];
+      partials[(int64_t{blockIdx.x} * kValues + k) * cols + col] = total;
+    }
+  }
+}
+
+// Block b = value * cols + col: out_value[col] = scale * the sum of partials[*][value][col].
+__global__ void ColumnFinalSumsKernel(const float* partials, int blocks, int cols, int values,
+                                      double scale, float* out0, float* out1) {
+  __shared__ double shared[kFinalThreads];
+  const int k = blockIdx.x / cols;
+  const int c = blockIdx.x % cols;
+  double sum = 0.0;
+  for (int b = threadIdx.x; b < blocks; b += kFinalThreads) {
+    sum += partials[(int64_t{b} * values + k) * cols + c];
+  }
+  shared[threadIdx.x] = sum;
+  __syncthreads();
+  for (int s = kFinalThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) (k == 0 ? out0 : out1)[c] = static_cast<float>(shared[0] * scale);
+}
+
 // Thread-compatible, like every Kernels. Each call makes the object's device current first, so
 // the object may move between threads (cudaSetDevice is per host thread).
 class CudaKernels final : public Kernels {
@@ -438,6 +803,12 @@ class CudaKernels final : public Kernels {
   void BiasGrad(const float* dy, int rows, int cols, float* dbias) override {
     if (cols <= 0) return;
     MakeCurrent();
+    if (rows >= kTwoPassMinRows) {
+      // Tall and skinny (a convolution's output): one block per 32 columns would leave most of
+      // the device idle, so spread the rows over many blocks.
+      ColumnSums(LoadValue{dy}, rows, cols, 1.0, dbias, nullptr);
+      return;
+    }
     const dim3 block(kWarpSize, kBiasGradRowThreads);
     const int grid = (cols + kWarpSize - 1) / kWarpSize;
     BiasGradKernel<<<grid, block, 0, stream_>>>(dy, std::max(rows, 0), cols, dbias);
@@ -555,6 +926,154 @@ class CudaKernels final : public Kernels {
     MakeCurrent();
     ScaleKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(y, n, alpha);
     PS_CUDA_CHECK_LAUNCH("ScaleKernel");
+  }
+
+  void ScaleCopy(int64_t n, float alpha, const float* x, float* y) override {
+    if (n <= 0) return;
+    if (alpha == 1.0f) {
+      if (x != y) CopyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice);
+      return;
+    }
+    MakeCurrent();
+    ScaleCopyKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, alpha, x, y);
+    PS_CUDA_CHECK_LAUNCH("ScaleCopyKernel");
+  }
+
+  void Add(int64_t n, const float* a, const float* b, float* out) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    AddKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, a, b, out);
+    PS_CUDA_CHECK_LAUNCH("AddKernel");
+  }
+
+  void Im2Col(const ConvGeometry& g, const float* x, float* cols) override {
+    const int64_t n = g.output_positions() * g.patch_size();
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      Im2ColKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, cols);
+    } else {
+      Im2ColKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, cols);
+    }
+    PS_CUDA_CHECK_LAUNCH("Im2ColKernel");
+  }
+
+  void Col2Im(const ConvGeometry& g, const float* dcols, float* dx) override {
+    const int64_t n = g.input_size();
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      Col2ImKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dcols, dx);
+    } else {
+      Col2ImKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dcols, dx);
+    }
+    PS_CUDA_CHECK_LAUNCH("Col2ImKernel");
+  }
+
+  void MaxPoolForward(const ConvGeometry& g, const float* x, float* y, int32_t* argmax) override {
+    const int64_t n = g.output_positions() * g.channels;
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      MaxPoolForwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y, argmax);
+    } else {
+      MaxPoolForwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y, argmax);
+    }
+    PS_CUDA_CHECK_LAUNCH("MaxPoolForwardKernel");
+  }
+
+  void MaxPoolBackward(const ConvGeometry& g, const float* dy, const int32_t* argmax,
+                       float* dx) override {
+    const int64_t n = g.input_size();
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      MaxPoolBackwardKernel<int32_t>
+          <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, argmax, dx);
+    } else {
+      MaxPoolBackwardKernel<int64_t>
+          <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, argmax, dx);
+    }
+    PS_CUDA_CHECK_LAUNCH("MaxPoolBackwardKernel");
+  }
+
+  void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,
+                            float* y) override {
+    const int64_t n = int64_t{batch} * channels;
+    if (batch <= 0 || channels <= 0) return;
+    MakeCurrent();
+    GlobalAvgPoolForwardKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(x, batch, positions,
+                                                                            channels, y);
+    PS_CUDA_CHECK_LAUNCH("GlobalAvgPoolForwardKernel");
+  }
+
+  void GlobalAvgPoolBackward(const float* dy, int batch, int positions, int channels,
+                             float* dx) override {
+    const int64_t n = int64_t{batch} * positions * channels;
+    if (batch <= 0 || positions <= 0 || channels <= 0) return;
+    MakeCurrent();
+    GlobalAvgPoolBackwardKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(
+        dy, positions, channels, n, 1.0f / static_cast<float>(positions), dx);
+    PS_CUDA_CHECK_LAUNCH("GlobalAvgPoolBackwardKernel");
+  }
+
+  void BatchNormForwardTraining(const float* x, int64_t rows, int channels, const float* gamma,
+                                const float* beta, float epsilon, float* y, float* mean,
+                                float* variance) override {
+    if (channels <= 0) return;
+    if (rows <= 0) {
+      Fill(mean, channels, 0.0f);
+      Fill(variance, channels, 0.0f);
+      return;
+    }
+    MakeCurrent();
+    const double inv_rows = 1.0 / static_cast<double>(rows);
+    // The mean first, then the squared deviations from it (no E[x^2] - E[x]^2 cancellation).
+    ColumnSums(LoadValue{x}, rows, channels, inv_rows, mean, nullptr);
+    ColumnSums(LoadSquaredDeviation{x, mean}, rows, channels, inv_rows, variance, nullptr);
+    BatchNormForwardInference(x, rows, channels, gamma, beta, mean, variance, epsilon, y);
+  }
+
+  void BatchNormForwardInference(const float* x, int64_t rows, int channels, const float* gamma,
+                                 const float* beta, const float* mean, const float* variance,
+                                 float epsilon, float* y) override {
+    const int64_t n = rows * channels;
+    if (rows <= 0 || channels <= 0) return;
+    MakeCurrent();
+    const size_t shared = channels <= kMaxSharedChannels ? 3 * channels * sizeof(float) : 0;
+    BatchNormApplyKernel<<<Blocks(n), kThreadsPerBlock, shared, stream_>>>(
+        x, n, channels, gamma, beta, mean, variance, epsilon, y);
+    PS_CUDA_CHECK_LAUNCH("BatchNormApplyKernel");
+  }
+
+  void BatchNormBackward(const float* x, const float* dy, int64_t rows, int channels,
+                         const float* gamma, const float* mean, const float* variance,
+                         float epsilon, float* dgamma, float* dbeta, float* dx) override {
+    if (channels <= 0) return;
+    if (rows <= 0) {
+      Fill(dgamma, channels, 0.0f);
+      Fill(dbeta, channels, 0.0f);
+      return;
+    }
+    MakeCurrent();
+    // One reduction pass for both sums, then the elementwise pass.
+    ColumnSums(LoadBatchNormGrad{x, dy, mean, variance, epsilon}, rows, channels, 1.0, dbeta,
+               dgamma);
+    const int64_t n = rows * channels;
+    const size_t shared = channels <= kMaxSharedChannels ? 5 * channels * sizeof(float) : 0;
+    BatchNormBackwardDxKernel<<<Blocks(n), kThreadsPerBlock, shared, stream_>>>(
+        x, dy, n, channels, 1.0f / static_cast<float>(rows), gamma, mean, variance, epsilon, dgamma,
+        dbeta, dx);
+    PS_CUDA_CHECK_LAUNCH("BatchNormBackwardDxKernel");
+  }
+
+  void MovingAverageGradient(int64_t n, float alpha, const float* moving, const float* value,
+                             float value_scale, float* grad) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    MovingAverageGradientKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(
+        n, alpha, moving, value, value_scale, grad);
+    PS_CUDA_CHECK_LAUNCH("MovingAverageGradientKernel");
   }
 
   bool device_is_host() const override { return false; }
@@ -687,6 +1206,13 @@ class CudaKernels final : public Kernels {
     return static_cast<int>(std::min<int64_t>(needed, int64_t{multiprocessors_} * 16));
   }
 
+  // Whether every index of a window operation on g fits in int32_t.
+  static bool FitsInt32(const ConvGeometry& g) {
+    // Half the range: a grid-stride step past the end must not overflow either.
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max() / 2;
+    return g.input_size() <= kMax && g.output_positions() * g.patch_size() <= kMax;
+  }
+
   // Threads for one block per row of `classes`: a multiple of the warp size, up to 256.
   static int RowThreads(int classes) {
     const int warps = std::min((classes + kWarpSize - 1) / kWarpSize, kThreadsPerBlock / kWarpSize);
@@ -716,6 +1242,42 @@ class CudaKernels final : public Kernels {
     if (bytes <= 0) return;
     MakeCurrent();
     PS_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_));
+  }
+
+  // out0[c] (and out1[c] for a two-valued Load) = scale * the sum over rows of load's values
+  // in column c; see ColumnPartialSumsKernel. REQUIRES: rows > 0, cols > 0, MakeCurrent().
+  template <typename Load>
+  void ColumnSums(const Load& load, int64_t rows, int cols, double scale, float* out0,
+                  float* out1) {
+    const int tile_cols = std::min(cols, kReduceThreads);
+    const int col_tiles = (cols + tile_cols - 1) / tile_cols;
+    const int rows_per_step = kReduceThreads / tile_cols;
+    const int64_t steps = (rows + rows_per_step - 1) / rows_per_step;
+    const int max_row_blocks = std::max(1, multiprocessors_ * 8 / col_tiles);
+    const int row_blocks = static_cast<int>(std::clamp<int64_t>(
+        (steps + kMinStepsPerBlock - 1) / kMinStepsPerBlock, 1, max_row_blocks));
+    float* partials = Scratch(int64_t{row_blocks} * Load::kValues * cols);
+    ColumnPartialSumsKernel<Load>
+        <<<dim3(row_blocks, col_tiles), kReduceThreads, 0, stream_>>>(load, rows, cols, partials);
+    PS_CUDA_CHECK_LAUNCH("ColumnPartialSumsKernel");
+    ColumnFinalSumsKernel<<<Load::kValues * cols, kFinalThreads, 0, stream_>>>(
+        partials, row_blocks, cols, Load::kValues, scale, out0, out1);
+    PS_CUDA_CHECK_LAUNCH("ColumnFinalSumsKernel");
+  }
+
+  // Device scratch of at least n floats for the reductions, grown on demand (Free waits for
+  // the work still using the old buffer) and freed with the other allocations.
+  float* Scratch(int64_t n) {
+    if (n <= scratch_floats_) return scratch_;
+    const int64_t size = std::max(n, 2 * scratch_floats_);
+    if (scratch_ != nullptr) Free(scratch_);
+    scratch_ = nullptr;
+    scratch_floats_ = 0;
+    absl::StatusOr<float*> p = AllocateFloats(size);
+    CHECK(p.ok()) << "scratch for a reduction: " << p.status();
+    scratch_ = *p;
+    scratch_floats_ = size;
+    return scratch_;
   }
 
   absl::StatusOr<void*> Allocate(int64_t n, int64_t element_size, const char* what) {
@@ -763,6 +1325,9 @@ class CudaKernels final : public Kernels {
   // Every live allocation and its size in bytes; the destructor frees what is left.
   std::unordered_map<void*, int64_t> allocations_;
   int64_t bytes_in_use_ = 0;
+  // Partial sums of the column reductions (one of allocations_); null until first needed.
+  float* scratch_ = nullptr;
+  int64_t scratch_floats_ = 0;
 };
 
 // Towers on several devices of this process: one NCCL communicator per device, an all-reduce

@@ -12,6 +12,30 @@ namespace pscluster {
 
 enum class Activation { kLinear, kRelu, kSigmoid, kTanh };
 
+// The geometry of a 2-D convolution or pooling window over an NHWC input [batch x height x width
+// x channels]. TensorFlow's "SAME" padding: out = ceil(in / stride), pad_total = max((out - 1) *
+// stride + kernel - in, 0), pad_top = pad_total / 2 (the extra row goes at the bottom); "VALID":
+// out = (in - kernel) / stride + 1, no padding.
+struct ConvGeometry {
+  int batch = 0;
+  int height = 0;
+  int width = 0;
+  int channels = 0;
+  int kernel_h = 1;
+  int kernel_w = 1;
+  int stride_h = 1;
+  int stride_w = 1;
+  int pad_top = 0;
+  int pad_left = 0;
+  int out_h = 0;
+  int out_w = 0;
+
+  int64_t input_size() const { return int64_t{batch} * height * width * channels; }
+  int64_t output_positions() const { return int64_t{batch} * out_h * out_w; }
+  // Im2Col's row length.
+  int64_t patch_size() const { return int64_t{kernel_h} * kernel_w * channels; }
+};
+
 // The compute a worker needs for forward and backward passes, on one device: a CPU
 // implementation (Eigen's matrix products, which are a real BLAS-quality GEMM) and a CUDA one
 // (cuBLAS for the products, small kernels for the rest) behind one interface. No RPC in here.
@@ -107,6 +131,66 @@ class Kernels {
 
   // y[i] *= alpha for i in [0, n).
   virtual void Scale(int64_t n, float alpha, float* y) = 0;
+
+  // ---- Convolutional layers (NHWC tensors, row-major: channels vary fastest) ----
+
+  // y[i] = alpha * x[i] for i in [0, n); x and y may alias (a device-to-device copy when
+  // alpha is 1).
+  virtual void ScaleCopy(int64_t n, float alpha, const float* x, float* y) = 0;
+  // out[i] = a[i] + b[i]; out may alias a or b (residual additions).
+  virtual void Add(int64_t n, const float* a, const float* b, float* out) = 0;
+
+  // cols[p, (kh * kernel_w + kw) * channels + c] = x[n, oh * stride_h - pad_top + kh,
+  // ow * stride_w - pad_left + kw, c] for the output position p = (n * out_h + oh) * out_w + ow,
+  // or 0 where that lies in the padding. cols is [batch * out_h * out_w x kernel_h * kernel_w *
+  // channels], so that a convolution is Gemm(cols, kernel [kernel_h * kernel_w * channels x
+  // filters]) -> [batch * out_h * out_w x filters], an NHWC output (TensorFlow's HWIO kernel).
+  virtual void Im2Col(const ConvGeometry& g, const float* x, float* cols) = 0;
+  // The adjoint of Im2Col: dx[n, h, w, c] = the sum of every dcols element that Im2Col read from
+  // x[n, h, w, c]. Overwrites dx (no accumulation); deterministic (no atomics).
+  virtual void Col2Im(const ConvGeometry& g, const float* dcols, float* dx) = 0;
+
+  // Max pooling over windows of g (each channel separately):
+  // y[n, oh, ow, c] = the max of the window's input positions that lie inside x (padding never
+  // wins), and argmax[same index] = the flat index into x of the first position holding it.
+  virtual void MaxPoolForward(const ConvGeometry& g, const float* x, float* y, int32_t* argmax) = 0;
+  // dx[i] = the sum of dy[o] over every output o with argmax[o] == i. Overwrites dx;
+  // deterministic.
+  virtual void MaxPoolBackward(const ConvGeometry& g, const float* dy, const int32_t* argmax,
+                               float* dx) = 0;
+
+  // y[n, c] = the mean of x[n, p, c] over p in [0, positions) (x is [batch x positions x
+  // channels]).
+  virtual void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,
+                                    float* y) = 0;
+  // dx[n, p, c] = dy[n, c] / positions.
+  virtual void GlobalAvgPoolBackward(const float* dy, int batch, int positions, int channels,
+                                     float* dx) = 0;
+
+  // Batch normalization in training, over x [rows x channels] (rows = batch * height * width):
+  // mean[c] and variance[c] (biased: divided by rows) of column c, and
+  // y = gamma * (x - mean) / sqrt(variance + epsilon) + beta. y may not alias x.
+  virtual void BatchNormForwardTraining(const float* x, int64_t rows, int channels,
+                                        const float* gamma, const float* beta, float epsilon,
+                                        float* y, float* mean, float* variance) = 0;
+  // The same with given statistics (evaluation: the moving mean and variance).
+  virtual void BatchNormForwardInference(const float* x, int64_t rows, int channels,
+                                         const float* gamma, const float* beta, const float* mean,
+                                         const float* variance, float epsilon, float* y) = 0;
+  // The gradients of BatchNormForwardTraining's y with respect to gamma, beta and x, given dy and
+  // the mean and variance it computed: with xhat = (x - mean) / sqrt(variance + epsilon),
+  // dbeta[c] = sum of dy, dgamma[c] = sum of dy * xhat, and
+  // dx = gamma / sqrt(variance + epsilon) * (dy - (dbeta + xhat * dgamma) / rows).
+  // dx may alias dy.
+  virtual void BatchNormBackward(const float* x, const float* dy, int64_t rows, int channels,
+                                 const float* gamma, const float* mean, const float* variance,
+                                 float epsilon, float* dgamma, float* dbeta, float* dx) = 0;
+
+  // grad[i] = alpha * (moving[i] - value_scale * value[i]) for i in [0, n): the moving-average
+  // update moving -= (1 - momentum) * (moving - value) as a gradient that SGD with learning rate 1
+  // applies on the ps (alpha = 1 - momentum, times a tower's share of the batch).
+  virtual void MovingAverageGradient(int64_t n, float alpha, const float* moving,
+                                     const float* value, float value_scale, float* grad) = 0;
 
   // ---- Overlap of transfers with compute ----
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -612,6 +613,12 @@ TEST_P(KernelsConformanceTest, EmptyShapesAreNoOps) {
   kernels_->EmbeddingBagBackward(x, ints, UploadInts(zero_offsets), 0, 2, true, 2, 0, x);
   kernels_->Axpy(0, 1.0f, x, x);
   kernels_->Fill(x, 0, 1.0f);
+  kernels_->ScaleCopy(0, 2.0f, x, x);
+  kernels_->Add(0, x, x, x);
+  kernels_->MovingAverageGradient(0, 1.0f, x, x, 1.0f, x);
+  kernels_->GlobalAvgPoolForward(x, 0, 2, 2, x);
+  kernels_->GlobalAvgPoolBackward(x, 0, 2, 2, x);
+  kernels_->BatchNormForwardInference(x, 0, 2, x, x, x, x, 1e-3f, x);
   EXPECT_EQ(Download(x, 4), std::vector<float>(4, sentinel));
   EXPECT_EQ(DownloadInts(ints, 4), (std::vector<int32_t>{5, 5, 5, 5}));
 }
@@ -667,6 +674,649 @@ TEST_P(KernelsConformanceTest, CopyRowsToDeviceFillsTheLeadingColumns) {
   kernels_->Record(done.get(), Kernels::Stream::kUpload);
   kernels_->Synchronize(done.get());
   EXPECT_EQ(Download(device, 12), (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0, 5, 6, 0, 0}));
+}
+
+// ---- Convolutional layers ----
+
+// ScaleCopy with alpha 1 is a copy; other alphas scale; x and y may alias.
+TEST_P(KernelsConformanceTest, ScaleCopy) {
+  const int n = 1000;
+  const std::vector<float> x0 = RandomFloats(n, 30);
+  float* x = Upload(x0);
+  float* y = Filled(n, kNaN);
+  kernels_->ScaleCopy(n, 1.0f, x, y);
+  EXPECT_EQ(Download(y, n), x0);
+  kernels_->ScaleCopy(n, -0.75f, x, y);
+  std::vector<double> expected(n);
+  for (int i = 0; i < n; ++i) expected[i] = -0.75 * x0[i];
+  EXPECT_TRUE(AllNear(Download(y, n), expected));
+  // In place.
+  kernels_->ScaleCopy(n, -0.75f, x, x);
+  EXPECT_TRUE(AllNear(Download(x, n), expected));
+  kernels_->ScaleCopy(n, 1.0f, x, x);
+  EXPECT_TRUE(AllNear(Download(x, n), expected));
+}
+
+TEST_P(KernelsConformanceTest, AddWithAndWithoutAliasing) {
+  const int n = 1001;
+  const std::vector<float> a0 = RandomFloats(n, 31);
+  const std::vector<float> b0 = RandomFloats(n, 32);
+  std::vector<double> expected(n);
+  for (int i = 0; i < n; ++i) expected[i] = double{a0[i]} + b0[i];
+  float* a = Upload(a0);
+  float* b = Upload(b0);
+  float* out = Filled(n, kNaN);
+  kernels_->Add(n, a, b, out);
+  EXPECT_TRUE(AllNear(Download(out, n), expected));
+  kernels_->Add(n, a, b, a);  // out == a
+  EXPECT_TRUE(AllNear(Download(a, n), expected));
+  float* a2 = Upload(a0);
+  kernels_->Add(n, a2, b, b);  // out == b
+  EXPECT_TRUE(AllNear(Download(b, n), expected));
+  float* c = Upload(a0);
+  kernels_->Add(n, c, c, c);  // out == a == b
+  std::vector<double> doubled(n);
+  for (int i = 0; i < n; ++i) doubled[i] = 2.0 * a0[i];
+  EXPECT_TRUE(AllNear(Download(c, n), doubled));
+}
+
+TEST_P(KernelsConformanceTest, MovingAverageGradient) {
+  const int n = 777;
+  const std::vector<float> moving = RandomFloats(n, 33);
+  const std::vector<float> value = RandomFloats(n, 34, 0.0f, 4.0f);
+  const float alpha = 0.05f, value_scale = 0.5f;
+  float* grad = Filled(n, kNaN);
+  kernels_->MovingAverageGradient(n, alpha, Upload(moving), Upload(value), value_scale, grad);
+  std::vector<double> expected(n);
+  for (int i = 0; i < n; ++i) {
+    expected[i] = double{alpha} * (double{moving[i]} - double{value_scale} * value[i]);
+  }
+  EXPECT_TRUE(AllNear(Download(grad, n), expected));
+}
+
+// A window geometry by TensorFlow's rules, as kernels.h states them.
+ConvGeometry MakeGeometry(int batch, int height, int width, int channels, int kernel_h,
+                          int kernel_w, int stride_h, int stride_w, bool same) {
+  ConvGeometry g;
+  g.batch = batch;
+  g.height = height;
+  g.width = width;
+  g.channels = channels;
+  g.kernel_h = kernel_h;
+  g.kernel_w = kernel_w;
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  if (same) {
+    g.out_h = (height + stride_h - 1) / stride_h;
+    g.out_w = (width + stride_w - 1) / stride_w;
+    g.pad_top = std::max((g.out_h - 1) * stride_h + kernel_h - height, 0) / 2;
+    g.pad_left = std::max((g.out_w - 1) * stride_w + kernel_w - width, 0) / 2;
+  } else {
+    g.out_h = (height - kernel_h) / stride_h + 1;
+    g.out_w = (width - kernel_w) / stride_w + 1;
+  }
+  return g;
+}
+
+std::string GeometryName(const ConvGeometry& g) {
+  return absl::StrCat("batch ", g.batch, " in ", g.height, "x", g.width, "x", g.channels,
+                      " kernel ", g.kernel_h, "x", g.kernel_w, " stride ", g.stride_h, "x",
+                      g.stride_w, " pad ", g.pad_top, ",", g.pad_left, " out ", g.out_h, "x",
+                      g.out_w);
+}
+
+// SAME and VALID, strides 1 and 2, kernels 1x1, 3x3 and a non-square one, odd and even sizes.
+std::vector<ConvGeometry> ConvGeometries() {
+  std::vector<ConvGeometry> geometries;
+  for (bool same : {true, false}) {
+    for (int kernel : {1, 3}) {
+      for (int stride : {1, 2}) {
+        geometries.push_back(MakeGeometry(2, 7, 5, 3, kernel, kernel, stride, stride, same));
+      }
+    }
+    geometries.push_back(MakeGeometry(3, 8, 6, 3, 3, 3, 2, 2, same));
+    geometries.push_back(MakeGeometry(1, 6, 9, 4, 2, 3, 1, 2, same));
+  }
+  return geometries;
+}
+
+// x[n, h, w, c] for an (ih, iw) that may lie in the padding (then 0).
+double PaddedInput(const ConvGeometry& g, const std::vector<float>& x, int n, int ih, int iw,
+                   int c) {
+  if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) return 0.0;
+  return x[((static_cast<int64_t>(n) * g.height + ih) * g.width + iw) * g.channels + c];
+}
+
+std::vector<double> ReferenceIm2Col(const ConvGeometry& g, const std::vector<float>& x) {
+  std::vector<double> cols;
+  for (int n = 0; n < g.batch; ++n) {
+    for (int oh = 0; oh < g.out_h; ++oh) {
+      for (int ow = 0; ow < g.out_w; ++ow) {
+        for (int kh = 0; kh < g.kernel_h; ++kh) {
+          for (int kw = 0; kw < g.kernel_w; ++kw) {
+            for (int c = 0; c < g.channels; ++c) {
+              cols.push_back(PaddedInput(g, x, n, oh * g.stride_h - g.pad_top + kh,
+                                         ow * g.stride_w - g.pad_left + kw, c));
+            }
+          }
+        }
+      }
+    }
+  }
+  return cols;
+}
+
+TEST_P(KernelsConformanceTest, Im2ColCopiesPatches) {
+  uint32_t seed = 40;
+  for (const ConvGeometry& g : ConvGeometries()) {
+    SCOPED_TRACE(GeometryName(g));
+    const std::vector<float> x = RandomFloats(g.input_size(), ++seed);
+    const int64_t n = g.output_positions() * g.patch_size();
+    float* cols = Filled(n, kNaN);
+    kernels_->Im2Col(g, Upload(x), cols);
+    // A copy: exact.
+    EXPECT_TRUE(AllNear(Download(cols, n), ReferenceIm2Col(g, x), 0.0, 0.0));
+  }
+}
+
+TEST_P(KernelsConformanceTest, Col2ImSumsWhatIm2ColRead) {
+  uint32_t seed = 60;
+  for (const ConvGeometry& g : ConvGeometries()) {
+    SCOPED_TRACE(GeometryName(g));
+    const int64_t n = g.output_positions() * g.patch_size();
+    const std::vector<float> dcols = RandomFloats(n, ++seed);
+    std::vector<double> expected(g.input_size(), 0.0);
+    std::vector<double> magnitude(g.input_size(), 0.0);
+    int64_t i = 0;
+    for (int b = 0; b < g.batch; ++b) {
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          for (int kh = 0; kh < g.kernel_h; ++kh) {
+            for (int kw = 0; kw < g.kernel_w; ++kw) {
+              for (int c = 0; c < g.channels; ++c, ++i) {
+                const int ih = oh * g.stride_h - g.pad_top + kh;
+                const int iw = ow * g.stride_w - g.pad_left + kw;
+                if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+                const int64_t at = ((int64_t{b} * g.height + ih) * g.width + iw) * g.channels + c;
+                expected[at] += dcols[i];
+                magnitude[at] += std::abs(dcols[i]);
+              }
+            }
+          }
+        }
+      }
+    }
+    float* dx = Filled(g.input_size(), kNaN);  // overwritten, not accumulated
+    kernels_->Col2Im(g, Upload(dcols), dx);
+    EXPECT_TRUE(
+        AllWithin(Download(dx, g.input_size()), expected, ScaledTolerance(magnitude, 1e-6)));
+  }
+}
+
+// <Im2Col(x), d> == <x, Col2Im(d)>, both computed in double from the backend's outputs.
+TEST_P(KernelsConformanceTest, Col2ImIsTheAdjointOfIm2Col) {
+  uint32_t seed = 80;
+  for (const ConvGeometry& g : ConvGeometries()) {
+    SCOPED_TRACE(GeometryName(g));
+    const int64_t n = g.output_positions() * g.patch_size();
+    const std::vector<float> x = RandomFloats(g.input_size(), ++seed);
+    const std::vector<float> d = RandomFloats(n, ++seed);
+    float* cols = Filled(n, kNaN);
+    float* dx = Filled(g.input_size(), kNaN);
+    kernels_->Im2Col(g, Upload(x), cols);
+    kernels_->Col2Im(g, Upload(d), dx);
+    const std::vector<float> cols_host = Download(cols, n);
+    const std::vector<float> dx_host = Download(dx, g.input_size());
+    double lhs = 0, rhs = 0, magnitude = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      lhs += double{cols_host[i]} * d[i];
+      magnitude += std::abs(double{cols_host[i]} * d[i]);
+    }
+    for (int64_t i = 0; i < g.input_size(); ++i) rhs += double{x[i]} * dx_host[i];
+    EXPECT_NEAR(lhs, rhs, 1e-6 * magnitude + 1e-9);
+  }
+}
+
+struct PoolReference {
+  std::vector<double> y;
+  std::vector<int32_t> argmax;
+};
+
+PoolReference ReferenceMaxPool(const ConvGeometry& g, const std::vector<float>& x) {
+  PoolReference ref;
+  for (int n = 0; n < g.batch; ++n) {
+    for (int oh = 0; oh < g.out_h; ++oh) {
+      for (int ow = 0; ow < g.out_w; ++ow) {
+        for (int c = 0; c < g.channels; ++c) {
+          double best = -std::numeric_limits<double>::infinity();
+          int32_t best_index = -1;
+          for (int kh = 0; kh < g.kernel_h; ++kh) {
+            for (int kw = 0; kw < g.kernel_w; ++kw) {
+              const int ih = oh * g.stride_h - g.pad_top + kh;
+              const int iw = ow * g.stride_w - g.pad_left + kw;
+              if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+              const int32_t i = ((n * g.height + ih) * g.width + iw) * g.channels + c;
+              if (best_index < 0 || x[i] > best) {
+                best = x[i];
+                best_index = i;
+              }
+            }
+          }
+          ref.y.push_back(best);
+          ref.argmax.push_back(best_index);
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+std::vector<ConvGeometry> PoolGeometries() {
+  std::vector<ConvGeometry> geometries;
+  for (bool same : {true, false}) {
+    geometries.push_back(MakeGeometry(2, 7, 5, 3, 3, 3, 2, 2, same));  // overlapping windows
+    geometries.push_back(MakeGeometry(2, 7, 5, 3, 3, 3, 1, 1, same));
+    geometries.push_back(MakeGeometry(2, 8, 6, 3, 2, 2, 2, 2, same));
+    geometries.push_back(MakeGeometry(1, 9, 7, 3, 3, 2, 2, 1, same));
+  }
+  return geometries;
+}
+
+TEST_P(KernelsConformanceTest, MaxPoolForward) {
+  uint32_t seed = 100;
+  for (const ConvGeometry& g : PoolGeometries()) {
+    // Random values; negative ones only (padding must never win); few distinct values, so
+    // that ties go to the first position.
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(absl::StrCat(GeometryName(g), " variant ", variant));
+      std::vector<float> x = RandomFloats(g.input_size(), ++seed, variant == 1 ? -3.0f : -1.0f,
+                                          variant == 1 ? -1.0f : 1.0f);
+      if (variant == 2) {
+        for (float& v : x) v = std::round(v);
+      }
+      const int64_t n = g.output_positions() * g.channels;
+      float* y = Filled(n, kNaN);
+      int32_t* argmax = UploadInts(std::vector<int32_t>(n, -7));
+      kernels_->MaxPoolForward(g, Upload(x), y, argmax);
+      const PoolReference ref = ReferenceMaxPool(g, x);
+      EXPECT_TRUE(AllNear(Download(y, n), ref.y, 0.0, 0.0));
+      EXPECT_EQ(DownloadInts(argmax, n), ref.argmax);
+    }
+  }
+}
+
+TEST_P(KernelsConformanceTest, MaxPoolBackwardRoutesToTheArgmax) {
+  uint32_t seed = 130;
+  for (const ConvGeometry& g : PoolGeometries()) {
+    for (bool ties : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(GeometryName(g), ties ? " with ties" : ""));
+      std::vector<float> x = RandomFloats(g.input_size(), ++seed);
+      if (ties) {
+        for (float& v : x) v = std::round(v);
+      }
+      const PoolReference ref = ReferenceMaxPool(g, x);
+      const int64_t n = g.output_positions() * g.channels;
+      const std::vector<float> dy = RandomFloats(n, ++seed);
+      std::vector<double> expected(g.input_size(), 0.0);
+      std::vector<double> magnitude(g.input_size(), 0.0);
+      for (int64_t o = 0; o < n; ++o) {
+        expected[ref.argmax[o]] += dy[o];
+        magnitude[ref.argmax[o]] += std::abs(dy[o]);
+      }
+      float* dx = Filled(g.input_size(), kNaN);  // overwritten
+      kernels_->MaxPoolBackward(g, Upload(dy), UploadInts(ref.argmax), dx);
+      EXPECT_TRUE(
+          AllWithin(Download(dx, g.input_size()), expected, ScaledTolerance(magnitude, 1e-6)));
+    }
+  }
+}
+
+TEST_P(KernelsConformanceTest, GlobalAvgPool) {
+  const int batch = 3, positions = 35, channels = 5;
+  const std::vector<float> x = RandomFloats(int64_t{batch} * positions * channels, 140);
+  float* y = Filled(batch * channels, kNaN);
+  kernels_->GlobalAvgPoolForward(Upload(x), batch, positions, channels, y);
+  std::vector<double> expected(batch * channels, 0.0);
+  for (int n = 0; n < batch; ++n) {
+    for (int p = 0; p < positions; ++p) {
+      for (int c = 0; c < channels; ++c) {
+        expected[n * channels + c] += x[(n * positions + p) * channels + c] / double{positions};
+      }
+    }
+  }
+  EXPECT_TRUE(AllNear(Download(y, batch * channels), expected));
+
+  const std::vector<float> dy = RandomFloats(batch * channels, 141);
+  float* dx = Filled(int64_t{batch} * positions * channels, kNaN);
+  kernels_->GlobalAvgPoolBackward(Upload(dy), batch, positions, channels, dx);
+  std::vector<double> expected_dx(int64_t{batch} * positions * channels);
+  for (int n = 0; n < batch; ++n) {
+    for (int p = 0; p < positions; ++p) {
+      for (int c = 0; c < channels; ++c) {
+        expected_dx[(n * positions + p) * channels + c] = dy[n * channels + c] / double{positions};
+      }
+    }
+  }
+  EXPECT_TRUE(AllNear(Download(dx, int64_t{batch} * positions * channels), expected_dx));
+}
+
+// Columns with different offsets and spreads: a large offset punishes E[x^2] - E[x]^2.
+std::vector<float> BatchNormInput(int64_t rows, int channels, uint32_t seed) {
+  std::vector<float> x = RandomFloats(rows * channels, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) {
+      const float offset = (c % 4 == 0) ? 40.0f : static_cast<float>(c % 7) - 2.0f;
+      const float spread = 0.25f + 0.5f * static_cast<float>(c % 3);
+      x[r * channels + c] = offset + spread * x[r * channels + c];
+    }
+  }
+  return x;
+}
+
+struct BatchNormStats {
+  std::vector<double> mean;
+  std::vector<double> variance;
+};
+
+BatchNormStats ReferenceBatchNormStats(const std::vector<float>& x, int64_t rows, int channels) {
+  BatchNormStats s{std::vector<double>(channels, 0.0), std::vector<double>(channels, 0.0)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) s.mean[c] += x[r * channels + c];
+  }
+  for (int c = 0; c < channels; ++c) s.mean[c] /= static_cast<double>(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) {
+      const double d = x[r * channels + c] - s.mean[c];
+      s.variance[c] += d * d;
+    }
+  }
+  for (int c = 0; c < channels; ++c) s.variance[c] /= static_cast<double>(rows);
+  return s;
+}
+
+// y = gamma * (x - mean) / sqrt(variance + epsilon) + beta in double.
+template <typename Mean, typename Variance>
+std::vector<double> ReferenceBatchNormApply(const std::vector<float>& x, int64_t rows, int channels,
+                                            const std::vector<float>& gamma,
+                                            const std::vector<float>& beta, const Mean& mean,
+                                            const Variance& variance, double epsilon) {
+  std::vector<double> y(rows * channels);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) {
+      y[r * channels + c] = double{gamma[c]} * (x[r * channels + c] - double{mean[c]}) /
+                                std::sqrt(double{variance[c]} + epsilon) +
+                            beta[c];
+    }
+  }
+  return y;
+}
+
+struct BatchNormShape {
+  int64_t rows;
+  int channels;
+};
+
+// Small, and large enough to spread a reduction over many blocks (on CUDA).
+// More than 1024 channels takes CUDA's path without shared memory.
+constexpr BatchNormShape kBatchNormShapes[] = {{5, 3},     {1, 4},     {70000, 16},
+                                               {30011, 3}, {4099, 64}, {37, 1500}};
+
+TEST_P(KernelsConformanceTest, BatchNormForwardTraining) {
+  uint32_t seed = 150;
+  for (const BatchNormShape& shape : kBatchNormShapes) {
+    const int64_t rows = shape.rows;
+    const int channels = shape.channels;
+    SCOPED_TRACE(absl::StrCat("rows ", rows, " channels ", channels));
+    const std::vector<float> x = BatchNormInput(rows, channels, ++seed);
+    const std::vector<float> gamma = RandomFloats(channels, ++seed, 0.5f, 2.0f);
+    const std::vector<float> beta = RandomFloats(channels, ++seed);
+    const float epsilon = 1e-3f;
+    float* y = Filled(rows * channels, kNaN);
+    float* mean = Filled(channels, kNaN);
+    float* variance = Filled(channels, kNaN);
+    kernels_->BatchNormForwardTraining(Upload(x), rows, channels, Upload(gamma), Upload(beta),
+                                       epsilon, y, mean, variance);
+    const BatchNormStats ref = ReferenceBatchNormStats(x, rows, channels);
+    std::vector<double> mean_tolerance(channels);
+    for (int c = 0; c < channels; ++c) mean_tolerance[c] = 1e-6 + 2e-6 * std::abs(ref.mean[c]);
+    EXPECT_TRUE(AllWithin(Download(mean, channels), ref.mean, mean_tolerance));
+    EXPECT_TRUE(AllNear(Download(variance, channels), ref.variance, 1e-4, 1e-6));
+    const std::vector<double> expected =
+        ReferenceBatchNormApply(x, rows, channels, gamma, beta, ref.mean, ref.variance, epsilon);
+    EXPECT_TRUE(AllNear(Download(y, rows * channels), expected, 1e-4, 1e-4));
+  }
+}
+
+TEST_P(KernelsConformanceTest, BatchNormForwardInference) {
+  uint32_t seed = 170;
+  for (const BatchNormShape& shape :
+       {BatchNormShape{5, 3}, BatchNormShape{70000, 16}, BatchNormShape{37, 1500}}) {
+    const int64_t rows = shape.rows;
+    const int channels = shape.channels;
+    SCOPED_TRACE(absl::StrCat("rows ", rows, " channels ", channels));
+    const std::vector<float> x = BatchNormInput(rows, channels, ++seed);
+    const std::vector<float> gamma = RandomFloats(channels, ++seed, 0.5f, 2.0f);
+    const std::vector<float> beta = RandomFloats(channels, ++seed);
+    const std::vector<float> mean = RandomFloats(channels, ++seed, -2.0f, 2.0f);
+    const std::vector<float> variance = RandomFloats(channels, ++seed, 0.1f, 3.0f);
+    const float epsilon = 1e-5f;
+    float* y = Filled(rows * channels, kNaN);
+    kernels_->BatchNormForwardInference(Upload(x), rows, channels, Upload(gamma), Upload(beta),
+                                        Upload(mean), Upload(variance), epsilon, y);
+    const std::vector<double> expected =
+        ReferenceBatchNormApply(x, rows, channels, gamma, beta, mean, variance, epsilon);
+    EXPECT_TRUE(AllNear(Download(y, rows * channels), expected, 1e-5, 1e-4));
+  }
+}
+
+struct BatchNormGradients {
+  std::vector<double> dgamma, dbeta, dx;
+  std::vector<double> dgamma_magnitude, dbeta_magnitude, dx_magnitude;
+};
+
+BatchNormGradients ReferenceBatchNormBackward(const std::vector<float>& x,
+                                              const std::vector<float>& dy, int64_t rows,
+                                              int channels, const std::vector<float>& gamma,
+                                              const std::vector<float>& mean,
+                                              const std::vector<float>& variance, double epsilon) {
+  BatchNormGradients g;
+  g.dgamma.assign(channels, 0.0);
+  g.dbeta.assign(channels, 0.0);
+  g.dgamma_magnitude.assign(channels, 0.0);
+  g.dbeta_magnitude.assign(channels, 0.0);
+  std::vector<double> inv_std(channels);
+  for (int c = 0; c < channels; ++c) inv_std[c] = 1.0 / std::sqrt(double{variance[c]} + epsilon);
+  auto xhat = [&](int64_t r, int c) {
+    return (x[r * channels + c] - double{mean[c]}) * inv_std[c];
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) {
+      const double d = dy[r * channels + c];
+      g.dbeta[c] += d;
+      g.dbeta_magnitude[c] += std::abs(d);
+      g.dgamma[c] += d * xhat(r, c);
+      g.dgamma_magnitude[c] += std::abs(d * xhat(r, c));
+    }
+  }
+  g.dx.resize(rows * channels);
+  g.dx_magnitude.resize(rows * channels);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < channels; ++c) {
+      const double scale = gamma[c] * inv_std[c];
+      const double d = dy[r * channels + c];
+      const double correction = (g.dbeta[c] + xhat(r, c) * g.dgamma[c]) / rows;
+      g.dx[r * channels + c] = scale * (d - correction);
+      g.dx_magnitude[r * channels + c] =
+          std::abs(scale) *
+          (std::abs(d) +
+           (g.dbeta_magnitude[c] + std::abs(xhat(r, c)) * g.dgamma_magnitude[c]) / rows);
+    }
+  }
+  return g;
+}
+
+TEST_P(KernelsConformanceTest, BatchNormBackward) {
+  uint32_t seed = 190;
+  for (const BatchNormShape& shape : kBatchNormShapes) {
+    for (bool in_place : {false, true}) {
+      const int64_t rows = shape.rows;
+      const int channels = shape.channels;
+      SCOPED_TRACE(absl::StrCat("rows ", rows, " channels ", channels, in_place ? " dx = dy" : ""));
+      const std::vector<float> x = BatchNormInput(rows, channels, ++seed);
+      const std::vector<float> dy = RandomFloats(rows * channels, ++seed);
+      const std::vector<float> gamma = RandomFloats(channels, ++seed, 0.5f, 2.0f);
+      const float epsilon = 1e-3f;
+      // The statistics as BatchNormForwardTraining would give them (rounded to float).
+      const BatchNormStats stats = ReferenceBatchNormStats(x, rows, channels);
+      const std::vector<float> mean(stats.mean.begin(), stats.mean.end());
+      const std::vector<float> variance(stats.variance.begin(), stats.variance.end());
+      float* dy_device = Upload(dy);
+      float* dx = in_place ? dy_device : Filled(rows * channels, kNaN);
+      float* dgamma = Filled(channels, kNaN);
+      float* dbeta = Filled(channels, kNaN);
+      kernels_->BatchNormBackward(Upload(x), dy_device, rows, channels, Upload(gamma), Upload(mean),
+                                  Upload(variance), epsilon, dgamma, dbeta, dx);
+      const BatchNormGradients ref =
+          ReferenceBatchNormBackward(x, dy, rows, channels, gamma, mean, variance, epsilon);
+      EXPECT_TRUE(AllWithin(Download(dbeta, channels), ref.dbeta,
+                            ScaledTolerance(ref.dbeta_magnitude, 1e-5)));
+      EXPECT_TRUE(AllWithin(Download(dgamma, channels), ref.dgamma,
+                            ScaledTolerance(ref.dgamma_magnitude, 1e-5)));
+      EXPECT_TRUE(AllWithin(Download(dx, rows * channels), ref.dx,
+                            ScaledTolerance(ref.dx_magnitude, 1e-5)));
+    }
+  }
+}
+
+// L = sum(w * y) for y = BatchNormForwardTraining(x, gamma, beta), all in double.
+double BatchNormLoss(const std::vector<double>& x, int64_t rows, int channels,
+                     const std::vector<double>& gamma, const std::vector<double>& beta,
+                     double epsilon, const std::vector<float>& w) {
+  double loss = 0;
+  for (int c = 0; c < channels; ++c) {
+    double mean = 0, variance = 0;
+    for (int64_t r = 0; r < rows; ++r) mean += x[r * channels + c];
+    mean /= rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      variance += (x[r * channels + c] - mean) * (x[r * channels + c] - mean);
+    }
+    variance /= rows;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double y =
+          gamma[c] * (x[r * channels + c] - mean) / std::sqrt(variance + epsilon) + beta[c];
+      loss += w[r * channels + c] * y;
+    }
+  }
+  return loss;
+}
+
+// The analytic gradients of BatchNormBackward (given the training pass's statistics) agree
+// with central differences of the training pass, in double.
+TEST_P(KernelsConformanceTest, BatchNormBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 6;
+  const int channels = 3;
+  const float epsilon = 1e-3f;
+  const std::vector<float> x = RandomFloats(rows * channels, 210, -2.0f, 2.0f);
+  const std::vector<float> gamma = RandomFloats(channels, 211, 0.5f, 2.0f);
+  const std::vector<float> beta = RandomFloats(channels, 212);
+  const std::vector<float> w = RandomFloats(rows * channels, 213);  // dL/dy
+
+  float* x_device = Upload(x);
+  float* gamma_device = Upload(gamma);
+  float* y = Filled(rows * channels, kNaN);
+  float* mean = Filled(channels, kNaN);
+  float* variance = Filled(channels, kNaN);
+  kernels_->BatchNormForwardTraining(x_device, rows, channels, gamma_device, Upload(beta), epsilon,
+                                     y, mean, variance);
+  float* dx = Filled(rows * channels, kNaN);
+  float* dgamma = Filled(channels, kNaN);
+  float* dbeta = Filled(channels, kNaN);
+  kernels_->BatchNormBackward(x_device, Upload(w), rows, channels, gamma_device, mean, variance,
+                              epsilon, dgamma, dbeta, dx);
+
+  std::vector<double> xd(x.begin(), x.end());
+  std::vector<double> gd(gamma.begin(), gamma.end());
+  std::vector<double> bd(beta.begin(), beta.end());
+  const double h = 1e-5;
+  auto central = [&](double* v) {
+    const double saved = *v;
+    *v = saved + h;
+    const double up = BatchNormLoss(xd, rows, channels, gd, bd, epsilon, w);
+    *v = saved - h;
+    const double down = BatchNormLoss(xd, rows, channels, gd, bd, epsilon, w);
+    *v = saved;
+    return (up - down) / (2 * h);
+  };
+  std::vector<double> fd_dx(rows * channels), fd_dgamma(channels), fd_dbeta(channels);
+  for (int64_t i = 0; i < rows * channels; ++i) fd_dx[i] = central(&xd[i]);
+  for (int c = 0; c < channels; ++c) {
+    fd_dgamma[c] = central(&gd[c]);
+    fd_dbeta[c] = central(&bd[c]);
+  }
+  EXPECT_TRUE(AllNear(Download(dx, rows * channels), fd_dx, 1e-3, 1e-4));
+  EXPECT_TRUE(AllNear(Download(dgamma, channels), fd_dgamma, 1e-3, 1e-4));
+  EXPECT_TRUE(AllNear(Download(dbeta, channels), fd_dbeta, 1e-3, 1e-4));
+}
+
+// Reductions give the same bits on every run (no atomics).
+TEST_P(KernelsConformanceTest, ReductionsAreDeterministic) {
+  const int64_t rows = 70000;
+  const int channels = 16;
+  const std::vector<float> x = BatchNormInput(rows, channels, 230);
+  const std::vector<float> dy0 = RandomFloats(rows * channels, 231);
+  float* x_device = Upload(x);
+  float* dy = Upload(dy0);
+  float* gamma = Filled(channels, 1.5f);
+  float* beta = Filled(channels, 0.25f);
+  std::vector<std::vector<float>> runs;
+  for (int run = 0; run < 2; ++run) {
+    float* y = Filled(rows * channels, kNaN);
+    float* mean = Filled(channels, kNaN);
+    float* variance = Filled(channels, kNaN);
+    float* dx = Filled(rows * channels, kNaN);
+    float* dgamma = Filled(channels, kNaN);
+    float* dbeta = Filled(channels, kNaN);
+    float* dbias = Filled(channels, kNaN);
+    kernels_->BatchNormForwardTraining(x_device, rows, channels, gamma, beta, 1e-3f, y, mean,
+                                       variance);
+    kernels_->BatchNormBackward(x_device, dy, rows, channels, gamma, mean, variance, 1e-3f, dgamma,
+                                dbeta, dx);
+    kernels_->BiasGrad(dy, rows, channels, dbias);
+    std::vector<float> all;
+    for (const auto& [p, n] : std::vector<std::pair<float*, int64_t>>{{y, rows * channels},
+                                                                      {mean, channels},
+                                                                      {variance, channels},
+                                                                      {dx, rows * channels},
+                                                                      {dgamma, channels},
+                                                                      {dbeta, channels},
+                                                                      {dbias, channels}}) {
+      const std::vector<float> part = Download(p, n);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  EXPECT_TRUE(runs[0] == runs[1]);
+}
+
+// Tall and skinny (a convolution's output) and wider than one tile of columns.
+TEST_P(KernelsConformanceTest, BiasGradOfTallMatrices) {
+  uint32_t seed = 240;
+  for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{
+           {100000, 16}, {30011, 3}, {2000, 300}, {1024, 64}, {1023, 64}}) {
+    SCOPED_TRACE(absl::StrCat("rows ", rows, " cols ", cols));
+    const std::vector<float> dy = RandomFloats(int64_t{rows} * cols, ++seed);
+    float* dbias = Filled(cols, kNaN);
+    kernels_->BiasGrad(Upload(dy), rows, cols, dbias);
+    std::vector<double> expected(cols, 0.0);
+    std::vector<double> magnitude(cols, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        expected[c] += dy[r * cols + c];
+        magnitude[c] += std::abs(dy[r * cols + c]);
+      }
+    }
+    EXPECT_TRUE(AllWithin(Download(dbias, cols), expected, ScaledTolerance(magnitude, 1e-5)));
+  }
 }
 
 }  // namespace

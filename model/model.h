@@ -14,13 +14,21 @@
 
 namespace pscluster {
 
-// The variables and tables a config needs on the ps tasks: for each dense layer L,
-// "L/kernel" [in, units] and "L/bias" [units]; for each embedding layer, its table. Layers get
-// the config's optimizer and seed unless they name their own. INVALID_ARGUMENT for a config
-// that cannot be built (naming the layer): no layers, units < 1, a last layer that is not
+// The variables and tables a config needs on the ps tasks, in the order the network reads them:
+// for each dense layer L, "L/kernel" [in, units] and "L/bias" [units]; for a convolution C,
+// "C/kernel" [k, k, in_channels, filters] (and "C/bias" [filters]); for a batch normalization
+// B, "B/gamma", "B/beta", "B/moving_mean" and "B/moving_variance" [channels] (the last two
+// under SGD with learning rate 1: see BatchNormLayer); for each embedding layer, its table.
+// Layers get the config's optimizer and seed unless they name their own. INVALID_ARGUMENT for a
+// config that cannot be built, naming the layer: no layers, units < 1, a last layer that is not
 // linear, a sigmoid loss with more than one output, a wide layer whose dim is not the output
-// size, duplicate names.
+// size, duplicate names, shapes that do not fit (a window larger than its input, a dense layer
+// on an image without flatten, an addition of different shapes), an output nobody reads.
 absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config);
+
+// Whether a config has a network to train (`layers` or `network`); one without is a model of
+// embedding tables only, which nothing trains.
+bool HasNetwork(const v1::ModelConfig& config);
 
 // One batch of examples, in host memory. Not owned.
 struct Batch {
@@ -89,19 +97,37 @@ class Model {
   // One per embedding layer, in config order.
   const std::vector<std::string>& tables() const { return table_names_; }
   const std::vector<int>& table_dims() const { return table_dims_; }
-  // Dense layers; layer l reads dense variables 2l (kernel) and 2l + 1 (bias).
-  int num_layers() const { return static_cast<int>(layers_.size()); }
+  // The dense variables in groups that the forward pass reads in order (Hooks::before_layer):
+  // group g is variables [group_first(g), group_first(g + 1)), contiguous in the packed order.
+  // A `layers` config has a group per layer; a `network` one merges consecutive layers into
+  // about eight groups of similar size, so that pulling them layer by layer stays a few
+  // requests.
+  int num_groups() const { return static_cast<int>(group_first_.size()) - 1; }
+  int group_first(int g) const { return group_first_[g]; }
 
   // Deduplicates a batch's sparse ids (every embedding layer reads all of them).
   static void PrepareSparse(const Batch& batch, SparseInput* sparse);
 
-  // Runs the forward pass, and the backward pass when `backward`, with host parameters:
-  // params[i] has dense_sizes()[i] floats; rows[t] has sparse.unique_ids.size() *
-  // table_dims()[t] floats. Waits for the device. INVALID_ARGUMENT for a batch larger than
-  // max_batch or a label out of range.
+  // What a step computes.
+  enum class Pass {
+    kInference,        // forward; batch normalization uses the moving statistics
+    kTrainingForward,  // forward as in training (batch statistics), no gradients
+    kTraining,         // forward and backward, with the moving statistics' updates
+  };
+
+  // Runs `pass` with host parameters: params[i] has dense_sizes()[i] floats; rows[t] has
+  // sparse.unique_ids.size() * table_dims()[t] floats. Waits for the device. INVALID_ARGUMENT
+  // for a batch larger than max_batch or a label out of range.
   absl::Status Compute(const Batch& batch, const SparseInput& sparse,
                        const std::vector<const float*>& params,
-                       const std::vector<const float*>& rows, bool backward, StepResult* result);
+                       const std::vector<const float*>& rows, Pass pass, StepResult* result);
+  // kTraining when `backward`, else kInference.
+  absl::Status Compute(const Batch& batch, const SparseInput& sparse,
+                       const std::vector<const float*>& params,
+                       const std::vector<const float*>& rows, bool backward, StepResult* result) {
+    return Compute(batch, sparse, params, rows, backward ? Pass::kTraining : Pass::kInference,
+                   result);
+  }
 
   // ---- The overlapped path ----
 
@@ -118,9 +144,9 @@ class Model {
 
   // Where Enqueue tells the caller what it reached.
   struct Hooks {
-    // Before the first kernel that reads dense layer l's parameters (l = 0, 1, ...): the
-    // caller makes the compute stream wait for their upload.
-    std::function<void(int layer)> before_layer;
+    // Before the first kernel that reads group g's parameters (g = 0, 1, ...; num_groups()):
+    // the caller makes the compute stream wait for their upload.
+    std::function<void(int group)> before_layer;
     // Before the first kernel that writes a gradient: the caller makes the compute stream wait
     // until the previous step's gradients were downloaded.
     std::function<void()> before_backward;
@@ -142,12 +168,12 @@ class Model {
     Kernels::Event* ready = nullptr;
   };
 
-  // Issues the step on the batch staged in `slot`: forward, the loss, and backward when
-  // `backward`, with dense parameters params[i] and table rows rows[t] in device memory.
-  // `gradient_scale` multiplies every gradient (towers: a tower's share of the whole batch).
-  // Does not wait for the device.
+  // Issues `pass` on the batch staged in `slot`: forward, the loss, and backward for kTraining,
+  // with dense parameters params[i] and table rows rows[t] in device memory. `gradient_scale`
+  // multiplies every gradient (towers: a tower's share of the whole batch). Does not wait for
+  // the device.
   absl::Status Enqueue(int slot, const std::vector<const float*>& params,
-                       const std::vector<const float*>& rows, bool backward, float gradient_scale,
+                       const std::vector<const float*>& rows, Pass pass, float gradient_scale,
                        const Hooks& hooks, const Outputs& outputs);
 
   // The staged batch's size and, for tables, its unique ids (valid until the slot is staged
@@ -163,21 +189,69 @@ class Model {
   absl::StatusOr<float*> RowBuffer(int slot, int table, int64_t n);
 
  private:
-  struct Layer {
-    int in = 0;
-    int units = 0;
-    Activation activation = Activation::kLinear;
-    float* dkernel = nullptr;  // views into grads_
-    float* dbias = nullptr;
-    float* out = nullptr;  // [max_batch x units]
-    float* dout = nullptr;
+  friend absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config);
+
+  // A tensor's shape per example: [height, width, channels]; a flat vector is [1, 1, n].
+  struct Dims {
+    int height = 1;
+    int width = 1;
+    int channels = 0;
+    int64_t size() const { return int64_t{height} * width * channels; }
+    bool flat() const { return height == 1 && width == 1; }
+  };
+  enum class Op {
+    kDense,
+    kConv2D,
+    kBatchNorm,
+    kMaxPool,
+    kGlobalAvgPool,
+    kFlatten,
+    kActivation,
+    kAdd
+  };
+  // One layer of the network.
+  struct Node {
+    Op op = Op::kDense;
+    std::string name;
+    std::vector<int> inputs;  // tensors read (0: the model's input)
+    int output = 0;           // the tensor written; a flatten's is its input's (no copy)
+    Dims in;                  // of inputs[0]
+    Dims out;
+    Activation activation = Activation::kLinear;  // dense, conv2d, activation, add
+    bool use_bias = false;                        // conv2d
+    ConvGeometry geometry;                        // conv2d and max_pool; batch set per step
+    float momentum = 0;                           // batch_norm
+    float epsilon = 0;
+    int first_variable = -1;  // its dense variables, contiguous
+    int num_variables = 0;
+    int group = -1;  // parameter group, when its first node
+    // Device buffers.
+    float* mean = nullptr;  // batch_norm: the batch's statistics [channels]
+    float* variance = nullptr;
+    int32_t* argmax = nullptr;  // max_pool: [max_batch x out.size()]
+  };
+  // An activation (node output) and its gradient, [max_batch x size].
+  struct Tensor {
+    int64_t size = 0;
+    float* value = nullptr;  // tensor 0: the staged input's, per slot
+    float* grad = nullptr;
   };
   struct Embedding {
     int dim = 0;
     bool mean = false;
     bool wide = false;
-    int col = 0;  // column of its output in the first layer's input
+    int col = 0;  // column of its output in the input
   };
+  // What ModelSpecFromConfig and Create both need: the spec, the nodes and the tensors' sizes
+  // per example.
+  struct Plan {
+    v1::ModelSpec spec;
+    std::vector<Node> nodes;
+    std::vector<int64_t> tensor_sizes;
+    std::vector<int> group_first;
+  };
+  static absl::StatusOr<Plan> MakePlan(const v1::ModelConfig& config);
+
   // One staging area and the device inputs uploaded from it.
   struct Inputs {
     int size = 0;
@@ -215,20 +289,26 @@ class Model {
   const v1::ModelConfig config_;
   Kernels* const kernels_;  // Not owned.
   const int max_batch_;
-  int input_width_ = 0;  // dense features plus concatenated embeddings
+  int input_width_ = 0;           // dense features plus concatenated embeddings
+  int classes_ = 0;               // the logits' width
+  bool need_input_grad_ = false;  // a table's rows feed the input
   std::vector<std::string> dense_names_;
   std::vector<int64_t> dense_sizes_;
   std::vector<int64_t> dense_offsets_;
   int64_t dense_total_ = 0;
   std::vector<std::string> table_names_;
   std::vector<int> table_dims_;
-  std::vector<Layer> layers_;
+  std::vector<int> group_first_;
+  std::vector<Node> nodes_;
+  std::vector<Tensor> tensors_;
   std::vector<Embedding> embeddings_;
   std::vector<void*> owned_;  // every device allocation
   std::vector<void*> owned_host_;
   Inputs inputs_[kInputSlots];
   float* grads_ = nullptr;  // packed dense gradients
   float* dx0_ = nullptr;
+  float* cols_ = nullptr;   // Im2Col's output, and the gradient of it in backward
+  float* accum_ = nullptr;  // a gradient for a tensor that already has one, added after
   int32_t* predictions_ = nullptr;
   float* loss_ = nullptr;
   float* wide_out_ = nullptr;

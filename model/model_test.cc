@@ -66,18 +66,30 @@ double Loss(Model& model, Problem& p) {
   for (auto& v : p.params) params.push_back(v.data());
   for (auto& v : p.rows) rows.push_back(v.data());
   StepResult r;
-  EXPECT_TRUE(model.Compute(p.batch, p.sparse, params, rows, false, &r).ok());
+  // The loss as training sees it (batch normalization with the batch's statistics).
+  EXPECT_TRUE(
+      model.Compute(p.batch, p.sparse, params, rows, Model::Pass::kTrainingForward, &r).ok());
   return r.loss;
 }
 
-// Checks every analytic gradient against a central finite difference of the loss.
-void CheckGradients(const std::string& config_text, bool binary) {
+// The logits' width of a config.
+int Classes(const v1::ModelConfig& config) {
+  if (config.layers_size() > 0) return config.layers(config.layers_size() - 1).units();
+  return config.network(config.network_size() - 1).dense().units();
+}
+
+bool IsMovingStatistic(const std::string& name) {
+  return name.find("/moving_") != std::string::npos;
+}
+
+// Checks every analytic gradient against a central finite difference of the loss (the moving
+// statistics of batch normalization, whose "gradients" are their updates, are checked apart).
+void CheckGradients(const std::string& config_text, bool binary, int batch = 6) {
   v1::ModelConfig config = Parse(config_text);
   std::unique_ptr<Kernels> kernels = NewCpuKernels();
   auto model = Model::Create(config, kernels.get(), 8);
   ASSERT_TRUE(model.ok()) << model.status();
-  const int classes = config.layers(config.layers_size() - 1).units();
-  Problem p = MakeProblem(**model, 6, classes, binary, 42);
+  Problem p = MakeProblem(**model, batch, Classes(config), binary, 42);
   std::vector<const float*> params, rows;
   for (auto& v : p.params) params.push_back(v.data());
   for (auto& v : p.rows) rows.push_back(v.data());
@@ -100,6 +112,7 @@ void CheckGradients(const std::string& config_text, bool binary) {
     }
   };
   for (size_t v = 0; v < p.params.size(); ++v) {
+    if (IsMovingStatistic((*model)->dense_variables()[v])) continue;
     check(p.params[v], r.dense_grads[v], (*model)->dense_variables()[v]);
   }
   for (size_t t = 0; t < p.rows.size(); ++t) {
@@ -128,6 +141,404 @@ TEST(ModelGradientTest, EmbeddingBagsSumMeanAndWideWithSigmoidLoss) {
                       layers { name: "logit" units: 1 }
                       loss: SIGMOID_CROSS_ENTROPY)pb",
                  true);
+}
+
+// Convolutions (SAME and VALID, strides 1 and 2, with and without bias, 1x1 without a copy),
+// max pooling (disjoint and overlapping windows, padded), batch normalization, a standalone
+// activation and flatten.
+TEST(ModelGradientTest, ConvolutionPoolingBatchNormAndFlatten) {
+  CheckGradients(R"pb(input_dim: 60
+                      input_shape { height: 5 width: 6 channels: 2 }
+                      network {
+                        name: "c1"
+                        conv2d { filters: 3 kernel_size: 3 use_bias: true activation: TANH }
+                      }
+                      network {
+                        name: "p1"
+                        max_pool { pool_size: 2 padding: SAME }
+                      }
+                      network {
+                        name: "c2"
+                        conv2d { filters: 4 kernel_size: 2 stride: 2 padding: VALID }
+                      }
+                      network {
+                        name: "bn"
+                        batch_norm { momentum: 0.9 }
+                      }
+                      network {
+                        name: "act"
+                        activation { activation: TANH }
+                      }
+                      network {
+                        name: "c3"
+                        conv2d { filters: 2 kernel_size: 1 use_bias: true }
+                      }
+                      network {
+                        name: "flat"
+                        flatten {}
+                      }
+                      network {
+                        name: "out"
+                        dense { units: 3 }
+                      }
+                      loss: SOFTMAX_CROSS_ENTROPY)pb",
+                 false);
+}
+
+TEST(ModelGradientTest, OverlappingMaxPoolWithPadding) {
+  CheckGradients(R"pb(input_dim: 49
+                      input_shape { height: 7 width: 7 channels: 1 }
+                      network {
+                        name: "c"
+                        conv2d { filters: 2 kernel_size: 3 activation: TANH }
+                      }
+                      network {
+                        name: "p"
+                        max_pool { pool_size: 3 stride: 2 padding: SAME }
+                      }
+                      network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "out"
+                        dense { units: 1 }
+                      }
+                      loss: SIGMOID_CROSS_ENTROPY)pb",
+                 true);
+}
+
+// A residual network in small: an identity block (the block's input read by its first
+// convolution and by the addition) and a projection block (a strided 1x1 convolution on the
+// shortcut), then global average pooling.
+TEST(ModelGradientTest, ResidualBlocksWithGlobalAveragePooling) {
+  CheckGradients(R"pb(input_dim: 72
+                      input_shape { height: 6 width: 6 channels: 2 }
+                      network {
+                        name: "stem"
+                        conv2d { filters: 3 kernel_size: 3 }
+                      }
+                      network {
+                        name: "stem_bn"
+                        batch_norm {}
+                      }
+                      network {
+                        name: "stem_act"
+                        activation { activation: TANH }
+                      }
+                      network {
+                        name: "a1"
+                        conv2d { filters: 3 kernel_size: 3 }
+                      }
+                      network {
+                        name: "a1_bn"
+                        batch_norm {}
+                      }
+                      network {
+                        name: "a1_act"
+                        activation { activation: TANH }
+                      }
+                      network {
+                        name: "a2"
+                        conv2d { filters: 3 kernel_size: 3 }
+                      }
+                      network {
+                        name: "a2_bn"
+                        batch_norm {}
+                      }
+                      network {
+                        name: "a_add"
+                        inputs: [ "a2_bn", "stem_act" ]
+                        add { activation: TANH }
+                      }
+                      network {
+                        name: "b1"
+                        conv2d { filters: 4 kernel_size: 3 stride: 2 }
+                      }
+                      network {
+                        name: "b1_bn"
+                        batch_norm {}
+                      }
+                      network {
+                        name: "b1_act"
+                        activation { activation: TANH }
+                      }
+                      network {
+                        name: "b2"
+                        conv2d { filters: 4 kernel_size: 3 }
+                      }
+                      network {
+                        name: "shortcut"
+                        inputs: "a_add"
+                        conv2d { filters: 4 kernel_size: 1 stride: 2 }
+                      }
+                      network {
+                        name: "b_add"
+                        inputs: [ "b2", "shortcut" ]
+                        add {}
+                      }
+                      network {
+                        name: "gap"
+                        global_average_pool {}
+                      }
+                      network {
+                        name: "out"
+                        dense { units: 3 }
+                      }
+                      loss: SOFTMAX_CROSS_ENTROPY)pb",
+                 false);
+}
+
+// Batch normalization's moving statistics: training leaves (1 - momentum) * (moving - batch
+// statistic) as their gradient (the variance's with Bessel's correction), and evaluation
+// normalizes with them.
+TEST(ModelTest, BatchNormMovingStatistics) {
+  const v1::ModelConfig config = Parse(R"pb(input_dim: 12
+                                            input_shape { height: 2 width: 2 channels: 3 }
+                                            network {
+                                              name: "bn"
+                                              batch_norm { momentum: 0.9 }
+                                            }
+                                            network {
+                                              name: "f"
+                                              flatten {}
+                                            }
+                                            network {
+                                              name: "out"
+                                              dense { units: 2 }
+                                            }
+                                            loss: SOFTMAX_CROSS_ENTROPY)pb");
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto model = Model::Create(config, kernels.get(), 8);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->dense_variables()[2], "bn/moving_mean");
+  ASSERT_EQ((*model)->dense_variables()[3], "bn/moving_variance");
+  Problem p = MakeProblem(**model, 5, 2, false, 7);
+  std::vector<const float*> params;
+  for (auto& v : p.params) params.push_back(v.data());
+  StepResult r;
+  ASSERT_TRUE((*model)->Compute(p.batch, p.sparse, params, {}, true, &r).ok());
+  // The statistics of each channel over 5 examples x 4 positions.
+  constexpr int kRows = 20;
+  for (int c = 0; c < 3; ++c) {
+    double sum = 0, squares = 0;
+    for (int i = 0; i < kRows; ++i) sum += p.dense[i * 3 + c];
+    const double mean = sum / kRows;
+    for (int i = 0; i < kRows; ++i) squares += std::pow(p.dense[i * 3 + c] - mean, 2);
+    const double unbiased = squares / (kRows - 1);
+    EXPECT_NEAR(r.dense_grads[2][c], 0.1 * (p.params[2][c] - mean), 1e-5) << c;
+    EXPECT_NEAR(r.dense_grads[3][c], 0.1 * (p.params[3][c] - unbiased), 1e-5) << c;
+    // Evaluation with moving statistics equal to the batch's (biased) ones normalizes as
+    // training does.
+    p.params[2][c] = static_cast<float>(mean);
+    p.params[3][c] = static_cast<float>(squares / kRows);
+  }
+  p.params[3][0] = std::abs(p.params[3][0]);
+  StepResult eval, train;
+  ASSERT_TRUE(
+      (*model)->Compute(p.batch, p.sparse, params, {}, Model::Pass::kInference, &eval).ok());
+  ASSERT_TRUE(
+      (*model)->Compute(p.batch, p.sparse, params, {}, Model::Pass::kTrainingForward, &train).ok());
+  EXPECT_NEAR(eval.loss, train.loss, 1e-5);
+  // Other moving statistics change the evaluation, not training.
+  p.params[2][1] += 0.5f;
+  StepResult eval2, train2;
+  ASSERT_TRUE(
+      (*model)->Compute(p.batch, p.sparse, params, {}, Model::Pass::kInference, &eval2).ok());
+  ASSERT_TRUE((*model)
+                  ->Compute(p.batch, p.sparse, params, {}, Model::Pass::kTrainingForward, &train2)
+                  .ok());
+  EXPECT_GT(std::abs(eval2.loss - eval.loss), 1e-4);
+  EXPECT_EQ(train2.loss, train.loss);
+}
+
+TEST(ModelTest, NetworkSpecShapesAndGroups) {
+  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 784
+                                             seed: 3
+                                             input_shape { height: 28 width: 28 channels: 1 }
+                                             network {
+                                               name: "c"
+                                               conv2d { filters: 8 kernel_size: 3 }
+                                             }
+                                             network {
+                                               name: "bn"
+                                               batch_norm {}
+                                             }
+                                             network {
+                                               name: "gap"
+                                               global_average_pool {}
+                                             }
+                                             network {
+                                               name: "out"
+                                               dense { units: 10 }
+                                             }
+                                             optimizer { adam { learning_rate: 0.001 } })pb"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->variables_size(), 7);
+  EXPECT_EQ(spec->variables(0).name(), "c/kernel");
+  EXPECT_THAT(spec->variables(0).shape().dims(), testing::ElementsAre(3, 3, 1, 8));
+  EXPECT_EQ(spec->variables(0).initializer().kind(), v1::InitializerSpec::HE_NORMAL);
+  EXPECT_EQ(spec->variables(0).initializer().seed(), 3u);
+  EXPECT_TRUE(spec->variables(0).optimizer().has_adam());
+  EXPECT_EQ(spec->variables(1).name(), "bn/gamma");
+  EXPECT_EQ(spec->variables(1).initializer().value(), 1.0f);
+  EXPECT_EQ(spec->variables(3).name(), "bn/moving_mean");
+  EXPECT_EQ(spec->variables(3).optimizer().sgd().learning_rate(), 1.0f);
+  EXPECT_EQ(spec->variables(4).name(), "bn/moving_variance");
+  EXPECT_EQ(spec->variables(4).initializer().value(), 1.0f);
+  EXPECT_EQ(spec->variables(5).name(), "out/kernel");
+  EXPECT_THAT(spec->variables(5).shape().dims(), testing::ElementsAre(8, 10));
+
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto model = Model::Create(Parse(R"pb(input_dim: 784
+                                        input_shape { height: 28 width: 28 channels: 1 }
+                                        network {
+                                          name: "c"
+                                          conv2d { filters: 8 kernel_size: 3 }
+                                        }
+                                        network {
+                                          name: "bn"
+                                          batch_norm {}
+                                        }
+                                        network {
+                                          name: "gap"
+                                          global_average_pool {}
+                                        }
+                                        network {
+                                          name: "out"
+                                          dense { units: 10 }
+                                        })pb"),
+                             kernels.get(), 4);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Groups cover every variable in order, each layer's variables within one group.
+  ASSERT_GE((*model)->num_groups(), 1);
+  EXPECT_EQ((*model)->group_first(0), 0);
+  EXPECT_EQ((*model)->group_first((*model)->num_groups()), 7);
+  for (int g = 0; g < (*model)->num_groups(); ++g) {
+    const int first = (*model)->group_first(g);
+    EXPECT_LT(first, (*model)->group_first(g + 1));
+    EXPECT_TRUE(first == 0 || first == 1 || first == 5) << first;
+  }
+}
+
+TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
+  auto expect = [](const std::string& text, const std::string& substr) {
+    auto spec = ModelSpecFromConfig(Parse(text));
+    ASSERT_FALSE(spec.ok()) << text;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(substr)) << text;
+  };
+  const std::string image = "input_dim: 16 input_shape { height: 4 width: 4 channels: 1 } ";
+  expect(image + R"pb(network {
+                        name: "d"
+                        dense { units: 2 }
+                      })pb",
+         "layer d (dense) reads a [4, 4, 1] input; put a flatten layer before it");
+  expect(image + R"pb(network {
+                        name: "c"
+                        conv2d { filters: 2 kernel_size: 5 padding: VALID }
+                      }
+                      network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        dense { units: 2 }
+                      })pb",
+         "layer c: its 5x5 window does not fit its [4, 4, 1] input with VALID padding");
+  expect(image + R"pb(network {
+                        name: "c"
+                        conv2d { filters: 0 kernel_size: 3 }
+                      })pb",
+         "layer c (conv2d) needs filters, kernel_size and stride >= 1");
+  expect(image + R"pb(network {
+                        name: "c"
+                        conv2d { filters: 2 kernel_size: 3 stride: 2 }
+                      }
+                      network {
+                        name: "a"
+                        inputs: [ "c", "input" ]
+                        add {}
+                      })pb",
+         "layer a (add) adds a [2, 2, 2] and a [4, 4, 1] input; they must be equal");
+  expect(image + R"pb(network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        inputs: "nope"
+                        dense { units: 2 }
+                      })pb",
+         "layer o reads \"nope\", which is not an earlier layer");
+  expect(image + R"pb(network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        inputs: "input"
+                        dense { units: 2 }
+                      })pb",
+         "layer o (dense) reads a [4, 4, 1] input");
+  expect(image + R"pb(network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "g"
+                        inputs: "input"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        dense { units: 2 }
+                      })pb",
+         "the output of layer f is not read by any later layer");
+  expect(image + R"pb(network {
+                        name: "c"
+                        conv2d { filters: 2 kernel_size: 3 }
+                      })pb",
+         "the last layer, c, outputs [4, 4, 2]; the logits must be flat");
+  expect(image + R"pb(network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        dense { units: 2 activation: RELU }
+                      })pb",
+         "the last layer, o, must be linear");
+  expect(image + R"pb(network {
+                        name: "b"
+                        batch_norm { momentum: 1 }
+                      })pb",
+         "layer b (batch_norm) needs momentum in [0, 1)");
+  expect(image + R"pb(network {
+                        name: "a"
+                        add {}
+                      })pb",
+         "layer a (add) needs at least two inputs, got 1");
+  expect(image + R"pb(network { name: "x" })pb", "layer x (network index 0) has no kind");
+  expect(
+      "input_dim: 16 input_shape { height: 4 width: 3 channels: 1 } "
+      "network { dense { units: 2 } }",
+      "input_shape [4, 3, 1] must have every dimension >= 1 and hold input_dim = 16");
+  expect(R"pb(input_dim: 4
+              layers { units: 2 }
+              network { dense { units: 2 } })pb",
+         "sets both layers and network");
+  expect(image + R"pb(embeddings { name: "e" table: "t" dim: 2 }
+                      network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        dense { units: 2 }
+                      })pb",
+         "only wide embedding layers go with input_shape");
 }
 
 TEST(ModelTest, SpecNamesEveryVariable) {
@@ -177,7 +588,7 @@ TEST(ModelTest, RefusesConfigsThatCannotBeBuilt) {
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(substr));
   };
-  expect("input_dim: 4", "has no dense layers");
+  expect("input_dim: 4", "has no dense layers and no network");
   expect(R"pb(input_dim: 4
               layers { name: "a" units: 3 activation: RELU })pb",
          "the last layer, a, must be linear");

@@ -137,6 +137,7 @@ struct Sampler {
       case v1::InitializerSpec::NORMAL:
         return static_cast<float>(mean + stddev * stream.Normal(0));
       case v1::InitializerSpec::TRUNCATED_NORMAL:
+      case v1::InitializerSpec::HE_NORMAL:
         // Each draw is rejected with probability 4.6%, so this ends after about one draw.
         for (uint32_t draw = 0;; ++draw) {
           const double z = stream.Normal(draw);
@@ -148,7 +149,8 @@ struct Sampler {
   }
 };
 
-// REQUIRES: ValidateInitializer(spec) is OK. For GLOROT_UNIFORM, fan_in + fan_out > 0.
+// REQUIRES: ValidateInitializer(spec) is OK. For GLOROT_UNIFORM, fan_in + fan_out > 0; for
+// HE_NORMAL, fan_in > 0.
 Sampler MakeSampler(const v1::InitializerSpec& spec, double fan_in, double fan_out) {
   Sampler sampler = {spec.kind(), 0.0f, spec.min(), spec.max(), spec.mean(), spec.stddev()};
   if (spec.kind() == v1::InitializerSpec::CONSTANT) sampler.constant = spec.value();
@@ -156,6 +158,12 @@ Sampler MakeSampler(const v1::InitializerSpec& spec, double fan_in, double fan_o
     const double limit = std::sqrt(6.0 / (fan_in + fan_out));
     sampler.low = -limit;
     sampler.high = limit;
+  }
+  if (spec.kind() == v1::InitializerSpec::HE_NORMAL) {
+    // Keras's he_normal: a normal truncated at two standard deviations loses variance; the
+    // constant (the truncated unit normal's standard deviation) gives it back.
+    sampler.mean = 0.0;
+    sampler.stddev = std::sqrt(2.0 / fan_in) / 0.87962566103423978;
   }
   return sampler;
 }
@@ -231,6 +239,7 @@ absl::Status ValidateInitializer(const v1::InitializerSpec& spec) {
   switch (spec.kind()) {
     case v1::InitializerSpec::ZEROS:
     case v1::InitializerSpec::GLOROT_UNIFORM:
+    case v1::InitializerSpec::HE_NORMAL:
       return absl::OkStatus();
     case v1::InitializerSpec::CONSTANT:
       return CheckFinite("value", spec.value(), spec);
@@ -249,7 +258,7 @@ absl::Status ValidateInitializer(const v1::InitializerSpec& spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("InitializerSpec.kind ", static_cast<int>(spec.kind()),
                        " is not a known kind (ZEROS, CONSTANT, UNIFORM, NORMAL, "
-                       "TRUNCATED_NORMAL or GLOROT_UNIFORM)"));
+                       "TRUNCATED_NORMAL, GLOROT_UNIFORM or HE_NORMAL)"));
   }
 }
 
@@ -266,15 +275,17 @@ absl::Status InitializeDense(const v1::InitializerSpec& spec, absl::string_view 
   }
   double fan_in = 0.0;
   double fan_out = 0.0;
-  if (spec.kind() == v1::InitializerSpec::GLOROT_UNIFORM) {
+  const bool fans = spec.kind() == v1::InitializerSpec::GLOROT_UNIFORM ||
+                    spec.kind() == v1::InitializerSpec::HE_NORMAL;
+  if (fans) {
     if (full_shape.dims_size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "GLOROT_UNIFORM needs a variable of rank >= 1 to compute fans, but variable '", name,
-          "' is a scalar"));
+          v1::InitializerSpec::Kind_Name(spec.kind()),
+          " needs a variable of rank >= 1 to compute fans, but variable '", name, "' is a scalar"));
     }
     ComputeFans(full_shape, &fan_in, &fan_out);
   }
-  // With no elements there is nothing to draw (and a GLOROT limit may be undefined).
+  // With no elements there is nothing to draw (and a fan-based scale may be undefined).
   if (n == 0) return absl::OkStatus();
   const Sampler sampler = MakeSampler(spec, fan_in, fan_out);
   const uint64_t key = StreamKey(spec.seed(), name, kDenseDomain);

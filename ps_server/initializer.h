@@ -42,6 +42,9 @@ namespace pscluster {
 //                                           fan_in = r * dims[k-2], fan_out = r * dims[k-1]
 //                     A table row of `dim` floats counts as a rank-1 variable [dim].
 //                     A scalar has no fans and is refused.
+//   HE_NORMAL         TRUNCATED_NORMAL with mean 0 and stddev sqrt(2 / fan_in) / 0.8796...
+//                     (Keras's he_normal: the truncated unit normal's stddev given back), the
+//                     fans as for GLOROT_UNIFORM
 // The seed is any uint64 (0 included); the same seed and name always give the same values.
 //
 // Thread-safety: these functions are pure and touch only their arguments; call them from any

@@ -88,6 +88,7 @@ const char* const kAllKindSpecs[] = {
     "kind: NORMAL mean: 0.5 stddev: 2 seed: 12",
     "kind: TRUNCATED_NORMAL mean: -1 stddev: 0.1 seed: 13",
     "kind: GLOROT_UNIFORM seed: 14",
+    "kind: HE_NORMAL seed: 15",
 };
 
 class EveryKindTest : public testing::TestWithParam<const char*> {};
@@ -347,6 +348,22 @@ TEST(InitializerStatisticsTest, GlorotRowsUseTheRowAsA1DShape) {
   EXPECT_LT(m.min, -0.99 * limit);
   EXPECT_GT(m.max, 0.99 * limit);
   EXPECT_NEAR(m.stddev, limit / std::sqrt(3.0), 0.01 * limit);
+}
+
+TEST(InitializerStatisticsTest, HeNormalHasKerasStddevOverFanIn) {
+  // A 3x3 convolution from 16 to 64 channels: fan_in = 3 * 3 * 16.
+  const v1::InitializerSpec spec = ParseSpec("kind: HE_NORMAL seed: 16");
+  const std::vector<float> values = WholeVariable(spec, "conv/kernel", Shape({3, 3, 16, 2048}));
+  const double stddev = std::sqrt(2.0 / (3 * 3 * 16));
+  const Moments m = ComputeMoments(values);
+  EXPECT_NEAR(m.mean, 0.0, 0.01 * stddev);
+  // Keras divides by the truncated unit normal's stddev, so the result has stddev(2 / fan_in).
+  EXPECT_NEAR(m.stddev, stddev, 0.01 * stddev);
+  // Truncated at two of the untruncated normal's standard deviations.
+  const double bound = 2.0 * stddev / 0.87962566103423978;
+  EXPECT_GE(m.min, -bound);
+  EXPECT_LE(m.max, bound);
+  EXPECT_LT(m.min, -0.99 * bound);
 }
 
 TEST(InitializerStatisticsTest, NormalRowsAcrossKeys) {

@@ -120,9 +120,9 @@ StepPipeline::~StepPipeline() {
 
 absl::Status StepPipeline::Allocate() {
   const Model& m = *towers_[0];
-  for (int l = 0; l < m.num_layers(); ++l) {
+  for (int g = 0; g < m.num_groups(); ++g) {
     Layer layer;
-    for (int i : {2 * l, 2 * l + 1}) {
+    for (int i = m.group_first(g); i < m.group_first(g + 1); ++i) {
       layer.variables.push_back(m.dense_variables()[i]);
       layer.indices.push_back(i);
     }
@@ -536,7 +536,7 @@ absl::Status StepPipeline::Run(int64_t index, int64_t tag, int64_t pull_step,
                                         : static_cast<float>(sizes[t]) /
                                               static_cast<float>(batch.data.num_examples);
     absl::Status s =
-        model.Enqueue(in_slot, params, rows, /*backward=*/true, scale, hooks, g.outputs[t]);
+        model.Enqueue(in_slot, params, rows, Model::Pass::kTraining, scale, hooks, g.outputs[t]);
     if (!pull_error.ok()) break;
     PS_RETURN_IF_ERROR(s);
     k->Record(slot.consumed[t].get(), kCompute);
