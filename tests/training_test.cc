@@ -264,6 +264,104 @@ TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
   LOG(INFO) << "largest relative difference: " << max_rel;
 }
 
+// A small residual network (convolutions, batch normalization, an addition, max pooling) in
+// synchronous training: it learns, and the moving statistics on the ps, which evaluation
+// normalizes with, were updated by the workers' pushes.
+TEST(ConvTrainingTest, ResidualCnnLearnsFashionMnistThroughTheDaemons) {
+  const std::string config_path = absl::StrCat(getenv("TEST_TMPDIR"), "/residual_cnn.pbtxt");
+  {
+    std::ofstream out(config_path);
+    out << R"pb(
+      name: "residual_cnn"
+      input_dim: 784
+      input_shape { height: 28 width: 28 channels: 1 }
+      network {
+        name: "stem"
+        conv2d { filters: 8 kernel_size: 3 stride: 2 }
+      }
+      network {
+        name: "stem_bn"
+        batch_norm { momentum: 0.9 }
+      }
+      network {
+        name: "stem_relu"
+        activation { activation: RELU }
+      }
+      network {
+        name: "conv"
+        conv2d { filters: 8 kernel_size: 3 }
+      }
+      network {
+        name: "bn"
+        batch_norm { momentum: 0.9 }
+      }
+      network {
+        name: "add"
+        inputs: [ "bn", "stem_relu" ]
+        add { activation: RELU }
+      }
+      network {
+        name: "pool"
+        max_pool {}
+      }
+      network {
+        name: "flat"
+        flatten {}
+      }
+      network {
+        name: "logits"
+        dense { units: 10 }
+      }
+      loss: SOFTMAX_CROSS_ENTROPY
+      optimizer { adam { learning_rate: 0.003 } }
+      seed: 1
+    )pb";
+  }
+  TestClusterOptions options;
+  options.num_ps = 2;
+  options.num_workers = 2;
+  options.flags["chief"] = {
+      "--model_config=" + config_path, "--mode=sync", "--max_train_examples=6000",
+      "--max_test_examples=1000",      "--epochs=3",  "--batch_size=50"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = Chief(**cluster);
+  v1::ClusterStatus status = AwaitStatus(*chief, Finished, absl::Seconds(300));
+  ASSERT_TRUE(status.progress().finished()) << status.DebugString() << (*cluster)->Logs();
+  LOG(INFO) << "test accuracy " << status.progress().test_accuracy();
+  // Chance is 0.10; this network reaches about 0.8 on the slice.
+  EXPECT_GE(status.progress().test_accuracy(), 0.65) << status.DebugString();
+  EXPECT_EQ(status.global_step(), 6000 / 2 / 50 * 3);
+
+  grpc::ClientContext ctx;
+  v1::GetModelRequest req;
+  v1::GetModelResponse model;
+  ASSERT_TRUE(chief->GetModel(&ctx, req, &model).ok());
+  std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
+  auto remote = ParameterClient::Create(
+      model.model(), model.placement(),
+      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), {});
+  ASSERT_TRUE(remote.ok());
+  std::vector<std::vector<float>> stats;
+  ASSERT_TRUE(
+      (*remote)
+          ->Pull({"stem_bn/moving_mean", "stem_bn/moving_variance", "bn/moving_variance"}, &stats)
+          .ok());
+  // Initial values are 0 and 1; the stem's input is pixels in [0, 1], so its convolution's
+  // means move away from 0, and every variance away from 1.
+  for (size_t v = 0; v < stats.size(); ++v) {
+    ASSERT_EQ(stats[v].size(), 8u);
+    const float initial = v == 0 ? 0.0f : 1.0f;
+    int moved = 0;
+    for (float x : stats[v]) {
+      EXPECT_TRUE(std::isfinite(x));
+      if (v > 0) EXPECT_GE(x, 0.0f);
+      moved += std::abs(x - initial) > 1e-3f;
+    }
+    EXPECT_EQ(moved, 8) << "statistic " << v;
+  }
+}
+
 // 3 workers, 2 gradients aggregated per step, one worker slowed: the step advances at the pace
 // of the fastest two, and the slow worker's late gradients are dropped and counted.
 TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
