@@ -485,8 +485,8 @@ absl::Status Coordinator::InitializeModel() {
 
 absl::StatusOr<EvalResult> Coordinator::OwnEvaluation(int64_t step) {
   if (own_evaluator_ == nullptr) {
-    PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options_.training.data(),
-                                                  options_.config.input_dim(), /*train=*/false));
+    PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options_.training.data(), options_.config,
+                                                  /*train=*/false));
     PS_ASSIGN_OR_RETURN(own_evaluator_,
                         Evaluator::Create(options_.config, client_.get(), std::move(test)));
   }

@@ -30,11 +30,13 @@ DEFINE_int32(epochs, 10, "Passes over each worker's shard of the data.");
 DEFINE_int64(max_steps, 0, "Stop each worker after this many steps (0: run the epochs).");
 DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
 DEFINE_string(data, "fashion_mnist",
-              "fashion_mnist, libsvm, criteo (Criteo display-ads TSV), csv or synthetic_ctr "
-              "(docs/data.md).");
+              "fashion_mnist (idx files), cifar10 (CIFAR-10 binary version), libsvm, criteo "
+              "(Criteo display-ads TSV), csv or synthetic_ctr (docs/data.md).");
 DEFINE_string(data_path, "",
               "Path of the data: fashion_mnist: the idx files' directory (default "
-              "/usr/share/datasets/fashion-mnist); libsvm, criteo, csv: the training file "
+              "/usr/share/datasets/fashion-mnist); cifar10: the directory of data_batch_1.bin "
+              ".. data_batch_5.bin and test_batch.bin (plain or gzip); libsvm, criteo, csv: "
+              "the training file "
               "(criteo and csv: plain or gzip). Checked at start.");
 DEFINE_string(test_data_path, "", "libsvm, criteo, csv: path of the test file. Checked at start.");
 DEFINE_int64(hash_buckets, 0,
@@ -151,9 +153,12 @@ int main(int argc, char** argv) {
     data.set_kind(DataConfig::CRITEO);
   } else if (FLAGS_data == "csv") {
     data.set_kind(DataConfig::CSV);
+  } else if (FLAGS_data == "cifar10") {
+    data.set_kind(DataConfig::CIFAR10);
   } else {
-    return Fail("--data must be fashion_mnist, libsvm, criteo, csv or synthetic_ctr, not \"" +
-                FLAGS_data + "\"");
+    return Fail(
+        "--data must be fashion_mnist, cifar10, libsvm, criteo, csv or synthetic_ctr, not \"" +
+        FLAGS_data + "\"");
   }
   data.set_path(FLAGS_data_path);
   data.set_test_path(FLAGS_test_data_path);
@@ -166,6 +171,11 @@ int main(int argc, char** argv) {
       return Fail("--data=" + FLAGS_data + " needs --data_path and --test_data_path");
     }
     data.set_hash_buckets(FLAGS_hash_buckets);
+  }
+  if (data.kind() == DataConfig::CIFAR10 && FLAGS_data_path.empty()) {
+    return Fail(
+        "--data=cifar10 needs --data_path, the folder of data_batch_1.bin .. "
+        "data_batch_5.bin and test_batch.bin");
   }
   if (data.kind() == DataConfig::CRITEO) {
     data.set_criteo_int_columns(FLAGS_criteo_int_columns);
@@ -182,7 +192,7 @@ int main(int argc, char** argv) {
     data.set_csv_delimiter(FLAGS_csv_delimiter == "\\t" ? "\t" : FLAGS_csv_delimiter);
   }
   if (!FLAGS_model_config.empty()) {
-    absl::Status usable = pscluster::CheckDataConfig(data, options.config.input_dim());
+    absl::Status usable = pscluster::CheckDataConfig(data, options.config);
     if (!usable.ok()) return Fail("--data=" + FLAGS_data + ": " + std::string(usable.message()));
   }
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);

@@ -1,5 +1,8 @@
 #include "model/input.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <string>
 
@@ -10,6 +13,7 @@
 namespace pscluster {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -132,6 +136,147 @@ TEST(CsvColumnsFromSpecTest, FillsTheProtoAndKeepsDefaultPresence) {
   auto bad = CsvColumnsFromSpec("y:label,x:double");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("entry 2 'x:double': unknown type 'double'"));
+}
+
+std::string MakeDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/input_test_", name);
+  EXPECT_TRUE(mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) << dir;
+  return dir;
+}
+
+// A CIFAR-10 record: the label, then 3072 pixel bytes (the planes R, G, B), every byte `fill`.
+std::string CifarRecord(int label, char fill) {
+  return std::string(1, static_cast<char>(label)) + std::string(3072, fill);
+}
+
+// A folder of CIFAR-10 batches: data_batch_b.bin holds one record of label b, test_batch.bin
+// two.
+v1::DataConfig SmallCifar10() {
+  const std::string dir = MakeDir("cifar10");
+  for (int b = 1; b <= 5; ++b) {
+    Write(absl::StrCat("cifar10/data_batch_", b, ".bin"), CifarRecord(b, static_cast<char>(b)));
+  }
+  Write("cifar10/test_batch.bin", CifarRecord(0, 'a') + CifarRecord(9, 'b'));
+  v1::DataConfig config;
+  config.set_kind(v1::DataConfig::CIFAR10);
+  config.set_path(dir);
+  return config;
+}
+
+v1::ModelConfig ImageModel(int height, int width, int channels) {
+  v1::ModelConfig model;
+  model.set_input_dim(height * width * channels);
+  model.mutable_input_shape()->set_height(height);
+  model.mutable_input_shape()->set_width(width);
+  model.mutable_input_shape()->set_channels(channels);
+  return model;
+}
+
+TEST(LoadDatasetTest, Cifar10ReadsTheBatchesForTrainingAndTheTestBatchForTesting) {
+  v1::DataConfig config = SmallCifar10();
+  auto train = LoadDataset(config, ImageModel(32, 32, 3), /*train=*/true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->num_examples, 5);
+  EXPECT_EQ(train->dense_dim, 3072);
+  EXPECT_THAT(train->labels, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(train->dense[3072 * 2 + 5], 3 / 255.0f);
+  auto test = LoadDataset(config, 3072, /*train=*/false);
+  ASSERT_TRUE(test.ok()) << test.status();
+  EXPECT_THAT(test->labels, ElementsAre(0, 9));
+
+  config.set_max_train_examples(2);
+  config.set_max_test_examples(1);
+  train = LoadDataset(config, 3072, /*train=*/true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_THAT(train->labels, ElementsAre(1, 2));
+  test = LoadDataset(config, 3072, /*train=*/false);
+  ASSERT_TRUE(test.ok()) << test.status();
+  EXPECT_THAT(test->labels, ElementsAre(0));
+}
+
+TEST(LoadDatasetTest, Cifar10MustFitTheModel) {
+  v1::DataConfig config = SmallCifar10();
+  EXPECT_TRUE(CheckDataConfig(config, 3072).ok());
+  EXPECT_TRUE(CheckDataConfig(config, ImageModel(32, 32, 3)).ok());
+
+  absl::Status s = CheckDataConfig(config, 784);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("CIFAR-10 gives 3072 features per example (32x32x3); the "
+                                     "model's input_dim is 784"));
+  auto data = LoadDataset(config, ImageModel(28, 28, 1), /*train=*/true);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(), HasSubstr("CIFAR-10 gives 3072 features per example "
+                                                 "(32x32x3); the model's input_dim is 784"));
+
+  // The same number of features in another layout.
+  s = CheckDataConfig(config, ImageModel(3, 32, 32));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("CIFAR-10 gives 32x32x3 images (height x width x "
+                                     "channels); the model's input_shape is 3x32x32"));
+  data = LoadDataset(config, ImageModel(3, 32, 32), /*train=*/false);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(), HasSubstr("the model's input_shape is 3x32x32"));
+
+  config.clear_path();
+  s = CheckDataConfig(config, 3072);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("CIFAR10 data needs a path"));
+}
+
+TEST(LoadDatasetTest, Cifar10FileErrorsNameTheFile) {
+  v1::DataConfig config = SmallCifar10();
+  const std::string bad = Write("cifar10/data_batch_2.bin", CifarRecord(11, 'x'));
+  auto data = LoadDataset(config, 3072, /*train=*/true);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              HasSubstr(bad + ": label 11 of record 0 at offset 0 is not a class in [0, 10)"));
+  ASSERT_EQ(std::remove(bad.c_str()), 0);
+  data = LoadDataset(config, 3072, /*train=*/true);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(data.status().message(), HasSubstr(bad + " exists"));
+}
+
+std::string BigEndian32(uint32_t v) {
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// A folder of idx files of two 2x2 images of 3 channels (idx4), as the training and test sets.
+v1::DataConfig SmallColorIdx() {
+  const std::string dir = MakeDir("idx4");
+  const std::string images = BigEndian32(0x00000804) + BigEndian32(2) + BigEndian32(2) +
+                             BigEndian32(2) + BigEndian32(3) + std::string(24, '\x33');
+  const std::string labels = BigEndian32(0x00000801) + BigEndian32(2) + std::string{1, 7};
+  for (const char* set : {"train", "t10k"}) {
+    Write(absl::StrCat("idx4/", set, "-images-idx3-ubyte"), images);
+    Write(absl::StrCat("idx4/", set, "-labels-idx1-ubyte"), labels);
+  }
+  v1::DataConfig config;
+  config.set_kind(v1::DataConfig::FASHION_MNIST);
+  config.set_path(dir);
+  return config;
+}
+
+TEST(LoadDatasetTest, IdxImagesWithChannelsMustFitTheModel) {
+  const v1::DataConfig config = SmallColorIdx();
+  auto data = LoadDataset(config, ImageModel(2, 2, 3), /*train=*/true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->dense_dim, 12);
+  EXPECT_THAT(data->labels, ElementsAre(1, 7));
+  EXPECT_TRUE(LoadDataset(config, 12, /*train=*/false).ok());
+
+  data = LoadDataset(config, 784, /*train=*/true);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              HasSubstr(absl::StrCat("the idx data in ", config.path(),
+                                     " gives 12 features per example (2x2x3); the model's "
+                                     "input_dim is 784")));
+  data = LoadDataset(config, ImageModel(2, 3, 2), /*train=*/false);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(config.path()),
+                    HasSubstr("gives 2x2x3 images (height x width x channels); the model's "
+                              "input_shape is 2x3x2")));
 }
 
 }  // namespace

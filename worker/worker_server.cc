@@ -168,7 +168,7 @@ absl::Status WorkerServer::TrainOnce() {
   const v1::GetModelResponse& model = *fetched;
   v1::DataConfig data = model.training().data();
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
-  PS_ASSIGN_OR_RETURN(Dataset all, LoadDataset(data, model.config().input_dim(), /*train=*/true));
+  PS_ASSIGN_OR_RETURN(Dataset all, LoadDataset(data, model.config(), /*train=*/true));
   const int index = options_.cluster.task().index();
   const int count = NumTasks(spec, kWorkerJob);
   Dataset shard = ShardDataset(all, index, count);

@@ -20,6 +20,15 @@ absl::Status ValidateDataset(const Dataset& data) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_classes must be 0 (binary) or at least 2, got ", data.num_classes));
   }
+  if (data.image.has_value()) {
+    const ImageLayout& image = *data.image;
+    if (image.height < 1 || image.width < 1 || image.channels < 1 ||
+        int64_t{image.height} * image.width * image.channels != data.dense_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image layout ", image.height, "x", image.width, "x", image.channels,
+          " (height x width x channels) does not hold dense_dim = ", data.dense_dim, " features"));
+    }
+  }
   const uint64_t n = static_cast<uint64_t>(data.num_examples);
   if (data.dense.size() != n * static_cast<uint64_t>(data.dense_dim)) {
     return absl::InvalidArgumentError(absl::StrCat("dense has ", data.dense.size(),
@@ -81,6 +90,7 @@ void SelectExamples(const Dataset& src, absl::Span<const int64_t> positions, Dat
   out->num_examples = static_cast<int64_t>(positions.size());
   out->dense_dim = src.dense_dim;
   out->num_classes = src.num_classes;
+  out->image = src.image;
   out->dense.resize(positions.size() * dim);
   out->labels.resize(positions.size());
   out->sparse_offsets.clear();

@@ -58,6 +58,15 @@ TEST(ValidateDatasetTest, NamesTheInconsistentField) {
   s = ValidateDataset(data);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("[0, 10)"));
+
+  data = ThreeExamples();
+  data.image = ImageLayout{1, 2, 1};
+  EXPECT_TRUE(ValidateDataset(data).ok());
+  data.image = ImageLayout{2, 2, 1};
+  s = ValidateDataset(data);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("image layout 2x2x1 (height x width x channels) does not "
+                                     "hold dense_dim = 2 features"));
 }
 
 TEST(SelectExamplesTest, GathersRowsIdsAndLabelsInOrder) {
@@ -84,9 +93,11 @@ TEST(SelectExamplesTest, KeepsDataWithoutSparseFeaturesWithout) {
   Dataset data = ThreeExamples();
   data.sparse_offsets.clear();
   data.sparse_ids.clear();
+  data.image = ImageLayout{1, 1, 2};
   Dataset out;
   SelectExamples(data, {0}, &out);
   EXPECT_FALSE(out.has_sparse());
+  EXPECT_EQ(out.image, data.image);
   EXPECT_TRUE(ValidateDataset(out).ok());
 }
 

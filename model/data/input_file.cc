@@ -166,4 +166,18 @@ absl::StatusOr<bool> LineReader::Next(std::string* line) {
   return true;
 }
 
+absl::StatusOr<std::string> FindGzipOrPlain(const std::string& path) {
+  for (const std::string& candidate : {path + ".gz", path}) {
+    std::FILE* file = std::fopen(candidate.c_str(), "rb");
+    if (file != nullptr) {
+      std::fclose(file);
+      return candidate;
+    }
+    if (errno != ENOENT) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", candidate));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("neither ", path, ".gz nor ", path, " exists"));
+}
+
 }  // namespace pscluster

@@ -102,6 +102,11 @@ class LineReader {
   int64_t line_number_ = 0;
 };
 
+// The file a reader should open for `path`: `path` + ".gz" if that exists, otherwise `path`.
+// Errors: NOT_FOUND naming both paths when neither exists; the errno of another failure to
+// open one (e.g. PERMISSION_DENIED).
+absl::StatusOr<std::string> FindGzipOrPlain(const std::string& path);
+
 }  // namespace pscluster
 
 #endif  // PSCLUSTER_MODEL_DATA_INPUT_FILE_H_

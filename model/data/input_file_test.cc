@@ -93,5 +93,24 @@ TEST(LineReaderTest, MissingFileIsNotFound) {
   EXPECT_THAT(reader.status().message(), HasSubstr("cannot open " + missing));
 }
 
+TEST(FindGzipOrPlainTest, PrefersTheGzipFile) {
+  const std::string plain = Write("find_both", "x");
+  Write("find_both.gz", "x");
+  absl::StatusOr<std::string> found = FindGzipOrPlain(plain);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, plain + ".gz");
+
+  const std::string only_plain = Write("find_plain", "x");
+  found = FindGzipOrPlain(only_plain);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, only_plain);
+
+  const std::string missing = absl::StrCat(::testing::TempDir(), "/input_file_test_missing");
+  found = FindGzipOrPlain(missing);
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(found.status().message(),
+              HasSubstr(absl::StrCat("neither ", missing, ".gz nor ", missing, " exists")));
+}
+
 }  // namespace
 }  // namespace pscluster

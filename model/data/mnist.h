@@ -11,17 +11,22 @@ namespace pscluster {
 
 // Readers for the MNIST idx format (MNIST, Fashion-MNIST, and anything else laid out the same).
 //
-// An image file is a big-endian header -- magic 0x00000803 (2051: unsigned bytes, 3 dims),
-// image count, rows, columns -- followed by count x rows x columns pixel bytes. A label file
-// is magic 0x00000801 (2049), label count, then one byte per label. Either file may be
+// An image file is a big-endian header -- magic 0x00000803 (type byte 0x08: unsigned bytes; 3
+// dimensions), image count, rows, columns -- followed by count x rows x columns pixel bytes; or,
+// for images with channels, magic 0x00000804 (4 dimensions), count, rows, columns, channels,
+// then count x rows x columns x channels bytes, channels fastest (NHWC). A label file is magic
+// 0x00000801 (2049), label count, then one byte per label. Either file may be
 // gzip-compressed: that is decided by its first two bytes (1f 8b), never by its name.
 //
-// The result has dense_dim = rows x columns, pixels scaled to [0, 1] (value / 255), no sparse
-// features, num_classes = 10 and labels 0..9.
+// The result has dense_dim = rows x columns x channels (channels = 1 for 3 dimensions) in the
+// file's order, pixels scaled to [0, 1] (value / 255), image = {rows, columns, channels}, no
+// sparse features, num_classes = 10 and labels 0..9.
 //
 // Errors:
 //   NOT_FOUND / PERMISSION_DENIED (from errno) when a file cannot be opened.
-//   INVALID_ARGUMENT for every malformed file, truncation included -- wrong magic, truncated
+//   INVALID_ARGUMENT for every malformed file, truncation included -- wrong magic (the message
+//     says which part: a type byte other than 0x08, or a dimension count other than 3 or 4 for
+//     images and 1 for labels, and what was expected), truncated
 //     header, image size of zero or too large, image count != label count, data that ends
 //     before the header says it should, bytes after that end, a label outside 0..9, a corrupt
 //     gzip stream. The message names the file and the byte offset where it went wrong, e.g.

@@ -29,6 +29,13 @@ std::string ImageFile(uint32_t count, uint32_t rows, uint32_t cols, const std::s
   return BigEndian32(2051) + BigEndian32(count) + BigEndian32(rows) + BigEndian32(cols) + pixels;
 }
 
+// An idx4 image file: magic 0x00000804, count, rows, columns, channels, then the pixel bytes.
+std::string ImageFile4(uint32_t count, uint32_t rows, uint32_t cols, uint32_t channels,
+                       const std::string& pixels) {
+  return BigEndian32(2052) + BigEndian32(count) + BigEndian32(rows) + BigEndian32(cols) +
+         BigEndian32(channels) + pixels;
+}
+
 std::string LabelFile(uint32_t count, const std::string& labels) {
   return BigEndian32(2049) + BigEndian32(count) + labels;
 }
@@ -104,6 +111,8 @@ void ExpectTinyDataset(const Dataset& data) {
   EXPECT_EQ(data.dense, Scaled(TinyPixels()));
   EXPECT_THAT(data.labels, ElementsAre(9, 0, 4));
   EXPECT_FALSE(data.has_sparse());
+  ASSERT_TRUE(data.image.has_value());
+  EXPECT_EQ(*data.image, (ImageLayout{2, 3, 1}));
   EXPECT_TRUE(ValidateDataset(data).ok());
 }
 
@@ -194,14 +203,31 @@ TEST(ReadMnistTest, GzipMagicFollowedByGarbageIsACorruptGzipStream) {
 TEST(ReadMnistTest, TruncatedHeaderNamesWhereTheFileEnds) {
   const std::string labels = WritePlain("th_labels", LabelFile(3, kTinyLabels));
   const std::string full = ImageFile(3, 2, 3, TinyPixels());
-  for (const size_t length : {size_t{0}, size_t{2}, size_t{10}}) {
+  for (const size_t length : {size_t{0}, size_t{2}}) {
+    // Before the magic number says how many dimensions follow.
     const std::string images = WritePlain("th_images", full.substr(0, length));
     absl::StatusOr<Dataset> data = ReadMnist(images, labels);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(data.status().message(),
                 AllOf(HasSubstr(images),
                       HasSubstr(absl::StrCat("truncated header: the file ends at offset ", length,
-                                             " of the 16-byte idx3 image file header"))));
+                                             " of the 16-byte idx3 (or 20-byte idx4) image file "
+                                             "header"))));
+  }
+  {
+    const std::string images = WritePlain("th_images", full.substr(0, 10));
+    absl::StatusOr<Dataset> data = ReadMnist(images, labels);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(data.status().message(),
+                AllOf(HasSubstr(images), HasSubstr("truncated header: the file ends at offset 10 "
+                                                   "of the 16-byte idx3 image file header")));
+    const std::string images4 =
+        WritePlain("th_images4", ImageFile4(3, 2, 3, 1, TinyPixels()).substr(0, 18));
+    data = ReadMnist(images4, labels);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(data.status().message(),
+                AllOf(HasSubstr(images4), HasSubstr("truncated header: the file ends at offset 18 "
+                                                    "of the 20-byte idx4 image file header")));
   }
   const std::string short_labels = WritePlain("th_short_labels", LabelFile(3, "").substr(0, 6));
   const std::string images = WritePlain("th_full_images", full);
@@ -316,6 +342,107 @@ TEST(ReadMnistTest, MissingFileIsNotFound) {
   absl::StatusOr<Dataset> data = ReadMnist(missing, labels);
   EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(data.status().message(), HasSubstr(missing));
+}
+
+TEST(ReadMnistTest, ReadsFourDimensionalImagesInTheFilesOrder) {
+  // Two 2x2 images of 3 channels: the bytes are (row, column, channel) with channels fastest,
+  // so image i's feature (y * 2 + x) * 3 + c is byte 12 i + (y * 2 + x) * 3 + c.
+  std::string pixels;
+  for (int i = 0; i < 2; ++i) {
+    for (int y = 0; y < 2; ++y) {
+      for (int x = 0; x < 2; ++x) {
+        for (int c = 0; c < 3; ++c)
+          pixels.push_back(static_cast<char>(100 * i + 10 * y + 5 * x + c));
+      }
+    }
+  }
+  const std::string images = WriteGzip("rgb_images", ImageFile4(2, 2, 2, 3, pixels));
+  const std::string labels = WritePlain("rgb_labels", LabelFile(2, {3, 8}));
+  absl::StatusOr<Dataset> data = ReadMnist(images, labels);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->num_examples, 2);
+  EXPECT_EQ(data->dense_dim, 12);
+  ASSERT_TRUE(data->image.has_value());
+  EXPECT_EQ(*data->image, (ImageLayout{2, 2, 3}));
+  EXPECT_EQ(data->dense, Scaled(pixels));
+  // Image 1, row 1, column 0, channel 2: 100 + 10 + 0 + 2.
+  EXPECT_EQ(data->dense[12 + (1 * 2 + 0) * 3 + 2], 112 / 255.0f);
+  EXPECT_THAT(data->labels, ElementsAre(3, 8));
+  EXPECT_TRUE(ValidateDataset(*data).ok());
+
+  // A single channel in 4 dimensions reads as the 3-dimensional file does.
+  const std::string gray = WritePlain("gray4_images", ImageFile4(3, 2, 3, 1, TinyPixels()));
+  const std::string tiny_labels = WritePlain("gray4_labels", LabelFile(3, kTinyLabels));
+  data = ReadMnist(gray, tiny_labels);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ExpectTinyDataset(*data);
+}
+
+TEST(ReadMnistTest, FourDimensionalErrorsNameTheImageSize) {
+  const std::string labels = WritePlain("rgb_err_labels", LabelFile(2, {3, 8}));
+  const std::string truncated =
+      WritePlain("rgb_cut_images", ImageFile4(2, 2, 2, 3, std::string(20, 'x')));
+  absl::StatusOr<Dataset> data = ReadMnist(truncated, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(truncated), HasSubstr("truncated pixel data: the file ends at "
+                                                    "offset 40 of expected 44 bytes")));
+
+  const std::string extra =
+      WritePlain("rgb_extra_images", ImageFile4(2, 2, 2, 3, std::string(25, 'x')));
+  data = ReadMnist(extra, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(extra), HasSubstr("unexpected data after offset 44"),
+                    HasSubstr("2 images of 2x2x3")));
+
+  const std::string no_channels = WritePlain("rgb_zero_images", ImageFile4(2, 2, 2, 0, ""));
+  data = ReadMnist(no_channels, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(no_channels), HasSubstr("image size 2x2x0 at offset 8 is empty")));
+
+  const std::string huge = WritePlain("rgb_huge_images", ImageFile4(1, 65536, 65536, 65536, ""));
+  data = ReadMnist(huge, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(huge), HasSubstr("image size 65536x65536x65536 at offset 8 is too "
+                                               "large")));
+}
+
+TEST(ReadMnistTest, WrongTypeByteOrDimensionCountSaysWhatWasExpected) {
+  const std::string labels = WritePlain("wt_labels", LabelFile(1, {0}));
+  // Floats (type byte 0x0d) in 3 dimensions.
+  const std::string floats =
+      WritePlain("wt_float_images", BigEndian32(0x00000d03) + BigEndian32(1) + BigEndian32(1) +
+                                        BigEndian32(1) + std::string(4, '\0'));
+  absl::StatusOr<Dataset> data = ReadMnist(floats, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(floats),
+                    HasSubstr("wrong magic number 0x00000d03 at offset 0: "
+                              "type byte 0x0d (float) at offset 2, expected "
+                              "0x08 (unsigned byte)"),
+                    HasSubstr("expected 0x00000803"), HasSubstr("or 0x00000804")));
+
+  // Unsigned bytes in 5 dimensions.
+  const std::string five =
+      WritePlain("wt_five_images", BigEndian32(0x00000805) + std::string(20, '\1') + "x");
+  data = ReadMnist(five, labels);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(five), HasSubstr("wrong magic number 0x00000805 at offset 0: 5 "
+                                               "dimensions (byte at offset 3), expected 3 (N, "
+                                               "rows, columns) or 4 (N, rows, columns, "
+                                               "channels)")));
+
+  // A 3-dimensional file given as the labels.
+  const std::string images = WritePlain("wt_images", ImageFile(1, 1, 1, std::string(1, '\0')));
+  data = ReadMnist(images, images);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(),
+              AllOf(HasSubstr(images), HasSubstr("3 dimensions (byte at offset 3, that of an "
+                                                 "idx3 image file), expected 1 (N)")));
 }
 
 TEST(ReadMnistDirTest, FindsGzipAndPlainStandardNames) {
