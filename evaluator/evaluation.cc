@@ -10,9 +10,10 @@ namespace pscluster {
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const v1::ModelConfig& config,
                                                              ParameterClient* client, Dataset test,
-                                                             int batch_size) {
+                                                             int batch_size,
+                                                             std::unique_ptr<Kernels> kernels) {
   auto e = std::unique_ptr<Evaluator>(new Evaluator(client, std::move(test), batch_size));
-  e->kernels_ = NewCpuKernels();
+  e->kernels_ = kernels != nullptr ? std::move(kernels) : NewCpuKernels();
   PS_ASSIGN_OR_RETURN(e->model_, Model::Create(config, e->kernels_.get(), batch_size));
   return e;
 }

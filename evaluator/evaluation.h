@@ -24,15 +24,15 @@ struct EvalResult {
 };
 
 // Computes the test loss and accuracy (AUC for binary tasks) of the model's current parameters,
-// pulled from the ps tasks, with the CPU kernels. Forward passes only. Embedding rows of test ids
+// pulled from the ps tasks, on the CPU or a GPU. Forward passes only. Embedding rows of test ids
 // that training never touched are created by the pull, with their initial values.
 // Thread-compatible.
 class Evaluator {
  public:
-  // `client` is not owned and must outlive the evaluator.
-  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const v1::ModelConfig& config,
-                                                           ParameterClient* client, Dataset test,
-                                                           int batch_size = 1000);
+  // `client` is not owned and must outlive the evaluator. `kernels` computes (null: the CPU).
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(
+      const v1::ModelConfig& config, ParameterClient* client, Dataset test, int batch_size = 1000,
+      std::unique_ptr<Kernels> kernels = nullptr);
 
   absl::StatusOr<EvalResult> Evaluate(int64_t step);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/chief_client.h"
@@ -31,10 +33,17 @@ absl::StatusOr<std::unique_ptr<EvaluatorServer>> EvaluatorServer::Create(
                      ") and the polling interval (", absl::FormatDuration(options.poll_every),
                      ") must be positive"));
   }
-  return std::unique_ptr<EvaluatorServer>(new EvaluatorServer(options));
+  int gpu = -1;
+  if (options.device != "cpu" && (!absl::StartsWith(options.device, "gpu:") ||
+                                  !absl::SimpleAtoi(options.device.substr(4), &gpu) || gpu < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu or gpu:N, not \"", options.device, "\""));
+  }
+  return std::unique_ptr<EvaluatorServer>(new EvaluatorServer(options, gpu));
 }
 
-EvaluatorServer::EvaluatorServer(const EvaluatorOptions& options) : options_(options) {}
+EvaluatorServer::EvaluatorServer(const EvaluatorOptions& options, int gpu)
+    : options_(options), gpu_(gpu) {}
 
 EvaluatorServer::~EvaluatorServer() {
   if (task_) task_->RequestStop();
@@ -104,7 +113,7 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   }
   v1::DataConfig data = model.training().data();
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
-  PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config().input_dim(), /*train=*/false));
+  PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config(), /*train=*/false));
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
   ParameterClientOptions client_options;  // a reader: worker -1, as tools
   PS_ASSIGN_OR_RETURN(
@@ -112,8 +121,15 @@ absl::Status EvaluatorServer::EvaluateOnce() {
       ParameterClient::Create(model.model(), model.placement(),
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
+  std::unique_ptr<Kernels> kernels;
+  if (options_.device != "cpu") {
+    CudaKernelsOptions cuda;
+    cuda.device = gpu_;
+    PS_ASSIGN_OR_RETURN(kernels, NewCudaKernels(cuda));
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
-                      Evaluator::Create(model.config(), client.get(), std::move(test)));
+                      Evaluator::Create(model.config(), client.get(), std::move(test),
+                                        /*batch_size=*/1000, std::move(kernels)));
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "
             << absl::FormatDuration(options_.eval_every) << " while training, and at the end";
 

@@ -30,12 +30,14 @@ struct EvaluatorOptions {
   bool tensor_wire = true;
   // Exit (status 0) once training is over instead of idling until SIGTERM.
   bool exit_after_training = false;
+  // Where the forward passes run: "cpu" or "gpu:N".
+  std::string device = "cpu";
 };
 
 // The evaluator daemon, TF_CONFIG's `evaluator` task: registers with the chief, fetches the
 // model from it, and evaluates the live parameters on the test set (forward passes on the CPU
-// kernels): every `eval_every` while the global step moves, and once more at the final step
-// when the chief asks for it (its FINAL_EVALUATION phase), which ends training. Each result
+// or a GPU, `device`): every `eval_every` while the global step moves, and once more at the final
+// step when the chief asks for it (its FINAL_EVALUATION phase), which ends training. Each result
 // goes to the chief (ReportEvaluation), which shows it in its status and metrics file; the
 // chief computes nothing while an evaluator serves. A failure (a ps task moved, the chief
 // restarted) starts over from the model fetch.
@@ -52,7 +54,7 @@ class EvaluatorServer : public Daemon {
   absl::Status Wait() override;
 
  private:
-  explicit EvaluatorServer(const EvaluatorOptions& options);
+  EvaluatorServer(const EvaluatorOptions& options, int gpu);
 
   // Evaluates until training is over; starts over after a failure.
   void EvaluateLoop();
@@ -60,6 +62,7 @@ class EvaluatorServer : public Daemon {
   absl::Status EvaluateOnce();
 
   const EvaluatorOptions options_;
+  const int gpu_;  // options_.device's index; -1 for the CPU
   std::unique_ptr<ServingTask> task_;
   std::thread thread_;
   std::atomic<int64_t> evaluated_step_{-1};

@@ -36,6 +36,17 @@ TEST(EvaluatorServerTest, RefusesBadOptionsNamingWhatWasWrong) {
   EXPECT_THAT(std::string(s.status().message()),
               HasSubstr("the evaluation interval (0) and the polling interval (250ms) must be "
                         "positive"));
+
+  for (const char* device : {"tpu:0", "gpu:", "gpu:-1", "gpu:x"}) {
+    options = OptionsFor("evaluator", 0);
+    options.device = device;
+    s = EvaluatorServer::Create(options);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << device;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("--device must be cpu or gpu:N"));
+  }
+  options = OptionsFor("evaluator", 0);
+  options.device = "gpu:1";
+  EXPECT_TRUE(EvaluatorServer::Create(options).ok());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ DEFINE_string(data_path, "",
 DEFINE_string(ps_transport, "tensor_wire",
               "How pulls travel: tensor_wire (the ps tasks' TCP data plane) or grpc.");
 DEFINE_bool(exit_after_training, false, "Exit 0 when training is over instead of idling.");
+DEFINE_string(device, "cpu", "Where the forward passes run: cpu or gpu:N.");
 
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   }
   options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
   options.exit_after_training = FLAGS_exit_after_training;
+  options.device = FLAGS_device;
   // Outlives the daemon, whose collectors it calls.
   std::unique_ptr<pscluster::Metrics> metrics =
       pscluster::MetricsFromFlagsOrExit("evaluator", options.cluster);

@@ -122,6 +122,21 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
                        " features"));
     }
   }
+  if (config.has_augmentation()) {
+    const int max_shift = config.augmentation().max_shift();
+    if (!image || config.embeddings_size() > 0) {
+      return absl::InvalidArgumentError(
+          "augmentation needs an image input (input_shape) and a model without embedding "
+          "tables");
+    }
+    if (max_shift < 0 || max_shift >= config.input_shape().height() ||
+        max_shift >= config.input_shape().width()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("augmentation.max_shift must be in [0, ",
+                       std::min(config.input_shape().height(), config.input_shape().width()),
+                       ") for the input's height and width, got ", max_shift));
+    }
+  }
   Plan plan;
   std::set<std::string> names;
   int width = config.input_dim();
@@ -719,7 +734,7 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
 }
 
 absl::Status Model::StageGathered(int slot, const float* dense, const float* labels,
-                                  const int64_t* positions, int n) {
+                                  const int64_t* positions, int n, uint64_t augment_key) {
   if (!embeddings_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model ", config_.name(), " has embedding tables: stage its batches with StageInputs"));
@@ -742,9 +757,15 @@ absl::Status Model::StageGathered(int slot, const float* dense, const float* lab
   Inputs& in = inputs_[slot];
   kernels_->Synchronize(in.uploaded.get());
   const int64_t input_dim = config_.input_dim();
+  const bool augment = augment_key != 0 && config_.has_augmentation();
   for (int i = 0; i < n; ++i) {
-    std::memcpy(in.host_dense + i * input_dim, dense + positions[i] * input_dim,
-                input_dim * sizeof(float));
+    if (augment) {
+      Augment(dense + positions[i] * input_dim, positions[i], augment_key,
+              in.host_dense + i * input_dim);
+    } else {
+      std::memcpy(in.host_dense + i * input_dim, dense + positions[i] * input_dim,
+                  input_dim * sizeof(float));
+    }
     if (softmax) {
       in.host_int_labels[i] = static_cast<int32_t>(labels[positions[i]]);
     } else {
@@ -755,6 +776,45 @@ absl::Status Model::StageGathered(int slot, const float* dense, const float* lab
   in.num_rows = 0;
   Upload(slot);
   return absl::OkStatus();
+}
+
+void Model::Augment(const float* image, int64_t position, uint64_t key, float* out) const {
+  const int height = config_.input_shape().height();
+  const int width = config_.input_shape().width();
+  const int channels = config_.input_shape().channels();
+  const int max_shift = config_.augmentation().max_shift();
+  // SplitMix64 of (seed, key, position): three independent draws.
+  uint64_t state = config_.seed() ^ (key * 0x9E3779B97F4A7C15ULL) ^
+                   (static_cast<uint64_t>(position) * 0xC2B2AE3D27D4EB4FULL);
+  auto next = [&state]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  const int span = 2 * max_shift + 1;
+  const int dy = static_cast<int>(next() % span) - max_shift;
+  const int dx = static_cast<int>(next() % span) - max_shift;
+  const bool flip = config_.augmentation().horizontal_flip() && (next() & 1) != 0;
+  // out[y, x] = in[y + dy, x' + dx], x' the mirrored column when flipped; zeros outside.
+  for (int y = 0; y < height; ++y) {
+    float* row = out + int64_t{y} * width * channels;
+    const int sy = y + dy;
+    if (sy < 0 || sy >= height) {
+      std::fill_n(row, int64_t{width} * channels, 0.0f);
+      continue;
+    }
+    const float* src = image + int64_t{sy} * width * channels;
+    for (int x = 0; x < width; ++x) {
+      const int sx = (flip ? width - 1 - x : x) + dx;
+      float* dst = row + int64_t{x} * channels;
+      if (sx < 0 || sx >= width) {
+        std::fill_n(dst, channels, 0.0f);
+      } else {
+        std::copy_n(src + int64_t{sx} * channels, channels, dst);
+      }
+    }
+  }
 }
 
 void Model::Upload(int slot) {

@@ -138,9 +138,16 @@ class Model {
   absl::Status StageInputs(int slot, const Batch& batch, const SparseInput& sparse);
   // As StageInputs for a model without embedding tables, with the batch gathered straight from
   // a dataset into the staging area: examples positions[0..n) of `dense` ([examples x
-  // input_dim]) and `labels`. FAILED_PRECONDITION for a model with tables.
+  // input_dim]) and `labels`. With the config's augmentation and a nonzero `augment_key` (the
+  // training step), each image is shifted and flipped at random as it is copied, the draws a
+  // function of the seed, the key and its position. FAILED_PRECONDITION for a model with tables.
   absl::Status StageGathered(int slot, const float* dense, const float* labels,
-                             const int64_t* positions, int n);
+                             const int64_t* positions, int n, uint64_t augment_key = 0);
+
+  // What StageGathered does to each image: writes example `position`'s image, augmented for
+  // `key` as the config's augmentation says, to `out` (input_dim floats laid out as
+  // input_shape). REQUIRES: the config has an augmentation.
+  void Augment(const float* image, int64_t position, uint64_t key, float* out) const;
 
   // Where Enqueue tells the caller what it reached.
   struct Hooks {

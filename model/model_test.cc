@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <random>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -539,6 +541,96 @@ TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
                         dense { units: 2 }
                       })pb",
          "only wide embedding layers go with input_shape");
+}
+
+// The training images' augmentation: shifts within the bound with zeros shifted in, mirrors,
+// the same draw for the same step and example, and every shift and both orientations drawn.
+TEST(ModelTest, AugmentationShiftsAndMirrorsImages) {
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto model = Model::Create(Parse(R"pb(input_dim: 40
+                                        input_shape { height: 4 width: 5 channels: 2 }
+                                        augmentation { max_shift: 1 horizontal_flip: true }
+                                        network {
+                                          name: "f"
+                                          flatten {}
+                                        }
+                                        network {
+                                          name: "o"
+                                          dense { units: 2 }
+                                        })pb"),
+                             kernels.get(), 4);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Pixel (y, x, c) holds 1 + 100 y + 10 x + c, so every output value names its source.
+  std::vector<float> image(40);
+  for (int y = 0; y < 4; ++y) {
+    for (int x = 0; x < 5; ++x) {
+      for (int c = 0; c < 2; ++c) image[(y * 5 + x) * 2 + c] = 1 + 100 * y + 10 * x + c;
+    }
+  }
+  std::set<std::tuple<int, int, bool>> seen;
+  for (uint64_t key = 1; key <= 200; ++key) {
+    std::vector<float> out(40), again(40);
+    (*model)->Augment(image.data(), 7, key, out.data());
+    (*model)->Augment(image.data(), 7, key, again.data());
+    ASSERT_EQ(out, again) << key;
+    // Find the shift and orientation from a pixel that stays inside for every draw: (1, 2).
+    const float v = out[(1 * 5 + 2) * 2];
+    ASSERT_GT(v, 0) << key;
+    const int sy = static_cast<int>(v - 1) / 100, sx = (static_cast<int>(v - 1) % 100) / 10;
+    const int dy = sy - 1;
+    bool matched = false;
+    for (bool flip : {false, true}) {
+      const int dx = sx - (flip ? 5 - 1 - 2 : 2);
+      if (std::abs(dy) > 1 || std::abs(dx) > 1) continue;
+      bool all = true;
+      for (int y = 0; y < 4 && all; ++y) {
+        for (int x = 0; x < 5 && all; ++x) {
+          const int ty = y + dy, tx = (flip ? 4 - x : x) + dx;
+          for (int c = 0; c < 2; ++c) {
+            const float want =
+                ty < 0 || ty >= 4 || tx < 0 || tx >= 5 ? 0.0f : image[(ty * 5 + tx) * 2 + c];
+            all &= out[(y * 5 + x) * 2 + c] == want;
+          }
+        }
+      }
+      if (all) {
+        seen.insert({dy, dx, flip});
+        matched = true;
+      }
+    }
+    ASSERT_TRUE(matched) << "key " << key << " gave an image that is no shift or mirror";
+  }
+  // 3 x 3 shifts x 2 orientations, all drawn in 200 keys.
+  EXPECT_EQ(seen.size(), 18u);
+  // Another example at the same step draws independently.
+  std::vector<float> a(40), b(40);
+  int differ = 0;
+  for (uint64_t key = 1; key <= 20; ++key) {
+    (*model)->Augment(image.data(), 7, key, a.data());
+    (*model)->Augment(image.data(), 8, key, b.data());
+    differ += a != b;
+  }
+  EXPECT_GE(differ, 10);
+
+  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 40
+                                             input_shape { height: 4 width: 5 channels: 2 }
+                                             augmentation { max_shift: 4 }
+                                             network {
+                                               name: "f"
+                                               flatten {}
+                                             }
+                                             network {
+                                               name: "o"
+                                               dense { units: 2 }
+                                             })pb"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("augmentation.max_shift must be in [0, 4)"));
+  spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 40
+                                        augmentation { max_shift: 1 }
+                                        layers { units: 2 })pb"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("augmentation needs an image"));
 }
 
 TEST(ModelTest, SpecNamesEveryVariable) {

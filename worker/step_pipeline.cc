@@ -222,7 +222,8 @@ absl::Status StepPipeline::StageGathered(int64_t index, const Dataset& data,
                                                                  " examples cannot be split over ",
                                                                  num_towers, " towers"))
                        : towers_[t]->StageGathered(slot, data.dense.data(), data.labels.data(),
-                                                   positions.data() + starts[t], sizes[t]);
+                                                   positions.data() + starts[t], sizes[t],
+                                                   /*augment_key=*/index + 1);
     }
   });
   for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);

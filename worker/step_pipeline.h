@@ -99,6 +99,7 @@ class StepPipeline {
   // As Stage for a model without tables: the batch is examples `positions` of `data`, gathered
   // straight into the towers' page-locked staging areas, the towers in parallel. May run on
   // another thread than Run (the batch feeder's), for an index whose slot Run is not using.
+  // The model's augmentation, if any, is drawn for step `index`.
   absl::Status StageGathered(int64_t index, const Dataset& data,
                              const std::vector<int64_t>& positions);
   // Whether StageGathered can be used (the model has no tables).

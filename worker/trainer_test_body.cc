@@ -33,19 +33,64 @@ constexpr int kExamples = 96;  // 12 batches an epoch
 constexpr int kEpochs = 2;
 constexpr int64_t kSteps = kEpochs * kExamples / kBatch;
 
-v1::GetModelResponse MakeModel(v1::UpdateMode mode) {
+constexpr char kMlp[] = R"pb(
+  name: "tiny"
+  input_dim: 4
+  seed: 5
+  layers { name: "h" units: 6 activation: RELU }
+  layers { name: "o" units: 3 }
+  loss: SOFTMAX_CROSS_ENTROPY
+  optimizer { sgd { learning_rate: 0.2 } }
+)pb";
+
+// The same inputs as a 2x2 image through every kind of layer of a network: a convolution, batch
+// normalization (whose moving statistics are pushed too), pooling, a 1x1 convolution added to
+// its input, flatten and dense.
+constexpr char kCnn[] = R"pb(
+  name: "tiny_cnn"
+  input_dim: 4
+  input_shape { height: 2 width: 2 channels: 1 }
+  seed: 5
+  network {
+    name: "c"
+    conv2d { filters: 3 kernel_size: 2 use_bias: true }
+  }
+  network {
+    name: "bn"
+    batch_norm { momentum: 0.5 }
+  }
+  network {
+    name: "relu"
+    activation { activation: RELU }
+  }
+  network {
+    name: "pool"
+    max_pool {}
+  }
+  network {
+    name: "c1"
+    conv2d { filters: 3 kernel_size: 1 activation: TANH }
+  }
+  network {
+    name: "add"
+    inputs: [ "c1", "pool" ]
+    add {}
+  }
+  network {
+    name: "flat"
+    flatten {}
+  }
+  network {
+    name: "o"
+    dense { units: 3 }
+  }
+  loss: SOFTMAX_CROSS_ENTROPY
+  optimizer { sgd { learning_rate: 0.2 } }
+)pb";
+
+v1::GetModelResponse MakeModel(v1::UpdateMode mode, const char* config = kMlp) {
   v1::GetModelResponse m;
-  CHECK(
-      google::protobuf::TextFormat::ParseFromString(R"pb(
-                                                      name: "tiny"
-                                                      input_dim: 4
-                                                      seed: 5
-                                                      layers { name: "h" units: 6 activation: RELU }
-                                                      layers { name: "o" units: 3 }
-                                                      loss: SOFTMAX_CROSS_ENTROPY
-                                                      optimizer { sgd { learning_rate: 0.2 } }
-                                                    )pb",
-                                                    m.mutable_config()));
+  CHECK(google::protobuf::TextFormat::ParseFromString(config, m.mutable_config()));
   auto spec = ModelSpecFromConfig(m.config());
   CHECK(spec.ok());
   *m.mutable_model() = *spec;
@@ -197,6 +242,22 @@ TEST_P(TrainerTest, AsyncWithoutOverlapEqualsSequentialTraining) {
   for (const StepReport& rep : reports) examples += rep.examples;
   EXPECT_EQ(examples, kEpochs * kExamples);
   EXPECT_EQ(reports.back().step, kSteps);
+}
+
+// The same for a convolutional network, whose variables the pipeline pulls in groups.
+TEST_P(TrainerTest, ConvolutionalNetworkWithoutOverlapEqualsSequentialTraining) {
+  const v1::GetModelResponse m = MakeModel(v1::ASYNC, kCnn);
+  Cluster cluster(m);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  TrainerOptions options;
+  options.staleness = 0;
+  RunResult r = Train(m, cluster, {devices[0].get()}, &source, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
 }
 
 // SYNC with one replica: the token's global step picks the batch, and the result is again

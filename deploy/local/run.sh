@@ -10,8 +10,8 @@
 #                            [--test_data_path FILE] [--train_examples N]
 #                            [--test_examples N] [--ids_per_field N] [-- extra chief flags]
 #
-# The evaluator task evaluates the live model on the test set while training and at the end;
-# with --no_evaluator the chief does it.
+# The evaluator task evaluates the live model on the test set while training and at the end,
+# on the workers' first device; with --no_evaluator the chief does it (on its CPU).
 # --tls runs every channel on mutual TLS with certificates made on the fly by
 # deploy/tls/make_certs.sh (cluster "local"; psctl runs as viewer); see docs/security.md.
 # --hold keeps the cluster up after training until Ctrl-C. Logs and metrics go to a fresh
@@ -218,7 +218,9 @@ for ((i = 0; i < num_workers; i++)); do
   start_task worker worker "$i" "$chief" --device="$device" ${data_flag[@]+"${data_flag[@]}"}
 done
 if [[ $evaluator -eq 1 ]]; then
-  start_task evaluator evaluator 0 "$chief" ${data_flag[@]+"${data_flag[@]}"}
+  # On the workers' first device: a GPU evaluates while it trains.
+  start_task evaluator evaluator 0 "$chief" --device="${device%%,*}" \
+    ${data_flag[@]+"${data_flag[@]}"}
 fi
 
 for _ in $(seq 100); do
