@@ -8,7 +8,8 @@
 # Fashion-MNIST .gz files (data/), the model configs (configs/) and the scripts (bench/).
 # The GPU machine has no /usr/share/datasets and no build tools: everything comes from the
 # bundle. Then, on the GPU machine (the device tool, carrying the bundle folder):
-#   bash .devbundle/bench/gpu_train.sh
+#   bash .devbundle/bench/gpu_train.sh [--model configs/resnet20.pbtxt] [--epochs_accuracy N]
+# (bench/torch_cnn.py there is the PyTorch baseline of models other than the MLP.)
 #
 #   bash bench/gpu_prepare.sh [--out DIR] [--cpu]
 # --out: the bundle folder (default .devbundle, which .git/info/exclude keeps out of git).
@@ -23,7 +24,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --cpu) cuda=0; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu_prepare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -80,8 +81,8 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
   cp "$data_dir/$f" "$out/data/"
 done
 cp configs/*.pbtxt "$out/configs/"
-cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/train_rate.py \
-  bench/train_cluster.sh bench/gpu_smoke.sh "$out/bench/"
+cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
+  bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh "$out/bench/"
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
 cp deploy/local/run.sh "$out/deploy/local/"

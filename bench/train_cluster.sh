@@ -10,6 +10,10 @@
 #   rate_py               the path of bench/train_rate.py
 # and may set cl_model (model config file), cl_data_path (Fashion-MNIST folder, "" for the
 # default) and cl_chief_flags (an array of extra chief flags).
+#
+# Two kinds of run: cl_start + cl_measure + cl_stop (a timed window of steady-state training,
+# then SIGTERM), and cl_train_to_end (every epoch to the end, with an evaluator task, the final
+# test accuracy; the chief's --exit_after_training ends the run).
 
 # cl_private_bins BIN_DIR PATH...: copies built binaries (bazel-bin relative paths) into
 # $work/bin, since another build in this workspace may replace the outputs mid-run, and defines
@@ -52,12 +56,15 @@ cl_status() { (launch cluster_probe --chief="$cl_chief"); }
 
 # TF_CONFIG for one task: the chief's address is fixed once it has bound; every other task
 # binds port 0 and registers its real address with the chief.
+# With cl_with_evaluator=1 (set by cl_train_to_end) the cluster also has an evaluator task.
+cl_with_evaluator=0
 cl_tf_config() {  # chief_address job index num_ps num_workers
-  local ps="" workers="" i
+  local ps="" workers="" extra="" i
   for ((i = 0; i < $4; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
   for ((i = 0; i < $5; i++)); do workers+="${workers:+,}\"127.0.0.1:0\""; done
-  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]},"task":{"type":"%s","index":%d}}' \
-    "$1" "$ps" "$workers" "$2" "$3"
+  [[ $cl_with_evaluator -eq 1 ]] && extra=',"evaluator":["127.0.0.1:0"]'
+  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]%s},"task":{"type":"%s","index":%d}}' \
+    "$1" "$ps" "$workers" "$extra" "$2" "$3"
 }
 
 cl_start_task() {  # binary job index chief_address num_ps num_workers [flags...]
@@ -138,6 +145,118 @@ print("ok" if w and min(w) > 0 else "")' || true)
   done
   echo "train_cluster: $name: the workers did not start training in 120 s; see $cl_dir" >&2
   return 1
+}
+
+# cl_train_to_end NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE TIMEOUT [EVALUATOR]
+# Trains every worker's EPOCHS epochs to the end and waits (TIMEOUT s at most) for every task
+# to exit 0: the chief runs with --exit_after_training (no checkpoints), so once the workers are
+# done and the final model is evaluated it tells every task to stop. With EVALUATOR 1 (the
+# default; the caller's `launch` must know the evaluator binary) an evaluator task evaluates
+# the live model every $cl_eval_every s (default 30) and the final one, on the first worker's
+# device; with 0 the chief does (on its CPU).
+# Prints progress every 30 s. Writes $cl_dir/evaluations (`step accuracy loss by` per
+# evaluation) and $cl_dir/final, one line
+#   FINAL test_accuracy=A test_loss=L step=S seconds=T finished=1|0
+# (finished=0: the timeout or a failure stopped it; the figures are the last evaluation's).
+# Returns 1 when the run did not finish or a task exited non-zero.
+cl_train_to_end() {
+  local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 timeout=$8
+  local cl_with_evaluator=${9:-1} i t0=$SECONDS last_report=$SECONDS chief_gone="" rc failed=0
+  local eval_every=${cl_eval_every:-30}
+  cl_dir="$work/$name"
+  cl_num_workers=$num_workers
+  mkdir -p "$cl_dir"
+  : >"$cl_dir/evaluations"
+  echo "FINAL test_accuracy=n/a test_loss=n/a step=n/a seconds=0 finished=0" >"$cl_dir/final"
+  local data_flag=() chief_eval=(--eval_every_secs="$eval_every")
+  [[ -n $cl_data_path ]] && data_flag=(--data_path="$cl_data_path")
+  [[ $cl_with_evaluator -eq 1 ]] && chief_eval=(--final_eval_timeout_secs=600)
+  local started=0
+  cl_start_task chief chief 0 "127.0.0.1:0" "$num_ps" "$num_workers" \
+    --model_config="$cl_model" --mode="$mode" --epochs="$epochs" --batch_size="$batch" \
+    --exit_after_training --metrics_file="$cl_dir/metrics.jsonl" "${chief_eval[@]}" \
+    ${data_flag[@]+"${data_flag[@]}"} ${cl_chief_flags[@]+"${cl_chief_flags[@]}"} && started=1
+  if [[ $started -eq 1 ]]; then
+    cl_chief="127.0.0.1:$(cat "$cl_dir/chief-0.port")"
+    for ((i = 0; i < num_ps; i++)); do
+      cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" \
+        ${cl_ps_flags[@]+"${cl_ps_flags[@]}"} || { started=0; break; }
+    done
+  fi
+  for ((i = 0; started == 1 && i < num_workers; i++)); do
+    cl_start_task worker worker "$i" "$cl_chief" "$num_ps" "$num_workers" \
+      --device="${device//\{i\}/$i}" \
+      ${data_flag[@]+"${data_flag[@]}"} ${cl_worker_flags[@]+"${cl_worker_flags[@]}"} ||
+      started=0
+  done
+  if [[ $started -eq 1 && $cl_with_evaluator -eq 1 ]]; then
+    # The evaluator computes on the first worker's device (a GPU is shared: it evaluates
+    # while the worker trains).
+    local eval_device=${device//\{i\}/0}
+    eval_device=${eval_device%%,*}
+    cl_start_task evaluator evaluator 0 "$cl_chief" "$num_ps" "$num_workers" \
+      --eval_every_secs="$eval_every" --device="$eval_device" \
+      ${data_flag[@]+"${data_flag[@]}"} || started=0
+  fi
+  if [[ $started -eq 0 ]]; then
+    cl_stop || true
+    return 1
+  fi
+  cl_evaluations() {  # the chief's evaluation lines -> `step accuracy loss by`
+    sed -nE 's/.*evaluation at step ([0-9]+) by (.+): test loss ([-0-9.naif]+), accuracy ([-0-9.naif]+).*/\1 \4 \3 \2/p' \
+      "$cl_dir/chief-0.log" 2>/dev/null
+  }
+  local finished=0 alive
+  while true; do
+    alive=0
+    for i in "${!cl_pids[@]}"; do kill -0 "${cl_pids[$i]}" 2>/dev/null && alive=$((alive + 1)); done
+    if [[ $alive -eq 0 ]]; then finished=1; break; fi
+    if ! kill -0 "${cl_pids[0]}" 2>/dev/null; then  # the chief is gone, others are not
+      [[ -n $chief_gone ]] || chief_gone=$SECONDS
+      if ((SECONDS - chief_gone > 60)); then
+        echo "train_cluster: $name: the chief exited 60 s ago and $alive task(s) still run" >&2
+        break
+      fi
+    fi
+    if ((SECONDS - t0 >= timeout)); then
+      echo "train_cluster: $name: not finished after $timeout s: stopping it" >&2
+      break
+    fi
+    if ((SECONDS - last_report >= 30)); then
+      last_report=$SECONDS
+      echo "    $((SECONDS - t0)) s: $(grep -hoE 'worker:[0-9]+ step [0-9]+ epoch [0-9/]+ loss [-0-9.naif]+' \
+        "$cl_dir"/worker-*.log 2>/dev/null | tail -1); last evaluation (step accuracy):" \
+        "$(cl_evaluations | tail -1 | cut -d' ' -f1,2)"
+    fi
+    sleep 1
+  done
+  local seconds=$((SECONDS - t0))
+  if [[ $finished -eq 1 ]]; then
+    for i in "${!cl_pids[@]}"; do
+      rc=0
+      wait "${cl_pids[$i]}" || rc=$?
+      if [[ $rc -ne 0 ]]; then
+        echo "train_cluster: ${cl_names[$i]} exited $rc; see $cl_dir" >&2
+        failed=1
+      fi
+    done
+    [[ $failed -eq 0 ]] && echo "    every task exited 0: ${cl_names[*]}"
+    cl_pids=()
+    cl_names=()
+  else
+    cl_stop || true
+    failed=1
+  fi
+  cl_evaluations >"$cl_dir/evaluations"
+  local acc acc_last loss step
+  acc=$(sed -nE 's/.*training finished: final test accuracy ([-0-9.naif]+).*/\1/p' \
+    "$cl_dir/chief-0.log" | tail -1)
+  [[ -n $acc ]] || finished=0
+  read -r step acc_last loss _ <<<"$(tail -1 "$cl_dir/evaluations")" || true
+  [[ -n $acc ]] || acc=${acc_last:-}
+  echo "FINAL test_accuracy=${acc:-n/a} test_loss=${loss:-n/a} step=${step:-n/a}" \
+    "seconds=$seconds finished=$finished" | tee "$cl_dir/final"
+  [[ $finished -eq 1 && $failed -eq 0 ]]
 }
 
 # CPU seconds (user + system) each task has used so far: lines `job:index seconds`, then

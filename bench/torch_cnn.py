@@ -1,0 +1,760 @@
+#!/usr/bin/env python3
+"""PyTorch baseline of bench/gpu_train.sh for any model config: the network of --model built
+from the config file itself (ModelConfig.network, or the dense `layers` of an MLP config).
+
+The config is read by a small parser of the protocol-buffer text format subset our configs use
+(nested messages in {} or <>, scalar fields with numbers, enums, true/false and quoted strings,
+repeated fields, [a, b] lists, # comments); no protobuf library is needed. Each layer of
+proto/model_config.proto becomes the PyTorch equivalent with the cluster's NHWC semantics:
+  input        [N, H*W*C] -> [N, C, H, W] in torch.channels_last memory (NHWC in memory, as
+               ours), from input_shape; a flat [N, input_dim] without it
+  conv2d       torch.nn.Conv2d, padding exactly as TensorFlow: VALID none, SAME
+               total = max((ceil(in / s) - 1) * s + k - in, 0), the extra row/column at the
+               bottom/right (F.pad before the convolution when it is not symmetric, e.g. 3x3 at
+               stride 2 on an even size); no bias unless use_bias; then the activation.
+               Kernels He normal (truncated normal, stddev sqrt(2 / fan_in) / .87962566, Keras's)
+               unless kernel_initializer says otherwise
+  batch_norm   BatchNorm2d (BatchNorm1d on a flat input), PyTorch momentum = 1 - Keras momentum
+               (default 0.99), eps = epsilon (default 0.001); PyTorch's running variance uses
+               Bessel's correction, as TensorFlow's fused kernel
+  max_pool     F.max_pool2d (SAME padding with -inf, as TensorFlow), default 2x2 stride 2
+  global_average_pool  the mean over H and W
+  flatten      NHWC order (permute to NHWC, then flatten), so the next dense kernel's rows are
+               in our order
+  activation   relu, sigmoid, tanh or linear
+  add          the sum of its inputs, then its activation
+  dense        torch.nn.Linear (Glorot uniform kernel, zero bias unless set), then activation
+The loss is softmax cross-entropy; the optimizer Adam with the config's learning rate, betas
+and epsilon (default 1e-3, 0.9, 0.999, 1e-7 as our ps), and its learning-rate decay
+(TensorFlow's exponential_decay, not staircase, per update) unless --no_decay.
+
+Data, as bench/torch_mlp.py: Fashion-MNIST's training images from the idx .gz files in --data
+(gzip + numpy, pixels / 255), all on the device, a fresh random permutation each epoch, the
+epoch's last (short) batch included; FP32 with TF32 off for matmul and cuDNN;
+torch.backends.cudnn.benchmark on.
+
+Modes:
+  (default)  speed: after --warmup_seconds of training, times --seconds more
+             (torch.cuda.synchronize() at both ends) and prints
+    TORCH_CNN device=<name> model=<name> batch=B steps=N examples=N seconds=S
+              examples_per_second=X step_ms=X params=P loss=L torch=<version>
+  --epochs N --eval: trains N full epochs and after each evaluates the test set (t10k files,
+             moving batch-norm statistics) and prints
+    TORCH_CNN_EPOCH model=<name> epoch=E steps=N train_loss=L test_loss=L test_accuracy=A
+              seconds=S
+             then TORCH_CNN_ACCURACY model=<name> epochs=N batch=B test_accuracy=A ...
+             (--epochs without --eval: only the final evaluation)
+  --ddp      under torchrun (python3 -m torch.distributed.run --standalone --nproc_per_node=G
+             bench/torch_cnn.py --ddp --model=F --data=DIR --batch_size=B): one process per GPU,
+             NCCL, DistributedDataParallel (default bucketing and buffer broadcast; plain
+             per-GPU batch norm, as our workers), rank r training on every G-th image,
+             --batch_size per GPU, whole batches only; the speed protocol of
+             bench/torch_ddp_mlp.py, and rank 0 prints
+    TORCH_DDP_CNN model=<name> gpus=G batch_per_gpu=B steps=N seconds=S examples_per_second=X
+              step_ms=X params=P loss=L torch=<version>
+             where examples_per_second counts every GPU's examples. NVLink multicast stays off
+             (NCCL_NVLS_ENABLE=0 unless set). With --device=cpu: gloo on the CPU, to try it.
+  --describe prints the layer list with shapes and the parameter count computed from the
+             shapes (no PyTorch needed) and exits.
+params counts trainable parameters (kernels, biases, batch norm's gamma and beta); bn_stats the
+moving means and variances, which our ps also stores as variables.
+"""
+import argparse
+import gzip
+import math
+import os
+import re
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except (ImportError, OSError):  # --describe works without them
+    np = torch = F = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol-buffer text format (the subset our configs use).
+
+_TOKEN = re.compile(r"""
+    (?P<space>\s+|\#[^\n]*)
+  | (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+  | (?P<num>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?(?![A-Za-z_]))
+  | (?P<id>-?[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<punct>[{}\[\]<>:,;])
+""", re.VERBOSE)
+
+
+class TextFormatError(ValueError):
+    pass
+
+
+def _tokens(text):
+    out, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            line = text.count("\n", 0, pos) + 1
+            raise TextFormatError(f"line {line}: cannot read {text[pos:pos + 20]!r}")
+        if m.lastgroup != "space":
+            out.append((m.lastgroup, m.group(), text.count("\n", 0, pos) + 1))
+        pos = m.end()
+    return out
+
+
+def _scalar(tok):
+    kind, s, line = tok
+    if kind == "str":
+        return bytes(s[1:-1], "utf-8").decode("unicode_escape")
+    if kind == "num":
+        if re.fullmatch(r"[-+]?0[xX][0-9a-fA-F]+", s):
+            return int(s, 16)
+        t = s.rstrip("fF")
+        if re.fullmatch(r"[-+]?\d+", t):
+            return int(t)
+        return float(t)
+    if kind == "id":
+        low = s.lower()
+        if s in ("true", "True", "t"):
+            return True
+        if s in ("false", "False", "f"):
+            return False
+        if low in ("inf", "infinity", "-inf", "-infinity", "nan"):
+            return float(low)
+        return s  # an enum value's name
+    raise TextFormatError(f"line {line}: expected a value, not {s!r}")
+
+
+def parse_text_format(text):
+    """The message in `text` as a dict: field name -> list of values (every field as if
+    repeated, in order); a message value is such a dict, a scalar an int, float, bool or str."""
+    toks = _tokens(text)
+    pos = 0
+
+    def peek():
+        return toks[pos][1] if pos < len(toks) else None
+
+    def take(expected=None):
+        nonlocal pos
+        if pos >= len(toks):
+            raise TextFormatError(f"unexpected end of input (expected {expected or 'more'})")
+        tok = toks[pos]
+        if expected is not None and tok[1] != expected:
+            raise TextFormatError(f"line {tok[2]}: expected {expected!r}, not {tok[1]!r}")
+        pos += 1
+        return tok
+
+    def message(end):
+        msg = {}
+        while peek() != end:
+            if end is None and pos >= len(toks):
+                break
+            kind, name, line = take()
+            if kind != "id":
+                raise TextFormatError(f"line {line}: expected a field name, not {name!r}")
+            if name.startswith("-"):
+                raise TextFormatError(f"line {line}: bad field name {name!r}")
+            colon = peek() == ":"
+            if colon:
+                take(":")
+            values = []
+            nxt = peek()
+            if nxt in ("{", "<"):
+                take()
+                values.append(message("}" if nxt == "{" else ">"))
+                take("}" if nxt == "{" else ">")
+            elif nxt == "[":
+                take("[")
+                while peek() != "]":
+                    if peek() in ("{", "<"):
+                        open_ = take()[1]
+                        values.append(message("}" if open_ == "{" else ">"))
+                        take("}" if open_ == "{" else ">")
+                    else:
+                        values.append(_scalar(take()))
+                    if peek() == ",":
+                        take(",")
+                    elif peek() != "]":
+                        raise TextFormatError(f"line {line}: expected ',' or ']' in {name}")
+                take("]")
+            else:
+                if not colon:
+                    raise TextFormatError(f"line {line}: expected ':' after {name}")
+                values.append(_scalar(take()))
+            msg.setdefault(name, []).extend(values)
+            if peek() in (",", ";"):
+                take()
+        return msg
+
+    msg = message(None)
+    if pos != len(toks):
+        raise TextFormatError(f"line {toks[pos][2]}: unexpected {toks[pos][1]!r}")
+    return msg
+
+
+def get(msg, name, default=None):
+    """The last value of field `name` (proto3: the one that counts), or default."""
+    v = (msg or {}).get(name)
+    return v[-1] if v else default
+
+
+def get_all(msg, name):
+    return list((msg or {}).get(name, []))
+
+
+# ---------------------------------------------------------------------------------------------
+# The network as a plan: layers with their inputs and shapes (no PyTorch).
+
+KINDS = ("dense", "conv2d", "batch_norm", "max_pool", "global_average_pool", "flatten",
+         "activation", "add")
+
+
+class Node:
+    def __init__(self, name, kind, spec, inputs):
+        self.name, self.kind, self.spec, self.inputs = name, kind, spec, inputs
+        self.in_shape = None   # the (first) input's shape: (H, W, C) or (D,)
+        self.out_shape = None
+        self.params = {}       # trainable variable -> shape (our names, HWIO / [in, out])
+        self.stats = {}        # batch norm's moving statistics -> shape
+        self.pad = None        # conv2d / max_pool: (top, bottom, left, right)
+        self.kernel = self.stride = None
+        self.activation = "LINEAR"
+
+    def describe(self):
+        ins = ",".join(self.inputs)
+        shape = "x".join(str(d) for d in self.out_shape)
+        extra = ""
+        if self.kind in ("conv2d", "max_pool"):
+            extra = f" k={self.kernel} s={self.stride} pad(t,b,l,r)={self.pad}"
+        if self.activation != "LINEAR":
+            extra += f" {self.activation.lower()}"
+        n = sum(math.prod(s) for s in self.params.values())
+        return (f"{self.name:<14} {self.kind:<19} <- {ins:<22} -> {shape:<10} "
+                f"params={n}{extra}")
+
+
+def _same(size, k, s):
+    out = -(-size // s)
+    total = max((out - 1) * s + k - size, 0)
+    return out, total // 2, total - total // 2
+
+
+def _valid(size, k, s):
+    return (size - k) // s + 1, 0, 0
+
+
+class Plan:
+    def __init__(self, config):
+        self.config = config
+        self.name = get(config, "name", "model")
+        self.input_dim = int(get(config, "input_dim", 0))
+        shape = get(config, "input_shape")
+        if get_all(config, "embeddings"):
+            raise ValueError("embedding layers are not supported by torch_cnn.py")
+        loss = get(config, "loss", "SOFTMAX_CROSS_ENTROPY")
+        if loss not in ("SOFTMAX_CROSS_ENTROPY", 0):
+            raise ValueError(f"loss {loss} is not supported (softmax cross-entropy only)")
+        if shape:
+            h, w, c = (int(get(shape, k, 0)) for k in ("height", "width", "channels"))
+            if h * w * c != self.input_dim:
+                raise ValueError(f"input_shape {h}x{w}x{c} != input_dim {self.input_dim}")
+            self.input_shape = (h, w, c)
+        else:
+            self.input_shape = (self.input_dim,)
+        network = get_all(config, "network")
+        layers = get_all(config, "layers")
+        if network and layers:
+            raise ValueError("set either `layers` or `network`, not both")
+        if layers:  # an MLP config: each DenseLayer is a dense layer of the network
+            network = [{"name": [get(d, "name", f"dense_{i}")], "dense": [d]}
+                       for i, d in enumerate(layers)]
+        if not network:
+            raise ValueError("the config has no layers")
+        self.nodes = []
+        shapes = {"input": self.input_shape}
+        for i, layer in enumerate(network):
+            kinds = [k for k in KINDS if k in layer]
+            if len(kinds) != 1:
+                raise ValueError(f"network[{i}]: exactly one kind of {KINDS}, not {kinds}")
+            kind = kinds[0]
+            name = get(layer, "name", "") or f"{kind}_{i}"
+            if name in shapes:
+                raise ValueError(f"network[{i}]: the name {name!r} is taken")
+            inputs = get_all(layer, "inputs") or [self.nodes[-1].name if self.nodes else "input"]
+            for n in inputs:
+                if n not in shapes:
+                    raise ValueError(f"layer {name}: input {n!r} is not an earlier layer")
+            node = Node(name, kind, get(layer, kind) or {}, inputs)
+            node.in_shape = shapes[inputs[0]]
+            if len(inputs) > 1 and kind != "add":
+                raise ValueError(f"layer {name}: only add reads more than one input")
+            self._infer(node, [shapes[n] for n in inputs])
+            shapes[name] = node.out_shape
+            self.nodes.append(node)
+        self.output = self.nodes[-1].name
+        read = {n for node in self.nodes for n in node.inputs}
+        unread = [n.name for n in self.nodes[:-1] if n.name not in read]
+        if unread:
+            raise ValueError(f"layers whose output nothing reads: {unread}")
+        self.params = sum(math.prod(s) for n in self.nodes for s in n.params.values())
+        self.bn_stats = sum(math.prod(s) for n in self.nodes for s in n.stats.values())
+
+    def _infer(self, node, in_shapes):
+        s, x = node.spec, in_shapes[0]
+        k = node.kind
+        if k == "dense":
+            if len(x) != 1:
+                raise ValueError(f"layer {node.name}: dense needs a flat input (add a flatten)")
+            units = int(get(s, "units", 0))
+            node.params = {"kernel": (x[0], units), "bias": (units,)}
+            node.activation = get(s, "activation", "LINEAR")
+            node.out_shape = (units,)
+        elif k in ("conv2d", "max_pool"):
+            if len(x) != 3:
+                raise ValueError(f"layer {node.name}: {k} needs an image input")
+            if k == "conv2d":
+                kernel = int(get(s, "kernel_size", 0))
+                stride = int(get(s, "stride", 0)) or 1
+                if kernel < 1:
+                    raise ValueError(f"layer {node.name}: kernel_size must be >= 1")
+            else:
+                kernel = int(get(s, "pool_size", 0)) or 2
+                stride = int(get(s, "stride", 0)) or kernel
+            fn = _valid if get(s, "padding", "SAME") in ("VALID", 1) else _same
+            oh, pt, pb = fn(x[0], kernel, stride)
+            ow, pl, pr = fn(x[1], kernel, stride)
+            if oh < 1 or ow < 1:
+                raise ValueError(f"layer {node.name}: a {kernel}x{kernel} window does not fit "
+                                 f"{x[0]}x{x[1]}")
+            node.kernel, node.stride, node.pad = kernel, stride, (pt, pb, pl, pr)
+            if k == "conv2d":
+                filters = int(get(s, "filters", 0))
+                node.params = {"kernel": (kernel, kernel, x[2], filters)}
+                if get(s, "use_bias", False):
+                    node.params["bias"] = (filters,)
+                node.activation = get(s, "activation", "LINEAR")
+                node.out_shape = (oh, ow, filters)
+            else:
+                node.out_shape = (oh, ow, x[2])
+        elif k == "batch_norm":
+            c = x[-1]
+            node.params = {"gamma": (c,), "beta": (c,)}
+            node.stats = {"moving_mean": (c,), "moving_variance": (c,)}
+            node.momentum = float(get(s, "momentum", 0.99))
+            node.epsilon = float(get(s, "epsilon", 0.001))
+            node.out_shape = x
+        elif k == "global_average_pool":
+            if len(x) != 3:
+                raise ValueError(f"layer {node.name}: global_average_pool needs an image input")
+            node.out_shape = (x[2],)
+        elif k == "flatten":
+            node.out_shape = (math.prod(x),)
+        elif k == "activation":
+            node.activation = get(s, "activation", "LINEAR")
+            node.out_shape = x
+        elif k == "add":
+            if len(in_shapes) < 2 or any(t != x for t in in_shapes):
+                raise ValueError(f"layer {node.name}: add needs 2+ inputs of one shape, not "
+                                 f"{in_shapes}")
+            node.activation = get(s, "activation", "LINEAR")
+            node.out_shape = x
+
+    def describe(self):
+        lines = [f"model {self.name}: input {'x'.join(map(str, self.input_shape))}, "
+                 f"{len(self.nodes)} layers"]
+        lines += ["  " + n.describe() for n in self.nodes]
+        lines.append(f"params={self.params} bn_stats={self.bn_stats} "
+                     f"({self.params / 1e6:.3f} M trainable)")
+        return "\n".join(lines)
+
+    def optimizer(self):
+        """(learning_rate, beta1, beta2, epsilon, decay_rate, decay_steps) of the config's
+        Adam (the only optimizer supported here)."""
+        opt = get(self.config, "optimizer", {})
+        adam = get(opt, "adam")
+        if adam is None:
+            raise ValueError("torch_cnn.py supports the Adam optimizer only")
+        decay = get(opt, "decay", {})
+        return (float(get(adam, "learning_rate", 0.001) or 0.001),
+                float(get(adam, "beta1", 0.9) or 0.9), float(get(adam, "beta2", 0.999) or 0.999),
+                float(get(adam, "epsilon", 1e-7) or 1e-7),
+                float(get(decay, "decay_rate", 0) or 0), int(get(decay, "decay_steps", 0) or 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The network in PyTorch.
+
+_ACT = {"LINEAR": None, 0: None, "RELU": "relu", 1: "relu", "SIGMOID": "sigmoid", 2: "sigmoid",
+        "TANH": "tanh", 3: "tanh"}
+
+
+def _activate(x, act):
+    a = _ACT[act]
+    if a == "relu":
+        return F.relu(x)
+    if a == "sigmoid":
+        return torch.sigmoid(x)
+    if a == "tanh":
+        return torch.tanh(x)
+    return x
+
+
+def _init(t, spec, fan_in, fan_out, default):
+    """Fills t as an InitializerSpec (model.proto) would; default: the kind when spec is unset."""
+    kind = get(spec, "kind", default) if spec else default
+    with torch.no_grad():
+        if kind in ("ZEROS", 0):
+            t.zero_()
+        elif kind in ("CONSTANT", 1):
+            t.fill_(float(get(spec, "value", 0)))
+        elif kind in ("UNIFORM", 2):
+            t.uniform_(float(get(spec, "min", 0)), float(get(spec, "max", 0)))
+        elif kind in ("NORMAL", 3):
+            t.normal_(float(get(spec, "mean", 0)), float(get(spec, "stddev", 0)))
+        elif kind in ("TRUNCATED_NORMAL", 4):
+            m, sd = float(get(spec, "mean", 0)), float(get(spec, "stddev", 0))
+            torch.nn.init.trunc_normal_(t, m, sd, m - 2 * sd, m + 2 * sd)
+        elif kind in ("GLOROT_UNIFORM", 5):
+            lim = math.sqrt(6.0 / (fan_in + fan_out))
+            t.uniform_(-lim, lim)
+        elif kind in ("HE_NORMAL", 6):
+            sd = math.sqrt(2.0 / fan_in) / 0.87962566103423978
+            torch.nn.init.trunc_normal_(t, 0.0, sd, -2 * sd, 2 * sd)
+        else:
+            raise ValueError(f"initializer {kind} is not supported")
+
+
+def build_model(plan):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleDict()
+            self.steps = []  # (name, kind, module or None, input names, node)
+            for n in plan.nodes:
+                mod = None
+                if n.kind == "conv2d":
+                    kh, kw, cin, cout = n.params["kernel"]
+                    pt, pb, pl, pr = n.pad
+                    sym = pt == pb and pl == pr
+                    mod = torch.nn.Conv2d(cin, cout, n.kernel, n.stride,
+                                          padding=(pt, pl) if sym else 0,
+                                          bias="bias" in n.params)
+                    n.sym = sym
+                    _init(mod.weight, get(n.spec, "kernel_initializer"), cin * kh * kw,
+                          cout * kh * kw, "HE_NORMAL")
+                    if mod.bias is not None:
+                        with torch.no_grad():
+                            mod.bias.zero_()
+                elif n.kind == "dense":
+                    fin, fout = n.params["kernel"]
+                    mod = torch.nn.Linear(fin, fout)
+                    _init(mod.weight, get(n.spec, "kernel_initializer"), fin, fout,
+                          "GLOROT_UNIFORM")
+                    _init(mod.bias, get(n.spec, "bias_initializer"), fin, fout, "ZEROS")
+                elif n.kind == "batch_norm":
+                    bn = torch.nn.BatchNorm2d if len(n.in_shape) == 3 else torch.nn.BatchNorm1d
+                    mod = bn(n.in_shape[-1], eps=n.epsilon, momentum=1.0 - n.momentum)
+                if mod is not None:
+                    # ModuleDict keys may not contain "."
+                    self.layers[n.name.replace(".", "_")] = mod
+                self.steps.append((n.name, n.kind, mod, n.inputs, n))
+            self.image = len(plan.input_shape) == 3
+
+        def forward(self, x):
+            if self.image:
+                h, w, c = plan.input_shape
+                # [N, H*W*C] row-major NHWC -> logical NCHW whose memory is NHWC (channels_last)
+                x = x.view(-1, h, w, c).permute(0, 3, 1, 2)
+            outs = {"input": x}
+            for name, kind, mod, inputs, n in self.steps:
+                x = outs[inputs[0]]
+                if kind == "conv2d":
+                    if not n.sym:
+                        pt, pb, pl, pr = n.pad
+                        x = F.pad(x, (pl, pr, pt, pb))
+                    x = _activate(mod(x), n.activation)
+                elif kind == "dense":
+                    x = _activate(mod(x), n.activation)
+                elif kind == "batch_norm":
+                    x = mod(x)
+                elif kind == "max_pool":
+                    pt, pb, pl, pr = n.pad
+                    if pt or pb or pl or pr:
+                        x = F.pad(x, (pl, pr, pt, pb), value=float("-inf"))
+                    x = F.max_pool2d(x, n.kernel, n.stride)
+                elif kind == "global_average_pool":
+                    x = x.mean(dim=(2, 3))
+                elif kind == "flatten":
+                    x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1) if x.dim() == 4 else x
+                elif kind == "activation":
+                    x = _activate(x, n.activation)
+                elif kind == "add":
+                    for other in inputs[1:]:
+                        x = x + outs[other]
+                    x = _activate(x, n.activation)
+                outs[name] = x
+            return outs[plan.output]
+
+    return Net()
+
+
+# ---------------------------------------------------------------------------------------------
+# Training.
+
+def read_idx(path, offset):
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
+
+
+def load(data, prefix, input_dim):
+    images = read_idx(os.path.join(data, f"{prefix}-images-idx3-ubyte.gz"), 16)
+    labels = read_idx(os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz"), 8)
+    n = labels.shape[0]
+    if images.size != n * input_dim:
+        raise ValueError(f"{prefix} images have {images.size // n} pixels, the model "
+                         f"input_dim {input_dim}")
+    return images.reshape(n, input_dim).astype(np.float32) / 255.0, labels.astype(np.int64)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="configs/resnet20.pbtxt", help="model config (text format)")
+    p.add_argument("--data", help="folder with the Fashion-MNIST .gz files")
+    p.add_argument("--batch_size", type=int, default=128, help="per GPU with --ddp")
+    p.add_argument("--warmup_seconds", type=float, default=3)
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--device", default="cuda:0", help="cuda:N, or cpu to try the script")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=0, help="train this many epochs (accuracy mode)")
+    p.add_argument("--eval", action="store_true", help="with --epochs: evaluate after each epoch")
+    p.add_argument("--max_train_examples", type=int, default=0, help="0: all (for trying)")
+    p.add_argument("--max_test_examples", type=int, default=0, help="0: all (for trying)")
+    p.add_argument("--no_decay", action="store_true", help="ignore the config's lr decay")
+    p.add_argument("--no_channels_last", action="store_true")
+    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
+    p.add_argument("--describe", action="store_true",
+                   help="print the layers and parameter count, and exit")
+    a = p.parse_args()
+
+    with open(a.model) as f:
+        plan = Plan(parse_text_format(f.read()))
+    if a.describe:
+        print(plan.describe())
+        return 0
+    if torch is None:
+        print("torch_cnn.py: PyTorch (and numpy) are not installed", file=sys.stderr)
+        return 1
+    if not a.data:
+        p.error("--data is required")
+    if a.ddp and a.epochs:
+        p.error("--ddp measures speed only (no --epochs)")
+
+    rank, world = 0, 1
+    if a.ddp:
+        import torch.distributed as dist
+        cuda = a.device.startswith("cuda")  # --device=cpu: gloo, to try the logic
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        if cuda:
+            torch.cuda.set_device(local)
+        dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    else:
+        if not torch.cuda.is_available() and a.device.startswith("cuda"):
+            print("torch_cnn.py: CUDA is not available to PyTorch", file=sys.stderr)
+            return 1
+        dev = torch.device(a.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(a.seed)
+
+    x_np, y_np = load(a.data, "train", plan.input_dim)
+    if a.max_train_examples:
+        x_np, y_np = x_np[:a.max_train_examples], y_np[:a.max_train_examples]
+    if world > 1:
+        x_np, y_np = x_np[rank::world], y_np[rank::world]
+    n = y_np.shape[0]
+    x_all = torch.from_numpy(np.ascontiguousarray(x_np)).to(dev)
+    y_all = torch.from_numpy(np.ascontiguousarray(y_np)).to(dev)
+
+    model = build_model(plan).to(dev)
+    if not a.no_channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    params = sum(p_.numel() for p_ in model.parameters() if p_.requires_grad)
+    if params != plan.params:
+        print(f"torch_cnn.py: PyTorch has {params} parameters, the plan {plan.params}",
+              file=sys.stderr)
+        return 1
+    net = model
+    if a.ddp:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    lr, beta1, beta2, eps, decay_rate, decay_steps = plan.optimizer()
+    if a.no_decay:
+        decay_rate = 0
+    opt = torch.optim.Adam(net.parameters(), lr=lr, betas=(beta1, beta2), eps=eps)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    updates = 0
+
+    aug = get(plan.config, "augmentation", None) if hasattr(plan, "config") else None
+    max_shift = int(get(aug, "max_shift", 0) or 0) if aug else 0
+    flip = str(get(aug, "horizontal_flip", "false")).lower() == "true" if aug else False
+
+    def augment(x):
+        """The config's augmentation, as the worker does it: per example a random shift in
+        [-max_shift, max_shift] each way with zeros shifted in, and a left-right mirror with
+        probability 1/2 (x is [B, H*W*C], NHWC rows)."""
+        if not max_shift and not flip:
+            return x
+        h, w, c = plan.input_shape
+        b = x.shape[0]
+        img = x.view(b, h, w, c)
+        if flip:
+            mirror = torch.rand(b, device=x.device) < 0.5
+            img = torch.where(mirror[:, None, None, None], img.flip(2), img)
+        if max_shift:
+            s = max_shift
+            padded = F.pad(img, (0, 0, s, s, s, s))
+            dy = torch.randint(0, 2 * s + 1, (b,), device=x.device)
+            dx = torch.randint(0, 2 * s + 1, (b,), device=x.device)
+            rows = torch.arange(h, device=x.device)[None, :] + dy[:, None]
+            cols = torch.arange(w, device=x.device)[None, :] + dx[:, None]
+            img = padded[torch.arange(b, device=x.device)[:, None, None], rows[:, :, None],
+                         cols[:, None, :]]
+        return img.reshape(b, h * w * c)
+
+    def step(x, y):
+        nonlocal updates
+        updates += 1
+        x = augment(x)
+        if decay_rate > 0 and decay_steps > 0:
+            # TensorFlow's exponential_decay, not staircase: the t-th update uses
+            # lr * rate ^ ((t - 1) / steps) (our ps counts updates per variable shard).
+            for g in opt.param_groups:
+                g["lr"] = lr * decay_rate ** ((updates - 1) / decay_steps)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    batch = a.batch_size
+    if a.epochs:
+        xt_np, yt_np = load(a.data, "t10k", plan.input_dim)
+        if a.max_test_examples:
+            xt_np, yt_np = xt_np[:a.max_test_examples], yt_np[:a.max_test_examples]
+        x_test = torch.from_numpy(np.ascontiguousarray(xt_np)).to(dev)
+        y_test = torch.from_numpy(np.ascontiguousarray(yt_np)).to(dev)
+
+        def evaluate():
+            model.eval()
+            correct = torch.zeros((), dtype=torch.int64, device=dev)
+            total_loss = torch.zeros((), dtype=torch.float64, device=dev)
+            with torch.no_grad():
+                for i in range(0, y_test.shape[0], 1000):
+                    logits = model(x_test[i:i + 1000])
+                    yb = y_test[i:i + 1000]
+                    total_loss += F.cross_entropy(logits, yb, reduction="sum").double()
+                    correct += (logits.argmax(1) == yb).sum()
+            model.train()
+            m = y_test.shape[0]
+            return total_loss.item() / m, correct.item() / m
+
+        t0 = time.perf_counter()
+        steps = 0
+        acc = test_loss = float("nan")
+        for epoch in range(1, a.epochs + 1):
+            perm = torch.randperm(n, device=dev)
+            total = torch.zeros((), dtype=torch.float64, device=dev)
+            for i in range(0, n, batch):
+                idx = perm[i:i + batch]
+                loss = step(x_all[idx], y_all[idx])
+                total += loss.detach().double() * idx.shape[0]
+                steps += 1
+            train_loss = total.item() / n
+            if a.eval or epoch == a.epochs:
+                test_loss, acc = evaluate()
+                print(f"TORCH_CNN_EPOCH model={plan.name} epoch={epoch} steps={steps} "
+                      f"train_loss={train_loss:.4f} test_loss={test_loss:.4f} "
+                      f"test_accuracy={acc:.4f} seconds={time.perf_counter() - t0:.1f}",
+                      flush=True)
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+        print(f"TORCH_CNN_ACCURACY device={name.replace(' ', '_')} model={plan.name} "
+              f"epochs={a.epochs} batch={batch} steps={steps} test_loss={test_loss:.4f} "
+              f"test_accuracy={acc:.4f} seconds={time.perf_counter() - t0:.1f} params={params} "
+              f"decay={'off' if decay_rate <= 0 else f'{decay_rate}^(t/{decay_steps})'} "
+              f"torch={torch.__version__}", flush=True)
+        return 0
+
+    def batches():
+        while True:
+            perm = torch.randperm(n, device=dev)
+            # DDP: whole batches only, so that every rank takes the same number of steps.
+            last = n - batch + 1 if a.ddp else n
+            for i in range(0, last, batch):
+                idx = perm[i:i + batch]
+                yield x_all[idx], y_all[idx], min(batch, n - i)
+
+    it = batches()
+    # Steps between clock reads: enough to keep the GPU's queue full, one on the CPU.
+    chunk = 20 if dev.type == "cuda" else 1
+    start = time.perf_counter()
+    while time.perf_counter() - start < a.warmup_seconds:
+        for _ in range(chunk):
+            x, y, _ = next(it)
+            loss = step(x, y)
+        sync()
+    steps = examples = 0
+    if a.ddp:
+        dist.barrier()
+    sync()
+    t0 = time.perf_counter()
+    stop = torch.zeros(1, device=dev)
+    while True:
+        for _ in range(chunk):
+            x, y, b = next(it)
+            loss = step(x, y)
+            steps += 1
+            examples += b
+        if a.ddp:
+            # Every rank runs the same number of steps: rank 0 decides when to stop.
+            if rank == 0 and time.perf_counter() - t0 >= a.seconds:
+                stop.fill_(1)
+            dist.broadcast(stop, 0)
+            if stop.item() > 0:
+                break
+        elif time.perf_counter() - t0 >= a.seconds:
+            break
+    sync()
+    if a.ddp:
+        dist.barrier()
+    seconds = time.perf_counter() - t0
+    if a.ddp:
+        if rank == 0:
+            examples = steps * batch * world
+            print(f"TORCH_DDP_CNN model={plan.name} gpus={world} batch_per_gpu={batch} "
+                  f"steps={steps} seconds={seconds:.3f} "
+                  f"examples_per_second={examples / seconds:.1f} "
+                  f"step_ms={1e3 * seconds / steps:.4f} params={params} "
+                  f"loss={loss.item():.4f} torch={torch.__version__}", flush=True)
+        dist.destroy_process_group()
+        return 0
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    print(f"TORCH_CNN device={name.replace(' ', '_')} model={plan.name} batch={batch} "
+          f"steps={steps} examples={examples} seconds={seconds:.3f} "
+          f"examples_per_second={examples / seconds:.1f} step_ms={1e3 * seconds / steps:.4f} "
+          f"params={params} loss={loss.item():.4f} torch={torch.__version__}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
