@@ -10,11 +10,13 @@ namespace pscluster {
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const v1::ModelConfig& config,
                                                              ParameterClient* client, Dataset test,
-                                                             int batch_size,
-                                                             std::unique_ptr<Kernels> kernels) {
+                                                             int batch_size, Kernels* kernels) {
   auto e = std::unique_ptr<Evaluator>(new Evaluator(client, std::move(test), batch_size));
-  e->kernels_ = kernels != nullptr ? std::move(kernels) : NewCpuKernels();
-  PS_ASSIGN_OR_RETURN(e->model_, Model::Create(config, e->kernels_.get(), batch_size));
+  if (kernels == nullptr) {
+    e->own_kernels_ = NewCpuKernels();
+    kernels = e->own_kernels_.get();
+  }
+  PS_ASSIGN_OR_RETURN(e->model_, Model::Create(config, kernels, batch_size));
   return e;
 }
 

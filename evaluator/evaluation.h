@@ -29,10 +29,12 @@ struct EvalResult {
 // Thread-compatible.
 class Evaluator {
  public:
-  // `client` is not owned and must outlive the evaluator. `kernels` computes (null: the CPU).
-  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(
-      const v1::ModelConfig& config, ParameterClient* client, Dataset test, int batch_size = 1000,
-      std::unique_ptr<Kernels> kernels = nullptr);
+  // `client` is not owned and must outlive the evaluator. `kernels` computes (null: the
+  // evaluator's own CPU kernels); not owned, it must outlive the evaluator.
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const v1::ModelConfig& config,
+                                                           ParameterClient* client, Dataset test,
+                                                           int batch_size = 1000,
+                                                           Kernels* kernels = nullptr);
 
   absl::StatusOr<EvalResult> Evaluate(int64_t step);
 
@@ -42,7 +44,7 @@ class Evaluator {
   ParameterClient* const client_;  // Not owned.
   const Dataset test_;
   const int batch_size_;
-  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<Kernels> own_kernels_;  // the CPU's, when not given one
   std::unique_ptr<Model> model_;
 };
 

@@ -52,6 +52,18 @@ EvaluatorServer::~EvaluatorServer() {
 }
 
 absl::Status EvaluatorServer::Start() {
+  if (gpu_ >= 0) {
+    // Once, before serving: a GPU that cannot be used stops the daemon with the reason, rather
+    // than failing every evaluation.
+    CudaKernelsOptions cuda;
+    cuda.device = gpu_;
+    absl::StatusOr<std::unique_ptr<Kernels>> kernels = NewCudaKernels(cuda);
+    if (!kernels.ok()) {
+      return absl::Status(kernels.status().code(), absl::StrCat("--device=", options_.device, ": ",
+                                                                kernels.status().message()));
+    }
+    gpu_kernels_ = *std::move(kernels);
+  }
   ServingTaskOptions serving;
   serving.cluster = options_.cluster;
   serving.host = options_.host;
@@ -121,15 +133,9 @@ absl::Status EvaluatorServer::EvaluateOnce() {
       ParameterClient::Create(model.model(), model.placement(),
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
-  std::unique_ptr<Kernels> kernels;
-  if (options_.device != "cpu") {
-    CudaKernelsOptions cuda;
-    cuda.device = gpu_;
-    PS_ASSIGN_OR_RETURN(kernels, NewCudaKernels(cuda));
-  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test),
-                                        /*batch_size=*/1000, std::move(kernels)));
+                                        /*batch_size=*/1000, gpu_kernels_.get()));
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "
             << absl::FormatDuration(options_.eval_every) << " while training, and at the end";
 

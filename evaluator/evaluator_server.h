@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/kernels.h"
 #include "proto/cluster.pb.h"
 #include "runtime/daemon.h"
 #include "runtime/serving_task.h"
@@ -62,7 +63,8 @@ class EvaluatorServer : public Daemon {
   absl::Status EvaluateOnce();
 
   const EvaluatorOptions options_;
-  const int gpu_;  // options_.device's index; -1 for the CPU
+  const int gpu_;                         // options_.device's index; -1 for the CPU
+  std::unique_ptr<Kernels> gpu_kernels_;  // gpu_'s, from Start
   std::unique_ptr<ServingTask> task_;
   std::thread thread_;
   std::atomic<int64_t> evaluated_step_{-1};

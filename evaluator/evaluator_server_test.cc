@@ -49,5 +49,17 @@ TEST(EvaluatorServerTest, RefusesBadOptionsNamingWhatWasWrong) {
   EXPECT_TRUE(EvaluatorServer::Create(options).ok());
 }
 
+// A GPU that cannot be used (none in a CPU build; no device 999 anywhere) stops the daemon at
+// start, naming the flag, instead of failing every evaluation.
+TEST(EvaluatorServerTest, AGpuThatCannotBeUsedFailsTheStart) {
+  EvaluatorOptions options = OptionsFor("evaluator", 0);
+  options.device = "gpu:999";
+  auto server = EvaluatorServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::Status s = (*server)->Start();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--device=gpu:999: "));
+}
+
 }  // namespace
 }  // namespace pscluster

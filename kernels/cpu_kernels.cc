@@ -499,11 +499,6 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void MovingAverageGradient(int64_t n, float alpha, const float* moving, const float* value,
-                             float value_scale, float* grad) override {
-    for (int64_t i = 0; i < n; ++i) grad[i] = alpha * (moving[i] - value_scale * value[i]);
-  }
-
   bool device_is_host() const override { return true; }
 
   absl::StatusOr<void*> AllocateHost(int64_t bytes) override {

@@ -315,14 +315,6 @@ __global__ void AddKernel(int64_t n, const float* a, const float* b, float* out)
   }
 }
 
-__global__ void MovingAverageGradientKernel(int64_t n, float alpha, const float* moving,
-                                            const float* value, float value_scale, float* grad) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    grad[i] = alpha * (moving[i] - value_scale * value[i]);
-  }
-}
-
 // ConvGeometry's size helpers are host functions; these are their device counterparts.
 __device__ int64_t InputSize(const ConvGeometry& g) {
   return int64_t{g.batch} * g.height * g.width * g.channels;
@@ -721,6 +713,14 @@ class CudaKernels final : public Kernels {
     // gradients differ visibly from the CPU ones (cuBLAS's default, stated to be sure).
     s = cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetMathMode", s);
+    // The reductions' partial sums: ColumnSums uses at most multiprocessors * 8 row blocks of
+    // kReduceThreads columns and two values each, below 272,000 columns. Allocated here so that
+    // a device without room fails now, with a status, rather than in a step.
+    absl::StatusOr<float*> scratch =
+        AllocateFloats(int64_t{multiprocessors_} * 8 * kReduceThreads * 2);
+    if (!scratch.ok()) return scratch.status();
+    scratch_ = *scratch;
+    scratch_floats_ = int64_t{multiprocessors_} * 8 * kReduceThreads * 2;
     return absl::OkStatus();
   }
 
@@ -1067,15 +1067,6 @@ class CudaKernels final : public Kernels {
     PS_CUDA_CHECK_LAUNCH("BatchNormBackwardDxKernel");
   }
 
-  void MovingAverageGradient(int64_t n, float alpha, const float* moving, const float* value,
-                             float value_scale, float* grad) override {
-    if (n <= 0) return;
-    MakeCurrent();
-    MovingAverageGradientKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(
-        n, alpha, moving, value, value_scale, grad);
-    PS_CUDA_CHECK_LAUNCH("MovingAverageGradientKernel");
-  }
-
   bool device_is_host() const override { return false; }
 
   // Page-locked and portable (usable with every device's streams: towers share buffers).
@@ -1265,7 +1256,8 @@ class CudaKernels final : public Kernels {
     PS_CUDA_CHECK_LAUNCH("ColumnFinalSumsKernel");
   }
 
-  // Device scratch of at least n floats for the reductions, grown on demand (Free waits for
+  // Device scratch of at least n floats for the reductions (Init allocates what every
+  // reduction of fewer than 272,000 columns needs), grown on demand beyond that (Free waits for
   // the work still using the old buffer) and freed with the other allocations.
   float* Scratch(int64_t n) {
     if (n <= scratch_floats_) return scratch_;

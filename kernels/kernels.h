@@ -186,12 +186,6 @@ class Kernels {
                                  const float* gamma, const float* mean, const float* variance,
                                  float epsilon, float* dgamma, float* dbeta, float* dx) = 0;
 
-  // grad[i] = alpha * (moving[i] - value_scale * value[i]) for i in [0, n): the moving-average
-  // update moving -= (1 - momentum) * (moving - value) as a gradient that SGD with learning rate 1
-  // applies on the ps (alpha = 1 - momentum, times a tower's share of the batch).
-  virtual void MovingAverageGradient(int64_t n, float alpha, const float* moving,
-                                     const float* value, float value_scale, float* grad) = 0;
-
   // ---- Overlap of transfers with compute ----
 
   // True when device memory is host memory (the CPU backend): a caller may hand host buffers

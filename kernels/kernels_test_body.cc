@@ -615,7 +615,6 @@ TEST_P(KernelsConformanceTest, EmptyShapesAreNoOps) {
   kernels_->Fill(x, 0, 1.0f);
   kernels_->ScaleCopy(0, 2.0f, x, x);
   kernels_->Add(0, x, x, x);
-  kernels_->MovingAverageGradient(0, 1.0f, x, x, 1.0f, x);
   kernels_->GlobalAvgPoolForward(x, 0, 2, 2, x);
   kernels_->GlobalAvgPoolBackward(x, 0, 2, 2, x);
   kernels_->BatchNormForwardInference(x, 0, 2, x, x, x, x, 1e-3f, x);
@@ -718,20 +717,6 @@ TEST_P(KernelsConformanceTest, AddWithAndWithoutAliasing) {
   std::vector<double> doubled(n);
   for (int i = 0; i < n; ++i) doubled[i] = 2.0 * a0[i];
   EXPECT_TRUE(AllNear(Download(c, n), doubled));
-}
-
-TEST_P(KernelsConformanceTest, MovingAverageGradient) {
-  const int n = 777;
-  const std::vector<float> moving = RandomFloats(n, 33);
-  const std::vector<float> value = RandomFloats(n, 34, 0.0f, 4.0f);
-  const float alpha = 0.05f, value_scale = 0.5f;
-  float* grad = Filled(n, kNaN);
-  kernels_->MovingAverageGradient(n, alpha, Upload(moving), Upload(value), value_scale, grad);
-  std::vector<double> expected(n);
-  for (int i = 0; i < n; ++i) {
-    expected[i] = double{alpha} * (double{moving[i]} - double{value_scale} * value[i]);
-  }
-  EXPECT_TRUE(AllNear(Download(grad, n), expected));
 }
 
 // A window geometry by TensorFlow's rules, as kernels.h states them.

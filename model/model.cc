@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -72,6 +73,14 @@ absl::StatusOr<ConvGeometry> Window(const std::string& layer, int height, int wi
   g.channels = channels;
   g.kernel_h = g.kernel_w = kernel;
   g.stride_h = g.stride_w = stride;
+  // Larger windows or strides than the input say nothing more, and keep the arithmetic below
+  // far from int's range.
+  constexpr int kMaxWindow = 1 << 16;
+  if (kernel > kMaxWindow || stride > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": window ", kernel,
+                                                   " and stride ", stride, " must be at most ",
+                                                   kMaxWindow));
+  }
   if (padding == v1::VALID) {
     if (kernel > height || kernel > width) {
       return absl::InvalidArgumentError(
@@ -379,8 +388,8 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
           node.num_variables = 4;
           const v1::OptimizerSpec& optimizer =
               bn.has_optimizer() ? bn.optimizer() : config.optimizer();
-          v1::OptimizerSpec assign;  // moving -= gradient
-          assign.mutable_sgd()->set_learning_rate(1.0f);
+          v1::OptimizerSpec assign;  // the ps averages the pushed batch statistics in
+          assign.mutable_moving_average()->set_momentum(node.momentum);
           add_variable(name + "/gamma", {in.channels}, constant(1.0f), optimizer);
           add_variable(name + "/beta", {in.channels}, v1::InitializerSpec(), optimizer);
           add_variable(name + "/moving_mean", {in.channels}, v1::InitializerSpec(), assign);
@@ -408,7 +417,9 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
           break;
         case v1::Layer::kFlatten:
           node.op = Op::kFlatten;
-          node.out = {1, 1, static_cast<int>(in.size())};
+          node.out = {
+              1, 1,
+              static_cast<int>(std::min<int64_t>(in.size(), std::numeric_limits<int32_t>::max()))};
           break;
         case v1::Layer::kActivation:
           node.op = Op::kActivation;
@@ -432,6 +443,11 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
         default:
           break;
       }
+      if (in.size() >= std::numeric_limits<int32_t>::max() ||
+          node.out.size() >= std::numeric_limits<int32_t>::max()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", name, " has more than 2^31 - 1 floats per example in its input or output"));
+      }
       if (node.op == Op::kFlatten) {
         node.output = sources[0];
       } else {
@@ -448,6 +464,11 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
       }
     }
     const Node& last = plan.nodes.back();
+    if (last.op == Op::kFlatten) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the last layer, ", last.name,
+          ", is a flatten; the logits must come from a layer that computes them (dense)"));
+    }
     if (!last.out.flat()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the last layer, ", last.name, ", outputs ",
@@ -544,6 +565,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelConfig& conf
     model->tensors_.push_back(t);
   }
   model->classes_ = static_cast<int>(model->nodes_.back().out.size());
+  // GEMM dimensions and max pooling's indices are 32-bit: a batch of any tensor must fit.
+  for (const Node& node : model->nodes_) {
+    for (const Dims& d : {node.in, node.out}) {
+      if (int64_t{max_batch} * d.size() > std::numeric_limits<int32_t>::max()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", node.name, " has ", d.size(), " floats per example; ", max_batch,
+            " examples of it exceed 2^31 - 1, the most a batch may hold: use a smaller batch"));
+      }
+    }
+  }
   PS_RETURN_IF_ERROR(model->Allocate());
   return model;
 }
@@ -1050,18 +1081,18 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
         const int c = node.in.channels;
         const int64_t positions = int64_t{b} * node.in.height * node.in.width;
         float* dx = target(node.inputs[0]);
-        // Without an input gradient to write, dy itself takes the (unused) dx.
+        // Without an input gradient to write, accum_ takes the (unused) dx.
         kernels_->BatchNormBackward(x, dy, positions, c, w[0], node.mean, node.variance,
-                                    node.epsilon, dw, dw + c, dx != nullptr ? dx : dy);
+                                    node.epsilon, dw, dw + c, dx != nullptr ? dx : accum_);
         if (dx != nullptr) finish(node.inputs[0], dx, n_in);
-        // The moving statistics' updates, as gradients (BatchNormLayer); the variance's with
-        // Bessel's correction.
-        const float alpha = (1.0f - node.momentum) * gradient_scale;
+        // The moving statistics' pushes are the batch's statistics (the ps keeps their moving
+        // average: BatchNormLayer), the variance with Bessel's correction; scaled by a tower's
+        // share, so that the towers' sum is their mean.
         const float bessel = positions > 1
                                  ? static_cast<float>(positions) / static_cast<float>(positions - 1)
                                  : 1.0f;
-        kernels_->MovingAverageGradient(c, alpha, w[2], node.mean, 1.0f, dw + 2 * c);
-        kernels_->MovingAverageGradient(c, alpha, w[3], node.variance, bessel, dw + 3 * c);
+        kernels_->ScaleCopy(c, gradient_scale, node.mean, dw + 2 * c);
+        kernels_->ScaleCopy(c, gradient_scale * bessel, node.variance, dw + 3 * c);
         break;
       }
       case Op::kMaxPool: {

@@ -291,9 +291,9 @@ TEST(ModelGradientTest, ResidualBlocksWithGlobalAveragePooling) {
                  false);
 }
 
-// Batch normalization's moving statistics: training leaves (1 - momentum) * (moving - batch
-// statistic) as their gradient (the variance's with Bessel's correction), and evaluation
-// normalizes with them.
+// Batch normalization's moving statistics: training pushes the batch's statistics for them
+// (the variance with Bessel's correction), which the ps averages in, and evaluation normalizes
+// with them.
 TEST(ModelTest, BatchNormMovingStatistics) {
   const v1::ModelConfig config = Parse(R"pb(input_dim: 12
                                             input_shape { height: 2 width: 2 channels: 3 }
@@ -328,8 +328,8 @@ TEST(ModelTest, BatchNormMovingStatistics) {
     const double mean = sum / kRows;
     for (int i = 0; i < kRows; ++i) squares += std::pow(p.dense[i * 3 + c] - mean, 2);
     const double unbiased = squares / (kRows - 1);
-    EXPECT_NEAR(r.dense_grads[2][c], 0.1 * (p.params[2][c] - mean), 1e-5) << c;
-    EXPECT_NEAR(r.dense_grads[3][c], 0.1 * (p.params[3][c] - unbiased), 1e-5) << c;
+    EXPECT_NEAR(r.dense_grads[2][c], mean, 1e-5) << c;
+    EXPECT_NEAR(r.dense_grads[3][c], unbiased, 1e-5) << c;
     // Evaluation with moving statistics equal to the batch's (biased) ones normalizes as
     // training does.
     p.params[2][c] = static_cast<float>(mean);
@@ -385,7 +385,8 @@ TEST(ModelTest, NetworkSpecShapesAndGroups) {
   EXPECT_EQ(spec->variables(1).name(), "bn/gamma");
   EXPECT_EQ(spec->variables(1).initializer().value(), 1.0f);
   EXPECT_EQ(spec->variables(3).name(), "bn/moving_mean");
-  EXPECT_EQ(spec->variables(3).optimizer().sgd().learning_rate(), 1.0f);
+  EXPECT_EQ(spec->variables(3).optimizer().moving_average().momentum(), 0.99f);
+  EXPECT_EQ(spec->variables(4).optimizer().moving_average().momentum(), 0.99f);
   EXPECT_EQ(spec->variables(4).name(), "bn/moving_variance");
   EXPECT_EQ(spec->variables(4).initializer().value(), 1.0f);
   EXPECT_EQ(spec->variables(5).name(), "out/kernel");
@@ -421,6 +422,28 @@ TEST(ModelTest, NetworkSpecShapesAndGroups) {
     EXPECT_LT(first, (*model)->group_first(g + 1));
     EXPECT_TRUE(first == 0 || first == 1 || first == 5) << first;
   }
+}
+
+TEST(ModelTest, RefusesBatchesBeyond32BitIndices) {
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto model = Model::Create(Parse(R"pb(input_dim: 65536
+                                        input_shape { height: 256 width: 256 channels: 1 }
+                                        network {
+                                          name: "c"
+                                          conv2d { filters: 64 kernel_size: 3 }
+                                        }
+                                        network {
+                                          name: "g"
+                                          global_average_pool {}
+                                        }
+                                        network {
+                                          name: "o"
+                                          dense { units: 2 }
+                                        })pb"),
+                             kernels.get(), 1024);
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(std::string(model.status().message()),
+              HasSubstr("layer c has 4194304 floats per example; 1024 examples of it exceed"));
 }
 
 TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
@@ -512,6 +535,24 @@ TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
                         dense { units: 2 activation: RELU }
                       })pb",
          "the last layer, o, must be linear");
+  expect(image + R"pb(network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "o"
+                        dense { units: 2 }
+                      }
+                      network {
+                        name: "g"
+                        flatten {}
+                      })pb",
+         "the last layer, g, is a flatten");
+  expect(image + R"pb(network {
+                        name: "c"
+                        conv2d { filters: 2 kernel_size: 3 stride: 100000 }
+                      })pb",
+         "layer c: window 3 and stride 100000 must be at most 65536");
   expect(image + R"pb(network {
                         name: "b"
                         batch_norm { momentum: 1 }

@@ -65,6 +65,24 @@ absl::Status Validate(const SgdHyperparams& h) { return CheckLearningRate("sgd",
 
 std::string ToString(const SgdHyperparams& h) { return absl::StrCat("sgd(lr=", h.lr, ")"); }
 
+struct MovingAverageHyperparams {
+  float momentum;
+};
+
+MovingAverageHyperparams Resolve(const v1::MovingAverageOptions& o) { return {o.momentum()}; }
+
+absl::Status Validate(const MovingAverageHyperparams& h) {
+  if (!(h.momentum >= 0.0f && h.momentum < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moving_average: MovingAverageOptions.momentum must be in [0, 1), got ", h.momentum));
+  }
+  return absl::OkStatus();
+}
+
+std::string ToString(const MovingAverageHyperparams& h) {
+  return absl::StrCat("moving_average(momentum=", h.momentum, ")");
+}
+
 struct MomentumHyperparams {
   float lr;
   float momentum;
@@ -240,6 +258,11 @@ PS_VECTOR_CLONES void SgdLoop(float* params, const float* grad, int64_t n, float
   for (int64_t i = 0; i < n; ++i) params[i] -= grad[i] * lr;
 }
 
+PS_VECTOR_CLONES void MovingAverageLoop(float* params, const float* value, int64_t n,
+                                        float one_minus_momentum) {
+  for (int64_t i = 0; i < n; ++i) params[i] -= (params[i] - value[i]) * one_minus_momentum;
+}
+
 PS_VECTOR_CLONES void MomentumLoop(float* params, float* accum, const float* grad, int64_t n,
                                    float lr, float momentum, bool nesterov) {
   if (nesterov) {
@@ -309,6 +332,17 @@ class SgdOptimizer final : public OptimizerBase<SgdHyperparams> {
   void Apply(float* params, float* const* /*slots*/, const float* grad, int64_t n,
              int64_t t) const override {
     SgdLoop(params, grad, n, h().lr * LearningRateFactor(t));
+  }
+};
+
+class MovingAverageOptimizer final : public OptimizerBase<MovingAverageHyperparams> {
+ public:
+  explicit MovingAverageOptimizer(const MovingAverageHyperparams& h)
+      : OptimizerBase("moving_average", h, {}) {}
+
+  void Apply(float* params, float* const* /*slots*/, const float* value, int64_t n,
+             int64_t /*t*/) const override {
+    MovingAverageLoop(params, value, n, 1.0f - h().momentum);
   }
 };
 
@@ -442,6 +476,10 @@ float Optimizer::LearningRateFactor(int64_t t) const {
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizerWithDecay(
     std::unique_ptr<Optimizer> optimizer, const v1::OptimizerSpec& spec) {
   if (!spec.has_decay()) return optimizer;
+  if (spec.has_moving_average()) {
+    return absl::InvalidArgumentError(
+        "OptimizerSpec.decay does not apply to moving_average, which has no learning rate");
+  }
   const v1::LearningRateDecay& d = spec.decay();
   if (!(d.decay_rate() > 0.0f && d.decay_rate() <= 1.0f)) {
     return absl::InvalidArgumentError(
@@ -472,12 +510,14 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CreateWithoutDecay(const v1::Optimize
       return ValidateAndMake<FtrlOptimizer>(spec.ftrl());
     case v1::OptimizerSpec::kRmsprop:
       return ValidateAndMake<RmsPropOptimizer>(spec.rmsprop());
+    case v1::OptimizerSpec::kMovingAverage:
+      return ValidateAndMake<MovingAverageOptimizer>(spec.moving_average());
     case v1::OptimizerSpec::KIND_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
       "OptimizerSpec has no optimizer set; set one of sgd, momentum, adagrad, adam, ftrl, "
-      "rmsprop");
+      "rmsprop, moving_average");
 }
 
 }  // namespace
@@ -502,6 +542,8 @@ std::string OptimizerDebugString(const v1::OptimizerSpec& spec) {
       return ToString(Resolve(spec.ftrl()));
     case v1::OptimizerSpec::kRmsprop:
       return ToString(Resolve(spec.rmsprop()));
+    case v1::OptimizerSpec::kMovingAverage:
+      return ToString(Resolve(spec.moving_average()));
     case v1::OptimizerSpec::KIND_NOT_SET:
       break;
   }

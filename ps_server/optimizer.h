@@ -54,6 +54,10 @@ namespace pscluster {
 //             Note that epsilon is inside the square root, as in the training ops (Keras's
 //             momentum-free fast path puts it outside).
 //
+// "moving_average"  assign_moving_average: `g` is an observation, not a gradient (batch
+//             normalization's moving statistics). No slots; no learning rate or decay.
+//               var -= (1 - momentum) * (var - g)
+//
 // Defaults. proto3 cannot tell an unset field from 0, so a field that is 0 where 0 is not a
 // meaningful value takes TensorFlow's Keras default instead:
 //   adagrad:  initial_accumulator_value 0.1, epsilon 1e-7
@@ -65,7 +69,8 @@ namespace pscluster {
 // learning rate has no default and must be set.
 //
 // Validation. Create returns INVALID_ARGUMENT, naming the field and its value, when: no
-// optimizer is set; learning_rate is not a finite number > 0; momentum < 0; beta1, beta2 or rho
+// optimizer is set; learning_rate is not a finite number > 0; momentum < 0 (moving_average:
+// outside [0, 1)); a decay on moving_average; beta1, beta2 or rho
 // is outside [0, 1); epsilon < 0; learning_rate_power > 0; l1 or l2 < 0; an
 // initial_accumulator_value < 0; or any hyperparameter is not finite.
 //

@@ -168,6 +168,21 @@ TEST(OptimizerByHandTest, RmsProp) {
   EXPECT_NEAR(state.params[0], 0.8f, 1e-6);    // 1 - 0.2
 }
 
+// The pushed values are observations: the variable moves a (1 - momentum) share of the way to
+// each, from its current value, and no slot is kept.
+TEST(OptimizerByHandTest, MovingAverage) {
+  std::unique_ptr<Optimizer> avg = CreateOrNull("moving_average { momentum: 0.75 }");
+  ASSERT_NE(avg, nullptr);
+  EXPECT_EQ(avg->num_slots(), 0);
+  FloatState state(*avg, {1.0f, -2.0f});
+  state.Apply(*avg, {3.0f, -2.0f}, 1);
+  EXPECT_FLOAT_EQ(state.params[0], 1.5f);  // 1 - 0.25 * (1 - 3)
+  EXPECT_FLOAT_EQ(state.params[1], -2.0f);
+  state.Apply(*avg, {3.0f, 2.0f}, 2);
+  EXPECT_FLOAT_EQ(state.params[0], 1.875f);  // 1.5 - 0.25 * (1.5 - 3)
+  EXPECT_FLOAT_EQ(state.params[1], -1.0f);
+}
+
 TEST(OptimizerByHandTest, CenteredRmsProp) {
   std::unique_ptr<Optimizer> rmsprop = CreateOrNull(
       "rmsprop { learning_rate: 0.1 rho: 0.75 momentum: 0.5 epsilon: 0.25 centered: true }");
@@ -582,7 +597,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpecCase{"rmsprop { learning_rate: 0.1 momentum: -0.5 }",
                     "rmsprop.momentum must be a finite number >= 0, got -0.5"},
         BadSpecCase{"rmsprop { learning_rate: 0.1 epsilon: -1 }",
-                    "rmsprop.epsilon must be a finite number >= 0, got -1"}));
+                    "rmsprop.epsilon must be a finite number >= 0, got -1"},
+        BadSpecCase{"moving_average { momentum: 1 }",
+                    "MovingAverageOptions.momentum must be in [0, 1), got 1"},
+        BadSpecCase{"moving_average { momentum: -0.5 }",
+                    "MovingAverageOptions.momentum must be in [0, 1), got -0.5"},
+        BadSpecCase{"moving_average { momentum: 0.9 } decay { decay_rate: 0.5 decay_steps: 10 }",
+                    "decay does not apply to moving_average"}));
 
 }  // namespace
 }  // namespace pscluster
