@@ -678,6 +678,7 @@ class CudaKernels final : public Kernels {
       if (s != nullptr) LogIfError(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     }
     for (const auto& [p, bytes] : allocations_) LogIfError(cudaFree(p), "cudaFree");
+    if (scratch_ != nullptr) LogIfError(cudaFree(scratch_), "cudaFree");
     {
       absl::MutexLock lock(&host_mu_);
       for (void* p : host_allocations_) LogIfError(cudaFreeHost(p), "cudaFreeHost");
@@ -714,13 +715,16 @@ class CudaKernels final : public Kernels {
     s = cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetMathMode", s);
     // The reductions' partial sums: ColumnSums uses at most multiprocessors * 8 row blocks of
-    // kReduceThreads columns and two values each, below 272,000 columns. Allocated here so that
-    // a device without room fails now, with a status, rather than in a step.
-    absl::StatusOr<float*> scratch =
-        AllocateFloats(int64_t{multiprocessors_} * 8 * kReduceThreads * 2);
-    if (!scratch.ok()) return scratch.status();
-    scratch_ = *scratch;
-    scratch_floats_ = int64_t{multiprocessors_} * 8 * kReduceThreads * 2;
+    // kReduceThreads columns and two values each, below 272,000 columns (2.2 MB on an H100).
+    // Allocated here so that a device without room fails now, with a status, rather than in a
+    // step; like cuBLAS's workspace, it is the backend's own and not counted in
+    // memory_limit_bytes.
+    const int64_t floats = int64_t{multiprocessors_} * 8 * kReduceThreads * 2;
+    void* scratch = nullptr;
+    err = cudaMalloc(&scratch, static_cast<size_t>(floats) * sizeof(float));
+    if (err != cudaSuccess) return DeviceError("cudaMalloc of the reduction workspace", err);
+    scratch_ = static_cast<float*>(scratch);
+    scratch_floats_ = floats;
     return absl::OkStatus();
   }
 
@@ -1256,18 +1260,20 @@ class CudaKernels final : public Kernels {
     PS_CUDA_CHECK_LAUNCH("ColumnFinalSumsKernel");
   }
 
-  // Device scratch of at least n floats for the reductions (Init allocates what every
-  // reduction of fewer than 272,000 columns needs), grown on demand beyond that (Free waits for
-  // the work still using the old buffer) and freed with the other allocations.
+  // Device scratch of at least n floats for the reductions: Init allocates what every
+  // reduction of fewer than 272,000 columns needs; wider ones grow it (outside
+  // memory_limit_bytes, as Init's) and a device without room for that stops the process.
   float* Scratch(int64_t n) {
     if (n <= scratch_floats_) return scratch_;
     const int64_t size = std::max(n, 2 * scratch_floats_);
-    if (scratch_ != nullptr) Free(scratch_);
+    MakeCurrent();
+    // cudaFree waits for the work still using the old buffer.
+    PS_CUDA_CHECK(cudaFree(scratch_));
     scratch_ = nullptr;
     scratch_floats_ = 0;
-    absl::StatusOr<float*> p = AllocateFloats(size);
-    CHECK(p.ok()) << "scratch for a reduction: " << p.status();
-    scratch_ = *p;
+    void* p = nullptr;
+    PS_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(size) * sizeof(float)));
+    scratch_ = static_cast<float*>(p);
     scratch_floats_ = size;
     return scratch_;
   }
