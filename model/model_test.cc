@@ -355,26 +355,27 @@ TEST(ModelTest, BatchNormMovingStatistics) {
 }
 
 TEST(ModelTest, NetworkSpecShapesAndGroups) {
-  auto spec = ModelSpecFromConfig(Parse(R"pb(input_dim: 784
-                                             seed: 3
-                                             input_shape { height: 28 width: 28 channels: 1 }
-                                             network {
-                                               name: "c"
-                                               conv2d { filters: 8 kernel_size: 3 }
-                                             }
-                                             network {
-                                               name: "bn"
-                                               batch_norm {}
-                                             }
-                                             network {
-                                               name: "gap"
-                                               global_average_pool {}
-                                             }
-                                             network {
-                                               name: "out"
-                                               dense { units: 10 }
-                                             }
-                                             optimizer { adam { learning_rate: 0.001 } })pb"));
+  const v1::ModelConfig config = Parse(R"pb(input_dim: 784
+                                            seed: 3
+                                            input_shape { height: 28 width: 28 channels: 1 }
+                                            network {
+                                              name: "c"
+                                              conv2d { filters: 8 kernel_size: 3 }
+                                            }
+                                            network {
+                                              name: "bn"
+                                              batch_norm {}
+                                            }
+                                            network {
+                                              name: "gap"
+                                              global_average_pool {}
+                                            }
+                                            network {
+                                              name: "out"
+                                              dense { units: 10 }
+                                            }
+                                            optimizer { adam { learning_rate: 0.001 } })pb");
+  auto spec = ModelSpecFromConfig(config);
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->variables_size(), 7);
   EXPECT_EQ(spec->variables(0).name(), "c/kernel");
@@ -393,25 +394,7 @@ TEST(ModelTest, NetworkSpecShapesAndGroups) {
   EXPECT_THAT(spec->variables(5).shape().dims(), testing::ElementsAre(8, 10));
 
   std::unique_ptr<Kernels> kernels = NewCpuKernels();
-  auto model = Model::Create(Parse(R"pb(input_dim: 784
-                                        input_shape { height: 28 width: 28 channels: 1 }
-                                        network {
-                                          name: "c"
-                                          conv2d { filters: 8 kernel_size: 3 }
-                                        }
-                                        network {
-                                          name: "bn"
-                                          batch_norm {}
-                                        }
-                                        network {
-                                          name: "gap"
-                                          global_average_pool {}
-                                        }
-                                        network {
-                                          name: "out"
-                                          dense { units: 10 }
-                                        })pb"),
-                             kernels.get(), 4);
+  auto model = Model::Create(config, kernels.get(), 4);
   ASSERT_TRUE(model.ok()) << model.status();
   // Groups cover every variable in order, each layer's variables within one group.
   ASSERT_GE((*model)->num_groups(), 1);
