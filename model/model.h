@@ -18,7 +18,7 @@ namespace pscluster {
 // for each dense layer L, "L/kernel" [in, units] and "L/bias" [units]; for a convolution C,
 // "C/kernel" [k, k, in_channels, filters] (and "C/bias" [filters]); for a batch normalization
 // B, "B/gamma", "B/beta", "B/moving_mean" and "B/moving_variance" [channels] (the last two
-// under SGD with learning rate 1: see BatchNormLayer); for each embedding layer, its table.
+// under the moving_average optimizer: see BatchNormLayer); for each embedding layer, its table.
 // Layers get the config's optimizer and seed unless they name their own. INVALID_ARGUMENT for a
 // config that cannot be built, naming the layer: no layers, units < 1, a last layer that is not
 // linear, a sigmoid loss with more than one output, a wide layer whose dim is not the output
