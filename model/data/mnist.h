@@ -32,7 +32,8 @@ namespace pscluster {
 //     gzip stream. The message names the file and the byte offset where it went wrong, e.g.
 //     "/d/t10k-images-idx3-ubyte.gz: truncated pixel data: the file ends at offset 5000
 //     (decompressed) of expected 7840016 bytes". Offsets in gzip files count decompressed
-//     bytes and say so.
+//     bytes and say so. Of a gzip file only the first gzip stream is read: bytes after its end
+//     are neither data nor an error.
 //
 // All functions here are thread-safe (they share no state).
 
