@@ -355,7 +355,9 @@ TEST(ConvTrainingTest, ResidualCnnLearnsFashionMnistThroughTheDaemons) {
     int moved = 0;
     for (float x : stats[v]) {
       EXPECT_TRUE(std::isfinite(x));
-      if (v > 0) EXPECT_GE(x, 0.0f);
+      if (v > 0) {
+        EXPECT_GE(x, 0.0f);
+      }
       moved += std::abs(x - initial) > 1e-3f;
     }
     EXPECT_EQ(moved, 8) << "statistic " << v;
