@@ -52,6 +52,27 @@ v1::ClusterStatus AwaitStatus(v1::Coordinator::Stub& chief,
 
 bool Finished(const v1::ClusterStatus& s) { return s.progress().finished(); }
 
+// The chief's model and a client of its ps tasks over gRPC, as a tool would make them.
+struct RemoteModel {
+  v1::GetModelResponse model;
+  std::unique_ptr<ParameterClient> client;
+};
+
+absl::StatusOr<RemoteModel> ConnectToModel(v1::Coordinator::Stub& chief) {
+  RemoteModel remote;
+  grpc::ClientContext ctx;
+  grpc::Status s = chief.GetModel(&ctx, v1::GetModelRequest(), &remote.model);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  std::vector<std::string> addresses(remote.model.ps_addresses().begin(),
+                                     remote.model.ps_addresses().end());
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
+      remote.model.model(), remote.model.placement(),
+      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), {});
+  if (!client.ok()) return client.status();
+  remote.client = *std::move(client);
+  return remote;
+}
+
 // A training mode, and (async) the workers' pipeline staleness.
 struct SoftmaxRun {
   std::string mode;
@@ -189,15 +210,9 @@ TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
   const int steps = kExamples / kWorkers / kBatch;
   ASSERT_EQ(status.global_step(), steps);
 
-  grpc::ClientContext ctx;
-  v1::GetModelRequest req;
-  v1::GetModelResponse model;
-  ASSERT_TRUE(chief->GetModel(&ctx, req, &model).ok());
-  std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
-  auto remote = ParameterClient::Create(
-      model.model(), model.placement(),
-      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), {});
-  ASSERT_TRUE(remote.ok());
+  auto remote = ConnectToModel(*chief);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  const v1::GetModelResponse& model = remote->model;
 
   // One process: the same initial values, the same examples (each step's batch is the union of
   // the workers' batches), one SGD step per global step on the mean gradient.
@@ -248,7 +263,7 @@ TEST(SyncTrainingTest, EqualsOneProcessWithAnNTimesLargerBatch) {
     ASSERT_TRUE((*local)->Push(vars, grads, s).ok());
   }
   std::vector<std::vector<float>> got, want;
-  ASSERT_TRUE((*remote)->Pull(vars, &got).ok());
+  ASSERT_TRUE(remote->client->Pull(vars, &got).ok());
   ASSERT_TRUE((*local)->Pull(vars, &want).ok());
   double max_rel = 0;
   for (size_t v = 0; v < vars.size(); ++v) {
@@ -333,18 +348,11 @@ TEST(ConvTrainingTest, ResidualCnnLearnsFashionMnistThroughTheDaemons) {
   EXPECT_GE(status.progress().test_accuracy(), 0.65) << status.DebugString();
   EXPECT_EQ(status.global_step(), 6000 / 2 / 50 * 3);
 
-  grpc::ClientContext ctx;
-  v1::GetModelRequest req;
-  v1::GetModelResponse model;
-  ASSERT_TRUE(chief->GetModel(&ctx, req, &model).ok());
-  std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
-  auto remote = ParameterClient::Create(
-      model.model(), model.placement(),
-      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), {});
-  ASSERT_TRUE(remote.ok());
+  auto remote = ConnectToModel(*chief);
+  ASSERT_TRUE(remote.ok()) << remote.status();
   std::vector<std::vector<float>> stats;
   ASSERT_TRUE(
-      (*remote)
+      remote->client
           ->Pull({"stem_bn/moving_mean", "stem_bn/moving_variance", "bn/moving_variance"}, &stats)
           .ok());
   // Initial values are 0 and 1; the stem's input is pixels in [0, 1], so its convolution's
