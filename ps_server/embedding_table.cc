@@ -359,17 +359,28 @@ absl::Status EmbeddingTable::NotOwnedError(int64_t key) const {
                    ", not held by this ps task: placement mismatch"));
 }
 
-absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n) const {
-  for (int64_t i = 0; i < n; ++i) {
-    if (!owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) {
-      return NotOwnedError(keys[i]);
+absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPool* pool) const {
+  // The first key not owned, over blocks of the request that run on the pool when it is large.
+  std::atomic<int64_t> first{n};
+  const auto scan = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) continue;
+      int64_t seen = first.load(std::memory_order_relaxed);
+      while (i < seen && !first.compare_exchange_weak(seen, i)) {
+      }
+      return;
     }
+  };
+  if (pool == nullptr || pool->num_threads() == 0 || n < kMinParallelKeys) {
+    scan(0, n);
+  } else {
+    pool->ParallelFor(n, kMinParallelKeys, scan);
   }
-  return absl::OkStatus();
+  const int64_t bad = first.load();
+  return bad == n ? absl::OkStatus() : NotOwnedError(keys[bad]);
 }
 
-void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_order,
-                                   StripeGroups* groups) {
+void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) {
   groups->stripe_of.resize(static_cast<size_t>(n));
   int64_t count[kNumStripes] = {};
   for (int64_t i = 0; i < n; ++i) {
@@ -379,7 +390,6 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, bool with_ord
   }
   groups->begin[0] = 0;
   for (int s = 0; s < kNumStripes; ++s) groups->begin[s + 1] = groups->begin[s] + count[s];
-  if (!with_order) return;
   int64_t next[kNumStripes];
   std::copy(groups->begin, groups->begin + kNumStripes, next);
   groups->order.resize(static_cast<size_t>(n));
@@ -431,10 +441,10 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, Th
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": pull of ", n, " keys"));
   }
-  PS_RETURN_IF_ERROR(CheckOwned(keys, n));
+  PS_RETURN_IF_ERROR(CheckOwned(keys, n, pool));
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
-  GroupByStripe(keys, n, /*with_order=*/true, &groups);
+  GroupByStripe(keys, n, &groups);
   const uint32_t now = tracks_last_ ? Now(step) : 0;
   absl::Status status[kNumStripes];
   ForEachStripe(n, pool, [&](int s) {
@@ -528,7 +538,7 @@ absl::Status EmbeddingTable::CheckPush(const int64_t* keys, int64_t n, const flo
     return absl::InvalidArgumentError(
         absl::StrCat("table ", spec_.name(), ": push of ", n, " keys"));
   }
-  PS_RETURN_IF_ERROR(CheckOwned(keys, n));
+  PS_RETURN_IF_ERROR(CheckOwned(keys, n, pool));
   if (!allow_non_finite) {
     const int64_t bad = FindNonFinite(grads, n * dim_, pool);
     if (bad >= 0) {
@@ -552,53 +562,57 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
                                        ThreadPool* pool, int64_t step) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
-  GroupByStripe(keys, n, /*with_order=*/false, &groups);
-
-  // The keys and gradients, permuted into stripe order (stably), so that each stripe's part is
-  // read sequentially. Duplicates are summed, in order of position, into their first occurrence,
-  // outside the lock; the lock then covers only one optimizer update per distinct key.
-  std::vector<int64_t> sorted_keys(static_cast<size_t>(n));
-  std::vector<float> sorted_grads(static_cast<size_t>(n * dim_));
-  {
-    int64_t next[kNumStripes];
-    std::copy(groups.begin, groups.begin + kNumStripes, next);
-    const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t j = next[groups.stripe_of[i]]++;
-      sorted_keys[j] = keys[i];
-      std::memcpy(sorted_grads.data() + j * dim_, grads + i * dim_, row_bytes);
-    }
-  }
+  GroupByStripe(keys, n, &groups);
   const uint32_t now = tracks_last_ ? Now(step) : 0;
   absl::Status status[kNumStripes];
   ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
     if (begin == groups.begin[s + 1]) return;
-    status[s] = ApplyStripe(&stripes_[s], sorted_keys.data() + begin,
-                            sorted_grads.data() + begin * dim_, groups.begin[s + 1] - begin, now);
+    status[s] = ApplyStripe(&stripes_[s], keys, grads, groups.order.data() + begin,
+                            groups.begin[s + 1] - begin, now);
   });
   SampleHotKeys(keys, n);
   return FirstError(status);
 }
 
-absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads,
-                                         int64_t count, uint32_t now) {
-  // Sum the gradients of repeated keys into their first occurrence, outside the lock.
-  FirstOccurrenceIndex first_occurrence;
-  first_occurrence.Reset(count);
-  std::vector<int64_t> distinct;  // Positions of each key's first occurrence, in order.
-  distinct.reserve(static_cast<size_t>(count));
+absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
+                                         const int64_t* order, int64_t count, uint32_t now) {
+  // The stripe's keys and gradients are gathered, outside the lock and on whichever thread
+  // runs the stripe, into this thread's scratch: each distinct key once, in order of first
+  // occurrence, its gradients summed in order of position. The row updates then read them
+  // in sequence, from cache.
+  struct Scratch {
+    FirstOccurrenceIndex first_occurrence;
+    std::vector<int64_t> keys;
+    std::vector<float> grads;
+  };
+  thread_local Scratch scratch;
+  scratch.first_occurrence.Reset(count);
+  // Grown, never shrunk (tables of other dims share it): a resize writes only what it adds.
+  if (scratch.keys.size() < static_cast<size_t>(count)) {
+    scratch.keys.resize(static_cast<size_t>(count));
+  }
+  if (scratch.grads.size() < static_cast<size_t>(count * dim_)) {
+    scratch.grads.resize(static_cast<size_t>(count * dim_));
+  }
+  int64_t* const distinct_keys = scratch.keys.data();
+  float* const sums = scratch.grads.data();
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  int64_t num_distinct = 0;
   for (int64_t j = 0; j < count; ++j) {
-    const int64_t first = first_occurrence.FindOrInsert(keys[j], j);
-    if (first == j) {
-      distinct.push_back(j);
+    if (j + kRowLag < count) PrefetchFloats(grads + order[j + kRowLag] * dim_, dim_);
+    const int64_t pos = order[j];
+    const int64_t key = keys[pos];
+    const int64_t first = scratch.first_occurrence.FindOrInsert(key, num_distinct);
+    const float* grad = grads + pos * dim_;
+    if (first == num_distinct) {
+      distinct_keys[num_distinct++] = key;
+      std::memcpy(sums + first * dim_, grad, row_bytes);
       continue;
     }
-    float* sum = grads + first * dim_;
-    const float* grad = grads + j * dim_;
+    float* sum = sums + first * dim_;
     for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
   }
-  const int64_t num_distinct = static_cast<int64_t>(distinct.size());
   std::vector<float*> slots(static_cast<size_t>(num_slots_));
   int64_t admitted = 0, unadmitted = 0, expired = 0;
   std::vector<SketchBump> bumps;
@@ -617,10 +631,8 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
   ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h)
   for (int64_t i = 0;; ++i) {
     if (i < num_distinct && status.ok()) {
-      if (i + kKeyAhead < num_distinct) {
-        stripe->rows.Prefetch(keys[distinct[i + kKeyAhead]]);
-      }
-      const int64_t key = keys[distinct[i]];
+      if (i + kKeyAhead < num_distinct) stripe->rows.Prefetch(distinct_keys[i + kKeyAhead]);
+      const int64_t key = distinct_keys[i];
       RowIndex::Entry* entry = stripe->rows.FindEntry(key);
       if (entry == nullptr && (!admission_ || AdmitLocked(*stripe, key, &bumps))) {
         absl::StatusOr<RowIndex::Entry*> created =
@@ -656,7 +668,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
       uint32_t& last = stripe->last[row.row];
       if (Expired(last, now)) {
         // Past its TTL: as if it had been swept, which the stripe may not have done yet.
-        const int64_t key = keys[distinct[j]];
+        const int64_t key = distinct_keys[j];
         ++expired;
         if (admission_ && !AdmitLocked(*stripe, key, &bumps)) {
           // Counted, not admitted: the row goes (no later row of the ring uses its number).
@@ -674,7 +686,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, fl
       last = std::max(last, now);
     }
     for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
-    optimizer_->Apply(values, slots.data(), grads + distinct[j] * dim_, dim_, row.t);
+    optimizer_->Apply(values, slots.data(), sums + j * dim_, dim_, row.t);
   }
   if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
@@ -688,7 +700,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
                             std::vector<float>* rows, std::vector<int64_t>* missing) const {
   if (n <= 0) return;
   StripeGroups groups;
-  GroupByStripe(keys, n, /*with_order=*/true, &groups);
+  GroupByStripe(keys, n, &groups);
   // Rows are gathered by stripe into `gathered` at their request position, then emitted in order.
   std::vector<float> gathered(static_cast<size_t>(n * dim_));
   std::vector<char> exists(static_cast<size_t>(n), 0);

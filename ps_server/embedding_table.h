@@ -266,14 +266,13 @@ class EmbeddingTable {
   };
 
   // A request's positions grouped by stripe with a stable counting sort: stripe s holds
-  // begin[s + 1] - begin[s] of them; with_order also lists them, in increasing order, in
-  // order[begin[s], begin[s + 1]).
+  // begin[s + 1] - begin[s] of them, listed in increasing order in order[begin[s], begin[s + 1]).
   struct StripeGroups {
     std::vector<uint8_t> stripe_of;  // The stripe of each position.
     int64_t begin[kNumStripes + 1];
     std::vector<int64_t> order;
   };
-  static void GroupByStripe(const int64_t* keys, int64_t n, bool with_order, StripeGroups* groups);
+  static void GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups);
 
   // The lookahead of the pipelines that find rows (PullStripe, ApplyStripe): the hash slot of
   // the key kKeyAhead positions on is prefetched, and a row is used kRowLag positions after it
@@ -291,16 +290,16 @@ class EmbeddingTable {
   // Pull's work on one stripe: the keys keys[order[0..count)], rows to out[order[i] * dim].
   absl::Status PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order, int64_t count,
                           float* out, uint32_t now);
-  // ApplyPush's work on one stripe: keys[0..count) with gradients grads[i * dim], which it
-  // overwrites (repeated keys are summed into the first occurrence).
-  absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, float* grads, int64_t count,
-                           uint32_t now);
+  // ApplyPush's work on one stripe: the keys keys[order[0..count)] with gradients
+  // grads[order[i] * dim] (repeated keys summed in order of position first).
+  absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
+                           const int64_t* order, int64_t count, uint32_t now);
 
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
                  int32_t num_virtual_shards, int64_t stripe_capacity);
 
   // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
-  absl::Status CheckOwned(const int64_t* keys, int64_t n) const;
+  absl::Status CheckOwned(const int64_t* keys, int64_t n, ThreadPool* pool) const;
   absl::Status NotOwnedError(int64_t key) const;
 
   // Appends the row of `key`, which the stripe does not hold, with its initial values and

@@ -328,6 +328,40 @@ TEST(EmbeddingTableTest, UnownedKeyIsRefusedAndNothingIsCreated) {
   EXPECT_EQ(table->num_rows(), 1);
 }
 
+// A large request is checked on the pool in blocks; the error still names the first key not
+// owned, whichever block finds its key first, and nothing is created.
+TEST(EmbeddingTableTest, UnownedKeysOfALargeRequestOnAPoolReportTheFirst) {
+  constexpr int32_t kShards = 16;
+  std::vector<int32_t> owned;
+  for (int32_t shard = 0; shard < kShards; shard += 2) owned.push_back(shard);
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(kNormalSgd), owned, kShards);
+  ASSERT_NE(table, nullptr);
+  ThreadPool pool(3);
+  constexpr int64_t kKeys = 8 * EmbeddingTable::kMinParallelKeys;
+  std::vector<int64_t> keys;
+  for (int64_t key = 0; static_cast<int64_t>(keys.size()) < kKeys; ++key) {
+    if (table->OwnsKey(key)) keys.push_back(key);
+  }
+  // Strangers at the last block's start and in the middle: the middle one comes first.
+  int64_t stranger = 0;
+  while (table->OwnsKey(stranger)) ++stranger;
+  int64_t later_stranger = stranger + 1;
+  while (table->OwnsKey(later_stranger)) ++later_stranger;
+  keys[kKeys - kKeys / 4] = later_stranger;
+  keys[kKeys / 2 + 1] = stranger;
+  const std::string expected_message =
+      absl::StrCat("key ", stranger, " of table emb hashes to virtual shard ",
+                   VirtualShardOfKey(stranger, kShards));
+  std::vector<float> buffer(kKeys * table->dim(), 0.5f);
+  absl::Status status = table->Pull(keys.data(), kKeys, buffer.data(), &pool);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(expected_message));
+  status = table->Push(keys.data(), kKeys, buffer.data(), /*allow_non_finite=*/false, &pool);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(expected_message));
+  EXPECT_EQ(table->num_rows(), 0);
+}
+
 TEST(EmbeddingTableTest, LookupDoesNotCreate) {
   const v1::TableSpec spec = ParseTable(kNormalSgd);
   std::unique_ptr<EmbeddingTable> table = CreateOrNull(spec);
