@@ -1,6 +1,7 @@
 #include "client/parameter_client.h"
 
 #include <algorithm>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -346,6 +347,12 @@ absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) cons
 
 std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys, int64_t n) const {
   std::vector<std::vector<int64_t>> positions(placement_.num_ps());
+  if (positions.size() == 1) {
+    // One ps task owns every virtual shard: no key needs hashing (the ps still checks).
+    positions[0].resize(static_cast<size_t>(n));
+    std::iota(positions[0].begin(), positions[0].end(), int64_t{0});
+    return positions;
+  }
   for (int64_t i = 0; i < n; ++i) positions[PsOfKey(placement_, keys[i])].push_back(i);
   return positions;
 }
