@@ -12,7 +12,7 @@
 #
 #   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
 #                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
-#                    [--only d_1MiB,emb] [--ps_binary PATH] [--keep_logs]
+#                    [--only d_1MiB,emb] [--ps_binary PATH] [--bench_binary PATH] [--keep_logs]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
@@ -24,6 +24,7 @@
 # Every figure also gets the CPU seconds the clients and the ps tasks spent per GB moved.
 # --ps_binary runs that ps_server instead of the one just built: copy a build aside, change the
 # code, and run the script once with each to compare them on the same machine and day.
+# --bench_binary does the same for the client side (bench/ps_bench, with its ParameterClient).
 # Before each run the script waits (up to 60 s) for the machine to be quiet (under 10% busy)
 # and says so when it was not. Temporary files go under $TMPDIR (default /tmp).
 set -euo pipefail
@@ -38,6 +39,7 @@ transports="tensor_wire"
 only=""
 keep_logs=0
 ps_binary=""
+bench_binary=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --min_seconds) min_seconds=$2; shift 2 ;;
@@ -48,8 +50,9 @@ while [[ $# -gt 0 ]]; do
     --transports) transports=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --ps_binary) ps_binary=$2; shift 2 ;;
+    --bench_binary) bench_binary=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -71,6 +74,10 @@ done
 if [[ -n "$ps_binary" ]]; then
   echo "==> ps_server: $ps_binary (--ps_binary), not the one built"
   cp "$ps_binary" "$work/ps_server"
+fi
+if [[ -n "$bench_binary" ]]; then
+  echo "==> ps_bench: $bench_binary (--bench_binary), not the one built"
+  cp "$bench_binary" "$work/ps_bench"
 fi
 
 pids=()
