@@ -353,6 +353,7 @@ std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys
     std::iota(positions[0].begin(), positions[0].end(), int64_t{0});
     return positions;
   }
+  for (auto& p : positions) p.reserve(static_cast<size_t>(n / positions.size() + n / 16 + 16));
   for (int64_t i = 0; i < n; ++i) positions[PsOfKey(placement_, keys[i])].push_back(i);
   return positions;
 }

@@ -42,6 +42,11 @@ TEST(VirtualShardOfKeyTest, MatchesPinnedSplitMix64Values) {
   EXPECT_EQ(VirtualShardOfKey(std::numeric_limits<int64_t>::max(), 1024), 679);
   EXPECT_EQ(VirtualShardOfKey(0, 7), 2);
   EXPECT_EQ(VirtualShardOfKey(42, 7), 5);
+  // Powers of two take a mask instead of a division: the same remainders.
+  EXPECT_EQ(VirtualShardOfKey(0, 64), 47);
+  EXPECT_EQ(VirtualShardOfKey(0, 65536), 52655);
+  EXPECT_EQ(VirtualShardOfKey(0, 1 << 30), 991808943);
+  EXPECT_EQ(VirtualShardOfKey(0, 1000), 535);
 }
 
 TEST(VirtualShardOfKeyTest, OneShardTakesEverything) {
