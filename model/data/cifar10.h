@@ -26,7 +26,8 @@ namespace pscluster {
 //     3073 bytes (a record cut short), a label above 9, a corrupt gzip stream -- naming the
 //     file and the byte offset, e.g. "/d/data_batch_2.bin: label 12 of record 5 at offset
 //     15365 is not a class in [0, 10)". Offsets in gzip files count decompressed bytes and say
-//     so. Of a gzip file only the first gzip stream is read: bytes after its end are ignored.
+//     so. A gzip file may hold several members (read as one stream); bytes after the last
+//     that do not start another member are an error.
 //
 // All functions here are thread-safe (they share no state).
 

@@ -13,6 +13,7 @@ namespace pscluster {
 namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;
+constexpr unsigned char kGzipMagic0 = 0x1f, kGzipMagic1 = 0x8b;
 constexpr size_t kLineBufferBytes = 1 << 16;
 
 }  // namespace
@@ -24,25 +25,28 @@ absl::StatusOr<std::unique_ptr<InputFile>> InputFile::Open(const std::string& pa
   }
   unsigned char magic[2] = {0, 0};
   const size_t got = std::fread(magic, 1, 2, file);
-  const bool gzipped = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+  const bool gzipped = got == 2 && magic[0] == kGzipMagic0 && magic[1] == kGzipMagic1;
+  std::rewind(file);
   std::unique_ptr<InputFile> input(new InputFile(path, gzipped));
-  if (!gzipped) {
-    std::rewind(file);
-    input->file_ = file;
-    return input;
+  input->file_ = file;
+  if (gzipped) {
+    input->zs_ = new z_stream{};
+    // 16 + MAX_WBITS: a gzip wrapper, not zlib's own.
+    if (inflateInit2(input->zs_, 16 + MAX_WBITS) != Z_OK) {
+      delete input->zs_;
+      input->zs_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot start inflating ", path));
+    }
   }
-  std::fclose(file);
-  input->gz_ = gzopen(path.c_str(), "rb");
-  if (input->gz_ == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  }
-  gzbuffer(input->gz_, 1 << 17);
   return input;
 }
 
 InputFile::~InputFile() {
   if (file_ != nullptr) std::fclose(file_);
-  if (gz_ != nullptr) gzclose(gz_);
+  if (zs_ != nullptr) {
+    inflateEnd(zs_);
+    delete zs_;
+  }
 }
 
 std::string InputFile::Where(int64_t offset) const {
@@ -50,36 +54,62 @@ std::string InputFile::Where(int64_t offset) const {
 }
 
 absl::StatusOr<size_t> InputFile::Read(unsigned char* buffer, size_t size) {
+  if (zs_ != nullptr) return ReadGzip(buffer, size);
+  const size_t total = std::fread(buffer, 1, size, file_);
+  if (total < size && std::ferror(file_)) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat(path_, ": read error at ", Where(offset_ + total)));
+  }
+  offset_ += static_cast<int64_t>(total);
+  return total;
+}
+
+absl::StatusOr<bool> InputFile::FillInput() {
+  if (zs_->avail_in > 0) return true;
+  in_.resize(kChunkBytes);
+  const size_t got = std::fread(in_.data(), 1, in_.size(), file_);
+  if (got == 0 && std::ferror(file_)) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat(path_, ": read error after ", compressed_read_, " compressed bytes"));
+  }
+  compressed_read_ += static_cast<int64_t>(got);
+  zs_->next_in = in_.data();
+  zs_->avail_in = static_cast<unsigned>(got);
+  return got > 0;
+}
+
+absl::StatusOr<size_t> InputFile::ReadGzip(unsigned char* buffer, size_t size) {
   size_t total = 0;
-  if (file_ != nullptr) {
-    total = std::fread(buffer, 1, size, file_);
-    if (total < size && std::ferror(file_)) {
-      return absl::ErrnoToStatus(errno,
-                                 absl::StrCat(path_, ": read error at ", Where(offset_ + total)));
+  while (total < size) {
+    PS_ASSIGN_OR_RETURN(const bool more, FillInput());
+    if (!more) {
+      // The file ends: after a whole member, the data does; inside one, it is cut short (the
+      // bytes inflated so far are still returned).
+      gzip_cut_short_ = !member_ended_;
+      break;
     }
-  } else {
-    while (total < size) {
-      const unsigned request = static_cast<unsigned>(std::min<size_t>(size - total, kChunkBytes));
-      const int got = gzread(gz_, buffer + total, request);
-      if (got < 0) {
-        int zerr = Z_OK;
-        const char* message = gzerror(gz_, &zerr);
-        if (zerr == Z_ERRNO) {
-          return absl::ErrnoToStatus(
-              errno, absl::StrCat(path_, ": read error at ", Where(offset_ + total)));
-        }
-        return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip stream at ",
-                                                       Where(offset_ + total), ": ", message));
+    if (member_ended_) {
+      // Another member may follow; anything else is not gzip data.
+      if (zs_->next_in[0] != kGzipMagic0 || (zs_->avail_in > 1 && zs_->next_in[1] != kGzipMagic1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path_, ": ", compressed_read_ - zs_->avail_in,
+                         " compressed bytes in, after the gzip data that ends at ",
+                         Where(offset_ + total), ", come bytes that are not another gzip member"));
       }
-      total += static_cast<size_t>(got);
-      if (static_cast<unsigned>(got) < request) {
-        // The end of the stream. zlib reports a member cut off before its trailer as
-        // Z_BUF_ERROR but still returns the bytes it could decompress.
-        int zerr = Z_OK;
-        gzerror(gz_, &zerr);
-        gzip_cut_short_ = zerr == Z_BUF_ERROR;
-        break;
-      }
+      inflateReset(zs_);
+      member_ended_ = false;
+    }
+    zs_->next_out = buffer + total;
+    zs_->avail_out = static_cast<unsigned>(std::min<size_t>(size - total, kChunkBytes));
+    const unsigned before = zs_->avail_out;
+    const int rc = inflate(zs_, Z_NO_FLUSH);
+    total += before - zs_->avail_out;
+    if (rc == Z_STREAM_END) {
+      member_ended_ = true;
+    } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": corrupt gzip stream at ",
+                                                     Where(offset_ + total), ": ",
+                                                     zs_->msg != nullptr ? zs_->msg : zError(rc)));
     }
   }
   offset_ += static_cast<int64_t>(total);

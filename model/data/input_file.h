@@ -10,14 +10,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-// zlib's gzFile is a gzFile_s*; declared here so that users do not include zlib.h.
-struct gzFile_s;
+// zlib's z_stream; declared here so that users do not include zlib.h.
+struct z_stream_s;
 
 namespace pscluster {
 
 // A data file read front to back, gunzipped on the fly when it starts with the gzip magic
-// (1f 8b) -- decided by its first two bytes, never by its name. Tracks the offset in the
-// (decompressed) stream for error messages. The readers of model/data/ share it.
+// (1f 8b) -- decided by its first two bytes, never by its name. A gzip file may hold several
+// members one after another (as `cat a.gz b.gz` makes); anything else after a member is an
+// error, not ignored. Tracks the offset in the (decompressed) stream for error messages. The
+// readers of model/data/ share it.
 //
 // Thread-compatible: one thread at a time.
 class InputFile {
@@ -39,7 +41,8 @@ class InputFile {
 
   // Reads up to `size` bytes into `buffer`; fewer only where the data ends (0 at the end).
   // Advances offset(). Errors: the errno of a failed read; INVALID_ARGUMENT for a corrupt gzip
-  // stream, naming the file and the offset.
+  // stream or bytes after a gzip member that do not start another, naming the file and the
+  // offset.
   absl::StatusOr<size_t> Read(unsigned char* buffer, size_t size);
 
   // Appended to a truncation message: " (the gzip stream is cut short)" if the gzip stream
@@ -61,10 +64,19 @@ class InputFile {
  private:
   InputFile(std::string path, bool gzipped) : path_(std::move(path)), gzipped_(gzipped) {}
 
+  // Reads compressed bytes into in_ when it is empty; false at the end of the file.
+  absl::StatusOr<bool> FillInput();
+  absl::StatusOr<size_t> ReadGzip(unsigned char* buffer, size_t size);
+
   const std::string path_;
   const bool gzipped_;
-  std::FILE* file_ = nullptr;  // Owned; set for plain files.
-  gzFile_s* gz_ = nullptr;     // Owned; set for gzip files.
+  std::FILE* file_ = nullptr;  // Owned.
+  // Gzip files: zlib's inflate state (owned), the compressed bytes read and not yet inflated,
+  // how many compressed bytes were read in all, and whether the current member has ended.
+  z_stream_s* zs_ = nullptr;
+  std::vector<unsigned char> in_;
+  int64_t compressed_read_ = 0;
+  bool member_ended_ = false;
   int64_t offset_ = 0;
   bool gzip_cut_short_ = false;  // The gzip stream ended without its trailer.
 };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -84,6 +85,57 @@ TEST(LineReaderTest, CutGzipStreamIsAnErrorAtItsEnd) {
   EXPECT_EQ(more.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(more.status().message(),
               HasSubstr(cut + ": truncated gzip stream: it is cut short after offset"));
+}
+
+std::string FileBytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  EXPECT_NE(f, nullptr) << path;
+  std::string bytes(1 << 20, '\0');
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  return bytes;
+}
+
+// Reads the whole file through InputFile and checks that it ends there.
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> input, InputFile::Open(path));
+  std::string out(1 << 20, '\0');
+  PS_ASSIGN_OR_RETURN(const size_t got,
+                      input->Read(reinterpret_cast<unsigned char*>(out.data()), out.size()));
+  out.resize(got);
+  PS_RETURN_IF_ERROR(input->ExpectEnd("the test's data"));
+  return out;
+}
+
+TEST(InputFileTest, GzipMembersOneAfterAnotherReadAsOneStream) {
+  const std::string both = Write("members.gz", FileBytes(WriteGzip("first.gz", "first,")) +
+                                                   FileBytes(WriteGzip("second.gz", "second")));
+  absl::StatusOr<std::string> read = ReadAll(both);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "first,second");
+}
+
+// gzread would stop at the end of the gzip data and ignore what follows; a data file with
+// bytes after its gzip stream is refused instead, as a plain file with bytes after its data is.
+TEST(InputFileTest, BytesAfterTheGzipStreamAreRefused) {
+  const std::string gzip = FileBytes(WriteGzip("data.gz", "the data"));
+  for (const std::string& junk :
+       {std::string("junk"), std::string(1, '\0'), std::string(600, 'x')}) {
+    const std::string path = Write("junk.gz", gzip + junk);
+    absl::StatusOr<std::string> read = ReadAll(path);
+    ASSERT_FALSE(read.ok()) << "junk of " << junk.size() << " bytes";
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(read.status().message(),
+                HasSubstr(absl::StrCat(path, ": ", gzip.size(),
+                                       " compressed bytes in, after the gzip data that ends at "
+                                       "offset 8 (decompressed), come bytes that are not "
+                                       "another gzip member")));
+  }
+  // A corrupt second member is a corrupt stream.
+  const std::string bad = Write("bad_member.gz", gzip + "\x1f\x8b" + std::string(20, 'z'));
+  absl::StatusOr<std::string> read = ReadAll(bad);
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr(bad + ": corrupt gzip stream at offset 8"));
 }
 
 TEST(LineReaderTest, MissingFileIsNotFound) {

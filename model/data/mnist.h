@@ -32,8 +32,8 @@ namespace pscluster {
 //     gzip stream. The message names the file and the byte offset where it went wrong, e.g.
 //     "/d/t10k-images-idx3-ubyte.gz: truncated pixel data: the file ends at offset 5000
 //     (decompressed) of expected 7840016 bytes". Offsets in gzip files count decompressed
-//     bytes and say so. Of a gzip file only the first gzip stream is read: bytes after its end
-//     are neither data nor an error.
+//     bytes and say so. A gzip file may hold several members (read as one stream); bytes after
+//     the last that do not start another member are an error.
 //
 // All functions here are thread-safe (they share no state).
 
