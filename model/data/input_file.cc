@@ -27,8 +27,7 @@ absl::StatusOr<std::unique_ptr<InputFile>> InputFile::Open(const std::string& pa
   const size_t got = std::fread(magic, 1, 2, file);
   const bool gzipped = got == 2 && magic[0] == kGzipMagic0 && magic[1] == kGzipMagic1;
   std::rewind(file);
-  std::unique_ptr<InputFile> input(new InputFile(path, gzipped));
-  input->file_ = file;
+  std::unique_ptr<InputFile> input(new InputFile(path, file));
   if (gzipped) {
     input->zs_ = new z_stream{};
     // 16 + MAX_WBITS: a gzip wrapper, not zlib's own.
@@ -50,7 +49,7 @@ InputFile::~InputFile() {
 }
 
 std::string InputFile::Where(int64_t offset) const {
-  return absl::StrCat("offset ", offset, gzipped_ ? " (decompressed)" : "");
+  return absl::StrCat("offset ", offset, gzipped() ? " (decompressed)" : "");
 }
 
 absl::StatusOr<size_t> InputFile::Read(unsigned char* buffer, size_t size) {

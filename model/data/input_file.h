@@ -32,7 +32,7 @@ class InputFile {
   InputFile& operator=(const InputFile&) = delete;
 
   const std::string& path() const { return path_; }
-  bool gzipped() const { return gzipped_; }
+  bool gzipped() const { return zs_ != nullptr; }
   // Bytes read so far (decompressed bytes for a gzip file).
   int64_t offset() const { return offset_; }
 
@@ -62,17 +62,17 @@ class InputFile {
   absl::Status ExpectEnd(const std::string& layout);
 
  private:
-  InputFile(std::string path, bool gzipped) : path_(std::move(path)), gzipped_(gzipped) {}
+  InputFile(std::string path, std::FILE* file) : path_(std::move(path)), file_(file) {}
 
   // Reads compressed bytes into in_ when it is empty; false at the end of the file.
   absl::StatusOr<bool> FillInput();
   absl::StatusOr<size_t> ReadGzip(unsigned char* buffer, size_t size);
 
   const std::string path_;
-  const bool gzipped_;
-  std::FILE* file_ = nullptr;  // Owned.
-  // Gzip files: zlib's inflate state (owned), the compressed bytes read and not yet inflated,
-  // how many compressed bytes were read in all, and whether the current member has ended.
+  std::FILE* const file_;  // Owned.
+  // Gzip files: zlib's inflate state (owned; null for plain files), the compressed bytes read and
+  // not yet inflated, how many compressed bytes were read in all, and whether the current member
+  // has ended.
   z_stream_s* zs_ = nullptr;
   std::vector<unsigned char> in_;
   int64_t compressed_read_ = 0;
