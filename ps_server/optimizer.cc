@@ -1,12 +1,15 @@
 #include "ps_server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/base/macros.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -320,6 +323,113 @@ PS_VECTOR_CLONES void CenteredRmsPropLoop(float* params, float* ms, float* mom, 
   }
 }
 
+// The row loops of ApplyRows: one short row per update, the same operations in the same order as
+// the loops above. N is the row's length: std::integral_constant for the dims embedding tables
+// commonly use (a row of 8 floats is then one AVX vector and no loop), int64_t otherwise.
+template <typename N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void SgdRow(float* __restrict params,
+                                                const float* __restrict grad, N n, float lr) {
+  for (int64_t i = 0; i < n; ++i) params[i] -= grad[i] * lr;
+}
+
+template <typename N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void AdagradRow(float* __restrict params,
+                                                    const float* __restrict grad, N n, float lr,
+                                                    float epsilon) {
+  float* __restrict accum = params + n;
+  for (int64_t i = 0; i < n; ++i) {
+    accum[i] += grad[i] * grad[i];
+    params[i] -= grad[i] * lr / (std::sqrt(accum[i]) + epsilon);
+  }
+}
+
+template <typename N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void AdamRow(float* __restrict params,
+                                                 const float* __restrict grad, N n,
+                                                 float one_minus_beta1, float one_minus_beta2,
+                                                 float lr_t, float epsilon) {
+  float* __restrict m = params + n;
+  float* __restrict v = params + 2 * static_cast<int64_t>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    m[i] += (g - m[i]) * one_minus_beta1;
+    v[i] += (g * g - v[i]) * one_minus_beta2;
+    params[i] -= (m[i] * lr_t) / (std::sqrt(v[i]) + epsilon);
+  }
+}
+
+// Calls row(i, n) for i in [0, count), n the rows' length `dim`, as a compile-time constant when
+// it is 4, 8, 16, 32 or 64.
+template <typename RowFn>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void ForEachRow(int64_t count, int64_t dim, const RowFn& row) {
+  const auto each = [count, &row](auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+    for (int64_t i = 0; i < count; ++i) row(i, n);
+  };
+  switch (dim) {
+    case 4:
+      return each(std::integral_constant<int64_t, 4>());
+    case 8:
+      return each(std::integral_constant<int64_t, 8>());
+    case 16:
+      return each(std::integral_constant<int64_t, 16>());
+    case 32:
+      return each(std::integral_constant<int64_t, 32>());
+    case 64:
+      return each(std::integral_constant<int64_t, 64>());
+    default:
+      return each(dim);
+  }
+}
+
+// lr[i] is row i's learning rate (Adam: lr_t).
+PS_VECTOR_CLONES void SgdRows(const Optimizer::RowUpdate* rows, const float* lr, int64_t count,
+                              int64_t dim) {
+  ForEachRow(count, dim, [&](int64_t i, auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+    SgdRow(rows[i].values, rows[i].grad, n, lr[i]);
+  });
+}
+
+PS_VECTOR_CLONES void AdagradRows(const Optimizer::RowUpdate* rows, const float* lr, int64_t count,
+                                  int64_t dim, float epsilon) {
+  ForEachRow(count, dim, [&](int64_t i, auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+    AdagradRow(rows[i].values, rows[i].grad, n, lr[i], epsilon);
+  });
+}
+
+PS_VECTOR_CLONES void AdamRows(const Optimizer::RowUpdate* rows, const float* lr_t, int64_t count,
+                               int64_t dim, float one_minus_beta1, float one_minus_beta2,
+                               float epsilon) {
+  ForEachRow(count, dim, [&](int64_t i, auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+    AdamRow(rows[i].values, rows[i].grad, n, one_minus_beta1, one_minus_beta2, lr_t[i], epsilon);
+  });
+}
+
+// ApplyRows works in blocks of this many rows: each block's learning rates are computed first
+// (LearningRateFactor, Adam's bias correction), then its rows updated in one loop.
+constexpr int64_t kRowBlock = 64;
+
+// Calls update(rows, lr, m) for consecutive blocks of at most kRowBlock rows, lr[i] being
+// rate(rows[i].t); consecutive rows with the same t reuse the rate.
+template <typename RateFn, typename UpdateFn>
+void ForEachRowBlock(const Optimizer::RowUpdate* rows, int64_t count, const RateFn& rate,
+                     const UpdateFn& update) {
+  float lr[kRowBlock];
+  int64_t last_t = -1;
+  float last_rate = 0.0f;
+  for (int64_t begin = 0; begin < count; begin += kRowBlock) {
+    const int64_t m = std::min(kRowBlock, count - begin);
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t t = rows[begin + i].t;
+      if (t != last_t) {
+        last_t = t;
+        last_rate = rate(t);
+      }
+      lr[i] = last_rate;
+    }
+    update(rows + begin, lr, m);
+  }
+}
+
 // The Apply loops below are plain per-element float code, in the order of operations of
 // TensorFlow's kernels. Eigen's vectorized sqrt (EIGEN_FAST_MATH) is not correctly rounded,
 // which would make an element's result depend on whether it fell in a vector lane or in the
@@ -332,6 +442,12 @@ class SgdOptimizer final : public OptimizerBase<SgdHyperparams> {
   void Apply(float* params, float* const* /*slots*/, const float* grad, int64_t n,
              int64_t t) const override {
     SgdLoop(params, grad, n, h().lr * LearningRateFactor(t));
+  }
+
+  void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
+    ForEachRowBlock(
+        rows, count, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
+        [dim](const RowUpdate* block, const float* lr, int64_t m) { SgdRows(block, lr, m, dim); });
   }
 };
 
@@ -367,6 +483,14 @@ class AdagradOptimizer final : public OptimizerBase<AdagradHyperparams> {
              int64_t t) const override {
     AdagradLoop(params, slots[0], grad, n, h().lr * LearningRateFactor(t), h().epsilon);
   }
+
+  void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
+    ForEachRowBlock(
+        rows, count, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
+        [this, dim](const RowUpdate* block, const float* lr, int64_t m) {
+          AdagradRows(block, lr, m, dim, h().epsilon);
+        });
+  }
 };
 
 class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
@@ -376,17 +500,28 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
 
   void Apply(float* params, float* const* slots, const float* grad, int64_t n,
              int64_t t) const override {
+    AdamLoop(params, slots[0], slots[1], grad, n, 1.0f - h().beta1, 1.0f - h().beta2,
+             LearningRateAt(t), h().epsilon);
+  }
+
+  void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
+    ForEachRowBlock(
+        rows, count, [this](int64_t t) { return LearningRateAt(t); },
+        [this, dim](const RowUpdate* block, const float* lr_t, int64_t m) {
+          AdamRows(block, lr_t, m, dim, 1.0f - h().beta1, 1.0f - h().beta2, h().epsilon);
+        });
+  }
+
+ private:
+  // lr_t of update t: the learning rate with the bias correction folded in.
+  float LearningRateAt(int64_t t) const {
     ABSL_ASSERT(t >= 1);
-    const float one_minus_beta1 = 1.0f - h().beta1;
-    const float one_minus_beta2 = 1.0f - h().beta2;
-    const float epsilon = h().epsilon;
     // TensorFlow keeps beta^t in float variables; computing them in double from t is at least
     // as accurate and needs no extra state.
     const double beta1_power = std::pow(static_cast<double>(h().beta1), static_cast<double>(t));
     const double beta2_power = std::pow(static_cast<double>(h().beta2), static_cast<double>(t));
-    const float lr_t = static_cast<float>(h().lr * LearningRateFactor(t) *
-                                          std::sqrt(1.0 - beta2_power) / (1.0 - beta1_power));
-    AdamLoop(params, slots[0], slots[1], grad, n, one_minus_beta1, one_minus_beta2, lr_t, epsilon);
+    return static_cast<float>(h().lr * LearningRateFactor(t) * std::sqrt(1.0 - beta2_power) /
+                              (1.0 - beta1_power));
   }
 };
 
@@ -466,6 +601,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> ValidateAndMake(const Options& option
 }
 
 }  // namespace
+
+void Optimizer::ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const {
+  constexpr int kMaxSlots = 3;  // rmsprop, centered
+  ABSL_ASSERT(num_slots() <= kMaxSlots);
+  float* slots[kMaxSlots];
+  for (int64_t i = 0; i < count; ++i) {
+    for (int k = 0; k < num_slots(); ++k) slots[k] = rows[i].values + (k + 1) * dim;
+    Apply(rows[i].values, slots, rows[i].grad, dim, rows[i].t);
+  }
+}
 
 float Optimizer::LearningRateFactor(int64_t t) const {
   if (decay_steps_ <= 0) return 1.0f;

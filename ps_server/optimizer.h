@@ -115,6 +115,22 @@ class Optimizer {
   virtual void Apply(float* params, float* const* slots, const float* grad, int64_t n,
                      int64_t t) const = 0;
 
+  // One row of an embedding table to update: its values at `values[0, dim)`, its slot i at
+  // `values + (i + 1) * dim` (a table row's layout), its gradient at `grad[0, dim)`, and `t` as
+  // for Apply.
+  struct RowUpdate {
+    float* values;
+    const float* grad;
+    int64_t t;
+  };
+
+  // Updates each of `count` rows of `dim` elements as Apply(values, {values + dim, ...}, grad,
+  // dim, t) would, in order, with the same bits. One call for many rows: the dispatch and
+  // hyperparameters are paid once, and sgd, adagrad and adam run loops compiled for common dims
+  // (an embedding row is short, so Apply's per-call work would cost as much as the update).
+  // REQUIRES: dim >= 1; t >= 1; no row overlaps another row or a gradient.
+  virtual void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const;
+
   // The learning-rate multiplier of update t: decay_rate ^ ((t - 1) / decay_steps) with a
   // LearningRateDecay in the spec, 1 without. Every Apply scales its learning rate by it.
   float LearningRateFactor(int64_t t) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -484,6 +486,62 @@ TEST_P(BlockedApplyTest, MatchesElementByElement) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, BlockedApplyTest, testing::ValuesIn(ReferenceCases()),
+                         [](const testing::TestParamInfo<ReferenceCase>& param_info) {
+                           return param_info.param.label;
+                         });
+
+// ApplyRows over many rows of a table's layout (values, then each slot) gives bit for bit what
+// Apply on each row gives: for every optimizer (sgd, adagrad and adam have loops of their own,
+// the rest the default), dims with and without compiled loops, rows whose update numbers differ
+// and repeat, more rows than one block, and with a learning-rate decay.
+class ApplyRowsTest : public testing::TestWithParam<ReferenceCase> {};
+
+TEST_P(ApplyRowsTest, MatchesApplyOnEachRow) {
+  for (const char* decay : {"", " decay { decay_rate: 0.5 decay_steps: 3 }"}) {
+    if (GetParam().name == "moving_average" && *decay != '\0') continue;  // refused
+    std::unique_ptr<Optimizer> optimizer = CreateOrNull(GetParam().spec + decay);
+    ASSERT_NE(optimizer, nullptr) << GetParam().spec << decay;
+    const int64_t stride_rows = 1 + optimizer->num_slots();
+    for (int64_t dim : {1, 3, 4, 8, 16, 17, 32, 64, 100}) {
+      SCOPED_TRACE(absl::StrCat("dim ", dim, decay));
+      constexpr int64_t kRows = 150;  // over two blocks of 64
+      const int64_t stride = stride_rows * dim;
+      std::vector<float> batched(kRows * stride);
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t i = 0; i < dim; ++i) batched[r * stride + i] = InitialParam(r * dim + i);
+        for (int k = 0; k < optimizer->num_slots(); ++k) {
+          std::fill_n(batched.begin() + r * stride + (k + 1) * dim, dim,
+                      optimizer->slot_initial_value(k));
+        }
+      }
+      std::vector<float> single = batched;
+      for (int64_t step = 1; step <= 3; ++step) {
+        std::vector<float> grads(kRows * dim);
+        for (int64_t j = 0; j < kRows * dim; ++j) grads[j] = Gradient(step, j);
+        std::vector<Optimizer::RowUpdate> rows;
+        for (int64_t r = 0; r < kRows; ++r) {
+          // Runs of equal t and changes between them: t = step, step + 1 or step + 7.
+          const int64_t t = step + (r / 5 % 3 == 0 ? 0 : r / 5 % 3 == 1 ? 1 : 7);
+          rows.push_back({batched.data() + r * stride, grads.data() + r * dim, t});
+          std::vector<float*> slots;
+          for (int k = 0; k < optimizer->num_slots(); ++k) {
+            slots.push_back(single.data() + r * stride + (k + 1) * dim);
+          }
+          optimizer->Apply(single.data() + r * stride, slots.data(), grads.data() + r * dim, dim,
+                           t);
+        }
+        optimizer->ApplyRows(rows.data(), kRows, dim);
+      }
+      int64_t mismatches = 0;
+      for (size_t j = 0; j < batched.size(); ++j) {
+        mismatches += std::memcmp(&batched[j], &single[j], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(mismatches, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, ApplyRowsTest, testing::ValuesIn(ReferenceCases()),
                          [](const testing::TestParamInfo<ReferenceCase>& param_info) {
                            return param_info.param.label;
                          });
