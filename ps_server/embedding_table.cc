@@ -209,11 +209,10 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
       stripe_capacity_(stripe_capacity),
       lfu_(spec_.eviction().policy() == v1::EvictionSpec::LFU),
       stripes_(new Stripe[kNumStripes]) {
-  if (admission_) {
-    for (int s = 0; s < kNumStripes; ++s) {
-      absl::MutexLock lock(&stripes_[s].mu);
-      stripes_[s].sketch.assign(static_cast<size_t>(kSketchRows * sketch_width_), 0);
-    }
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::MutexLock lock(&stripes_[s].mu);
+    stripes_[s].arena.Reset(stride_);
+    if (admission_) stripes_[s].sketch.assign(static_cast<size_t>(kSketchRows * sketch_width_), 0);
   }
 }
 
@@ -398,7 +397,7 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups*
 
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
                                                                  bool initialize, uint32_t now) {
-  const size_t arena_rows = stripe->arena.size() / static_cast<size_t>(stride_);
+  const size_t arena_rows = static_cast<size_t>(stripe->arena.size());
   const bool reuse = !stripe->free_rows.empty();
   const size_t new_row = reuse ? stripe->free_rows.back() : arena_rows;
   if (new_row >= RowIndex::kNoRow) {
@@ -407,15 +406,15 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe,
                      ": its stripe already holds ", stripe->rows.size(), " rows"));
   }
   if (!reuse) {
-    stripe->arena.resize((new_row + 1) * static_cast<size_t>(stride_));
+    stripe->arena.AddRow();
     if (tracks_last_) stripe->last.resize(new_row + 1);
   }
-  float* values = stripe->arena.data() + new_row * static_cast<size_t>(stride_);
+  float* values = stripe->arena.Row(new_row);
   if (initialize) {
     absl::Status status = InitialRow(key, values, /*slots=*/true);
     if (!status.ok()) {
       if (!reuse) {
-        stripe->arena.resize(new_row * static_cast<size_t>(stride_));
+        stripe->arena.RemoveLastRow();
         if (tracks_last_) stripe->last.resize(new_row);
       }
       return WithTablePrefix(spec_.name(), status);
@@ -466,7 +465,9 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
     // row of this one is found and prefetched, and the row found kRowLag positions back is
     // copied, so that a request's cache misses overlap instead of following one another.
     absl::ReaderMutexLock lock(&stripe->mu);
-    const float* arena = stripe->arena.data();
+    // A pointer, which the thread-safety analysis does not follow (a reference it would check
+    // against an unnamed mutex); the lock is held for all of its uses.
+    const RowArena* arena = &stripe->arena;
     uint32_t ring[kRowRing];
     for (int64_t i = 0; i < count + kRowLag; ++i) {
       if (i + kKeyAhead < count) stripe->rows.Prefetch(keys[order[i + kKeyAhead]]);
@@ -476,7 +477,7 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
         if (row == RowIndex::kNoRow) {
           absent.push_back(order[i]);
         } else {
-          PrefetchFloats(arena + static_cast<size_t>(row) * stride_, dim_);
+          PrefetchFloats(arena->Row(row), dim_);
           if (tracks_last_) __builtin_prefetch(&stripe->last[row]);
         }
       }
@@ -488,7 +489,7 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
         absent.push_back(order[j]);  // as removed
         continue;
       }
-      std::memcpy(out + order[j] * dim_, arena + static_cast<size_t>(row) * stride_, row_bytes);
+      std::memcpy(out + order[j] * dim_, arena->Row(row), row_bytes);
     }
   }
   if (absent.empty()) return absl::OkStatus();
@@ -507,8 +508,7 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
   for (int64_t pos : absent) {
     PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry,
                         FindOrCreateRowLocked(stripe, keys[pos], /*now=*/0));
-    std::memcpy(out + pos * dim_, stripe->arena.data() + static_cast<size_t>(entry->row) * stride_,
-                row_bytes);
+    std::memcpy(out + pos * dim_, stripe->arena.Row(entry->row), row_bytes);
   }
   return absl::OkStatus();
 }
@@ -613,7 +613,6 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     float* sum = sums + first * dim_;
     for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
   }
-  std::vector<float*> slots(static_cast<size_t>(num_slots_));
   int64_t admitted = 0, unadmitted = 0, expired = 0;
   std::vector<SketchBump> bumps;
   absl::MutexLock lock(&stripe->mu);
@@ -628,6 +627,25 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     uint32_t t;
   };
   Found ring[kRowRing];
+  // Rows ready for their update, applied kUpdateBatch at a time by one ApplyRows call. Held as
+  // row numbers until then (an append may move the arena); no row of the batch is removed
+  // before it is applied (only an expired row is, and it never joins the batch).
+  struct Ready {
+    uint32_t row;
+    uint32_t t;
+    int64_t j;  // its gradient's position in sums
+  };
+  Ready ready[kUpdateBatch];
+  int64_t num_ready = 0;
+  // Takes the arena as an argument: the thread-safety analysis cannot see the lock in a lambda.
+  const auto apply_ready = [&](RowArena& arena) {
+    Optimizer::RowUpdate updates[kUpdateBatch];
+    for (int64_t r = 0; r < num_ready; ++r) {
+      updates[r] = {arena.Row(ready[r].row), sums + ready[r].j * dim_, ready[r].t};
+    }
+    optimizer_->ApplyRows(updates, num_ready, dim_);
+    num_ready = 0;
+  };
   ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h)
   for (int64_t i = 0;; ++i) {
     if (i < num_distinct && status.ok()) {
@@ -653,17 +671,20 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
       } else {
         const uint32_t row = entry->row;
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
-        PrefetchFloats(stripe->arena.data() + static_cast<size_t>(row) * stride_, stride_);
+        PrefetchFloats(stripe->arena.Row(row), stride_);
         if (tracks_last_) __builtin_prefetch(&stripe->last[row]);
         ++found;
       }
     }
     const int64_t j = i - kRowLag;
-    if (j >= found) break;
+    if (j >= found) {
+      apply_ready(stripe->arena);
+      break;
+    }
     if (j < 0) continue;
     Found row = ring[j % kRowRing];
     if (row.row == RowIndex::kNoRow) continue;
-    float* values = stripe->arena.data() + static_cast<size_t>(row.row) * stride_;
+    float* values = stripe->arena.Row(row.row);
     if (tracks_last_) {
       uint32_t& last = stripe->last[row.row];
       if (Expired(last, now)) {
@@ -685,8 +706,8 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
       // Never back: an async push that read the clock before another took the lock.
       last = std::max(last, now);
     }
-    for (int k = 0; k < num_slots_; ++k) slots[k] = values + (1 + k) * dim_;
-    optimizer_->Apply(values, slots.data(), sums + j * dim_, dim_, row.t);
+    ready[num_ready++] = Ready{row.row, row.t, j};
+    if (num_ready == kUpdateBatch) apply_ready(stripe->arena);
   }
   if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
@@ -718,8 +739,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
       if (row == RowIndex::kNoRow) continue;
       if (tracks_last_ && Expired(stripe.last[row], now)) continue;  // as removed
       exists[pos] = 1;
-      std::memcpy(gathered.data() + pos * dim_,
-                  stripe.arena.data() + static_cast<size_t>(row) * stride_, row_bytes);
+      std::memcpy(gathered.data() + pos * dim_, stripe.arena.Row(row), row_bytes);
     }
   }
   for (int64_t pos = 0; pos < n; ++pos) {
@@ -808,10 +828,8 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    const float* arena = stripe.arena.data();
-    stripe.rows.ForEach([&](const RowIndex::Entry& e) {
-      all.Add(arena + static_cast<size_t>(e.row) * stride_, dim_);
-    });
+    const RowArena* arena = &stripe.arena;  // for the lambda, as below
+    stripe.rows.ForEach([&](const RowIndex::Entry& e) { all.Add(arena->Row(e.row), dim_); });
   }
   all.Fill(stats);
 }
@@ -832,12 +850,12 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       rows.resize(stripe.rows.size() * stride);
       last.assign(stripe.rows.size(), 0);
       // Taken under the lock for the lambda, which the thread-safety analysis cannot see into.
-      const float* arena = stripe.arena.data();
+      const RowArena* arena = &stripe.arena;
       const uint32_t* last_of_row = stripe.last.data();
       stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
         if (tracks_last_ && Expired(last_of_row[entry.row], now)) return;  // as removed
         const size_t i = entries.size();
-        std::memcpy(rows.data() + i * stride, arena + entry.row * stride, stride * sizeof(float));
+        std::memcpy(rows.data() + i * stride, arena->Row(entry.row), stride * sizeof(float));
         if (tracks_last_) last[i] = last_of_row[entry.row];
         entries.push_back(entry);
       });
@@ -891,7 +909,7 @@ void EmbeddingTable::Clear() {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
     stripe.rows = RowIndex();
-    std::vector<float, CacheLineAllocator<float>>().swap(stripe.arena);
+    stripe.arena.Clear();
     std::vector<uint32_t>().swap(stripe.free_rows);
     std::vector<uint32_t>().swap(stripe.last);
     std::fill(stripe.sketch.begin(), stripe.sketch.end(), 0);
@@ -917,7 +935,7 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   if (tracks_last_) stripe.last[entry->row] = last;
   // The clock resumes where the checkpoint's newest push left it.
   if (tracks_last_ && !ttl_in_seconds_) ObserveStep(last);
-  std::memcpy(stripe.arena.data() + static_cast<size_t>(entry->row) * stride_, values_and_slots,
+  std::memcpy(stripe.arena.Row(entry->row), values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));
   return absl::OkStatus();

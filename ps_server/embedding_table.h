@@ -15,6 +15,7 @@
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/optimizer.h"
+#include "ps_server/row_arena.h"
 #include "ps_server/row_index.h"
 
 namespace pscluster {
@@ -63,6 +64,12 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // contents, not on where they lie in memory, so a restored table evicts as the original would. The
 // work is one pass over the stripe's index under its lock, at most once per 1/16 of its share of
 // new rows. The arena's freed rows are reused by new ones.
+//
+// Memory: each stripe's rows are in a RowArena, blocks of 32-64 KiB that do not move once the
+// stripe has one full block, and its index is a RowIndex; both come from HugePagePool, whose
+// 2 MiB slabs are transparent huge pages, so that a large table's random rows and index entries
+// do not also miss the TLB (push and pull of a 10-million-row table were 20-30 % faster for
+// it; docs/benchmarks.md, session 12).
 //
 // Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
 // creates no row and updates none.
@@ -249,13 +256,13 @@ class EmbeddingTable {
   void Clear();
 
  private:
-  // One lock stripe: rows at arena[row * stride_, (row + 1) * stride_), where the values are
+  // One lock stripe: row r's stride_ floats at arena.Row(r), where the values are
   // the first dim floats and slot s the dim floats at offset (1 + s) * dim; the row's entry in
   // `rows` holds its key and t. Removed rows' numbers wait in free_rows for new ones.
   struct alignas(64) Stripe {
     mutable absl::Mutex mu;
     RowIndex rows ABSL_GUARDED_BY(mu);
-    std::vector<float, CacheLineAllocator<float>> arena ABSL_GUARDED_BY(mu);
+    RowArena arena ABSL_GUARDED_BY(mu);
     std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
     // With eviction: the tick of each arena row's last push.
     std::vector<uint32_t> last ABSL_GUARDED_BY(mu);
@@ -281,6 +288,8 @@ class EmbeddingTable {
   static constexpr int64_t kRowLag = 8;
   static constexpr int64_t kRowRing = 16;
   static_assert(kRowRing > kRowLag, "the ring holds the rows in flight");
+  // ApplyStripe updates the rows it has found this many at a time (Optimizer::ApplyRows).
+  static constexpr int64_t kUpdateBatch = 16;
 
   // Calls fn(s) for every stripe s, on `pool` too when it has threads and n (the request's
   // keys) is at least kMinParallelKeys. Each call may run on any thread.

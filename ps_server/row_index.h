@@ -3,10 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <new>
 #include <vector>
+
+#include "ps_server/huge_page_pool.h"
 
 namespace pscluster {
 
@@ -21,36 +21,6 @@ inline uint64_t MixKey(int64_t key) {
   x ^= x >> 33;
   return x;
 }
-
-// An allocator of 64-byte aligned memory, so that rows of 64 bytes (8 floats and one 8-float
-// slot, say) each lie in one cache line and cost one miss, not two.
-template <typename T>
-struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr size_t kAlignment = 64;
-
-  CacheLineAllocator() = default;
-  template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: allocators convert implicitly
-
-  T* allocate(size_t n) {
-    // aligned_alloc wants a size that is a multiple of the alignment.
-    const size_t bytes = (n * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
-    void* p = std::aligned_alloc(kAlignment, bytes == 0 ? kAlignment : bytes);
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-
-  template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const {
-    return true;
-  }
-  template <typename U>
-  bool operator!=(const CacheLineAllocator<U>&) const {
-    return false;
-  }
-};
 
 // The index of one embedding-table stripe: int64 key -> an Entry holding the key's uint32 row
 // number and the row's update count, open addressing with linear probing over 16-byte entries,
@@ -165,7 +135,7 @@ class RowIndex {
   }
 
   void Grow() {
-    std::vector<Entry, CacheLineAllocator<Entry>> old(2 * slots_.size());
+    std::vector<Entry, HugePageAllocator<Entry>> old(2 * slots_.size());
     old.swap(slots_);
     mask_ = slots_.size() - 1;
     for (const Entry& slot : old) {
@@ -173,8 +143,9 @@ class RowIndex {
     }
   }
 
-  // Capacity: a power of two; cache-line aligned, so an entry never straddles two lines.
-  std::vector<Entry, CacheLineAllocator<Entry>> slots_;
+  // Capacity: a power of two; from the huge-page pool (aligned to a power of two of at least
+  // 64 bytes, so an entry never straddles two lines).
+  std::vector<Entry, HugePageAllocator<Entry>> slots_;
   size_t mask_;
   size_t size_ = 0;
 };
