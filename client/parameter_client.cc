@@ -1,6 +1,8 @@
 #include "client/parameter_client.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -13,6 +15,63 @@
 #include "sharding/sparse_hash.h"
 
 namespace pscluster {
+namespace {
+
+// Copies rows between a request and one ps task's part of it: Gather sets
+// part[i * dim, (i + 1) * dim) from whole[pos[i] * dim, ...), Scatter the other way, for
+// i < count. A row is short (8 floats is 32 bytes), so a memcpy call per row would cost more
+// than the copy: the common dims get copies of a size known at compile time.
+template <int64_t kDim>
+void GatherFixed(const float* whole, const int64_t* pos, int64_t count, float* part) {
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(part + i * kDim, whole + pos[i] * kDim, kDim * sizeof(float));
+  }
+}
+
+template <int64_t kDim>
+void ScatterFixed(const float* part, const int64_t* pos, int64_t count, float* whole) {
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(whole + pos[i] * kDim, part + i * kDim, kDim * sizeof(float));
+  }
+}
+
+void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim, float* part) {
+  switch (dim) {
+    case 4:
+      return GatherFixed<4>(whole, pos, count, part);
+    case 8:
+      return GatherFixed<8>(whole, pos, count, part);
+    case 16:
+      return GatherFixed<16>(whole, pos, count, part);
+    case 32:
+      return GatherFixed<32>(whole, pos, count, part);
+    case 64:
+      return GatherFixed<64>(whole, pos, count, part);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(part + i * dim, whole + pos[i] * dim, static_cast<size_t>(dim) * sizeof(float));
+  }
+}
+
+void ScatterRows(const float* part, const int64_t* pos, int64_t count, int64_t dim, float* whole) {
+  switch (dim) {
+    case 4:
+      return ScatterFixed<4>(part, pos, count, whole);
+    case 8:
+      return ScatterFixed<8>(part, pos, count, whole);
+    case 16:
+      return ScatterFixed<16>(part, pos, count, whole);
+    case 32:
+      return ScatterFixed<32>(part, pos, count, whole);
+    case 64:
+      return ScatterFixed<64>(part, pos, count, whole);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(whole + pos[i] * dim, part + i * dim, static_cast<size_t>(dim) * sizeof(float));
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     const v1::ModelSpec& model, const v1::Placement& placement,
@@ -353,8 +412,22 @@ std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys
     std::iota(positions[0].begin(), positions[0].end(), int64_t{0});
     return positions;
   }
-  for (auto& p : positions) p.reserve(static_cast<size_t>(n / positions.size() + n / 16 + 16));
-  for (int64_t i = 0; i < n; ++i) positions[PsOfKey(placement_, keys[i])].push_back(i);
+  // Two passes: each key's task and the tasks' counts, then the positions into lists of exactly
+  // their size.
+  const int32_t* owner = placement_.virtual_shard_to_ps().data();
+  const int32_t num_virtual_shards = placement_.virtual_shard_to_ps_size();
+  std::unique_ptr<int32_t[]> ps_of(new int32_t[static_cast<size_t>(n)]);
+  std::vector<int64_t> counts(positions.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    ps_of[i] = owner[VirtualShardOfKey(keys[i], num_virtual_shards)];
+    ++counts[ps_of[i]];
+  }
+  std::vector<int64_t*> next(positions.size());
+  for (size_t ps = 0; ps < positions.size(); ++ps) {
+    positions[ps].resize(static_cast<size_t>(counts[ps]));
+    next[ps] = positions[ps].data();
+  }
+  for (int64_t i = 0; i < n; ++i) *next[ps_of[i]]++ = i;
   return positions;
 }
 
@@ -379,16 +452,16 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
     if (m == n && m <= per_part) {
       return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
     }
-    std::vector<int64_t> my_keys(std::min(m, per_part));
-    std::vector<float> rows(my_keys.size() * dim);
+    // Not value-initialized: every element is written before it is read.
+    const int64_t most = std::min(m, per_part);
+    std::unique_ptr<int64_t[]> my_keys(new int64_t[static_cast<size_t>(most)]);
+    std::unique_ptr<float[]> rows(new float[static_cast<size_t>(most * dim)]);
     for (int64_t begin = 0; begin < m; begin += per_part) {
       const int64_t count = std::min(per_part, m - begin);
       for (int64_t i = 0; i < count; ++i) my_keys[i] = keys[pos[begin + i]];
-      PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.data(), count, dim,
-                                                options_.wire_dtype, step, rows.data()));
-      for (int64_t i = 0; i < count; ++i) {
-        std::copy_n(rows.data() + i * dim, dim, out + pos[begin + i] * dim);
-      }
+      PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.get(), count, dim,
+                                                options_.wire_dtype, step, rows.get()));
+      ScatterRows(rows.get(), pos.data() + begin, count, dim, out);
     }
     return absl::OkStatus();
   });
@@ -430,14 +503,14 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
           return absl::OkStatus();
         }
-        std::vector<int64_t> my_keys(std::min(m, per_part));
-        std::vector<float> my_grads(my_keys.size() * dim);
+        // Not value-initialized: every element is written before it is sent.
+        const int64_t most = std::min(m, per_part);
+        std::unique_ptr<int64_t[]> my_keys(new int64_t[static_cast<size_t>(most)]);
+        std::unique_ptr<float[]> my_grads(new float[static_cast<size_t>(most * dim)]);
         for (int64_t begin = 0, part = 0; begin < m; begin += per_part, ++part) {
           const int64_t count = std::min(per_part, m - begin);
-          for (int64_t i = 0; i < count; ++i) {
-            my_keys[i] = keys[pos[begin + i]];
-            std::copy_n(grads + pos[begin + i] * dim, dim, my_grads.data() + i * dim);
-          }
+          for (int64_t i = 0; i < count; ++i) my_keys[i] = keys[pos[begin + i]];
+          GatherRows(grads, pos.data() + begin, count, dim, my_grads.get());
           meta.part = static_cast<int32_t>(part);
           meta.request_id = part_ids[part];
           // A part already applied is answered as a duplicate when the whole is retried.
@@ -445,8 +518,8 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
               ps,
               [&] {
                 resp.Clear();
-                return transport_->PushSparse(ps, table, my_keys.data(), count, dim,
-                                              my_grads.data(), meta, &resp);
+                return transport_->PushSparse(ps, table, my_keys.get(), count, dim, my_grads.get(),
+                                              meta, &resp);
               },
               /*push=*/true));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);

@@ -36,6 +36,11 @@ v1::ModelSpec Model() {
   t->mutable_initializer()->set_min(-1);
   t->mutable_initializer()->set_max(1);
   t->mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0f);
+  // A dim the row copies have no fixed-size loop for.
+  v1::TableSpec* odd = model.add_tables();
+  *odd = *t;
+  odd->set_name("odd");
+  odd->set_dim(3);
   return model;
 }
 
@@ -107,6 +112,34 @@ TEST(ParameterClientTest, SparseRowsAreRoutedAndGatheredInOrder) {
   std::vector<float> row(4);
   ASSERT_TRUE(f.client->PullRows("emb", keys.data(), 1, row.data()).ok());
   for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(row[j], rows[j] - 2.0f);
+}
+
+// Every key's row reaches its ps task and comes back to its own position, for a dim with a
+// fixed-size copy (4) and one without (3): each key gets its own gradient, and after the push
+// each row is its initial value less exactly that gradient (SGD, learning rate 1).
+TEST(ParameterClientTest, SparsePushAndPullKeepEachKeysRowAcrossTasks) {
+  Fixture f = Make(3);
+  for (const auto& [table, dim] : {std::pair<std::string, int64_t>{"emb", 4}, {"odd", 3}}) {
+    SCOPED_TRACE(table);
+    std::vector<int64_t> keys;
+    for (int64_t k = 0; k < 300; ++k) keys.push_back(k * 104729 - 7000000);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::vector<float> before(n * dim), after(n * dim), grads(n * dim);
+    for (int64_t j = 0; j < n * dim; ++j) grads[j] = static_cast<float>(j % 97) / 8.0f;
+    ASSERT_TRUE(f.client->PullRows(table, keys.data(), n, before.data()).ok());
+    ASSERT_TRUE(f.client->PushRows(table, keys.data(), n, grads.data(), 0).ok());
+    ASSERT_TRUE(f.client->PullRows(table, keys.data(), n, after.data()).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      float initial[4];
+      ASSERT_TRUE(
+          InitializeRow(Model().tables(0).initializer(), table, keys[i], dim, initial).ok());
+      for (int64_t d = 0; d < dim; ++d) {
+        ASSERT_EQ(before[i * dim + d], initial[d]) << "key " << keys[i];
+        ASSERT_EQ(after[i * dim + d], initial[d] - grads[i * dim + d]) << "key " << keys[i];
+      }
+    }
+  }
+  for (int ps = 0; ps < 3; ++ps) EXPECT_GT(f.transport->calls(ps), 1) << ps;
 }
 
 TEST(ParameterClientTest, RetriesUnavailableThenGivesUp) {
