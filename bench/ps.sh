@@ -12,7 +12,8 @@
 #
 #   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
 #                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
-#                    [--only d_1MiB,emb] [--ps_binary PATH] [--bench_binary PATH] [--keep_logs]
+#                    [--only d_1MiB,emb] [--sparse_key_space N] [--ps_binary PATH]
+#                    [--bench_binary PATH] [--keep_logs]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
@@ -21,6 +22,8 @@
 # _grpc for gRPC). --chunk_bytes is the gRPC client's chunk size for streamed dense pushes and
 # pulls (it also sets the ps's gRPC pull chunks); --pull_chunk_bytes is the ps_server flag.
 # --configs lists PSxWORKERS runs; --only measures those variables and tables alone.
+# --sparse_key_space draws the sparse keys from N keys instead of 1,000,000 (all created in the
+# warm-up): a larger table, whose rows and index entries miss the caches and the TLB more.
 # Every figure also gets the CPU seconds the clients and the ps tasks spent per GB moved.
 # --ps_binary runs that ps_server instead of the one just built: copy a build aside, change the
 # code, and run the script once with each to compare them on the same machine and day.
@@ -37,6 +40,7 @@ pull_chunk_bytes=""
 configs="1x1 2x2"
 transports="tensor_wire"
 only=""
+sparse_key_space=""
 keep_logs=0
 ps_binary=""
 bench_binary=""
@@ -49,10 +53,11 @@ while [[ $# -gt 0 ]]; do
     --configs) configs=$2; shift 2 ;;
     --transports) transports=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
+    --sparse_key_space) sparse_key_space=$2; shift 2 ;;
     --ps_binary) ps_binary=$2; shift 2 ;;
     --bench_binary) bench_binary=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -261,7 +266,7 @@ for config in $configs; do
     --transport="$transport" --ps_pids="$ps_pids" --only="$only" \
     --loopback_gbps="$loopback_gbps" --loopback_rtt_us="$loopback_rtt_us" \
     --min_seconds="$min_seconds" --repeats="$repeats" --chunk_bytes="$chunk_bytes" \
-    2>&1 | tee "$work/$tag.out"
+    ${sparse_key_space:+--sparse_key_space="$sparse_key_space"} 2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
   echo "==> $tag: stopping the daemons (SIGTERM)"
   stop_daemons
