@@ -68,8 +68,8 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // Memory: each stripe's rows are in a RowArena, blocks of 32-64 KiB that do not move once the
 // stripe has one full block, and its index is a RowIndex; both come from HugePagePool, whose
 // 2 MiB slabs are transparent huge pages, so that a large table's random rows and index entries
-// do not also miss the TLB (push and pull of a 10-million-row table were 20-30 % faster for
-// it; docs/benchmarks.md, session 12).
+// do not also miss the TLB (a push to a 10-million-row table takes about a quarter less time
+// per key for it; docs/benchmarks.md, session 12).
 //
 // Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
 // creates no row and updates none.
