@@ -30,14 +30,15 @@ int CeilLog2(size_t bytes) { return 64 - __builtin_clzll(bytes - 1); }
 // MADV_HUGEPAGE.
 void* MapAligned(size_t bytes) {
   constexpr size_t kAlign = HugePagePool::kSlabBytes;
-  void* raw = mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = RoundUp(start, kAlign);
   if (aligned > start) munmap(raw, aligned - start);
   const uintptr_t end = start + bytes + kAlign;
-  if (end > aligned + bytes) munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  if (end > aligned + bytes)
+    munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
   // Best effort: without transparent huge pages the memory is still good, on small pages.
   madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(aligned);

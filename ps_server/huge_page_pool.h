@@ -27,9 +27,9 @@ namespace pscluster {
 // free lists at once. Freed blocks merge with free buddies; a slab that is wholly free again is
 // kept for reuse while the kept ones stay under an eighth of the slabs in use (and at most
 // kMinKeptSlabs otherwise), and unmapped beyond that, so that a table whose stripes grow in step
-// does not unmap a slab and fault in (zero) a new one at every growth. Requests over one slab get a mapping of their own, aligned and advised the same
-// way; requests under kMinBlock go to aligned_alloc. Memory is 64-byte aligned at least; a
-// block is aligned to its power of two.
+// does not unmap a slab and fault in (zero) a new one at every growth. Requests over one slab get a
+// mapping of their own, aligned and advised the same way; requests under kMinBlock go to
+// aligned_alloc. Memory is 64-byte aligned at least; a block is aligned to its power of two.
 //
 // Under AddressSanitizer every request goes to aligned_alloc instead, so that ASan still sees
 // each allocation's bounds.

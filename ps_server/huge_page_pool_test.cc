@@ -32,9 +32,9 @@ bool Intact(const Block& b) {
 
 TEST(HugePagePoolTest, BlocksAreAlignedAndDoNotOverlap) {
   HugePagePool pool;
-  const std::vector<size_t> sizes = {1,          63,       4095,          4096,    4097,
-                                     48 * 1024,  65536,    100 * 1000,    kMiB,    2 * kMiB,
-                                     2 * kMiB + 1, 5 * kMiB, 3 * 4096 + 17, 12288,  0};
+  const std::vector<size_t> sizes = {
+      1,    63,       4095,         4096,     4097,          48 * 1024, 65536, 100 * 1000,
+      kMiB, 2 * kMiB, 2 * kMiB + 1, 5 * kMiB, 3 * 4096 + 17, 12288,     0};
   std::vector<Block> blocks;
   for (size_t i = 0; i < sizes.size(); ++i) {
     blocks.push_back(AllocateFilled(&pool, sizes[i], static_cast<unsigned char>(i + 1)));

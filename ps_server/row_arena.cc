@@ -27,7 +27,8 @@ void RowArena::Reset(int64_t stride) {
 
 void RowArena::FreeBlocks() {
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    HugePagePool::Default().Free(blocks_[b], BlockBytes(b == 0 ? first_block_rows_ : rows_per_block()));
+    HugePagePool::Default().Free(blocks_[b],
+                                 BlockBytes(b == 0 ? first_block_rows_ : rows_per_block()));
   }
   blocks_.clear();
   first_block_rows_ = 0;
@@ -43,7 +44,8 @@ uint64_t RowArena::AddRow() {
   const uint64_t row = size_;
   if (blocks_.empty()) {
     first_block_rows_ = std::min(kFirstBlockRows, rows_per_block());
-    blocks_.push_back(static_cast<float*>(HugePagePool::Default().Allocate(BlockBytes(first_block_rows_))));
+    blocks_.push_back(
+        static_cast<float*>(HugePagePool::Default().Allocate(BlockBytes(first_block_rows_))));
   } else if (row == first_block_rows_ && first_block_rows_ < rows_per_block()) {
     // The first block doubles, moving its rows.
     const uint64_t rows = std::min(2 * first_block_rows_, rows_per_block());
@@ -53,7 +55,8 @@ uint64_t RowArena::AddRow() {
     blocks_[0] = grown;
     first_block_rows_ = rows;
   } else if (row == blocks_.size() * rows_per_block()) {
-    blocks_.push_back(static_cast<float*>(HugePagePool::Default().Allocate(BlockBytes(rows_per_block()))));
+    blocks_.push_back(
+        static_cast<float*>(HugePagePool::Default().Allocate(BlockBytes(rows_per_block()))));
   }
   std::memset(Row(row), 0, static_cast<size_t>(stride_) * sizeof(float));
   ++size_;
