@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -17,58 +18,43 @@
 namespace pscluster {
 namespace {
 
-// Copies rows between a request and one ps task's part of it: Gather sets
-// part[i * dim, (i + 1) * dim) from whole[pos[i] * dim, ...), Scatter the other way, for
-// i < count. A row is short (8 floats is 32 bytes), so a memcpy call per row would cost more
-// than the copy: the common dims get copies of a size known at compile time.
-template <int64_t kDim>
-void GatherFixed(const float* whole, const int64_t* pos, int64_t count, float* part) {
-  for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(part + i * kDim, whole + pos[i] * kDim, kDim * sizeof(float));
-  }
-}
-
-template <int64_t kDim>
-void ScatterFixed(const float* part, const int64_t* pos, int64_t count, float* whole) {
-  for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(whole + pos[i] * kDim, part + i * kDim, kDim * sizeof(float));
-  }
-}
-
-void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim, float* part) {
+// Calls copy(row_floats) with the row length `dim`: a std::integral_constant for the common
+// dims, so that the copies it makes have a size known at compile time (a row is short: 8
+// floats are 32 bytes, and a memcpy call per row costs more than the copy).
+template <typename CopyFn>
+void WithRowLength(int64_t dim, const CopyFn& copy) {
   switch (dim) {
     case 4:
-      return GatherFixed<4>(whole, pos, count, part);
+      return copy(std::integral_constant<int64_t, 4>());
     case 8:
-      return GatherFixed<8>(whole, pos, count, part);
+      return copy(std::integral_constant<int64_t, 8>());
     case 16:
-      return GatherFixed<16>(whole, pos, count, part);
+      return copy(std::integral_constant<int64_t, 16>());
     case 32:
-      return GatherFixed<32>(whole, pos, count, part);
+      return copy(std::integral_constant<int64_t, 32>());
     case 64:
-      return GatherFixed<64>(whole, pos, count, part);
+      return copy(std::integral_constant<int64_t, 64>());
+    default:
+      return copy(dim);
   }
-  for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(part + i * dim, whole + pos[i] * dim, static_cast<size_t>(dim) * sizeof(float));
-  }
+}
+
+// Rows between a request and one ps task's part of it: Gather sets part[i * dim, (i + 1) * dim)
+// from whole[pos[i] * dim, ...), Scatter the other way, for i < count.
+void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim, float* part) {
+  WithRowLength(dim, [&](auto n) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(part + i * n, whole + pos[i] * n, static_cast<size_t>(n) * sizeof(float));
+    }
+  });
 }
 
 void ScatterRows(const float* part, const int64_t* pos, int64_t count, int64_t dim, float* whole) {
-  switch (dim) {
-    case 4:
-      return ScatterFixed<4>(part, pos, count, whole);
-    case 8:
-      return ScatterFixed<8>(part, pos, count, whole);
-    case 16:
-      return ScatterFixed<16>(part, pos, count, whole);
-    case 32:
-      return ScatterFixed<32>(part, pos, count, whole);
-    case 64:
-      return ScatterFixed<64>(part, pos, count, whole);
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    std::memcpy(whole + pos[i] * dim, part + i * dim, static_cast<size_t>(dim) * sizeof(float));
-  }
+  WithRowLength(dim, [&](auto n) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(whole + pos[i] * n, part + i * n, static_cast<size_t>(n) * sizeof(float));
+    }
+  });
 }
 
 }  // namespace

@@ -30,6 +30,15 @@ bool Intact(const Block& b) {
   return std::all_of(b.p, b.p + b.bytes, [&b](unsigned char c) { return c == b.fill; });
 }
 
+// With everything freed and the kept slabs trimmed, the pool holds no memory.
+void ExpectEmptyAfterTrim(HugePagePool* pool) {
+  pool->Trim();
+  const HugePagePool::Stats stats = pool->stats();
+  EXPECT_EQ(stats.slab_bytes, 0u);
+  EXPECT_EQ(stats.free_bytes, 0u);
+  EXPECT_EQ(stats.large_bytes, 0u);
+}
+
 TEST(HugePagePoolTest, BlocksAreAlignedAndDoNotOverlap) {
   HugePagePool pool;
   const std::vector<size_t> sizes = {
@@ -49,11 +58,7 @@ TEST(HugePagePoolTest, BlocksAreAlignedAndDoNotOverlap) {
   }
   for (const Block& b : blocks) EXPECT_TRUE(Intact(b)) << b.bytes << " bytes";
   for (const Block& b : blocks) pool.Free(b.p, b.bytes);
-  pool.Trim();
-  const HugePagePool::Stats stats = pool.stats();
-  EXPECT_EQ(stats.slab_bytes, 0u);
-  EXPECT_EQ(stats.free_bytes, 0u);
-  EXPECT_EQ(stats.large_bytes, 0u);
+  ExpectEmptyAfterTrim(&pool);
 }
 
 TEST(HugePagePoolTest, ABlockTakesItsSizeRoundedToFourKiBAndTheTailIsFree) {
@@ -123,11 +128,7 @@ TEST(HugePagePoolTest, RandomAllocationsAndFreesKeepEveryBlockIntactAndEndEmpty)
     EXPECT_TRUE(Intact(b)) << b.bytes << " bytes";
     pool.Free(b.p, b.bytes);
   }
-  pool.Trim();
-  const HugePagePool::Stats stats = pool.stats();
-  EXPECT_EQ(stats.slab_bytes, 0u);
-  EXPECT_EQ(stats.free_bytes, 0u);
-  EXPECT_EQ(stats.large_bytes, 0u);
+  ExpectEmptyAfterTrim(&pool);
 }
 
 TEST(HugePagePoolTest, AllocatorServesAVector) {
