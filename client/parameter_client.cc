@@ -6,9 +6,9 @@
 #include <numeric>
 #include <random>
 #include <thread>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/row_length.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "sharding/partitioner.h"
@@ -18,29 +18,9 @@
 namespace pscluster {
 namespace {
 
-// Calls copy(row_floats) with the row length `dim`: a std::integral_constant for the common
-// dims, so that the copies it makes have a size known at compile time (a row is short: 8
-// floats are 32 bytes, and a memcpy call per row costs more than the copy).
-template <typename CopyFn>
-void WithRowLength(int64_t dim, const CopyFn& copy) {
-  switch (dim) {
-    case 4:
-      return copy(std::integral_constant<int64_t, 4>());
-    case 8:
-      return copy(std::integral_constant<int64_t, 8>());
-    case 16:
-      return copy(std::integral_constant<int64_t, 16>());
-    case 32:
-      return copy(std::integral_constant<int64_t, 32>());
-    case 64:
-      return copy(std::integral_constant<int64_t, 64>());
-    default:
-      return copy(dim);
-  }
-}
-
 // Rows between a request and one ps task's part of it: Gather sets part[i * dim, (i + 1) * dim)
-// from whole[pos[i] * dim, ...), Scatter the other way, for i < count.
+// from whole[pos[i] * dim, ...), Scatter the other way, for i < count; copies of a size known
+// at compile time for the common dims (common/row_length.h).
 void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim, float* part) {
   WithRowLength(dim, [&](auto n) {
     for (int64_t i = 0; i < count; ++i) {

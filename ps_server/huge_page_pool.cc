@@ -6,8 +6,6 @@
 #include <cstdlib>
 #include <new>
 
-#include "absl/base/attributes.h"
-
 #if defined(__SANITIZE_ADDRESS__)
 #define PS_POOL_UNDER_ASAN 1
 #elif defined(__has_feature)

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/row_length.h"
 #include "common/status_macros.h"
 #include "proto/model.pb.h"
 
@@ -358,27 +358,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void AdamRow(float* __restrict params,
   }
 }
 
-// Calls row(i, n) for i in [0, count), n the rows' length `dim`, as a compile-time constant when
-// it is 4, 8, 16, 32 or 64.
+// Calls row(i, n) for i in [0, count), n the rows' length `dim` (common/row_length.h).
 template <typename RowFn>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void ForEachRow(int64_t count, int64_t dim, const RowFn& row) {
-  const auto each = [count, &row](auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+  WithRowLength(dim, [count, &row](auto n) ABSL_ATTRIBUTE_ALWAYS_INLINE {
     for (int64_t i = 0; i < count; ++i) row(i, n);
-  };
-  switch (dim) {
-    case 4:
-      return each(std::integral_constant<int64_t, 4>());
-    case 8:
-      return each(std::integral_constant<int64_t, 8>());
-    case 16:
-      return each(std::integral_constant<int64_t, 16>());
-    case 32:
-      return each(std::integral_constant<int64_t, 32>());
-    case 64:
-      return each(std::integral_constant<int64_t, 64>());
-    default:
-      return each(dim);
-  }
+  });
 }
 
 // lr[i] is row i's learning rate (Adam: lr_t).

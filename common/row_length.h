@@ -1,0 +1,37 @@
+#ifndef PSCLUSTER_COMMON_ROW_LENGTH_H_
+#define PSCLUSTER_COMMON_ROW_LENGTH_H_
+
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/base/attributes.h"
+
+namespace pscluster {
+
+// Calls fn(n) with n the row length `dim`: a std::integral_constant for the dims embedding rows
+// commonly have (4, 8, 16, 32, 64), an int64_t otherwise. Embedding rows are short (8 floats are
+// 32 bytes), so a loop or copy over one row costs little next to a memcpy call or a loop set up
+// for an unknown length; with n a constant, the compiler makes it a few vector moves. Always
+// inlined, so that it takes the instruction set of the function it is used in (the ps's
+// AVX2/baseline clones, ps_server/optimizer.cc).
+template <typename Fn>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void WithRowLength(int64_t dim, const Fn& fn) {
+  switch (dim) {
+    case 4:
+      return fn(std::integral_constant<int64_t, 4>());
+    case 8:
+      return fn(std::integral_constant<int64_t, 8>());
+    case 16:
+      return fn(std::integral_constant<int64_t, 16>());
+    case 32:
+      return fn(std::integral_constant<int64_t, 32>());
+    case 64:
+      return fn(std::integral_constant<int64_t, 64>());
+    default:
+      return fn(dim);
+  }
+}
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_ROW_LENGTH_H_
