@@ -1,6 +1,10 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
 
 #define EIGEN_USE_THREADS
 #include "unsupported/Eigen/CXX11/ThreadPool"
@@ -8,7 +12,7 @@
 namespace pscluster {
 
 struct ThreadPool::Impl {
-  explicit Impl(int n) : pool(n) {}
+  explicit Impl(int n) : pool(n, /*allow_spinning=*/false) {}
   Eigen::ThreadPool pool;
 };
 
@@ -48,6 +52,46 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_block,
   }
   fn(0, std::min(n, block));
   done.Wait();
+}
+
+void ThreadPool::ForEachIndex(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (impl_ == nullptr || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  // Shared with the helpers, which may start after the caller has returned. A helper touches
+  // fn only for an index it took, and the caller waits for every index to be done, so a late
+  // one, finding every index taken, never reaches fn.
+  struct State {
+    State(int64_t n, const std::function<void(int64_t)>* fn) : n(n), fn(fn) {}
+    const int64_t n;
+    const std::function<void(int64_t)>* const fn;
+    std::atomic<int64_t> next{0};
+    absl::Mutex mu;
+    int64_t done ABSL_GUARDED_BY(mu) = 0;
+
+    void Work() {
+      int64_t finished = 0;
+      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+        (*fn)(i);
+        ++finished;
+      }
+      if (finished > 0) {
+        absl::MutexLock lock(&mu);
+        done += finished;
+      }
+    }
+    bool AllDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done == n; }
+  };
+  auto state = std::make_shared<State>(n, &fn);
+  const int64_t helpers = std::min<int64_t>(num_threads_, n - 1);
+  for (int64_t h = 0; h < helpers; ++h) {
+    impl_->pool.Schedule([state] { state->Work(); });
+  }
+  state->Work();
+  absl::MutexLock lock(&state->mu);
+  state->mu.Await(absl::Condition(state.get(), &State::AllDone));
 }
 
 }  // namespace pscluster

@@ -8,8 +8,15 @@
 namespace pscluster {
 
 // A fixed set of worker threads (Eigen's non-blocking pool, the one TensorFlow's runtime uses)
-// with the two things this project asks of one: run a closure later, and split a loop over
-// [0, n) into blocks that run in parallel, the calling thread taking one of them.
+// with the things this project asks of one: run a closure later, and split a loop over [0, n)
+// into parts that run in parallel, the calling thread taking some of them.
+//
+// The threads do not spin when idle: Eigen's default has an idle thread try thousands of
+// steals before it sleeps, which on a machine whose cores are all busy (a ps and its clients on
+// two cores) burns the CPU the other processes need. Without it a sparse push through two ps
+// tasks and two clients cost the ps 4-10 % less CPU per GB, and a 1 MiB dense push 14 % less
+// (docs/benchmarks.md, session 13); waking a sleeping thread costs microseconds, which the
+// work handed to the pool (blocks of whole requests) is far larger than.
 //
 // Thread-safe. The destructor waits for scheduled closures to finish.
 class ThreadPool {
@@ -32,6 +39,14 @@ class ThreadPool {
   // returned. The blocks run concurrently: fn must be safe to call from several threads on
   // disjoint ranges. Block boundaries depend only on n, min_block and num_threads().
   void ParallelFor(int64_t n, int64_t min_block, const std::function<void(int64_t, int64_t)>& fn);
+
+  // Calls fn(i) once for every i in [0, n), on the calling thread and on up to
+  // min(num_threads(), n - 1) pool threads, each taking the next index nobody has taken yet, and
+  // returns when every call has returned. Unlike ParallelFor's fixed blocks, a pool thread that
+  // the machine does not schedule in time (every core busy) holds nobody up: the caller takes
+  // its share, and the helper, when it runs, finds nothing left. Which thread runs an index is
+  // not fixed, so fn's result must not depend on it.
+  void ForEachIndex(int64_t n, const std::function<void(int64_t)>& fn);
 
  private:
   struct Impl;  // Eigen's pool, kept out of this header

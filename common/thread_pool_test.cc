@@ -37,6 +37,47 @@ TEST(ThreadPoolTest, ParallelForCoversTheRangeOnceInBigEnoughBlocks) {
   }
 }
 
+TEST(ThreadPoolTest, ForEachIndexVisitsEveryIndexOnce) {
+  for (int threads : {0, 1, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 64, 1000}) {
+      std::vector<std::atomic<int>> seen(n);
+      pool.ForEachIndex(n, [&](int64_t i) { seen[i].fetch_add(1); });
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[i].load(), 1) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+// The caller does not wait for a helper that has not started: with the only pool thread busy,
+// ForEachIndex finishes every index on the calling thread.
+TEST(ThreadPoolTest, ForEachIndexDoesNotWaitForABusyPool) {
+  ThreadPool pool(1);
+  std::atomic<bool> release{false};
+  pool.Schedule([&release] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  pool.ForEachIndex(16, [&](int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ids, std::set<std::thread::id>{std::this_thread::get_id()});
+  release = true;
+}
+
+TEST(ThreadPoolTest, ForEachIndexUsesOtherThreads) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  pool.ForEachIndex(30, [&](int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ids.size(), 3u);
+}
+
 TEST(ThreadPoolTest, ParallelForUsesOtherThreads) {
   ThreadPool pool(2);
   std::mutex mu;

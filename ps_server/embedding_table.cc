@@ -515,14 +515,13 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
 
 void EmbeddingTable::ForEachStripe(int64_t n, ThreadPool* pool,
                                    const std::function<void(int stripe)>& fn) {
-  const auto run = [&fn](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) fn(static_cast<int>(s));
-  };
   if (pool == nullptr || pool->num_threads() == 0 || n < kMinParallelKeys) {
-    run(0, kNumStripes);
+    for (int s = 0; s < kNumStripes; ++s) fn(s);
     return;
   }
-  pool->ParallelFor(kNumStripes, /*min_block=*/4, run);
+  // Stripes taken one at a time by whichever thread is free: on a busy machine a pool thread
+  // may not run for a while, and fixed halves would leave the caller waiting for it.
+  pool->ForEachIndex(kNumStripes, [&fn](int64_t s) { fn(static_cast<int>(s)); });
 }
 
 absl::Status EmbeddingTable::FirstError(const absl::Status (&status)[kNumStripes]) {
@@ -577,40 +576,55 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
 
 absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                          const int64_t* order, int64_t count, uint32_t now) {
-  // The stripe's keys and gradients are gathered, outside the lock and on whichever thread
-  // runs the stripe, into this thread's scratch: each distinct key once, in order of first
-  // occurrence, its gradients summed in order of position. The row updates then read them
-  // in sequence, from cache.
+  // The stripe's distinct keys are listed, outside the lock and on whichever thread runs the
+  // stripe, in this thread's scratch, in order of first occurrence, each with its gradient: the
+  // request's own row for a key that occurs once, or, for a repeated key, the sum of its rows in
+  // order of position, in the scratch's `sums`. (Repeats are few in a large random request, so
+  // most gradients are never copied.)
   struct Scratch {
     FirstOccurrenceIndex first_occurrence;
     std::vector<int64_t> keys;
-    std::vector<float> grads;
+    std::vector<const float*> grads;
+    std::vector<uint8_t> summed;  // whether grads[i] is in sums
+    std::vector<float> sums;
   };
   thread_local Scratch scratch;
   scratch.first_occurrence.Reset(count);
-  // Grown, never shrunk (tables of other dims share it): a resize writes only what it adds.
+  // Grown, never shrunk (tables of other dims share them): a resize writes only what it adds.
   if (scratch.keys.size() < static_cast<size_t>(count)) {
     scratch.keys.resize(static_cast<size_t>(count));
-  }
-  if (scratch.grads.size() < static_cast<size_t>(count * dim_)) {
-    scratch.grads.resize(static_cast<size_t>(count * dim_));
+    scratch.grads.resize(static_cast<size_t>(count));
+    scratch.summed.resize(static_cast<size_t>(count));
   }
   int64_t* const distinct_keys = scratch.keys.data();
-  float* const sums = scratch.grads.data();
+  const float** const distinct_grads = scratch.grads.data();
+  uint8_t* const summed = scratch.summed.data();
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   int64_t num_distinct = 0;
+  int64_t num_sums = 0;
   for (int64_t j = 0; j < count; ++j) {
-    if (j + kRowLag < count) PrefetchFloats(grads + order[j + kRowLag] * dim_, dim_);
     const int64_t pos = order[j];
     const int64_t key = keys[pos];
     const int64_t first = scratch.first_occurrence.FindOrInsert(key, num_distinct);
     const float* grad = grads + pos * dim_;
     if (first == num_distinct) {
-      distinct_keys[num_distinct++] = key;
-      std::memcpy(sums + first * dim_, grad, row_bytes);
+      distinct_keys[num_distinct] = key;
+      distinct_grads[num_distinct] = grad;
+      summed[num_distinct++] = 0;
       continue;
     }
-    float* sum = sums + first * dim_;
+    if (!summed[first]) {
+      // The key's second occurrence: its sum starts as a copy of the first. `sums` holds at
+      // most count / 2 rows (each needs two occurrences); sized first, so that it never moves.
+      if (num_sums == 0 && scratch.sums.size() < static_cast<size_t>((count / 2) * dim_)) {
+        scratch.sums.resize(static_cast<size_t>((count / 2) * dim_));
+      }
+      float* sum = scratch.sums.data() + num_sums++ * dim_;
+      std::memcpy(sum, distinct_grads[first], row_bytes);
+      distinct_grads[first] = sum;
+      summed[first] = 1;
+    }
+    float* sum = const_cast<float*>(distinct_grads[first]);
     for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
   }
   int64_t admitted = 0, unadmitted = 0, expired = 0;
@@ -633,7 +647,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
   struct Ready {
     uint32_t row;
     uint32_t t;
-    int64_t j;  // its gradient's position in sums
+    int64_t j;  // its key's position in distinct_keys
   };
   Ready ready[kUpdateBatch];
   int64_t num_ready = 0;
@@ -641,7 +655,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
   const auto apply_ready = [&](RowArena& arena) {
     Optimizer::RowUpdate updates[kUpdateBatch];
     for (int64_t r = 0; r < num_ready; ++r) {
-      updates[r] = {arena.Row(ready[r].row), sums + ready[r].j * dim_, ready[r].t};
+      updates[r] = {arena.Row(ready[r].row), distinct_grads[ready[r].j], ready[r].t};
     }
     optimizer_->ApplyRows(updates, num_ready, dim_);
     num_ready = 0;
@@ -672,6 +686,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
         const uint32_t row = entry->row;
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
         PrefetchFloats(stripe->arena.Row(row), stride_);
+        PrefetchFloats(distinct_grads[i], dim_);
         if (tracks_last_) __builtin_prefetch(&stripe->last[row]);
         ++found;
       }
