@@ -16,49 +16,7 @@
 #include "sharding/sparse_hash.h"
 
 namespace pscluster {
-namespace {
-
-// Rows between a request and one ps task's part of it: Gather sets part[i * dim, (i + 1) * dim)
-// from whole[pos[i] * dim, ...), Scatter the other way, for i < count; copies of a size known
-// at compile time for the common dims (common/row_length.h).
-void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim, float* part) {
-  WithRowLength(dim, [&](auto n) {
-    for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(part + i * n, whole + pos[i] * n, static_cast<size_t>(n) * sizeof(float));
-    }
-  });
-}
-
-// A thread's scratch for the part of a request bound for one ps task.
-class GatherBuffers {
- public:
-  int64_t* Keys(int64_t n) { return Grow(&keys_, &keys_size_, n); }
-  float* Rows(int64_t n) { return Grow(&rows_, &rows_size_, n); }
-
- private:
-  template <typename T>
-  static T* Grow(std::unique_ptr<T[]>* buffer, int64_t* size, int64_t n) {
-    if (*size < n) {
-      buffer->reset(new T[static_cast<size_t>(n)]);  // not value-initialized
-      *size = n;
-    }
-    return buffer->get();
-  }
-  std::unique_ptr<int64_t[]> keys_;
-  std::unique_ptr<float[]> rows_;
-  int64_t keys_size_ = 0;
-  int64_t rows_size_ = 0;
-};
-
-void ScatterRows(const float* part, const int64_t* pos, int64_t count, int64_t dim, float* whole) {
-  WithRowLength(dim, [&](auto n) {
-    for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(whole + pos[i] * n, part + i * n, static_cast<size_t>(n) * sizeof(float));
-    }
-  });
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     const v1::ModelSpec& model, const v1::Placement& placement,
@@ -490,16 +448,9 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
           return absl::OkStatus();
         }
-        // The thread's buffers, kept from call to call (grown, never shrunk, never zeroed):
-        // fresh ones would be pages the gather faults in, or lines it misses on, every call.
-        thread_local GatherBuffers buffers;
-        const int64_t most = std::min(m, per_part);
-        int64_t* const my_keys = buffers.Keys(most);
-        float* const my_grads = buffers.Rows(most * dim);
+        // Each part is gathered from the caller's arrays by the transport, as it sends.
         for (int64_t begin = 0, part = 0; begin < m; begin += per_part, ++part) {
           const int64_t count = std::min(per_part, m - begin);
-          for (int64_t i = 0; i < count; ++i) my_keys[i] = keys[pos[begin + i]];
-          GatherRows(grads, pos.data() + begin, count, dim, my_grads);
           meta.part = static_cast<int32_t>(part);
           meta.request_id = part_ids[part];
           // A part already applied is answered as a duplicate when the whole is retried.
@@ -507,8 +458,8 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
               ps,
               [&] {
                 resp.Clear();
-                return transport_->PushSparse(ps, table, my_keys, count, dim, my_grads, meta,
-                                              &resp);
+                return transport_->PushSparseGather(ps, table, keys, pos.data() + begin, count, dim,
+                                                    grads, meta, &resp);
               },
               /*push=*/true));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);

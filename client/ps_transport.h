@@ -66,6 +66,14 @@ class PsTransport {
   virtual absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                                   int64_t dim, const float* grads, const PushMeta& meta,
                                   v1::PushSparseResponse* response) = 0;
+  // PushSparse of a part of a caller's request: the keys keys[positions[i]] with the gradient
+  // rows grads[positions[i] * dim, (positions[i] + 1) * dim), for i in [0, n). The default
+  // gathers the part into this thread's buffers (kept from call to call) and calls PushSparse;
+  // TcpPsTransport gathers it a piece at a time as it writes it to the socket.
+  virtual absl::Status PushSparseGather(int ps, const std::string& table, const int64_t* keys,
+                                        const int64_t* positions, int64_t n, int64_t dim,
+                                        const float* grads, const PushMeta& meta,
+                                        v1::PushSparseResponse* response);
   virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
   virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) = 0;

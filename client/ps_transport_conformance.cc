@@ -146,6 +146,54 @@ TEST_P(PsTransportConformanceTest, SparseRowsAreCreatedOnFirstTouchAndUpdated) {
   }
 }
 
+// PushSparseGather sends the rows at the positions it is given, each key with its own row, on
+// a float32 and a 16-bit wire alike.
+TEST_P(PsTransportConformanceTest, PushSparseGatherSendsEachKeyItsOwnRow) {
+  std::unique_ptr<PsTransport> t = env_->NewTransport();
+  const v1::Placement placement = ConformancePlacement();
+  for (const v1::DataType wire : {v1::DT_FLOAT32, v1::DT_BFLOAT16}) {
+    SCOPED_TRACE(v1::DataType_Name(wire));
+    // A request of 400 keys, of which the part for ps 0, in an order of its own (reversed).
+    std::vector<int64_t> keys(400);
+    std::vector<float> grads(keys.size() * 8);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keys[i] = static_cast<int64_t>(i) * 7919 + (wire == v1::DT_FLOAT32 ? 1 : 2);
+      // Multiples of 1/4 in [-2, 2): exact in bfloat16 too.
+      for (int d = 0; d < 8; ++d)
+        grads[i * 8 + d] = 0.25f * static_cast<float>((i + 3 * d) % 16) - 2;
+    }
+    std::vector<int64_t> positions;
+    for (int64_t i = static_cast<int64_t>(keys.size()) - 1; i >= 0; --i) {
+      if (PsOfKey(placement, keys[i]) == 0) positions.push_back(i);
+    }
+    ASSERT_GT(positions.size(), 100u);
+    const int64_t n = static_cast<int64_t>(positions.size());
+    std::vector<int64_t> part_keys;
+    for (int64_t p : positions) part_keys.push_back(keys[p]);
+    std::vector<float> before(n * 8), after(n * 8);
+    ASSERT_TRUE(
+        t->PullSparse(0, "emb", part_keys.data(), n, 8, v1::DT_FLOAT32, -1, before.data()).ok())
+        << env_->Logs();
+    PushMeta meta;
+    meta.wire_dtype = wire;
+    v1::PushSparseResponse resp;
+    absl::Status s = t->PushSparseGather(0, "emb", keys.data(), positions.data(), n, 8,
+                                         grads.data(), meta, &resp);
+    ASSERT_TRUE(s.ok()) << s << env_->Logs();
+    ASSERT_TRUE(
+        t->PullSparse(0, "emb", part_keys.data(), n, 8, v1::DT_FLOAT32, -1, after.data()).ok());
+    // Adagrad, lr 0.1, initial accumulator 0.1, each row's first update.
+    for (int64_t i = 0; i < n; ++i) {
+      for (int d = 0; d < 8; ++d) {
+        const float g = grads[positions[i] * 8 + d];
+        const float step = 0.1f * g / (std::sqrt(0.1f + g * g) + 1e-7f);
+        ASSERT_NEAR(after[i * 8 + d], before[i * 8 + d] - step, 1e-6)
+            << "key " << part_keys[i] << " element " << d;
+      }
+    }
+  }
+}
+
 // A sparse request larger than what a ps task takes is split by the client; one sent whole
 // is refused before any row is created.
 TEST_P(PsTransportConformanceTest, LargeSparseRequestsAreSplitAndOversizeOnesChangeNothing) {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/row_length.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 
@@ -21,6 +23,21 @@ std::string HostOf(const std::string& address) {
 
 iovec Bytes(const void* p, int64_t n) {
   return iovec{const_cast<void*>(p), static_cast<size_t>(n)};
+}
+
+// The meta of a sparse push of n keys.
+std::string PushSparseMeta(const std::string& table, v1::DataType wire, const PushMeta& meta,
+                           int64_t n) {
+  v1::PushSparseRequest req;
+  req.set_table(table);
+  req.set_wire_dtype(wire);
+  req.set_step(meta.step);
+  req.set_worker(meta.worker);
+  *req.mutable_request_id() = meta.request_id;
+  req.set_part(meta.part);
+  req.set_num_parts(meta.num_parts);
+  req.set_num_keys(n);
+  return req.SerializeAsString();
 }
 
 // Reads a payload of exactly `expected` bytes into floats, decoding a 16-bit wire.
@@ -135,7 +152,7 @@ void TcpPsTransport::Forget(int ps) {
 absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
   *in_step = false;
   char raw[kFrameHeaderBytes];
-  uint64_t payload = 0;
+  uint64_t payload = x->streamed_payload_bytes;
   for (const iovec& v : x->payload) payload += v.iov_len;
   x->request.meta_bytes = static_cast<uint32_t>(x->meta.size());
   x->request.payload_bytes = payload;
@@ -144,9 +161,13 @@ absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
   iov.reserve(2 + x->payload.size());
   iov.push_back(Bytes(raw, sizeof(raw)));
   iov.push_back(Bytes(x->meta.data(), static_cast<int64_t>(x->meta.size())));
-  iov.insert(iov.end(), x->payload.begin(), x->payload.end());
-  PS_RETURN_IF_ERROR(
-      c.socket->WriteAll(iov.data(), static_cast<int>(iov.size()), options_.io_timeout));
+  if (x->write_payload) {
+    PS_RETURN_IF_ERROR(x->write_payload(*c.socket, &iov));
+  } else {
+    iov.insert(iov.end(), x->payload.begin(), x->payload.end());
+    PS_RETURN_IF_ERROR(
+        c.socket->WriteAll(iov.data(), static_cast<int>(iov.size()), options_.io_timeout));
+  }
   PS_RETURN_IF_ERROR(c.socket->ReadExact(raw, kFrameHeaderBytes, options_.io_timeout));
   PS_ASSIGN_OR_RETURN(FrameHeader response, DecodeFrameHeader(raw));
   if (response.op != (x->request.op | kResponseBit) || response.tag != x->request.tag) {
@@ -309,16 +330,7 @@ absl::Status TcpPsTransport::PushSparse(int ps, const std::string& table, const 
   PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
   Exchange x;
   x.request.op = static_cast<uint16_t>(WireOp::kPushSparse);
-  v1::PushSparseRequest req;
-  req.set_table(table);
-  req.set_wire_dtype(wire);
-  req.set_step(meta.step);
-  req.set_worker(meta.worker);
-  *req.mutable_request_id() = meta.request_id;
-  req.set_part(meta.part);
-  req.set_num_parts(meta.num_parts);
-  req.set_num_keys(n);
-  x.meta = req.SerializeAsString();
+  x.meta = PushSparseMeta(table, wire, meta, n);
   x.payload.push_back(Bytes(keys, n * static_cast<int64_t>(sizeof(int64_t))));
   std::string encoded;
   if (wire == v1::DT_FLOAT32) {
@@ -331,6 +343,71 @@ absl::Status TcpPsTransport::PushSparse(int ps, const std::string& table, const 
   bool no_data_plane = false;
   absl::Status s = Call(ps, &x, &no_data_plane);
   if (no_data_plane) return grpc_->PushSparse(ps, table, keys, n, dim, grads, meta, response);
+  PS_RETURN_IF_ERROR(s);
+  if (!response->ParseFromString(x.response_meta)) {
+    return Annotate(ps, absl::DataLossError("the push's answer is not a PushSparseResponse"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpPsTransport::PushSparseGather(int ps, const std::string& table, const int64_t* keys,
+                                              const int64_t* positions, int64_t n, int64_t dim,
+                                              const float* grads, const PushMeta& meta,
+                                              v1::PushSparseResponse* response) {
+  const v1::DataType wire = WireOrFloat(meta.wire_dtype);
+  PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kPushSparse);
+  x.meta = PushSparseMeta(table, wire, meta, n);
+  x.streamed_payload_bytes = static_cast<uint64_t>(n * (int64_t{sizeof(int64_t)} + dim * elem));
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  const int64_t piece_bytes =
+      std::max({options_.gather_piece_bytes, row_bytes, static_cast<int64_t>(sizeof(int64_t))});
+  x.write_payload = [&](WireSocket& socket, std::vector<iovec>* head) -> absl::Status {
+    // Words of 8 bytes, so that keys and floats alike are aligned. Each WriteAll has copied
+    // the piece into the socket by the time it returns, so the next piece may overwrite it.
+    thread_local std::unique_ptr<int64_t[]> piece, encoded;
+    thread_local int64_t piece_words = 0;
+    const int64_t words = (piece_bytes + 7) / 8;
+    if (piece_words < words) {
+      piece.reset(new int64_t[static_cast<size_t>(words)]);
+      encoded.reset(new int64_t[static_cast<size_t>(words)]);
+      piece_words = words;
+    }
+    const auto write = [&](const void* p, int64_t bytes) {
+      head->push_back(Bytes(p, bytes));
+      absl::Status s =
+          socket.WriteAll(head->data(), static_cast<int>(head->size()), options_.io_timeout);
+      head->clear();
+      return s;
+    };
+    const int64_t keys_per_piece = piece_bytes / static_cast<int64_t>(sizeof(int64_t));
+    for (int64_t begin = 0; begin < n; begin += keys_per_piece) {
+      const int64_t count = std::min(keys_per_piece, n - begin);
+      for (int64_t i = 0; i < count; ++i) piece[i] = keys[positions[begin + i]];
+      PS_RETURN_IF_ERROR(write(piece.get(), count * int64_t{sizeof(int64_t)}));
+    }
+    const int64_t rows_per_piece = piece_bytes / row_bytes;
+    float* const rows = reinterpret_cast<float*>(piece.get());
+    for (int64_t begin = 0; begin < n; begin += rows_per_piece) {
+      const int64_t count = std::min(rows_per_piece, n - begin);
+      GatherRows(grads, positions + begin, count, dim, rows);
+      if (wire == v1::DT_FLOAT32) {
+        PS_RETURN_IF_ERROR(write(rows, count * row_bytes));
+      } else {
+        char* const out = reinterpret_cast<char*>(encoded.get());
+        EncodeFloatsTo(rows, count * dim, wire, out);
+        PS_RETURN_IF_ERROR(write(out, count * dim * elem));
+      }
+    }
+    if (head->empty()) return absl::OkStatus();  // no keys: the head alone
+    return write(nullptr, 0);
+  };
+  bool no_data_plane = false;
+  absl::Status s = Call(ps, &x, &no_data_plane);
+  if (no_data_plane) {
+    return PsTransport::PushSparseGather(ps, table, keys, positions, n, dim, grads, meta, response);
+  }
   PS_RETURN_IF_ERROR(s);
   if (!response->ParseFromString(x.response_meta)) {
     return Annotate(ps, absl::DataLossError("the push's answer is not a PushSparseResponse"));

@@ -23,6 +23,9 @@ struct TcpPsTransportOptions {
   absl::Duration connect_timeout = absl::Seconds(2);
   // Send and receive buffers of each connection, in bytes (0: the system's).
   int socket_buffer_bytes = 4 << 20;
+  // PushSparseGather gathers and writes a part this many bytes at a time (at least one key or
+  // one row): small enough to stay in the core's cache between the gather and the socket's copy.
+  int64_t gather_piece_bytes = 256 << 10;
 };
 
 // PsTransport with pulls and pushes over the tensor data plane (common/tensor_wire.h) and
@@ -58,6 +61,13 @@ class TcpPsTransport : public PsTransport {
   absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                           int64_t dim, const float* grads, const PushMeta& meta,
                           v1::PushSparseResponse* response) override;
+  // Writes the part's keys, then its rows, gathered a piece of
+  // TcpPsTransportOptions::gather_piece_bytes at a time into this thread's buffer, which each
+  // write leaves free for the next piece: the part is never copied whole.
+  absl::Status PushSparseGather(int ps, const std::string& table, const int64_t* keys,
+                                const int64_t* positions, int64_t n, int64_t dim,
+                                const float* grads, const PushMeta& meta,
+                                v1::PushSparseResponse* response) override;
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) override;
@@ -96,6 +106,11 @@ class TcpPsTransport : public PsTransport {
     FrameHeader request;
     std::string meta;
     std::vector<iovec> payload;
+    // When set, sends the payload instead of `payload`: exactly streamed_payload_bytes bytes,
+    // after `head` (the frame header and meta), which it must send first (with its first
+    // piece, in one write, if it likes). Called again if the call is retried.
+    uint64_t streamed_payload_bytes = 0;
+    std::function<absl::Status(WireSocket&, std::vector<iovec>* head)> write_payload;
     // Reads the response's payload (status OK) from the socket; called with its size.
     std::function<absl::Status(WireSocket&, uint64_t payload_bytes, Connection&)> read_payload;
     // The response's meta on success.

@@ -2,6 +2,7 @@
 #define PSCLUSTER_COMMON_ROW_LENGTH_H_
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "absl/base/attributes.h"
@@ -30,6 +31,26 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void WithRowLength(int64_t dim, const Fn& fn
     default:
       return fn(dim);
   }
+}
+
+// Rows between a request and a part of it: GatherRows sets part[i * dim, (i + 1) * dim) from
+// whole[pos[i] * dim, ...), ScatterRows the other way, for i < count; copies of a size known at
+// compile time for the common dims.
+inline void GatherRows(const float* whole, const int64_t* pos, int64_t count, int64_t dim,
+                       float* part) {
+  WithRowLength(dim, [&](auto n) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(part + i * n, whole + pos[i] * n, static_cast<size_t>(n) * sizeof(float));
+    }
+  });
+}
+inline void ScatterRows(const float* part, const int64_t* pos, int64_t count, int64_t dim,
+                        float* whole) {
+  WithRowLength(dim, [&](auto n) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(whole + pos[i] * n, part + i * n, static_cast<size_t>(n) * sizeof(float));
+    }
+  });
 }
 
 }  // namespace pscluster

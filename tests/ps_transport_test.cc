@@ -35,7 +35,9 @@ using ::testing::HasSubstr;
 // A chief and two ps tasks holding ConformanceModel().
 class DaemonEnvironment : public PsTransportEnvironment {
  public:
-  explicit DaemonEnvironment(bool tcp, std::vector<std::string> ps_flags = {}) : tcp_(tcp) {
+  explicit DaemonEnvironment(bool tcp, std::vector<std::string> ps_flags = {},
+                             TcpPsTransportOptions tcp_options = {})
+      : tcp_(tcp), tcp_options_(tcp_options) {
     const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/conformance_model.pbtxt");
     std::string text;
     google::protobuf::TextFormat::PrintToString(ConformanceModel(), &text);
@@ -65,7 +67,7 @@ class DaemonEnvironment : public PsTransportEnvironment {
     std::vector<std::string> addresses(model_.ps_addresses().begin(), model_.ps_addresses().end());
     auto grpc = std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions());
     if (!tcp_) return grpc;
-    return std::make_unique<TcpPsTransport>(std::move(grpc), addresses, TcpPsTransportOptions());
+    return std::make_unique<TcpPsTransport>(std::move(grpc), addresses, tcp_options_);
   }
   std::string Logs() override { return cluster_->Logs(); }
 
@@ -74,16 +76,25 @@ class DaemonEnvironment : public PsTransportEnvironment {
 
  private:
   const bool tcp_;
+  const TcpPsTransportOptions tcp_options_;
   std::unique_ptr<TestCluster> cluster_;
   v1::GetModelResponse model_;
 };
 
 INSTANTIATE_TEST_SUITE_P(
     Daemons, PsTransportConformanceTest,
-    ::testing::Values(PsTransportFactory{"grpc",
-                                         [] { return std::make_unique<DaemonEnvironment>(false); }},
-                      PsTransportFactory{"tensor_wire",
-                                         [] { return std::make_unique<DaemonEnvironment>(true); }}),
+    ::testing::Values(
+        PsTransportFactory{"grpc", [] { return std::make_unique<DaemonEnvironment>(false); }},
+        PsTransportFactory{"tensor_wire", [] { return std::make_unique<DaemonEnvironment>(true); }},
+        // Gathered pushes in pieces of 5 keys and of one row (plus 8 bytes left
+        // over), so that every part is sent in many pieces.
+        PsTransportFactory{"tensor_wire_small_pieces",
+                           [] {
+                             TcpPsTransportOptions options;
+                             options.gather_piece_bytes = 40;
+                             return std::make_unique<DaemonEnvironment>(
+                                 true, std::vector<std::string>{}, options);
+                           }}),
     PsTransportFactoryName);
 
 // A client of the data plane written from common/tensor_wire.h alone.
