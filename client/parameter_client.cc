@@ -1,7 +1,6 @@
 #include "client/parameter_client.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -16,7 +15,6 @@
 #include "sharding/sparse_hash.h"
 
 namespace pscluster {
-namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     const v1::ModelSpec& model, const v1::Placement& placement,

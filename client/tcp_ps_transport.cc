@@ -363,41 +363,43 @@ absl::Status TcpPsTransport::PushSparseGather(int ps, const std::string& table, 
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
   const int64_t piece_bytes =
       std::max({options_.gather_piece_bytes, row_bytes, static_cast<int64_t>(sizeof(int64_t))});
+  const int64_t keys_per_piece = piece_bytes / static_cast<int64_t>(sizeof(int64_t));
+  const int64_t rows_per_piece = piece_bytes / row_bytes;
   x.write_payload = [&](WireSocket& socket, std::vector<iovec>* head) -> absl::Status {
-    // Words of 8 bytes, so that keys and floats alike are aligned. Each WriteAll has copied
-    // the piece into the socket by the time it returns, so the next piece may overwrite it.
-    thread_local std::unique_ptr<int64_t[]> piece, encoded;
-    thread_local int64_t piece_words = 0;
-    const int64_t words = (piece_bytes + 7) / 8;
-    if (piece_words < words) {
-      piece.reset(new int64_t[static_cast<size_t>(words)]);
-      encoded.reset(new int64_t[static_cast<size_t>(words)]);
-      piece_words = words;
+    // This thread's pieces, kept from call to call. Each WriteAll has copied its piece into
+    // the socket by the time it returns, so the next piece may overwrite it.
+    thread_local std::vector<int64_t> key_piece;
+    thread_local std::vector<float> row_piece;
+    thread_local std::string encoded;
+    if (key_piece.size() < static_cast<size_t>(keys_per_piece)) {
+      key_piece.resize(static_cast<size_t>(keys_per_piece));
     }
+    if (row_piece.size() < static_cast<size_t>(rows_per_piece * dim)) {
+      row_piece.resize(static_cast<size_t>(rows_per_piece * dim));
+    }
+    // One deadline for the whole frame, as a frame written at once has.
+    const absl::Time deadline = absl::Now() + options_.io_timeout;
     const auto write = [&](const void* p, int64_t bytes) {
       head->push_back(Bytes(p, bytes));
       absl::Status s =
-          socket.WriteAll(head->data(), static_cast<int>(head->size()), options_.io_timeout);
+          socket.WriteAll(head->data(), static_cast<int>(head->size()), deadline - absl::Now());
       head->clear();
       return s;
     };
-    const int64_t keys_per_piece = piece_bytes / static_cast<int64_t>(sizeof(int64_t));
     for (int64_t begin = 0; begin < n; begin += keys_per_piece) {
       const int64_t count = std::min(keys_per_piece, n - begin);
-      for (int64_t i = 0; i < count; ++i) piece[i] = keys[positions[begin + i]];
-      PS_RETURN_IF_ERROR(write(piece.get(), count * int64_t{sizeof(int64_t)}));
+      for (int64_t i = 0; i < count; ++i) key_piece[i] = keys[positions[begin + i]];
+      PS_RETURN_IF_ERROR(write(key_piece.data(), count * int64_t{sizeof(int64_t)}));
     }
-    const int64_t rows_per_piece = piece_bytes / row_bytes;
-    float* const rows = reinterpret_cast<float*>(piece.get());
     for (int64_t begin = 0; begin < n; begin += rows_per_piece) {
       const int64_t count = std::min(rows_per_piece, n - begin);
-      GatherRows(grads, positions + begin, count, dim, rows);
+      GatherRows(grads, positions + begin, count, dim, row_piece.data());
       if (wire == v1::DT_FLOAT32) {
-        PS_RETURN_IF_ERROR(write(rows, count * row_bytes));
+        PS_RETURN_IF_ERROR(write(row_piece.data(), count * row_bytes));
       } else {
-        char* const out = reinterpret_cast<char*>(encoded.get());
-        EncodeFloatsTo(rows, count * dim, wire, out);
-        PS_RETURN_IF_ERROR(write(out, count * dim * elem));
+        encoded.resize(static_cast<size_t>(count * dim * elem));
+        EncodeFloatsTo(row_piece.data(), count * dim, wire, encoded.data());
+        PS_RETURN_IF_ERROR(write(encoded.data(), count * dim * elem));
       }
     }
     if (head->empty()) return absl::OkStatus();  // no keys: the head alone
@@ -406,7 +408,13 @@ absl::Status TcpPsTransport::PushSparseGather(int ps, const std::string& table, 
   bool no_data_plane = false;
   absl::Status s = Call(ps, &x, &no_data_plane);
   if (no_data_plane) {
-    return PsTransport::PushSparseGather(ps, table, keys, positions, n, dim, grads, meta, response);
+    // Over gRPC, which takes the part whole.
+    std::vector<int64_t> part_keys(static_cast<size_t>(n));
+    std::vector<float> part_grads(static_cast<size_t>(n * dim));
+    for (int64_t i = 0; i < n; ++i) part_keys[i] = keys[positions[i]];
+    GatherRows(grads, positions, n, dim, part_grads.data());
+    return grpc_->PushSparse(ps, table, part_keys.data(), n, dim, part_grads.data(), meta,
+                             response);
   }
   PS_RETURN_IF_ERROR(s);
   if (!response->ParseFromString(x.response_meta)) {
