@@ -94,6 +94,12 @@ INSTANTIATE_TEST_SUITE_P(
                              options.gather_piece_bytes = 40;
                              return std::make_unique<DaemonEnvironment>(
                                  true, std::vector<std::string>{}, options);
+                           }},
+        // ps tasks without a data plane: TcpPsTransport falls back to gRPC for everything.
+        PsTransportFactory{"tensor_wire_to_grpc_only_ps",
+                           [] {
+                             return std::make_unique<DaemonEnvironment>(
+                                 true, std::vector<std::string>{"--data_plane=false"});
                            }}),
     PsTransportFactoryName);
 
