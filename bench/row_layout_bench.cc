@@ -1,8 +1,9 @@
 // An experiment for the sparse push's memory layout, outside the embedding table: is a row held
 // in its index entry (one random place per key) worth a rewrite of the table's storage, against
-// today's index entry pointing into an arena of rows (two random places per key)?
+// today's index entry pointing into an arena of rows (two random places per key)? And how far
+// below both is a table with no index at all, whose keys are row numbers (one random place)?
 //
-// Both layouts hold --key_space keys in one open-addressing index of the same capacity (a
+// The two hashed layouts hold --key_space keys in one open-addressing index of the same capacity (a
 // power of two at most 3/4 full, as RowIndex), rows of --dim floats plus one Adagrad slot, and
 // apply pushes of --keys distinct random keys in request order with the same pipeline as
 // EmbeddingTable::ApplyStripe: the key's first line prefetched 16 keys ahead, the row updated
@@ -11,6 +12,9 @@
 //
 //   split:  16-byte entries {key, row, count} -> rows of (1 + 1) * dim floats in one array
 //   inline: entries {key, count, pad, (1 + 1) * dim floats} (80 bytes for dim 8)
+//   direct: no index: keys are ids in [0, key_space), row id at id * (1 + 1) * dim floats and
+//           its count in an array beside (a vocabulary table, as a partitioned TF Variable);
+//           the same keys in the same order, the row prefetched 16 keys ahead
 //
 // Prints ns per key for each, interleaved --trials times, and the bytes each layout holds.
 //
@@ -167,6 +171,39 @@ class Inline {
   std::unique_ptr<char[], Free> slots_;
 };
 
+// A vocabulary: the key is the row's number.
+class Direct {
+ public:
+  Direct(int64_t key_space, int dim) : dim_(dim), stride_(2 * dim), key_space_(key_space) {
+    rows_.reset(static_cast<float*>(AlignedZeros(key_space * stride_ * sizeof(float))));
+    counts_.reset(static_cast<uint32_t*>(AlignedZeros(key_space * sizeof(uint32_t))));
+  }
+
+  size_t bytes() const { return key_space_ * (stride_ * sizeof(float) + sizeof(uint32_t)); }
+
+  void Push(const int64_t* ids, int64_t n, const float* grads) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kKeyAhead < n) {
+        __builtin_prefetch(rows_.get() + ids[i + kKeyAhead] * stride_);
+        __builtin_prefetch(counts_.get() + ids[i + kKeyAhead]);
+      }
+      ++counts_[ids[i]];
+      float* row = rows_.get() + ids[i] * stride_;
+      Adagrad(row, row + dim_, grads + i * dim_, dim_);
+    }
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  const int dim_;
+  const int64_t stride_;
+  const int64_t key_space_;
+  std::unique_ptr<float[], Free> rows_;
+  std::unique_ptr<uint32_t[], Free> counts_;
+};
+
 template <typename Layout>
 double NsPerKey(Layout& layout, const std::vector<std::vector<int64_t>>& pushes,
                 const std::vector<float>& grads) {
@@ -186,10 +223,13 @@ int Main() {
   std::vector<int64_t> space(static_cast<size_t>(FLAGS_key_space));
   for (int64_t& k : space) k = static_cast<int64_t>(rng() >> 1);
   std::vector<std::vector<int64_t>> pushes(static_cast<size_t>(FLAGS_rounds));
-  std::vector<int64_t> shuffled = space;
-  for (std::vector<int64_t>& push : pushes) {
+  std::vector<std::vector<int64_t>> id_pushes(pushes.size());  // the same keys as ids
+  std::vector<int64_t> shuffled(space.size());
+  for (size_t i = 0; i < shuffled.size(); ++i) shuffled[i] = static_cast<int64_t>(i);
+  for (size_t p = 0; p < pushes.size(); ++p) {
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    push.assign(shuffled.begin(), shuffled.begin() + std::min(FLAGS_keys, FLAGS_key_space));
+    id_pushes[p].assign(shuffled.begin(), shuffled.begin() + std::min(FLAGS_keys, FLAGS_key_space));
+    for (int64_t id : id_pushes[p]) pushes[p].push_back(space[static_cast<size_t>(id)]);
   }
   std::vector<float> grads(static_cast<size_t>(FLAGS_keys * dim));
   std::uniform_real_distribution<float> uniform(-1, 1);
@@ -197,20 +237,26 @@ int Main() {
 
   Split split(space, dim);
   Inline in_entry(space, dim);
+  Direct direct(FLAGS_key_space, dim);
   std::printf(
       "keys %lld of %lld per push, dim %d; split: index %.1f MB + rows %.1f MB; "
-      "inline: %.1f MB\n",
+      "inline: %.1f MB; direct: %.1f MB\n",
       static_cast<long long>(FLAGS_keys), static_cast<long long>(FLAGS_key_space), dim,
-      split.bytes() / 1e6, split.row_bytes(space.size()) / 1e6, in_entry.bytes() / 1e6);
+      split.bytes() / 1e6, split.row_bytes(space.size()) / 1e6, in_entry.bytes() / 1e6,
+      direct.bytes() / 1e6);
   NsPerKey(split, pushes, grads);  // warm-up: page faults, caches
   NsPerKey(in_entry, pushes, grads);
+  NsPerKey(direct, id_pushes, grads);
   for (int t = 0; t < FLAGS_trials; ++t) {
     const double a = NsPerKey(split, pushes, grads);
     const double b = NsPerKey(in_entry, pushes, grads);
+    const double c = NsPerKey(direct, id_pushes, grads);
     std::printf("BENCH row_layout_split_%lldk %.1f ns/key\n",
                 static_cast<long long>(FLAGS_key_space / 1000), a);
     std::printf("BENCH row_layout_inline_%lldk %.1f ns/key ratio=%.2f\n",
                 static_cast<long long>(FLAGS_key_space / 1000), b, b / a);
+    std::printf("BENCH row_layout_direct_%lldk %.1f ns/key ratio=%.2f\n",
+                static_cast<long long>(FLAGS_key_space / 1000), c, c / a);
   }
   return 0;
 }
