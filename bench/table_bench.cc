@@ -8,7 +8,10 @@
 // and one with both (admission after --min_count pushes, a TTL of a million steps and a
 // capacity of twice the key space, so that the bookkeeping is paid and nothing is removed;
 // --churn makes the capacity half the key space instead, so that rows are evicted all the
-// time), interleaved, with each one's ratio to the plain table of its trial.
+// time), interleaved, with each one's ratio to the plain table of its trial. With
+// --occurrences K, a request holds --keys / K distinct keys, each K times in random places (a
+// skewed batch, whose repeats the table sums before it updates a row once); ns per key is then
+// per key of the request.
 //
 //   bazel run -c opt //bench:table_bench -- --keys 100000 --key_space 1000000 --threads 2
 //   bazel run -c opt //bench:table_bench -- --compare --trials 3
@@ -39,7 +42,8 @@
 #include "ps_server/embedding_table.h"
 #include "ps_server/row_index.h"
 
-DEFINE_int64(keys, 100000, "Distinct keys per push or pull.");
+DEFINE_int64(keys, 100000, "Keys per push or pull (distinct unless --occurrences > 1).");
+DEFINE_int32(occurrences, 1, "Times each key of a request occurs in it.");
 DEFINE_int64(key_space, 1000000, "Keys are drawn from [0, key_space).");
 DEFINE_int32(dim, 8, "Floats per row.");
 DEFINE_int32(threads, 2, "Apply pool threads (0: the calling thread only).");
@@ -108,18 +112,22 @@ absl::StatusOr<Timing> Measure(EmbeddingTable& table, ThreadPool* pool, int warm
     }
   }
   std::vector<double> push_ns, pull_ns;
+  const int64_t distinct = std::max<int64_t>(1, n / FLAGS_occurrences);
+  std::vector<int64_t> request(static_cast<size_t>(n));
   for (int r = 0; r < FLAGS_rounds; ++r) {
     // A fresh random subset each round, as ps_bench draws them.
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < distinct; ++i) {
       std::swap(
           space[static_cast<size_t>(i)],
           space[static_cast<size_t>(i + static_cast<int64_t>(rng() % (FLAGS_key_space - i)))]);
     }
+    for (int64_t i = 0; i < n; ++i) request[static_cast<size_t>(i)] = space[i % distinct];
+    if (distinct < n) std::shuffle(request.begin(), request.end(), rng);
     table.ObserveStep(step++);
     auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = table.Push(space.data(), n, grads.data(), false, pool);
+    absl::Status s = table.Push(request.data(), n, grads.data(), false, pool);
     auto t1 = std::chrono::steady_clock::now();
-    absl::Status p = table.Pull(space.data(), n, out.data(), pool);
+    absl::Status p = table.Pull(request.data(), n, out.data(), pool);
     auto t2 = std::chrono::steady_clock::now();
     if (!s.ok()) return s;
     if (!p.ok()) return p;
@@ -131,9 +139,11 @@ absl::StatusOr<Timing> Measure(EmbeddingTable& table, ThreadPool* pool, int warm
 
 void Print(const std::string& name, double ns, double ratio) {
   const double row_bytes = static_cast<double>(FLAGS_dim) * sizeof(float);
-  std::printf("BENCH table_%s_%lldx%d_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)",
-              name.c_str(), static_cast<long long>(FLAGS_keys), FLAGS_dim, FLAGS_threads, ns,
-              row_bytes / ns * 1e3, 1e3 / ns);
+  const std::string repeats =
+      FLAGS_occurrences > 1 ? absl::StrCat("_", FLAGS_occurrences, "occurrences") : "";
+  std::printf("BENCH table_%s_%lldx%d%s_%dthreads %.1f ns/key = %.0f MB/s of rows (%.1f Mkeys/s)",
+              name.c_str(), static_cast<long long>(FLAGS_keys), FLAGS_dim, repeats.c_str(),
+              FLAGS_threads, ns, row_bytes / ns * 1e3, 1e3 / ns);
   if (ratio > 0) std::printf(" ratio=%.3f", ratio);
   std::printf("\n");
 }
@@ -246,5 +256,10 @@ int RunMemory() {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_occurrences < 1 || FLAGS_occurrences > FLAGS_keys) {
+    std::fprintf(stderr, "table_bench: --occurrences %d: expected 1 to --keys (%lld)\n",
+                 FLAGS_occurrences, static_cast<long long>(FLAGS_keys));
+    return 2;
+  }
   return FLAGS_memory_rows > 0 ? pscluster::RunMemory() : pscluster::RunSpeed();
 }

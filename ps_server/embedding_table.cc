@@ -30,10 +30,10 @@ int StripeOfKey(int64_t key) {
   return static_cast<int>(MixKey(key) >> 58);
 }
 
-// An open-addressing map from key to the position of its first occurrence, for summing the
-// duplicate keys of one stripe's part of a push. It is rebuilt for every stripe, which costs a
-// flat_hash_map more (allocation, growth) than this linear-probing table that keeps its storage
-// from stripe to stripe.
+// An open-addressing map from key (or row number) to the position of its first occurrence, for
+// summing the duplicate keys of one stripe's part of a push. It is rebuilt for every stripe, which
+// costs a flat_hash_map more (allocation, growth) than this linear-probing table that keeps its
+// storage from stripe to stripe.
 class FirstOccurrenceIndex {
  public:
   // Empties the index and makes room for up to max_keys keys.
@@ -65,6 +65,57 @@ class FirstOccurrenceIndex {
   };
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+};
+
+// The gradients of one stripe's distinct keys in a push, each as a pointer: to the request's own
+// row for a key that occurs once, to a sum of its rows in order of position for a repeated one.
+// (Repeats are few in a large random request, so most gradients are never copied.) Storage is
+// kept from push to push.
+class DistinctGradients {
+ public:
+  // Forgets the gradients listed, and makes room for up to `count` keys of `dim` floats.
+  void Reset(int64_t count, int64_t dim) {
+    count_ = count;
+    dim_ = dim;
+    num_sums_ = 0;
+    // Grown, never shrunk: a resize writes only what it adds.
+    if (grads_.size() < static_cast<size_t>(count)) {
+      grads_.resize(static_cast<size_t>(count));
+      summed_.resize(static_cast<size_t>(count));
+    }
+  }
+
+  // Lists `grad` as distinct key i's gradient.
+  void Set(int64_t i, const float* grad) {
+    grads_[i] = grad;
+    summed_[i] = 0;
+  }
+
+  // Adds `grad` to distinct key i's gradient; at the key's second occurrence, its sum starts as
+  // a copy of the first.
+  void Add(int64_t i, const float* grad) {
+    if (!summed_[i]) {
+      // At most count / 2 sums (each needs two occurrences), sized first so they never move.
+      const size_t most = static_cast<size_t>((count_ / 2) * dim_);
+      if (num_sums_ == 0 && sums_.size() < most) sums_.resize(most);
+      float* sum = sums_.data() + num_sums_++ * dim_;
+      std::memcpy(sum, grads_[i], static_cast<size_t>(dim_) * sizeof(float));
+      grads_[i] = sum;
+      summed_[i] = 1;
+    }
+    float* sum = const_cast<float*>(grads_[i]);
+    for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
+  }
+
+  const float* operator[](int64_t i) const { return grads_[i]; }
+
+ private:
+  int64_t count_ = 0;
+  int64_t dim_ = 0;
+  int64_t num_sums_ = 0;
+  std::vector<const float*> grads_;
+  std::vector<uint8_t> summed_;  // whether grads_[i] is in sums_
+  std::vector<float> sums_;
 };
 
 // Prefetches the cache lines of n floats at p, at most the first four.
@@ -564,44 +615,138 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
   GroupByStripe(keys, n, &groups);
   const uint32_t now = tracks_last_ ? Now(step) : 0;
   absl::Status status[kNumStripes];
+  const bool plain = !admission_ && !tracks_last_;
   ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
     if (begin == groups.begin[s + 1]) return;
-    status[s] = ApplyStripe(&stripes_[s], keys, grads, groups.order.data() + begin,
-                            groups.begin[s + 1] - begin, now);
+    const int64_t* order = groups.order.data() + begin;
+    const int64_t count = groups.begin[s + 1] - begin;
+    status[s] = plain ? ApplyPlainStripe(&stripes_[s], keys, grads, order, count)
+                      : ApplyStripe(&stripes_[s], keys, grads, order, count, now);
   });
   SampleHotKeys(keys, n);
   return FirstError(status);
 }
 
+absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* keys,
+                                              const float* grads, const int64_t* order,
+                                              int64_t count) {
+  // One pass finds (or creates) the row of every key, in order of position, and lists each
+  // distinct row once with its gradient (DistinctGradients); a second pass updates the rows,
+  // which the first has prefetched. Until the part's first repeat, a key is known to be new by
+  // its row's bit in `seen` (one bit per row of the stripe, all clear between calls), which
+  // costs nothing beside the row's lookup. From the first repeat on, each key is looked up in a
+  // map of the part's keys before the index, so that a skewed part probes the index once per
+  // distinct key, as ApplyStripe does.
+  struct Scratch {
+    std::vector<uint64_t> seen;
+    FirstOccurrenceIndex place_of_key;
+    std::vector<int64_t> keys;
+    std::vector<uint32_t> rows;
+    std::vector<uint32_t> ts;
+    DistinctGradients grads;
+  };
+  thread_local Scratch scratch;
+  // Grown, never shrunk (tables of other dims and stripes share them): a resize writes only what
+  // it adds.
+  const auto grow = [](auto& v, size_t size) {
+    if (v.size() < size) v.resize(size);
+  };
+  grow(scratch.keys, static_cast<size_t>(count));
+  grow(scratch.rows, static_cast<size_t>(count));
+  grow(scratch.ts, static_cast<size_t>(count));
+  DistinctGradients& distinct_grads = scratch.grads;
+  distinct_grads.Reset(count, dim_);
+  int64_t* const distinct_keys = scratch.keys.data();
+  uint32_t* const distinct_rows = scratch.rows.data();
+  uint32_t* const ts = scratch.ts.data();
+  int64_t num_distinct = 0;
+  int64_t num_created = 0;
+  bool repeats = false;
+  absl::Status status;
+  absl::MutexLock lock(&stripe->mu);
+  // Rows this request can create are numbered below arena.size() + count.
+  grow(scratch.seen, (static_cast<size_t>(stripe->arena.size()) + count) / 64 + 1);
+  uint64_t* const seen = scratch.seen.data();
+  for (int64_t j = 0; j < count; ++j) {
+    if (j + kKeyAhead < count) stripe->rows.Prefetch(keys[order[j + kKeyAhead]]);
+    const int64_t pos = order[j];
+    const int64_t key = keys[pos];
+    const float* grad = grads + pos * dim_;
+    if (repeats) {
+      const int64_t first = scratch.place_of_key.FindOrInsert(key, num_distinct);
+      if (first < num_distinct) {
+        distinct_grads.Add(first, grad);
+        continue;
+      }
+    }
+    RowIndex::Entry* entry = stripe->rows.FindEntry(key);
+    if (entry == nullptr) {
+      absl::StatusOr<RowIndex::Entry*> created =
+          AppendRowLocked(stripe, key, /*initialize=*/true, /*now=*/0);
+      if (!created.ok()) {
+        status = created.status();  // finding stops here; the rows found are still updated
+        break;
+      }
+      entry = *created;
+      ++num_created;
+    }
+    const uint32_t row = entry->row;
+    uint64_t& word = seen[row / 64];
+    const uint64_t bit = uint64_t{1} << (row % 64);
+    if (!repeats && (word & bit) != 0) {
+      // The part's first repeat: its keys so far go into the map, and this one is added.
+      repeats = true;
+      scratch.place_of_key.Reset(count);
+      for (int64_t i = 0; i < num_distinct; ++i) {
+        scratch.place_of_key.FindOrInsert(distinct_keys[i], i);
+      }
+      distinct_grads.Add(scratch.place_of_key.FindOrInsert(key, num_distinct), grad);
+      continue;
+    }
+    word |= bit;
+    distinct_keys[num_distinct] = key;
+    distinct_rows[num_distinct] = row;
+    ts[num_distinct] = RowIndex::CountUpdate(entry);
+    distinct_grads.Set(num_distinct++, grad);
+    PrefetchFloats(stripe->arena.Row(row), stride_);
+  }
+  ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h), not the sums above
+  Optimizer::RowUpdate updates[kUpdateBatch];
+  for (int64_t begin = 0; begin < num_distinct; begin += kUpdateBatch) {
+    const int64_t batch = std::min(kUpdateBatch, num_distinct - begin);
+    for (int64_t r = 0; r < batch; ++r) {
+      const int64_t i = begin + r;
+      if (i + kUpdateBatch < num_distinct) PrefetchFloats(distinct_grads[i + kUpdateBatch], dim_);
+      updates[r] = {stripe->arena.Row(distinct_rows[i]), distinct_grads[i], ts[i]};
+      seen[distinct_rows[i] / 64] &= ~(uint64_t{1} << (distinct_rows[i] % 64));
+    }
+    optimizer_->ApplyRows(updates, batch, dim_);
+  }
+  if (num_created > 0) admitted_.fetch_add(num_created, std::memory_order_relaxed);
+  return status;
+}
+
 absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                          const int64_t* order, int64_t count, uint32_t now) {
   // The stripe's distinct keys are listed, outside the lock and on whichever thread runs the
-  // stripe, in this thread's scratch, in order of first occurrence, each with its gradient: the
-  // request's own row for a key that occurs once, or, for a repeated key, the sum of its rows in
-  // order of position, in the scratch's `sums`. (Repeats are few in a large random request, so
-  // most gradients are never copied.)
+  // stripe, in this thread's scratch, in order of first occurrence, each with its gradient
+  // (DistinctGradients).
   struct Scratch {
     FirstOccurrenceIndex first_occurrence;
     std::vector<int64_t> keys;
-    std::vector<const float*> grads;
-    std::vector<uint8_t> summed;  // whether grads[i] is in sums
-    std::vector<float> sums;
+    DistinctGradients grads;
   };
   thread_local Scratch scratch;
   scratch.first_occurrence.Reset(count);
   // Grown, never shrunk (tables of other dims share them): a resize writes only what it adds.
   if (scratch.keys.size() < static_cast<size_t>(count)) {
     scratch.keys.resize(static_cast<size_t>(count));
-    scratch.grads.resize(static_cast<size_t>(count));
-    scratch.summed.resize(static_cast<size_t>(count));
   }
   int64_t* const distinct_keys = scratch.keys.data();
-  const float** const distinct_grads = scratch.grads.data();
-  uint8_t* const summed = scratch.summed.data();
-  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  DistinctGradients& distinct_grads = scratch.grads;
+  distinct_grads.Reset(count, dim_);
   int64_t num_distinct = 0;
-  int64_t num_sums = 0;
   for (int64_t j = 0; j < count; ++j) {
     const int64_t pos = order[j];
     const int64_t key = keys[pos];
@@ -609,23 +754,10 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     const float* grad = grads + pos * dim_;
     if (first == num_distinct) {
       distinct_keys[num_distinct] = key;
-      distinct_grads[num_distinct] = grad;
-      summed[num_distinct++] = 0;
+      distinct_grads.Set(num_distinct++, grad);
       continue;
     }
-    if (!summed[first]) {
-      // The key's second occurrence: its sum starts as a copy of the first. `sums` holds at
-      // most count / 2 rows (each needs two occurrences); sized first, so that it never moves.
-      if (num_sums == 0 && scratch.sums.size() < static_cast<size_t>((count / 2) * dim_)) {
-        scratch.sums.resize(static_cast<size_t>((count / 2) * dim_));
-      }
-      float* sum = scratch.sums.data() + num_sums++ * dim_;
-      std::memcpy(sum, distinct_grads[first], row_bytes);
-      distinct_grads[first] = sum;
-      summed[first] = 1;
-    }
-    float* sum = const_cast<float*>(distinct_grads[first]);
-    for (int64_t d = 0; d < dim_; ++d) sum[d] += grad[d];
+    distinct_grads.Add(first, grad);
   }
   int64_t admitted = 0, unadmitted = 0, expired = 0;
   std::vector<SketchBump> bumps;

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -697,6 +698,69 @@ TEST(EmbeddingTableTest, RequestsOnAPoolMatchRequestsOnOneThread) {
     ASSERT_TRUE(Snapshot(*serial) == Snapshot(*parallel)) << "round " << round;
   }
   EXPECT_GT(serial->num_rows(), kKeys);
+}
+
+// A push's repeated keys give the rows a table gets from the same push with each key once and
+// its gradients summed in order of position: bit for bit, update counts included. Large pushes,
+// on a pool and on one thread, to tables with and without admission and eviction (which find
+// rows differently); some keys are new, so that rows created by a push are repeated in it.
+TEST(EmbeddingTableTest, RepeatedKeysOfALargePushEqualTheirSumPushedOnce) {
+  for (const bool managed : {false, true}) {
+    v1::TableSpec spec = ParseTable(R"pb(
+      name: "emb"
+      dim: 3
+      initializer { kind: NORMAL stddev: 0.1 seed: 11 }
+      optimizer { adam { learning_rate: 0.01 } }
+    )pb");
+    if (managed) spec.mutable_eviction()->set_max_rows(1 << 30);  // tracks pushes, evicts none
+    ThreadPool pool(2);
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::unique_ptr<EmbeddingTable> repeated = CreateOrNull(spec);
+      std::unique_ptr<EmbeddingTable> summed = CreateOrNull(spec);
+      ASSERT_NE(repeated, nullptr);
+      ASSERT_NE(summed, nullptr);
+      constexpr int64_t kKeys = 4 * EmbeddingTable::kMinParallelKeys;
+      std::mt19937_64 rng(17);
+      std::set<int64_t> all_keys;
+      std::uniform_real_distribution<float> gradient(-1.0f, 1.0f);
+      for (int round = 0; round < 3; ++round) {
+        // About 3 occurrences per key, from a space that grows by a third each round.
+        const uint64_t space = kKeys / 3 * static_cast<uint64_t>(round + 3) / 3;
+        std::vector<int64_t> keys(kKeys);
+        for (int64_t& key : keys) key = static_cast<int64_t>(rng() % space) * 31 - 500;
+        std::vector<float> grads(kKeys * spec.dim());
+        for (float& g : grads) g = gradient(rng);
+        // The same push with each key once, in order of first occurrence.
+        std::vector<int64_t> distinct;
+        std::vector<float> sums;
+        std::map<int64_t, size_t> place;
+        int64_t repeats = 0;
+        for (int64_t i = 0; i < kKeys; ++i) {
+          auto [it, first] = place.emplace(keys[i], distinct.size());
+          if (first) {
+            distinct.push_back(keys[i]);
+            sums.insert(sums.end(), grads.begin() + i * spec.dim(),
+                        grads.begin() + (i + 1) * spec.dim());
+            continue;
+          }
+          ++repeats;
+          for (int64_t d = 0; d < spec.dim(); ++d) {
+            sums[it->second * spec.dim() + d] += grads[i * spec.dim() + d];
+          }
+        }
+        ASSERT_GT(repeats, kKeys / 2) << "round " << round;
+        ASSERT_TRUE(repeated->Push(keys.data(), kKeys, grads.data(), false, p).ok());
+        ASSERT_TRUE(summed
+                        ->Push(distinct.data(), static_cast<int64_t>(distinct.size()), sums.data(),
+                               false, p)
+                        .ok());
+        all_keys.insert(distinct.begin(), distinct.end());
+        ASSERT_EQ(repeated->num_rows(), static_cast<int64_t>(all_keys.size()));
+        ASSERT_TRUE(Snapshot(*repeated) == Snapshot(*summed))
+            << "managed " << managed << ", pool " << (p != nullptr) << ", round " << round;
+      }
+    }
+  }
 }
 
 // Prints (does not assert) the time of requests of 100,000 distinct keys of 8 floats drawn
