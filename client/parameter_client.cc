@@ -401,7 +401,7 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
     std::unique_ptr<float[]> rows(new float[static_cast<size_t>(most * dim)]);
     for (int64_t begin = 0; begin < m; begin += per_part) {
       const int64_t count = std::min(per_part, m - begin);
-      for (int64_t i = 0; i < count; ++i) my_keys[i] = keys[pos[begin + i]];
+      GatherKeys(keys, pos.data() + begin, count, my_keys.get());
       PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.get(), count, dim,
                                                 options_.wire_dtype, step, rows.get()));
       ScatterRows(rows.get(), pos.data() + begin, count, dim, out);

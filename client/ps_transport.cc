@@ -29,7 +29,7 @@ absl::Status PsTransport::PushSparseGather(int ps, const std::string& table, con
   thread_local int64_t key_size = 0, row_size = 0;
   int64_t* const part_keys = ThreadBuffer(&key_buffer, &key_size, n);
   float* const part_grads = ThreadBuffer(&row_buffer, &row_size, n * dim);
-  for (int64_t i = 0; i < n; ++i) part_keys[i] = keys[positions[i]];
+  GatherKeys(keys, positions, n, part_keys);
   GatherRows(grads, positions, n, dim, part_grads);
   return PushSparse(ps, table, part_keys, n, dim, part_grads, meta, response);
 }

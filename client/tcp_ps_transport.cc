@@ -388,7 +388,7 @@ absl::Status TcpPsTransport::PushSparseGather(int ps, const std::string& table, 
     };
     for (int64_t begin = 0; begin < n; begin += keys_per_piece) {
       const int64_t count = std::min(keys_per_piece, n - begin);
-      for (int64_t i = 0; i < count; ++i) key_piece[i] = keys[positions[begin + i]];
+      GatherKeys(keys, positions + begin, count, key_piece.data());
       PS_RETURN_IF_ERROR(write(key_piece.data(), count * int64_t{sizeof(int64_t)}));
     }
     for (int64_t begin = 0; begin < n; begin += rows_per_piece) {
@@ -409,12 +409,7 @@ absl::Status TcpPsTransport::PushSparseGather(int ps, const std::string& table, 
   absl::Status s = Call(ps, &x, &no_data_plane);
   if (no_data_plane) {
     // Over gRPC, which takes the part whole.
-    std::vector<int64_t> part_keys(static_cast<size_t>(n));
-    std::vector<float> part_grads(static_cast<size_t>(n * dim));
-    for (int64_t i = 0; i < n; ++i) part_keys[i] = keys[positions[i]];
-    GatherRows(grads, positions, n, dim, part_grads.data());
-    return grpc_->PushSparse(ps, table, part_keys.data(), n, dim, part_grads.data(), meta,
-                             response);
+    return grpc_->PushSparseGather(ps, table, keys, positions, n, dim, grads, meta, response);
   }
   PS_RETURN_IF_ERROR(s);
   if (!response->ParseFromString(x.response_meta)) {

@@ -33,6 +33,11 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void WithRowLength(int64_t dim, const Fn& fn
   }
 }
 
+// Keys between a request and a part of it: part[i] = whole[pos[i]] for i < count.
+inline void GatherKeys(const int64_t* whole, const int64_t* pos, int64_t count, int64_t* part) {
+  for (int64_t i = 0; i < count; ++i) part[i] = whole[pos[i]];
+}
+
 // Rows between a request and a part of it: GatherRows sets part[i * dim, (i + 1) * dim) from
 // whole[pos[i] * dim, ...), ScatterRows the other way, for i < count; copies of a size known at
 // compile time for the common dims.
