@@ -30,10 +30,10 @@ int StripeOfKey(int64_t key) {
   return static_cast<int>(MixKey(key) >> 58);
 }
 
-// An open-addressing map from key (or row number) to the position of its first occurrence, for
-// summing the duplicate keys of one stripe's part of a push. It is rebuilt for every stripe, which
-// costs a flat_hash_map more (allocation, growth) than this linear-probing table that keeps its
-// storage from stripe to stripe.
+// An open-addressing map from key to the position of its first occurrence, for summing the
+// duplicate keys of one stripe's part of a push. It is rebuilt for every stripe, which costs a
+// flat_hash_map more (allocation, growth) than this linear-probing table that keeps its storage
+// from stripe to stripe.
 class FirstOccurrenceIndex {
  public:
   // Empties the index and makes room for up to max_keys keys.
@@ -634,10 +634,10 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   // One pass finds (or creates) the row of every key, in order of position, and lists each
   // distinct row once with its gradient (DistinctGradients); a second pass updates the rows,
   // which the first has prefetched. Until the part's first repeat, a key is known to be new by
-  // its row's bit in `seen` (one bit per row of the stripe, all clear between calls), which
-  // costs nothing beside the row's lookup. From the first repeat on, each key is looked up in a
-  // map of the part's keys before the index, so that a skewed part probes the index once per
-  // distinct key, as ApplyStripe does.
+  // its row's bit in `seen` (one bit per row of the stripe, all clear between calls): a bit
+  // test beside the row's lookup, where ApplyStripe probes a map of the part's keys for every
+  // key. From the first repeat on, each key is looked up in such a map before the index, so
+  // that a skewed part probes the index once per distinct key, as ApplyStripe does.
   struct Scratch {
     std::vector<uint64_t> seen;
     FirstOccurrenceIndex place_of_key;

@@ -301,8 +301,8 @@ class EmbeddingTable {
                           float* out, uint32_t now);
   // ApplyPush's work on one stripe: the keys keys[order[0..count)] with gradients
   // grads[order[i] * dim] (repeated keys summed in order of position first). ApplyPlainStripe
-  // does the same for a table without admission and eviction, finding each key's row once and
-  // spotting repeats by their rows; ApplyStripe serves every table.
+  // does the same for a table without admission and eviction, finding each key's row in one
+  // pass; ApplyStripe serves every table.
   absl::Status ApplyPlainStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                 const int64_t* order, int64_t count);
   absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
