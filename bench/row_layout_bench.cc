@@ -59,6 +59,11 @@ size_t Capacity(int64_t keys) {
   return capacity;
 }
 
+// The deleter of AlignedZeros's memory.
+struct Free {
+  void operator()(void* p) const { std::free(p); }
+};
+
 void* AlignedZeros(size_t bytes) {
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   std::memset(p, 0, bytes);
@@ -105,9 +110,6 @@ class Split {
     int64_t key;
     uint32_t row;
     uint32_t count;
-  };
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
   };
   const int dim_;
   const size_t stride_;
@@ -157,9 +159,6 @@ class Inline {
   }
 
  private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
   char* Slot(size_t i) const { return slots_.get() + i * slot_bytes_; }
   int64_t& Key(size_t i) { return *reinterpret_cast<int64_t*>(Slot(i)); }
   uint32_t& Count(size_t i) { return *reinterpret_cast<uint32_t*>(Slot(i) + 8); }
@@ -194,9 +193,6 @@ class Direct {
   }
 
  private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
   const int dim_;
   const int64_t stride_;
   const int64_t key_space_;
