@@ -115,8 +115,13 @@ bool Coordinator::StopIfSuperseded(const absl::Status& s) {
   if (!IsSupersededChief(s)) return false;
   LOG(ERROR) << "another chief has replaced this one (" << s.message()
              << "): this chief does nothing more and stops";
-  SetPhase(v1::FAILED, absl::StrCat("replaced by a newer chief: ", s.message()));
-  Stop();
+  {
+    // FAILED and the stop in one step: whoever sees this phase also sees the stop.
+    absl::MutexLock lock(&mu_);
+    SetPhaseLocked(v1::FAILED, absl::StrCat("replaced by a newer chief: ", s.message()));
+    stop_requested_ = true;
+  }
+  Stop();  // cancels the calls under way and wakes the workers waiting for tokens
   return true;
 }
 

@@ -260,7 +260,9 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
     if (m.ok() && m->step() == 40) at40 = ReadModel(path);
   }
   ASSERT_EQ(at40.step, 40) << "the checkpoint of step 40 was pruned";
-  if (!evicting()) EXPECT_LT(at40.rows.size(), undisturbed.rows.size());
+  if (!evicting()) {
+    EXPECT_LT(at40.rows.size(), undisturbed.rows.size());
+  }
 
   const Model disturbed = ReadModel(Newest(dir));
   ASSERT_EQ(disturbed.step, 120);
@@ -306,7 +308,9 @@ TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
     // Every ps task holds a part of each table.
     if (num_ps == 3) {
       for (const v1::SavedShard& saved : manifest->shards()) {
-        if (saved.is_table()) EXPECT_GT(saved.rows(), 0) << saved.name() << " " << saved.file();
+        if (saved.is_table()) {
+          EXPECT_GT(saved.rows(), 0) << saved.name() << " " << saved.file();
+        }
       }
     }
     const Model restored = ReadModel(newest);
