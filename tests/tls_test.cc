@@ -85,6 +85,9 @@ class TlsClusterTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     chief_ = ChiefStubOf(*cluster_);
+    // Every test starts from a cluster that trains: a save or `psctl vars` needs the model
+    // ready, which on a loaded machine it may not be yet when Start returns.
+    ASSERT_TRUE(AwaitGlobalStep(*chief_, 1, absl::Seconds(30))) << cluster_->Logs();
   }
 
   static TlsConfig Files(const std::string& set, const std::string& holder) {
