@@ -4,8 +4,9 @@
 #      and the round trip of 4 bytes over loopback TCP (the latency baseline, from ps_bench);
 #   2. for 1 ps + 1 worker and 2 ps + 2 workers: a chief and the ps tasks as real processes,
 #      then ps_bench: dense push/pull of 4 B, 4 KiB, 1 MiB, 16 MiB, 64 MiB variables (SGD) and
-#      sparse push/pull of 100,000 keys x 8 floats (Adagrad; a plain table and one with
-#      admission and eviction), throughput and p50/p99 latency,
+#      sparse push/pull of 100,000 keys x 8 floats (Adagrad; a plain table, one with
+#      admission and eviction, and a vocabulary table of ids in [0, key space)), throughput and
+#      p50/p99 latency,
 #      each also as a ratio to the loopback figure.
 # Prints each run's table, then every figure as `BENCH <name> <value> <unit> ratio=<r>` and
 # a markdown summary. Takes about 3 minutes after the build on 2 cores.
@@ -215,9 +216,10 @@ start_task() {  # tag binary job index chief_address num_ps [flags...]
 }
 
 # The model: SGD dense variables of 4 B to 64 MiB (rows of 4 KiB, so that they can be split
-# along the first dimension) and two 8-float Adagrad embedding tables, the second with
-# admission (a row at a key's second push) and eviction (a TTL and a capacity that the benchmark
-# never reaches, so that it measures the bookkeeping; docs/embeddings.md).
+# along the first dimension) and three 8-float Adagrad embedding tables: a hashed one; one
+# with admission (a row at a key's second push) and eviction (a TTL and a capacity that the
+# benchmark never reaches, so that it measures the bookkeeping; docs/embeddings.md); and a
+# vocabulary table of the key space's ids (rows found by number, no index).
 cat >"$work/model.pbtxt" <<'EOF'
 variables { name: "d_4B" shape { dims: 1 } dtype: DT_FLOAT32
   initializer { kind: ZEROS } optimizer { sgd { learning_rate: 0.01 } } }
@@ -237,7 +239,11 @@ tables { name: "emb_managed" dim: 8
   optimizer { adagrad { learning_rate: 0.05 initial_accumulator_value: 0.1 } }
   admission { min_count: 2 sketch_width: 4194304 }
   eviction { ttl_steps: 1000000 max_rows: 4000000 } }
+tables { name: "emb_vocab" dim: 8
+  initializer { kind: UNIFORM min: -0.05 max: 0.05 seed: 7 }
+  optimizer { adagrad { learning_rate: 0.05 initial_accumulator_value: 0.1 } }
 EOF
+echo "  vocabulary_size: ${sparse_key_space:-1000000} }" >>"$work/model.pbtxt"
 
 ps_flags=()
 if [[ -n $pull_chunk_bytes ]]; then ps_flags+=(--pull_chunk_bytes="$pull_chunk_bytes"); fi

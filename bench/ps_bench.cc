@@ -593,17 +593,23 @@ class PsBench {
 
   // Pushes, then pulls, of `keys` distinct random keys of a table, out of `key_space` keys
   // that all exist before the clock starts.
-  absl::Status Sparse(const std::string& table, int64_t dim, int64_t keys, int64_t key_space,
-                      bool name_table) {
+  // A vocabulary table's keys are its ids 0 .. key_space - 1; a hashed table's are random.
+  absl::Status Sparse(const std::string& table, int64_t dim, int64_t vocabulary_size, int64_t keys,
+                      int64_t key_space, bool name_table) {
     if (keys > key_space) {
       return absl::InvalidArgumentError(
           absl::StrCat("--sparse_keys (", keys, ") exceeds --sparse_key_space (", key_space, ")"));
+    }
+    if (vocabulary_size > 0 && key_space > vocabulary_size) {
+      return absl::InvalidArgumentError(absl::StrCat("--sparse_key_space (", key_space,
+                                                     ") exceeds the table's vocabulary_size (",
+                                                     vocabulary_size, ")"));
     }
     const std::string size =
         absl::StrCat(name_table ? table + "_" : "", CountLabel(keys), "x", dim);
     std::vector<int64_t> universe(key_space);
     for (int64_t i = 0; i < key_space; ++i) {
-      universe[i] = static_cast<int64_t>(SplitMix64(i) >> 1);
+      universe[i] = vocabulary_size > 0 ? i : static_cast<int64_t>(SplitMix64(i) >> 1);
     }
     std::fprintf(stderr, "ps_bench %s: creating %lld rows of %s\n", tag_.c_str(),
                  static_cast<long long>(key_space), table.c_str());
@@ -916,8 +922,8 @@ int Main() {
   }
   for (const v1::TableSpec& t : model->model().tables()) {
     if (!only.empty() && only.count(t.name()) == 0) continue;
-    absl::Status s = bench.Sparse(t.name(), t.dim(), FLAGS_sparse_keys, FLAGS_sparse_key_space,
-                                  model->model().tables_size() > 1);
+    absl::Status s = bench.Sparse(t.name(), t.dim(), t.vocabulary_size(), FLAGS_sparse_keys,
+                                  FLAGS_sparse_key_space, model->model().tables_size() > 1);
     if (!s.ok()) return Fail(absl::StrCat("table ", t.name(), ": ", s.message()), 1);
   }
   PrintResults(bench.rows(), base, tag);

@@ -8,13 +8,15 @@
 // and one with both (admission after --min_count pushes, a TTL of a million steps and a
 // capacity of twice the key space, so that the bookkeeping is paid and nothing is removed;
 // --churn makes the capacity half the key space instead, so that rows are evicted all the
-// time), interleaved, with each one's ratio to the plain table of its trial. With
+// time; --vocabulary compares a vocabulary table of the key space's ids instead, whose rows are
+// found by number), interleaved, with each one's ratio to the plain table of its trial. With
 // --occurrences K, a request holds --keys / K distinct keys, each K times in random places (a
 // skewed batch, whose repeats the table sums before it updates a row once); ns per key is then
 // per key of the request.
 //
 //   bazel run -c opt //bench:table_bench -- --keys 100000 --key_space 1000000 --threads 2
 //   bazel run -c opt //bench:table_bench -- --compare --trials 3
+//   bazel run -c opt //bench:table_bench -- --compare --vocabulary --threads 0
 //
 // Memory (--memory_rows N): pushes N distinct keys into a table of --dim with Adagrad and a
 // capacity of --memory_capacity * N rows (eviction.max_rows), and reads the process's resident
@@ -52,6 +54,9 @@ DEFINE_bool(compare, false, "Measure a plain table against one with admission an
 DEFINE_int32(trials, 3, "--compare: interleaved trials of each table.");
 DEFINE_int32(min_count, 2, "--compare: the admission's min_count.");
 DEFINE_bool(churn, false, "--compare: a capacity of half the key space (rows evicted always).");
+DEFINE_bool(vocabulary, false,
+            "--compare: a vocabulary table of the key space's ids (rows found by number) instead "
+            "of a table with admission and eviction.");
 DEFINE_int64(memory_rows, 0, "Measure the memory of a table of this many rows instead.");
 DEFINE_double(memory_capacity, 1.02,
               "--memory_rows: the table's eviction.max_rows, as a multiple of --memory_rows (a "
@@ -165,12 +170,17 @@ int RunSpeed() {
     return 0;
   }
   v1::TableSpec managed = Spec(FLAGS_dim);
-  managed.mutable_admission()->set_min_count(FLAGS_min_count);
-  // Four counters per key of the space: few keys admitted early (model.proto).
-  managed.mutable_admission()->set_sketch_width(std::min<int64_t>(4 * FLAGS_key_space, 1 << 26));
-  managed.mutable_eviction()->set_ttl_steps(1000000);
-  managed.mutable_eviction()->set_max_rows(FLAGS_churn ? FLAGS_key_space / 2 : 2 * FLAGS_key_space);
-  const std::string tag = FLAGS_churn ? "churn" : "managed";
+  if (FLAGS_vocabulary) {
+    managed.set_vocabulary_size(FLAGS_key_space);
+  } else {
+    managed.mutable_admission()->set_min_count(FLAGS_min_count);
+    // Four counters per key of the space: few keys admitted early (model.proto).
+    managed.mutable_admission()->set_sketch_width(std::min<int64_t>(4 * FLAGS_key_space, 1 << 26));
+    managed.mutable_eviction()->set_ttl_steps(1000000);
+    managed.mutable_eviction()->set_max_rows(FLAGS_churn ? FLAGS_key_space / 2
+                                                         : 2 * FLAGS_key_space);
+  }
+  const std::string tag = FLAGS_vocabulary ? "vocabulary" : FLAGS_churn ? "churn" : "managed";
   for (int trial = 0; trial < FLAGS_trials; ++trial) {
     // A fresh table of each kind per trial, plain first.
     auto plain = Create(Spec(FLAGS_dim));

@@ -231,7 +231,7 @@ psctl::TableReport BuildTableReport(LiveCluster& cluster, absl::string_view tabl
   // Each key goes to the ps task that owns it, so a lookup never asks the wrong task.
   std::vector<std::vector<int64_t>> keys_of(cluster.num_ps());
   for (int64_t key : options.keys) {
-    const int32_t ps = PsOfKey(cluster.model.placement(), key);
+    const int32_t ps = PsOfKey(cluster.model.placement(), key, spec->vocabulary_size());
     if (ps >= 0 && ps < cluster.num_ps()) keys_of[ps].push_back(key);
   }
   std::vector<std::future<absl::StatusOr<v1::InspectShardResponse>>> pending;

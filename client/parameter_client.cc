@@ -340,14 +340,15 @@ absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
   return s;
 }
 
-absl::StatusOr<int64_t> ParameterClient::TableDim(const std::string& table) const {
+absl::StatusOr<const v1::TableSpec*> ParameterClient::FindTable(const std::string& table) const {
   for (const v1::TableSpec& t : model_.tables()) {
-    if (t.name() == table) return t.dim();
+    if (t.name() == table) return &t;
   }
   return absl::NotFoundError(absl::StrCat("unknown table ", table, " (not in the model)"));
 }
 
-std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys, int64_t n) const {
+std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const v1::TableSpec& table,
+                                                             const int64_t* keys, int64_t n) const {
   std::vector<std::vector<int64_t>> positions(placement_.num_ps());
   if (positions.size() == 1) {
     // One ps task owns every virtual shard: no key needs hashing (the ps still checks).
@@ -359,10 +360,11 @@ std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const int64_t* keys
   // their size.
   const int32_t* owner = placement_.virtual_shard_to_ps().data();
   const int32_t num_virtual_shards = placement_.virtual_shard_to_ps_size();
+  const int64_t vocabulary_size = table.vocabulary_size();
   std::unique_ptr<int32_t[]> ps_of(new int32_t[static_cast<size_t>(n)]);
   std::vector<int64_t> counts(positions.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
-    ps_of[i] = owner[VirtualShardOfKey(keys[i], num_virtual_shards)];
+    ps_of[i] = owner[VirtualShardOfTableKey(keys[i], vocabulary_size, num_virtual_shards)];
     ++counts[ps_of[i]];
   }
   std::vector<int64_t*> next(positions.size());
@@ -382,8 +384,9 @@ int64_t ParameterClient::KeysPerPart(int64_t dim) const {
 
 absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* keys, int64_t n,
                                        float* out, int64_t step) {
-  PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
-  std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
+  PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
+  const int64_t dim = spec->dim();
+  std::vector<std::vector<int64_t>> positions = RouteKeys(*spec, keys, n);
   std::vector<int> tasks;
   for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
     if (!positions[ps].empty()) tasks.push_back(ps);
@@ -412,8 +415,9 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
 
 absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* keys, int64_t n,
                                        const float* grads, int64_t step, PushTicket* ticket) {
-  PS_ASSIGN_OR_RETURN(const int64_t dim, TableDim(table));
-  std::vector<std::vector<int64_t>> positions = RouteKeys(keys, n);
+  PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
+  const int64_t dim = spec->dim();
+  std::vector<std::vector<int64_t>> positions = RouteKeys(*spec, keys, n);
   std::vector<int> tasks;
   for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
     if (!positions[ps].empty()) tasks.push_back(ps);

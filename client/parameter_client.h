@@ -163,7 +163,7 @@ class ParameterClient {
                   std::unique_ptr<PsTransport> transport, const ParameterClientOptions& options);
 
   absl::StatusOr<const DenseVar*> FindVar(const std::string& name) const;
-  absl::StatusOr<int64_t> TableDim(const std::string& table) const;
+  absl::StatusOr<const v1::TableSpec*> FindTable(const std::string& table) const;
   // Runs fn(ps) for each listed task in parallel, each with retries; returns the first error.
   absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn,
                          bool push = false);
@@ -173,8 +173,9 @@ class ParameterClient {
   // makes a retry safe).
   absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false);
   v1::RequestId NextRequestId();
-  // Groups key positions by owning ps task.
-  std::vector<std::vector<int64_t>> RouteKeys(const int64_t* keys, int64_t n) const;
+  // Groups the positions of a table's keys by owning ps task (PsOfKey).
+  std::vector<std::vector<int64_t>> RouteKeys(const v1::TableSpec& table, const int64_t* keys,
+                                              int64_t n) const;
 
   const v1::ModelSpec model_;
   const v1::Placement placement_;

@@ -181,6 +181,7 @@ absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
     *t->mutable_optimizer() = e.has_optimizer() ? e.optimizer() : config.optimizer();
     if (e.has_admission()) *t->mutable_admission() = e.admission();
     if (e.has_eviction()) *t->mutable_eviction() = e.eviction();
+    t->set_vocabulary_size(e.vocabulary_size());
   }
   if (width < 1) {
     return absl::InvalidArgumentError(

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/float_stats.h"
+#include "ps_server/huge_page_pool.h"
 #include "ps_server/initializer.h"
 #include "sharding/sparse_hash.h"
 
@@ -139,6 +140,47 @@ int64_t RowBytes(int64_t stride, bool tracks_last) {
          static_cast<int64_t>(sizeof(RowIndex::Entry)) + (tracks_last ? 4 : 0);
 }
 
+// A vocabulary table's row: its floats and its count.
+int64_t VocabularyRowBytes(int64_t stride) {
+  return stride * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(uint32_t));
+}
+
+constexpr int64_t kMaxVocabulary = int64_t{1} << 48;
+
+// OK, or INVALID_ARGUMENT naming the table, for a vocabulary_size out of range or a
+// vocabulary table with admission or eviction.
+absl::Status ValidateVocabulary(const v1::TableSpec& spec) {
+  const int64_t v = spec.vocabulary_size();
+  if (v < 0 || v > kMaxVocabulary) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.name(), ": vocabulary_size ", v,
+                     ": expected 0 (a hashed table) or a number of ids in [1, 2^48]"));
+  }
+  if (v > 0 && (spec.has_admission() || spec.has_eviction())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec.name(), ": a vocabulary table (vocabulary_size ", v,
+                     ") keeps a row for every id: admission and eviction are for hashed tables "
+                     "(vocabulary_size 0)"));
+  }
+  return absl::OkStatus();
+}
+
+// A vocabulary table's rows on a task owning num_owned shards, and their bytes; or
+// RESOURCE_EXHAUSTED past 2^62 bytes.
+absl::StatusOr<int64_t> VocabularyBytes(const v1::TableSpec& spec, int64_t stride,
+                                        int64_t num_owned, int32_t num_virtual_shards) {
+  const int64_t rows_per_shard =
+      (spec.vocabulary_size() + num_virtual_shards - 1) / num_virtual_shards;
+  const double bytes = static_cast<double>(num_owned) * static_cast<double>(rows_per_shard) *
+                       static_cast<double>(VocabularyRowBytes(stride));
+  if (bytes > 0x1.0p62) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", spec.name(), ": vocabulary_size ", spec.vocabulary_size(),
+                     " with dim ", spec.dim(), " needs ", bytes, " bytes on this ps task"));
+  }
+  return num_owned * rows_per_shard * VocabularyRowBytes(stride);
+}
+
 bool TracksLast(const v1::EvictionSpec& e) {
   return e.ttl_steps() > 0 || e.ttl_seconds() > 0 || e.max_rows() > 0 || e.max_bytes() > 0;
 }
@@ -206,6 +248,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.optimizer());
   if (!optimizer.ok()) return WithTablePrefix(spec.name(), optimizer.status());
   PS_RETURN_IF_ERROR(ValidateAdmissionAndEviction(spec));
+  PS_RETURN_IF_ERROR(ValidateVocabulary(spec));
   // The capacity as rows per stripe: the tighter of max_rows and max_bytes.
   const v1::EvictionSpec& eviction = spec.eviction();
   const int64_t row_bytes =
@@ -235,8 +278,34 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     }
     owned[static_cast<size_t>(shard)] = true;
   }
-  return absl::WrapUnique(new EmbeddingTable(spec, *std::move(optimizer), std::move(owned),
-                                             num_virtual_shards, stripe_capacity));
+  if (spec.vocabulary_size() > 0) {
+    const int64_t num_owned = std::count(owned.begin(), owned.end(), true);
+    PS_RETURN_IF_ERROR(VocabularyBytes(spec, spec.dim() * (1 + int64_t{(*optimizer)->num_slots()}),
+                                       num_owned, num_virtual_shards)
+                           .status());
+  }
+  std::unique_ptr<EmbeddingTable> table(new EmbeddingTable(
+      spec, *std::move(optimizer), std::move(owned), num_virtual_shards, stripe_capacity));
+  if (table->vocabulary_rows_ > 0 && table->vocabulary_counts_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", spec.name(), ": cannot allocate ", table->reserved_bytes(),
+                     " bytes for the rows of vocabulary_size ", spec.vocabulary_size()));
+  }
+  return table;
+}
+
+absl::StatusOr<int64_t> EmbeddingTable::ReservedBytes(const v1::TableSpec& spec, int64_t num_owned,
+                                                      int32_t num_virtual_shards) {
+  PS_RETURN_IF_ERROR(ValidateVocabulary(spec));
+  if (spec.vocabulary_size() == 0 || num_owned <= 0 || num_virtual_shards <= 0) return 0;
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Optimizer::Create(spec.optimizer());
+  if (!optimizer.ok()) return WithTablePrefix(spec.name(), optimizer.status());
+  return VocabularyBytes(spec, spec.dim() * (1 + int64_t{(*optimizer)->num_slots()}), num_owned,
+                         num_virtual_shards);
+}
+
+int64_t EmbeddingTable::reserved_bytes() const {
+  return vocabulary_rows_ * VocabularyRowBytes(stride_);
 }
 
 EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer,
@@ -259,18 +328,86 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
           std::max(spec_.eviction().ttl_steps(), spec_.eviction().ttl_seconds()))),
       stripe_capacity_(stripe_capacity),
       lfu_(spec_.eviction().policy() == v1::EvictionSpec::LFU),
-      stripes_(new Stripe[kNumStripes]) {
+      stripes_(new Stripe[kNumStripes]),
+      vocabulary_size_(spec_.vocabulary_size()) {
   for (int s = 0; s < kNumStripes; ++s) {
     absl::MutexLock lock(&stripes_[s].mu);
     stripes_[s].arena.Reset(stride_);
     if (admission_) stripes_[s].sketch.assign(static_cast<size_t>(kSketchRows * sketch_width_), 0);
   }
+  if (vocabulary_size_ == 0) return;
+  const size_t n = static_cast<size_t>(num_virtual_shards_);
+  if ((n & (n - 1)) == 0) {
+    shard_shift_ = 0;
+    while ((size_t{1} << shard_shift_) < n) ++shard_shift_;
+  }
+  rows_per_shard_ = (vocabulary_size_ + num_virtual_shards_ - 1) / num_virtual_shards_;
+  std::vector<int32_t> owned_shards;
+  for (size_t v = 0; v < n; ++v) {
+    if (owned_[v]) owned_shards.push_back(static_cast<int32_t>(v));
+  }
+  base_of_shard_.assign(n, -1);
+  stripe_of_shard_.assign(n, 0);
+  for (int s = 0; s < kNumStripes; ++s) {
+    stripe_first_row_[s] = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
+    for (size_t i = static_cast<size_t>(s); i < owned_shards.size(); i += kNumStripes) {
+      const size_t v = static_cast<size_t>(owned_shards[i]);
+      base_of_shard_[v] = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
+      stripe_of_shard_[v] = static_cast<uint8_t>(s);
+      shard_at_.push_back(owned_shards[i]);
+    }
+  }
+  vocabulary_rows_ = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
+  stripe_first_row_[kNumStripes] = vocabulary_rows_;
+  if (vocabulary_rows_ == 0) return;
+  // Rows are initialized when created; counts start at 0 (no row).
+  try {
+    vocabulary_values_ = static_cast<float*>(HugePagePool::Default().Allocate(
+        static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float)));
+    vocabulary_counts_ = static_cast<uint32_t*>(
+        HugePagePool::Default().Allocate(static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t)));
+  } catch (const std::bad_alloc&) {
+    HugePagePool::Default().Free(vocabulary_values_,
+                                 static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float));
+    vocabulary_values_ = nullptr;  // Create reports it
+    return;
+  }
+  std::memset(vocabulary_counts_, 0, static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t));
 }
 
-EmbeddingTable::~EmbeddingTable() = default;
+EmbeddingTable::~EmbeddingTable() {
+  HugePagePool::Default().Free(vocabulary_values_,
+                               static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float));
+  HugePagePool::Default().Free(vocabulary_counts_,
+                               static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t));
+}
 
 bool EmbeddingTable::OwnsKey(int64_t key) const {
-  return owned_[static_cast<size_t>(VirtualShardOfKey(key, num_virtual_shards_))];
+  if (vocabulary_size_ > 0 && (key < 0 || key >= vocabulary_size_)) return false;
+  return owned_[static_cast<size_t>(
+      VirtualShardOfTableKey(key, vocabulary_size_, num_virtual_shards_))];
+}
+
+int EmbeddingTable::StripeOf(int64_t key) const {
+  if (vocabulary_size_ == 0) return StripeOfKey(key);
+  return stripe_of_shard_[static_cast<size_t>(VocabularyShard(key))];
+}
+
+template <typename Fn>
+void EmbeddingTable::ForEachVocabularyRow(int s, Fn fn) const {
+  for (int64_t row = stripe_first_row_[s]; row < stripe_first_row_[s + 1]; ++row) {
+    if (vocabulary_counts_[row] == 0) continue;
+    const int64_t shard = shard_at_[static_cast<size_t>(row / rows_per_shard_)];
+    fn((row % rows_per_shard_) * num_virtual_shards_ + shard, row);
+  }
+}
+
+absl::Status EmbeddingTable::CreateVocabularyRowLocked(Stripe* stripe, int64_t key, int64_t row) {
+  absl::Status status = InitialRow(key, VocabularyValues(row), /*slots=*/true);
+  if (!status.ok()) return WithTablePrefix(spec_.name(), status);
+  vocabulary_counts_[row] = 1;
+  ++stripe->vocabulary_rows;
+  return absl::OkStatus();
 }
 
 void EmbeddingTable::ObserveStep(int64_t step) {
@@ -405,7 +542,7 @@ void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
 absl::Status EmbeddingTable::NotOwnedError(int64_t key) const {
   return absl::FailedPreconditionError(
       absl::StrCat("key ", key, " of table ", spec_.name(), " hashes to virtual shard ",
-                   VirtualShardOfKey(key, num_virtual_shards_),
+                   VirtualShardOfTableKey(key, vocabulary_size_, num_virtual_shards_),
                    ", not held by this ps task: placement mismatch"));
 }
 
@@ -414,7 +551,11 @@ absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPo
   std::atomic<int64_t> first{n};
   const auto scan = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      if (owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) continue;
+      if (vocabulary_size_ > 0
+              ? OwnsKey(keys[i])
+              : owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) {
+        continue;
+      }
       int64_t seen = first.load(std::memory_order_relaxed);
       while (i < seen && !first.compare_exchange_weak(seen, i)) {
       }
@@ -427,16 +568,29 @@ absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPo
     pool->ParallelFor(n, kMinParallelKeys, scan);
   }
   const int64_t bad = first.load();
-  return bad == n ? absl::OkStatus() : NotOwnedError(keys[bad]);
+  if (bad == n) return absl::OkStatus();
+  if (vocabulary_size_ > 0 && (keys[bad] < 0 || keys[bad] >= vocabulary_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", spec_.name(), ": key ", keys[bad], " at position ", bad,
+        " is not an id of the vocabulary: expected [0, ", vocabulary_size_, ") (vocabulary_size)"));
+  }
+  return NotOwnedError(keys[bad]);
 }
 
-void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) {
+void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) const {
   groups->stripe_of.resize(static_cast<size_t>(n));
   int64_t count[kNumStripes] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    const int s = StripeOfKey(keys[i]);
-    groups->stripe_of[i] = static_cast<uint8_t>(s);
-    ++count[s];
+  const auto stripes = [&](auto stripe_of) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int s = stripe_of(keys[i]);
+      groups->stripe_of[i] = static_cast<uint8_t>(s);
+      ++count[s];
+    }
+  };
+  if (vocabulary_size_ > 0) {
+    stripes([this](int64_t key) { return StripeOf(key); });
+  } else {
+    stripes(StripeOfKey);
   }
   groups->begin[0] = 0;
   for (int s = 0; s < kNumStripes; ++s) groups->begin[s + 1] = groups->begin[s] + count[s];
@@ -500,10 +654,53 @@ absl::Status EmbeddingTable::Pull(const int64_t* keys, int64_t n, float* out, Th
   ForEachStripe(n, pool, [&](int s) {
     const int64_t begin = groups.begin[s];
     if (begin == groups.begin[s + 1]) return;
-    status[s] = PullStripe(&stripes_[s], keys, groups.order.data() + begin,
-                           groups.begin[s + 1] - begin, out, now);
+    status[s] = vocabulary_size_ > 0
+                    ? PullVocabularyStripe(&stripes_[s], keys, groups.order.data() + begin,
+                                           groups.begin[s + 1] - begin, out)
+                    : PullStripe(&stripes_[s], keys, groups.order.data() + begin,
+                                 groups.begin[s + 1] - begin, out, now);
   });
   return FirstError(status);
+}
+
+absl::Status EmbeddingTable::PullVocabularyStripe(Stripe* stripe, const int64_t* keys,
+                                                  const int64_t* order, int64_t count, float* out) {
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  std::vector<int64_t> absent;  // positions of keys without a row
+  {
+    // As PullStripe, with no index: the row (and its count) kKeyAhead keys on is prefetched.
+    absl::ReaderMutexLock lock(&stripe->mu);
+    for (int64_t j = 0; j < count; ++j) {
+      if (j + kKeyAhead < count) {
+        const int64_t ahead = VocabularyRow(keys[order[j + kKeyAhead]]);
+        PrefetchFloats(VocabularyValues(ahead), dim_);
+        __builtin_prefetch(vocabulary_counts_ + ahead);
+      }
+      const int64_t pos = order[j];
+      const int64_t row = VocabularyRow(keys[pos]);
+      if (vocabulary_counts_[row] == 0) {
+        absent.push_back(pos);
+      } else {
+        std::memcpy(out + pos * dim_, VocabularyValues(row), row_bytes);
+      }
+    }
+  }
+  if (absent.empty()) return absl::OkStatus();
+  // Another thread may have created some of these rows in between.
+  absl::MutexLock lock(&stripe->mu);
+  int64_t created = 0;
+  absl::Status status;
+  for (int64_t pos : absent) {
+    const int64_t row = VocabularyRow(keys[pos]);
+    if (vocabulary_counts_[row] == 0) {
+      status = CreateVocabularyRowLocked(stripe, keys[pos], row);
+      if (!status.ok()) break;
+      ++created;
+    }
+    std::memcpy(out + pos * dim_, VocabularyValues(row), row_bytes);
+  }
+  admitted_.fetch_add(created, std::memory_order_relaxed);
+  return status;
 }
 
 absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
@@ -621,13 +818,19 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
     if (begin == groups.begin[s + 1]) return;
     const int64_t* order = groups.order.data() + begin;
     const int64_t count = groups.begin[s + 1] - begin;
-    status[s] = plain ? ApplyPlainStripe(&stripes_[s], keys, grads, order, count)
-                      : ApplyStripe(&stripes_[s], keys, grads, order, count, now);
+    if (vocabulary_size_ > 0) {
+      status[s] = ApplyPlainStripe<true>(&stripes_[s], keys, grads, order, count);
+    } else if (plain) {
+      status[s] = ApplyPlainStripe<false>(&stripes_[s], keys, grads, order, count);
+    } else {
+      status[s] = ApplyStripe(&stripes_[s], keys, grads, order, count, now);
+    }
   });
   SampleHotKeys(keys, n);
   return FirstError(status);
 }
 
+template <bool kVocabulary>
 absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* keys,
                                               const float* grads, const int64_t* order,
                                               int64_t count) {
@@ -637,12 +840,14 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   // its row's bit in `seen` (one bit per row of the stripe, all clear between calls): a bit
   // test beside the row's lookup, where ApplyStripe probes a map of the part's keys for every
   // key. From the first repeat on, each key is looked up in such a map before the index, so
-  // that a skewed part probes the index once per distinct key, as ApplyStripe does.
+  // that a skewed part probes the index once per distinct key, as ApplyStripe does. A
+  // vocabulary table's rows are found by number, with no index to probe (its `seen` bits are
+  // the stripe's rows, counted from the stripe's first).
   struct Scratch {
     std::vector<uint64_t> seen;
     FirstOccurrenceIndex place_of_key;
     std::vector<int64_t> keys;
-    std::vector<uint32_t> rows;
+    std::vector<int64_t> rows;
     std::vector<uint32_t> ts;
     DistinctGradients grads;
   };
@@ -658,18 +863,31 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   DistinctGradients& distinct_grads = scratch.grads;
   distinct_grads.Reset(count, dim_);
   int64_t* const distinct_keys = scratch.keys.data();
-  uint32_t* const distinct_rows = scratch.rows.data();
+  int64_t* const distinct_rows = scratch.rows.data();
   uint32_t* const ts = scratch.ts.data();
   int64_t num_distinct = 0;
   int64_t num_created = 0;
   bool repeats = false;
   absl::Status status;
   absl::MutexLock lock(&stripe->mu);
+  const int s = static_cast<int>(stripe - stripes_.get());
+  const int64_t first_row = kVocabulary ? stripe_first_row_[s] : 0;
   // Rows this request can create are numbered below arena.size() + count.
-  grow(scratch.seen, (static_cast<size_t>(stripe->arena.size()) + count) / 64 + 1);
+  grow(scratch.seen, static_cast<size_t>(kVocabulary ? stripe_first_row_[s + 1] - first_row
+                                                     : stripe->arena.size() + count) /
+                             64 +
+                         1);
   uint64_t* const seen = scratch.seen.data();
   for (int64_t j = 0; j < count; ++j) {
-    if (j + kKeyAhead < count) stripe->rows.Prefetch(keys[order[j + kKeyAhead]]);
+    if (j + kKeyAhead < count) {
+      if (kVocabulary) {
+        const int64_t ahead = VocabularyRow(keys[order[j + kKeyAhead]]);
+        PrefetchFloats(VocabularyValues(ahead), stride_);
+        __builtin_prefetch(vocabulary_counts_ + ahead);
+      } else {
+        stripe->rows.Prefetch(keys[order[j + kKeyAhead]]);
+      }
+    }
     const int64_t pos = order[j];
     const int64_t key = keys[pos];
     const float* grad = grads + pos * dim_;
@@ -680,20 +898,31 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
         continue;
       }
     }
-    RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-    if (entry == nullptr) {
-      absl::StatusOr<RowIndex::Entry*> created =
-          AppendRowLocked(stripe, key, /*initialize=*/true, /*now=*/0);
-      if (!created.ok()) {
-        status = created.status();  // finding stops here; the rows found are still updated
-        break;
+    RowIndex::Entry* entry = nullptr;
+    int64_t row;
+    if (kVocabulary) {
+      row = VocabularyRow(key);
+      if (vocabulary_counts_[row] == 0) {
+        status = CreateVocabularyRowLocked(stripe, key, row);
+        if (!status.ok()) break;  // as below
+        ++num_created;
       }
-      entry = *created;
-      ++num_created;
+    } else {
+      entry = stripe->rows.FindEntry(key);
+      if (entry == nullptr) {
+        absl::StatusOr<RowIndex::Entry*> created =
+            AppendRowLocked(stripe, key, /*initialize=*/true, /*now=*/0);
+        if (!created.ok()) {
+          status = created.status();  // finding stops here; the rows found are still updated
+          break;
+        }
+        entry = *created;
+        ++num_created;
+      }
+      row = entry->row;
     }
-    const uint32_t row = entry->row;
-    uint64_t& word = seen[row / 64];
-    const uint64_t bit = uint64_t{1} << (row % 64);
+    uint64_t& word = seen[(row - first_row) / 64];
+    const uint64_t bit = uint64_t{1} << ((row - first_row) % 64);
     if (!repeats && (word & bit) != 0) {
       // The part's first repeat: its keys so far go into the map, and this one is added.
       repeats = true;
@@ -707,9 +936,16 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     word |= bit;
     distinct_keys[num_distinct] = key;
     distinct_rows[num_distinct] = row;
-    ts[num_distinct] = RowIndex::CountUpdate(entry);
+    if (kVocabulary) {
+      // Stored as 1 + the count: saturates at a count of 2^32 - 2.
+      uint32_t& stored = vocabulary_counts_[row];
+      if (stored != std::numeric_limits<uint32_t>::max()) ++stored;
+      ts[num_distinct] = stored - 1;
+    } else {
+      ts[num_distinct] = RowIndex::CountUpdate(entry);
+      PrefetchFloats(stripe->arena.Row(static_cast<uint32_t>(row)), stride_);
+    }
     distinct_grads.Set(num_distinct++, grad);
-    PrefetchFloats(stripe->arena.Row(row), stride_);
   }
   ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h), not the sums above
   Optimizer::RowUpdate updates[kUpdateBatch];
@@ -718,8 +954,11 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     for (int64_t r = 0; r < batch; ++r) {
       const int64_t i = begin + r;
       if (i + kUpdateBatch < num_distinct) PrefetchFloats(distinct_grads[i + kUpdateBatch], dim_);
-      updates[r] = {stripe->arena.Row(distinct_rows[i]), distinct_grads[i], ts[i]};
-      seen[distinct_rows[i] / 64] &= ~(uint64_t{1} << (distinct_rows[i] % 64));
+      const int64_t row = distinct_rows[i];
+      updates[r] = {
+          kVocabulary ? VocabularyValues(row) : stripe->arena.Row(static_cast<uint32_t>(row)),
+          distinct_grads[i], ts[i]};
+      seen[(row - first_row) / 64] &= ~(uint64_t{1} << ((row - first_row) % 64));
     }
     optimizer_->ApplyRows(updates, batch, dim_);
   }
@@ -882,6 +1121,14 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
     absl::ReaderMutexLock lock(&stripe.mu);
     for (int64_t j = begin; j < end; ++j) {
       const int64_t pos = groups.order[j];
+      if (vocabulary_size_ > 0) {
+        if (!OwnsKey(keys[pos])) continue;
+        const int64_t row = VocabularyRow(keys[pos]);
+        if (vocabulary_counts_[row] == 0) continue;
+        exists[pos] = 1;
+        std::memcpy(gathered.data() + pos * dim_, VocabularyValues(row), row_bytes);
+        continue;
+      }
       const uint32_t row = stripe.rows.Find(keys[pos]);
       if (row == RowIndex::kNoRow) continue;
       if (tracks_last_ && Expired(stripe.last[row], now)) continue;  // as removed
@@ -903,14 +1150,16 @@ int64_t EmbeddingTable::num_rows() const {
   int64_t rows = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
-    rows += static_cast<int64_t>(stripes_[s].rows.size());
+    rows += static_cast<int64_t>(stripes_[s].rows.size()) + stripes_[s].vocabulary_rows;
   }
   return rows;
 }
 
 int64_t EmbeddingTable::bytes() const { return num_rows() * row_bytes(); }
 
-int64_t EmbeddingTable::row_bytes() const { return RowBytes(stride_, tracks_last_); }
+int64_t EmbeddingTable::row_bytes() const {
+  return vocabulary_size_ > 0 ? VocabularyRowBytes(stride_) : RowBytes(stride_, tracks_last_);
+}
 
 void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
   if (n <= 0) return;
@@ -977,6 +1226,9 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
     absl::ReaderMutexLock lock(&stripe.mu);
     const RowArena* arena = &stripe.arena;  // for the lambda, as below
     stripe.rows.ForEach([&](const RowIndex::Entry& e) { all.Add(arena->Row(e.row), dim_); });
+    if (vocabulary_size_ > 0) {
+      ForEachVocabularyRow(s, [&](int64_t, int64_t row) { all.Add(VocabularyValues(row), dim_); });
+    }
   }
   all.Fill(stats);
 }
@@ -1006,6 +1258,15 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
         if (tracks_last_) last[i] = last_of_row[entry.row];
         entries.push_back(entry);
       });
+      if (vocabulary_size_ > 0) {
+        rows.resize(static_cast<size_t>(stripe.vocabulary_rows) * stride);
+        last.assign(static_cast<size_t>(stripe.vocabulary_rows), 0);
+        ForEachVocabularyRow(s, [&](int64_t key, int64_t row) {
+          const size_t i = entries.size();
+          std::memcpy(rows.data() + i * stride, VocabularyValues(row), stride * sizeof(float));
+          entries.push_back({key, 0, vocabulary_counts_[row] - 1});
+        });
+      }
     }
     for (size_t i = 0; i < entries.size(); ++i) {
       fn(entries[i].key, rows.data() + i * stride, entries[i].count, last[i]);
@@ -1061,6 +1322,11 @@ void EmbeddingTable::Clear() {
     std::vector<uint32_t>().swap(stripe.last);
     std::fill(stripe.sketch.begin(), stripe.sketch.end(), 0);
     stripe.swept_at = 0;
+    if (vocabulary_size_ > 0) {
+      std::fill(vocabulary_counts_ + stripe_first_row_[s],
+                vocabulary_counts_ + stripe_first_row_[s + 1], 0);
+      stripe.vocabulary_rows = 0;
+    }
   }
   step_clock_.store(0, std::memory_order_relaxed);
 }
@@ -1072,8 +1338,18 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
     return absl::InvalidArgumentError(absl::StrCat("table ", spec_.name(), ": row of key ", key,
                                                    " has negative update count ", t));
   }
-  Stripe& stripe = stripes_[StripeOfKey(key)];
+  Stripe& stripe = stripes_[StripeOf(key)];
   absl::MutexLock lock(&stripe.mu);
+  if (vocabulary_size_ > 0) {
+    const int64_t row = VocabularyRow(key);
+    if (vocabulary_counts_[row] == 0) ++stripe.vocabulary_rows;
+    std::memcpy(VocabularyValues(row), values_and_slots,
+                static_cast<size_t>(stride_) * sizeof(float));
+    // Stored as 1 + the count, which saturates at 2^32 - 2.
+    vocabulary_counts_[row] =
+        static_cast<uint32_t>(std::min<int64_t>(t, std::numeric_limits<uint32_t>::max() - 1) + 1);
+    return absl::OkStatus();
+  }
   RowIndex::Entry* entry = stripe.rows.FindEntry(key);
   if (entry == nullptr) {
     // Not initialized: the row is overwritten below.

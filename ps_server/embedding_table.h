@@ -17,6 +17,7 @@
 #include "ps_server/optimizer.h"
 #include "ps_server/row_arena.h"
 #include "ps_server/row_index.h"
+#include "sharding/sparse_hash.h"
 
 namespace pscluster {
 
@@ -65,6 +66,17 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // work is one pass over the stripe's index under its lock, at most once per 1/16 of its share of
 // new rows. The arena's freed rows are reused by new ones.
 //
+// A vocabulary table (spec.vocabulary_size() > 0, model.proto) takes only keys in
+// [0, vocabulary_size): a key's virtual shard is the key mod num_virtual_shards
+// (VirtualShardOfTableKey), and the task reserves, when the table is created, one array of rows
+// numbered by key (place of the key's shard among the owned ones, times
+// ceil(vocabulary_size / num_virtual_shards), plus key / num_virtual_shards) and an update count
+// per row (0 until the row is created). A push or pull computes a key's row instead of looking
+// it up, so each key costs one random row, not an index entry and a row. Everything else is as
+// for a hashed table: rows created on first touch with the same initial values, the same updates
+// bit for bit, the same checkpoints (ForEachRow, InsertRow). A key outside the range is refused
+// with INVALID_ARGUMENT. Counts saturate at 2^32 - 2.
+//
 // Memory: each stripe's rows are in a RowArena, blocks of 32-64 KiB that do not move once the
 // stripe has one full block, and its index is a RowIndex; both come from HugePagePool, whose
 // 2 MiB slabs are transparent huge pages, so that a large table's random rows and index entries
@@ -101,10 +113,18 @@ class EmbeddingTable {
   // INVALID_ARGUMENT, naming the value, if spec.name() is empty, spec.dim() is not in
   // [1, 2^31), the initializer or the optimizer is invalid (or unset: the optimizer has no
   // default), the admission or eviction spec is out of range (ValidateAdmissionAndEviction),
-  // num_virtual_shards <= 0, or an owned shard is not in [0, num_virtual_shards).
+  // num_virtual_shards <= 0, or an owned shard is not in [0, num_virtual_shards); for a
+  // vocabulary table also if vocabulary_size is past 2^48 or admission or eviction is set, and
+  // RESOURCE_EXHAUSTED if its rows cannot be allocated.
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(
       const v1::TableSpec& spec, std::vector<int32_t> owned_virtual_shards,
       int32_t num_virtual_shards);
+
+  // The bytes Create reserves up front for a task owning `num_owned` of num_virtual_shards
+  // virtual shards: a vocabulary table's rows and counts; 0 for a hashed table, which grows.
+  // Errors as Create's for the spec.
+  static absl::StatusOr<int64_t> ReservedBytes(const v1::TableSpec& spec, int64_t num_owned,
+                                               int32_t num_virtual_shards);
 
   EmbeddingTable(const EmbeddingTable&) = delete;
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
@@ -125,8 +145,10 @@ class EmbeddingTable {
   bool pulls_create_rows() const { return !admission_ && !tracks_last_; }
   bool has_capacity() const { return stripe_capacity_ > 0; }
 
-  // True if `key` hashes to a virtual shard this table owns.
+  // True if `key` hashes to a virtual shard this table owns (and, in a vocabulary table, is in
+  // [0, vocabulary_size)).
   bool OwnsKey(int64_t key) const;
+  bool is_vocabulary() const { return vocabulary_size_ > 0; }
 
   // Moves the table's step clock (eviction by steps, LRU) to `step` if it is higher; negative
   // steps are ignored. Thread-safe; call before the push of that step. Only pushes move it:
@@ -148,8 +170,8 @@ class EmbeddingTable {
   // touch (without admission and eviction; with either, the initial values of a key without a
   // row, creating nothing). Duplicate keys are fine.
   // FAILED_PRECONDITION if a key is not owned ("key K of table T hashes to virtual shard V, not
-  // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0; either way before
-  // anything changes.
+  // held by this ps task: placement mismatch"), INVALID_ARGUMENT if n < 0 or, in a vocabulary
+  // table, a key is outside [0, vocabulary_size); either way before anything changes.
   // With a non-null `pool` (not owned), a large request's stripes are read on its threads too.
   // A TTL is judged at the clock, which only pushes move, or, when `step` is not negative (with
   // ttl_steps), at `step`: in sync mode, the step the pull is for, so that a pull sees the same
@@ -197,11 +219,15 @@ class EmbeddingTable {
   int64_t num_rows() const;
 
   // Memory estimate, in bytes, of what the rows hold: num_rows() * row_bytes(). The index's
-  // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted.
+  // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted, nor
+  // a vocabulary table's rows reserved but not created (reserved_bytes()).
   int64_t bytes() const;
   // (1 + num_slots) * dim floats, a 16-byte index entry (key, row number, update count) and,
-  // with eviction, the 4-byte tick of the row's last push.
+  // with eviction, the 4-byte tick of the row's last push; in a vocabulary table, the floats
+  // and a 4-byte count.
   int64_t row_bytes() const;
+  // ReservedBytes for this table.
+  int64_t reserved_bytes() const;
 
   // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them.
   // Approximate: a Space-Saving sketch of kHotKeyCounters counters is fed, by each successful
@@ -270,6 +296,9 @@ class EmbeddingTable {
     std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
     // With a TTL: the tick of the stripe's last sweep.
     uint32_t swept_at ABSL_GUARDED_BY(mu) = 0;
+    // In a vocabulary table: how many of the stripe's rows are created. (The rows and counts
+    // are in the table's arrays; the stripe's lock guards those of its keys.)
+    int64_t vocabulary_rows ABSL_GUARDED_BY(mu) = 0;
   };
 
   // A request's positions grouped by stripe with a stable counting sort: stripe s holds
@@ -279,7 +308,11 @@ class EmbeddingTable {
     int64_t begin[kNumStripes + 1];
     std::vector<int64_t> order;
   };
-  static void GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups);
+  void GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) const;
+
+  // The stripe of a key: of a hashed table, the top bits of MixKey (independent of the virtual
+  // shard); of a vocabulary table, its shard's (stripe_of_shard_).
+  int StripeOf(int64_t key) const;
 
   // The lookahead of the pipelines that find rows (PullStripe, ApplyStripe): the hash slot of
   // the key kKeyAhead positions on is prefetched, and a row is used kRowLag positions after it
@@ -303,13 +336,35 @@ class EmbeddingTable {
   // grads[order[i] * dim] (repeated keys summed in order of position first). ApplyPlainStripe
   // does the same for a table without admission and eviction, finding each key's row in one
   // pass; ApplyStripe serves every table.
+  // kVocabulary: the rows are a vocabulary table's, found by number instead of by the index.
+  template <bool kVocabulary>
   absl::Status ApplyPlainStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                 const int64_t* order, int64_t count);
+  // PullStripe for a vocabulary table.
+  absl::Status PullVocabularyStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
+                                    int64_t count, float* out);
   absl::Status ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                            const int64_t* order, int64_t count, uint32_t now);
 
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
                  int32_t num_virtual_shards, int64_t stripe_capacity);
+
+  // A vocabulary table's key's virtual shard, and the key's row number (REQUIRES: OwnsKey).
+  int32_t VocabularyShard(int64_t key) const {
+    return VirtualShardOfTableKey(key, vocabulary_size_, num_virtual_shards_);
+  }
+  int64_t VocabularyRow(int64_t key) const {
+    const int64_t quotient = shard_shift_ >= 0 ? key >> shard_shift_ : key / num_virtual_shards_;
+    return base_of_shard_[static_cast<size_t>(VocabularyShard(key))] + quotient;
+  }
+  float* VocabularyValues(int64_t row) const { return vocabulary_values_ + row * stride_; }
+  // Calls fn(key, row) for every created row of stripe s of a vocabulary table, in row order.
+  // REQUIRES: stripes_[s].mu held.
+  template <typename Fn>
+  void ForEachVocabularyRow(int s, Fn fn) const;
+  // Initializes a vocabulary table's row of `key` (values and slots) and counts it created.
+  absl::Status CreateVocabularyRowLocked(Stripe* stripe, int64_t key, int64_t row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
   // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
   absl::Status CheckOwned(const int64_t* keys, int64_t n, ThreadPool* pool) const;
@@ -388,6 +443,24 @@ class EmbeddingTable {
   std::atomic<int64_t> admitted_{0}, evicted_{0}, expired_{0}, unadmitted_{0};
 
   std::unique_ptr<Stripe[]> stripes_;
+
+  // A vocabulary table (all zero, null or empty for a hashed one); see the class comment. The
+  // owned shards, in order, take turns over the stripes (the i-th goes to stripe i mod
+  // kNumStripes, so every stripe has shards whatever the number of tasks), and each stripe's
+  // shards lie together: shard v's rows_per_shard_ rows start at row base_of_shard_[v], and
+  // stripe s holds rows [stripe_first_row_[s], stripe_first_row_[s + 1]).
+  const int64_t vocabulary_size_;
+  int shard_shift_ = -1;                  // log2(num_virtual_shards_) when a power of two
+  int64_t rows_per_shard_ = 0;            // ceil(vocabulary_size_ / num_virtual_shards_)
+  std::vector<int64_t> base_of_shard_;    // -1 for a shard not owned
+  std::vector<uint8_t> stripe_of_shard_;  // 0 for a shard not owned
+  std::vector<int32_t> shard_at_;         // the owned shards, in row order
+  int64_t stripe_first_row_[kNumStripes + 1] = {};
+  int64_t vocabulary_rows_ = 0;         // shard_at_.size() * rows_per_shard_
+  float* vocabulary_values_ = nullptr;  // vocabulary_rows_ * stride_ floats, from HugePagePool
+  // 0 until a row is created, then 1 + its update count (saturating at 2^32 - 1); each element
+  // guarded by the lock of its key's stripe.
+  uint32_t* vocabulary_counts_ = nullptr;
 
   // The hot-key sketch has its own small lock, taken once per push, never with a stripe lock.
   mutable absl::Mutex hot_mu_;

@@ -763,6 +763,221 @@ TEST(EmbeddingTableTest, RepeatedKeysOfALargePushEqualTheirSumPushedOnce) {
   }
 }
 
+// A vocabulary table split over two tasks (as two ps tasks hold it) holds what a hashed table
+// holds after the same pulls and pushes, bit for bit, update counts included: rows created on
+// first touch with the same values, repeated keys summed, one update per distinct row. Large
+// requests on a pool and small ones on one thread; a power-of-two number of virtual shards
+// (keys split by masks) and another (by division).
+TEST(EmbeddingTableTest, AVocabularyTableHoldsWhatAHashedTableHolds) {
+  for (const int32_t num_shards : {16, 12}) {
+    v1::TableSpec hashed_spec = ParseTable(R"pb(
+      name: "emb"
+      dim: 3
+      initializer { kind: NORMAL stddev: 0.1 seed: 11 }
+      optimizer { adam { learning_rate: 0.01 } }
+    )pb");
+    constexpr int64_t kVocabulary = 50000;
+    v1::TableSpec vocabulary_spec = hashed_spec;
+    vocabulary_spec.set_vocabulary_size(kVocabulary);
+    std::vector<int32_t> all, even, odd;
+    for (int32_t v = 0; v < num_shards; ++v) {
+      all.push_back(v);
+      (v % 2 == 0 ? even : odd).push_back(v);
+    }
+    std::unique_ptr<EmbeddingTable> hashed = CreateOrNull(hashed_spec, all, num_shards);
+    std::unique_ptr<EmbeddingTable> tasks[2] = {CreateOrNull(vocabulary_spec, even, num_shards),
+                                                CreateOrNull(vocabulary_spec, odd, num_shards)};
+    ASSERT_NE(hashed, nullptr);
+    ASSERT_NE(tasks[0], nullptr);
+    ASSERT_NE(tasks[1], nullptr);
+    ASSERT_TRUE(tasks[0]->is_vocabulary());
+    ASSERT_FALSE(hashed->is_vocabulary());
+    ThreadPool pool(2);
+    std::mt19937_64 rng(23);
+    std::uniform_real_distribution<float> gradient(-1.0f, 1.0f);
+    for (int round = 0; round < 6; ++round) {
+      // Large rounds (on the pool, every other one) repeat keys about twice; small ones less.
+      const bool large = round % 3 != 2;
+      const int64_t n = large ? 4 * EmbeddingTable::kMinParallelKeys : 500;
+      ThreadPool* p = round % 2 == 0 ? &pool : nullptr;
+      std::vector<int64_t> keys(static_cast<size_t>(n));
+      const uint64_t space =
+          std::min<uint64_t>(kVocabulary, static_cast<uint64_t>(n) / 2 + 1000 * round);
+      for (int64_t& key : keys) key = static_cast<int64_t>(rng() % space);
+      keys[0] = kVocabulary - 1;  // the last id
+      std::vector<float> grads(keys.size() * 3);
+      for (float& g : grads) g = gradient(rng);
+      // Each task gets its keys, in order, as a client routes them.
+      std::vector<int64_t> part_keys[2];
+      std::vector<float> part_grads[2];
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const int task = VirtualShardOfTableKey(keys[i], kVocabulary, num_shards) % 2;
+        ASSERT_TRUE(tasks[task]->OwnsKey(keys[i]));
+        ASSERT_FALSE(tasks[1 - task]->OwnsKey(keys[i]));
+        part_keys[task].push_back(keys[i]);
+        part_grads[task].insert(part_grads[task].end(), grads.begin() + 3 * i,
+                                grads.begin() + 3 * (i + 1));
+      }
+      // Pull half the keys first (pulls create rows too), then push them all.
+      std::vector<float> want(keys.size() / 2 * 3), got(want.size());
+      ASSERT_TRUE(hashed->Pull(keys.data(), n / 2, want.data(), p).ok());
+      for (int task = 0; task < 2; ++task) {
+        const int64_t m = static_cast<int64_t>(part_keys[task].size()) / 2;
+        std::vector<float> out(static_cast<size_t>(m * 3));
+        ASSERT_TRUE(tasks[task]->Pull(part_keys[task].data(), m, out.data(), p).ok());
+        std::vector<float> expected(out.size());
+        ASSERT_TRUE(hashed->Pull(part_keys[task].data(), m, expected.data()).ok());
+        ASSERT_EQ(out, expected) << "round " << round << ", task " << task;
+      }
+      ASSERT_TRUE(hashed->Push(keys.data(), n, grads.data(), false, p).ok());
+      for (int task = 0; task < 2; ++task) {
+        ASSERT_TRUE(tasks[task]
+                        ->Push(part_keys[task].data(), static_cast<int64_t>(part_keys[task].size()),
+                               part_grads[task].data(), false, p)
+                        .ok());
+      }
+      std::map<int64_t, Row> both = Snapshot(*tasks[0]);
+      for (const auto& [key, row] : Snapshot(*tasks[1])) {
+        ASSERT_EQ(both.count(key), 0u) << "key " << key << " on both tasks";
+        both[key] = row;
+      }
+      ASSERT_EQ(tasks[0]->num_rows() + tasks[1]->num_rows(), hashed->num_rows());
+      ASSERT_TRUE(both == Snapshot(*hashed))
+          << num_shards << " shards, round " << round << ", pool " << (p != nullptr);
+    }
+    EXPECT_GT(tasks[0]->num_rows(), 1000);
+    EXPECT_GT(tasks[1]->num_rows(), 1000);
+  }
+}
+
+// A key outside [0, vocabulary_size) is refused with an error that names it, its position and
+// the range; nothing is created; a key of another task's shard is refused as in a hashed table.
+TEST(EmbeddingTableTest, AVocabularyTableRefusesKeysOutsideItsRange) {
+  v1::TableSpec spec = ParseTable(kNormalSgd);
+  spec.set_vocabulary_size(1000);
+  std::unique_ptr<EmbeddingTable> table = CreateOrNull(spec, {0, 2, 4, 6}, 8);
+  ASSERT_NE(table, nullptr);
+  EXPECT_TRUE(table->OwnsKey(0));
+  EXPECT_TRUE(table->OwnsKey(998));
+  EXPECT_FALSE(table->OwnsKey(999));  // shard 7
+  EXPECT_FALSE(table->OwnsKey(1000));
+  EXPECT_FALSE(table->OwnsKey(-8));
+  for (const int64_t bad : {int64_t{1000}, int64_t{-8}, std::numeric_limits<int64_t>::min()}) {
+    std::vector<int64_t> keys = {2, 4, bad};
+    std::vector<float> buffer(keys.size() * 8, 0.5f);
+    const std::string expected = absl::StrCat("table emb: key ", bad,
+                                              " at position 2 is not an id of the vocabulary: "
+                                              "expected [0, 1000) (vocabulary_size)");
+    absl::Status status = table->Pull(keys.data(), 3, buffer.data());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), expected);
+    status = table->Push(keys.data(), 3, buffer.data(), false);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), expected);
+    EXPECT_EQ(table->InsertRow(bad, buffer.data(), 1).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(table->num_rows(), 0);
+  }
+  std::vector<int64_t> stranger = {2, 3};
+  std::vector<float> buffer(16);
+  absl::Status status = table->Pull(stranger.data(), 2, buffer.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr("key 3 of table emb hashes to virtual shard 3, not held by this ps task"));
+  EXPECT_EQ(table->num_rows(), 0);
+  // Lookup of any key is fine: those not held are missing.
+  PullOrDie(*table, {2, 4});
+  std::vector<int64_t> keys = {4, 3, -1, 1000, 2}, found, missing;
+  std::vector<float> rows;
+  table->Lookup(keys.data(), 5, &found, &rows, &missing);
+  EXPECT_THAT(found, ElementsAre(4, 2));
+  EXPECT_THAT(missing, ElementsAre(3, -1, 1000));
+  EXPECT_EQ(rows.size(), 16u);
+}
+
+// ForEachRow and InsertRow carry a vocabulary table's rows and counts to another table; Clear
+// empties it; bytes count what is created, reserved_bytes what the rows took up front.
+TEST(EmbeddingTableTest, AVocabularyTableRoundTripsThroughItsRows) {
+  v1::TableSpec spec = ParseTable(R"pb(
+    name: "emb"
+    dim: 8
+    initializer { kind: TRUNCATED_NORMAL stddev: 0.1 seed: 3 }
+    optimizer { adam { learning_rate: 0.01 } }
+  )pb");
+  spec.set_vocabulary_size(3000);
+  std::unique_ptr<EmbeddingTable> source = CreateOrNull(spec, {0, 1, 2}, 3);
+  std::unique_ptr<EmbeddingTable> restored = CreateOrNull(spec, {0, 1, 2}, 3);
+  ASSERT_NE(source, nullptr);
+  ASSERT_NE(restored, nullptr);
+  // 3 shards of 1000 rows, each of (1 + 2 slots) * 8 floats and a 4-byte count.
+  EXPECT_EQ(source->reserved_bytes(), 3000 * (3 * 8 * 4 + 4));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int64_t> key_dist(0, 2999);
+  std::normal_distribution<float> grad_dist(0, 1);
+  for (int step = 0; step < 20; ++step) {
+    std::vector<int64_t> keys(50);
+    std::vector<float> grads(50 * 8);
+    for (int64_t& k : keys) k = key_dist(rng);
+    for (float& g : grads) g = grad_dist(rng);
+    ASSERT_TRUE(Push(*source, keys, grads).ok());
+  }
+  EXPECT_EQ(source->bytes(), source->num_rows() * (3 * 8 * 4 + 4));
+  int64_t visited = 0;
+  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
+    ++visited;
+    EXPECT_TRUE(restored->InsertRow(key, values_and_slots, t).ok());
+  });
+  EXPECT_EQ(visited, source->num_rows());
+  EXPECT_EQ(restored->num_rows(), source->num_rows());
+  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
+  std::vector<int64_t> all_keys;
+  for (const auto& [key, row] : Snapshot(*source)) all_keys.push_back(key);
+  const std::vector<float> grads(all_keys.size() * 8, 0.5f);
+  ASSERT_TRUE(Push(*source, all_keys, grads).ok());
+  ASSERT_TRUE(Push(*restored, all_keys, grads).ok());
+  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
+  // Counts saturate one below a hashed table's (the array stores 1 + the count).
+  std::vector<float> row(24, 3.0f);
+  ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), int64_t{1} << 40).ok());
+  ASSERT_TRUE(Push(*restored, {all_keys[0]}, std::vector<float>(8, 0.5f)).ok());
+  EXPECT_EQ(Snapshot(*restored).at(all_keys[0]).t, RowIndex::kMaxCount - 1);
+
+  restored->Clear();
+  EXPECT_EQ(restored->num_rows(), 0);
+  EXPECT_TRUE(Snapshot(*restored).empty());
+  EXPECT_EQ(PullOrDie(*restored, {all_keys[1]}), InitialRow(spec, all_keys[1]));
+}
+
+TEST(EmbeddingTableTest, CreateRefusesBadVocabularies) {
+  const std::string base = "name: 'emb' dim: 8 optimizer { sgd { learning_rate: 0.1 } } ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {base + "vocabulary_size: -1",
+       "table emb: vocabulary_size -1: expected 0 (a hashed table) or a number of ids in [1, "
+       "2^48]"},
+      {base + "vocabulary_size: 281474976710657", "vocabulary_size 281474976710657: expected"},
+      {base + "vocabulary_size: 10 admission { min_count: 2 }",
+       "table emb: a vocabulary table (vocabulary_size 10) keeps a row for every id: admission "
+       "and eviction are for hashed tables"},
+      {base + "vocabulary_size: 10 eviction { max_rows: 100 }", "admission and eviction"},
+  };
+  for (const auto& [text, message] : cases) {
+    absl::StatusOr<std::unique_ptr<EmbeddingTable>> table =
+        EmbeddingTable::Create(ParseTable(text), {0}, 1);
+    EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(table.status().message(), HasSubstr(message)) << text;
+    EXPECT_EQ(EmbeddingTable::ReservedBytes(ParseTable(text), 1, 1).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << text;
+  }
+  // 2^48 ids of 2^20 floats do not fit any machine: refused, not attempted.
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> huge = EmbeddingTable::Create(
+      ParseTable("name: 'emb' dim: 1048576 optimizer { sgd { learning_rate: 0.1 } } "
+                 "vocabulary_size: 281474976710656"),
+      {0}, 1);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge.status().message(), HasSubstr("needs"));
+}
+
 // Prints (does not assert) the time of requests of 100,000 distinct keys of 8 floats drawn
 // from a table of 1,000,000 rows (bench/ps.sh's sparse workload, without the network), on the
 // calling thread and with a pool of one more thread.

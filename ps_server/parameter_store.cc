@@ -278,27 +278,37 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
 
   // Sizes first: a request whose shards do not fit the budget is refused before anything is
   // allocated (initializing a huge shard would itself exhaust the memory).
-  std::vector<int64_t> dense_bytes;
+  std::vector<int64_t> dense_bytes, table_bytes;
   for (const v1::DenseShardSpec& spec : request.dense()) {
     PS_ASSIGN_OR_RETURN(const int64_t bytes, DenseShard::BytesFor(spec));
     dense_bytes.push_back(bytes);
+  }
+  for (const v1::TableShardSpec& spec : request.tables()) {
+    // A vocabulary table's rows are reserved up front; a hashed table grows (max_table_rows).
+    PS_ASSIGN_OR_RETURN(const int64_t bytes,
+                        EmbeddingTable::ReservedBytes(spec.table(), spec.virtual_shards_size(),
+                                                      spec.num_virtual_shards()));
+    table_bytes.push_back(bytes);
   }
   if (options_.memory_budget_bytes > 0) {
     int64_t needed = 0, held = 0;
     {
       absl::ReaderMutexLock lock(&mu_);
-      held = dense_bytes_;
+      held = budgeted_bytes_;
       for (int i = 0; i < request.dense_size(); ++i) {
         const v1::DenseShardSpec& spec = request.dense(i);
         if (dense_.count({spec.variable().name(), spec.partition().partition()}) == 0) {
           needed += dense_bytes[i];
         }
       }
+      for (int i = 0; i < request.tables_size(); ++i) {
+        if (tables_.count(request.tables(i).table().name()) == 0) needed += table_bytes[i];
+      }
     }
     if (needed > options_.memory_budget_bytes - held) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the shards requested need ", needed,
-          " bytes (values and optimizer slots) but this ps "
+          " bytes (values and optimizer slots; a vocabulary table's rows) but this ps "
           "task's memory budget is ",
           options_.memory_budget_bytes, " bytes, of which ", held,
           " are in use (ps_server --memory_budget_mb); place the model on more ps tasks"));
@@ -373,7 +383,7 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
       acc->SetStep(request.start_step());
       accumulators_[key] = std::move(acc);
     }
-    dense_bytes_ += dense[i]->bytes();
+    budgeted_bytes_ += dense[i]->bytes();
     dense_[key] = std::move(dense[i]);
     ++created;
   }
@@ -388,6 +398,7 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
       acc = std::make_shared<SparseAccumulator>(tables[i]->dim(), sync_.replicas_to_aggregate());
       acc->SetStep(request.start_step());
     }
+    budgeted_bytes_ += tables[i]->reserved_bytes();
     tables_[name] = Table{std::move(tables[i]), std::make_shared<ShardCounters>(), acc};
     ++created;
   }
@@ -938,6 +949,14 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
         return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ",
                                                 saved.file(), " has dim ", saved.table().dim(),
                                                 ", this ps task's table has dim ", table.dim()));
+      }
+      // A table restores from its own kind only: a vocabulary table would drop the keys of a
+      // hashed one that are outside its range.
+      if (saved.has_table() && saved.table().vocabulary_size() != table.spec().vocabulary_size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint table ", saved.name(), " in ", saved.file(), " has vocabulary_size ",
+            saved.table().vocabulary_size(), ", this ps task's table has vocabulary_size ",
+            table.spec().vocabulary_size(), " (0: hashed)"));
       }
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
       const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());

@@ -272,8 +272,9 @@ class ParameterStore {
   std::map<DenseKey, std::shared_ptr<DenseShard>> dense_ ABSL_GUARDED_BY(mu_);
   std::map<DenseKey, std::shared_ptr<DenseAccumulator>> accumulators_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
-  // Bytes of values and slots held by dense shards (the memory budget's measure).
-  int64_t dense_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of values and slots held by dense shards, and reserved by vocabulary tables (the
+  // memory budget's measure).
+  int64_t budgeted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the first CreateShards; later ones must agree.
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;

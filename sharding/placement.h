@@ -69,15 +69,17 @@ std::string PlacementDebugString(const v1::Placement& placement);
 absl::StatusOr<std::vector<const v1::DensePartition*>> PartitionsOf(const v1::Placement& placement,
                                                                     absl::string_view variable);
 
-// The ps task that holds sparse key `key` (of any table):
-// placement.virtual_shard_to_ps(VirtualShardOfKey(key, placement.virtual_shard_to_ps_size())).
+// The ps task that holds sparse key `key` of a table with `vocabulary_size`
+// (TableSpec.vocabulary_size; 0 for a hashed table): placement.virtual_shard_to_ps(
+// VirtualShardOfTableKey(key, vocabulary_size, placement.virtual_shard_to_ps_size())).
 //
 // Returns -1 if `placement` has no virtual shards (for example, a default-constructed one).
 // Thread-safe as long as no one modifies `placement`.
-inline int32_t PsOfKey(const v1::Placement& placement, int64_t key) {
+inline int32_t PsOfKey(const v1::Placement& placement, int64_t key, int64_t vocabulary_size = 0) {
   const int32_t num_virtual_shards = placement.virtual_shard_to_ps_size();
   if (num_virtual_shards == 0) return -1;
-  return placement.virtual_shard_to_ps(VirtualShardOfKey(key, num_virtual_shards));
+  return placement.virtual_shard_to_ps(
+      VirtualShardOfTableKey(key, vocabulary_size, num_virtual_shards));
 }
 
 // The virtual shards each ps task owns: result[ps], in increasing order, for ps in

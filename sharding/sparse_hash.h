@@ -41,6 +41,23 @@ inline int32_t VirtualShardOfKey(int64_t key, int32_t num_virtual_shards) {
   return static_cast<int32_t>((n & (n - 1)) == 0 ? hash & (n - 1) : hash % n);
 }
 
+// Returns the virtual shard that owns key `key` of a table with `vocabulary_size`
+// (TableSpec.vocabulary_size): VirtualShardOfKey for a hashed table (0), and for a vocabulary
+// table key mod num_virtual_shards, so that ids next to each other, which a frequency-sorted
+// vocabulary makes the hottest, land on different shards. A key outside [0, vocabulary_size)
+// still maps to some shard (its two's-complement value mod the count); the ps task refuses it.
+//
+// REQUIRES: num_virtual_shards > 0. Returns 0 otherwise.
+// Pure; thread-safe.
+inline int32_t VirtualShardOfTableKey(int64_t key, int64_t vocabulary_size,
+                                      int32_t num_virtual_shards) {
+  if (vocabulary_size <= 0) return VirtualShardOfKey(key, num_virtual_shards);
+  if (num_virtual_shards <= 0) return 0;
+  const uint64_t n = static_cast<uint64_t>(num_virtual_shards);
+  const uint64_t k = static_cast<uint64_t>(key);
+  return static_cast<int32_t>((n & (n - 1)) == 0 ? k & (n - 1) : k % n);
+}
+
 // Returns, for each virtual shard v in [0, num_virtual_shards), the ps task that owns it:
 // v % num_ps. Keys never change virtual shard, so a change in the number of ps tasks moves
 // whole virtual shards (and all their keys) between tasks, never splits one.

@@ -93,6 +93,32 @@ TEST(VirtualShardOfKeyTest, KeysPerPsAreBalancedOver100kKeys) {
   }
 }
 
+// A vocabulary table's ids go to shard id mod the count, with masks or division alike; any
+// other key still lands in range (the ps refuses it); a hashed table's keys hash as above.
+TEST(VirtualShardOfTableKeyTest, VocabularyIdsGoToTheirRemainder) {
+  for (const int32_t n : {1024, 1000, 1}) {
+    for (int64_t id : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1023}, int64_t{123456789}}) {
+      EXPECT_EQ(VirtualShardOfTableKey(id, int64_t{1} << 40, n), id % n) << id << " of " << n;
+    }
+    for (int64_t key : {int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+      const int32_t shard = VirtualShardOfTableKey(key, 10, n);
+      EXPECT_GE(shard, 0);
+      EXPECT_LT(shard, n);
+    }
+    for (int64_t key : TestKeys(100)) {
+      EXPECT_EQ(VirtualShardOfTableKey(key, 0, n), VirtualShardOfKey(key, n));
+    }
+  }
+  EXPECT_EQ(VirtualShardOfTableKey(5, 10, 0), 0);
+  // Consecutive ids, which a frequency-sorted vocabulary makes the hottest, take turns over
+  // the ps tasks.
+  const std::vector<int32_t> shard_to_ps = AssignVirtualShards(kDefaultNumVirtualShards, 3);
+  for (int64_t id = 0; id < 3000; ++id) {
+    EXPECT_EQ(shard_to_ps[VirtualShardOfTableKey(id, 3000, kDefaultNumVirtualShards)],
+              id % kDefaultNumVirtualShards % 3);
+  }
+}
+
 TEST(AssignVirtualShardsTest, ShardGoesToShardModNumPs) {
   EXPECT_THAT(AssignVirtualShards(8, 3), ElementsAre(0, 1, 2, 0, 1, 2, 0, 1));
   EXPECT_THAT(AssignVirtualShards(4, 1), ElementsAre(0, 0, 0, 0));

@@ -34,9 +34,10 @@ v1::ModelSpec Model() {
   return model;
 }
 
-std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {}) {
+std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {},
+                                          const std::string& model_text = kSmallModelText) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << kSmallModelText;
+  std::ofstream(model_path) << model_text;
   TestClusterOptions options;
   options.num_ps = 2;
   options.num_workers = 0;
@@ -177,6 +178,82 @@ TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
     }
     EXPECT_TRUE(saw_table) << ps;
   }
+}
+
+// The small model with its table as a vocabulary of 5000 ids (TableSpec.vocabulary_size).
+std::string VocabularyModelText() {
+  std::string text = kSmallModelText;
+  const std::string table = "name: \"emb\"";
+  CHECK_NE(text.find(table), std::string::npos);
+  text.replace(text.find(table), table.size(), "name: \"emb\" vocabulary_size: 5000");
+  return text;
+}
+
+// A vocabulary table through the daemons: a client routes its ids over both ps tasks (id mod
+// the virtual shards), and the rows it pulls after its pushes are, bit for bit, what one
+// in-process store gives for the same requests. An id outside the vocabulary is refused by
+// the ps with a message naming it and the range, changes nothing, and the ps goes on serving.
+TEST(PsClusterTest, AVocabularyTableThroughTheDaemonsMatchesASingleProcess) {
+  std::unique_ptr<TestCluster> cluster = StartCluster({}, VocabularyModelText());
+  v1::GetModelResponse m = GetModel(*cluster);
+  ASSERT_EQ(m.model().tables(0).vocabulary_size(), 5000);
+  v1::ModelSpec model;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(VocabularyModelText(), &model));
+  auto placement1 = ComputePlacement(model, 1, m.placement().options());
+  ASSERT_TRUE(placement1.ok());
+  auto reference = ParameterClient::Create(
+      model, *placement1, std::make_unique<InProcessPsTransport>(1, ParameterStoreOptions()), {});
+  ASSERT_TRUE(reference.ok());
+  ASSERT_TRUE((*reference)->CreateAll(v1::SyncOptions()).ok());
+  std::unique_ptr<ParameterClient> client = ClientFor(m, 0);
+
+  std::set<int64_t> all_keys;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int64_t> keys;
+    for (int k = 0; k < 300; ++k) keys.push_back((k * 37 + i * 11) % 5000);
+    keys.push_back(4999);
+    keys.push_back(keys.front());  // a duplicate
+    std::vector<float> rows(keys.size() * 8), want(keys.size() * 8);
+    ASSERT_TRUE(client->PullRows("emb", keys.data(), keys.size(), rows.data(), i).ok());
+    ASSERT_TRUE((*reference)->PullRows("emb", keys.data(), keys.size(), want.data(), i).ok());
+    ASSERT_EQ(rows, want) << "iteration " << i;
+    std::vector<float> grads(keys.size() * 8);
+    for (size_t j = 0; j < grads.size(); ++j) grads[j] = ((j + i) % 7) * 0.25f - 0.75f;
+    ASSERT_TRUE(client->PushRows("emb", keys.data(), keys.size(), grads.data(), i).ok());
+    ASSERT_TRUE((*reference)->PushRows("emb", keys.data(), keys.size(), grads.data(), i).ok());
+    all_keys.insert(keys.begin(), keys.end());
+  }
+  std::vector<int64_t> keys(all_keys.begin(), all_keys.end());
+  std::vector<float> got(keys.size() * 8), want(keys.size() * 8);
+  ASSERT_TRUE(client->PullRows("emb", keys.data(), keys.size(), got.data()).ok());
+  ASSERT_TRUE((*reference)->PullRows("emb", keys.data(), keys.size(), want.data()).ok());
+  ASSERT_EQ(got, want);
+  int64_t rows_held = 0;
+  for (int ps = 0; ps < 2; ++ps) {
+    auto list = client->ListShards(ps);
+    ASSERT_TRUE(list.ok());
+    for (const v1::ShardStats& s : list->shards()) {
+      if (!s.is_table()) continue;
+      EXPECT_GT(s.rows(), 0) << "ps " << ps;
+      rows_held += s.rows();
+    }
+  }
+  EXPECT_EQ(rows_held, static_cast<int64_t>(keys.size()));
+
+  // Ids outside [0, 5000): refused, nothing changes, the ps keeps serving.
+  for (const int64_t bad : {int64_t{5000}, int64_t{-2}}) {
+    std::vector<int64_t> bad_keys = {keys[0], bad};
+    std::vector<float> grads(16, 1.0f);
+    absl::Status s = client->PushRows("emb", bad_keys.data(), 2, grads.data(), 99);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("key ", bad, " at position ")));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("expected [0, 5000) (vocabulary_size)"));
+    std::vector<float> out(16);
+    s = client->PullRows("emb", bad_keys.data(), 2, out.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  ASSERT_TRUE(client->PullRows("emb", keys.data(), keys.size(), got.data()).ok());
+  EXPECT_EQ(got, want);
 }
 
 class PsBadInputTest : public ::testing::Test {
@@ -361,6 +438,27 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
     s = stub_->CreateShards(&ctx, req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     EXPECT_THAT(s.error_message(), HasSubstr("memory budget"));
+  }
+  {
+    // A vocabulary table's rows are reserved when it is created: 10^9 ids of dim 8 with
+    // Adagrad (68 bytes a row) on every virtual shard are past the 64 MiB budget.
+    grpc::ClientContext ctx;
+    v1::CreateShardsRequest req;
+    v1::TableShardSpec* spec = req.add_tables();
+    *spec->mutable_table() = Model().tables(0);
+    spec->mutable_table()->set_name("vocab");
+    spec->mutable_table()->set_vocabulary_size(1000000000);
+    spec->set_num_virtual_shards(4);
+    for (int v = 0; v < 4; ++v) spec->add_virtual_shards(v);
+    v1::CreateShardsResponse resp;
+    s = stub_->CreateShards(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(), HasSubstr("need 68000000000 bytes"));
+    EXPECT_THAT(s.error_message(), HasSubstr("memory budget"));
+    grpc::ClientContext list_ctx;
+    v1::ListShardsResponse list;
+    ASSERT_TRUE(stub_->ListShards(&list_ctx, v1::ListShardsRequest(), &list).ok());
+    for (const v1::ShardStats& shard : list.shards()) EXPECT_NE(shard.name(), "vocab");
   }
 
   // Nothing changed, and the daemon still serves good requests.
