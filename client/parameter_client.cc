@@ -347,33 +347,51 @@ absl::StatusOr<const v1::TableSpec*> ParameterClient::FindTable(const std::strin
   return absl::NotFoundError(absl::StrCat("unknown table ", table, " (not in the model)"));
 }
 
-std::vector<std::vector<int64_t>> ParameterClient::RouteKeys(const v1::TableSpec& table,
-                                                             const int64_t* keys, int64_t n) const {
-  std::vector<std::vector<int64_t>> positions(placement_.num_ps());
-  if (positions.size() == 1) {
+ParameterClient::KeyRoutes ParameterClient::RouteKeys(const v1::TableSpec& table,
+                                                      const int64_t* keys, int64_t n) const {
+  const int num_ps = placement_.num_ps();
+  KeyRoutes routes;
+  routes.positions.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  routes.begin.assign(static_cast<size_t>(num_ps) + 1, n);
+  routes.begin[0] = 0;
+  int64_t* const positions = routes.positions.get();
+  if (num_ps == 1) {
     // One ps task owns every virtual shard: no key needs hashing (the ps still checks).
-    positions[0].resize(static_cast<size_t>(n));
-    std::iota(positions[0].begin(), positions[0].end(), int64_t{0});
-    return positions;
+    std::iota(positions, positions + n, int64_t{0});
+    return routes;
   }
-  // Two passes: each key's task and the tasks' counts, then the positions into lists of exactly
-  // their size.
+  // Two passes: each key's task and the tasks' counts, then the positions into their ranges.
   const int32_t* owner = placement_.virtual_shard_to_ps().data();
   const int32_t num_virtual_shards = placement_.virtual_shard_to_ps_size();
   const int64_t vocabulary_size = table.vocabulary_size();
   std::unique_ptr<int32_t[]> ps_of(new int32_t[static_cast<size_t>(n)]);
-  std::vector<int64_t> counts(positions.size(), 0);
+  if (num_ps == 2) {
+    // The usual pair, with both cursors in registers: the general loop's counters and cursors
+    // in memory make each key wait for the store of the one before it to the same task.
+    int64_t to_second = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ps_of[i] = owner[VirtualShardOfTableKey(keys[i], vocabulary_size, num_virtual_shards)];
+      to_second += ps_of[i];
+    }
+    routes.begin[1] = n - to_second;
+    int64_t first = 0, second = n - to_second;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t q = ps_of[i];
+      positions[q != 0 ? second : first] = i;
+      first += 1 - q;
+      second += q;
+    }
+    return routes;
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(num_ps), 0);
   for (int64_t i = 0; i < n; ++i) {
     ps_of[i] = owner[VirtualShardOfTableKey(keys[i], vocabulary_size, num_virtual_shards)];
-    ++counts[ps_of[i]];
+    ++counts[static_cast<size_t>(ps_of[i])];
   }
-  std::vector<int64_t*> next(positions.size());
-  for (size_t ps = 0; ps < positions.size(); ++ps) {
-    positions[ps].resize(static_cast<size_t>(counts[ps]));
-    next[ps] = positions[ps].data();
-  }
-  for (int64_t i = 0; i < n; ++i) *next[ps_of[i]]++ = i;
-  return positions;
+  for (int ps = 0; ps < num_ps; ++ps) routes.begin[ps + 1] = routes.begin[ps] + counts[ps];
+  std::vector<int64_t> next(routes.begin.begin(), routes.begin.end() - 1);
+  for (int64_t i = 0; i < n; ++i) positions[next[static_cast<size_t>(ps_of[i])]++] = i;
+  return routes;
 }
 
 int64_t ParameterClient::KeysPerPart(int64_t dim) const {
@@ -386,15 +404,15 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
                                        float* out, int64_t step) {
   PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
   const int64_t dim = spec->dim();
-  std::vector<std::vector<int64_t>> positions = RouteKeys(*spec, keys, n);
+  const KeyRoutes routes = RouteKeys(*spec, keys, n);
   std::vector<int> tasks;
-  for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
-    if (!positions[ps].empty()) tasks.push_back(ps);
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+    if (routes.size(ps) > 0) tasks.push_back(ps);
   }
   const int64_t per_part = KeysPerPart(dim);
   return ForEachPs(tasks, [&](int ps) -> absl::Status {
-    const std::vector<int64_t>& pos = positions[ps];
-    const int64_t m = static_cast<int64_t>(pos.size());
+    const int64_t* pos = routes.of(ps);
+    const int64_t m = routes.size(ps);
     if (m == n && m <= per_part) {
       return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
     }
@@ -404,10 +422,10 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
     std::unique_ptr<float[]> rows(new float[static_cast<size_t>(most * dim)]);
     for (int64_t begin = 0; begin < m; begin += per_part) {
       const int64_t count = std::min(per_part, m - begin);
-      GatherKeys(keys, pos.data() + begin, count, my_keys.get());
+      GatherKeys(keys, pos + begin, count, my_keys.get());
       PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.get(), count, dim,
                                                 options_.wire_dtype, step, rows.get()));
-      ScatterRows(rows.get(), pos.data() + begin, count, dim, out);
+      ScatterRows(rows.get(), pos + begin, count, dim, out);
     }
     return absl::OkStatus();
   });
@@ -417,10 +435,10 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
                                        const float* grads, int64_t step, PushTicket* ticket) {
   PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
   const int64_t dim = spec->dim();
-  std::vector<std::vector<int64_t>> positions = RouteKeys(*spec, keys, n);
+  const KeyRoutes routes = RouteKeys(*spec, keys, n);
   std::vector<int> tasks;
-  for (int ps = 0; ps < static_cast<int>(positions.size()); ++ps) {
-    if (!positions[ps].empty()) tasks.push_back(ps);
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+    if (routes.size(ps) > 0) tasks.push_back(ps);
   }
   const int64_t per_part = KeysPerPart(dim);
   // The ids of every part of every ps request, drawn before anything is sent (or taken from
@@ -429,14 +447,14 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
   if (ticket == nullptr) ticket = &local;
   std::map<int, std::vector<v1::RequestId>>& ids = ticket->ids;
   for (int ps : tasks) {
-    const int64_t parts = (static_cast<int64_t>(positions[ps].size()) + per_part - 1) / per_part;
+    const int64_t parts = (routes.size(ps) + per_part - 1) / per_part;
     while (static_cast<int64_t>(ids[ps].size()) < parts) ids[ps].push_back(NextRequestId());
   }
   return ForEachPs(
       tasks,
       [&](int ps) -> absl::Status {
-        const std::vector<int64_t>& pos = positions[ps];
-        const int64_t m = static_cast<int64_t>(pos.size());
+        const int64_t* pos = routes.of(ps);
+        const int64_t m = routes.size(ps);
         const std::vector<v1::RequestId>& part_ids = ids.at(ps);
         PushMeta meta;
         meta.wire_dtype = options_.wire_dtype;
@@ -460,8 +478,8 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
               ps,
               [&] {
                 resp.Clear();
-                return transport_->PushSparseGather(ps, table, keys, pos.data() + begin, count, dim,
-                                                    grads, meta, &resp);
+                return transport_->PushSparseGather(ps, table, keys, pos + begin, count, dim, grads,
+                                                    meta, &resp);
               },
               /*push=*/true));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);

@@ -173,9 +173,15 @@ class ParameterClient {
   // makes a retry safe).
   absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false);
   v1::RequestId NextRequestId();
-  // Groups the positions of a table's keys by owning ps task (PsOfKey).
-  std::vector<std::vector<int64_t>> RouteKeys(const v1::TableSpec& table, const int64_t* keys,
-                                              int64_t n) const;
+  // A request's key positions grouped by owning ps task (PsOfKey): task ps's are
+  // positions[begin[ps], begin[ps + 1]), in increasing order.
+  struct KeyRoutes {
+    std::unique_ptr<int64_t[]> positions;  // not zero-filled: every element is written
+    std::vector<int64_t> begin;
+    const int64_t* of(int ps) const { return positions.get() + begin[ps]; }
+    int64_t size(int ps) const { return begin[ps + 1] - begin[ps]; }
+  };
+  KeyRoutes RouteKeys(const v1::TableSpec& table, const int64_t* keys, int64_t n) const;
 
   const v1::ModelSpec model_;
   const v1::Placement placement_;

@@ -551,8 +551,10 @@ absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPo
   std::atomic<int64_t> first{n};
   const auto scan = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      // (OwnsKey, inlined: this loop sees every key of every request.)
       if (vocabulary_size_ > 0
-              ? OwnsKey(keys[i])
+              ? static_cast<uint64_t>(keys[i]) < static_cast<uint64_t>(vocabulary_size_) &&
+                    owned_[static_cast<size_t>(VocabularyShard(keys[i]))]
               : owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) {
         continue;
       }
