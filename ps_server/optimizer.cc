@@ -394,11 +394,19 @@ PS_VECTOR_CLONES void AdamRows(const Optimizer::RowUpdate* rows, const float* lr
 constexpr int64_t kRowBlock = 64;
 
 // Calls update(rows, lr, m) for consecutive blocks of at most kRowBlock rows, lr[i] being
-// rate(rows[i].t); consecutive rows with the same t reuse the rate.
+// rate(rows[i].t); consecutive rows with the same t reuse the rate. Unless `rate_varies`, the
+// rate is the same for every t (no decay), and is computed once.
 template <typename RateFn, typename UpdateFn>
-void ForEachRowBlock(const Optimizer::RowUpdate* rows, int64_t count, const RateFn& rate,
-                     const UpdateFn& update) {
+void ForEachRowBlock(const Optimizer::RowUpdate* rows, int64_t count, bool rate_varies,
+                     const RateFn& rate, const UpdateFn& update) {
   float lr[kRowBlock];
+  if (!rate_varies) {
+    std::fill_n(lr, kRowBlock, rate(1));
+    for (int64_t begin = 0; begin < count; begin += kRowBlock) {
+      update(rows + begin, lr, std::min(kRowBlock, count - begin));
+    }
+    return;
+  }
   int64_t last_t = -1;
   float last_rate = 0.0f;
   for (int64_t begin = 0; begin < count; begin += kRowBlock) {
@@ -431,7 +439,7 @@ class SgdOptimizer final : public OptimizerBase<SgdHyperparams> {
 
   void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
     ForEachRowBlock(
-        rows, count, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
+        rows, count, decay_steps_ > 0, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
         [dim](const RowUpdate* block, const float* lr, int64_t m) { SgdRows(block, lr, m, dim); });
   }
 };
@@ -471,7 +479,7 @@ class AdagradOptimizer final : public OptimizerBase<AdagradHyperparams> {
 
   void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
     ForEachRowBlock(
-        rows, count, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
+        rows, count, decay_steps_ > 0, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
         [this, dim](const RowUpdate* block, const float* lr, int64_t m) {
           AdagradRows(block, lr, m, dim, h().epsilon);
         });
@@ -491,7 +499,7 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
 
   void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
     ForEachRowBlock(
-        rows, count, [this](int64_t t) { return LearningRateAt(t); },
+        rows, count, /*rate_varies=*/true, [this](int64_t t) { return LearningRateAt(t); },
         [this, dim](const RowUpdate* block, const float* lr_t, int64_t m) {
           AdamRows(block, lr_t, m, dim, 1.0f - h().beta1, 1.0f - h().beta2, h().epsilon);
         });
