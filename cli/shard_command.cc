@@ -226,6 +226,7 @@ psctl::TableReport BuildTableReport(LiveCluster& cluster, absl::string_view tabl
   psctl::TableInfo* info = report.mutable_table();
   info->set_name(spec->name());
   info->set_dim(spec->dim());
+  info->set_vocabulary_size(spec->vocabulary_size());
   info->set_optimizer(OptimizerDescription(spec->optimizer()));
 
   // Each key goes to the ps task that owns it, so a lookup never asks the wrong task.
@@ -321,8 +322,10 @@ psctl::TableReport BuildTableReport(LiveCluster& cluster, absl::string_view tabl
 std::string FormatTableReport(const psctl::TableReport& report) {
   const psctl::TableInfo& t = report.table();
   if (t.name().empty()) return "";
-  std::string out = absl::StrCat("table ", t.name(), ": dim ", t.dim(), ", ", t.rows(), " rows, ",
-                                 HumanBytes(t.bytes()), ", ", t.optimizer(), "\n");
+  std::string out =
+      absl::StrCat("table ", t.name(), ": dim ", t.dim(), ", ",
+                   t.vocabulary_size() > 0 ? absl::StrCat("ids < ", t.vocabulary_size(), ", ") : "",
+                   t.rows(), " rows, ", HumanBytes(t.bytes()), ", ", t.optimizer(), "\n");
   TextTable parts({"PS", "ADDRESS", "ROWS", "BYTES", "PUSHES", "PULLS", "COUNT", "MIN", "MAX",
                    "MEAN", "STD", "L2 NORM", "NAN", "INF"});
   // Admission and eviction, in a table of their own.

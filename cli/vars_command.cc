@@ -131,6 +131,7 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
     psctl::TableInfo* table = report.add_tables();
     table->set_name(spec.name());
     table->set_dim(spec.dim());
+    table->set_vocabulary_size(spec.vocabulary_size());
     table->set_optimizer(OptimizerDescription(spec.optimizer()));
     for (int ps = 0; ps < static_cast<int>(listings.size()); ++ps) {
       psctl::TablePart* part = table->add_parts();
@@ -174,13 +175,16 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
     absl::StrAppend(&out, vars.ToString(), "\n", parts.ToString());
   }
   if (report.tables_size() > 0) {
-    TextTable tables({"TABLE", "DIM", "ROWS", "BYTES", "OPTIMIZER"});
+    TextTable tables({"TABLE", "DIM", "KEYS", "ROWS", "BYTES", "OPTIMIZER"});
     TextTable parts({"TABLE", "PS", "ADDRESS", "ROWS", "BYTES", "PUSHES", "PULLS"});
     for (const psctl::TableInfo& t : report.tables()) {
       bool complete = true;
       for (const psctl::TablePart& p : t.parts()) complete = complete && p.reachable();
-      tables.AddRow({t.name(), absl::StrCat(t.dim()), AtLeast(absl::StrCat(t.rows()), complete),
-                     AtLeast(HumanBytes(t.bytes()), complete), t.optimizer()});
+      tables.AddRow(
+          {t.name(), absl::StrCat(t.dim()),
+           t.vocabulary_size() > 0 ? absl::StrCat("ids < ", t.vocabulary_size()) : "hashed",
+           AtLeast(absl::StrCat(t.rows()), complete), AtLeast(HumanBytes(t.bytes()), complete),
+           t.optimizer()});
       for (const psctl::TablePart& p : t.parts()) {
         parts.AddRow({t.name(), ps_name(p.ps_task()), p.ps_address(),
                       p.reachable() ? absl::StrCat(p.rows()) : "?",

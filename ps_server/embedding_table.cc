@@ -1157,7 +1157,9 @@ int64_t EmbeddingTable::num_rows() const {
   return rows;
 }
 
-int64_t EmbeddingTable::bytes() const { return num_rows() * row_bytes(); }
+int64_t EmbeddingTable::bytes() const {
+  return vocabulary_size_ > 0 ? reserved_bytes() : num_rows() * row_bytes();
+}
 
 int64_t EmbeddingTable::row_bytes() const {
   return vocabulary_size_ > 0 ? VocabularyRowBytes(stride_) : RowBytes(stride_, tracks_last_);

@@ -219,8 +219,8 @@ class EmbeddingTable {
   int64_t num_rows() const;
 
   // Memory estimate, in bytes, of what the rows hold: num_rows() * row_bytes(). The index's
-  // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted, nor
-  // a vocabulary table's rows reserved but not created (reserved_bytes()).
+  // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted. A
+  // vocabulary table holds every row of its shards from the start: reserved_bytes().
   int64_t bytes() const;
   // (1 + num_slots) * dim floats, a 16-byte index entry (key, row number, update count) and,
   // with eviction, the 4-byte tick of the row's last push; in a vocabulary table, the floats

@@ -896,7 +896,7 @@ TEST(EmbeddingTableTest, AVocabularyTableRefusesKeysOutsideItsRange) {
 }
 
 // ForEachRow and InsertRow carry a vocabulary table's rows and counts to another table; Clear
-// empties it; bytes count what is created, reserved_bytes what the rows took up front.
+// empties it; its bytes are what its rows took up front (reserved_bytes).
 TEST(EmbeddingTableTest, AVocabularyTableRoundTripsThroughItsRows) {
   v1::TableSpec spec = ParseTable(R"pb(
     name: "emb"
@@ -921,7 +921,8 @@ TEST(EmbeddingTableTest, AVocabularyTableRoundTripsThroughItsRows) {
     for (float& g : grads) g = grad_dist(rng);
     ASSERT_TRUE(Push(*source, keys, grads).ok());
   }
-  EXPECT_EQ(source->bytes(), source->num_rows() * (3 * 8 * 4 + 4));
+  EXPECT_EQ(source->bytes(), source->reserved_bytes());
+  EXPECT_EQ(source->row_bytes(), 3 * 8 * 4 + 4);
   int64_t visited = 0;
   source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
     ++visited;

@@ -227,6 +227,7 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
     v1::TablePlacement* table_placement = placement.add_tables();
     table_placement->set_table(table.name());
     table_placement->set_dim(table.dim());
+    table_placement->set_vocabulary_size(table.vocabulary_size());
   }
   for (int32_t ps : AssignVirtualShards(num_virtual_shards, num_ps)) {
     placement.add_virtual_shard_to_ps(ps);
@@ -258,6 +259,8 @@ int64_t PlacementVersion(const v1::Placement& placement) {
   for (const v1::TablePlacement& table : placement.tables()) {
     hash.AddString(table.table());
     hash.AddInt(table.dim());
+    // Only when set, so that placements of hashed tables keep the versions they had before.
+    if (table.vocabulary_size() > 0) hash.AddInt(table.vocabulary_size());
   }
   hash.AddInt(placement.virtual_shard_to_ps_size());
   for (int32_t ps : placement.virtual_shard_to_ps()) hash.AddInt(ps);
@@ -297,9 +300,11 @@ std::string PlacementDebugString(const v1::Placement& placement) {
   AppendTable(rows, {3, 4}, out);
 
   absl::StrAppend(&out, "Tables (", placement.tables_size(), "):\n");
-  rows = {{"table", "dim"}};
+  rows = {{"table", "dim", "keys"}};
   for (const v1::TablePlacement& table : placement.tables()) {
-    rows.push_back({table.table(), absl::StrCat(table.dim())});
+    rows.push_back(
+        {table.table(), absl::StrCat(table.dim()),
+         table.vocabulary_size() > 0 ? absl::StrCat("ids < ", table.vocabulary_size()) : "hashed"});
   }
   AppendTable(rows, {1}, out);
 

@@ -244,6 +244,16 @@ TEST(ComputePlacementTest, VersionChangesWithContent) {
   ASSERT_TRUE(other_split.ok()) << other_split.status();
   EXPECT_NE(base->version(), other_split->version());
 
+  // A table that becomes a vocabulary moves its keys: another version; it is listed too.
+  v1::ModelSpec vocabulary = MixedModel();
+  vocabulary.mutable_tables(0)->set_vocabulary_size(1000);
+  absl::StatusOr<v1::Placement> other_keys = ComputePlacement(vocabulary, 3, options);
+  ASSERT_TRUE(other_keys.ok()) << other_keys.status();
+  EXPECT_NE(base->version(), other_keys->version());
+  EXPECT_EQ(other_keys->tables(0).vocabulary_size(), 1000);
+  EXPECT_EQ(base->tables(0).vocabulary_size(), 0);
+  EXPECT_THAT(PlacementDebugString(*other_keys), HasSubstr("ids < 1000"));
+
   v1::Placement edited = *base;
   edited.mutable_partitions(0)->set_ps_task(2);
   EXPECT_NE(PlacementVersion(edited), base->version());
