@@ -755,6 +755,66 @@ TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {
   EXPECT_EQ(store.ListShards().shards(0).rows(), 0);
 }
 
+// A vocabulary table's checkpoint restores into vocabulary tables on more ps tasks, each
+// taking the ids of its shards; a table of the other kind (hashed) is refused, restoring
+// nothing, as a hashed table's checkpoint is by a vocabulary table.
+TEST(ParameterStoreRestoreTest, AVocabularyTableRestoresIntoVocabularyTablesOnly) {
+  v1::TableShardSpec vocabulary = Table("emb", 2);
+  vocabulary.mutable_table()->set_vocabulary_size(100);
+  ParameterStore saver{ParameterStoreOptions()};
+  v1::CreateShardsRequest create;
+  *create.add_tables() = vocabulary;
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(saver.CreateShards(create, &created).ok());
+  std::vector<int64_t> keys;
+  for (int64_t id = 0; id < 100; id += 3) keys.push_back(id);
+  std::vector<float> grads(keys.size() * 2);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * static_cast<float>(i % 7);
+  v1::PushSparseResponse pushed;
+  ASSERT_TRUE(PushSparse(saver, "emb", keys, grads, &pushed).ok());
+  std::vector<float> want;
+  ASSERT_TRUE(PullSparse(saver, "emb", keys, &want).ok());
+  v1::SaveShardsRequest save;
+  save.set_checkpoint_path(testing::TempDir() + "/vocabulary");
+  v1::SaveShardsResponse saved;
+  ASSERT_TRUE(saver.Save(save, &saved).ok());
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(save.checkpoint_path());
+  *restore.mutable_saved() = saved.shards();
+  v1::RestoreShardsResponse restored;
+
+  // Two tasks, shards {0, 2} and {1, 3}: each restores the ids it owns (id mod 4).
+  std::unique_ptr<ParameterStore> tasks[2];
+  for (int t = 0; t < 2; ++t) {
+    tasks[t] = std::make_unique<ParameterStore>(ParameterStoreOptions());
+    v1::CreateShardsRequest part = create;
+    part.mutable_tables(0)->clear_virtual_shards();
+    part.mutable_tables(0)->add_virtual_shards(t);
+    part.mutable_tables(0)->add_virtual_shards(t + 2);
+    ASSERT_TRUE(tasks[t]->CreateShards(part, &created).ok());
+    ASSERT_TRUE(tasks[t]->Restore(restore, &restored).ok());
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<float> row;
+    ASSERT_TRUE(PullSparse(*tasks[keys[i] % 2], "emb", {keys[i]}, &row).ok());
+    EXPECT_EQ(row, std::vector<float>(want.begin() + 2 * i, want.begin() + 2 * i + 2))
+        << "id " << keys[i];
+  }
+  EXPECT_EQ(tasks[0]->ListShards().shards(0).rows() + tasks[1]->ListShards().shards(0).rows(),
+            static_cast<int64_t>(keys.size()));
+
+  ParameterStore hashed{ParameterStoreOptions()};
+  v1::CreateShardsRequest other = create;
+  other.mutable_tables(0)->mutable_table()->set_vocabulary_size(0);
+  ASSERT_TRUE(hashed.CreateShards(other, &created).ok());
+  const absl::Status s = hashed.Restore(restore, &restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("checkpoint table emb in ps-0 has vocabulary_size 100, this ps task's "
+                        "table has vocabulary_size 0 (0: hashed)"));
+  EXPECT_EQ(hashed.ListShards().shards(0).rows(), 0);
+}
+
 // Found by fuzz/parameter_store_fuzzer: a variable named with bytes that are not UTF-8 was
 // created and saved, but the JSON manifest could not carry its name, so the checkpoint named
 // a shard that did not exist and could never be read back.
