@@ -380,6 +380,42 @@ TEST(EmbeddingTableTest, LookupDoesNotCreate) {
   EXPECT_EQ(table->num_rows(), 2);
 }
 
+// Pushes 20 batches of 50 random keys of [key_min, key_max] to `source`, copies its rows into
+// `restored` through ForEachRow and InsertRow, and checks that both hold the same rows, update
+// counts included, and still do after one more identical push to each. Returns the keys.
+std::vector<int64_t> ExpectRoundTrip(EmbeddingTable& source, EmbeddingTable& restored,
+                                     int64_t key_min, int64_t key_max) {
+  const int64_t dim = source.dim();
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int64_t> key_dist(key_min, key_max);
+  std::normal_distribution<float> grad_dist(0, 1);
+  for (int step = 0; step < 20; ++step) {
+    std::vector<int64_t> keys(50);
+    std::vector<float> grads(50 * dim);
+    for (int64_t& k : keys) k = key_dist(rng);
+    for (float& g : grads) g = grad_dist(rng);
+    EXPECT_TRUE(Push(source, keys, grads).ok());
+  }
+  int64_t visited = 0;
+  source.ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
+    ++visited;
+    EXPECT_TRUE(restored.InsertRow(key, values_and_slots, t).ok());
+  });
+  EXPECT_EQ(visited, source.num_rows());
+  EXPECT_EQ(restored.num_rows(), source.num_rows());
+  EXPECT_TRUE(Snapshot(restored) == Snapshot(source));
+
+  std::vector<int64_t> all_keys;
+  for (const auto& [key, row] : Snapshot(source)) all_keys.push_back(key);
+  EXPECT_EQ(PullOrDie(restored, all_keys), PullOrDie(source, all_keys));
+  // The restored update counts carry on: one more identical push keeps them identical.
+  const std::vector<float> grads(all_keys.size() * dim, 0.5f);
+  EXPECT_TRUE(Push(source, all_keys, grads).ok());
+  EXPECT_TRUE(Push(restored, all_keys, grads).ok());
+  EXPECT_TRUE(Snapshot(restored) == Snapshot(source));
+  return all_keys;
+}
+
 TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
   const v1::TableSpec spec = ParseTable(R"pb(
     name: "emb"
@@ -391,33 +427,8 @@ TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
   std::unique_ptr<EmbeddingTable> restored = CreateOrNull(spec);
   ASSERT_NE(source, nullptr);
   ASSERT_NE(restored, nullptr);
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int64_t> key_dist(-1000, 1000);
-  std::normal_distribution<float> grad_dist(0, 1);
-  for (int step = 0; step < 20; ++step) {
-    std::vector<int64_t> keys(50);
-    std::vector<float> grads(50 * 8);
-    for (int64_t& k : keys) k = key_dist(rng);
-    for (float& g : grads) g = grad_dist(rng);
-    ASSERT_TRUE(Push(*source, keys, grads).ok());
-  }
-  int64_t visited = 0;
-  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
-    ++visited;
-    EXPECT_TRUE(restored->InsertRow(key, values_and_slots, t).ok());
-  });
-  EXPECT_EQ(visited, source->num_rows());
-  EXPECT_EQ(restored->num_rows(), source->num_rows());
-  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
-
-  std::vector<int64_t> all_keys;
-  for (const auto& [key, row] : Snapshot(*source)) all_keys.push_back(key);
-  EXPECT_EQ(PullOrDie(*restored, all_keys), PullOrDie(*source, all_keys));
-  // The restored update counts carry on: one more identical push keeps them identical.
-  const std::vector<float> grads(all_keys.size() * 8, 0.5f);
-  ASSERT_TRUE(Push(*source, all_keys, grads).ok());
-  ASSERT_TRUE(Push(*restored, all_keys, grads).ok());
-  EXPECT_EQ(PullOrDie(*restored, all_keys), PullOrDie(*source, all_keys));
+  const std::vector<int64_t> all_keys = ExpectRoundTrip(*source, *restored, -1000, 1000);
+  ASSERT_FALSE(all_keys.empty());
 
   // InsertRow overwrites an existing row, and refuses a negative count.
   std::vector<float> row(24, 3.0f);
@@ -911,32 +922,10 @@ TEST(EmbeddingTableTest, AVocabularyTableRoundTripsThroughItsRows) {
   ASSERT_NE(restored, nullptr);
   // 3 shards of 1000 rows, each of (1 + 2 slots) * 8 floats and a 4-byte count.
   EXPECT_EQ(source->reserved_bytes(), 3000 * (3 * 8 * 4 + 4));
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int64_t> key_dist(0, 2999);
-  std::normal_distribution<float> grad_dist(0, 1);
-  for (int step = 0; step < 20; ++step) {
-    std::vector<int64_t> keys(50);
-    std::vector<float> grads(50 * 8);
-    for (int64_t& k : keys) k = key_dist(rng);
-    for (float& g : grads) g = grad_dist(rng);
-    ASSERT_TRUE(Push(*source, keys, grads).ok());
-  }
+  const std::vector<int64_t> all_keys = ExpectRoundTrip(*source, *restored, 0, 2999);
+  ASSERT_GT(all_keys.size(), 1u);
   EXPECT_EQ(source->bytes(), source->reserved_bytes());
   EXPECT_EQ(source->row_bytes(), 3 * 8 * 4 + 4);
-  int64_t visited = 0;
-  source->ForEachRow([&](int64_t key, const float* values_and_slots, int64_t t, uint32_t) {
-    ++visited;
-    EXPECT_TRUE(restored->InsertRow(key, values_and_slots, t).ok());
-  });
-  EXPECT_EQ(visited, source->num_rows());
-  EXPECT_EQ(restored->num_rows(), source->num_rows());
-  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
-  std::vector<int64_t> all_keys;
-  for (const auto& [key, row] : Snapshot(*source)) all_keys.push_back(key);
-  const std::vector<float> grads(all_keys.size() * 8, 0.5f);
-  ASSERT_TRUE(Push(*source, all_keys, grads).ok());
-  ASSERT_TRUE(Push(*restored, all_keys, grads).ok());
-  EXPECT_TRUE(Snapshot(*restored) == Snapshot(*source));
   // Counts saturate one below a hashed table's (the array stores 1 + the count).
   std::vector<float> row(24, 3.0f);
   ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), int64_t{1} << 40).ok());

@@ -4,9 +4,11 @@
 // table rows created since (EmbeddingTable::Clear), or the replayed steps would update rows
 // that should start from their initial values. The final model, every table row with its
 // update count and every dense value, must be bit for bit that of the undisturbed run. Every
-// test runs twice: with tables that keep their rows, and with managed tables, which admit a key
-// at its second push and evict rows (a TTL in steps and a capacity per ps task): admissions
-// (the count-min sketch is checkpointed) and evictions must replay exactly too.
+// test runs three times: with tables that keep their rows; with managed tables, which admit a
+// key at its second push and evict rows (a TTL in steps and a capacity per ps task), whose
+// admissions (the count-min sketch is checkpointed) and evictions must replay exactly too; and
+// with vocabulary tables (ids placed by id mod the virtual shards, rows in arrays numbered by
+// id), whose rows must land on the right tasks whatever their number.
 #include <signal.h>
 
 #include <cstring>
@@ -76,31 +78,38 @@ std::string TestDir(const std::string& name) {
   return dir;
 }
 
-// configs/wide_deep_ctr.pbtxt, or with `evicting` a copy whose two tables admit a key at its
-// second push, remove rows not pushed for 8 steps and keep at most 1024 rows per ps task (least
-// recently pushed go first).
-std::string WideDeepConfig(bool evicting) {
+// The kinds of table a test runs with.
+enum class Tables { kKeeping, kManaged, kVocabulary };
+
+// configs/wide_deep_ctr.pbtxt (kKeeping), or a copy whose two tables admit a key at its second
+// push, remove rows not pushed for 8 steps and keep at most 1024 rows per ps task, least
+// recently pushed going first (kManaged), or are vocabularies of the synthetic data's 8 fields
+// of 10,000 ids (kVocabulary).
+std::string WideDeepConfig(Tables tables) {
   const std::string path = RunfilePath("configs/wide_deep_ctr.pbtxt");
-  if (!evicting) return path;
+  if (tables == Tables::kKeeping) return path;
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
-  const std::string eviction =
-      "admission { min_count: 2 } eviction { ttl_steps: 8 max_rows: 1024 }\n";
+  const std::string option =
+      tables == Tables::kManaged
+          ? "admission { min_count: 2 } eviction { ttl_steps: 8 max_rows: 1024 }\n"
+          : "vocabulary_size: 80000\n";
   const std::string config =
-      absl::StrReplaceAll(text.str(), {{"combiner: MEAN\n", "combiner: MEAN\n" + eviction},
-                                       {"combiner: SUM\n", "combiner: SUM\n" + eviction}});
-  EXPECT_EQ(config.size(), text.str().size() + 2 * eviction.size()) << "two tables";
-  const std::string out = absl::StrCat(getenv("TEST_TMPDIR"), "/wide_deep_evicting.pbtxt");
+      absl::StrReplaceAll(text.str(), {{"combiner: MEAN\n", "combiner: MEAN\n" + option},
+                                       {"combiner: SUM\n", "combiner: SUM\n" + option}});
+  EXPECT_EQ(config.size(), text.str().size() + 2 * option.size()) << "two tables";
+  const std::string out =
+      absl::StrCat(getenv("TEST_TMPDIR"), "/wide_deep_", static_cast<int>(tables), ".pbtxt");
   std::ofstream(out) << config;
   return out;
 }
 
 // 2 ps, 2 workers, sync; 12,000 synthetic examples, batches of 50: 120 steps, a checkpoint
 // every 40. The workers pause 30 ms a step, so that a test can act between checkpoints.
-TestClusterOptions WideDeep(const std::string& checkpoint_dir, bool evicting) {
+TestClusterOptions WideDeep(const std::string& checkpoint_dir, Tables tables) {
   TestClusterOptions options;
-  options.flags["chief"] = {"--model_config=" + WideDeepConfig(evicting),
+  options.flags["chief"] = {"--model_config=" + WideDeepConfig(tables),
                             "--data=synthetic_ctr",
                             "--synthetic_examples=12000",
                             "--max_test_examples=1000",
@@ -186,16 +195,16 @@ void ExpectSameModel(const Model& expected, const Model& actual) {
   }
 }
 
-class TableRecoveryTest : public ::testing::TestWithParam<bool> {
+class TableRecoveryTest : public ::testing::TestWithParam<Tables> {
  protected:
-  bool evicting() const { return GetParam(); }
+  bool evicting() const { return GetParam() == Tables::kManaged; }
   std::string Dir(const std::string& name) const {
-    return TestDir(absl::StrCat(name, evicting() ? "-evicting" : ""));
+    return TestDir(absl::StrCat(name, "-", static_cast<int>(GetParam())));
   }
 
   // The undisturbed run: its final model, and the tables' counts while it still runs.
   void RunUndisturbed(const std::string& dir, Model* model, v1::ShardStats* counts) {
-    auto cluster = TestCluster::Start(WideDeep(dir, evicting()));
+    auto cluster = TestCluster::Start(WideDeep(dir, GetParam()));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto chief = ChiefStubOf(**cluster);
     v1::ClusterStatus s = AwaitFinished(*chief);
@@ -208,6 +217,17 @@ class TableRecoveryTest : public ::testing::TestWithParam<bool> {
     *model = ReadModel(Newest(dir));
     ASSERT_EQ(model->step, 120);
     ASSERT_FALSE(model->rows.empty());
+    // The tables are of the kind asked for, as the checkpoint records them.
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(Newest(dir));
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    int tables = 0;
+    for (const v1::SavedShard& saved : manifest->shards()) {
+      if (!saved.is_table()) continue;
+      ++tables;
+      EXPECT_EQ(saved.table().vocabulary_size(), GetParam() == Tables::kVocabulary ? 80000 : 0)
+          << saved.name();
+    }
+    EXPECT_EQ(tables, 4) << "two tables on each of two ps tasks";
     // Admission and eviction happened in the managed run and only there; the final checkpoint
     // holds what the tables held.
     if (evicting()) {
@@ -225,9 +245,12 @@ class TableRecoveryTest : public ::testing::TestWithParam<bool> {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tables, TableRecoveryTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Managed" : "Keeping";
+INSTANTIATE_TEST_SUITE_P(Tables, TableRecoveryTest,
+                         ::testing::Values(Tables::kKeeping, Tables::kManaged, Tables::kVocabulary),
+                         [](const ::testing::TestParamInfo<Tables>& info) {
+                           return info.param == Tables::kKeeping   ? "Keeping"
+                                  : info.param == Tables::kManaged ? "Managed"
+                                                                   : "Vocabulary";
                          });
 
 TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
@@ -238,7 +261,7 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
 
   // The same run with ps:1 killed between the checkpoints of steps 40 and 80.
   const std::string dir = Dir("wide-deep-ps-kill");
-  auto cluster = TestCluster::Start(WideDeep(dir, evicting()));
+  auto cluster = TestCluster::Start(WideDeep(dir, GetParam()));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = ChiefStubOf(**cluster);
   ASSERT_TRUE(AwaitGlobalStep(*chief, 55, absl::Seconds(120))) << (*cluster)->Logs();
@@ -270,7 +293,7 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
 }
 
 // The whole cluster restarted with 3 ps tasks, then with 1, from the final checkpoint of a run
-// with 2: the chief restores it (rows re-hashed to their new owners) and, training being over,
+// with 2: the chief restores it (rows sent to their new owners) and, training being over,
 // checkpoints it again when asked. Every row and dense value survives both moves bit for bit.
 TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
   const std::string dir = Dir("wide-deep-reshard");
@@ -279,7 +302,7 @@ TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
   RunUndisturbed(dir, &original, &counts);
   if (HasFatalFailure()) return;
   for (int num_ps : {3, 1}) {
-    TestClusterOptions options = WideDeep(dir, evicting());
+    TestClusterOptions options = WideDeep(dir, GetParam());
     options.num_ps = num_ps;
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
