@@ -582,24 +582,32 @@ absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPo
 void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) const {
   groups->stripe_of.resize(static_cast<size_t>(n));
   int64_t count[kNumStripes] = {};
-  const auto stripes = [&](auto stripe_of) {
+  // Plain pointers and locals: a store through a uint8_t* may alias anything, so members and
+  // vector internals would otherwise be loaded again for every key.
+  uint8_t* const stripe_of = groups->stripe_of.data();
+  const auto stripes = [&](auto stripe_of_key) {
     for (int64_t i = 0; i < n; ++i) {
-      const int s = stripe_of(keys[i]);
-      groups->stripe_of[i] = static_cast<uint8_t>(s);
+      const int s = stripe_of_key(keys[i]);
+      stripe_of[i] = static_cast<uint8_t>(s);
       ++count[s];
     }
   };
-  if (vocabulary_size_ > 0) {
-    stripes([this](int64_t key) { return StripeOf(key); });
-  } else {
+  if (vocabulary_size_ == 0) {
     stripes(StripeOfKey);
+  } else if (shard_shift_ >= 0) {
+    const uint8_t* const stripe_of_shard = stripe_of_shard_.data();
+    const uint64_t mask = static_cast<uint64_t>(num_virtual_shards_) - 1;
+    stripes([=](int64_t key) { return stripe_of_shard[static_cast<uint64_t>(key) & mask]; });
+  } else {
+    stripes([this](int64_t key) { return StripeOf(key); });
   }
   groups->begin[0] = 0;
   for (int s = 0; s < kNumStripes; ++s) groups->begin[s + 1] = groups->begin[s] + count[s];
   int64_t next[kNumStripes];
   std::copy(groups->begin, groups->begin + kNumStripes, next);
   groups->order.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) groups->order[next[groups->stripe_of[i]]++] = i;
+  int64_t* const order = groups->order.data();
+  for (int64_t i = 0; i < n; ++i) order[next[stripe_of[i]]++] = i;
 }
 
 absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe, int64_t key,
