@@ -1,6 +1,7 @@
 #include "client/parameter_client.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -347,40 +348,56 @@ absl::StatusOr<const v1::TableSpec*> ParameterClient::FindTable(const std::strin
   return absl::NotFoundError(absl::StrCat("unknown table ", table, " (not in the model)"));
 }
 
+namespace {
+
+// Calls place(i, j) for every key i in [0, n): j is i's place in the grouped order, where the
+// keys of task t take places [begin[t], begin[t + 1]) in increasing order of i. With two tasks
+// the cursors stay in registers: the general loop's cursors in memory make each key wait for
+// the store of the one before it to the same task.
+template <typename Place>
+void ForEachPlace(const int32_t* ps_of, const std::vector<int64_t>& begin, int64_t n, Place place) {
+  const size_t num_ps = begin.size() - 1;
+  if (num_ps == 1) {
+    for (int64_t i = 0; i < n; ++i) place(i, i);
+    return;
+  }
+  if (num_ps == 2) {
+    int64_t first = 0, second = begin[1];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t q = ps_of[i];
+      place(i, q != 0 ? second : first);
+      first += 1 - q;
+      second += q;
+    }
+    return;
+  }
+  std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+  for (int64_t i = 0; i < n; ++i) place(i, next[static_cast<size_t>(ps_of[i])]++);
+}
+
+}  // namespace
+
 ParameterClient::KeyRoutes ParameterClient::RouteKeys(const v1::TableSpec& table,
                                                       const int64_t* keys, int64_t n) const {
   const int num_ps = placement_.num_ps();
   KeyRoutes routes;
-  routes.positions.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
   routes.begin.assign(static_cast<size_t>(num_ps) + 1, n);
   routes.begin[0] = 0;
-  int64_t* const positions = routes.positions.get();
-  if (num_ps == 1) {
-    // One ps task owns every virtual shard: no key needs hashing (the ps still checks).
-    std::iota(positions, positions + n, int64_t{0});
-    return routes;
-  }
-  // Two passes: each key's task and the tasks' counts, then the positions into their ranges.
+  // One ps task owns every virtual shard: no key needs hashing (the ps still checks).
+  if (num_ps == 1) return routes;
   const int32_t* owner = placement_.virtual_shard_to_ps().data();
   const int32_t num_virtual_shards = placement_.virtual_shard_to_ps_size();
   const int64_t vocabulary_size = table.vocabulary_size();
-  std::unique_ptr<int32_t[]> ps_of(new int32_t[static_cast<size_t>(n)]);
+  routes.ps_of.reset(new int32_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  int32_t* const ps_of = routes.ps_of.get();
   if (num_ps == 2) {
-    // The usual pair, with both cursors in registers: the general loop's counters and cursors
-    // in memory make each key wait for the store of the one before it to the same task.
+    // A sum, not counters in memory (see ForEachPlace).
     int64_t to_second = 0;
     for (int64_t i = 0; i < n; ++i) {
       ps_of[i] = owner[VirtualShardOfTableKey(keys[i], vocabulary_size, num_virtual_shards)];
       to_second += ps_of[i];
     }
     routes.begin[1] = n - to_second;
-    int64_t first = 0, second = n - to_second;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t q = ps_of[i];
-      positions[q != 0 ? second : first] = i;
-      first += 1 - q;
-      second += q;
-    }
     return routes;
   }
   std::vector<int64_t> counts(static_cast<size_t>(num_ps), 0);
@@ -389,9 +406,14 @@ ParameterClient::KeyRoutes ParameterClient::RouteKeys(const v1::TableSpec& table
     ++counts[static_cast<size_t>(ps_of[i])];
   }
   for (int ps = 0; ps < num_ps; ++ps) routes.begin[ps + 1] = routes.begin[ps] + counts[ps];
-  std::vector<int64_t> next(routes.begin.begin(), routes.begin.end() - 1);
-  for (int64_t i = 0; i < n; ++i) positions[next[static_cast<size_t>(ps_of[i])]++] = i;
   return routes;
+}
+
+void ParameterClient::GroupPositions(int64_t n, KeyRoutes* routes) {
+  routes->positions.reset(new int64_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  int64_t* const positions = routes->positions.get();
+  ForEachPlace(routes->ps_of.get(), routes->begin, n,
+               [positions](int64_t i, int64_t j) { positions[j] = i; });
 }
 
 int64_t ParameterClient::KeysPerPart(int64_t dim) const {
@@ -404,7 +426,8 @@ absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* 
                                        float* out, int64_t step) {
   PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
   const int64_t dim = spec->dim();
-  const KeyRoutes routes = RouteKeys(*spec, keys, n);
+  KeyRoutes routes = RouteKeys(*spec, keys, n);
+  GroupPositions(n, &routes);
   std::vector<int> tasks;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
     if (routes.size(ps) > 0) tasks.push_back(ps);
@@ -435,7 +458,7 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
                                        const float* grads, int64_t step, PushTicket* ticket) {
   PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
   const int64_t dim = spec->dim();
-  const KeyRoutes routes = RouteKeys(*spec, keys, n);
+  KeyRoutes routes = RouteKeys(*spec, keys, n);
   std::vector<int> tasks;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
     if (routes.size(ps) > 0) tasks.push_back(ps);
@@ -446,14 +469,37 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
   PushTicket local;
   if (ticket == nullptr) ticket = &local;
   std::map<int, std::vector<v1::RequestId>>& ids = ticket->ids;
+  bool one_part_each = true;
   for (int ps : tasks) {
     const int64_t parts = (routes.size(ps) + per_part - 1) / per_part;
     while (static_cast<int64_t>(ids[ps].size()) < parts) ids[ps].push_back(NextRequestId());
+    one_part_each = one_part_each && parts == 1;
+  }
+  // Split over several tasks, each in one request: one sequential pass copies every key and
+  // row into its task's part, and each part is sent as it is. (Gathering each part from the
+  // caller's arrays as it is sent reads every line of them once per task, and took the client
+  // some 10 % more CPU per GB; docs/benchmarks.md, session 15.) Larger requests are gathered
+  // part by part as they are sent, with no copy of the whole.
+  std::unique_ptr<int64_t[]> part_keys;
+  std::unique_ptr<float[]> part_rows;
+  const bool split = tasks.size() > 1 && one_part_each;
+  if (split) {
+    part_keys.reset(new int64_t[static_cast<size_t>(n)]);
+    part_rows.reset(new float[static_cast<size_t>(n * dim)]);
+    int64_t* const to_keys = part_keys.get();
+    float* const to_rows = part_rows.get();
+    WithRowLength(dim, [&](auto d) {
+      ForEachPlace(routes.ps_of.get(), routes.begin, n, [&](int64_t i, int64_t j) {
+        to_keys[j] = keys[i];
+        std::memcpy(to_rows + j * d, grads + i * d, static_cast<size_t>(d) * sizeof(float));
+      });
+    });
+  } else if (tasks.size() > 1 || n > per_part) {
+    GroupPositions(n, &routes);  // for the parts gathered as they are sent
   }
   return ForEachPs(
       tasks,
       [&](int ps) -> absl::Status {
-        const int64_t* pos = routes.of(ps);
         const int64_t m = routes.size(ps);
         const std::vector<v1::RequestId>& part_ids = ids.at(ps);
         PushMeta meta;
@@ -462,9 +508,12 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
         meta.worker = options_.worker;
         meta.num_parts = static_cast<int32_t>(part_ids.size());
         v1::PushSparseResponse resp;
-        if (m == n && m <= per_part) {
+        if ((m == n && m <= per_part) || split) {
           meta.request_id = part_ids[0];
-          PS_RETURN_IF_ERROR(transport_->PushSparse(ps, table, keys, n, dim, grads, meta, &resp));
+          const int64_t begin = split ? routes.begin[ps] : 0;
+          PS_RETURN_IF_ERROR(
+              transport_->PushSparse(ps, table, split ? part_keys.get() + begin : keys, m, dim,
+                                     split ? part_rows.get() + begin * dim : grads, meta, &resp));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
           return absl::OkStatus();
         }
@@ -478,8 +527,8 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
               ps,
               [&] {
                 resp.Clear();
-                return transport_->PushSparseGather(ps, table, keys, pos + begin, count, dim, grads,
-                                                    meta, &resp);
+                return transport_->PushSparseGather(ps, table, keys, routes.of(ps) + begin, count,
+                                                    dim, grads, meta, &resp);
               },
               /*push=*/true));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);

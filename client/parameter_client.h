@@ -173,15 +173,18 @@ class ParameterClient {
   // makes a retry safe).
   absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false);
   v1::RequestId NextRequestId();
-  // A request's key positions grouped by owning ps task (PsOfKey): task ps's are
-  // positions[begin[ps], begin[ps + 1]), in increasing order.
+  // A request's keys by owning ps task (PsOfKey): task ps has begin[ps + 1] - begin[ps] of
+  // them; with GroupPositions, their positions in increasing order are
+  // positions[begin[ps], begin[ps + 1]).
   struct KeyRoutes {
+    std::unique_ptr<int32_t[]> ps_of;      // each key's task; null with one task
     std::unique_ptr<int64_t[]> positions;  // not zero-filled: every element is written
     std::vector<int64_t> begin;
     const int64_t* of(int ps) const { return positions.get() + begin[ps]; }
     int64_t size(int ps) const { return begin[ps + 1] - begin[ps]; }
   };
   KeyRoutes RouteKeys(const v1::TableSpec& table, const int64_t* keys, int64_t n) const;
+  static void GroupPositions(int64_t n, KeyRoutes* routes);
 
   const v1::ModelSpec model_;
   const v1::Placement placement_;
