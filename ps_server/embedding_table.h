@@ -69,9 +69,9 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // A vocabulary table (spec.vocabulary_size() > 0, model.proto) takes only keys in
 // [0, vocabulary_size): a key's virtual shard is the key mod num_virtual_shards
 // (VirtualShardOfTableKey), and the task reserves, when the table is created, one array of rows
-// numbered by key (place of the key's shard among the owned ones, times
-// ceil(vocabulary_size / num_virtual_shards), plus key / num_virtual_shards) and an update count
-// per row (0 until the row is created). A push or pull computes a key's row instead of looking
+// numbered by key (the first row of the key's shard, whose ceil(vocabulary_size /
+// num_virtual_shards) rows lie together, plus key / num_virtual_shards) and an update count per
+// row (0 until the row is created). A push or pull computes a key's row instead of looking
 // it up, so each key costs one random row, not an index entry and a row. Everything else is as
 // for a hashed table: rows created on first touch with the same initial values, the same updates
 // bit for bit, the same checkpoints (ForEachRow, InsertRow). A key outside the range is refused
@@ -366,7 +366,8 @@ class EmbeddingTable {
   absl::Status CreateVocabularyRowLocked(Stripe* stripe, int64_t key, int64_t row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
-  // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned.
+  // OK, or FAILED_PRECONDITION naming the first key of keys[0..n) that is not owned
+  // (INVALID_ARGUMENT if that key is outside a vocabulary table's range).
   absl::Status CheckOwned(const int64_t* keys, int64_t n, ThreadPool* pool) const;
   absl::Status NotOwnedError(int64_t key) const;
 
