@@ -773,13 +773,21 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
 
 void EmbeddingTable::ForEachStripe(int64_t n, ThreadPool* pool,
                                    const std::function<void(int stripe)>& fn) {
+  // Each request starts at another stripe, so that requests under way at once (one per client
+  // connection) work on different stripes, instead of going through them in step and queueing
+  // for the same lock at every one.
+  const uint32_t first =
+      next_first_stripe_.fetch_add(kFirstStripeStride, std::memory_order_relaxed) % kNumStripes;
+  const auto stripe = [first](int64_t i) {
+    return static_cast<int>((first + static_cast<uint32_t>(i)) % kNumStripes);
+  };
   if (pool == nullptr || pool->num_threads() == 0 || n < kMinParallelKeys) {
-    for (int s = 0; s < kNumStripes; ++s) fn(s);
+    for (int i = 0; i < kNumStripes; ++i) fn(stripe(i));
     return;
   }
   // Stripes taken one at a time by whichever thread is free: on a busy machine a pool thread
   // may not run for a while, and fixed halves would leave the caller waiting for it.
-  pool->ForEachIndex(kNumStripes, [&fn](int64_t s) { fn(static_cast<int>(s)); });
+  pool->ForEachIndex(kNumStripes, [&](int64_t i) { fn(stripe(i)); });
 }
 
 absl::Status EmbeddingTable::FirstError(const absl::Status (&status)[kNumStripes]) {
@@ -963,7 +971,13 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     const int64_t batch = std::min(kUpdateBatch, num_distinct - begin);
     for (int64_t r = 0; r < batch; ++r) {
       const int64_t i = begin + r;
-      if (i + kUpdateBatch < num_distinct) PrefetchFloats(distinct_grads[i + kUpdateBatch], dim_);
+      if (i + kUpdateAhead < num_distinct) {
+        PrefetchFloats(distinct_grads[i + kUpdateAhead], dim_);
+        const int64_t ahead = distinct_rows[i + kUpdateAhead];
+        PrefetchFloats(
+            kVocabulary ? VocabularyValues(ahead) : stripe->arena.Row(static_cast<uint32_t>(ahead)),
+            stride_);
+      }
       const int64_t row = distinct_rows[i];
       updates[r] = {
           kVocabulary ? VocabularyValues(row) : stripe->arena.Row(static_cast<uint32_t>(row)),
@@ -1189,27 +1203,28 @@ void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
 }
 
 void EmbeddingTable::CountHotKeyLocked(int64_t key, int64_t weight) {
-  auto it = hot_counts_.find(key);
-  if (it != hot_counts_.end()) {
-    it->second += weight;
-    return;
-  }
-  if (hot_counts_.size() < static_cast<size_t>(kHotKeyCounters)) {
-    hot_counts_.emplace(key, weight);
-    return;
-  }
-  // Space-Saving: the new key replaces the smallest counter and inherits its count, so a
-  // count over-estimates by at most that inherited amount.
-  auto min_it = hot_counts_.begin();
-  for (auto candidate = hot_counts_.begin(); candidate != hot_counts_.end(); ++candidate) {
-    if (candidate->second < min_it->second ||
-        (candidate->second == min_it->second && candidate->first < min_it->first)) {
-      min_it = candidate;
+  for (int i = 0; i < hot_size_; ++i) {
+    if (hot_keys_[i] == key) {
+      hot_counts_[i] += weight;
+      return;
     }
   }
-  const int64_t inherited = min_it->second;
-  hot_counts_.erase(min_it);
-  hot_counts_.emplace(key, inherited + weight);
+  if (hot_size_ < kHotKeyCounters) {
+    hot_keys_[hot_size_] = key;
+    hot_counts_[hot_size_++] = weight;
+    return;
+  }
+  // Space-Saving: the new key replaces the smallest counter (the smallest key among equal
+  // ones) and inherits its count, so a count over-estimates by at most that inherited amount.
+  int min = 0;
+  for (int i = 1; i < kHotKeyCounters; ++i) {
+    if (hot_counts_[i] < hot_counts_[min] ||
+        (hot_counts_[i] == hot_counts_[min] && hot_keys_[i] < hot_keys_[min])) {
+      min = i;
+    }
+  }
+  hot_keys_[min] = key;
+  hot_counts_[min] += weight;
 }
 
 std::vector<v1::HotKey> EmbeddingTable::HotKeys(int k) const {
@@ -1217,7 +1232,7 @@ std::vector<v1::HotKey> EmbeddingTable::HotKeys(int k) const {
   std::vector<std::pair<int64_t, int64_t>> counts;  // (key, count)
   {
     absl::MutexLock lock(&hot_mu_);
-    counts.assign(hot_counts_.begin(), hot_counts_.end());
+    for (int i = 0; i < hot_size_; ++i) counts.emplace_back(hot_keys_[i], hot_counts_[i]);
   }
   std::sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -323,10 +322,16 @@ class EmbeddingTable {
   static_assert(kRowRing > kRowLag, "the ring holds the rows in flight");
   // ApplyStripe updates the rows it has found this many at a time (Optimizer::ApplyRows).
   static constexpr int64_t kUpdateBatch = 16;
+  // ApplyPlainStripe's update pass prefetches the gradient and the row of the distinct key this
+  // many on: the first pass prefetched the rows, but a stripe's rows no longer all fit in L1 by
+  // the time they are updated, and it never loads the gradients.
+  static constexpr int64_t kUpdateAhead = 48;
 
   // Calls fn(s) for every stripe s, on `pool` too when it has threads and n (the request's
-  // keys) is at least kMinParallelKeys. Each call may run on any thread.
-  static void ForEachStripe(int64_t n, ThreadPool* pool, const std::function<void(int)>& fn);
+  // keys) is at least kMinParallelKeys. Each call may run on any thread. Successive calls
+  // start kFirstStripeStride stripes apart (odd, so every stripe comes first in turn).
+  void ForEachStripe(int64_t n, ThreadPool* pool, const std::function<void(int)>& fn);
+  static constexpr uint32_t kFirstStripeStride = 41;
   static absl::Status FirstError(const absl::Status (&status)[kNumStripes]);
 
   // Pull's work on one stripe: the keys keys[order[0..count)], rows to out[order[i] * dim].
@@ -441,6 +446,9 @@ class EmbeddingTable {
   const bool lfu_;
 
   std::atomic<uint32_t> step_clock_{0};
+  // Where the next ForEachStripe starts: at this mod kNumStripes (it grows by
+  // kFirstStripeStride a call; 2^32 is a multiple of kNumStripes, so wrapping keeps the turn).
+  std::atomic<uint32_t> next_first_stripe_{0};
   std::atomic<int64_t> admitted_{0}, evicted_{0}, expired_{0}, unadmitted_{0};
 
   std::unique_ptr<Stripe[]> stripes_;
@@ -465,8 +473,12 @@ class EmbeddingTable {
 
   // The hot-key sketch has its own small lock, taken once per push, never with a stripe lock.
   mutable absl::Mutex hot_mu_;
-  // Space-Saving counters: key -> estimated count; at most kHotKeyCounters entries.
-  absl::flat_hash_map<int64_t, int64_t> hot_counts_ ABSL_GUARDED_BY(hot_mu_);
+  // Space-Saving counters: hot_keys_[i] has the estimated count hot_counts_[i], for i <
+  // hot_size_. Plain arrays, which every sample of every push scans: 64 keys side by side
+  // cost less to scan than a hash map's probe and its slots (and nothing to allocate).
+  int64_t hot_keys_[kHotKeyCounters] ABSL_GUARDED_BY(hot_mu_) = {};
+  int64_t hot_counts_[kHotKeyCounters] ABSL_GUARDED_BY(hot_mu_) = {};
+  int hot_size_ ABSL_GUARDED_BY(hot_mu_) = 0;
   // Number of pushes sampled; varies the sampling offset from push to push.
   uint64_t hot_pushes_ ABSL_GUARDED_BY(hot_mu_) = 0;
 };
