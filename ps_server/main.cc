@@ -25,7 +25,8 @@ DEFINE_int32(data_port, 0,
              "GetStatus).");
 DEFINE_int32(apply_threads, -1,
              "Threads that apply large dense updates in parallel blocks, beside the calling "
-             "one (-1: one per core beyond the first, at most 7).");
+             "one, and large sparse requests while the requests under way leave cores free "
+             "(-1: one per core beyond the first, at most 7).");
 DEFINE_int64(memory_budget_mb, -1,
              "Memory this ps task may give to dense shards (values and optimizer slots), in "
              "MiB; shards beyond it are refused (-1: 90% of the machine's memory, 0: no limit).");

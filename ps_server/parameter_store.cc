@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -246,6 +247,9 @@ void DensePushPool::Return(std::unique_ptr<DensePush> push) {
 ParameterStore::ParameterStore(const ParameterStoreOptions& options)
     : options_(options),
       apply_pool_(options.apply_threads),
+      cores_(options.cores > 0
+                 ? options.cores
+                 : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       ledger_(options.push_ids_per_client, options.max_push_clients) {}
 
 absl::Status ParameterStore::Fence(int64_t epoch, const char* what) {
@@ -675,6 +679,20 @@ absl::StatusOr<int64_t> ParameterStore::TableDim(const std::string& table) const
   return t.table->dim();
 }
 
+ParameterStore::SparseWork::SparseWork(ParameterStore* store) : store_(store), pool_(nullptr) {
+  const int under_way = store->sparse_in_flight_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (under_way + store->apply_pool_.num_threads() > store->cores_) {
+    store->crowded_until_nanos_.store(now + kCrowdedNanos, std::memory_order_relaxed);
+  } else if (now >= store->crowded_until_nanos_.load(std::memory_order_relaxed)) {
+    pool_ = &store->apply_pool_;
+  }
+}
+
+ParameterStore::SparseWork::~SparseWork() {
+  store_->sparse_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, const int64_t* keys,
                                         int64_t n, std::vector<float>* rows) {
   PS_ASSIGN_OR_RETURN(Table t, FindTable(request.table()));
@@ -689,7 +707,8 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   rows->resize(n * dim);
   // Sync: a TTL is judged at the step the pull is for (EmbeddingTable::Pull).
   const int64_t ttl_step = t.accumulator != nullptr && request.has_step() ? request.step() : -1;
-  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), &apply_pool_, ttl_step));
+  const SparseWork work(this);
+  PS_RETURN_IF_ERROR(t.table->Pull(keys, n, rows->data(), work.pool(), ttl_step));
   Touch(*t.counters, /*push=*/false, n * dim * elem_bytes);
   return absl::OkStatus();
 }
@@ -716,7 +735,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     PS_RETURN_IF_ERROR(DecodeFloats(gradient_bytes, wire, decoded.data(), n * dim));
     grads = decoded.data();
   }
-  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, &apply_pool_));
+  const SparseWork work(this);
+  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, work.pool()));
   // A table with a capacity evicts rather than refuse.
   if (!t.table->has_capacity()) PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
   PushOutcome outcome;
@@ -739,7 +759,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       ApplyTimer timer(apply_totals_ + 2, 1);
       // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
       t.table->ObserveStep(request.step());
-      applied = t.table->ApplyPush(keys, n, grads, &apply_pool_);
+      applied = t.table->ApplyPush(keys, n, grads, work.pool());
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),

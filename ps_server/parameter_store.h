@@ -40,8 +40,11 @@ struct ParameterStoreOptions {
   // --memory_budget_mb, by default 90% of the machine's memory).
   int64_t memory_budget_bytes = 0;
   // Threads that apply large dense updates in parallel blocks, beside the calling thread
-  // (0: the calling thread does all).
+  // (0: the calling thread does all), and large sparse requests while few run at once.
   int apply_threads = 0;
+  // The cores the store may keep busy (0: std::thread::hardware_concurrency()): sparse
+  // requests use the apply threads only while those and the requests under way fit in them.
+  int cores = 0;
   // Largest sparse request: keys per pull or push, and bytes of rows pulled or gradients pushed.
   // Larger requests are refused before anything changes; clients split theirs.
   int64_t max_sparse_keys = 8 << 20;
@@ -260,9 +263,37 @@ class ParameterStore {
   absl::Status CheckSparseSize(const std::string& table, const char* what, int64_t n,
                                int64_t dim) const;
 
+  // Counts a sparse pull or push for as long as it lives, and chooses the threads that carry it
+  // out: the apply pool beside the calling thread, unless the sparse requests under way and
+  // the pool's threads together would outnumber the cores (options_.cores), or did so within
+  // the last kCrowdedNanos; then the calling thread alone. Requests that overlap (several
+  // clients) keep the cores busy already: splitting each over the pool as well only adds
+  // hand-offs between threads and moves its keys, gradients and rows from one core's cache to
+  // another's. The window covers the time a request spends arriving, which the count does not
+  // see. Either way the result is the same (EmbeddingTable: the pool does not change it).
+  class SparseWork {
+   public:
+    explicit SparseWork(ParameterStore* store);
+    ~SparseWork();
+    SparseWork(const SparseWork&) = delete;
+    SparseWork& operator=(const SparseWork&) = delete;
+    ThreadPool* pool() const { return pool_; }
+
+   private:
+    ParameterStore* const store_;
+    ThreadPool* pool_;
+  };
+
   const ParameterStoreOptions options_;
-  // Applies large dense updates in parallel (options_.apply_threads).
+  // Applies large dense updates in parallel (options_.apply_threads), and large sparse
+  // requests that run alone (SparseWork).
   ThreadPool apply_pool_;
+  // Sparse pulls and pushes under way, and until when (absl::GetCurrentTimeNanos) they run on
+  // the calling thread alone (SparseWork).
+  static constexpr int64_t kCrowdedNanos = 100'000'000;
+  const int cores_;
+  std::atomic<int> sparse_in_flight_{0};
+  std::atomic<int64_t> crowded_until_nanos_{0};
   // apply_totals(): dense then sparse, count then nanoseconds.
   mutable std::atomic<int64_t> apply_totals_[4] = {};
   PushLedger ledger_;
