@@ -152,7 +152,8 @@ free_port() {
 }
 
 echo "==> machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); CPU busy before the run: $(cpu_busy_percent)%"
-# Prints the median of three 3-second iperf3 runs over 127.0.0.1, in GB/s (the runs on stderr).
+# Sets measured_gbps to the median of three 3-second iperf3 runs over 127.0.0.1, in GB/s (the
+# runs on stderr). Not called in a subshell, so that cleanup sees the iperf3 server's pid.
 measure_loopback() {
   local port listen_entry i
   port=$(free_port)
@@ -168,7 +169,7 @@ measure_loopback() {
   kill "$iperf_pid" 2>/dev/null || true
   wait "$iperf_pid" 2>/dev/null || true
   iperf_pid=""
-  if ! python3 -c '
+  if ! measured_gbps=$(python3 -c '
 import json, sys
 rates = []
 for path in sys.argv[1:]:
@@ -178,14 +179,15 @@ for path in sys.argv[1:]:
     rates.append(r["end"]["sum_received"]["bits_per_second"] / 8e9)
 print("    runs (GB/s): " + " ".join("%.3f" % x for x in rates), file=sys.stderr)
 print("%.3f" % sorted(rates)[len(rates) // 2])
-' "$work"/iperf3-{1,2,3}.json; then
+' "$work"/iperf3-{1,2,3}.json); then
     echo "ps.sh: iperf3 did not measure; see $work/iperf3-*.json" >&2
     return 1
   fi
 }
 
 echo "==> loopback TCP bandwidth: iperf3, 1 stream, 3 x 3 s, 127.0.0.1"
-loopback_gbps=$(measure_loopback)
+measure_loopback || exit 1
+loopback_gbps=$measured_gbps
 echo "    median $loopback_gbps GB/s"
 
 echo "==> loopback TCP round trip of 4 bytes (ps_bench --loopback_rtt_only)"
@@ -277,7 +279,8 @@ for config in $configs; do
   # and such load only ever slows it: each configuration measures it again, with its daemons
   # idle, and its ratios use the higher of that and the run's first figure, the figure nearer
   # the machine's capacity (so a slow first measure cannot inflate them).
-  config_gbps=$(measure_loopback)
+  measure_loopback || exit 1
+  config_gbps=$measured_gbps
   baseline_gbps=$(python3 -c 'import sys; print("%.3f" % max(map(float, sys.argv[1:])))' \
     "$loopback_gbps" "$config_gbps")
   echo "    $tag: iperf3 $config_gbps GB/s now; the baseline for its ratios: $baseline_gbps GB/s"
