@@ -267,7 +267,13 @@ void Coordinator::RecoverRestartedPs(const std::vector<int>& restarted) {
   LOG(WARNING) << "recovery of " << absl::StrJoin(names, ", ") << ": " << r.summary << " (took "
                << absl::FormatDuration(clock_->Now() - start) << ")";
   ResumeWorkers();
-  SetPhase(ServingPhase(), "");
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = progress_.finished();
+  }
+  // A ps task restored after training ended serves the final model again: still FINISHED.
+  SetPhase(finished ? v1::FINISHED : ServingPhase(), "");
 }
 
 void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
@@ -549,9 +555,11 @@ void Coordinator::EvaluationLoop() {
       continue;
     }
     // The trained model is saved before anyone is told training is over.
+    MaybeCrash(options_.crash_points, kCrashTrainingEnded);
     if (checkpoints_ != nullptr) {
       absl::StatusOr<v1::CheckpointResponse> c = TakeCheckpoint("training finished");
       if (!c.ok()) LOG(WARNING) << "final checkpoint failed: " << c.status();
+      MaybeCrash(options_.crash_points, kCrashFinalCheckpointDone);
     }
     bool evaluated = false;
     if (has_evaluator_) {
@@ -672,6 +680,9 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
   PS_ASSIGN_OR_RETURN(bool known,
                       registry_.Heartbeat(req.task(), req.incarnation(), req.step(), req.detail()));
   resp->set_reregister(!known);
+  if (known && req.finished() && req.task().job() == kWorkerJob) {
+    NoteWorkerFinished(req.task().index(), req.finished_step());
+  }
   if (known) {
     absl::MutexLock lock(&mu_);
     if (telling_tasks_to_stop_) {
@@ -680,6 +691,29 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
     }
   }
   return absl::OkStatus();
+}
+
+void Coordinator::NoteWorkerFinished(int worker, int64_t step) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!model_ready_) return;  // the next heartbeat says it again
+    auto it = workers_.find(worker);
+    if (it != workers_.end() && it->second.finished) return;
+  }
+  v1::ReportStepRequest report;
+  report.set_worker(worker);
+  report.set_step(step);
+  report.set_finished(true);
+  v1::ReportStepResponse ignored;
+  absl::Status s = ReportStep(report, &ignored);
+  absl::MutexLock lock(&mu_);
+  if (s.ok()) {
+    LOG(INFO) << "worker:" << worker << " had finished training after " << step
+              << " steps before this chief started (its heartbeat says so)";
+  } else if (refused_finish_.insert(worker).second) {
+    LOG(WARNING) << "worker:" << worker << " says it finished training after " << step
+                 << " steps; not counted: " << s;
+  }
 }
 
 bool Coordinator::AllTasksToldToStop(std::vector<std::string>* waiting) const {

@@ -237,6 +237,9 @@ class Coordinator {
   v1::ChiefPhase ServingPhase() const;
   // Records that worker `w` may now have done `steps` steps (a token was granted).
   void NoteGranted(int w, int64_t steps);
+  // A worker's heartbeat says it finished after `step` steps, and its final report went to a
+  // chief before this one: counted as that report (ReportStep) once the model is ready.
+  void NoteWorkerFinished(int worker, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // exit_after_training: has every task but the chief heard `stop`, or gone? Lists the others.
   bool AllTasksToldToStop(std::vector<std::string>* waiting) const;
   // exit_after_training, after FINISHED: tells every task to stop, waits (exit_grace at most),
@@ -270,6 +273,8 @@ class Coordinator {
   bool telling_tasks_to_stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> told_to_stop_ ABSL_GUARDED_BY(mu_);
+  // Workers whose finish (NoteWorkerFinished) was refused, each logged once.
+  absl::flat_hash_set<int> refused_finish_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

@@ -26,6 +26,8 @@ constexpr const char* kKnownPoints[] = {
     kCrashRecoveryRestoreMidway,
     kCrashRecoveryRestored,
     kCrashPsCreateShards,
+    kCrashTrainingEnded,
+    kCrashFinalCheckpointDone,
 };
 
 }  // namespace

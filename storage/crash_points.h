@@ -46,6 +46,11 @@ inline constexpr char kCrashRecoveryRestored[] = "recovery_restored";
 // A ps task: a CreateShards request has arrived, nothing is created (a ps task that dies again
 // while the chief recovers it).
 inline constexpr char kCrashPsCreateShards[] = "ps_create_shards";
+// The chief at the end of training: every worker has finished, the final checkpoint is not
+// taken yet.
+inline constexpr char kCrashTrainingEnded[] = "training_ended";
+// The final checkpoint committed, training not yet marked finished (the final evaluation to come).
+inline constexpr char kCrashFinalCheckpointDone[] = "final_checkpoint_done";
 
 // One armed point. Thread-safe.
 class CrashPoints {

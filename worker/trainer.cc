@@ -321,7 +321,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   PS_RETURN_IF_ERROR(drained);
   LOG(INFO) << "worker:" << options_.worker << " finished training after " << steps_.load()
             << " steps (next step " << policy->steps_done() << ")";
-  return report(/*finished=*/true);
+  const int64_t final_step = policy->steps_done();
+  PS_RETURN_IF_ERROR(report(/*finished=*/true));
+  finished_step_ = final_step;
+  return absl::OkStatus();
 }
 
 }  // namespace pscluster

@@ -61,6 +61,9 @@ class Trainer {
   absl::Status Run(const std::function<bool()>& stop);
 
   int64_t steps() const { return steps_.load(); }
+  // The step of the final report (the steps this worker did) once Run has told the chief it
+  // finished; -1 before.
+  int64_t finished_step() const { return finished_step_.load(); }
   int32_t epoch() const { return epoch_.load(); }
   int max_staleness() const { return max_staleness_.load(); }
 
@@ -78,6 +81,7 @@ class Trainer {
   StepSource* const source_;            // Not owned.
   const TrainerOptions options_;
   std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> finished_step_{-1};
   std::atomic<int32_t> epoch_{0};
   std::atomic<int> max_staleness_{0};
 };

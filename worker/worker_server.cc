@@ -122,6 +122,11 @@ absl::Status WorkerServer::Start() {
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {this}, [this](v1::HeartbeatRequest* r) {
                         r->set_step(steps_.load());
                         r->set_detail(Detail());
+                        // The final report, for a chief that started after it.
+                        if (finished_.load()) {
+                          r->set_finished(true);
+                          r->set_finished_step(finished_step_.load());
+                        }
                       }));
   train_thread_ = std::thread([this] { TrainLoop(); });
   return absl::OkStatus();
@@ -215,6 +220,7 @@ absl::Status WorkerServer::TrainOnce() {
     return task_->stop_requested();
   });
   max_staleness_ = trainer.max_staleness();
+  finished_step_ = trainer.finished_step();
   return s;
 }
 

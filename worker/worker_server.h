@@ -69,6 +69,7 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   void TrainLoop();
   // For GetStatus and heartbeats: training or finished, devices, staleness.
   std::string Detail() const;
+  // Trains once from the chief's model; sets finished_step_ when the chief took the final report.
   absl::Status TrainOnce();
 
   const WorkerOptions options_;
@@ -80,6 +81,8 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   std::atomic<int64_t> steps_{0};
   std::atomic<int> max_staleness_{0};
   std::atomic<bool> finished_{false};
+  // Once finished: the step of the final report (HeartbeatRequest.finished_step).
+  std::atomic<int64_t> finished_step_{-1};
 };
 
 // Parses --device: "cpu" (an empty list) or "gpu:N[,gpu:M...]" (the GPU ordinals, distinct).
