@@ -349,6 +349,16 @@ absl::StatusOr<std::vector<uint16_t>> CheckpointReader::ReadTableSketch(
 absl::Status CheckpointReader::ReadTable(
     const v1::SavedShard& saved,
     const std::function<void(int64_t key, const float* row, int64_t t)>& fn, int64_t stride) {
+  return ReadTableRows(
+      saved,
+      [&fn](int64_t key, const float* row, int64_t t, int64_t /*stride*/) { fn(key, row, t); },
+      stride);
+}
+
+absl::Status CheckpointReader::ReadTableRows(
+    const v1::SavedShard& saved,
+    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
+    int64_t stride) {
   TablePartDecoder decoder(path_, saved);
   const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
@@ -369,8 +379,7 @@ absl::Status CheckpointReader::ReadTable(
                      decoder.stride(), " floats (values and optimizer slots), expected ", stride,
                      "; was it saved with another dim or optimizer?"));
   }
-  return decoder.Finish(
-      [&fn](int64_t key, const float* row, int64_t t, int64_t /*stride*/) { fn(key, row, t); });
+  return decoder.Finish(fn);
 }
 
 namespace {

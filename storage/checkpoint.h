@@ -141,6 +141,11 @@ class CheckpointReader {
   absl::Status ReadTable(const v1::SavedShard& saved,
                          const std::function<void(int64_t key, const float* row, int64_t t)>& fn,
                          int64_t stride = -1);
+  // As ReadTable, with each row's length in floats (its values and optimizer slots) given to fn.
+  absl::Status ReadTableRows(
+      const v1::SavedShard& saved,
+      const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
+      int64_t stride = -1);
   // The admission sketch of a table part: empty if none was saved (sketch_counters 0); DATA_LOSS
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.

@@ -87,6 +87,19 @@ std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster) {
   return v1::Coordinator::NewStub(NewGrpcChannel(cluster.chief_address(), channel));
 }
 
+v1::ClusterStatus AwaitStatus(v1::Coordinator::StubInterface& chief,
+                              const std::function<bool(const v1::ClusterStatus&)>& done,
+                              absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::ClusterStatus status;
+  do {
+    status = ClusterStatusOf(chief);
+    if (done(status)) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < deadline);
+  return status;
+}
+
 bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (ClusterStatusOf(chief).global_step() < step) {

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_TESTING_TEST_CLUSTER_H_
 #define PSCLUSTER_TESTING_TEST_CLUSTER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -126,6 +127,12 @@ v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief);
 
 // A Coordinator stub for the cluster's chief (loopback; TLS as client_tls()).
 std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster);
+
+// Polls the chief's status until `done(status)` or `timeout`; returns the last status, which a
+// test checks (the predicate's condition is false in it after a timeout).
+v1::ClusterStatus AwaitStatus(v1::Coordinator::StubInterface& chief,
+                              const std::function<bool(const v1::ClusterStatus&)>& done,
+                              absl::Duration timeout = absl::Seconds(60));
 
 // Waits until the chief reports a global step of at least `step`; false after `timeout`.
 bool AwaitGlobalStep(v1::Coordinator::StubInterface& chief, int64_t step,

@@ -29,6 +29,7 @@
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "storage/checkpoint.h"
+#include "testing/model_snapshot.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
@@ -36,40 +37,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A checkpoint's contents: dense shards by "name/partition", table rows by (table, key).
-struct Model {
-  int64_t step = 0;
-  std::map<std::string, std::vector<float>> dense;
-  std::map<std::tuple<std::string, int64_t>, std::vector<float>> rows;
-  std::map<std::tuple<std::string, int64_t>, int64_t> counts;
-};
-
-Model ReadModel(const std::string& checkpoint) {
-  Model m;
-  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(checkpoint);
-  EXPECT_TRUE(manifest.ok()) << manifest.status();
-  if (!manifest.ok()) return m;
-  m.step = manifest->step();
-  for (const v1::SavedShard& saved : manifest->shards()) {
-    auto reader = CheckpointReader::Open(checkpoint + "/" + saved.file());
-    EXPECT_TRUE(reader.ok()) << reader.status();
-    if (!reader.ok()) continue;
-    if (!saved.is_table()) {
-      absl::StatusOr<DenseRecord> r = (*reader)->ReadDense(saved);
-      EXPECT_TRUE(r.ok()) << r.status();
-      if (r.ok()) m.dense[absl::StrCat(saved.name(), "/", saved.partition())] = r->values_and_slots;
-      continue;
-    }
-    // values and one slot (Adagrad: accumulator; FTRL: two slots) per row.
-    const int64_t slots = saved.table().optimizer().has_ftrl() ? 2 : 1;
-    const int64_t floats = (1 + slots) * saved.table().dim();
-    absl::Status s = (*reader)->ReadTable(saved, [&](int64_t key, const float* row, int64_t t) {
-      m.rows[{saved.name(), key}] = std::vector<float>(row, row + floats);
-      m.counts[{saved.name(), key}] = t;
-    });
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return m;
+// The model of a committed checkpoint; a failure if it cannot be read.
+ModelSnapshot ReadModel(const std::string& checkpoint) {
+  absl::StatusOr<ModelSnapshot> m = ReadModelSnapshot(checkpoint);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : ModelSnapshot();
 }
 
 std::string TestDir(const std::string& name) {
@@ -166,33 +138,11 @@ v1::ShardStats TableCounts(const TestCluster& cluster, int num_ps) {
   return sum;
 }
 
-// Compares two models: every table row of `expected` must be in `actual` with the same values,
-// slots and update count, and every dense value bit for bit. `actual` may hold more rows only
-// if none was ever updated (created by an evaluation's pulls, which create rows of tables
-// without eviction).
-void ExpectSameModel(const Model& expected, const Model& actual) {
-  int64_t differing_rows = 0;
-  for (const auto& [key, row] : expected.rows) {
-    auto it = actual.rows.find(key);
-    if (it == actual.rows.end() ||
-        std::memcmp(it->second.data(), row.data(), row.size() * sizeof(float)) != 0 ||
-        actual.counts.at(key) != expected.counts.at(key)) {
-      ++differing_rows;
-    }
-  }
-  EXPECT_EQ(differing_rows, 0) << "of " << expected.rows.size() << " rows";
-  int64_t extra_updated = 0;
-  for (const auto& [key, count] : actual.counts) {
-    if (expected.rows.count(key) == 0 && count != 0) ++extra_updated;
-  }
-  EXPECT_EQ(extra_updated, 0) << "rows updated in one model and absent from the other";
-  ASSERT_EQ(actual.dense.size(), expected.dense.size());
-  for (const auto& [name, values] : expected.dense) {
-    ASSERT_EQ(actual.dense.count(name), 1u) << name;
-    EXPECT_EQ(
-        std::memcmp(actual.dense.at(name).data(), values.data(), values.size() * sizeof(float)), 0)
-        << name;
-  }
+// Every table row of `expected` in `actual` with the same values, slots and update count, and
+// every dense value bit for bit (testing/model_snapshot.h).
+void ExpectSameModel(const ModelSnapshot& expected, const ModelSnapshot& actual) {
+  absl::Status same = CompareModels(expected, actual);
+  EXPECT_TRUE(same.ok()) << same.message();
 }
 
 class TableRecoveryTest : public ::testing::TestWithParam<Tables> {
@@ -203,7 +153,7 @@ class TableRecoveryTest : public ::testing::TestWithParam<Tables> {
   }
 
   // The undisturbed run: its final model, and the tables' counts while it still runs.
-  void RunUndisturbed(const std::string& dir, Model* model, v1::ShardStats* counts) {
+  void RunUndisturbed(const std::string& dir, ModelSnapshot* model, v1::ShardStats* counts) {
     auto cluster = TestCluster::Start(WideDeep(dir, GetParam()));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto chief = ChiefStubOf(**cluster);
@@ -254,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(Tables, TableRecoveryTest,
                          });
 
 TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel) {
-  Model undisturbed;
+  ModelSnapshot undisturbed;
   v1::ShardStats counts;
   RunUndisturbed(Dir("wide-deep-undisturbed"), &undisturbed, &counts);
   if (HasFatalFailure()) return;
@@ -275,7 +225,7 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
 
   // The checkpoint restored from holds fewer rows than the end: rows were created after it,
   // on both ps tasks, and the surviving one had to drop its own.
-  Model at40;
+  ModelSnapshot at40;
   absl::StatusOr<std::vector<std::string>> committed = ListCheckpoints(dir);
   ASSERT_TRUE(committed.ok()) << committed.status();
   for (const std::string& path : *committed) {
@@ -287,7 +237,7 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
     EXPECT_LT(at40.rows.size(), undisturbed.rows.size());
   }
 
-  const Model disturbed = ReadModel(Newest(dir));
+  const ModelSnapshot disturbed = ReadModel(Newest(dir));
   ASSERT_EQ(disturbed.step, 120);
   ExpectSameModel(undisturbed, disturbed);
 }
@@ -297,7 +247,7 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
 // checkpoints it again when asked. Every row and dense value survives both moves bit for bit.
 TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
   const std::string dir = Dir("wide-deep-reshard");
-  Model original;
+  ModelSnapshot original;
   v1::ShardStats counts;
   RunUndisturbed(dir, &original, &counts);
   if (HasFatalFailure()) return;
@@ -336,7 +286,7 @@ TEST_P(TableRecoveryTest, TablesAreRestoredIntoMoreAndFewerPsTasks) {
         }
       }
     }
-    const Model restored = ReadModel(newest);
+    const ModelSnapshot restored = ReadModel(newest);
     EXPECT_EQ(restored.step, original.step);
     ExpectSameModel(original, restored);
     EXPECT_GE(TableCounts(**cluster, num_ps).rows(), static_cast<int64_t>(original.rows.size()));
