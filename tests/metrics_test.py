@@ -19,7 +19,6 @@ usage: metrics_test.py BIN_DIR CONFIG_DIR WORK_DIR DASHBOARD_JSON
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,10 +26,30 @@ import urllib.parse
 import urllib.request
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listening_port(process, timeout=30):
+    """The TCP port `process` listens on, read from /proc once it has bound it (it was told
+    to bind port 0: no port is picked here and bound later by another process)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited {process.returncode} before listening")
+        inodes = set()
+        fd_dir = f"/proc/{process.pid}/fd"
+        for fd in os.listdir(fd_dir):
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN; field 9 the inode.
+                if fields[3] == "0A" and fields[9] in inodes:
+                    return int(fields[1].split(":")[1], 16)
+        time.sleep(0.05)
+    raise RuntimeError(f"{process.args[0]} listens on no TCP port after {timeout} s")
 
 
 def wait_for_file(path, process, timeout=30):
@@ -111,7 +130,6 @@ def main():
               "--step_delay_ms=8")
         targets = {n: wait_for_file(f"{work}/{n}.metrics_port", p) for n, p in procs.items()}
 
-        prom_port = free_port()
         config = os.path.join(work, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
@@ -121,9 +139,9 @@ def main():
         prom_log = open(os.path.join(work, "prometheus.log"), "w")
         procs["prometheus"] = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={work}/tsdb",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
+             "--web.listen-address=127.0.0.1:0"],
             stdout=prom_log, stderr=subprocess.STDOUT)
-        prom = Prometheus(prom_port)
+        prom = Prometheus(listening_port(procs["prometheus"]))
 
         # Every target up.
         prom.await_value('count(up{job="pscluster"} == 1)', lambda v: v == len(targets))

@@ -12,14 +12,15 @@
 #      tbf), and worker-1's link down for 4 s in the middle of training: training still
 #      finishes, every task exits 0, and the chief saw worker:1 go missing and come back.
 #
-# Runs as root (CI does); otherwise it says so and exits 0 without testing anything. Needs ip
-# (iproute2), nft (nftables) and tc.
+# Runs as root (CI does); otherwise it fails, saying so: a test that cannot run does not pass.
+# Needs ip (iproute2), nft (nftables) and tc (tools/setup.sh installs them).
 #   bazel test //tests:netns_test     or     bash tests/netns_test.sh BIN_DIR CONFIG_DIR
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
-  echo "netns_test: SKIPPED: needs root to make network namespaces (CI runs as root)"
-  exit 0
+  echo "netns_test: FAILED: cannot run: making network namespaces needs root (CI runs as root;" \
+    "run it as root: sudo bazel test //tests:netns_test)" >&2
+  exit 1
 fi
 for tool in ip nft tc; do
   command -v "$tool" >/dev/null || { echo "netns_test: $tool not found (tools/setup.sh installs it)" >&2; exit 1; }

@@ -494,9 +494,6 @@ TEST_F(PsctlTest, StatusShowsPushRatesOfTheTasks) {
 // and finds a corrupted shard.
 TEST_F(PsctlTest, SaveThenReadTheCheckpointOffline) {
   RunResult r = Psctl({chief(), "--json", "save"});
-  if (r.exit_code != 0 && r.err.find("does not take checkpoints") != std::string::npos) {
-    GTEST_SKIP() << "the chief's Checkpoint RPC returns UNIMPLEMENTED: " << r.err;
-  }
   ASSERT_EQ(r.exit_code, 0) << r.err << "\n" << cluster_->Logs();
   v1::CheckpointResponse saved = ParseJson<v1::CheckpointResponse>(r.out);
   const std::vector<float> kernel = Pull("layer/kernel");  // no push since the save

@@ -72,13 +72,17 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   } while (absl::Now() - killed < absl::Seconds(10));
   const absl::Duration noticed = absl::Now() - killed;
   ASSERT_EQ(HealthOf(status, "worker:1"), v1::HEALTH_MISSING) << status.DebugString();
-  EXPECT_LT(noticed, absl::Milliseconds(1500 + 1000)) << "heartbeat timeout is 1.5 s";
+  // The heartbeat timeout is 1.5 s; a chief that does not look at heartbeats never notices (the
+  // loop above gives up after 10 s). The margin is for 2 loaded cores.
+  EXPECT_LT(noticed, absl::Milliseconds(1500 + 4000));
   EXPECT_THAT(status.state(), HasSubstr("waiting for worker:1 (no heartbeat)"));
   ASSERT_EQ(status.waiting_for_size(), 1);
   EXPECT_EQ(status.waiting_for(0).job(), "worker");
   EXPECT_EQ(status.waiting_for(0).index(), 1);
 
-  // While it is gone: the step stands still and nobody burns CPU waiting.
+  // While it is gone: the step stands still and nobody burns CPU waiting. Over 3 s, a thread
+  // that spins takes a core whenever it can (over a second even on two busy cores); waiting,
+  // a task spends a few milliseconds on heartbeats (more under the sanitizers).
   const int64_t stuck_at = status.global_step();
   const double chief_cpu = CpuSeconds(c.chief().pid());
   const double worker_cpu = CpuSeconds(c.worker(0).pid());
@@ -86,9 +90,9 @@ TEST(SyncFaultTest, KilledWorkerIsReportedNothingSpinsAndTrainingResumes) {
   absl::SleepFor(absl::Seconds(3));
   status = ClusterStatusOf(*chief);
   EXPECT_EQ(status.global_step(), stuck_at);
-  EXPECT_LT(CpuSeconds(c.chief().pid()) - chief_cpu, 0.3) << "the chief spins";
-  EXPECT_LT(CpuSeconds(c.worker(0).pid()) - worker_cpu, 0.3) << "the waiting worker spins";
-  EXPECT_LT(CpuSeconds(c.ps(0).pid()) - ps_cpu, 0.3) << "a ps task spins";
+  EXPECT_LT(CpuSeconds(c.chief().pid()) - chief_cpu, 0.6) << "the chief spins";
+  EXPECT_LT(CpuSeconds(c.worker(0).pid()) - worker_cpu, 0.6) << "the waiting worker spins";
+  EXPECT_LT(CpuSeconds(c.ps(0).pid()) - ps_cpu, 0.6) << "a ps task spins";
 
   // The worker comes back with the same index, rejoins at the current step, and training goes on.
   ASSERT_TRUE(c.StartTask("worker", 1).ok()) << c.Logs();
@@ -170,9 +174,9 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
   AwaitGlobalStep(*chief, 30, absl::Seconds(60));
   ASSERT_TRUE(c.chief().Signal(SIGKILL).ok());
   ASSERT_TRUE(c.chief().WaitForExit(absl::Seconds(5)).ok());
-  // Steps granted before the kill may still complete; without a chief no new one starts.
-  absl::SleepFor(absl::Seconds(1));
-  // What the ps tasks have applied is the truth the new chief must find.
+  // What the ps tasks have applied is the truth the new chief must find. Steps granted before
+  // the kill may still complete (the new chief then finds more); without a chief no new one
+  // starts.
   auto ps0 = v1::ParameterServer::NewStub(
       grpc::CreateChannel(c.address("ps:0"), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -190,20 +194,28 @@ TEST(SyncFaultTest, RestartedChiefRecoversTheGlobalStep) {
     if (status.state().find("training") != std::string::npos && status.global_step() > 0) break;
     absl::SleepFor(absl::Milliseconds(20));
   } while (absl::Now() < deadline);
-  // The step the chief resumes from is the ps tasks' (it may already have moved on).
-  EXPECT_GE(status.global_step(), applied) << c.Logs();
-  EXPECT_THAT(c.chief().LogTail(100), HasSubstr(absl::StrCat("recovered global step ", applied)));
+  // The chief serves (training) only once it has read the step back from the ps tasks, which it
+  // logged: at least what they had applied when it died.
+  ASSERT_THAT(status.state(), HasSubstr("training")) << c.Logs();
+  const std::string log = c.chief().LogTail(200);
+  const std::string said = "recovered global step ";
+  const size_t at = log.find(said);
+  ASSERT_NE(at, std::string::npos) << log;
+  const int64_t recovered = std::stoll(log.substr(at + said.size()));
+  EXPECT_GE(recovered, applied) << log;
+  EXPECT_GE(status.global_step(), recovered) << c.Logs();
   const int64_t resumed = status.global_step();
   AwaitGlobalStep(*chief, resumed + 20, absl::Seconds(60));
   EXPECT_GE(ClusterStatusOf(*chief).global_step(), resumed + 20) << c.Logs();
-  // Every step was applied once on every shard: the ps tasks agree with the chief.
-  absl::SleepFor(absl::Milliseconds(200));
+  // Every step was applied once on every shard: the ps tasks agree with the chief, whose step
+  // is read before and after theirs while training goes on.
+  const int64_t chief_before = ClusterStatusOf(*chief).global_step();
   grpc::ClientContext ctx2;
   ASSERT_TRUE(ps0->ListShards(&ctx2, v1::ListShardsRequest(), &shards).ok());
-  const int64_t chief_step = ClusterStatusOf(*chief).global_step();
+  const int64_t chief_after = ClusterStatusOf(*chief).global_step();
   for (const v1::ShardStats& s : shards.shards()) {
-    EXPECT_GE(s.applied_step(), chief_step - 1) << s.name();
-    EXPECT_LE(s.applied_step(), chief_step + 1) << s.name();
+    EXPECT_GE(s.applied_step(), chief_before - 1) << s.name();
+    EXPECT_LE(s.applied_step(), chief_after + 1) << s.name();
   }
 }
 

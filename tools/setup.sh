@@ -39,6 +39,15 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# deploy/kubernetes:manifests_test renders the overlays with kubectl's kustomize. The machines
+# this project runs on carry kubectl 1.32 (kustomize v5); on one without kubectl, Debian's
+# kubernetes-client gives kubectl 1.20, whose kustomize (v2) predates the overlays' components:
+# the test then fails and says which kubectl it needs.
+if ! command -v kubectl >/dev/null; then
+  missing+=(kubernetes-client)
+  echo "setup: no kubectl: installing Debian's kubernetes-client (manifests_test needs kubectl" \
+    ">= 1.21; see deploy/kubernetes/check_manifests.py)"
+fi
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#PACKAGES[@]} packages already installed"

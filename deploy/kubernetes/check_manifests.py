@@ -111,6 +111,10 @@ def check_schema(where, obj):
 
 def render(overlay):
     result = subprocess.run(["kubectl", "kustomize", overlay], capture_output=True, text=True)
+    if result.returncode != 0 and 'unknown field "components"' in result.stderr:
+        fail(overlay, "kubectl's kustomize is too old for kustomize components (v3.7+, kubectl "
+             ">= 1.21; Debian 12's kubernetes-client is 1.20): install a newer kubectl")
+        return []
     if result.returncode != 0:
         fail(overlay, f"kubectl kustomize failed: {result.stderr.strip()}")
         return []

@@ -473,9 +473,9 @@ constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 
 TEST(FashionMnistTest, ReadsTheRealTestSet) {
   struct stat st;
-  if (stat(kFashionMnistDir, &st) != 0) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed at " << kFashionMnistDir;
-  }
+  ASSERT_EQ(stat(kFashionMnistDir, &st), 0)
+      << "Fashion-MNIST is not installed at " << kFashionMnistDir
+      << " (tools/setup.sh installs Debian's dataset-fashion-mnist)";
   absl::StatusOr<Dataset> data = ReadMnistDir(kFashionMnistDir, /*train=*/false);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->num_examples, 10000);
@@ -503,9 +503,9 @@ TEST(FashionMnistTest, ReadsTheRealTestSet) {
 
 TEST(FashionMnistTest, ReadsAPrefixOfTheTrainingSet) {
   struct stat st;
-  if (stat(kFashionMnistDir, &st) != 0) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed at " << kFashionMnistDir;
-  }
+  ASSERT_EQ(stat(kFashionMnistDir, &st), 0)
+      << "Fashion-MNIST is not installed at " << kFashionMnistDir
+      << " (tools/setup.sh installs Debian's dataset-fashion-mnist)";
   MnistOptions options;
   options.max_examples = 5;
   absl::StatusOr<Dataset> data = ReadMnistDir(kFashionMnistDir, /*train=*/true, options);
