@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -966,51 +965,6 @@ TEST(EmbeddingTableTest, CreateRefusesBadVocabularies) {
       {0}, 1);
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(huge.status().message(), HasSubstr("needs"));
-}
-
-// Prints (does not assert) the time of requests of 100,000 distinct keys of 8 floats drawn
-// from a table of 1,000,000 rows (bench/ps.sh's sparse workload, without the network), on the
-// calling thread and with a pool of one more thread.
-TEST(EmbeddingTableTest, LargeRequestTiming) {
-  constexpr int64_t kRows = 1000000, kKeys = 100000, kDim = 8;
-  ThreadPool pool(1);
-  for (const char* optimizer :
-       {"adagrad { learning_rate: 0.05 }", "adam { learning_rate: 0.001 }"}) {
-    std::unique_ptr<EmbeddingTable> table = CreateOrNull(ParseTable(absl::StrCat(
-        "name: 'emb' dim: 8 initializer { kind: UNIFORM min: -0.05 max: 0.05 seed: 1 } "
-        "optimizer { ",
-        optimizer, " }")));
-    ASSERT_NE(table, nullptr);
-    std::vector<int64_t> all(kRows);
-    for (int64_t i = 0; i < kRows; ++i) all[i] = i * 7919 + 3;
-    std::vector<float> out(kRows * kDim);
-    absl::Time start = absl::Now();
-    ASSERT_TRUE(table->Pull(all.data(), kRows, out.data(), &pool).ok());
-    const absl::Duration create = absl::Now() - start;
-    std::mt19937_64 rng(9);
-    std::vector<float> grads(kKeys * kDim, 0.01f);
-    // Best of 5 of each request, each time with other keys.
-    absl::Duration pull[2] = {absl::InfiniteDuration(), absl::InfiniteDuration()};
-    absl::Duration push[2] = {absl::InfiniteDuration(), absl::InfiniteDuration()};
-    for (int round = 0; round < 10; ++round) {
-      ThreadPool* with = round % 2 == 0 ? nullptr : &pool;
-      std::shuffle(all.begin(), all.end(), rng);
-      start = absl::Now();
-      ASSERT_TRUE(table->Pull(all.data(), kKeys, out.data(), with).ok());
-      pull[round % 2] = std::min(pull[round % 2], absl::Now() - start);
-      start = absl::Now();
-      ASSERT_TRUE(table->Push(all.data(), kKeys, grads.data(), false, with).ok());
-      push[round % 2] = std::min(push[round % 2], absl::Now() - start);
-    }
-    EXPECT_EQ(table->num_rows(), kRows);
-    std::cout << "[timing] " << table->optimizer().name() << ", " << kKeys << " of " << kRows
-              << " keys x 8 floats (best of 5; one thread / two):"
-              << "\n  pull creating every row  " << absl::FormatDuration(create)
-              << "\n  pull                     " << absl::FormatDuration(pull[0]) << " / "
-              << absl::FormatDuration(pull[1]) << "\n  push                     "
-              << absl::FormatDuration(push[0]) << " / " << absl::FormatDuration(push[1])
-              << std::endl;
-  }
 }
 
 }  // namespace

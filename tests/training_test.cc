@@ -4,9 +4,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,20 +38,6 @@ using ::testing::HasSubstr;
 std::unique_ptr<v1::Coordinator::Stub> Chief(TestCluster& c) {
   return v1::Coordinator::NewStub(
       grpc::CreateChannel(c.chief_address(), grpc::InsecureChannelCredentials()));
-}
-
-// Polls the chief until `done(status)` or the timeout; returns the last status.
-v1::ClusterStatus AwaitStatus(v1::Coordinator::Stub& chief,
-                              const std::function<bool(const v1::ClusterStatus&)>& done,
-                              absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  v1::ClusterStatus status;
-  do {
-    status = ClusterStatusOf(chief);
-    if (done(status)) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  } while (absl::Now() < deadline);
-  return status;
 }
 
 bool Finished(const v1::ClusterStatus& s) { return s.progress().finished(); }
@@ -390,13 +380,16 @@ TEST(SyncTrainingTest, BackupWorkerIsOutrunAndItsLateGradientsCounted) {
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = Chief(**cluster);
-  const absl::Time start = absl::Now();
   v1::ClusterStatus status = AwaitStatus(
       *chief, [](const v1::ClusterStatus& s) { return s.global_step() >= 40; }, absl::Seconds(120));
-  const absl::Duration took = absl::Now() - start;
   ASSERT_GE(status.global_step(), 40) << (*cluster)->Logs();
-  // 40 steps at the slow worker's pace would take over 16 s.
-  EXPECT_LT(took, absl::Seconds(12)) << "the step waited for the slow worker";
+  // The step did not wait for the slow worker: it went on without its gradients. Had it
+  // waited, the slow worker would have done every step; 400 ms slower a step than the others,
+  // it did at most half of them however loaded the machine (its pace is at most half theirs
+  // unless their own steps take over 400 ms).
+  ASSERT_EQ(status.progress().worker_steps_size(), 3) << status.DebugString();
+  EXPECT_LE(status.progress().worker_steps(2), status.global_step() / 2)
+      << "the step waited for the slow worker: " << status.progress().DebugString();
   status = AwaitStatus(
       *chief,
       [](const v1::ClusterStatus& s) {
@@ -449,6 +442,165 @@ TEST(SspTrainingTest, FastestWorkerStaysWithinTheBound) {
   EXPECT_EQ(status.progress().max_lead(), kStaleness);
   // Completed-step counts may differ by one more while the slow worker is mid-step.
   EXPECT_LE(max_observed, kStaleness + 1);
+}
+
+}  // namespace
+}  // namespace pscluster
+
+namespace pscluster {
+namespace {
+
+// The data formats a user brings, each through the real daemons: files written here from a
+// planted model, read by the workers (their shard) and by the chief (the test set), trained
+// to the accuracy the planted model allows.
+class DataFormatsTest : public ::testing::Test {
+ protected:
+  std::string Path(const std::string& name) {
+    return absl::StrCat(getenv("TEST_TMPDIR"), "/", name);
+  }
+
+  // Trains `config_text` (written to a file) on `data_flags` with 1 ps and 2 workers, sync;
+  // returns the final status.
+  v1::ClusterStatus Train(const std::string& name, const std::string& config_text,
+                          const std::vector<std::string>& data_flags, int epochs) {
+    const std::string config = Path(name + ".pbtxt");
+    std::ofstream(config) << config_text;
+    TestClusterOptions options;
+    options.num_ps = 1;
+    options.num_workers = 2;
+    options.flags["chief"] = {"--model_config=" + config, "--mode=sync",
+                              absl::StrCat("--epochs=", epochs), "--batch_size=32",
+                              "--eval_every_secs=60"};
+    for (const std::string& f : data_flags) options.flags["chief"].push_back(f);
+    auto cluster = TestCluster::Start(options);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return v1::ClusterStatus();
+    auto chief = Chief(**cluster);
+    v1::ClusterStatus status = AwaitStatus(*chief, Finished, absl::Seconds(180));
+    EXPECT_TRUE(status.progress().finished()) << status.DebugString() << (*cluster)->Logs();
+    EXPECT_EQ(status.progress().workers_finished(), 2);
+    return status;
+  }
+};
+
+// A planted logistic model over 4 dense features and one categorical feature of 8 values: the
+// label is 1 when w . x + b(city) > 0 (noise-free), so a model that reads both kinds of
+// feature reaches an AUC near 1 and one that reads only the dense features does not.
+struct PlantedExample {
+  float x[4];
+  int city;
+  int label;
+};
+
+std::vector<PlantedExample> Planted(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0, 1);
+  const float w[4] = {1.5f, -2.0f, 0.75f, 1.0f};
+  const float bias[8] = {-3, 3, -2, 2, -1, 1, -2.5f, 2.5f};
+  std::vector<PlantedExample> out(n);
+  for (PlantedExample& e : out) {
+    float z = 0;
+    for (int j = 0; j < 4; ++j) z += w[j] * (e.x[j] = normal(rng));
+    e.city = static_cast<int>(rng() % 8);
+    e.label = z + bias[e.city] > 0 ? 1 : 0;
+  }
+  return out;
+}
+
+// Wide & deep in small: a 4-dim mean embedding of the ids beside the 4 dense features, 16 ReLU
+// units, one logit.
+constexpr char kSmallCtrConfig[] = R"pb(
+  name: "small_ctr"
+  input_dim: 4
+  embeddings {
+    name: "ids"
+    table: "ids"
+    dim: 4
+    combiner: MEAN
+    optimizer { adagrad { learning_rate: 0.1 } }
+  }
+  layers { name: "hidden" units: 16 activation: RELU }
+  layers { name: "logit" units: 1 activation: LINEAR }
+  loss: SIGMOID_CROSS_ENTROPY
+  optimizer { adam { learning_rate: 0.01 } }
+  seed: 3
+)pb";
+
+TEST_F(DataFormatsTest, CsvWithAHeaderAndAStringColumnTrains) {
+  for (const auto& [name, n, seed] :
+       {std::make_tuple("train", 4000, 1u), std::make_tuple("test", 1000, 2u)}) {
+    std::ofstream out(Path(absl::StrCat(name, ".csv")));
+    out << "x0,x1,city,x2,note,clicked,x3\n";
+    for (const PlantedExample& e : Planted(n, seed)) {
+      // A quoted field with the delimiter in it, and a column the reader ignores.
+      out << e.x[0] << "," << e.x[1] << ",city" << e.city << "," << e.x[2] << ",\"a, b\","
+          << e.label << "," << e.x[3] << "\n";
+    }
+  }
+  const v1::ClusterStatus s =
+      Train("csv", kSmallCtrConfig,
+            {"--data=csv", "--data_path=" + Path("train.csv"),
+             "--test_data_path=" + Path("test.csv"), "--csv_header",
+             "--csv_columns=x0:float,x1:float,city:string,x2:float,note:ignore,clicked:label,"
+             "x3:float"},
+            4);
+  EXPECT_GE(s.progress().test_auc(), 0.95) << s.progress().DebugString();
+}
+
+TEST_F(DataFormatsTest, LibsvmWithDenseAndSparseIndicesTrains) {
+  // Indices 0..3 are the dense features (input_dim 4); the city is one sparse id at 100 + city.
+  for (const auto& [name, n, seed] :
+       {std::make_tuple("train", 4000, 3u), std::make_tuple("test", 1000, 4u)}) {
+    std::ofstream out(Path(absl::StrCat(name, ".svm")));
+    for (const PlantedExample& e : Planted(n, seed)) {
+      out << (e.label == 1 ? "+1" : "-1");
+      for (int j = 0; j < 4; ++j) out << " " << j << ":" << e.x[j];
+      out << " " << 100 + e.city << ":1  # city " << e.city << "\n";
+    }
+  }
+  const v1::ClusterStatus s = Train(
+      "libsvm", kSmallCtrConfig,
+      {"--data=libsvm", "--data_path=" + Path("train.svm"), "--test_data_path=" + Path("test.svm")},
+      4);
+  EXPECT_GE(s.progress().test_auc(), 0.95) << s.progress().DebugString();
+}
+
+TEST_F(DataFormatsTest, Cifar10BinaryBatchesTrain) {
+  // The standard folder's files (the training set in five batches, the test set in one, the
+  // last gzip-compressed as a user may keep them), 32x32x3 images whose class is drawn in one
+  // of ten horizontal bands of one channel, over noise.
+  const std::string dir = Path("cifar-10-batches-bin");
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(5);
+  auto write = [&](const std::string& file, int records) {
+    std::ofstream out(dir + "/" + file, std::ios::binary);
+    std::vector<unsigned char> record(3073);
+    for (int r = 0; r < records; ++r) {
+      const int label = static_cast<int>(rng() % 10);
+      record[0] = static_cast<unsigned char>(label);
+      for (int i = 0; i < 3072; ++i) record[1 + i] = static_cast<unsigned char>(rng() % 96);
+      const int channel = label % 3;
+      const int band = label;  // rows [3 * band, 3 * band + 3) of the 32
+      for (int row = 3 * band; row < 3 * band + 3; ++row) {
+        for (int col = 0; col < 32; ++col) record[1 + channel * 1024 + row * 32 + col] = 255;
+      }
+      out.write(reinterpret_cast<const char*>(record.data()), record.size());
+    }
+  };
+  for (int b = 1; b <= 5; ++b) write(absl::StrCat("data_batch_", b, ".bin"), 200);
+  write("test_batch.bin", 500);
+  ASSERT_EQ(std::system(("gzip -f " + dir + "/test_batch.bin").c_str()), 0);
+  const v1::ClusterStatus s = Train("cifar10", R"pb(
+                                      name: "cifar_softmax"
+                                      input_dim: 3072
+                                      input_shape { height: 32 width: 32 channels: 3 }
+                                      layers { name: "logits" units: 10 activation: LINEAR }
+                                      loss: SOFTMAX_CROSS_ENTROPY
+                                      optimizer { adam { learning_rate: 0.01 } }
+                                      seed: 5
+                                    )pb",
+                                    {"--data=cifar10", "--data_path=" + dir}, 3);
+  EXPECT_GE(s.progress().test_accuracy(), 0.95) << s.progress().DebugString();
 }
 
 }  // namespace
