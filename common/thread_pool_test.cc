@@ -52,8 +52,10 @@ TEST(ThreadPoolTest, ForEachIndexVisitsEveryIndexOnce) {
 // The caller does not wait for a helper that has not started: with the only pool thread busy,
 // ForEachIndex finishes every index on the calling thread.
 TEST(ThreadPoolTest, ForEachIndexDoesNotWaitForABusyPool) {
-  ThreadPool pool(1);
+  // Declared before the pool, so that it outlives the pool's thread, which reads it until the
+  // pool's destructor joins it.
   std::atomic<bool> release{false};
+  ThreadPool pool(1);
   pool.Schedule([&release] {
     while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
