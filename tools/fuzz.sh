@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every fuzz target (fuzz/BUILD) with libFuzzer, ASan and UBSan: docs/fuzzing.md.
 #   bash tools/fuzz.sh [SECONDS_PER_TARGET]     (default 60)
-# Installs nothing (tools/setup.sh does: clang, libfuzzer-14-dev). Builds with --config=fuzz in
-# an output base of its own, so that it neither clobbers nor waits on the usual build's outputs,
+# Installs nothing (tools/setup.sh does: clang, libfuzzer-14-dev). Builds with --config=asan
+# (clang, ASan, UBSan and libFuzzer's coverage; outputs in k8-fastbuild-asan, beside the usual
+# ones, so CI's sanitizer tests and this script share one build; FUZZ_OUTPUT_BASE=DIR builds in
+# an output base of its own instead, with a Bazel server that does not wait on the usual one's),
 # then runs each target for the given time from a scratch copy of its seed corpus
 # (fuzz/corpus/<target>/ is only read). Prints one line per target: executions, seconds,
 # crashes. Exits 1 if any target crashed, naming the input that did it; the scratch directory
@@ -22,11 +24,13 @@ command -v clang >/dev/null || { echo "fuzz.sh: clang is not installed (tools/se
 all_targets="cluster_spec_fuzzer wire_codec_fuzzer manifest_fuzzer shard_record_fuzzer"
 all_targets+=" npy_reader_fuzzer data_reader_fuzzer parameter_store_fuzzer"
 read -r -a targets <<<"${FUZZ_TARGETS:-$all_targets}"
-output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel-fuzz/$(pwd | md5sum | cut -c1-12)}
-bazel=(bazel --output_base="$output_base")
-build_flags=(--config=fuzz --symlink_prefix=/)  # "/": no bazel-* links over the usual ones
-# Its Bazel server is stopped at the end (the build cache stays): nothing lingers after CI.
-trap '"${bazel[@]}" shutdown >/dev/null 2>&1 || true' EXIT
+bazel=(bazel)
+if [[ -n ${FUZZ_OUTPUT_BASE:-} ]]; then
+  bazel=(bazel --output_base="$FUZZ_OUTPUT_BASE")
+  # That Bazel server is stopped at the end (the build cache stays): nothing lingers.
+  trap '"${bazel[@]}" shutdown >/dev/null 2>&1 || true' EXIT
+fi
+build_flags=(--config=asan --symlink_prefix=/)  # "/": no bazel-* links over the usual ones
 
 # ld.gold warns once per ASan helper symbol ("Cannot export local symbol"): harmless, dropped.
 "${bazel[@]}" build "${build_flags[@]}" "${targets[@]/#/\/\/fuzz:}" 2>&1 |
