@@ -1,53 +1,106 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the device bundle (bench/gpu_prepare.sh): the CUDA tests, then a
-# short GPU training run that must end by itself (chief --exit_after_training; every task
-# exits 0) while its worker's Prometheus endpoint is scraped for the GPU memory series.
+# Every CUDA and NCCL check, in one call on the GPU machine, from the device bundle
+# (bench/gpu_prepare.sh). Run it whenever kernels/, model/, worker/ or the bundle change, and
+# record its summary line in docs/gpu_checks.md.
+#   1. //kernels:cuda_kernels_test and //worker:cuda_trainer_test (gtest). With two or more
+#      GPUs nothing may be skipped: the towers tests (NCCL all-reduce between the GPUs) run.
+#   2. A short GPU training run through the daemons that must end by itself (chief
+#      --exit_after_training; every task exits 0) while the worker's Prometheus endpoint is
+#      scraped for the GPU memory series; with two or more GPUs the worker trains on two
+#      towers (--device gpu:0,gpu:1: NCCL in the daemon).
+# Every task binds port 0; the chief's port is read back from its --port_file.
 #   bash .devbundle/bench/gpu_smoke.sh        (device run, carry [".devbundle"])
+# The last line is "gpu_smoke: PASSED ..." or "gpu_smoke: FAILED ...", with the date, the
+# commit, the GPUs and the test counts; it is also written to $OUT/gpu_smoke.txt when $OUT is
+# set (the device tool brings it back).
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_smoke.XXXXXX")
 mkdir -p "$work/payload"
 tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
 run=$work/payload/run
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off: it can take a host's GPUs out of service
 status=0
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+commit=$("$run" chief --version 2>/dev/null | head -1 || echo unknown)
+echo "==> $(date -u +%F) $commit on ${gpus}x ${gpu_name:-no GPU}"
+[[ $gpus -ge 1 ]] || { echo "gpu_smoke: FAILED: no GPU (nvidia-smi -L lists none)"; exit 1; }
 
+counts=()
 for t in cuda_kernels_test cuda_trainer_test; do
   if "$run" "$t" >"$work/$t.log" 2>&1; then
-    echo "==> $t: $(grep -E '^\[  PASSED  \]' "$work/$t.log" || echo passed)"
+    passed=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?.*/\1/p' "$work/$t.log" | tail -1)
+    skipped=$(sed -nE 's/^\[  SKIPPED \] ([0-9]+) tests?.*/\1/p' "$work/$t.log" | tail -1)
+    echo "==> $t: ${passed:-?} passed, ${skipped:-0} skipped"
+    counts+=("$t ${passed:-?} passed ${skipped:-0} skipped")
+    if [[ $gpus -ge 2 && ${skipped:-0} -gt 0 ]]; then
+      echo "==> $t skipped tests on $gpus GPUs:"; grep '^\[  SKIPPED \] [A-Za-z]' "$work/$t.log"
+      status=1
+    fi
   else
-    echo "==> $t FAILED"; tail -20 "$work/$t.log"; status=1
+    echo "==> $t FAILED"; grep -E '^\[  FAILED  \]|Failure' "$work/$t.log" | head -20
+    tail -20 "$work/$t.log"
+    counts+=("$t FAILED")
+    status=1
   fi
 done
 
-port=$((20000 + RANDOM % 20000))
-spec="\"chief\":[\"127.0.0.1:$port\"],\"ps\":[\"127.0.0.1:$((port + 1))\"],\"worker\":[\"127.0.0.1:$((port + 2))\"]"
+devices=gpu:0
+[[ $gpus -ge 2 ]] && devices=gpu:0,gpu:1
 pids=()
-task() {  # job binary flags...
-  local job=$1 binary=$2
-  shift 2
-  TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":0}}" \
-    "$run" "$binary" "$@" >"$work/$job.log" 2>&1 &
-  pids+=($!)
+names=()
+tf_config() {  # chief_address job
+  printf '{"cluster":{"chief":["%s"],"ps":["127.0.0.1:0"],"worker":["127.0.0.1:0"]},"task":{"type":"%s","index":0}}' "$1" "$2"
 }
-task chief chief --model_config="$bundle/configs/mlp.pbtxt" --data_path="$bundle/data" \
-  --epochs=3 --exit_after_training --checkpoint_dir="$work/checkpoints" --eval_every_secs=5
+task() {  # job chief_address binary flags...
+  local job=$1 chief=$2 binary=$3
+  shift 3
+  TF_CONFIG=$(tf_config "$chief" "$job") "$run" "$binary" "$@" >"$work/$job.log" 2>&1 &
+  pids+=($!)
+  names+=("$job")
+}
 mkdir -p "$work/checkpoints"
-task ps ps_server --checkpoint_dir="$work/checkpoints"
-task worker worker --device=gpu:0 --metrics_port=0 --metrics_port_file="$work/worker.metrics"
-for _ in $(seq 100); do [[ -s $work/worker.metrics ]] && break; sleep 0.1; done
-sleep 3
-echo "==> the GPU worker's metrics, mid-run:"
+task chief 127.0.0.1:0 chief --port_file="$work/chief.port" \
+  --model_config="$bundle/configs/mlp.pbtxt" --data_path="$bundle/data" --epochs=3 \
+  --exit_after_training --checkpoint_dir="$work/checkpoints" --eval_every_secs=5
+for _ in $(seq 200); do [[ -s $work/chief.port ]] && break; sleep 0.05; done
+chief="127.0.0.1:$(cat "$work/chief.port")"
+task ps "$chief" ps_server --checkpoint_dir="$work/checkpoints"
+task worker "$chief" worker --device="$devices" --metrics_port=0 \
+  --metrics_port_file="$work/worker.metrics"
+for _ in $(seq 200); do [[ -s $work/worker.metrics ]] && break; sleep 0.05; done
+# Mid-run: wait until the worker has stepped (its step counter moves), then read its series.
+echo "==> the GPU worker's metrics ($devices), mid-run:"
 python3 - "$(cat "$work/worker.metrics")" <<'PY' || status=1
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-lines = [l for l in text.splitlines() if l.startswith(("pscluster_worker", "pscluster_rpc_requests_total"))]
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/metrics"
+deadline = time.time() + 120
+while True:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    lines = [l for l in text.splitlines()
+             if l.startswith(("pscluster_worker", "pscluster_rpc_requests_total"))]
+    steps = [float(l.split()[-1]) for l in lines if l.startswith("pscluster_worker_steps_total")]
+    if steps and steps[0] > 0:
+        break
+    assert time.time() < deadline, "the worker took no step in 120 s"
+    time.sleep(0.2)
 print("\n".join("    " + l for l in lines[:12]))
 used = [l for l in lines if l.startswith("pscluster_worker_gpu_memory_used_bytes")]
 assert used and float(used[0].split()[-1]) > 0, "no GPU memory in use reported"
 PY
 for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then echo "==> task $i exited non-zero"; status=1; fi
+  if ! wait "${pids[$i]}"; then echo "==> ${names[$i]} exited non-zero"; status=1; fi
 done
-grep -h "training finished" "$work/chief.log" | tail -1
-[[ $status -eq 0 ]] && echo "==> gpu_smoke: PASSED (every task exited 0)" || { echo "==> gpu_smoke: FAILED; logs:"; tail -5 "$work"/*.log; }
+finished=$(grep -h "training finished" "$work/chief.log" | tail -1 | sed 's/.*training finished/training finished/')
+echo "==> ${finished:-no 'training finished' in the chief's log}"
+[[ -n $finished ]] || status=1
+
+verdict=$([[ $status -eq 0 ]] && echo PASSED || echo FAILED)
+line="gpu_smoke: $verdict $(date -u +%F) $commit on ${gpus}x ${gpu_name}: $(IFS=';'; echo "${counts[*]}"); daemons on $devices: ${finished:-did not finish}"
+if [[ $status -ne 0 ]]; then
+  echo "==> logs:"; for f in "$work"/*.log; do echo "--- $f"; tail -5 "$f"; done
+fi
+[[ -n ${OUT:-} ]] && echo "$line" >"$OUT/gpu_smoke.txt"
+echo "$line"
 exit $status
