@@ -517,19 +517,44 @@ absl::Status ParameterStore::CheckSparseSize(const std::string& table, const cha
 
 absl::Status ParameterStore::CheckTableRows(const std::string& table, const EmbeddingTable& t,
                                             const int64_t* keys, int64_t n) const {
-  if (options_.max_table_rows <= 0) return absl::OkStatus();
+  const bool by_rows = options_.max_table_rows > 0;
+  const bool by_memory = options_.memory_budget_bytes > 0;
+  if (!by_rows && !by_memory) return absl::OkStatus();
   const int64_t rows = t.num_rows();
-  if (rows + n <= options_.max_table_rows) return absl::OkStatus();
+  int64_t limit = by_rows ? options_.max_table_rows : std::numeric_limits<int64_t>::max();
+  int64_t free_bytes = 0;
+  if (by_memory) {
+    // What the budget has left after the dense shards, vocabulary tables and every hashed
+    // table's rows, in rows of this table.
+    int64_t held = 0;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      held = budgeted_bytes_;
+      for (const auto& [name, other] : tables_) {
+        if (!other.table->is_vocabulary()) held += other.table->bytes();
+      }
+    }
+    free_bytes = std::max<int64_t>(0, options_.memory_budget_bytes - held);
+    limit = std::min(limit, rows + free_bytes / t.row_bytes());
+  }
+  if (rows + n <= limit) return absl::OkStatus();
   std::vector<int64_t> found, missing;
   std::vector<float> values;
   t.Lookup(keys, n, &found, &values, &missing);
   const int64_t fresh =
       static_cast<int64_t>(absl::flat_hash_set<int64_t>(missing.begin(), missing.end()).size());
-  if (rows + fresh <= options_.max_table_rows) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("table ", table, ": ", fresh, " new rows would pass this ps task's limit of ",
-                   options_.max_table_rows, " rows per table (--max_table_rows; it holds ", rows,
-                   "); nothing was done"));
+  if (rows + fresh <= limit) return absl::OkStatus();
+  if (by_rows && rows + fresh > options_.max_table_rows) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", table, ": ", fresh, " new rows would pass this ps task's limit of ",
+                     options_.max_table_rows, " rows per table (--max_table_rows; it holds ", rows,
+                     "); nothing was done"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table ", table, ": ", fresh, " new rows of ", t.row_bytes(), " bytes would pass this ps ",
+      "task's memory budget of ", options_.memory_budget_bytes, " bytes, of which ", free_bytes,
+      " are left (ps_server --memory_budget_mb); nothing was done. Give the table admission or "
+      "eviction (docs/embeddings.md), or place it on more ps tasks"));
 }
 
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {

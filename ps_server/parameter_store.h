@@ -35,9 +35,10 @@ struct ParameterStoreOptions {
   // Refuse Save and Restore without a checkpoint_dir (set when serving TLS: a peer's path is
   // never trusted there).
   bool require_checkpoint_dir = false;
-  // Bytes of values and optimizer slots this ps task may hold in dense shards; a CreateShards
-  // that would pass it is refused (RESOURCE_EXHAUSTED). 0: no limit (ps_server sets it from
-  // --memory_budget_mb, by default 90% of the machine's memory).
+  // Bytes of values and optimizer slots this ps task may hold in dense shards and tables; a
+  // CreateShards that would pass it is refused (RESOURCE_EXHAUSTED), and so is a pull or push
+  // whose new table rows would (tables that evict are bounded by their own capacity). 0: no
+  // limit (ps_server sets it from --memory_budget_mb, by default 90% of the machine's memory).
   int64_t memory_budget_bytes = 0;
   // Threads that apply large dense updates in parallel blocks, beside the calling thread
   // (0: the calling thread does all), and large sparse requests while few run at once.
@@ -257,7 +258,8 @@ class ParameterStore {
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.
-  // RESOURCE_EXHAUSTED when the keys' new rows would pass options_.max_table_rows.
+  // RESOURCE_EXHAUSTED when the keys' new rows would pass options_.max_table_rows, or need more
+  // memory than the budget has left beside the dense shards and every table's rows.
   absl::Status CheckTableRows(const std::string& table, const EmbeddingTable& t,
                               const int64_t* keys, int64_t n) const;
   absl::Status CheckSparseSize(const std::string& table, const char* what, int64_t n,

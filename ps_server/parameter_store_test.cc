@@ -569,6 +569,46 @@ TEST(ParameterStoreLimitsTest, NewRowsBeyondTheTableLimitAreRefusedBeforeAnyIsCr
   EXPECT_EQ(store.ListShards().shards(0).rows(), 10);
 }
 
+// Without --max_table_rows, the memory budget bounds a table without eviction: a pull whose
+// new rows would pass what the budget has left (after the dense shards and every table's
+// rows) is refused before any row is created (issue 32: a pull of 5 M keys grew a ps by 270 MB
+// before anything said no).
+TEST(ParameterStoreLimitsTest, NewRowsBeyondTheMemoryBudgetAreRefusedBeforeAnyIsCreated) {
+  ParameterStoreOptions options;
+  options.memory_budget_bytes = 64 << 10;
+  ParameterStore store(options);
+  v1::CreateShardsRequest req;
+  *req.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse cresp;
+  ASSERT_TRUE(store.CreateShards(req, &cresp).ok());
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(store, "emb", {0}, &rows).ok());
+  const int64_t row_bytes = store.ListShards().shards(0).bytes();  // one row's
+  ASSERT_GT(row_bytes, 0);
+  const int64_t fit = (64 << 10) / row_bytes;
+  std::vector<int64_t> keys(fit - 10);
+  for (int64_t i = 0; i < fit - 10; ++i) keys[i] = i;
+  ASSERT_TRUE(PullSparse(store, "emb", keys, &rows).ok());
+  EXPECT_EQ(store.ListShards().shards(0).rows(), fit - 10);
+  std::vector<int64_t> more(20);
+  for (int64_t i = 0; i < 20; ++i) more[i] = fit + i;
+  absl::Status s = PullSparse(store, "emb", more, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("table emb: 20 new rows of "));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("would pass this ps task's memory budget of "
+                                                  "65536 bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nothing was done"));
+  EXPECT_EQ(store.ListShards().shards(0).rows(), fit - 10);
+  // A push's new rows count the same; known keys and what still fits pass.
+  v1::PushSparseResponse resp;
+  EXPECT_EQ(PushSparse(store, "emb", more, std::vector<float>(40, 0.5f), &resp).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(PullSparse(store, "emb", keys, &rows).ok());
+  std::vector<int64_t> ten(more.begin(), more.begin() + 10);
+  EXPECT_TRUE(PullSparse(store, "emb", ten, &rows).ok());
+  EXPECT_EQ(store.ListShards().shards(0).rows(), fit);
+}
+
 // A table with a capacity evicts where --max_table_rows would refuse; a pull of a table with
 // eviction creates nothing and is not refused.
 TEST(ParameterStoreLimitsTest, ATableWithACapacityEvictsInsteadOfBeingRefused) {

@@ -131,9 +131,12 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
 grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
                                   grpc::ServerReader<v1::PushDenseRequest>* reader,
                                   v1::PushDenseResponse* resp) {
-  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushDense"));
   v1::PushDenseRequest msg;
-  if (!reader->Read(&msg) || !msg.has_header()) {
+  const bool has_header = reader->Read(&msg) && msg.has_header();
+  // The push counts for the worker its header names: the caller's own task only.
+  const v1::TaskId pusher = WorkerTask(msg.header().worker());
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushDense", &pusher));
+  if (!has_header) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a PushDense stream must start with a header");
   }
@@ -172,7 +175,8 @@ grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSpars
 
 grpc::Status PsService::PushSparse(grpc::ServerContext* ctx, const v1::PushSparseRequest* req,
                                    v1::PushSparseResponse* resp) {
-  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushSparse"));
+  const v1::TaskId pusher = WorkerTask(req->worker());
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushSparse", &pusher));
   std::vector<int64_t> key_copy;
   int64_t n = 0;
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);

@@ -38,8 +38,10 @@ const std::vector<MethodRule>& MethodRules() {
       {"ParameterServer.CreateShards", {kChief}},
       {"ParameterServer.SaveShards", {kChief}},
       {"ParameterServer.RestoreShards", {kChief}},
-      {"ParameterServer.PushDense", {kWorker}},
-      {"ParameterServer.PushSparse", {kWorker}},
+      // A push counts for the worker it names (a sync step's share, the per-worker drops):
+      // a worker pushes only as itself.
+      {"ParameterServer.PushDense", {kWorker}, /*own_task_only=*/true},
+      {"ParameterServer.PushSparse", {kWorker}, /*own_task_only=*/true},
       // A sparse pull creates the rows it misses, so it is not for read-only operators.
       {"ParameterServer.PullSparse", {kChief, kWorker, kEvaluator}},
       {"ParameterServer.PullDense", {kChief, kWorker, kEvaluator, kViewer, kAdmin}},

@@ -22,7 +22,8 @@ struct MethodRule {
   absl::string_view method;
   std::vector<Role> roles;
   // The request names a task (RegisterTask, Heartbeat, ReportEvaluation: `task`; AcquireToken,
-  // ReportStep: `worker`), and a task may only act for itself.
+  // ReportStep, PushDense's header and PushSparse: `worker`), and a task may only act for
+  // itself.
   bool own_task_only = false;
 };
 const std::vector<MethodRule>& MethodRules();

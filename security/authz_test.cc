@@ -67,8 +67,9 @@ TEST(AuthorizeTest, OnlyTheChiefChangesShardsWholesale) {
 }
 
 TEST(AuthorizeTest, WorkersPushAndOperatorsOnlyRead) {
-  EXPECT_TRUE(Authorize(Peer(Role::kWorker, 3), "ParameterServer.PushDense").ok());
-  EXPECT_TRUE(Authorize(Peer(Role::kWorker, 3), "ParameterServer.PushSparse").ok());
+  const v1::TaskId worker3 = WorkerTask(3);
+  EXPECT_TRUE(Authorize(Peer(Role::kWorker, 3), "ParameterServer.PushDense", &worker3).ok());
+  EXPECT_TRUE(Authorize(Peer(Role::kWorker, 3), "ParameterServer.PushSparse", &worker3).ok());
   EXPECT_TRUE(Authorize(Peer(Role::kViewer), "ParameterServer.InspectShard").ok());
   EXPECT_TRUE(Authorize(Peer(Role::kViewer), "ParameterServer.PullDense").ok());
   EXPECT_EQ(Authorize(Peer(Role::kViewer), "ParameterServer.PushDense").code(),
@@ -94,6 +95,14 @@ TEST(AuthorizeTest, TasksActOnlyForThemselves) {
   EXPECT_NE(s.message().find("worker:0 may not call Coordinator.ReportStep for worker:1"),
             std::string::npos)
       << s;
+  // A worker's key pushing another worker's share of a sync step (issue 32).
+  s = Authorize(Peer(Role::kWorker, 0), "ParameterServer.PushDense", &worker1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("worker:0 may not call ParameterServer.PushDense for worker:1"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(Authorize(Peer(Role::kWorker, 0), "ParameterServer.PushSparse", &worker1).code(),
+            absl::StatusCode::kPermissionDenied);
   // The spoofed re-registration of issue 14: a worker posing as ps:0.
   const v1::TaskId ps0 = Task("ps", 0);
   EXPECT_TRUE(Authorize(Peer(Role::kPs, 0), "Coordinator.RegisterTask", &ps0).ok());

@@ -103,6 +103,23 @@ std::string CheckpointDirName(int64_t step, int64_t sequence) {
   return absl::StrFormat("%s%010d", kCheckpointPrefix, step);
 }
 
+namespace {
+
+// INVALID_ARGUMENT when `path`, a ps task's part of a checkpoint, is a symbolic link: a part is
+// a directory of the checkpoint's own, and a link (even one that leads nowhere yet) would take
+// a write, or a read, somewhere else.
+absl::Status CheckNotALink(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint part ", path,
+                     " is a symbolic link; a checkpoint's parts are directories of its own"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
     const std::string& checkpoint_path, int ps_index, CrashPoints* crash_points) {
   std::error_code ec;
@@ -113,6 +130,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
   }
   const std::string file = absl::StrCat("ps-", ps_index);
   const std::string path = absl::StrCat(checkpoint_path, "/", file);
+  PS_RETURN_IF_ERROR(CheckNotALink(path));
   rocksdb::Options options;
   options.create_if_missing = true;
   options.error_if_exists = true;  // a checkpoint is written once
@@ -222,6 +240,7 @@ absl::Status CheckpointWriter::Finish() {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& db_path) {
+  PS_RETURN_IF_ERROR(CheckNotALink(db_path));
   rocksdb::Options options;
   options.create_if_missing = false;
   options.paranoid_checks = true;

@@ -49,7 +49,8 @@ std::string CheckpointDirName(int64_t step, int64_t sequence = 0);
 // Writes one ps task's shards into <checkpoint_path>/ps-<index>. Thread-compatible.
 class CheckpointWriter {
  public:
-  // `crash_points` (not owned, may be null) is for fault-injection tests.
+  // `crash_points` (not owned, may be null) is for fault-injection tests. INVALID_ARGUMENT when
+  // ps-<index> is a symbolic link (it is written nowhere but in the checkpoint).
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Open(
       const std::string& checkpoint_path, int ps_index, CrashPoints* crash_points = nullptr);
   ~CheckpointWriter();
@@ -129,7 +130,8 @@ class TablePartDecoder {
 // Reads shards from one RocksDB of a checkpoint, read-only. Thread-compatible.
 class CheckpointReader {
  public:
-  // `db_path` is <checkpoint_path>/<SavedShard.file>. NOT_FOUND / DATA_LOSS naming it.
+  // `db_path` is <checkpoint_path>/<SavedShard.file>. NOT_FOUND / DATA_LOSS naming it;
+  // INVALID_ARGUMENT when it is a symbolic link.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& db_path);
   ~CheckpointReader();
 
