@@ -12,8 +12,8 @@
 namespace pscluster {
 
 // The transport to the ps tasks at `addresses` (their gRPC addresses): the tensor wire over
-// gRPC's control plane when `tensor_wire`, gRPC alone otherwise. With TLS the tensor wire
-// (plain TCP, unauthenticated) is never used: everything goes over gRPC with mutual TLS.
+// gRPC's control plane when `tensor_wire`, gRPC alone otherwise. With TLS both planes use
+// mutual TLS with the same certificates.
 std::unique_ptr<PsTransport> NewPsTransport(const std::vector<std::string>& addresses,
                                             bool tensor_wire, const TlsConfig& tls = {});
 

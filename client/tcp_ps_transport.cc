@@ -126,6 +126,16 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<WireSocket> socket,
       WireSocket::Connect(host, port, options_.connect_timeout, options_.socket_buffer_bytes));
+  if (options_.tls != nullptr) {
+    // The ps's certificate must name the host dialed, as gRPC checks it.
+    absl::StatusOr<SslPtr> ssl =
+        options_.tls->Handshake(socket->fd(), host, options_.connect_timeout);
+    if (!ssl.ok()) {
+      return absl::Status(ssl.status().code(), absl::StrCat("TLS with the data port ", host, ":",
+                                                            port, ": ", ssl.status().message()));
+    }
+    socket->AttachTls(ssl->release());
+  }
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);
   c->epoch = epoch;

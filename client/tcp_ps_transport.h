@@ -14,6 +14,7 @@
 #include "client/grpc_ps_transport.h"
 #include "client/ps_transport.h"
 #include "common/tensor_wire.h"
+#include "security/wire_tls.h"
 
 namespace pscluster {
 
@@ -26,6 +27,9 @@ struct TcpPsTransportOptions {
   // PushSparseGather gathers and writes a part this many bytes at a time (at least one key or
   // one row): small enough to stay in the core's cache between the gather and the socket's copy.
   int64_t gather_piece_bytes = 256 << 10;
+  // Mutual TLS (security/wire_tls.h, client side), as the gRPC channels have it; null:
+  // plaintext. The ps's certificate must name the host of its address.
+  std::shared_ptr<WireTlsContext> tls;
 };
 
 // PsTransport with pulls and pushes over the tensor data plane (common/tensor_wire.h) and

@@ -5,6 +5,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -116,7 +118,81 @@ void ConfigureWireSocket(int fd, int buffer_bytes) {
 }
 
 WireSocket::~WireSocket() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
   if (fd_ >= 0) close(fd_);
+}
+
+void WireSocket::AttachTls(ssl_st* ssl) {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+  ssl_ = ssl;
+  fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL, 0) | O_NONBLOCK);
+}
+
+namespace {
+
+// What an SSL_read / SSL_write that did not complete means: wait for the socket (true, with
+// *events), or the error that ends the call.
+bool TlsWants(ssl_st* ssl, int r, const char* what, short* events, absl::Status* error) {
+  const int err = SSL_get_error(ssl, r);
+  if (err == SSL_ERROR_WANT_READ) {
+    *events = POLLIN;
+    return true;
+  }
+  if (err == SSL_ERROR_WANT_WRITE) {
+    *events = POLLOUT;
+    return true;
+  }
+  if (err == SSL_ERROR_ZERO_RETURN) {
+    *error = absl::UnavailableError("the peer closed the connection");
+  } else if (err == SSL_ERROR_SYSCALL) {
+    *error = errno == 0 || errno == ECONNRESET || errno == EPIPE
+                 ? absl::UnavailableError("the peer closed the connection")
+                 : IoError(what, errno);
+  } else {
+    char buf[256];
+    ERR_error_string_n(ERR_get_error(), buf, sizeof(buf));
+    *error = absl::UnavailableError(absl::StrCat(what, ": TLS: ", buf));
+  }
+  ERR_clear_error();
+  return false;
+}
+
+}  // namespace
+
+absl::Status WireSocket::TlsWrite(const char* data, size_t n, absl::Time deadline) {
+  while (n > 0) {
+    size_t written = 0;
+    ERR_clear_error();
+    const int r = SSL_write_ex(ssl_, data, n, &written);
+    if (r == 1) {
+      data += written;
+      n -= written;
+      continue;
+    }
+    short events = 0;
+    absl::Status error;
+    if (!TlsWants(ssl_, r, "send", &events, &error)) return error;
+    if (absl::Status s = Await(fd_, events, deadline, "send"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WireSocket::TlsRead(char* out, int64_t n, absl::Time deadline) {
+  while (n > 0) {
+    size_t got = 0;
+    ERR_clear_error();
+    const int r = SSL_read_ex(ssl_, out, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), &got);
+    if (r == 1) {
+      out += got;
+      n -= static_cast<int64_t>(got);
+      continue;
+    }
+    short events = 0;
+    absl::Status error;
+    if (!TlsWants(ssl_, r, "receive", &events, &error)) return error;
+    if (absl::Status s = Await(fd_, events, deadline, "receive"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::string& host, int port,
@@ -178,6 +254,28 @@ absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::strin
 
 absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration timeout) {
   const absl::Time deadline = DeadlineAfter(timeout);
+  if (ssl_ != nullptr) {
+    // A record each time would cost a record's overhead (and a system call) for every small
+    // buffer: consecutive small ones (a frame header, its meta) go out together.
+    constexpr size_t kSmall = 16 << 10;
+    for (int i = 0; i < count;) {
+      if (iov[i].iov_len >= kSmall) {
+        absl::Status s =
+            TlsWrite(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len, deadline);
+        if (!s.ok()) return s;
+        ++i;
+        continue;
+      }
+      coalesced_.clear();
+      for (; i < count && iov[i].iov_len < kSmall && coalesced_.size() + iov[i].iov_len <= kSmall;
+           ++i) {
+        coalesced_.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+      }
+      absl::Status s = TlsWrite(coalesced_.data(), coalesced_.size(), deadline);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   while (count > 0) {
     if (iov->iov_len == 0) {
       ++iov;
@@ -218,6 +316,7 @@ absl::Status WireSocket::Write(absl::string_view bytes, absl::Duration timeout) 
 absl::Status WireSocket::ReadExact(void* out, int64_t n, absl::Duration timeout) {
   char* p = static_cast<char*>(out);
   const absl::Time deadline = DeadlineAfter(timeout);
+  if (ssl_ != nullptr) return TlsRead(p, n, deadline);
   while (n > 0) {
     const ssize_t got =
         recv(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), MSG_DONTWAIT);
@@ -248,6 +347,8 @@ absl::Status WireSocket::Discard(int64_t n, absl::Duration timeout) {
 }
 
 absl::Status WireSocket::AwaitReadable(absl::Duration timeout) {
+  // Bytes TLS has already decrypted are not in the socket.
+  if (ssl_ != nullptr && SSL_pending(ssl_) > 0) return absl::OkStatus();
   return Await(fd_, POLLIN, DeadlineAfter(timeout), "waiting for a request");
 }
 

@@ -12,6 +12,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
+struct ssl_st;  // OpenSSL's SSL
+
 namespace pscluster {
 
 // The tensor data plane: pulls and pushes of dense shards and sparse rows over a plain TCP
@@ -75,8 +77,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const char* in);
 std::string WireOpName(uint16_t op);
 
 // A connected TCP socket, owned: closed by the destructor. Blocking I/O with a timeout per call
-// (DEADLINE_EXCEEDED when it passes); a peer that went away is UNAVAILABLE. Thread-compatible;
-// Shutdown() may be called from another thread to make blocked calls return.
+// (DEADLINE_EXCEEDED when it passes); a peer that went away is UNAVAILABLE. With TLS attached
+// (AttachTls, after security/wire_tls.h's handshake) every byte goes through it, encrypted
+// from and decrypted into the caller's buffers. Thread-compatible; Shutdown() may be called
+// from another thread to make blocked calls return.
 class WireSocket {
  public:
   explicit WireSocket(int fd) : fd_(fd) {}
@@ -91,6 +95,13 @@ class WireSocket {
                                                              int buffer_bytes);
 
   int fd() const { return fd_; }
+
+  // From now on every read and write goes through the TLS connection `ssl` (an OpenSSL SSL*
+  // whose handshake on this socket completed), which the socket takes and frees.
+  void AttachTls(ssl_st* ssl);
+  struct ssl_st* tls() const {
+    return ssl_;
+  }
 
   // Sends every byte of the buffers, in order.
   absl::Status WriteAll(struct iovec* iov, int count, absl::Duration timeout);
@@ -107,7 +118,13 @@ class WireSocket {
   void Shutdown();
 
  private:
+  // The TLS forms of the reads and writes.
+  absl::Status TlsWrite(const char* data, size_t n, absl::Time deadline);
+  absl::Status TlsRead(char* out, int64_t n, absl::Time deadline);
+
   const int fd_;
+  ssl_st* ssl_ = nullptr;  // Owned; null without TLS.
+  std::string coalesced_;  // TLS: small buffers gathered into one record
 };
 
 // Sets TCP_NODELAY and the send and receive buffers (0: leave them) of a connected socket.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/time/time.h"
 #include "gflags/gflags.h"
 #include "ps_server/ps_server.h"
 #include "runtime/daemon.h"
@@ -23,13 +24,28 @@ DEFINE_bool(data_plane, true,
 DEFINE_int32(data_port, 0,
              "Port of the tensor data plane (0: any free one; clients find it through "
              "GetStatus).");
+DEFINE_bool(data_plane_kernel_tls, false,
+            "With TLS: hand the tensor data plane's record encryption to the kernel (Linux "
+            "kTLS) where the kernel and OpenSSL allow; otherwise OpenSSL encrypts in user "
+            "space.");
+DEFINE_int32(data_plane_idle_timeout_ms, 60000,
+             "Tensor data plane: a connection with no request under way for this long is "
+             "closed (clients open another when they need one).");
+DEFINE_int32(data_plane_io_timeout_ms, 60000,
+             "Tensor data plane: each read or write of a request, its header included, must "
+             "finish within this once it has begun; otherwise the connection is closed.");
+DEFINE_int32(data_plane_max_connections, 1024,
+             "Tensor data plane: connections served at once; with that many open, a new one "
+             "takes the place of the one idle longest.");
 DEFINE_int32(apply_threads, -1,
              "Threads that apply large dense updates in parallel blocks, beside the calling "
              "one, and large sparse requests while the requests under way leave cores free "
              "(-1: one per core beyond the first, at most 7).");
 DEFINE_int64(memory_budget_mb, -1,
-             "Memory this ps task may give to dense shards (values and optimizer slots), in "
-             "MiB; shards beyond it are refused (-1: 90% of the machine's memory, 0: no limit).");
+             "Memory this ps task may give to dense shards and embedding tables (values and "
+             "optimizer slots; a table row's index entry), in MiB: shards beyond it are refused, "
+             "and so are pulls and pushes whose new table rows would pass it (-1: 90% of the "
+             "machine's memory, 0: no limit).");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 DEFINE_int64(max_table_rows, 0,
              "Most rows one embedding table may hold on this ps task; pulls and pushes that "
@@ -64,6 +80,17 @@ int main(int argc, char** argv) {
   options.service.default_chunk_bytes = FLAGS_pull_chunk_bytes;
   options.serve_data_plane = FLAGS_data_plane;
   options.data_plane.port = FLAGS_data_port;
+  if (FLAGS_data_plane_idle_timeout_ms < 1 || FLAGS_data_plane_io_timeout_ms < 1 ||
+      FLAGS_data_plane_max_connections < 1) {
+    std::fprintf(stderr,
+                 "ps_server: --data_plane_idle_timeout_ms, --data_plane_io_timeout_ms and "
+                 "--data_plane_max_connections must be >= 1\n");
+    return 2;
+  }
+  options.data_plane.idle_timeout = absl::Milliseconds(FLAGS_data_plane_idle_timeout_ms);
+  options.data_plane.io_timeout = absl::Milliseconds(FLAGS_data_plane_io_timeout_ms);
+  options.data_plane.max_connections = FLAGS_data_plane_max_connections;
+  options.data_plane_kernel_tls = FLAGS_data_plane_kernel_tls;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   options.store.apply_threads =
       FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));

@@ -7,6 +7,8 @@
 #include "ps_server/ps_metrics.h"
 #include "runtime/metrics.h"
 #include "runtime/service_host.h"
+#include "security/tls.h"
+#include "security/wire_tls.h"
 
 namespace pscluster {
 
@@ -52,17 +54,21 @@ absl::Status PsServer::Start() {
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
   int data_port = 0;
-  if (options_.serve_data_plane && options_.host.tls.enabled()) {
-    // The tensor data plane is plain TCP without authentication: with TLS every pull and push
-    // goes over gRPC, where the caller's role is checked.
-    LOG(INFO) << TaskName(options_.cluster.task())
-              << " serves no tensor data plane: TLS is on, so pulls and pushes go over gRPC";
-  } else if (options_.serve_data_plane) {
+  if (options_.serve_data_plane) {
     const v1::TaskId& task = options_.cluster.task();
     PS_ASSIGN_OR_RETURN(std::string address,
                         TaskAddress(options_.cluster.cluster(), task.job(), task.index()));
     TensorServerOptions data = options_.data_plane;
     data.host = DataPlaneHost(address);
+    if (options_.host.tls.enabled()) {
+      // Mutual TLS with the cluster's certificates, and every request checked against the
+      // caller's role, as on gRPC.
+      PS_ASSIGN_OR_RETURN(data.tls,
+                          WireTlsContext::Create(options_.host.tls, WireTlsContext::Side::kServer,
+                                                 options_.data_plane_kernel_tls));
+      PS_ASSIGN_OR_RETURN(PeerIdentity own, OwnIdentity(options_.host.tls));
+      data.cluster = own.cluster;
+    }
     PS_ASSIGN_OR_RETURN(data_plane_, TensorServer::Start(&store_, data));
     data_port = data_plane_->port();
   }
@@ -71,7 +77,8 @@ absl::Status PsServer::Start() {
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {&service_}));
   service_.SetIdentity(options_.cluster.task(), task_->address(), data_port);
   if (data_plane_) {
-    LOG(INFO) << TaskName(options_.cluster.task()) << " tensor data plane on port " << data_port;
+    LOG(INFO) << TaskName(options_.cluster.task()) << " tensor data plane on port " << data_port
+              << (options_.host.tls.enabled() ? " (mutual TLS)" : " (plaintext)");
   }
   return absl::OkStatus();
 }

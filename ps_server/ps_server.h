@@ -21,12 +21,14 @@ struct PsServerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   ParameterStoreOptions store;
   PsServiceOptions service;
-  // The tensor data plane (pulls and pushes over plain TCP, beside gRPC). Its host is taken
-  // from the task's address (a numeric host as given, a name: every interface); its port is
-  // data_plane.port (0: any free one), which GetStatus reports. Not served with TLS (the data
-  // plane has no authentication).
+  // The tensor data plane (pulls and pushes over TCP, beside gRPC). Its host is taken from the
+  // task's address (a numeric host as given, a name: every interface); its port is
+  // data_plane.port (0: any free one), which GetStatus reports. With host.tls it is mutual TLS
+  // with the same certificates and roles as gRPC.
   bool serve_data_plane = true;
   TensorServerOptions data_plane;
+  // With TLS: hand the data plane's record encryption to the kernel (kTLS) where it can.
+  bool data_plane_kernel_tls = false;
 };
 
 // The ps daemon: holds shards of the model's variables (see ParameterServer in

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "glog/logging.h"
+#include "security/authz.h"
 
 namespace pscluster {
 namespace {
@@ -30,13 +32,29 @@ constexpr int64_t kPieceBytes = 1 << 20;
 // I/O error or a request that cannot be framed ends it.
 class TensorServer::Connection {
  public:
-  Connection(ParameterStore* store, const TensorServerOptions& options, int fd)
-      : store_(store), options_(options), socket_(fd) {}
+  Connection(ParameterStore* store, const TensorServerOptions& options, int fd,
+             std::atomic<int64_t>* closed_idle)
+      : store_(store), options_(options), socket_(fd), closed_idle_(closed_idle) {}
 
   void Serve() {
+    ServeRequests();
+    // The peer sees the end now; the descriptor is closed when the server reaps the thread.
+    socket_.Shutdown();
+    done_.store(true);
+  }
+
+  void ServeRequests() {
+    if (options_.tls != nullptr && !Authenticate()) return;
     while (true) {
-      // Idle connections wait without a limit; Shutdown() wakes them.
-      if (!socket_.AwaitReadable(absl::InfiniteDuration()).ok()) break;
+      // Between requests: idle_timeout at most (Shutdown() wakes it sooner).
+      idle_since_.store(absl::ToUnixNanos(absl::Now()));
+      absl::Status waited = socket_.AwaitReadable(options_.idle_timeout);
+      idle_since_.store(0);
+      if (!waited.ok()) {
+        if (waited.code() == absl::StatusCode::kDeadlineExceeded) closed_idle_->fetch_add(1);
+        break;
+      }
+      // A request begun: its header, as every other part, within io_timeout.
       char raw[kFrameHeaderBytes];
       absl::Status s = socket_.ReadExact(raw, kFrameHeaderBytes, options_.io_timeout);
       if (!s.ok()) break;
@@ -47,13 +65,37 @@ class TensorServer::Connection {
       }
       if (!Handle(*header)) break;
     }
-    done_.store(true);
   }
 
   void Shutdown() { socket_.Shutdown(); }
   bool done() const { return done_.load(); }
+  // When it began waiting for its next request (Unix nanoseconds), or 0 in a request.
+  int64_t idle_since() const { return idle_since_.load(); }
 
  private:
+  // The TLS handshake, and who the peer is; false (logged) when it fails.
+  bool Authenticate() {
+    absl::StatusOr<SslPtr> ssl = options_.tls->Handshake(socket_.fd(), "", options_.io_timeout);
+    absl::StatusOr<PeerIdentity> peer =
+        ssl.ok() ? PeerIdentityOf(ssl->get(), options_.cluster) : ssl.status();
+    if (!peer.ok()) {
+      LOG_EVERY_N(WARNING, 20) << "tensor data plane: refused a connection: " << peer.status();
+      return false;
+    }
+    socket_.AttachTls(ssl->release());
+    peer_ = *peer;
+    return true;
+  }
+
+  // With TLS: OK when the peer may make this call (acting for worker `worker`, for a push), as
+  // over gRPC. Without: OK.
+  absl::Status Allowed(const char* method, const int32_t* worker = nullptr) const {
+    if (!peer_.has_value()) return absl::OkStatus();
+    if (worker == nullptr) return Authorize(*peer_, method);
+    const v1::TaskId task = WorkerTask(*worker);
+    return Authorize(*peer_, method, &task);
+  }
+
   // Serves one request; false when the connection must close.
   bool Handle(const FrameHeader& request) {
     if (request.meta_bytes > options_.max_meta_bytes) {
@@ -86,6 +128,9 @@ class TensorServer::Connection {
     if (!req.ParseFromString(meta_)) {
       return Refuse(request, request.payload_bytes, BadMeta("PullDenseRequest"));
     }
+    if (absl::Status s = Allowed("ParameterServer.PullDense"); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
     if (request.payload_bytes != 0) {
       return Refuse(request, request.payload_bytes,
                     absl::InvalidArgumentError("a PullDense request carries no payload"));
@@ -103,6 +148,10 @@ class TensorServer::Connection {
     v1::PushDenseHeader header;
     if (!header.ParseFromString(meta_)) {
       return Refuse(request, request.payload_bytes, BadMeta("PushDenseHeader"));
+    }
+    const int32_t worker = header.worker();
+    if (absl::Status s = Allowed("ParameterServer.PushDense", &worker); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
     }
     if (absl::Status s = store_->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
@@ -151,6 +200,9 @@ class TensorServer::Connection {
     if (!req.ParseFromString(meta_)) {
       return Refuse(request, request.payload_bytes, BadMeta("PullSparseRequest"));
     }
+    if (absl::Status s = Allowed("ParameterServer.PullSparse"); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
     if (absl::Status s = CheckSparsePayload(request, request.payload_bytes); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
@@ -177,6 +229,10 @@ class TensorServer::Connection {
     v1::PushSparseRequest req;
     if (!req.ParseFromString(meta_)) {
       return Refuse(request, request.payload_bytes, BadMeta("PushSparseRequest"));
+    }
+    const int32_t worker = req.worker();
+    if (absl::Status s = Allowed("ParameterServer.PushSparse", &worker); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
     }
     const int64_t n = req.num_keys();
     absl::Status s = CheckSparsePayload(request, 0);
@@ -319,7 +375,11 @@ class TensorServer::Connection {
   ParameterStore* const store_;  // Not owned.
   const TensorServerOptions& options_;
   WireSocket socket_;
+  std::atomic<int64_t>* const closed_idle_;  // Not owned: the server's count.
   std::atomic<bool> done_{false};
+  std::atomic<int64_t> idle_since_{0};
+  // With TLS, who the peer's certificate says it is.
+  std::optional<PeerIdentity> peer_;
   // Kept from request to request.
   std::string meta_;
   std::string small_;
@@ -389,6 +449,8 @@ int64_t TensorServer::connections_accepted() const {
   return accepted_;
 }
 
+int64_t TensorServer::connections_closed_idle() const { return closed_idle_.load(); }
+
 void TensorServer::AcceptLoop() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -402,19 +464,43 @@ void TensorServer::AcceptLoop() {
     ConfigureWireSocket(fd, options_.socket_buffer_bytes);
     absl::MutexLock lock(&mu_);
     ReapLocked();
-    if (shut_down_ || static_cast<int>(connections_.size()) >= options_.max_connections) {
-      if (!shut_down_) {
-        LOG(WARNING) << "tensor data plane: " << connections_.size()
-                     << " connections open, the most allowed; closing a new one";
-      }
+    if (shut_down_) {
       close(fd);
-      if (shut_down_) return;
+      return;
+    }
+    // Full: an idle connection makes room (its client reconnects when it needs one); idle
+    // ones cannot hold the port, and a request under way ends within io_timeout.
+    if (static_cast<int>(connections_.size()) >= options_.max_connections && !EvictIdlestLocked()) {
+      LOG_EVERY_N(WARNING, 100) << "tensor data plane: " << connections_.size()
+                                << " connections open, the most allowed, each in a request; "
+                                   "closing a new one";
+      close(fd);
       continue;
     }
     ++accepted_;
-    auto connection = std::make_shared<Connection>(store_, options_, fd);
+    auto connection = std::make_shared<Connection>(store_, options_, fd, &closed_idle_);
     connections_.push_back(Served{connection, std::thread([connection] { connection->Serve(); })});
   }
+}
+
+bool TensorServer::EvictIdlestLocked() {
+  size_t idlest = connections_.size();
+  int64_t oldest = 0;
+  for (size_t i = 0; i < connections_.size(); ++i) {
+    const int64_t since = connections_[i].connection->idle_since();
+    if (since != 0 && (idlest == connections_.size() || since < oldest)) {
+      idlest = i;
+      oldest = since;
+    }
+  }
+  if (idlest == connections_.size()) return false;
+  // Its thread waits for a request: shut down, it ends at once.
+  connections_[idlest].connection->Shutdown();
+  connections_[idlest].thread.join();
+  connections_[idlest] = std::move(connections_.back());
+  connections_.pop_back();
+  closed_idle_.fetch_add(1);
+  return true;
 }
 
 void TensorServer::ReapLocked() {

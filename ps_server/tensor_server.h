@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_PS_SERVER_TENSOR_SERVER_H_
 #define PSCLUSTER_PS_SERVER_TENSOR_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/tensor_wire.h"
 #include "ps_server/parameter_store.h"
+#include "security/wire_tls.h"
 
 namespace pscluster {
 
@@ -22,6 +24,9 @@ struct TensorServerOptions {
   int port = 0;
   // Each read or write of a request, once its first byte arrived, must finish within this.
   absl::Duration io_timeout = absl::Seconds(60);
+  // A connection with no request under way for this long is closed (a client's pool opens
+  // another when it next needs one).
+  absl::Duration idle_timeout = absl::Seconds(60);
   // Send and receive buffers of each connection, in bytes (0: the system's).
   int socket_buffer_bytes = 4 << 20;
   // Largest meta message a request may carry, in bytes.
@@ -29,7 +34,15 @@ struct TensorServerOptions {
   // Largest payload of a sparse request, in bytes (a dense push's payload is bounded by the
   // shards its header names, which exist).
   int64_t max_sparse_payload_bytes = 512 << 20;
-  // Connections served at once; one more is closed at once.
+  // Mutual TLS (security/wire_tls.h, server side); null: plaintext. With it, a connection must
+  // complete the handshake with a certificate of `cluster` within io_timeout, and each request
+  // is checked against the caller's role as the same call over gRPC (security/authz.h): pulls
+  // for the roles that may pull, pushes by a worker for itself only.
+  std::shared_ptr<WireTlsContext> tls;
+  std::string cluster;
+  // Connections served at once. With that many open, a new one takes the place of the one
+  // idle longest; when none is idle (every one in the middle of a request, which ends within
+  // io_timeout), the new one is closed at once.
   int max_connections = 1024;
 };
 
@@ -50,8 +63,9 @@ class TensorServer {
   ~TensorServer();
 
   int port() const { return port_; }
-  // Connections served so far (for tests).
+  // Connections served so far, and closed for being idle (for tests and metrics).
   int64_t connections_accepted() const;
+  int64_t connections_closed_idle() const;
 
   void Shutdown();
 
@@ -62,6 +76,9 @@ class TensorServer {
   void AcceptLoop();
   // Joins the threads of connections that have ended.
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At max_connections: closes the connection idle longest and waits for its thread; false
+  // when none is idle.
+  bool EvictIdlestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;  // Not owned.
   const TensorServerOptions options_;
@@ -71,6 +88,7 @@ class TensorServer {
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> closed_idle_{0};
   struct Served {
     std::shared_ptr<Connection> connection;
     std::thread thread;

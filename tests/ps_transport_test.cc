@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "client/grpc_ps_transport.h"
@@ -284,6 +285,131 @@ TEST_F(RawWireTest, APushCutOffAfterItsLastByteAndRetriedIsAppliedOnce) {
     const std::vector<float> after = ReadB();
     for (int i = 0; i < 16; ++i) ASSERT_EQ(after[i], before[i] - 0.5f) << "seq " << seq;
   }
+}
+
+// The data port's limits (issue 32: without TLS, idle and half-sent connections stayed open
+// for good, and 1,024 of them locked every new client out). Short limits here; 60 s and 1,024
+// by default.
+class DataPlaneLimitsTest : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> ps_flags) {
+    env_ = std::make_unique<DaemonEnvironment>(true, std::move(ps_flags));
+    for (const v1::DensePartition& p : env_->model().placement().partitions()) {
+      if (p.variable() == "b") b_ps_ = p.ps_task();
+    }
+    auto status = env_->NewTransport()->GetStatus(b_ps_);
+    ASSERT_TRUE(status.ok()) << status.status();
+    port_ = status->data_port();
+    ASSERT_GT(port_, 0);
+  }
+
+  std::unique_ptr<WireSocket> Connect() {
+    auto s = WireSocket::Connect("127.0.0.1", port_, absl::Seconds(5), 0);
+    CHECK(s.ok()) << s.status();
+    return *std::move(s);
+  }
+
+  // How long until the ps closes `socket` (a read sees the end), or nothing within `timeout`.
+  static std::optional<absl::Duration> ClosedWithin(WireSocket& socket, absl::Duration timeout) {
+    const absl::Time start = absl::Now();
+    char byte;
+    absl::Status read = socket.ReadExact(&byte, 1, timeout);
+    if (read.code() == absl::StatusCode::kUnavailable) return absl::Now() - start;
+    return std::nullopt;
+  }
+
+  // b pulled by a client of the data plane, as a worker pulls.
+  absl::Status PullB() {
+    std::vector<float> v(16);
+    DenseSlice slice;
+    slice.ref.set_variable("b");
+    slice.num_elements = 16;
+    slice.pull_into = v.data();
+    return env_->NewTransport()->PullDense(b_ps_, {slice}, v1::DT_FLOAT32, -1);
+  }
+
+  std::unique_ptr<DaemonEnvironment> env_;
+  int b_ps_ = 0;
+  int port_ = 0;
+};
+
+TEST_F(DataPlaneLimitsTest, IdleAndHalfSentConnectionsAreClosed) {
+  Start({"--data_plane_idle_timeout_ms=500", "--data_plane_io_timeout_ms=500"});
+  std::unique_ptr<WireSocket> idle = Connect();
+  std::unique_ptr<WireSocket> half = Connect();
+  FrameHeader h;
+  h.op = static_cast<uint16_t>(WireOp::kPullDense);
+  char raw[kFrameHeaderBytes];
+  EncodeFrameHeader(h, raw);
+  PS_CHECK_OK(half->Write(absl::string_view(raw, kFrameHeaderBytes / 2), absl::Seconds(5)));
+  // Closed after their 0.5 s (generously bounded: a connection never closed waits forever).
+  std::optional<absl::Duration> idle_closed = ClosedWithin(*idle, absl::Seconds(20));
+  std::optional<absl::Duration> half_closed = ClosedWithin(*half, absl::Seconds(20));
+  ASSERT_TRUE(idle_closed.has_value()) << "an idle connection stayed open";
+  ASSERT_TRUE(half_closed.has_value()) << "a half-sent header kept its connection open";
+  EXPECT_GE(*idle_closed, absl::Milliseconds(400));
+  // The ps serves on.
+  EXPECT_TRUE(PullB().ok());
+}
+
+TEST_F(DataPlaneLimitsTest, IdleConnectionsCannotLockANewClientOut) {
+  Start({"--data_plane_max_connections=4"});
+  std::vector<std::unique_ptr<WireSocket>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Connect());
+  // The port is full of idle connections; a worker's pull still goes through, in the place of
+  // the one idle longest.
+  const absl::Time start = absl::Now();
+  absl::Status pulled = PullB();
+  EXPECT_TRUE(pulled.ok()) << pulled;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // One of the idle ones (the first to wait for a request) made room for it.
+  int closed = 0;
+  for (auto& socket : held) closed += ClosedWithin(*socket, absl::Seconds(1)).has_value();
+  EXPECT_EQ(closed, 1) << "idle connections closed to make room";
+}
+
+// Tables are bounded by the ps's memory budget by default (issue 32: a pull of 5 M keys created
+// its rows, +270 MB, because --max_table_rows is off by default). With a 1 MiB budget, pulls of
+// new keys create rows until the next one would pass it; that one is refused, whole, naming
+// the budget, and the ps serves on.
+TEST_F(DataPlaneLimitsTest, TablesCannotGrowPastTheMemoryBudget) {
+  Start({"--memory_budget_mb=1"});
+  ParameterClientOptions options;
+  options.max_sparse_keys_per_request = kConformanceMaxSparseKeys;
+  auto client = ParameterClient::Create(env_->model().model(), env_->model().placement(),
+                                        env_->NewTransport(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto rows_held = [&] {
+    int64_t rows = 0;
+    for (int ps = 0; ps < 2; ++ps) {
+      auto shards = (*client)->ListShards(ps);
+      CHECK(shards.ok()) << shards.status();
+      for (const v1::ShardStats& s : shards->shards()) rows += s.is_table() ? s.rows() : 0;
+    }
+    return rows;
+  };
+  std::vector<int64_t> keys(kConformanceMaxSparseKeys);
+  std::vector<float> out(keys.size() * 8);
+  absl::Status refused;
+  int pulls = 0;
+  for (int64_t next = 0; pulls < 100 && refused.ok(); ++pulls) {
+    for (int64_t& k : keys) k = next++;
+    refused =
+        (*client)->PullRows("emb", keys.data(), static_cast<int64_t>(keys.size()), out.data());
+  }
+  ASSERT_FALSE(refused.ok()) << "100 pulls of " << keys.size() << " new keys each, none refused";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("memory budget of 1048576 bytes"));
+  // Two ps tasks, 1 MiB each: about 13,000 rows of 80 bytes each before the first refusal.
+  const int64_t held = rows_held();
+  EXPECT_LE(held * 80, 2 * (1 << 20));
+  EXPECT_GE(held, 10000);
+  // Nothing of the refused pull was created; known keys are still served.
+  EXPECT_FALSE(
+      (*client)->PullRows("emb", keys.data(), static_cast<int64_t>(keys.size()), out.data()).ok());
+  EXPECT_EQ(rows_held(), held);
+  std::vector<int64_t> known = {0, 1, 2};
+  EXPECT_TRUE((*client)->PullRows("emb", known.data(), 3, out.data()).ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // daemons serving. Certificates come from deploy/tls/make_certs.sh (openssl).
 #include "security/tls.h"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,12 +16,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/grpc_channel.h"
+#include "common/status_macros.h"
+#include "common/tensor_wire.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "openssl/ssl.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
+#include "security/wire_tls.h"
 #include "testing/child_process.h"
 #include "testing/test_cluster.h"
 
@@ -59,6 +64,9 @@ void MakeCerts(const std::string& args) {
 class TlsClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // Writes to a data port that closed the connection (a refused handshake) must fail, not
+    // end the test with SIGPIPE (OpenSSL writes with write(2)).
+    signal(SIGPIPE, SIG_IGN);
     dir_ = new std::string(TmpDir() + "/certs");
     const std::string hosts =
         "--chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0 --worker_hosts 127.0.0.1:0";
@@ -132,6 +140,64 @@ class TlsClusterTest : public ::testing::Test {
     EXPECT_TRUE(AwaitGlobalStep(*chief_, now + 5, absl::Seconds(30))) << cluster_->Logs();
   }
 
+  // ps:0's data port, as GetStatus reports it.
+  int DataPort() {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::TaskStatus status;
+    grpc::Status s = PsStub(Files("main", "worker-0"))->GetStatus(&ctx, {}, &status);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return status.data_port();
+  }
+
+  // A connection to ps:0's data port over TLS with `tls` (without a certificate when only
+  // ca_file is set: a raw OpenSSL client, since a cluster member always has one).
+  static absl::StatusOr<std::unique_ptr<WireSocket>> DataPlaneSocket(int port,
+                                                                     const TlsConfig& tls) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<WireSocket> socket,
+                        WireSocket::Connect("127.0.0.1", port, absl::Seconds(5), 0));
+    if (tls.cert_file.empty()) {
+      SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+      SSL_CTX_load_verify_locations(ctx, tls.ca_file.c_str(), nullptr);
+      SSL* ssl = SSL_new(ctx);
+      SSL_CTX_free(ctx);  // the SSL keeps its own reference
+      SSL_set_fd(ssl, socket->fd());
+      if (SSL_connect(ssl) != 1) {
+        SSL_free(ssl);
+        return absl::UnauthenticatedError("the handshake without a certificate failed");
+      }
+      socket->AttachTls(ssl);
+      return socket;
+    }
+    PS_ASSIGN_OR_RETURN(std::shared_ptr<WireTlsContext> context,
+                        WireTlsContext::Create(tls, WireTlsContext::Side::kClient));
+    PS_ASSIGN_OR_RETURN(SslPtr ssl,
+                        context->Handshake(socket->fd(), "127.0.0.1", absl::Seconds(5)));
+    socket->AttachTls(ssl.release());
+    return socket;
+  }
+
+  // One request on the data plane; the answer's status (an I/O error when the ps closed).
+  static absl::Status Exchange(WireSocket& socket, WireOp op, const std::string& meta,
+                               const std::string& payload) {
+    FrameHeader h;
+    h.op = static_cast<uint16_t>(op);
+    h.meta_bytes = static_cast<uint32_t>(meta.size());
+    h.payload_bytes = payload.size();
+    char raw[kFrameHeaderBytes];
+    EncodeFrameHeader(h, raw);
+    PS_RETURN_IF_ERROR(
+        socket.Write(std::string(raw, sizeof(raw)) + meta + payload, absl::Seconds(10)));
+    PS_RETURN_IF_ERROR(socket.ReadExact(raw, kFrameHeaderBytes, absl::Seconds(10)));
+    PS_ASSIGN_OR_RETURN(FrameHeader answer, DecodeFrameHeader(raw));
+    std::string answer_meta(answer.meta_bytes, '\0');
+    PS_RETURN_IF_ERROR(socket.ReadExact(answer_meta.data(), answer_meta.size(), absl::Seconds(10)));
+    std::string answer_payload(answer.payload_bytes, '\0');
+    PS_RETURN_IF_ERROR(
+        socket.ReadExact(answer_payload.data(), answer_payload.size(), absl::Seconds(10)));
+    return WireErrorStatus(answer.status, answer_meta);
+  }
+
   ShellResult Psctl(const std::string& holder, const std::string& command) {
     const TlsConfig tls = TlsFilesOf(*dir_ + "/main", holder);
     return RunShell(absl::StrCat("exec ", Quote(RunfilePath("cli/psctl")), " ", command,
@@ -150,12 +216,101 @@ std::string* TlsClusterTest::dir_ = nullptr;
 
 TEST_F(TlsClusterTest, TrainsWithEveryChannelOnMutualTls) {
   ExpectTraining();
-  // The ps serves no plaintext tensor data plane beside TLS.
+  // The tensor data plane is served with mutual TLS too, and the worker trains through it.
+  EXPECT_GT(DataPort(), 0);
+  EXPECT_THAT(cluster_->ps(0).LogTail(200), HasSubstr("tensor data plane on port "));
+  EXPECT_THAT(cluster_->ps(0).LogTail(200), HasSubstr(" (mutual TLS)"));
+}
+
+// The data port answers only peers with a certificate of this cluster, and checks each request
+// against the caller's role as gRPC does (issue 32): plaintext, no certificate, another CA's,
+// an expired one and another cluster's are refused before any request is read; psctl's viewer
+// may pull but not push; a worker may not push as another worker. Nothing changes, and the
+// cluster trains on.
+TEST_F(TlsClusterTest, TheDataPortRefusesCallersAndCallsOutsideTheirRole) {
+  const std::vector<std::string> before = Shards();
+  const int port = DataPort();
+  ASSERT_GT(port, 0);
+  // The first dense partition of ps:0, and a push of zeros to it as the given worker.
   grpc::ClientContext ctx;
   Deadline(&ctx);
-  v1::TaskStatus status;
-  ASSERT_TRUE(PsStub(Files("main", "worker-0"))->GetStatus(&ctx, {}, &status).ok());
-  EXPECT_EQ(status.data_port(), 0);
+  v1::ListShardsResponse listed;
+  ASSERT_TRUE(PsStub(Files("main", "chief-0"))->ListShards(&ctx, {}, &listed).ok());
+  v1::ShardStats shard;
+  for (const v1::ShardStats& s : listed.shards()) {
+    if (!s.is_table()) shard = s;
+  }
+  ASSERT_FALSE(shard.name().empty());
+  int64_t elements = 1;
+  for (int64_t d : shard.shape().dims()) elements *= d;
+  auto push = [&](WireSocket& socket, int worker) {
+    v1::PushDenseHeader header;
+    v1::ShardRef* ref = header.add_shards();
+    ref->set_variable(shard.name());
+    ref->set_partition(shard.partition());
+    header.add_num_elements(elements);
+    header.set_worker(worker);
+    header.set_step(ClusterStatusOf(*chief_).global_step());
+    return Exchange(socket, WireOp::kPushDense, header.SerializeAsString(),
+                    std::string(elements * sizeof(float), '\0'));
+  };
+  auto pull = [&](WireSocket& socket) {
+    v1::PullDenseRequest req;
+    v1::ShardRef* ref = req.add_shards();
+    ref->set_variable(shard.name());
+    ref->set_partition(shard.partition());
+    return Exchange(socket, WireOp::kPullDense, req.SerializeAsString(), "");
+  };
+
+  // Plaintext: the ps reads a frame where it expects a TLS ClientHello and closes.
+  {
+    auto socket = WireSocket::Connect("127.0.0.1", port, absl::Seconds(5), 0);
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    absl::Status s = pull(**socket);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  }
+  // TLS without a certificate, with another CA's, an expired one, another cluster's.
+  struct Case {
+    const char* what;
+    TlsConfig tls;
+  };
+  TlsConfig no_certificate;
+  no_certificate.ca_file = *dir_ + "/main/ca.pem";
+  const Case refused[] = {
+      {"no certificate", no_certificate},
+      {"another CA's certificate", Files("other_ca", "worker-0")},
+      {"an expired certificate", Files("expired", "worker-0")},
+      {"another cluster's certificate", Files("foreign", "worker-0")},
+  };
+  for (const Case& c : refused) {
+    auto socket = DataPlaneSocket(port, c.tls);
+    absl::Status s = socket.ok() ? push(**socket, 0) : socket.status();
+    EXPECT_FALSE(s.ok()) << c.what;
+    EXPECT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << c.what << ": " << s;
+  }
+  // psctl's viewer reads, and may not push.
+  {
+    auto socket = DataPlaneSocket(port, Files("main", "psctl-viewer"));
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    EXPECT_TRUE(pull(**socket).ok());
+    absl::Status s = push(**socket, 0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("role viewer (psctl viewer) may not call ParameterServer.PushDense"));
+  }
+  // A worker pushes only as itself.
+  {
+    auto socket = DataPlaneSocket(port, Files("main", "worker-0"));
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    absl::Status s = push(**socket, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("worker:0 may not call ParameterServer.PushDense for worker:1"));
+  }
+  EXPECT_EQ(Shards(), before);
+  // The ps serves on: training goes on, over the data plane.
+  ExpectTraining();
 }
 
 TEST_F(TlsClusterTest, RefusesCallersWithoutAValidCertificate) {
@@ -267,6 +422,34 @@ TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
                 HasSubstr("worker:0 may not call Coordinator.RegisterTask for ps:0"));
   }
   {
+    // Pushes that name another worker (a stolen worker key filling another worker's share of
+    // a sync step, issue 32): refused before the ps looks at them.
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::PushSparseRequest push;
+    push.set_table("emb");
+    push.set_worker(1);
+    push.set_step(ClusterStatusOf(*chief_).global_step());
+    v1::PushSparseResponse pushed;
+    grpc::Status s = ps->PushSparse(&ctx, push, &pushed);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("worker:0 may not call ParameterServer.PushSparse for worker:1"));
+    grpc::ClientContext dense_ctx;
+    Deadline(&dense_ctx);
+    v1::PushDenseResponse dense_pushed;
+    auto writer = ps->PushDense(&dense_ctx, &dense_pushed);
+    v1::PushDenseRequest header;
+    header.mutable_header()->set_worker(1);
+    header.mutable_header()->set_step(ClusterStatusOf(*chief_).global_step());
+    writer->Write(header);
+    writer->WritesDone();
+    s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("worker:0 may not call ParameterServer.PushDense for worker:1"));
+  }
+  {
     // ReportStep for a worker index that is not the caller's.
     grpc::ClientContext ctx;
     Deadline(&ctx);
@@ -303,10 +486,24 @@ TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
     grpc::StatusCode code;
     const char* message;
   };
+  // A checkpoint directory whose ps-0 entry is a link out of the checkpoint directory, and one
+  // whose ps-0 is a link that leads nowhere yet (issue 32: the save wrote RocksDB files
+  // through the first, and the second gave UNAVAILABLE).
+  const std::string outside = TmpDir() + "/outside";
+  ASSERT_EQ(
+      RunShell("mkdir -p " + Quote(outside) + " " + Quote(checkpoint_dir_ + "/ckpt-linked") + " " +
+               Quote(checkpoint_dir_ + "/ckpt-dangling") + " && ln -sfn " + Quote(outside) + " " +
+               Quote(checkpoint_dir_ + "/ckpt-linked/ps-0") + " && ln -sfn " +
+               Quote(outside + "/not-yet") + " " + Quote(checkpoint_dir_ + "/ckpt-dangling/ps-0"))
+          .exit_code,
+      0);
   const Case cases[] = {
       {"../escaped", grpc::StatusCode::INVALID_ARGUMENT, "a path, not a name"},
       {"/etc/evil", grpc::StatusCode::INVALID_ARGUMENT, "a path, not a name"},
       {committed, grpc::StatusCode::FAILED_PRECONDITION, "never written into again"},
+      {"ckpt-linked", grpc::StatusCode::INVALID_ARGUMENT, "/ckpt-linked/ps-0 is a symbolic link"},
+      {"ckpt-dangling", grpc::StatusCode::INVALID_ARGUMENT,
+       "/ckpt-dangling/ps-0 is a symbolic link"},
   };
   for (const Case& c : cases) {
     grpc::ClientContext ctx;
@@ -314,7 +511,7 @@ TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
     v1::SaveShardsRequest save;
     save.set_checkpoint(c.name);
     save.set_checkpoint_path("/tmp/escaped-by-path");
-    save.set_ps_index(7);
+    save.set_ps_index(c.name.rfind("ckpt-", 0) == 0 && c.name != committed ? 0 : 7);
     v1::SaveShardsResponse response;
     grpc::Status s = ps->SaveShards(&ctx, save, &response);
     EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
@@ -323,6 +520,8 @@ TEST_F(TlsClusterTest, CheckpointsStayInsideTheCheckpointDirectory) {
   EXPECT_NE(RunShell("test -e " + Quote(checkpoint_dir_ + "/../escaped")).exit_code, 0);
   EXPECT_NE(RunShell("test -e /tmp/escaped-by-path").exit_code, 0);
   EXPECT_NE(RunShell("test -e " + Quote(checkpoint_dir_ + "/" + committed + "/ps-7")).exit_code, 0);
+  // Nothing was written through the links.
+  EXPECT_EQ(RunShell("ls -A " + Quote(outside)).output, "");
   ExpectTraining();
 }
 
