@@ -82,7 +82,10 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
 done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
-  bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh "$out/bench/"
+  bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh "$out/bench/"
+# Certificates for the TLS runs (bench/gpu_tls.sh, deploy/local/run.sh --tls), made there.
+mkdir -p "$out/deploy/tls"
+cp deploy/tls/make_certs.sh "$out/deploy/tls/"
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
 cp deploy/local/run.sh "$out/deploy/local/"

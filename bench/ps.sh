@@ -16,7 +16,7 @@
 #   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
 #                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
 #                    [--only d_1MiB,emb] [--sparse_key_space N] [--ps_binary PATH]
-#                    [--bench_binary PATH] [--keep_logs]
+#                    [--bench_binary PATH] [--tls] [--kernel_tls] [--keep_logs]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
@@ -31,6 +31,11 @@
 # --ps_binary runs that ps_server instead of the one just built: copy a build aside, change the
 # code, and run the script once with each to compare them on the same machine and day.
 # --bench_binary does the same for the client side (bench/ps_bench, with its ParameterClient).
+# --tls measures every configuration twice in the same run, plaintext and with mutual TLS on
+# both planes as a deployed cluster runs (certificates from deploy/tls/make_certs.sh; each
+# client is a worker with its own certificate); TLS figures' names end in _tls, and each
+# also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls asks for
+# kernel TLS (kTLS) on the data plane where the kernel has it (the ps log says which).
 # Before each run the script waits (up to 60 s) for the machine to be quiet (under 10% busy)
 # and says so when it was not. Temporary files go under $TMPDIR (default /tmp).
 set -euo pipefail
@@ -45,6 +50,8 @@ transports="tensor_wire"
 only=""
 sparse_key_space=""
 keep_logs=0
+tls_modes="plain"
+kernel_tls=0
 ps_binary=""
 bench_binary=""
 while [[ $# -gt 0 ]]; do
@@ -60,6 +67,8 @@ while [[ $# -gt 0 ]]; do
     --ps_binary) ps_binary=$2; shift 2 ;;
     --bench_binary) bench_binary=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
+    --tls) tls_modes="plain tls"; shift ;;
+    --kernel_tls) kernel_tls=1; shift ;;
     -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -257,22 +266,56 @@ echo "  vocabulary_size: ${sparse_key_space:-1000000} }" >>"$work/model.pbtxt"
 ps_flags=()
 if [[ -n $pull_chunk_bytes ]]; then ps_flags+=(--pull_chunk_bytes="$pull_chunk_bytes"); fi
 
+# --tls: one CA and a certificate per task (every task binds 127.0.0.1, which they name) and
+# per benchmark client (worker-<w>), for the largest configuration.
+if [[ $tls_modes == *tls* ]]; then
+  max_ps=1 max_workers=1
+  for config in $configs; do
+    [[ ${config%x*} -gt $max_ps ]] && max_ps=${config%x*}
+    [[ ${config#*x} -gt $max_workers ]] && max_workers=${config#*x}
+  done
+  hosts() { local out="" i; for ((i = 0; i < $1; i++)); do out+="${out:+,}127.0.0.1:0"; done; echo "$out"; }
+  bash deploy/tls/make_certs.sh --out "$work/certs" --cluster bench --chief_hosts 127.0.0.1:0 \
+    --ps_hosts "$(hosts "$max_ps")" --worker_hosts "$(hosts "$max_workers")" >/dev/null
+  echo "==> --tls: certificates in $work/certs"
+fi
+tls_flags() {  # holder
+  echo "--tls_ca_file=$work/certs/ca.pem --tls_cert_file=$work/certs/$1.pem --tls_key_file=$work/certs/$1.key"
+}
+
+for tls_mode in $tls_modes; do
 for transport in $transports; do
 for config in $configs; do
   num_ps=${config%x*}
   num_workers=${config#*x}
   tag="${num_ps}ps${num_workers}w"
   [[ $transport == grpc ]] && tag="${tag}_grpc"
+  chief_tls=() bench_tls=()
+  if [[ $tls_mode == tls ]]; then
+    tag="${tag}_tls"
+    # shellcheck disable=SC2207
+    chief_tls=($(tls_flags chief-0))
+    bench_tls=(--tls_dir="$work/certs")
+    [[ $kernel_tls -eq 1 ]] && bench_tls+=(--kernel_tls)
+  fi
   # With more than one ps, partitions of at most 8 MiB split the 16 MiB variable in 2 and the
   # 64 MiB one in 8; round-robin placement then gives every ps a share of both.
   max_partition_bytes=0
   if [[ $num_ps -gt 1 ]]; then max_partition_bytes=$((8 << 20)); fi
   echo "==> $tag: 1 chief, $num_ps ps (max_partition_bytes=$max_partition_bytes), $num_workers client(s)"
   start_task "$tag" chief chief 0 "127.0.0.1:0" "$num_ps" \
-    --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes"
+    --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes" \
+    ${chief_tls[@]+"${chief_tls[@]}"}
   chief="127.0.0.1:$(cat "$work/$tag-chief-0.port")"
   for ((i = 0; i < num_ps; i++)); do
-    start_task "$tag" ps_server ps "$i" "$chief" "$num_ps" "${ps_flags[@]}"
+    ps_tls=()
+    if [[ $tls_mode == tls ]]; then
+      # shellcheck disable=SC2207
+      ps_tls=($(tls_flags "ps-$i"))
+      [[ $kernel_tls -eq 1 ]] && ps_tls+=(--data_plane_kernel_tls)
+    fi
+    start_task "$tag" ps_server ps "$i" "$chief" "$num_ps" ${ps_flags[@]+"${ps_flags[@]}"} \
+      ${ps_tls[@]+"${ps_tls[@]}"}
   done
   await_quiet
   # This machine's loopback moves with other tenants' load (1.5 to 3.3 GB/s within an hour),
@@ -291,12 +334,32 @@ for config in $configs; do
     --transport="$transport" --ps_pids="$ps_pids" --only="$only" \
     --loopback_gbps="$baseline_gbps" --loopback_rtt_us="$loopback_rtt_us" \
     --min_seconds="$min_seconds" --repeats="$repeats" --chunk_bytes="$chunk_bytes" \
-    ${sparse_key_space:+--sparse_key_space="$sparse_key_space"} 2>&1 | tee "$work/$tag.out"
+    ${sparse_key_space:+--sparse_key_space="$sparse_key_space"} \
+    ${bench_tls[@]+"${bench_tls[@]}"} 2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
   echo "==> $tag: stopping the daemons (SIGTERM)"
   stop_daemons
 done
 done
+done
+
+# --tls: each TLS figure against the same figure in plaintext, from this run.
+if [[ $tls_modes == *tls* ]]; then
+  python3 - "$work/bench.txt" >>"$work/bench.txt" <<'PY'
+import sys
+figures = {}
+for line in open(sys.argv[1]):
+    _, name, value, unit, _ = line.split()
+    figures[name] = (float(value), unit)
+for name, (value, unit) in figures.items():
+    if "_tls" not in name:
+        continue
+    plain = name.replace("_tls", "", 1)
+    if plain not in figures or figures[plain][0] == 0:
+        continue
+    print("BENCH tls_%s %g %s ratio=%.2f" % (plain, value, unit, value / figures[plain][0]))
+PY
+fi
 
 echo
 echo "==> every figure (ratio = value / loopback figure of this run: iperf3 GB/s for"
@@ -305,7 +368,7 @@ cat "$work/bench.txt"
 
 echo
 echo "==> summary (markdown)"
-python3 - "$work/bench.txt" "$configs" "$transports" <<'EOF'
+python3 - "$work/bench.txt" "$configs" "$transports" "$tls_modes" <<'EOF'
 import re, sys
 
 figures = {}
@@ -313,9 +376,11 @@ for line in open(sys.argv[1]):
     _, name, value, unit, ratio = line.split()
     figures[name] = (value, unit, ratio.split("=", 1)[1])
 tags = []
-for t in sys.argv[3].split():
-    tags += ["%sps%sw%s" % (*c.split("x"), "_grpc" if t == "grpc" else "")
-             for c in sys.argv[2].split()]
+for mode in sys.argv[4].split():
+    for t in sys.argv[3].split():
+        tags += ["%sps%sw%s%s" % (*c.split("x"), "_grpc" if t == "grpc" else "",
+                                  "_tls" if mode == "tls" else "")
+                 for c in sys.argv[2].split()]
 
 def cell(name):
     if name not in figures:

@@ -73,6 +73,8 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
+#include "security/tls.h"
+#include "security/wire_tls.h"
 
 DEFINE_string(chief, "", "host:port of the chief, which gives the model and the ps addresses.");
 DEFINE_int32(workers, 1, "Concurrent clients (threads), each with its own connections.");
@@ -122,6 +124,26 @@ DEFINE_string(ps_pids, "",
 DEFINE_string(only, "",
               "Comma-separated variables and tables to measure (e.g. d_64MiB,emb). Empty: all.");
 DEFINE_double(model_timeout_seconds, 120, "How long to wait for the chief's model, in seconds.");
+DEFINE_string(tls_dir, "",
+              "Mutual TLS on both planes, as a deployed cluster runs: a deploy/tls/make_certs.sh "
+              "folder; client w uses worker-w's certificate (ca.pem, worker-<w>.pem and .key), "
+              "the model is fetched with worker-0's. Empty: plaintext.");
+DEFINE_bool(kernel_tls, false,
+            "With --tls_dir: ask for kernel TLS (kTLS) on the data plane's connections.");
+
+namespace {
+
+// Worker `w`'s TLS files in --tls_dir (plaintext without it).
+pscluster::TlsConfig WorkerTls(int w) {
+  pscluster::TlsConfig tls;
+  if (FLAGS_tls_dir.empty()) return tls;
+  tls.ca_file = FLAGS_tls_dir + "/ca.pem";
+  tls.cert_file = absl::StrCat(FLAGS_tls_dir, "/worker-", w, ".pem");
+  tls.key_file = absl::StrCat(FLAGS_tls_dir, "/worker-", w, ".key");
+  return tls;
+}
+
+}  // namespace
 
 namespace pscluster {
 namespace {
@@ -395,7 +417,7 @@ absl::StatusOr<Measurement> MeasureLoopbackRoundTrips(int round_trips, int clien
 
 absl::StatusOr<v1::GetModelResponse> FetchModel(const std::string& chief, absl::Duration timeout) {
   std::unique_ptr<v1::Coordinator::Stub> stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel(chief, grpc::InsecureChannelCredentials()));
+      v1::Coordinator::NewStub(grpc::CreateChannel(chief, ChannelCredentialsFor(WorkerTls(0))));
   v1::GetModelRequest req;
   req.set_wait_until_ready(true);
   v1::GetModelResponse resp;
@@ -447,21 +469,28 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       for (const auto& [name, value] : channel_args) args.SetInt(name, value);
       stubs.push_back(v1::ParameterServer::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+          grpc::CreateCustomChannel(address, ChannelCredentialsFor(WorkerTls(worker)), args)));
     }
     transport = std::make_unique<GrpcPsTransport>(std::move(stubs), options);
   } else {
-    transport = std::make_unique<GrpcPsTransport>(addresses, options);
+    GrpcPsTransportOptions with_tls = options;
+    with_tls.tls = WorkerTls(worker);
+    transport = std::make_unique<GrpcPsTransport>(addresses, with_tls);
   }
   ParameterClientOptions client_options;
   client_options.worker = worker;
   // A retried call would hide a failure inside a latency figure.
   client_options.max_attempts = 1;
   if (FLAGS_transport == "tensor_wire") {
+    TcpPsTransportOptions tcp;
+    if (!FLAGS_tls_dir.empty()) {
+      PS_ASSIGN_OR_RETURN(tcp.tls,
+                          WireTlsContext::Create(WorkerTls(worker), WireTlsContext::Side::kClient,
+                                                 FLAGS_kernel_tls));
+    }
     return ParameterClient::Create(
         model.model(), model.placement(),
-        std::make_unique<TcpPsTransport>(std::move(transport), addresses, TcpPsTransportOptions()),
-        client_options);
+        std::make_unique<TcpPsTransport>(std::move(transport), addresses, tcp), client_options);
   }
   return ParameterClient::Create(model.model(), model.placement(), std::move(transport),
                                  client_options);

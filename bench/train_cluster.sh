@@ -9,7 +9,10 @@
 #   work                  a folder for logs
 #   rate_py               the path of bench/train_rate.py
 # and may set cl_model (model config file), cl_data_path (Fashion-MNIST folder, "" for the
-# default) and cl_chief_flags (an array of extra chief flags).
+# default), cl_chief_flags (an array of extra chief flags) and cl_tls_dir (a
+# deploy/tls/make_certs.sh folder with a certificate for every task: each task then runs with
+# its own, every channel on mutual TLS, the tensor data plane included; cluster_probe uses
+# psctl-viewer's).
 #
 # Two kinds of run: cl_start + cl_measure + cl_stop (a timed window of steady-state training,
 # then SIGTERM), and cl_train_to_end (every epoch to the end, with an evaluator task, the final
@@ -51,8 +54,16 @@ cl_num_workers=0
 cl_model=${cl_model:-configs/mlp.pbtxt}
 cl_data_path=${cl_data_path:-}
 
+cl_tls_dir=${cl_tls_dir:-}
+# A holder's TLS flags (chief-0, ps-1, worker-0, psctl-viewer, ...) with cl_tls_dir; none without.
+cl_tls_flags() {
+  [[ -n $cl_tls_dir ]] || return 0
+  echo "--tls_ca_file=$cl_tls_dir/ca.pem --tls_cert_file=$cl_tls_dir/$1.pem --tls_key_file=$cl_tls_dir/$1.key"
+}
+
 # The chief's ClusterStatus as one line of JSON (what `psctl status --json` is built on).
-cl_status() { (launch cluster_probe --chief="$cl_chief"); }
+# shellcheck disable=SC2046
+cl_status() { (launch cluster_probe --chief="$cl_chief" $(cl_tls_flags psctl-viewer)); }
 
 # TF_CONFIG for one task: the chief's address is fixed once it has bound; every other task
 # binds port 0 and registers its real address with the chief.
@@ -72,8 +83,9 @@ cl_start_task() {  # binary job index chief_address num_ps num_workers [flags...
   shift 6
   local port_file="$cl_dir/$job-$index.port" tf
   tf=$(cl_tf_config "$chief" "$job" "$index" "$num_ps" "$num_workers")
-  (export TF_CONFIG="$tf"; launch "$binary" --port_file="$port_file" "$@") \
-    >"$cl_dir/$job-$index.log" 2>&1 &
+  # shellcheck disable=SC2046
+  (export TF_CONFIG="$tf"; launch "$binary" --port_file="$port_file" \
+    $(cl_tls_flags "$job-$index") "$@") >"$cl_dir/$job-$index.log" 2>&1 &
   cl_pids+=($!)
   cl_names+=("$job:$index")
   local _

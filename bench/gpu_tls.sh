@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The secure cluster against the plaintext one, on the GPU machine, in one call: for each model
+# (configs/mlp.pbtxt at batch 1024 with 1 ps task, configs/resnet20.pbtxt at batch 128 with 2,
+# as docs/benchmarks.md measures them), a local cluster of 1 chief, the ps tasks and one worker
+# --device=gpu:0, async, trained for --seconds of steady state (bench/train_cluster.sh,
+# bench/train_rate.py), alternately in plaintext and with mutual TLS on every channel (every
+# task its own certificate from deploy/tls/make_certs.sh, the tensor data plane on TLS too),
+# --repeats times each (plain, tls, plain, tls, ...). Prints each run's examples/s and
+#   BENCH tls_gpu_<model>_b<B> <ex/s> ex/s ratio=<TLS / plaintext, medians of this call>
+# From the device bundle (bench/gpu_prepare.sh), on the device machine:
+#   bash .devbundle/bench/gpu_tls.sh [--seconds 20] [--warmup 8] [--repeats 2] [--kernel_tls]
+# --kernel_tls asks the ps tasks for kernel TLS on the data plane (their logs say whether the
+# kernel had it). With $OUT set the report is also written there.
+set -euo pipefail
+bundle=$(cd "$(dirname "$0")/.." && pwd)
+seconds=20
+warmup=8
+repeats=2
+kernel_tls=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seconds) seconds=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --kernel_tls) kernel_tls=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu_tls.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+device=${DEVICE:-gpu:0}
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_tls.XXXXXX")
+report=$work/gpu_tls.txt
+mkdir -p "$work/payload"
+tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
+runner=$work/payload/run
+launch() { exec "$runner" "$@"; }
+rate_py=$bundle/bench/train_rate.py
+cl_data_path=$bundle/data
+# shellcheck source=bench/train_cluster.sh
+source "$bundle/bench/train_cluster.sh"
+say() { echo "$@" | tee -a "$report"; }
+finish() {
+  local rc=$?
+  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
+  [[ -n ${OUT:-} && -d ${OUT:-} ]] && cp "$report" "$OUT/" 2>/dev/null
+  echo "==> logs in $work"
+  exit "$rc"
+}
+trap finish EXIT
+
+# One CA and a certificate for every task (all on 127.0.0.1) and psctl-viewer (the probe's).
+bash "$bundle/deploy/tls/make_certs.sh" --out "$work/certs" --cluster gpu \
+  --chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 \
+  >/dev/null
+say "==> $(date -u +%F) $("$runner" chief --version | head -1) on" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores"
+
+status=0
+for spec in "mlp 1024 1" "resnet20 128 2"; do
+  read -r name batch num_ps <<<"$spec"
+  cl_model=$bundle/configs/$name.pbtxt
+  declare -a plain=() tls=()
+  for ((r = 1; r <= repeats; r++)); do
+    for mode in plain tls; do
+      cl_tls_dir=""
+      cl_ps_flags=()
+      if [[ $mode == tls ]]; then
+        cl_tls_dir=$work/certs
+        [[ $kernel_tls -eq 1 ]] && cl_ps_flags=(--data_plane_kernel_tls)
+      fi
+      run="${name}_b${batch}_${mode}_$r"
+      if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "$device" ||
+        ! cl_measure "$warmup" "$seconds" "$batch" async >/dev/null; then
+        say "==> $run FAILED; logs in $cl_dir"
+        status=1
+        cl_stop || true
+        continue
+      fi
+      cl_stop || status=1
+      rate=$(kv examples_per_second "$cl_dir/rate")
+      say "    $run: $rate examples/s ($(grep -ho 'tensor data plane on port [0-9]* ([a-z ]*)' \
+        "$cl_dir"/ps-0.log | head -1))"
+      if [[ $mode == plain ]]; then plain+=("$rate"); else tls+=("$rate"); fi
+    done
+  done
+  python3 - "$name" "$batch" "${plain[*]:-}" "${tls[*]:-}" <<'PY' | tee -a "$report"
+import statistics, sys
+name, batch, plain, tls = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+if plain and tls:
+    p, t = statistics.median(map(float, plain)), statistics.median(map(float, tls))
+    print("BENCH tls_gpu_%s_b%s %.0f ex/s ratio=%.2f" % (name, batch, t, t / p))
+    print("    (plaintext median %.0f ex/s; runs plaintext %s, TLS %s)"
+          % (p, " ".join(plain), " ".join(tls)))
+PY
+done
+exit $status
