@@ -214,9 +214,12 @@ def check_overlay(overlay, entrypoint):
                               for i in range(counts[component]))
 
     policy_ports = set()
+    egress_ports = set()
     for policy in of_kind("NetworkPolicy"):
         for rule in policy["spec"].get("ingress", []):
             policy_ports.update(p.get("port") for p in rule.get("ports", []))
+        for rule in policy["spec"].get("egress", []):
+            egress_ports.update(p.get("port") for p in rule.get("ports", []))
         pod_selector = policy["spec"].get("podSelector", {}).get("matchLabels", {})
         if not pod_selector or any(selector.get(k) != v for k, v in pod_selector.items()):
             fail(name, f"NetworkPolicy {policy['metadata']['name']} does not select the "
@@ -224,9 +227,15 @@ def check_overlay(overlay, entrypoint):
     cluster_cms = [cm for n, cm in config_maps.items() if "NUM_PS" in cm.get("data", {})]
     metrics_port = int(cluster_cms[0]["data"]["METRICS_PORT"]) if cluster_cms and \
         "METRICS_PORT" in cluster_cms[0]["data"] else None
-    if policy_ports != {port, metrics_port}:
+    # The ps tasks' tensor data plane: a fixed port (DATA_PORT, 2223 by default), admitted both
+    # ways, or the workers' pulls and pushes are dropped under an enforcing network plugin.
+    data_port = int(cluster_cms[0]["data"].get("DATA_PORT", 2223)) if cluster_cms else 2223
+    if policy_ports != {port, data_port, metrics_port}:
         fail(name, f"the NetworkPolicy admits ports {sorted(policy_ports, key=str)}, the cluster "
-             f"uses {port} and metrics {metrics_port}")
+             f"uses {port}, the data plane {data_port} and metrics {metrics_port}")
+    if not {port, data_port} <= egress_ports:
+        fail(name, f"the NetworkPolicy lets the pods reach ports {sorted(egress_ports, key=str)}; "
+             f"they call each other on {port} and the ps tasks' data plane on {data_port}")
 
     for component, job in jobs.items():
         where = f"{name}/Job/{job['metadata']['name']}"
@@ -276,6 +285,11 @@ def check_overlay(overlay, entrypoint):
             if "--checkpoint_dir=/checkpoints" not in container.get("args", []):
                 fail(where, "is not given --checkpoint_dir=/checkpoints")
         if component == "ps":
+            data_ports = [p["containerPort"] for p in container.get("ports", [])
+                          if p.get("name") == "data"]
+            if data_ports != [data_port]:
+                fail(where, f"data plane port {data_ports}, the ConfigMap's DATA_PORT is "
+                     f"{data_port}")
             res = container.get("resources", {})
             if not res.get("limits") or res.get("requests") != res.get("limits"):
                 fail(where, "ps requests must equal limits (guaranteed QoS)")
@@ -292,6 +306,9 @@ def check_overlay(overlay, entrypoint):
             if code != 0:
                 fail(f"{where}[{index}]", f"entrypoint.sh failed: {err.strip()}")
                 continue
+            if component == "ps" and f"--data_port={data_port}" not in out:
+                fail(f"{where}[{index}]", f"the ps is not started on --data_port={data_port}: "
+                     f"{out.strip()!r}")
             config = json.loads(out.splitlines()[0][len("TF_CONFIG="):])
             addresses = set()
             for job_name, hosts in config["cluster"].items():
@@ -326,6 +343,8 @@ def check_entrypoint_refusals(entrypoint):
         ({"NUM_PS": "two"}, 'NUM_PS is "two" (expected a whole number'),
         ({"PORT": "70000"}, "PORT is 70000 (expected 1-65535)"),
         ({"METRICS_PORT": "http"}, 'METRICS_PORT is "http" (expected 1-65535, or unset'),
+        ({"DATA_PORT": "2222"}, 'DATA_PORT is "2222" (expected 1-65535, not PORT)'),
+        ({"DATA_PORT": "0"}, 'DATA_PORT is "0" (expected 1-65535, not PORT)'),
         ({"HOSTNAME": "ps-1"}, "host name ps-1 is not <service>-ps-1"),
         ({"HOSTNAME": "pscluster-ps-3", "JOB_COMPLETION_INDEX": "3"},
          "ps index 3 is not below the cluster's 2 ps task(s)"),

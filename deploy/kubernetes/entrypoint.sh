@@ -11,6 +11,8 @@
 # headless Service <service> as its subdomain, so every task is <service>-<job>-<i>.<service>;
 # JOB_COMPLETION_INDEX (set by the Job controller; else the host name's last part);
 # METRICS_PORT (optional): Prometheus metrics on that port (--metrics_port).
+# DATA_PORT (ps only; default 2223): the tensor data plane's port (--data_port), fixed so that
+# the NetworkPolicy admits it; mutual TLS with the same certificates as gRPC.
 # Mutual TLS: the job's Secret (make_tls_secrets.sh) mounted at $TLS_DIR (default
 # /etc/pscluster/tls) holds ca.pem and <job>-<index>.pem/.key. Without it the daemons serve
 # plaintext only when ALLOW_INSECURE=1.
@@ -38,6 +40,14 @@ for var in NUM_PS NUM_WORKERS PORT; do
 done
 [ "$PORT" -gt 0 ] && [ "$PORT" -lt 65536 ] || fail "PORT is $PORT (expected 1-65535)"
 metrics_flag=""
+data_flag=""
+if [ "$JOB" = ps ]; then
+  data_port=${DATA_PORT:-2223}
+  { is_count "$data_port" && [ "$data_port" -gt 0 ] && [ "$data_port" -lt 65536 ] &&
+    [ "$data_port" != "$PORT" ]; } ||
+    fail "DATA_PORT is \"$data_port\" (expected 1-65535, not PORT)"
+  data_flag="--data_port=$data_port"
+fi
 if [ -n "${METRICS_PORT:-}" ]; then
   { is_count "$METRICS_PORT" && [ "$METRICS_PORT" -gt 0 ] && [ "$METRICS_PORT" -lt 65536 ]; } ||
     fail "METRICS_PORT is \"$METRICS_PORT\" (expected 1-65535, or unset: no metrics)"
@@ -112,4 +122,4 @@ case "$JOB" in
   worker) daemon=worker ;;
 esac
 # shellcheck disable=SC2086
-run "$bin/$daemon" $tls_flags $metrics_flag "$@"
+run "$bin/$daemon" $tls_flags $metrics_flag $data_flag "$@"
