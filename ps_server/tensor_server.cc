@@ -43,6 +43,14 @@ class TensorServer::Connection {
     done_.store(true);
   }
 
+  void Shutdown() { socket_.Shutdown(); }
+  bool done() const { return done_.load(); }
+  // When it began waiting for its next request (Unix nanoseconds), or 0 in a request.
+  int64_t idle_since() const { return idle_since_.load(); }
+
+ private:
+  // The handshake (with TLS), then requests until the peer closes, an I/O error, an idle or
+  // request timeout, or a request that cannot be framed.
   void ServeRequests() {
     if (options_.tls != nullptr && !Authenticate()) return;
     while (true) {
@@ -67,12 +75,6 @@ class TensorServer::Connection {
     }
   }
 
-  void Shutdown() { socket_.Shutdown(); }
-  bool done() const { return done_.load(); }
-  // When it began waiting for its next request (Unix nanoseconds), or 0 in a request.
-  int64_t idle_since() const { return idle_since_.load(); }
-
- private:
   // The TLS handshake, and who the peer is; false (logged) when it fails.
   bool Authenticate() {
     absl::StatusOr<SslPtr> ssl = options_.tls->Handshake(socket_.fd(), "", options_.io_timeout);
