@@ -60,7 +60,8 @@ if [[ $cuda -eq 1 ]]; then
   # Another build in this workspace (without --config=cuda) may have replaced the outputs
   # between the build and the copy: the bundle's worker and train_bench must link cuBLAS.
   for b in worker train_bench; do
-    if ! ldd "$out/bin/$b" 2>/dev/null | grep -q libcublas; then
+    # (ldd's whole output first: with pipefail, grep -q stopping early fails the pipe.)
+    if ! grep -q libcublas <<<"$(ldd "$out/bin/$b" 2>/dev/null)"; then
       echo "gpu_prepare.sh: $out/bin/$b does not link cuBLAS (replaced by a CPU-only build" \
         "meanwhile?); run again" >&2
       exit 1
@@ -83,9 +84,12 @@ done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
   bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh "$out/bench/"
-# Certificates for the TLS runs (bench/gpu_tls.sh, deploy/local/run.sh --tls), made there.
+# Certificates for the TLS runs (bench/gpu_tls.sh; the GPU machine may have no openssl
+# command): one CA, chief-0, ps-0 and ps-1, worker-0 and psctl-viewer, all on 127.0.0.1.
 mkdir -p "$out/deploy/tls"
 cp deploy/tls/make_certs.sh "$out/deploy/tls/"
+bash deploy/tls/make_certs.sh --out "$out/certs" --cluster gpu --chief_hosts 127.0.0.1:0 \
+  --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 >/dev/null
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
 cp deploy/local/run.sh "$out/deploy/local/"

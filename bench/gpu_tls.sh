@@ -48,10 +48,16 @@ finish() {
 }
 trap finish EXIT
 
-# One CA and a certificate for every task (all on 127.0.0.1) and psctl-viewer (the probe's).
-bash "$bundle/deploy/tls/make_certs.sh" --out "$work/certs" --cluster gpu \
-  --chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 \
-  >/dev/null
+# One CA and a certificate for every task (all on 127.0.0.1) and psctl-viewer (the probe's):
+# the bundle's (gpu_prepare.sh makes them), or made here.
+if [[ -f $bundle/certs/ca.pem ]]; then
+  cp -r "$bundle/certs" "$work/certs"
+  chmod -R u+rwX,go-rwx "$work/certs"
+else
+  bash "$bundle/deploy/tls/make_certs.sh" --out "$work/certs" --cluster gpu \
+    --chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 \
+    >/dev/null
+fi
 say "==> $(date -u +%F) $("$runner" chief --version | head -1) on" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores"
 
@@ -78,7 +84,7 @@ for spec in "mlp 1024 1" "resnet20 128 2"; do
       fi
       cl_stop || status=1
       rate=$(kv examples_per_second "$cl_dir/rate")
-      say "    $run: $rate examples/s ($(grep -ho 'tensor data plane on port [0-9]* ([a-z ]*)' \
+      say "    $run: $rate examples/s ($(grep -ho 'tensor data plane on port [0-9]* ([A-Za-z ]*)' \
         "$cl_dir"/ps-0.log | head -1))"
       if [[ $mode == plain ]]; then plain+=("$rate"); else tls+=("$rate"); fi
     done
