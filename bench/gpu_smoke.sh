@@ -10,6 +10,7 @@
 #      towers (--device gpu:0,gpu:1: NCCL in the daemon).
 # Every task binds port 0; the chief's port is read back from its --port_file.
 #   bash .devbundle/bench/gpu_smoke.sh        (device run, carry [".devbundle"])
+#   CUDA_VISIBLE_DEVICES=0 bash .devbundle/bench/gpu_smoke.sh    (the one-GPU case)
 # The last line is "gpu_smoke: PASSED ..." or "gpu_smoke: FAILED ...", with the date, the
 # commit, the GPUs and the test counts; it is also written to $OUT/gpu_smoke.txt when $OUT is
 # set (the device tool brings it back).
@@ -22,6 +23,10 @@ run=$work/payload/run
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off: it can take a host's GPUs out of service
 status=0
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+# CUDA_VISIBLE_DEVICES=0 on a machine of several GPUs checks the one-GPU case.
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+  gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+fi
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 commit=$("$run" chief --version 2>/dev/null | head -1 || echo unknown)
 echo "==> $(date -u +%F) $commit on ${gpus}x ${gpu_name:-no GPU}"
