@@ -98,7 +98,7 @@ for i in "${!pids[@]}"; do
   if ! wait "${pids[$i]}"; then echo "==> ${names[$i]} exited non-zero"; status=1; fi
 done
 finished=$(grep -h "training finished" "$work/chief.log" | tail -1 | sed 's/.*training finished/training finished/')
-echo "==> ${finished:-no 'training finished' in the chief's log}"
+if [[ -n $finished ]]; then echo "==> $finished"; else echo "==> the chief never logged training finished"; fi
 [[ -n $finished ]] || status=1
 
 verdict=$([[ $status -eq 0 ]] && echo PASSED || echo FAILED)
