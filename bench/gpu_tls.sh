@@ -6,9 +6,11 @@
 # bench/train_rate.py), alternately in plaintext and with mutual TLS on every channel (every
 # task its own certificate from deploy/tls/make_certs.sh, the tensor data plane on TLS too),
 # --repeats times each (plain, tls, plain, tls, ...). Prints each run's examples/s and
-#   BENCH tls_gpu_<model>_b<B> <ex/s> ex/s ratio=<TLS / plaintext, medians of this call>
+#   BENCH tls_gpu_<model>_b<B>_<P>ps <ex/s> ex/s ratio=<TLS / plaintext, medians of this call>
 # From the device bundle (bench/gpu_prepare.sh), on the device machine:
 #   bash .devbundle/bench/gpu_tls.sh [--seconds 20] [--warmup 8] [--repeats 2] [--kernel_tls]
+#                                    [--specs "mlp 1024 1;resnet20 128 2"]
+# --specs: "<config name> <batch> <ps tasks>" runs, separated by ';'.
 # --kernel_tls asks the ps tasks for kernel TLS on the data plane (their logs say whether the
 # kernel had it). With $OUT set the report is also written there.
 set -euo pipefail
@@ -17,12 +19,14 @@ seconds=20
 warmup=8
 repeats=2
 kernel_tls=0
+specs="mlp 1024 1;resnet20 128 2"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --kernel_tls) kernel_tls=1; shift ;;
+    --specs) specs=$2; shift 2 ;;
     -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu_tls.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -62,7 +66,8 @@ say "==> $(date -u +%F) $("$runner" chief --version | head -1) on" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores"
 
 status=0
-for spec in "mlp 1024 1" "resnet20 128 2"; do
+IFS=';' read -r -a spec_list <<<"$specs"
+for spec in "${spec_list[@]}"; do
   read -r name batch num_ps <<<"$spec"
   cl_model=$bundle/configs/$name.pbtxt
   declare -a plain=() tls=()
@@ -89,12 +94,13 @@ for spec in "mlp 1024 1" "resnet20 128 2"; do
       if [[ $mode == plain ]]; then plain+=("$rate"); else tls+=("$rate"); fi
     done
   done
-  python3 - "$name" "$batch" "${plain[*]:-}" "${tls[*]:-}" <<'PY' | tee -a "$report"
+  python3 - "$name" "$batch" "$num_ps" "${plain[*]:-}" "${tls[*]:-}" <<'PY' | tee -a "$report"
 import statistics, sys
-name, batch, plain, tls = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+name, batch, num_ps = sys.argv[1:4]
+plain, tls = sys.argv[4].split(), sys.argv[5].split()
 if plain and tls:
     p, t = statistics.median(map(float, plain)), statistics.median(map(float, tls))
-    print("BENCH tls_gpu_%s_b%s %.0f ex/s ratio=%.2f" % (name, batch, t, t / p))
+    print("BENCH tls_gpu_%s_b%s_%sps %.0f ex/s ratio=%.2f" % (name, batch, num_ps, t, t / p))
     print("    (plaintext median %.0f ex/s; runs plaintext %s, TLS %s)"
           % (p, " ".join(plain), " ".join(tls)))
 PY

@@ -347,8 +347,8 @@ absl::Status WireSocket::Discard(int64_t n, absl::Duration timeout) {
 }
 
 absl::Status WireSocket::AwaitReadable(absl::Duration timeout) {
-  // Bytes TLS has already decrypted are not in the socket.
-  if (ssl_ != nullptr && SSL_pending(ssl_) > 0) return absl::OkStatus();
+  // Bytes TLS has already read (read-ahead) or decrypted are not in the socket any more.
+  if (ssl_ != nullptr && SSL_has_pending(ssl_) == 1) return absl::OkStatus();
   return Await(fd_, POLLIN, DeadlineAfter(timeout), "waiting for a request");
 }
 

@@ -68,6 +68,7 @@ absl::Status PsServer::Start() {
                                                  options_.data_plane_kernel_tls));
       PS_ASSIGN_OR_RETURN(PeerIdentity own, OwnIdentity(options_.host.tls));
       data.cluster = own.cluster;
+      data.kernel_tls_wanted = options_.data_plane_kernel_tls;
     }
     PS_ASSIGN_OR_RETURN(data_plane_, TensorServer::Start(&store_, data));
     data_port = data_plane_->port();

@@ -84,6 +84,12 @@ class TensorServer::Connection {
       LOG_EVERY_N(WARNING, 20) << "tensor data plane: refused a connection: " << peer.status();
       return false;
     }
+    if (options_.kernel_tls_wanted && KernelTlsSend(ssl->get())) {
+      LOG_FIRST_N(INFO, 1) << "tensor data plane: kernel TLS (kTLS) encrypts this ps's sends";
+    } else if (options_.kernel_tls_wanted) {
+      LOG_FIRST_N(WARNING, 1) << "tensor data plane: kernel TLS was asked for but is not "
+                                 "available (kernel or OpenSSL): OpenSSL encrypts";
+    }
     socket_.AttachTls(ssl->release());
     peer_ = *peer;
     return true;
