@@ -89,7 +89,7 @@ cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.
 mkdir -p "$out/deploy/tls"
 cp deploy/tls/make_certs.sh "$out/deploy/tls/"
 bash deploy/tls/make_certs.sh --out "$out/certs" --cluster gpu --chief_hosts 127.0.0.1:0 \
-  --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 >/dev/null
+  --ps_hosts 127.0.0.1:0,127.0.0.1:0,127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 >/dev/null
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
 cp deploy/local/run.sh "$out/deploy/local/"

@@ -11,8 +11,8 @@
 #   bash .devbundle/bench/gpu_tls.sh [--seconds 20] [--warmup 8] [--repeats 2] [--kernel_tls]
 #                                    [--specs "mlp 1024 1;resnet20 128 2"]
 # --specs: "<config name> <batch> <ps tasks>" runs, separated by ';'.
-# --kernel_tls asks the ps tasks for kernel TLS on the data plane (their logs say whether the
-# kernel had it). With $OUT set the report is also written there.
+# --kernel_tls has the ps tasks admit their clients to TLS records, encrypted by the kernel
+# where it has kTLS (their logs say whether it had), instead of sealed chunks. With $OUT set the report is also written there.
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 seconds=20
@@ -59,7 +59,8 @@ if [[ -f $bundle/certs/ca.pem ]]; then
   chmod -R u+rwX,go-rwx "$work/certs"
 else
   bash "$bundle/deploy/tls/make_certs.sh" --out "$work/certs" --cluster gpu \
-    --chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 \
+    --chief_hosts 127.0.0.1:0 --ps_hosts 127.0.0.1:0,127.0.0.1:0,127.0.0.1:0,127.0.0.1:0 \
+    --worker_hosts 127.0.0.1:0 \
     >/dev/null
 fi
 say "==> $(date -u +%F) $("$runner" chief --version | head -1) on" \

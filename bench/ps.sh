@@ -34,8 +34,9 @@
 # --tls measures every configuration twice in the same run, plaintext and with mutual TLS on
 # both planes as a deployed cluster runs (certificates from deploy/tls/make_certs.sh; each
 # client is a worker with its own certificate); TLS figures' names end in _tls, and each
-# also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls asks for
-# kernel TLS (kTLS) on the data plane where the kernel has it (the ps log says which).
+# also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls has the
+# data plane use TLS records, encrypted by the kernel (kTLS) where it has it (the ps log says
+# which), instead of sealed chunks (common/sealed_channel.h).
 # Before each run the script waits (up to 60 s) for the machine to be quiet (under 10% busy)
 # and says so when it was not. Temporary files go under $TMPDIR (default /tmp).
 set -euo pipefail

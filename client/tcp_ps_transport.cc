@@ -134,7 +134,14 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
       return absl::Status(ssl.status().code(), absl::StrCat("TLS with the data port ", host, ":",
                                                             port, ": ", ssl.status().message()));
     }
-    socket->AttachTls(ssl->release());
+    absl::StatusOr<bool> sealed =
+        options_.tls->AwaitAdmission(ssl->get(), options_.connect_timeout);
+    absl::Status attached =
+        sealed.ok() ? socket->AttachTls(ssl->release(), *sealed) : sealed.status();
+    if (!attached.ok()) {
+      return absl::Status(attached.code(), absl::StrCat("TLS with the data port ", host, ":", port,
+                                                        ": ", attached.message()));
+    }
   }
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);

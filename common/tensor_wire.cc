@@ -19,45 +19,10 @@
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sealed_channel.h"
+#include "common/socket_io.h"
 
 namespace pscluster {
-namespace {
-
-absl::Status IoError(const char* what, int err) {
-  if (err == EAGAIN || err == EWOULDBLOCK || err == ETIMEDOUT) {
-    return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
-  }
-  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
-}
-
-// Milliseconds until `deadline` for poll(): -1 for no deadline, 0 once it passed.
-int PollMillis(absl::Time deadline) {
-  if (deadline == absl::InfiniteFuture()) return -1;
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-}
-
-absl::Time DeadlineAfter(absl::Duration timeout) {
-  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-}
-
-// Waits for `events` on fd until the deadline.
-absl::Status Await(int fd, short events, absl::Time deadline, const char* what) {
-  while (true) {
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, PollMillis(deadline));
-    if (r > 0) {
-      if ((p.revents & POLLNVAL) != 0)
-        return absl::UnavailableError(absl::StrCat(what, ": closed"));
-      return absl::OkStatus();  // readable, writable, or an error the next call reports
-    }
-    if (r == 0) return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
-    if (errno != EINTR) return IoError(what, errno);
-  }
-}
-
-}  // namespace
 
 void EncodeFrameHeader(const FrameHeader& h, char* out) {
   absl::little_endian::Store32(out, kFrameMagic);
@@ -118,14 +83,25 @@ void ConfigureWireSocket(int fd, int buffer_bytes) {
 }
 
 WireSocket::~WireSocket() {
+  sealed_.reset();
   if (ssl_ != nullptr) SSL_free(ssl_);
   if (fd_ >= 0) close(fd_);
 }
 
-void WireSocket::AttachTls(ssl_st* ssl) {
+absl::Status WireSocket::AttachTls(ssl_st* ssl, bool sealed) {
+  sealed_.reset();
   if (ssl_ != nullptr) SSL_free(ssl_);
   ssl_ = ssl;
   fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL, 0) | O_NONBLOCK);
+  if (!sealed) {
+    // TLS records: reads take every record that has arrived at once.
+    SSL_set_read_ahead(ssl_, 1);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<SealedChannel>> channel = SealedChannel::Create(fd_, ssl_);
+  if (!channel.ok()) return channel.status();
+  sealed_ = *std::move(channel);
+  return absl::OkStatus();
 }
 
 namespace {
@@ -147,7 +123,7 @@ bool TlsWants(ssl_st* ssl, int r, const char* what, short* events, absl::Status*
   } else if (err == SSL_ERROR_SYSCALL) {
     *error = errno == 0 || errno == ECONNRESET || errno == EPIPE
                  ? absl::UnavailableError("the peer closed the connection")
-                 : IoError(what, errno);
+                 : SocketError(what, errno);
   } else {
     char buf[256];
     ERR_error_string_n(ERR_get_error(), buf, sizeof(buf));
@@ -172,7 +148,7 @@ absl::Status WireSocket::TlsWrite(const char* data, size_t n, absl::Time deadlin
     short events = 0;
     absl::Status error;
     if (!TlsWants(ssl_, r, "send", &events, &error)) return error;
-    if (absl::Status s = Await(fd_, events, deadline, "send"); !s.ok()) return s;
+    if (absl::Status s = AwaitSocket(fd_, events, deadline, "send"); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -190,7 +166,7 @@ absl::Status WireSocket::TlsRead(char* out, int64_t n, absl::Time deadline) {
     short events = 0;
     absl::Status error;
     if (!TlsWants(ssl_, r, "receive", &events, &error)) return error;
-    if (absl::Status s = Await(fd_, events, deadline, "receive"); !s.ok()) return s;
+    if (absl::Status s = AwaitSocket(fd_, events, deadline, "receive"); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -218,7 +194,7 @@ absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::strin
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      last = IoError("socket", errno);
+      last = SocketError("socket", errno);
       continue;
     }
     auto sock = std::make_unique<WireSocket>(fd);
@@ -228,7 +204,7 @@ absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::strin
     fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     int r = connect(fd, a->ai_addr, a->ai_addrlen);
     if (r != 0 && errno == EINPROGRESS) {
-      absl::Status waited = Await(fd, POLLOUT, deadline, "connect");
+      absl::Status waited = AwaitSocket(fd, POLLOUT, deadline, "connect");
       if (!waited.ok()) {
         last = absl::Status(waited.code(),
                             absl::StrCat("connecting to ", where, ": ", waited.message()));
@@ -254,6 +230,7 @@ absl::StatusOr<std::unique_ptr<WireSocket>> WireSocket::Connect(const std::strin
 
 absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration timeout) {
   const absl::Time deadline = DeadlineAfter(timeout);
+  if (sealed_ != nullptr) return sealed_->Write(iov, count, deadline);
   if (ssl_ != nullptr) {
     // A record each time would cost a record's overhead (and a system call) for every small
     // buffer: consecutive small ones (a frame header, its meta) go out together.
@@ -276,36 +253,7 @@ absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration t
     }
     return absl::OkStatus();
   }
-  while (count > 0) {
-    if (iov->iov_len == 0) {
-      ++iov;
-      --count;
-      continue;
-    }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(std::min(count, 64));
-    const ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (absl::Status s = Await(fd_, POLLOUT, deadline, "send"); !s.ok()) return s;
-        continue;
-      }
-      return IoError("send", errno);
-    }
-    size_t left = static_cast<size_t>(sent);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0 && left > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return absl::OkStatus();
+  return SendAll(fd_, iov, count, deadline);
 }
 
 absl::Status WireSocket::Write(absl::string_view bytes, absl::Duration timeout) {
@@ -316,24 +264,9 @@ absl::Status WireSocket::Write(absl::string_view bytes, absl::Duration timeout) 
 absl::Status WireSocket::ReadExact(void* out, int64_t n, absl::Duration timeout) {
   char* p = static_cast<char*>(out);
   const absl::Time deadline = DeadlineAfter(timeout);
+  if (sealed_ != nullptr) return sealed_->Read(p, n, deadline);
   if (ssl_ != nullptr) return TlsRead(p, n, deadline);
-  while (n > 0) {
-    const ssize_t got =
-        recv(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), MSG_DONTWAIT);
-    if (got > 0) {
-      p += got;
-      n -= got;
-      continue;
-    }
-    if (got == 0) return absl::UnavailableError("the peer closed the connection");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status s = Await(fd_, POLLIN, deadline, "receive"); !s.ok()) return s;
-      continue;
-    }
-    return IoError("receive", errno);
-  }
-  return absl::OkStatus();
+  return ReceiveExact(fd_, p, n, deadline);
 }
 
 absl::Status WireSocket::Discard(int64_t n, absl::Duration timeout) {
@@ -348,8 +281,11 @@ absl::Status WireSocket::Discard(int64_t n, absl::Duration timeout) {
 
 absl::Status WireSocket::AwaitReadable(absl::Duration timeout) {
   // Bytes TLS has already read (read-ahead) or decrypted are not in the socket any more.
-  if (ssl_ != nullptr && SSL_has_pending(ssl_) == 1) return absl::OkStatus();
-  return Await(fd_, POLLIN, DeadlineAfter(timeout), "waiting for a request");
+  if (sealed_ != nullptr && sealed_->HasBuffered()) return absl::OkStatus();
+  if (sealed_ == nullptr && ssl_ != nullptr && SSL_has_pending(ssl_) == 1) {
+    return absl::OkStatus();
+  }
+  return AwaitSocket(fd_, POLLIN, DeadlineAfter(timeout), "waiting for a request");
 }
 
 void WireSocket::Shutdown() { shutdown(fd_, SHUT_RDWR); }

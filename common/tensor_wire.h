@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/sealed_channel.h"
 
 struct ssl_st;  // OpenSSL's SSL
 
@@ -97,8 +99,11 @@ class WireSocket {
   int fd() const { return fd_; }
 
   // From now on every read and write goes through the TLS connection `ssl` (an OpenSSL SSL*
-  // whose handshake on this socket completed), which the socket takes and frees.
-  void AttachTls(ssl_st* ssl);
+  // whose handshake on this socket completed), which the socket takes and frees: in sealed
+  // chunks keyed from it (common/sealed_channel.h) with `sealed`, else in its TLS records
+  // (encrypted by the kernel where kTLS took). Both ends must agree (security/wire_tls.h's
+  // admission says which). INTERNAL when the sealed keys cannot be derived.
+  absl::Status AttachTls(ssl_st* ssl, bool sealed);
   struct ssl_st* tls() const {
     return ssl_;
   }
@@ -123,8 +128,9 @@ class WireSocket {
   absl::Status TlsRead(char* out, int64_t n, absl::Time deadline);
 
   const int fd_;
-  ssl_st* ssl_ = nullptr;  // Owned; null without TLS.
-  std::string coalesced_;  // TLS: small buffers gathered into one record
+  ssl_st* ssl_ = nullptr;                  // Owned; null without TLS.
+  std::unique_ptr<SealedChannel> sealed_;  // with TLS in sealed chunks
+  std::string coalesced_;                  // TLS: small buffers gathered into one record
 };
 
 // Sets TCP_NODELAY and the send and receive buffers (0: leave them) of a connected socket.

@@ -84,13 +84,21 @@ class TensorServer::Connection {
       LOG_EVERY_N(WARNING, 20) << "tensor data plane: refused a connection: " << peer.status();
       return false;
     }
+    // Sealed chunks (common/sealed_channel.h) unless kernel TLS was asked for: then TLS
+    // records, which the kernel encrypts where it can.
+    const bool sealed = !options_.kernel_tls_wanted;
     if (options_.kernel_tls_wanted && KernelTlsSend(ssl->get())) {
       LOG_FIRST_N(INFO, 1) << "tensor data plane: kernel TLS (kTLS) encrypts this ps's sends";
     } else if (options_.kernel_tls_wanted) {
       LOG_FIRST_N(WARNING, 1) << "tensor data plane: kernel TLS was asked for but is not "
-                                 "available (kernel or OpenSSL): OpenSSL encrypts";
+                                 "available (kernel or OpenSSL): OpenSSL encrypts TLS records";
     }
-    socket_.AttachTls(ssl->release());
+    absl::Status admitted = options_.tls->Admit(ssl->get(), sealed, options_.io_timeout);
+    if (admitted.ok()) admitted = socket_.AttachTls(ssl->release(), sealed);
+    if (!admitted.ok()) {
+      LOG_EVERY_N(WARNING, 20) << "tensor data plane: lost a connection at admission: " << admitted;
+      return false;
+    }
     peer_ = *peer;
     return true;
   }

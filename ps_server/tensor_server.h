@@ -40,7 +40,9 @@ struct TensorServerOptions {
   // for the roles that may pull, pushes by a worker for itself only.
   std::shared_ptr<WireTlsContext> tls;
   std::string cluster;
-  // The context was made with kernel TLS asked for: say once whether a connection got it.
+  // The context was made with kernel TLS asked for: connections are admitted to TLS records
+  // (common/tensor_wire.h), which the kernel encrypts where it has kTLS (logged once either
+  // way). Otherwise they are admitted to sealed chunks (common/sealed_channel.h).
   bool kernel_tls_wanted = false;
   // Connections served at once. With that many open, a new one takes the place of the one
   // idle longest; when none is idle (every one in the middle of a request, which ends within

@@ -102,10 +102,11 @@ absl::Status WireTlsContext::Load() {
       ctx.get(),
       side_ == Side::kServer ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER,
       nullptr);
-  // Large tensors: writes of any size, and reads that take as many records as have arrived in
-  // one system call (read-ahead into a 128 KiB buffer) rather than two calls a 16 KiB record.
+  // Large tensors: writes of any size. No read-ahead until the admission is read
+  // (WireSocket::AttachTls turns it on for TLS records): OpenSSL must not take bytes of the
+  // sealed stream that follows into its own buffer. With it, reads take as many records as
+  // have arrived in one system call, into a 128 KiB buffer.
   SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  SSL_CTX_set_read_ahead(ctx.get(), 1);
   SSL_CTX_set_default_read_buffer_len(ctx.get(), 128 << 10);
   // AES-128-GCM first: as strong as the data plane needs, and a third cheaper than AES-256.
   SSL_CTX_set_ciphersuites(ctx.get(),
@@ -198,6 +199,81 @@ absl::StatusOr<SslPtr> WireTlsContext::Handshake(int fd, const std::string& serv
   if (peer == nullptr) return absl::UnauthenticatedError("the TLS peer sent no certificate");
   X509_free(peer);
   return ssl;
+}
+
+namespace {
+
+constexpr char kAdmissionMagic[] = "PSWT";
+constexpr int kAdmissionBytes = 8;
+
+// Waits for the socket as the failed SSL call `r` asks; an error status when it failed for
+// good (`what` names the step).
+absl::Status AwaitSsl(ssl_st* ssl, int r, absl::Time deadline, const char* what) {
+  const int err = SSL_get_error(ssl, r);
+  if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+    pollfd p{SSL_get_fd(ssl), static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
+    const int ready = poll(&p, 1, PollMillis(deadline));
+    if (ready == 0) return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
+    if (ready < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  const std::string why = OpenSslError();
+  if (err == SSL_ERROR_SSL && !why.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("TLS handshake refused: ", why));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("the peer closed the connection during ", what,
+                   err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL
+                       ? " (a ps does that when the certificate's identity may not use it)"
+                       : ""));
+}
+
+}  // namespace
+
+absl::Status WireTlsContext::Admit(ssl_st* ssl, bool sealed, absl::Duration timeout) {
+  char admission[kAdmissionBytes] = {'P', 'S', 'W', 'T', 1, sealed ? 'S' : 'R', 0, 0};
+  const absl::Time deadline = absl::Now() + timeout;
+  size_t sent = 0;
+  while (sent < sizeof(admission)) {
+    ERR_clear_error();
+    size_t n = 0;
+    const int r = SSL_write_ex(ssl, admission + sent, sizeof(admission) - sent, &n);
+    if (r == 1) {
+      sent += n;
+      continue;
+    }
+    if (absl::Status s = AwaitSsl(ssl, r, deadline, "the data plane's admission"); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> WireTlsContext::AwaitAdmission(ssl_st* ssl, absl::Duration timeout) {
+  char admission[kAdmissionBytes];
+  const absl::Time deadline = absl::Now() + timeout;
+  size_t got = 0;
+  while (got < sizeof(admission)) {
+    ERR_clear_error();
+    size_t n = 0;
+    const int r = SSL_read_ex(ssl, admission + got, sizeof(admission) - got, &n);
+    if (r == 1) {
+      got += n;
+      continue;
+    }
+    if (absl::Status s = AwaitSsl(ssl, r, deadline, "the data plane's admission"); !s.ok()) {
+      return s;
+    }
+  }
+  if (std::memcmp(admission, kAdmissionMagic, 4) != 0 || admission[4] != 1 ||
+      (admission[5] != 'S' && admission[5] != 'R')) {
+    return absl::InvalidArgumentError(
+        "the data port's admission is not one this version understands (expected \"PSWT\", "
+        "version 1): a ps of another version?");
+  }
+  return admission[5] == 'S';
 }
 
 absl::StatusOr<PeerIdentity> PeerIdentityOf(const ssl_st* ssl, const std::string& cluster) {

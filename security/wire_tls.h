@@ -33,7 +33,8 @@ using SslPtr = std::unique_ptr<ssl_st, SslFree>;
 //
 // With `kernel_tls`, the record encryption of an established connection is handed to the
 // kernel (Linux kTLS, OpenSSL's SSL_OP_ENABLE_KTLS) where the kernel and the cipher allow;
-// otherwise OpenSSL encrypts in user space. Thread-safe. The first Create() makes the process
+// otherwise OpenSSL encrypts in user space. (A server with it admits its clients to TLS
+// records; without it, to sealed chunks.) Thread-safe. The first Create() makes the process
 // ignore SIGPIPE (OpenSSL writes with write(2); a peer gone would otherwise kill the process).
 class WireTlsContext {
  public:
@@ -50,6 +51,18 @@ class WireTlsContext {
   // the reason when the peer's certificate is missing or does not verify; UNAVAILABLE when the
   // peer goes away; DEADLINE_EXCEEDED.
   absl::StatusOr<SslPtr> Handshake(int fd, const std::string& server_name, absl::Duration timeout);
+
+  // After the handshake, the server admits the client (once its identity passed): it says
+  // which framing the connection's bytes take from here on, sealed chunks
+  // (common/sealed_channel.h) or TLS records, in one TLS record of 8 bytes ("PSWT", version 1,
+  // 'S' or 'R', two zero bytes). The client must not send before it has read it, so nothing
+  // of the sealed stream can reach OpenSSL's buffers.
+  absl::Status Admit(ssl_st* ssl, bool sealed, absl::Duration timeout);
+  // The client's side: whether the server chose sealed chunks. UNAUTHENTICATED naming the
+  // reason when the server refused this client's certificate (its alert), UNAVAILABLE when it
+  // closed the connection without a word (it refused the identity), INVALID_ARGUMENT when the
+  // admission is not one this version understands.
+  absl::StatusOr<bool> AwaitAdmission(ssl_st* ssl, absl::Duration timeout);
 
   Side side() const { return side_; }
 

@@ -1,0 +1,324 @@
+#include "common/sealed_channel.h"
+
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
+#include "common/socket_io.h"
+#include "common/thread_pool.h"
+
+namespace pscluster {
+namespace {
+
+constexpr char kExporterLabel[] = "EXPORTER-pscluster-tensor-wire";
+// Buffers from this size on start chunks of their own (see Write).
+constexpr size_t kOwnChunkBytes = 64 << 10;
+// The chunks one call seals or opens before it sends or after it receives them: 2 MiB with
+// threads to share them, else 256 KiB, so that the peer (on the same cores, on loopback) opens
+// one batch while the next is sealed.
+constexpr int kBatchChunks = 16;
+constexpr int kSerialBatchChunks = 2;
+constexpr int64_t kSealedMax =
+    SealedChannel::kHeaderBytes + SealedChannel::kMaxChunkBytes + SealedChannel::kTagBytes;
+
+const EVP_CIPHER* Aes128Gcm() {
+  static const EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "AES-128-GCM", nullptr);
+  return cipher;
+}
+
+// This thread's cipher context, kept from chunk to chunk (a new key and nonce each time).
+EVP_CIPHER_CTX* ThreadCipher() {
+  struct Holder {
+    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+    ~Holder() { EVP_CIPHER_CTX_free(ctx); }
+  };
+  thread_local Holder holder;
+  return holder.ctx;
+}
+
+void Nonce(const SealedChannel::Key& key, uint64_t seq, unsigned char nonce[12]) {
+  std::memcpy(nonce, key.iv, 12);
+  for (int i = 0; i < 8; ++i) nonce[11 - i] ^= static_cast<unsigned char>(seq >> (8 * i));
+}
+
+// A piece of the caller's bytes that goes into a chunk.
+struct Piece {
+  const char* data;
+  size_t size;
+};
+
+// One chunk of a call: its pieces (writing) or destination (reading), its key and number.
+struct Chunk {
+  int first_piece = 0;
+  int num_pieces = 0;
+  uint32_t size = 0;       // plaintext bytes
+  char* sealed = nullptr;  // header, ciphertext, tag
+  char* plain = nullptr;   // reading: where the opened bytes go
+  SealedChannel::Key key;
+  uint64_t seq = 0;
+  bool ok = false;
+};
+
+// Seals `chunk` (its pieces) into chunk.sealed.
+bool Seal(Chunk& chunk, const Piece* pieces) {
+  EVP_CIPHER_CTX* ctx = ThreadCipher();
+  unsigned char nonce[12];
+  Nonce(chunk.key, chunk.seq, nonce);
+  unsigned char* out = reinterpret_cast<unsigned char*>(chunk.sealed);
+  absl::little_endian::Store32(out, chunk.size);
+  int len = 0;
+  if (EVP_EncryptInit_ex2(ctx, Aes128Gcm(), chunk.key.key, nonce, nullptr) != 1) return false;
+  if (EVP_EncryptUpdate(ctx, nullptr, &len, out, SealedChannel::kHeaderBytes) != 1) return false;
+  unsigned char* p = out + SealedChannel::kHeaderBytes;
+  for (int i = 0; i < chunk.num_pieces; ++i) {
+    const Piece& piece = pieces[chunk.first_piece + i];
+    if (EVP_EncryptUpdate(ctx, p, &len, reinterpret_cast<const unsigned char*>(piece.data),
+                          static_cast<int>(piece.size)) != 1) {
+      return false;
+    }
+    p += len;
+  }
+  if (EVP_EncryptFinal_ex(ctx, p, &len) != 1) return false;
+  p += len;
+  return EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, SealedChannel::kTagBytes, p) == 1;
+}
+
+// Opens chunk.sealed into chunk.plain; false when it does not authenticate.
+bool Open(const Chunk& chunk) {
+  EVP_CIPHER_CTX* ctx = ThreadCipher();
+  unsigned char nonce[12];
+  Nonce(chunk.key, chunk.seq, nonce);
+  const unsigned char* in = reinterpret_cast<const unsigned char*>(chunk.sealed);
+  unsigned char* out = reinterpret_cast<unsigned char*>(chunk.plain);
+  int len = 0;
+  if (EVP_DecryptInit_ex2(ctx, Aes128Gcm(), chunk.key.key, nonce, nullptr) != 1) return false;
+  if (EVP_DecryptUpdate(ctx, nullptr, &len, in, SealedChannel::kHeaderBytes) != 1) return false;
+  if (EVP_DecryptUpdate(ctx, out, &len, in + SealedChannel::kHeaderBytes,
+                        static_cast<int>(chunk.size)) != 1) {
+    return false;
+  }
+  unsigned char tag[SealedChannel::kTagBytes];
+  std::memcpy(tag, in + SealedChannel::kHeaderBytes + chunk.size, sizeof(tag));
+  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, sizeof(tag), tag) != 1) return false;
+  return EVP_DecryptFinal_ex(ctx, out + len, &len) == 1;
+}
+
+ThreadPool* SharedPool() {
+  static ThreadPool* const pool = [] {
+    const int n = SealedChannel::ParallelThreads();
+    return n > 0 ? new ThreadPool(n) : nullptr;
+  }();
+  return pool;
+}
+
+// Runs fn(i) for i in [0, n): on the pool and the calling thread when there is a pool.
+template <typename Fn>
+void ForEachChunk(ThreadPool* pool, int n, Fn fn) {
+  if (pool == nullptr || n == 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool->ForEachIndex(n, [&fn](int64_t i) { fn(static_cast<int>(i)); });
+}
+
+absl::Status Unauthentic() {
+  return absl::DataLossError(
+      "a data-plane chunk did not authenticate (changed, replayed or out of order on the way); "
+      "the connection is closed");
+}
+
+}  // namespace
+
+int SealedChannel::ParallelThreads() {
+  if (const char* env = std::getenv("PSCLUSTER_SEAL_THREADS"); env != nullptr && *env != '\0') {
+    return std::clamp(std::atoi(env), 0, 64);
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / 4, 1, 8);
+}
+
+SealedChannel::SealedChannel(int fd, ssl_st* ssl, bool is_server, int epoch_chunks_log2)
+    : fd_(fd), ssl_(ssl), pool_(SharedPool()), epoch_shift_(epoch_chunks_log2) {
+  send_.sender = is_server ? 's' : 'c';
+  receive_.sender = is_server ? 'c' : 's';
+}
+
+SealedChannel::~SealedChannel() = default;
+
+absl::StatusOr<std::unique_ptr<SealedChannel>> SealedChannel::Create(int fd, ssl_st* ssl,
+                                                                     int epoch_chunks_log2) {
+  if (epoch_chunks_log2 < 0 || epoch_chunks_log2 > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epoch_chunks_log2 is ", epoch_chunks_log2, "; expected 0 to 20"));
+  }
+  if (SSL_version(ssl) != TLS1_3_VERSION) {
+    return absl::FailedPreconditionError("sealed data-plane chunks need a TLS 1.3 connection");
+  }
+  if (Aes128Gcm() == nullptr) return absl::InternalError("OpenSSL has no AES-128-GCM");
+  std::unique_ptr<SealedChannel> channel(
+      new SealedChannel(fd, ssl, SSL_is_server(ssl) == 1, epoch_chunks_log2));
+  // The first epoch's keys now, so that a failure shows at connect.
+  Key key;
+  uint64_t seq;
+  for (Direction* d : {&channel->send_, &channel->receive_}) {
+    if (absl::Status s = channel->NextKey(d, &key, &seq); !s.ok()) return s;
+    d->seq = 0;
+  }
+  return channel;
+}
+
+absl::Status SealedChannel::NextKey(Direction* d, Key* key, uint64_t* seq) {
+  const uint64_t epoch = d->seq >> epoch_shift_;
+  if (epoch != d->epoch) {
+    unsigned char context[9];
+    context[0] = static_cast<unsigned char>(d->sender);
+    absl::big_endian::Store64(context + 1, epoch);
+    unsigned char material[sizeof(Key)];
+    if (SSL_export_keying_material(ssl_, material, sizeof(material), kExporterLabel,
+                                   sizeof(kExporterLabel) - 1, context, sizeof(context), 1) != 1) {
+      return absl::InternalError("cannot export the data plane's keys from the TLS connection");
+    }
+    std::memcpy(d->key.key, material, sizeof(d->key.key));
+    std::memcpy(d->key.iv, material + sizeof(d->key.key), sizeof(d->key.iv));
+    d->epoch = epoch;
+  }
+  *key = d->key;
+  *seq = d->seq & ((uint64_t{1} << epoch_shift_) - 1);
+  ++d->seq;
+  return absl::OkStatus();
+}
+
+absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time deadline) {
+  if (!broken_.ok()) return broken_;
+  // The chunks: small buffers (a frame's header and meta) gathered into one, a large buffer
+  // cut into chunks of its own.
+  std::vector<Piece> pieces;
+  std::vector<Chunk> chunks;
+  const auto open_chunk = [&] {
+    chunks.emplace_back();
+    chunks.back().first_piece = static_cast<int>(pieces.size());
+  };
+  for (int i = 0; i < count; ++i) {
+    const char* data = static_cast<const char*>(iov[i].iov_base);
+    size_t size = iov[i].iov_len;
+    if (size == 0) continue;
+    if (size >= kOwnChunkBytes || chunks.empty() ||
+        chunks.back().size + size > static_cast<size_t>(kMaxChunkBytes) ||
+        chunks.back().size >= kOwnChunkBytes) {
+      open_chunk();
+    }
+    while (size > 0) {
+      Chunk& c = chunks.back();
+      const size_t take = std::min(size, static_cast<size_t>(kMaxChunkBytes) - c.size);
+      pieces.push_back({data, take});
+      ++c.num_pieces;
+      c.size += static_cast<uint32_t>(take);
+      data += take;
+      size -= take;
+      if (size > 0) open_chunk();
+    }
+  }
+  const size_t batch = pool_ == nullptr ? kSerialBatchChunks : kBatchChunks;
+  for (size_t begin = 0; begin < chunks.size(); begin += batch) {
+    const int n = static_cast<int>(std::min(batch, chunks.size() - begin));
+    size_t bytes = 0;
+    for (int i = 0; i < n; ++i) bytes += kHeaderBytes + chunks[begin + i].size + kTagBytes;
+    if (send_buf_.size() < bytes) send_buf_.resize(bytes);
+    char* at = send_buf_.data();
+    for (int i = 0; i < n; ++i) {
+      Chunk& c = chunks[begin + i];
+      c.sealed = at;
+      at += kHeaderBytes + c.size + kTagBytes;
+      if (absl::Status s = NextKey(&send_, &c.key, &c.seq); !s.ok()) return broken_ = s;
+    }
+    std::atomic<bool> sealed{true};
+    ForEachChunk(pool_, n, [&](int i) {
+      if (!Seal(chunks[begin + i], pieces.data())) sealed.store(false);
+    });
+    if (!sealed.load()) return broken_ = absl::InternalError("sealing a data-plane chunk failed");
+    iovec out{send_buf_.data(), bytes};
+    if (absl::Status s = SendAll(fd_, &out, 1, deadline); !s.ok()) return broken_ = s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
+  if (!broken_.ok()) return broken_;
+  if (HasBuffered()) {
+    const int64_t take = std::min<int64_t>(n, buffered_.size() - buffered_pos_);
+    std::memcpy(out, buffered_.data() + buffered_pos_, static_cast<size_t>(take));
+    buffered_pos_ += static_cast<size_t>(take);
+    out += take;
+    n -= take;
+  }
+  // Received chunk by chunk; the chunks of a batch opened together (in parallel with a pool)
+  // once all are in, each straight into `out` but a last one larger than what is left, which
+  // is opened aside and handed out in part.
+  const int batch = pool_ == nullptr ? 1 : kBatchChunks;
+  Chunk chunks[kBatchChunks];
+  size_t offsets[kBatchChunks];
+  while (n > 0) {
+    int got = 0;
+    int64_t covered = 0;
+    while (got < batch && covered < n) {
+      const size_t offset = static_cast<size_t>(got) * kSealedMax;
+      if (receive_buf_.size() < offset + kSealedMax) receive_buf_.resize(offset + kSealedMax);
+      char* sealed = receive_buf_.data() + offset;
+      if (absl::Status s = ReceiveExact(fd_, sealed, kHeaderBytes, deadline); !s.ok()) {
+        return broken_ = s;
+      }
+      Chunk& c = chunks[got];
+      c.size = absl::little_endian::Load32(sealed);
+      if (c.size == 0 || c.size > kMaxChunkBytes) {
+        return broken_ = absl::DataLossError(absl::StrCat(
+                   "a data-plane chunk claims ", c.size, " bytes; expected 1 to ", kMaxChunkBytes,
+                   " (not this cluster's sealed framing?); the connection is closed"));
+      }
+      if (absl::Status s = ReceiveExact(fd_, sealed + kHeaderBytes, c.size + kTagBytes, deadline);
+          !s.ok()) {
+        return broken_ = s;
+      }
+      if (absl::Status s = NextKey(&receive_, &c.key, &c.seq); !s.ok()) return broken_ = s;
+      if (covered + c.size <= n) {
+        c.plain = out + covered;
+      } else {
+        buffered_.resize(c.size);
+        c.plain = buffered_.data();
+      }
+      offsets[got] = offset;
+      covered += c.size;
+      ++got;
+    }
+    for (int i = 0; i < got; ++i) chunks[i].sealed = receive_buf_.data() + offsets[i];
+    std::atomic<bool> authentic{true};
+    ForEachChunk(pool_, got, [&](int i) {
+      if (!Open(chunks[i])) authentic.store(false);
+    });
+    if (!authentic.load()) {
+      buffered_.clear();
+      buffered_pos_ = 0;
+      return broken_ = Unauthentic();
+    }
+    if (covered > n) {
+      // The last chunk went aside: its first bytes finish this read.
+      const size_t head = buffered_.size() - static_cast<size_t>(covered - n);
+      std::memcpy(out + (n - static_cast<int64_t>(head)), buffered_.data(), head);
+      buffered_pos_ = head;
+      n = 0;
+    } else {
+      out += covered;
+      n -= covered;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,107 @@
+#ifndef PSCLUSTER_COMMON_SEALED_CHANNEL_H_
+#define PSCLUSTER_COMMON_SEALED_CHANNEL_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+struct ssl_st;  // OpenSSL's SSL
+
+namespace pscluster {
+
+class ThreadPool;
+
+// The tensor data plane's encryption after a mutual TLS 1.3 handshake (security/wire_tls.h):
+// the bytes go in sealed chunks of AES-128-GCM, keyed from the handshake, instead of OpenSSL's
+// 16 KiB TLS records. Large tensors are what the data plane moves, and the record layer costs
+// them twice: a copy between the caller's buffer and OpenSSL's on each side besides the
+// cipher, and one thread per connection doing all of it. A sealed chunk is encrypted straight
+// from the caller's buffer into the bytes sent, decrypted straight from the bytes received into
+// the caller's buffer (a dense shard, a pull's output), and the chunks of one large write or
+// read are sealed and opened on several cores at once where the machine has them.
+//
+// The keys: TLS 1.3's exporter (RFC 8446 section 7.5, SSL_export_keying_material) with the
+// label "EXPORTER-pscluster-tensor-wire" and a context of the sending side ('c' client,
+// 's' server) and the key epoch, 28 bytes: a 16-byte AES key and a 12-byte IV. Each side sends
+// with its own key; the exporter binds both to this handshake, so only the two authenticated
+// peers have them. A new epoch (new keys) begins every 2^20 chunks of one direction (at most
+// 128 GiB), well within AES-GCM's limits for one key.
+//
+// A chunk on the wire: a 4-byte little-endian plaintext length L (1 to kMaxChunkBytes), then
+// L bytes of ciphertext, then a 16-byte GCM tag. The nonce is the IV XOR the chunk's sequence
+// number within its epoch in the last 8 bytes (big-endian), as TLS 1.3 forms it; the length is
+// the additional authenticated data. The sequence number is implicit, so a chunk dropped,
+// repeated, reordered or moved to another connection or direction fails to authenticate, and
+// the connection is finished (DATA_LOSS) at the first such chunk.
+//
+// Thread-compatible: one reader and one writer at a time (not concurrently with each other
+// either: a connection carries one request at a time).
+class SealedChannel {
+ public:
+  static constexpr int64_t kMaxChunkBytes = 128 << 10;
+  static constexpr int kHeaderBytes = 4;
+  static constexpr int kTagBytes = 16;
+
+  // `ssl`: a TLS 1.3 connection whose handshake completed on the connected socket `fd`; it
+  // must outlive the channel (later key epochs are exported from it) and must not read from or
+  // write to the socket again. INTERNAL when the keys cannot be exported.
+  // `epoch_chunks_log2`: new keys every 2^that chunks (tests make it small).
+  static absl::StatusOr<std::unique_ptr<SealedChannel>> Create(int fd, ssl_st* ssl,
+                                                               int epoch_chunks_log2 = 20);
+  ~SealedChannel();
+
+  // Sends every byte of the buffers, sealed. Buffers of 64 KiB or more start chunks of their
+  // own, so that the peer can open them straight into a buffer of the same size.
+  absl::Status Write(const struct iovec* iov, int count, absl::Time deadline);
+  // Receives exactly n bytes, opened.
+  absl::Status Read(char* out, int64_t n, absl::Time deadline);
+  // Whether opened bytes are waiting (a chunk that was larger than a read).
+  bool HasBuffered() const { return buffered_pos_ < buffered_.size(); }
+
+  // The threads that seal and open the chunks of one call in parallel beside the calling
+  // thread: 0 on machines of fewer than 8 cores (the caller does it all: there every core is
+  // already busy with the connections), else cores / 4 up to 8; PSCLUSTER_SEAL_THREADS
+  // overrides it. Shared by every channel of the process.
+  static int ParallelThreads();
+
+  struct Key {
+    unsigned char key[16];
+    unsigned char iv[12];
+  };
+
+ private:
+  // One direction: its sequence number and the keys of its current epoch.
+  struct Direction {
+    char sender = 0;  // 'c' or 's'
+    uint64_t seq = 0;
+    uint64_t epoch = ~uint64_t{0};
+    Key key;
+  };
+  SealedChannel(int fd, ssl_st* ssl, bool is_server, int epoch_chunks_log2);
+  // The key for direction d's next chunk (a new epoch's exported when it begins); the
+  // chunk's sequence number within its epoch in *seq.
+  absl::Status NextKey(Direction* d, Key* key, uint64_t* seq);
+
+  const int fd_;
+  ssl_st* const ssl_;
+  ThreadPool* const pool_;  // null: the caller seals and opens every chunk
+  const int epoch_shift_;
+  Direction send_;
+  Direction receive_;
+  absl::Status broken_;         // once a call fails midway, every later one does
+  std::vector<char> send_buf_;  // sealed chunks on their way out
+  std::vector<char> receive_buf_;
+  std::vector<char> buffered_;  // the opened rest of a chunk larger than the read that took it
+  size_t buffered_pos_ = 0;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_COMMON_SEALED_CHANNEL_H_

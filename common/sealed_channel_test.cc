@@ -1,0 +1,330 @@
+#include "common/sealed_channel.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/internal/endian.h"
+#include "absl/time/clock.h"
+#include "common/socket_io.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kHeader = SealedChannel::kHeaderBytes;
+constexpr int kTag = SealedChannel::kTagBytes;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+struct SslFree {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
+using Ssl = std::unique_ptr<SSL, SslFree>;
+
+// A connected pair of non-blocking stream sockets, closed at the end.
+struct SocketPair {
+  int fd[2];
+  SocketPair() {
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fd), 0);
+    for (int f : fd) fcntl(f, F_SETFL, fcntl(f, F_GETFL, 0) | O_NONBLOCK);
+  }
+  ~SocketPair() {
+    close(fd[0]);
+    close(fd[1]);
+  }
+};
+
+// A TLS 1.3 client and server that completed a handshake over their own socket pair (a
+// throwaway self-signed certificate: what is tested here is the framing after it, with the
+// keys it exported; tests/tls_test.cc has the cluster's certificates and their checks).
+class Tls {
+ public:
+  Tls() {
+    EVP_PKEY* key = EVP_EC_gen("P-256");
+    X509* cert = X509_new();
+    X509_set_version(cert, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+    X509_gmtime_adj(X509_getm_notBefore(cert), 0);
+    X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
+    X509_set_pubkey(cert, key);
+    X509_NAME* name = X509_get_subject_name(cert);
+    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                               reinterpret_cast<const unsigned char*>("test"), -1, -1, 0);
+    X509_set_issuer_name(cert, name);
+    X509_sign(cert, key, EVP_sha256());
+    SSL_CTX* server_ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX* client_ctx = SSL_CTX_new(TLS_client_method());
+    for (SSL_CTX* ctx : {server_ctx, client_ctx}) {
+      SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+      SSL_CTX_set_num_tickets(ctx, 0);
+    }
+    SSL_CTX_use_certificate(server_ctx, cert);
+    SSL_CTX_use_PrivateKey(server_ctx, key);
+    server_.reset(SSL_new(server_ctx));
+    client_.reset(SSL_new(client_ctx));
+    SSL_CTX_free(server_ctx);
+    SSL_CTX_free(client_ctx);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    SSL_set_fd(server_.get(), handshake_.fd[0]);
+    SSL_set_fd(client_.get(), handshake_.fd[1]);
+    SSL_set_accept_state(server_.get());
+    SSL_set_connect_state(client_.get());
+    // Both ends in this thread: step each until neither needs the other.
+    for (int round = 0; round < 100; ++round) {
+      const int s = SSL_do_handshake(server_.get());
+      const int c = SSL_do_handshake(client_.get());
+      if (s == 1 && c == 1) return;
+    }
+    ADD_FAILURE() << "the test's TLS handshake did not complete";
+  }
+  SSL* client() { return client_.get(); }
+  SSL* server() { return server_.get(); }
+
+ private:
+  SocketPair handshake_;
+  Ssl server_;
+  Ssl client_;
+};
+
+std::string Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+iovec Iov(const std::string& s) { return iovec{const_cast<char*>(s.data()), s.size()}; }
+
+// A client channel writing into one pair and a server channel reading from another: the test
+// carries (and may change) the sealed bytes between them.
+class SealedChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(20); }
+  void Open(int epoch_log2) {
+    auto writer = SealedChannel::Create(out_.fd[0], tls_.client(), epoch_log2);
+    auto reader = SealedChannel::Create(in_.fd[1], tls_.server(), epoch_log2);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    writer_ = *std::move(writer);
+    reader_ = *std::move(reader);
+  }
+  // Writes on a thread (a large write fills the socket before the test takes it) and returns
+  // the sealed bytes that came out.
+  std::string Sealed(std::vector<iovec> iov) { return Sealed(writer_.get(), out_, iov); }
+  static std::string Sealed(SealedChannel* writer, SocketPair& out, std::vector<iovec> iov) {
+    absl::Status written;
+    std::thread t([&] {
+      written = writer->Write(iov.data(), static_cast<int>(iov.size()), Soon());
+      shutdown(out.fd[0], SHUT_WR);
+    });
+    std::string sealed;
+    char buf[1 << 16];
+    while (true) {
+      const ssize_t n = read(out.fd[1], buf, sizeof(buf));
+      if (n > 0) {
+        sealed.append(buf, static_cast<size_t>(n));
+      } else if (n == 0) {
+        break;
+      } else if (!AwaitSocket(out.fd[1], POLLIN, Soon(), "test").ok()) {
+        break;
+      }
+    }
+    t.join();
+    EXPECT_TRUE(written.ok()) << written;
+    return sealed;
+  }
+  // Hands `sealed` to the reader's socket from a thread, then (with `close`) ends the
+  // stream. A reader that refuses it stops reading: then sending may fail.
+  std::thread Deliver(std::string sealed, bool must_arrive = true, bool close = false) {
+    return std::thread([this, must_arrive, close, sealed = std::move(sealed)] {
+      iovec iov = Iov(sealed);
+      absl::Status sent = SendAll(in_.fd[0], &iov, 1, Soon());
+      if (must_arrive) EXPECT_TRUE(sent.ok()) << sent;
+      if (close) shutdown(in_.fd[0], SHUT_WR);
+    });
+  }
+  // The chunk lengths in a sealed stream.
+  static std::vector<uint32_t> ChunkSizes(const std::string& sealed) {
+    std::vector<uint32_t> sizes;
+    for (size_t at = 0; at + kHeader <= sealed.size();) {
+      const uint32_t n = absl::little_endian::Load32(sealed.data() + at);
+      sizes.push_back(n);
+      at += kHeader + n + kTag;
+    }
+    return sizes;
+  }
+
+  Tls tls_;
+  SocketPair out_;
+  SocketPair in_;
+  std::unique_ptr<SealedChannel> writer_;
+  std::unique_ptr<SealedChannel> reader_;
+};
+
+TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
+  // A frame as the data plane writes one: header and meta gathered, a 1 MiB + 5 payload cut
+  // into chunks of its own, then a small one again.
+  const std::string header = Bytes(32, 1), meta = Bytes(300, 2);
+  const std::string payload = Bytes((1 << 20) + 5, 3), tail = Bytes(7, 4);
+  const std::string sealed = Sealed({Iov(header), Iov(meta), Iov(payload), Iov(tail)});
+  const std::vector<uint32_t> sizes = ChunkSizes(sealed);
+  // (the small tail joins the payload's last, small chunk)
+  ASSERT_EQ(sizes.size(), 10u);
+  EXPECT_EQ(sizes[0], 332u);
+  for (int i = 1; i <= 8; ++i) EXPECT_EQ(sizes[i], 128u << 10) << i;
+  EXPECT_EQ(sizes[9], 5u + 7u);
+  EXPECT_EQ(sealed.size(), 32 + 300 + payload.size() + 7 + 10 * (kHeader + kTag));
+  EXPECT_EQ(sealed.find(payload.substr(1000, 64)), std::string::npos) << "sent in the clear";
+
+  // Read back in pieces that cut across chunks: 32, 10, the rest of the meta and 100 KiB of
+  // the payload, all the rest.
+  std::thread deliver = Deliver(sealed);
+  const std::string all = header + meta + payload + tail;
+  std::string got(all.size(), '\0');
+  size_t at = 0;
+  for (size_t n : {size_t{32}, size_t{10}, size_t{290 + (100 << 10)}}) {
+    ASSERT_TRUE(reader_->Read(&got[at], static_cast<int64_t>(n), Soon()).ok());
+    at += n;
+  }
+  EXPECT_TRUE(reader_->HasBuffered());
+  ASSERT_TRUE(reader_->Read(&got[at], static_cast<int64_t>(all.size() - at), Soon()).ok());
+  deliver.join();
+  EXPECT_FALSE(reader_->HasBuffered());
+  EXPECT_TRUE(got == all) << "the bytes differ";
+}
+
+TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
+  Open(2);  // new keys every 4 chunks
+  std::vector<std::string> messages;
+  for (int i = 0; i < 10; ++i) messages.push_back(Bytes(100000 + i, 10 + i));
+  std::vector<iovec> iov;
+  for (const std::string& m : messages) iov.push_back(Iov(m));
+  const std::string sealed = Sealed(iov);
+  ASSERT_EQ(ChunkSizes(sealed).size(), 10u);
+  std::thread deliver = Deliver(sealed);
+  for (const std::string& m : messages) {
+    std::string got(m.size(), '\0');
+    ASSERT_TRUE(reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon()).ok());
+    EXPECT_TRUE(got == m);
+  }
+  deliver.join();
+  // The server's writes: another key (each side sends with its own).
+  SocketPair back;
+  auto server_writer = SealedChannel::Create(back.fd[0], tls_.server(), 2);
+  ASSERT_TRUE(server_writer.ok());
+  const std::string reply = Bytes(5000, 99);
+  const std::string sealed_reply = Sealed(server_writer->get(), back, {Iov(reply)});
+  // Read as if it came from the client: it does not authenticate.
+  std::thread wrong = Deliver(sealed_reply, /*must_arrive=*/false);
+  std::string got(reply.size(), '\0');
+  absl::Status s = reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon());
+  wrong.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+class SealedChannelTamperTest : public SealedChannelTest {
+ protected:
+  // Three chunks of 100 KiB, sealed.
+  void SetUp() override {
+    SealedChannelTest::SetUp();
+    for (int i = 0; i < 3; ++i) parts_.push_back(Bytes(100 << 10, 50 + i));
+    sealed_ = Sealed({Iov(parts_[0]), Iov(parts_[1]), Iov(parts_[2])});
+    ASSERT_EQ(ChunkSizes(sealed_).size(), 3u);
+    chunk_ = kHeader + (100 << 10) + kTag;
+  }
+  // Reads all three parts from `edited`; the reader must refuse with `code` and a message
+  // containing `why`, then refuse every later call.
+  void ExpectRefused(const std::string& edited, absl::StatusCode code, const std::string& why) {
+    std::thread deliver = Deliver(edited, /*must_arrive=*/false, /*close=*/true);
+    std::string got(3 * (100 << 10), '\0');
+    absl::Status s = reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon());
+    shutdown(in_.fd[1], SHUT_RDWR);  // the sender stops waiting for a reader that gave up
+    deliver.join();
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(why));
+    char one;
+    EXPECT_EQ(reader_->Read(&one, 1, Soon()).code(), code) << "a broken channel reads on";
+  }
+  std::vector<std::string> parts_;
+  std::string sealed_;
+  size_t chunk_ = 0;
+};
+
+TEST_F(SealedChannelTamperTest, UntouchedReadsBack) {
+  std::thread deliver = Deliver(sealed_);
+  std::string got(3 * (100 << 10), '\0');
+  ASSERT_TRUE(reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon()).ok());
+  deliver.join();
+  EXPECT_TRUE(got == parts_[0] + parts_[1] + parts_[2]);
+}
+
+TEST_F(SealedChannelTamperTest, AFlippedBitIsRefused) {
+  std::string edited = sealed_;
+  edited[chunk_ + kHeader + 12345] ^= 0x10;
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "did not authenticate");
+}
+
+TEST_F(SealedChannelTamperTest, AFlippedTagIsRefused) {
+  std::string edited = sealed_;
+  edited[2 * chunk_ + kHeader + (100 << 10) + 3] ^= 1;
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "did not authenticate");
+}
+
+TEST_F(SealedChannelTamperTest, ReorderedChunksAreRefused) {
+  const std::string edited =
+      sealed_.substr(chunk_, chunk_) + sealed_.substr(0, chunk_) + sealed_.substr(2 * chunk_);
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "did not authenticate");
+}
+
+TEST_F(SealedChannelTamperTest, AReplayedChunkIsRefused) {
+  const std::string edited = sealed_.substr(0, 2 * chunk_) + sealed_.substr(chunk_, chunk_);
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "did not authenticate");
+}
+
+TEST_F(SealedChannelTamperTest, AnOversizedLengthIsRefusedBeforeReading) {
+  std::string edited = sealed_;
+  absl::little_endian::Store32(&edited[chunk_], 1u << 30);
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "claims 1073741824 bytes; expected 1 to");
+}
+
+TEST_F(SealedChannelTamperTest, AChangedLengthIsRefused) {
+  // A shorter length that still fits: the length is authenticated too. (A reader that opens
+  // each chunk at once finds that; one that receives a batch first may read a length out of
+  // the rest of the chunk before, and refuse that.)
+  std::string edited = sealed_;
+  absl::little_endian::Store32(&edited[0], (100 << 10) - kTag);
+  ExpectRefused(edited, absl::StatusCode::kDataLoss, "data-plane chunk");
+}
+
+TEST_F(SealedChannelTamperTest, ATruncatedStreamIsUnavailable) {
+  ExpectRefused(sealed_.substr(0, chunk_ + 100), absl::StatusCode::kUnavailable,
+                "the peer closed the connection");
+}
+
+TEST(SealedChannelCreateTest, RefusesABadEpochSize) {
+  Tls tls;
+  SocketPair pair;
+  auto channel = SealedChannel::Create(pair.fd[0], tls.client(), 21);
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(channel.status().message()), HasSubstr("expected 0 to 20"));
+}
+
+}  // namespace
+}  // namespace pscluster
