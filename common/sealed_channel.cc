@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "absl/base/internal/endian.h"
@@ -21,11 +23,8 @@ namespace {
 constexpr char kExporterLabel[] = "EXPORTER-pscluster-tensor-wire";
 // Buffers from this size on start chunks of their own (see Write).
 constexpr size_t kOwnChunkBytes = 64 << 10;
-// The chunks one call seals or opens before it sends or after it receives them: 2 MiB with
-// threads to share them, else 256 KiB, so that the peer (on the same cores, on loopback) opens
-// one batch while the next is sealed.
+// The chunks one call seals or opens at once: 2 MiB.
 constexpr int kBatchChunks = 16;
-constexpr int kSerialBatchChunks = 2;
 constexpr int64_t kSealedMax =
     SealedChannel::kHeaderBytes + SealedChannel::kMaxChunkBytes + SealedChannel::kTagBytes;
 
@@ -119,15 +118,47 @@ ThreadPool* SharedPool() {
   return pool;
 }
 
-// Runs fn(i) for i in [0, n): on the pool and the calling thread when there is a pool.
-template <typename Fn>
-void ForEachChunk(ThreadPool* pool, int n, Fn fn) {
-  if (pool == nullptr || n == 1) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
+// The chunks of one call, sealed or opened by whoever claims each first: a pool thread the
+// call handed it to, or the calling thread when it needs the chunk next (to send it) or has
+// nothing else left to do. A pool thread that starts late finds its chunk claimed and leaves;
+// one that claimed a chunk finishes it before the call returns (Finish). Shared with the
+// pool's closures, which may run after the call has returned: they touch `work` (the call's
+// function) only for a chunk they claimed.
+class Crew {
+ public:
+  Crew(int n, const std::function<bool(int)>* work)
+      : work_(work), claimed_(new std::atomic<bool>[n]()), done_(new std::atomic<bool>[n]()) {}
+
+  // Hands chunk i to a pool thread.
+  static void Offer(const std::shared_ptr<Crew>& crew, ThreadPool* pool, int i) {
+    pool->Schedule([crew, i] { crew->Run(i); });
   }
-  pool->ForEachIndex(n, [&fn](int64_t i) { fn(static_cast<int>(i)); });
-}
+  // Does chunk i on this thread unless someone claimed it, then waits until it is done.
+  void RunAndWait(int i) {
+    Run(i);
+    while (!done_[i].load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  // Claims every chunk not claimed yet without doing it, and waits for those under way.
+  void Finish(int n) {
+    for (int i = 0; i < n; ++i) {
+      if (!claimed_[i].exchange(true)) done_[i].store(true, std::memory_order_release);
+      while (!done_[i].load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+  }
+  bool failed() const { return failed_.load(); }
+
+ private:
+  void Run(int i) {
+    if (claimed_[i].exchange(true)) return;
+    if (!(*work_)(i)) failed_.store(true);
+    done_[i].store(true, std::memory_order_release);
+  }
+
+  const std::function<bool(int)>* const work_;
+  std::unique_ptr<std::atomic<bool>[]> claimed_;
+  std::unique_ptr<std::atomic<bool>[]> done_;
+  std::atomic<bool> failed_{false};
+};
 
 absl::Status Unauthentic() {
   return absl::DataLossError(
@@ -142,7 +173,7 @@ int SealedChannel::ParallelThreads() {
     return std::clamp(std::atoi(env), 0, 64);
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cores / 4, 1, 8);
+  return cores < 8 ? 0 : std::clamp(cores / 4, 2, 8);
 }
 
 SealedChannel::SealedChannel(int fd, ssl_st* ssl, bool is_server, int epoch_chunks_log2)
@@ -226,9 +257,10 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
       if (size > 0) open_chunk();
     }
   }
-  const size_t batch = pool_ == nullptr ? kSerialBatchChunks : kBatchChunks;
-  for (size_t begin = 0; begin < chunks.size(); begin += batch) {
-    const int n = static_cast<int>(std::min(batch, chunks.size() - begin));
+  // Batch by batch: the pool seals a batch's chunks while this thread sends each in order as
+  // soon as it is sealed (sealing it itself when no pool thread has yet).
+  for (size_t begin = 0; begin < chunks.size(); begin += kBatchChunks) {
+    const int n = static_cast<int>(std::min<size_t>(kBatchChunks, chunks.size() - begin));
     size_t bytes = 0;
     for (int i = 0; i < n; ++i) bytes += kHeaderBytes + chunks[begin + i].size + kTagBytes;
     if (send_buf_.size() < bytes) send_buf_.resize(bytes);
@@ -239,13 +271,26 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
       at += kHeaderBytes + c.size + kTagBytes;
       if (absl::Status s = NextKey(&send_, &c.key, &c.seq); !s.ok()) return broken_ = s;
     }
-    std::atomic<bool> sealed{true};
-    ForEachChunk(pool_, n, [&](int i) {
-      if (!Seal(chunks[begin + i], pieces.data())) sealed.store(false);
-    });
-    if (!sealed.load()) return broken_ = absl::InternalError("sealing a data-plane chunk failed");
-    iovec out{send_buf_.data(), bytes};
-    if (absl::Status s = SendAll(fd_, &out, 1, deadline); !s.ok()) return broken_ = s;
+    const std::function<bool(int)> seal = [&](int i) {
+      return Seal(chunks[begin + i], pieces.data());
+    };
+    auto crew = std::make_shared<Crew>(n, &seal);
+    if (pool_ != nullptr) {
+      for (int i = 1; i < n; ++i) Crew::Offer(crew, pool_, i);
+    }
+    absl::Status sent;
+    for (int i = 0; i < n && sent.ok(); ++i) {
+      crew->RunAndWait(i);
+      if (crew->failed()) {
+        sent = absl::InternalError("sealing a data-plane chunk failed");
+        break;
+      }
+      const Chunk& c = chunks[begin + i];
+      iovec out{c.sealed, kHeaderBytes + c.size + kTagBytes};
+      sent = SendAll(fd_, &out, 1, deadline);
+    }
+    crew->Finish(n);
+    if (!sent.ok()) return broken_ = sent;
   }
   return absl::OkStatus();
 }
@@ -259,50 +304,50 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
     out += take;
     n -= take;
   }
-  // Received chunk by chunk; the chunks of a batch opened together (in parallel with a pool)
-  // once all are in, each straight into `out` but a last one larger than what is left, which
-  // is opened aside and handed out in part.
-  const int batch = pool_ == nullptr ? 1 : kBatchChunks;
+  // Received chunk by chunk, each handed to the pool to open as soon as it is in (the last
+  // opened by this thread), straight into `out` but a last one larger than what is left,
+  // which is opened aside and handed out in part.
   Chunk chunks[kBatchChunks];
-  size_t offsets[kBatchChunks];
   while (n > 0) {
+    // The slots this batch may need, before any is handed out (they must not move).
+    const int64_t slots = std::min<int64_t>(kBatchChunks, n / kMaxChunkBytes + 2);
+    if (receive_buf_.size() < static_cast<size_t>(slots * kSealedMax)) {
+      receive_buf_.resize(static_cast<size_t>(slots * kSealedMax));
+    }
+    const std::function<bool(int)> open = [&](int i) { return Open(chunks[i]); };
+    auto crew = std::make_shared<Crew>(kBatchChunks, &open);
     int got = 0;
     int64_t covered = 0;
-    while (got < batch && covered < n) {
-      const size_t offset = static_cast<size_t>(got) * kSealedMax;
-      if (receive_buf_.size() < offset + kSealedMax) receive_buf_.resize(offset + kSealedMax);
-      char* sealed = receive_buf_.data() + offset;
-      if (absl::Status s = ReceiveExact(fd_, sealed, kHeaderBytes, deadline); !s.ok()) {
-        return broken_ = s;
-      }
+    absl::Status received;
+    while (got < slots && covered < n) {
       Chunk& c = chunks[got];
-      c.size = absl::little_endian::Load32(sealed);
+      c.sealed = receive_buf_.data() + got * kSealedMax;
+      received = ReceiveExact(fd_, c.sealed, kHeaderBytes, deadline);
+      if (!received.ok()) break;
+      c.size = absl::little_endian::Load32(c.sealed);
       if (c.size == 0 || c.size > kMaxChunkBytes) {
-        return broken_ = absl::DataLossError(absl::StrCat(
-                   "a data-plane chunk claims ", c.size, " bytes; expected 1 to ", kMaxChunkBytes,
-                   " (not this cluster's sealed framing?); the connection is closed"));
+        received = absl::DataLossError(absl::StrCat(
+            "a data-plane chunk claims ", c.size, " bytes; expected 1 to ", kMaxChunkBytes,
+            " (not this cluster's sealed framing?); the connection is closed"));
+        break;
       }
-      if (absl::Status s = ReceiveExact(fd_, sealed + kHeaderBytes, c.size + kTagBytes, deadline);
-          !s.ok()) {
-        return broken_ = s;
-      }
-      if (absl::Status s = NextKey(&receive_, &c.key, &c.seq); !s.ok()) return broken_ = s;
+      received = ReceiveExact(fd_, c.sealed + kHeaderBytes, c.size + kTagBytes, deadline);
+      if (received.ok()) received = NextKey(&receive_, &c.key, &c.seq);
+      if (!received.ok()) break;
       if (covered + c.size <= n) {
         c.plain = out + covered;
       } else {
         buffered_.resize(c.size);
         c.plain = buffered_.data();
       }
-      offsets[got] = offset;
       covered += c.size;
       ++got;
+      if (pool_ != nullptr && covered < n) Crew::Offer(crew, pool_, got - 1);
     }
-    for (int i = 0; i < got; ++i) chunks[i].sealed = receive_buf_.data() + offsets[i];
-    std::atomic<bool> authentic{true};
-    ForEachChunk(pool_, got, [&](int i) {
-      if (!Open(chunks[i])) authentic.store(false);
-    });
-    if (!authentic.load()) {
+    for (int i = 0; i < got && received.ok(); ++i) crew->RunAndWait(i);
+    crew->Finish(kBatchChunks);
+    if (!received.ok()) return broken_ = received;
+    if (crew->failed()) {
       buffered_.clear();
       buffered_pos_ = 0;
       return broken_ = Unauthentic();

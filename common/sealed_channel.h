@@ -65,9 +65,11 @@ class SealedChannel {
   // Whether opened bytes are waiting (a chunk that was larger than a read).
   bool HasBuffered() const { return buffered_pos_ < buffered_.size(); }
 
-  // The threads that seal and open the chunks of one call in parallel beside the calling
-  // thread: 0 on machines of fewer than 8 cores (the caller does it all: there every core is
-  // already busy with the connections), else cores / 4 up to 8; PSCLUSTER_SEAL_THREADS
+  // The threads that seal and open the chunks of one call beside the calling thread, which
+  // sends each chunk as soon as it is sealed and hands each one received to them while it
+  // receives the next: 0 on machines of fewer than 8 cores (the caller does it all: there the
+  // connections' threads already keep every core busy, and waking helpers cost more than it
+  // gave in bench/ps.sh), else a quarter of the cores, 2 to 8. PSCLUSTER_SEAL_THREADS
   // overrides it. Shared by every channel of the process.
   static int ParallelThreads();
 
