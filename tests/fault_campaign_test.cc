@@ -98,6 +98,27 @@ absl::StatusOr<v1::ClusterStatus> AwaitFinished(const std::string& chief, absl::
       absl::StrCat("training did not finish within ", absl::FormatDuration(timeout)));
 }
 
+// The end of a trial: training finished and the chief in the FINISHED phase, entered after
+// `since` (the last time the supervisor started a task). A ps task restarted after training
+// ended takes the chief through a recovery (RECOVERING, then FINISHED again), which the
+// progress alone does not show: it stays finished throughout.
+absl::StatusOr<v1::ClusterStatus> AwaitSettled(const std::string& chief, absl::Time since,
+                                               absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::optional<v1::ClusterStatus> s = TryStatus(chief);
+    if (s && s->progress().finished() && s->phase() == v1::FINISHED &&
+        s->phase_since_unix_micros() > absl::ToUnixMicros(since)) {
+      return *s;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "training did not finish, or the chief did not settle in the FINISHED phase after the "
+      "last restart, within ",
+      absl::FormatDuration(timeout)));
+}
+
 // The final model of a finished run: its newest committed checkpoint.
 absl::StatusOr<ModelSnapshot> FinalModel(const std::string& dir) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> committed, ListCheckpoints(dir));
@@ -191,6 +212,7 @@ class Trial {
     const std::string job = task.substr(0, task.find(':'));
     const int i = std::stoi(task.substr(task.find(':') + 1));
     const bool same_address = job != "ps" || Uniform(0, 1) == 0;
+    last_start_ = absl::Now();
     absl::Status s = cluster_->StartTask(job, i, same_address);
     Log(absl::StrCat("restarted ", task, same_address ? "" : " on a new port",
                      s.ok() ? "" : absl::StrCat(": ", s.message())));
@@ -241,6 +263,7 @@ class Trial {
   std::string Logs() { return cluster_ ? cluster_->Logs(40) : ""; }
   const std::string& dir() const { return dir_; }
   const std::string chief_address() const { return cluster_->chief_address(); }
+  absl::Time last_start() const { return last_start_; }
 
  private:
   const int index_;
@@ -250,6 +273,7 @@ class Trial {
   std::vector<std::string> events_;
   std::string armed_;
   int kills_ = 0;
+  absl::Time last_start_ = absl::InfinitePast();  // when the supervisor last started a task
 };
 
 // Waits for a random step of training, where a script kills.
@@ -435,7 +459,7 @@ TEST(FaultCampaignTest, EveryTrialEndsWithTheUndisturbedModel) {
       ++not_run;
       verdict = absl::StrCat("FAULTS NOT INJECTED: ", faults.status().message());
     } else if (absl::StatusOr<v1::ClusterStatus> end =
-                   AwaitFinished(trial.chief_address(), absl::Seconds(240));
+                   AwaitSettled(trial.chief_address(), trial.last_start(), absl::Seconds(240));
                !end.ok()) {
       ++stalled;
       verdict = absl::StrCat("STALLED: ", end.status().message());
