@@ -74,6 +74,12 @@ absl::StatusOr<std::vector<std::string>> CertificateUris(const std::string& cert
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(cert_file, " does not hold a PEM certificate"));
   }
+  std::vector<std::string> uris = CertificateUris(cert);
+  X509_free(cert);
+  return uris;
+}
+
+std::vector<std::string> CertificateUris(const x509_st* cert) {
   std::vector<std::string> uris;
   auto* names =
       static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
@@ -85,7 +91,6 @@ absl::StatusOr<std::vector<std::string>> CertificateUris(const std::string& cert
                       static_cast<size_t>(ASN1_STRING_length(uri)));
   }
   GENERAL_NAMES_free(names);
-  X509_free(cert);
   return uris;
 }
 

@@ -10,6 +10,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "security/identity.h"
 
+struct x509_st;  // OpenSSL's X509
+
 namespace pscluster {
 
 // Mutual TLS for every gRPC channel of the cluster: each process has a certificate and key
@@ -37,8 +39,11 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const TlsConfig& t
 // Channel credentials: TLS with this process's certificate when enabled, plaintext otherwise.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const TlsConfig& tls);
 
-// The spiffe:// URIs in the subject alternative names of the PEM certificate at `cert_file`.
+// The URIs (spiffe:// among them) in the subject alternative names of the PEM certificate at
+// `cert_file`.
 absl::StatusOr<std::vector<std::string>> CertificateUris(const std::string& cert_file);
+// The same of a parsed certificate (OpenSSL's X509): every URI subject alternative name.
+std::vector<std::string> CertificateUris(const x509_st* cert);
 
 // This process's identity: the one spiffe:// URI of its certificate, parsed (identity.h).
 absl::StatusOr<PeerIdentity> OwnIdentity(const TlsConfig& tls);

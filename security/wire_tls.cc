@@ -280,17 +280,9 @@ absl::StatusOr<PeerIdentity> PeerIdentityOf(const ssl_st* ssl, const std::string
   X509* cert = SSL_get1_peer_certificate(ssl);
   if (cert == nullptr) return absl::UnauthenticatedError("the TLS peer sent no certificate");
   std::vector<std::string> uris;
-  auto* names =
-      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
-  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
-    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
-    if (name->type != GEN_URI) continue;
-    const ASN1_IA5STRING* uri = name->d.uniformResourceIdentifier;
-    std::string text(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
-                     static_cast<size_t>(ASN1_STRING_length(uri)));
-    if (absl::StartsWith(text, "spiffe://")) uris.push_back(std::move(text));
+  for (std::string& uri : CertificateUris(cert)) {
+    if (absl::StartsWith(uri, "spiffe://")) uris.push_back(std::move(uri));
   }
-  GENERAL_NAMES_free(names);
   X509_free(cert);
   if (uris.size() != 1) {
     return absl::UnauthenticatedError(absl::StrCat("the peer's certificate names ", uris.size(),
