@@ -2,7 +2,6 @@
 
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
@@ -113,7 +112,12 @@ bool Open(const Chunk& chunk) {
 ThreadPool* SharedPool() {
   static ThreadPool* const pool = [] {
     const int n = SealedChannel::ParallelThreads();
-    return n > 0 ? new ThreadPool(n) : nullptr;
+    // The chunks of a call come microseconds apart (one per 128 KiB received), and a step's
+    // calls a fraction of a millisecond apart: threads that went to sleep would be woken for
+    // each. PSCLUSTER_SEAL_SPIN=0 lets them sleep at once.
+    const char* spin = std::getenv("PSCLUSTER_SEAL_SPIN");
+    return n > 0 ? new ThreadPool(n, /*spin=*/spin == nullptr || std::strcmp(spin, "0") != 0)
+                 : nullptr;
   }();
   return pool;
 }
@@ -133,10 +137,20 @@ class Crew {
   static void Offer(const std::shared_ptr<Crew>& crew, ThreadPool* pool, int i) {
     pool->Schedule([crew, i] { crew->Run(i); });
   }
-  // Does chunk i on this thread unless someone claimed it, then waits until it is done.
-  void RunAndWait(int i) {
+  // Does chunk i on this thread unless someone claimed it, then waits until it is done,
+  // doing chunks of [i + 1, end) nobody has claimed meanwhile.
+  void RunAndWait(int i, int end) {
     Run(i);
-    while (!done_[i].load(std::memory_order_acquire)) std::this_thread::yield();
+    while (!done_[i].load(std::memory_order_acquire)) {
+      if (!RunAny(i + 1, end)) std::this_thread::yield();
+    }
+  }
+  // Does the first chunk of [begin, end) nobody has claimed; false when there is none.
+  bool RunAny(int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      if (!claimed_[i].load(std::memory_order_relaxed) && Run(i)) return true;
+    }
+    return false;
   }
   // Claims every chunk not claimed yet without doing it, and waits for those under way.
   void Finish(int n) {
@@ -148,10 +162,12 @@ class Crew {
   bool failed() const { return failed_.load(); }
 
  private:
-  void Run(int i) {
-    if (claimed_[i].exchange(true)) return;
+  // Does chunk i unless someone claimed it; whether this call did it.
+  bool Run(int i) {
+    if (claimed_[i].exchange(true)) return false;
     if (!(*work_)(i)) failed_.store(true);
     done_[i].store(true, std::memory_order_release);
+    return true;
   }
 
   const std::function<bool(int)>* const work_;
@@ -280,14 +296,15 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
     }
     absl::Status sent;
     for (int i = 0; i < n && sent.ok(); ++i) {
-      crew->RunAndWait(i);
+      crew->RunAndWait(i, n);
       if (crew->failed()) {
         sent = absl::InternalError("sealing a data-plane chunk failed");
         break;
       }
       const Chunk& c = chunks[begin + i];
       iovec out{c.sealed, kHeaderBytes + c.size + kTagBytes};
-      sent = SendAll(fd_, &out, 1, deadline);
+      // While the socket's buffer is full, this thread seals the chunks that follow.
+      sent = SendAll(fd_, &out, 1, deadline, [&] { return crew->RunAny(i + 1, n); });
     }
     crew->Finish(n);
     if (!sent.ok()) return broken_ = sent;
@@ -304,53 +321,89 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
     out += take;
     n -= take;
   }
-  // Received chunk by chunk, each handed to the pool to open as soon as it is in (the last
-  // opened by this thread), straight into `out` but a last one larger than what is left,
-  // which is opened aside and handed out in part.
+  // Received into receive_buf_ as the bytes arrive (as many at once as have arrived, but
+  // never past this read's last chunk), each chunk handed to the pool to open as soon as it is
+  // whole, straight into `out` but a last one larger than what is left, which is opened aside
+  // and handed out in part. While nothing arrives, this thread opens chunks itself.
   Chunk chunks[kBatchChunks];
+  size_t have = 0;  // bytes in receive_buf_: the start of the next batch's chunks
   while (n > 0) {
-    // The slots this batch may need, before any is handed out (they must not move).
-    const int64_t slots = std::min<int64_t>(kBatchChunks, n / kMaxChunkBytes + 2);
-    if (receive_buf_.size() < static_cast<size_t>(slots * kSealedMax)) {
-      receive_buf_.resize(static_cast<size_t>(slots * kSealedMax));
-    }
+    // Room for this batch's chunks, made before any is handed out (they must not move).
+    const size_t capacity =
+        static_cast<size_t>(std::min<int64_t>(kBatchChunks, n / kMaxChunkBytes + 2) * kSealedMax);
+    if (receive_buf_.size() < capacity) receive_buf_.resize(capacity);
+    char* const buf = receive_buf_.data();
     const std::function<bool(int)> open = [&](int i) { return Open(chunks[i]); };
     auto crew = std::make_shared<Crew>(kBatchChunks, &open);
-    int got = 0;
-    int64_t covered = 0;
+    int got = 0;          // whole chunks in this batch
+    size_t parsed = 0;    // their bytes
+    int64_t covered = 0;  // their plaintext bytes
+    const auto open_received = [&] { return crew->RunAny(0, got); };
     absl::Status received;
-    while (got < slots && covered < n) {
-      Chunk& c = chunks[got];
-      c.sealed = receive_buf_.data() + got * kSealedMax;
-      received = ReceiveExact(fd_, c.sealed, kHeaderBytes, deadline);
-      if (!received.ok()) break;
-      c.size = absl::little_endian::Load32(c.sealed);
-      if (c.size == 0 || c.size > kMaxChunkBytes) {
-        received = absl::DataLossError(absl::StrCat(
-            "a data-plane chunk claims ", c.size, " bytes; expected 1 to ", kMaxChunkBytes,
-            " (not this cluster's sealed framing?); the connection is closed"));
+    // (Room for one more whole chunk is left each time round.)
+    while (got < kBatchChunks && covered < n && capacity - parsed >= kSealedMax) {
+      const size_t pending = have - parsed;  // of the next chunk
+      uint32_t size = 0;
+      if (pending >= kHeaderBytes) {
+        size = absl::little_endian::Load32(buf + parsed);
+        if (size == 0 || size > kMaxChunkBytes) {
+          received = absl::DataLossError(absl::StrCat(
+              "a data-plane chunk claims ", size, " bytes; expected 1 to ", kMaxChunkBytes,
+              " (not this cluster's sealed framing?); the connection is closed"));
+          break;
+        }
+        const size_t whole = kHeaderBytes + size + kTagBytes;
+        if (pending >= whole) {
+          Chunk& c = chunks[got];
+          c.sealed = buf + parsed;
+          c.size = size;
+          received = NextKey(&receive_, &c.key, &c.seq);
+          if (!received.ok()) break;
+          if (covered + size <= n) {
+            c.plain = out + covered;
+          } else {
+            buffered_.resize(size);
+            c.plain = buffered_.data();
+          }
+          parsed += whole;
+          covered += size;
+          ++got;
+          if (pool_ != nullptr && covered < n) Crew::Offer(crew, pool_, got - 1);
+          continue;
+        }
+      }
+      // More bytes: at least the rest of the next chunk's header or of the chunk, at most what
+      // the batch has room for and what this read's chunks still hold: the rest of its bytes
+      // and at least one chunk's framing (and a chunk whose header came, all of its own).
+      const int64_t need = pending < kHeaderBytes
+                               ? kHeaderBytes - static_cast<int64_t>(pending)
+                               : kHeaderBytes + size + kTagBytes - static_cast<int64_t>(pending);
+      const int64_t rest =
+          (n - covered) + kHeaderBytes + kTagBytes - static_cast<int64_t>(pending);
+      const int64_t limit =
+          std::max(need, std::min(static_cast<int64_t>(capacity - have), rest));
+      absl::StatusOr<int64_t> more =
+          ReceiveAtLeast(fd_, buf + have, need, limit, deadline, open_received);
+      if (!more.ok()) {
+        received = more.status();
         break;
       }
-      received = ReceiveExact(fd_, c.sealed + kHeaderBytes, c.size + kTagBytes, deadline);
-      if (received.ok()) received = NextKey(&receive_, &c.key, &c.seq);
-      if (!received.ok()) break;
-      if (covered + c.size <= n) {
-        c.plain = out + covered;
-      } else {
-        buffered_.resize(c.size);
-        c.plain = buffered_.data();
-      }
-      covered += c.size;
-      ++got;
-      if (pool_ != nullptr && covered < n) Crew::Offer(crew, pool_, got - 1);
+      have += static_cast<size_t>(*more);
     }
-    for (int i = 0; i < got && received.ok(); ++i) crew->RunAndWait(i);
+    for (int i = 0; i < got && received.ok(); ++i) crew->RunAndWait(i, got);
     crew->Finish(kBatchChunks);
     if (!received.ok()) return broken_ = received;
     if (crew->failed()) {
       buffered_.clear();
       buffered_pos_ = 0;
       return broken_ = Unauthentic();
+    }
+    // The start of the next batch's first chunk, received with this batch's (never bytes past
+    // this read's last chunk).
+    have -= parsed;
+    if (have > 0) {
+      if (covered >= n) return broken_ = absl::InternalError("sealed read past its chunks");
+      std::memmove(buf, buf + parsed, have);
     }
     if (covered > n) {
       // The last chunk went aside: its first bytes finish this read.

@@ -70,7 +70,13 @@ class SealedChannel {
   // receives the next: 0 on machines of fewer than 8 cores (the caller does it all: there the
   // connections' threads already keep every core busy, and waking helpers cost more than it
   // gave in bench/ps.sh), else a quarter of the cores, 2 to 8. PSCLUSTER_SEAL_THREADS
-  // overrides it. Shared by every channel of the process.
+  // overrides it. Shared by every channel of the process; they spin a little between chunks
+  // before they sleep (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
+  //
+  // Whatever the threads, the calling thread does not wait idle: while the socket's buffer is
+  // full it seals the chunks that follow, and while nothing has arrived it opens the chunks
+  // that did. A read receives as many bytes as have arrived at once (never past its own last
+  // chunk, so the next read's bytes stay in the socket).
   static int ParallelThreads();
 
   struct Key {

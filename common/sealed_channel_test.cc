@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -127,11 +128,18 @@ class SealedChannelTest : public ::testing::Test {
   }
   // Writes on a thread (a large write fills the socket before the test takes it) and returns
   // the sealed bytes that came out.
-  std::string Sealed(std::vector<iovec> iov) { return Sealed(writer_.get(), out_, iov); }
-  static std::string Sealed(SealedChannel* writer, SocketPair& out, std::vector<iovec> iov) {
+  std::string Sealed(std::vector<iovec> iov) { return Sealed(writer_.get(), out_, {iov}); }
+  // As above, for several writes one after the other.
+  std::string SealedWrites(std::vector<std::vector<iovec>> writes) {
+    return Sealed(writer_.get(), out_, std::move(writes));
+  }
+  static std::string Sealed(SealedChannel* writer, SocketPair& out,
+                            std::vector<std::vector<iovec>> writes) {
     absl::Status written;
     std::thread t([&] {
-      written = writer->Write(iov.data(), static_cast<int>(iov.size()), Soon());
+      for (std::vector<iovec>& iov : writes) {
+        if (written.ok()) written = writer->Write(iov.data(), static_cast<int>(iov.size()), Soon());
+      }
       shutdown(out.fd[0], SHUT_WR);
     });
     std::string sealed;
@@ -156,7 +164,9 @@ class SealedChannelTest : public ::testing::Test {
     return std::thread([this, must_arrive, close, sealed = std::move(sealed)] {
       iovec iov = Iov(sealed);
       absl::Status sent = SendAll(in_.fd[0], &iov, 1, Soon());
-      if (must_arrive) EXPECT_TRUE(sent.ok()) << sent;
+      if (must_arrive) {
+        EXPECT_TRUE(sent.ok()) << sent;
+      }
       if (close) shutdown(in_.fd[0], SHUT_WR);
     });
   }
@@ -230,13 +240,49 @@ TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
   auto server_writer = SealedChannel::Create(back.fd[0], tls_.server(), 2);
   ASSERT_TRUE(server_writer.ok());
   const std::string reply = Bytes(5000, 99);
-  const std::string sealed_reply = Sealed(server_writer->get(), back, {Iov(reply)});
+  const std::string sealed_reply = Sealed(server_writer->get(), back, {{Iov(reply)}});
   // Read as if it came from the client: it does not authenticate.
   std::thread wrong = Deliver(sealed_reply, /*must_arrive=*/false);
   std::string got(reply.size(), '\0');
   absl::Status s = reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon());
   wrong.join();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST_F(SealedChannelTest, ManySmallChunksTrickledInReadInOneCall) {
+  // 40 writes of 1 to 40 bytes (a chunk each: more than one read's batch of chunks), then a
+  // large message; the reader takes the 40 in one read and must leave the large message's
+  // bytes in the socket for the next read, while the bytes come a few at a time.
+  std::vector<std::string> small;
+  std::string all_small;
+  for (int i = 1; i <= 40; ++i) {
+    small.push_back(Bytes(static_cast<size_t>(i), 200 + i));
+    all_small += small.back();
+  }
+  const std::string large = Bytes(300000, 7);
+  std::vector<std::vector<iovec>> writes;
+  for (const std::string& m : small) writes.push_back({Iov(m)});
+  writes.push_back({Iov(large)});
+  const std::string sealed = SealedWrites(writes);
+  ASSERT_EQ(ChunkSizes(sealed).size(), 43u);
+  std::thread trickle([&] {
+    std::mt19937 rng(5);
+    for (size_t at = 0; at < sealed.size();) {
+      const size_t n = std::min<size_t>(sealed.size() - at, 1 + rng() % 7 + (rng() % 8 == 0) * 5000);
+      iovec iov{const_cast<char*>(sealed.data() + at), n};
+      ASSERT_TRUE(SendAll(in_.fd[0], &iov, 1, Soon()).ok());
+      at += n;
+      if (rng() % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::string got(all_small.size(), '\0');
+  ASSERT_TRUE(reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon()).ok());
+  EXPECT_TRUE(got == all_small) << "the small chunks differ";
+  EXPECT_FALSE(reader_->HasBuffered());
+  std::string got_large(large.size(), '\0');
+  ASSERT_TRUE(reader_->Read(got_large.data(), static_cast<int64_t>(large.size()), Soon()).ok());
+  trickle.join();
+  EXPECT_TRUE(got_large == large) << "the large message differs";
 }
 
 class SealedChannelTamperTest : public SealedChannelTest {

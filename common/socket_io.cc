@@ -50,6 +50,11 @@ absl::Status AwaitSocket(int fd, short events, absl::Time deadline, const char* 
 }
 
 absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline) {
+  return SendAll(fd, iov, count, deadline, [] { return false; });
+}
+
+absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline,
+                     WhileBlocked while_blocked) {
   while (count > 0) {
     if (iov->iov_len == 0) {
       ++iov;
@@ -63,6 +68,7 @@ absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline) 
     if (sent < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (while_blocked()) continue;
         if (absl::Status s = AwaitSocket(fd, POLLOUT, deadline, "send"); !s.ok()) return s;
         continue;
       }
@@ -83,23 +89,30 @@ absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline) 
 }
 
 absl::Status ReceiveExact(int fd, char* out, int64_t n, absl::Time deadline) {
-  while (n > 0) {
-    const ssize_t got =
-        recv(fd, out, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), MSG_DONTWAIT);
+  return ReceiveAtLeast(fd, out, n, n, deadline, [] { return false; }).status();
+}
+
+absl::StatusOr<int64_t> ReceiveAtLeast(int fd, char* out, int64_t min, int64_t max,
+                                       absl::Time deadline, WhileBlocked while_blocked) {
+  int64_t total = 0;
+  while (total < min) {
+    const ssize_t got = recv(fd, out + total,
+                             static_cast<size_t>(std::min<int64_t>(max - total, 1 << 30)),
+                             MSG_DONTWAIT);
     if (got > 0) {
-      out += got;
-      n -= got;
+      total += got;
       continue;
     }
     if (got == 0) return absl::UnavailableError("the peer closed the connection");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (while_blocked()) continue;
       if (absl::Status s = AwaitSocket(fd, POLLIN, deadline, "receive"); !s.ok()) return s;
       continue;
     }
     return SocketError("receive", errno);
   }
-  return absl::OkStatus();
+  return total;
 }
 
 }  // namespace pscluster

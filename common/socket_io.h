@@ -5,7 +5,9 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace pscluster {
@@ -20,12 +22,24 @@ absl::Time DeadlineAfter(absl::Duration timeout);
 // Waits for `events` (poll(2)) on fd until the deadline. `what` names the operation in errors.
 absl::Status AwaitSocket(int fd, short events, absl::Time deadline, const char* what);
 
+// Work a caller can do while the socket is not ready: it does a piece and returns true, or
+// returns false when it has none left (the call then waits in poll(2)).
+using WhileBlocked = absl::FunctionRef<bool()>;
+
 // Sends every byte of the buffers, in order. Advances iov as it goes (its contents are
-// consumed).
+// consumed). While the socket's buffer is full, calls `while_blocked` until it has nothing
+// left to do, then waits.
 absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline);
+absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline,
+                     WhileBlocked while_blocked);
 
 // Receives exactly n bytes.
 absl::Status ReceiveExact(int fd, char* out, int64_t n, absl::Time deadline);
+
+// Receives at least `min` bytes and at most `max` (>= min), as many as have arrived once
+// `min` have; returns how many. `while_blocked` as for SendAll, while nothing has arrived.
+absl::StatusOr<int64_t> ReceiveAtLeast(int fd, char* out, int64_t min, int64_t max,
+                                       absl::Time deadline, WhileBlocked while_blocked);
 
 // An errno as a status: DEADLINE_EXCEEDED for a timeout, UNAVAILABLE otherwise.
 absl::Status SocketError(const char* what, int err);

@@ -12,12 +12,12 @@
 namespace pscluster {
 
 struct ThreadPool::Impl {
-  explicit Impl(int n) : pool(n, /*allow_spinning=*/false) {}
+  Impl(int n, bool spin) : pool(n, /*allow_spinning=*/spin) {}
   Eigen::ThreadPool pool;
 };
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(0, num_threads)) {
-  if (num_threads_ > 0) impl_ = std::make_unique<Impl>(num_threads_);
+ThreadPool::ThreadPool(int num_threads, bool spin) : num_threads_(std::max(0, num_threads)) {
+  if (num_threads_ > 0) impl_ = std::make_unique<Impl>(num_threads_, spin);
 }
 
 ThreadPool::~ThreadPool() = default;

@@ -11,7 +11,7 @@ namespace pscluster {
 // with the things this project asks of one: run a closure later, and split a loop over [0, n)
 // into parts that run in parallel, the calling thread taking some of them.
 //
-// The threads do not spin when idle: Eigen's default has an idle thread try thousands of
+// By default the threads do not spin when idle: Eigen's default has an idle thread try thousands of
 // steals before it sleeps, which on a machine whose cores are all busy (a ps and its clients on
 // two cores) burns the CPU the other processes need. Without it a 1 MiB dense push cost the ps
 // 13-15 % less CPU per GB (1 ps + 1 client; docs/benchmarks.md, session 13). Waking a
@@ -21,8 +21,10 @@ namespace pscluster {
 class ThreadPool {
  public:
   // `num_threads` >= 0; with 0, Schedule runs the closure at once on the calling thread and
-  // ParallelFor runs the whole loop there.
-  explicit ThreadPool(int num_threads);
+  // ParallelFor runs the whole loop there. With `spin`, a thread that runs out of work tries
+  // to steal more for a while (Eigen's spinning, some microseconds) before it sleeps: for work
+  // that comes in bursts microseconds apart, on machines with cores to spare.
+  explicit ThreadPool(int num_threads, bool spin = false);
   ~ThreadPool();
 
   ThreadPool(const ThreadPool&) = delete;
