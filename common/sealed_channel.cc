@@ -131,12 +131,27 @@ ThreadPool* SharedPool() {
 class Crew {
  public:
   Crew(int n, const std::function<bool(int)>* work)
-      : work_(work), claimed_(new std::atomic<bool>[n]()), done_(new std::atomic<bool>[n]()) {}
+      : n_(n),
+        work_(work),
+        claimed_(new std::atomic<bool>[n]()),
+        done_(new std::atomic<bool>[n]()) {}
 
   // Hands chunk i to a pool thread.
   static void Offer(const std::shared_ptr<Crew>& crew, ThreadPool* pool, int i) {
     pool->Schedule([crew, i] { crew->Run(i); });
   }
+  // Has `helpers` pool threads do the chunks nobody has claimed, in order (one wake-up each
+  // for every chunk of a call whose chunks are all there from the start).
+  static void Enlist(const std::shared_ptr<Crew>& crew, ThreadPool* pool, int helpers) {
+    for (int h = 0; h < helpers; ++h) {
+      pool->Schedule([crew] {
+        for (int i = crew->next_.fetch_add(1); i < crew->n_; i = crew->next_.fetch_add(1)) {
+          crew->Run(i);
+        }
+      });
+    }
+  }
+  bool done(int i) const { return done_[i].load(std::memory_order_acquire); }
   // Does chunk i on this thread unless someone claimed it, then waits until it is done,
   // doing chunks of [i + 1, end) nobody has claimed meanwhile.
   void RunAndWait(int i, int end) {
@@ -170,7 +185,9 @@ class Crew {
     return true;
   }
 
+  const int n_;
   const std::function<bool(int)>* const work_;
+  std::atomic<int> next_{0};  // Enlist's helpers' next chunk
   std::unique_ptr<std::atomic<bool>[]> claimed_;
   std::unique_ptr<std::atomic<bool>[]> done_;
   std::atomic<bool> failed_{false};
@@ -291,20 +308,24 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
       return Seal(chunks[begin + i], pieces.data());
     };
     auto crew = std::make_shared<Crew>(n, &seal);
-    if (pool_ != nullptr) {
-      for (int i = 1; i < n; ++i) Crew::Offer(crew, pool_, i);
-    }
+    if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
     absl::Status sent;
-    for (int i = 0; i < n && sent.ok(); ++i) {
+    for (int i = 0; i < n && sent.ok();) {
       crew->RunAndWait(i, n);
+      // Chunk i and every one after it sealed by now, which lie one after the other: one send.
+      int end = i + 1;
+      while (end < n && crew->done(end)) ++end;
       if (crew->failed()) {
         sent = absl::InternalError("sealing a data-plane chunk failed");
         break;
       }
-      const Chunk& c = chunks[begin + i];
-      iovec out{c.sealed, kHeaderBytes + c.size + kTagBytes};
+      const Chunk& last = chunks[begin + end - 1];
+      char* const from = chunks[begin + i].sealed;
+      iovec out{from,
+                static_cast<size_t>(last.sealed + kHeaderBytes + last.size + kTagBytes - from)};
       // While the socket's buffer is full, this thread seals the chunks that follow.
-      sent = SendAll(fd_, &out, 1, deadline, [&] { return crew->RunAny(i + 1, n); });
+      sent = SendAll(fd_, &out, 1, deadline, [&] { return crew->RunAny(end, n); });
+      i = end;
     }
     crew->Finish(n);
     if (!sent.ok()) return broken_ = sent;
@@ -378,10 +399,8 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
       const int64_t need = pending < kHeaderBytes
                                ? kHeaderBytes - static_cast<int64_t>(pending)
                                : kHeaderBytes + size + kTagBytes - static_cast<int64_t>(pending);
-      const int64_t rest =
-          (n - covered) + kHeaderBytes + kTagBytes - static_cast<int64_t>(pending);
-      const int64_t limit =
-          std::max(need, std::min(static_cast<int64_t>(capacity - have), rest));
+      const int64_t rest = (n - covered) + kHeaderBytes + kTagBytes - static_cast<int64_t>(pending);
+      const int64_t limit = std::max(need, std::min(static_cast<int64_t>(capacity - have), rest));
       absl::StatusOr<int64_t> more =
           ReceiveAtLeast(fd_, buf + have, need, limit, deadline, open_received);
       if (!more.ok()) {

@@ -268,7 +268,8 @@ TEST_F(SealedChannelTest, ManySmallChunksTrickledInReadInOneCall) {
   std::thread trickle([&] {
     std::mt19937 rng(5);
     for (size_t at = 0; at < sealed.size();) {
-      const size_t n = std::min<size_t>(sealed.size() - at, 1 + rng() % 7 + (rng() % 8 == 0) * 5000);
+      const size_t n =
+          std::min<size_t>(sealed.size() - at, 1 + rng() % 7 + (rng() % 8 == 0) * 5000);
       iovec iov{const_cast<char*>(sealed.data() + at), n};
       ASSERT_TRUE(SendAll(in_.fd[0], &iov, 1, Soon()).ok());
       at += n;

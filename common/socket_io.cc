@@ -96,9 +96,9 @@ absl::StatusOr<int64_t> ReceiveAtLeast(int fd, char* out, int64_t min, int64_t m
                                        absl::Time deadline, WhileBlocked while_blocked) {
   int64_t total = 0;
   while (total < min) {
-    const ssize_t got = recv(fd, out + total,
-                             static_cast<size_t>(std::min<int64_t>(max - total, 1 << 30)),
-                             MSG_DONTWAIT);
+    const ssize_t got =
+        recv(fd, out + total, static_cast<size_t>(std::min<int64_t>(max - total, 1 << 30)),
+             MSG_DONTWAIT);
     if (got > 0) {
       total += got;
       continue;
