@@ -83,7 +83,8 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
 done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
-  bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh "$out/bench/"
+  bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh \
+  bench/gpu_strongest.sh "$out/bench/"
 # Certificates for the TLS runs (bench/gpu_tls.sh; the GPU machine may have no openssl
 # command): one CA, chief-0, ps-0 and ps-1, worker-0 and psctl-viewer, all on 127.0.0.1.
 mkdir -p "$out/deploy/tls"

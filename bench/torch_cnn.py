@@ -30,20 +30,71 @@ and epsilon (default 1e-3, 0.9, 0.999, 1e-7 as our ps), and its learning-rate de
 
 Data, as bench/torch_mlp.py: Fashion-MNIST's training images from the idx .gz files in --data
 (gzip + numpy, pixels / 255), all on the device, a fresh random permutation each epoch, the
-epoch's last (short) batch included; FP32 with TF32 off for matmul and cuDNN;
-torch.backends.cudnn.benchmark on.
+epoch's last (short) batch included (not under --capture or --ddp: whole batches only); the
+config's augmentation (ResNet-20's random shift and mirror) on the device in every mode;
+FP32 with TF32 off for matmul and cuDNN; torch.backends.cudnn.benchmark on.
+
+--capture, on one GPU (not with --ddp; --device=cpu exits 2: CUDA graphs need CUDA):
+  none       (default) eager PyTorch: per step the gather, augmentation, forward, backward and
+             torch.optim.Adam's default implementation, launched op by op from Python.
+  graph      the whole training step in ONE CUDA graph, replayed per step (PyTorch's "whole
+             network capture", torch.cuda.graph): in the graph, the batch's indices are read
+             from a static permutation tensor at a position held on the device (which the graph
+             advances), the batch gathered from the device-resident data, augmented (the CUDA
+             RNG draws new numbers on every replay), the learning rate tensor set to
+             lr * rate ^ (updates / steps) from an update count on the device (the decay works
+             as in eager), forward in training mode (batch norm's batch statistics and moving
+             averages updated in the graph), loss, backward, and Adam with capturable=True and
+             the learning rate as a tensor: fused=True where this PyTorch captures it, else
+             foreach=True (--adam_impl; the output says which). Between epochs, outside the
+             graph: a fresh permutation copied into the static one. Whole batches only: the
+             epoch's last n mod B examples (a different set each epoch) are dropped, which the
+             output's last_batch=dropped says. Needs PyTorch 2.1+.
+  compile_graph  the model torch.compile'd (--compile_mode: default, or
+             max-autotune-no-cudagraphs; none that makes CUDA graphs of its own), then the
+             whole step captured as in graph. Without torch.compile or Triton it exits 1 with a
+             message on stderr; a compile or capture error likewise.
+  Before a capture: one forward and backward, then --warmup_steps (default 3) eager steps on a
+  side stream (lazy Adam state, cuDNN autotuning and torch.compile happen there), the capture
+  on the same stream with the gradients None (backward allocates them in the graph's pool), and
+  one replay whose loss must be finite (else the next Adam implementation, else exit 1). Then
+  the weights and batch-norm statistics are copied back (copy_) from a state_dict snapshot taken
+  before any of it, Adam's state (step counts, moments) zeroed, and the learning rate, update
+  count and position reset, all in place: training starts from the initial weights with a fresh
+  optimizer while the graph keeps pointing at the same tensors. stderr gets the capture's time;
+  the output lines setup_seconds (warm-up, compile and capture) and capture_seconds.
+  Evaluation runs the eager (uncompiled) model in eval mode between replays.
 
 Modes:
   (default)  speed: after --warmup_seconds of training, times --seconds more
              (torch.cuda.synchronize() at both ends) and prints
     TORCH_CNN device=<name> model=<name> batch=B steps=N examples=N seconds=S
-              examples_per_second=X step_ms=X params=P loss=L torch=<version>
+              examples_per_second=X step_ms=X params=P loss=L torch=<version> capture=<mode>
+              decay=<lr decay> adam=default|fused|foreach augment=on|off
+              last_batch=kept|dropped [setup_seconds=S capture_seconds=S [compile_mode=M]]
+             (under --capture, exit 1 if the final loss is not finite)
   --epochs N --eval: trains N full epochs and after each evaluates the test set (t10k files,
              moving batch-norm statistics) and prints
     TORCH_CNN_EPOCH model=<name> epoch=E steps=N train_loss=L test_loss=L test_accuracy=A
               seconds=S
              then TORCH_CNN_ACCURACY model=<name> epochs=N batch=B test_accuracy=A ...
-             (--epochs without --eval: only the final evaluation)
+             (--epochs without --eval: only the final evaluation; seconds include the
+             evaluations; under --capture the line ends with the capture's fields)
+  --target_accuracy A: time to accuracy, in any --capture mode. After the warm-up (eager too:
+             --warmup_steps steps, and one of the short last batch's size, then the same
+             in-place reset to the initial weights and a fresh Adam), trains with the clock
+             running and, after every --eval_every_examples (default 30000, half an epoch)
+             training examples (at the first step boundary past it), stops the clock
+             (torch.cuda.synchronize() first), evaluates the whole test set and prints
+    TORCH_CNN_EVAL model=<name> capture=<mode> examples=N train_seconds=S test_accuracy=A
+              epochs=E steps=N train_loss=L test_loss=L
+             then synchronizes and starts the clock again: evaluation time is excluded. When
+             the test accuracy first reaches A, it prints and stops:
+    TORCH_CNN_TTA model=<name> capture=<mode> batch=B target=A seconds=<training seconds>
+              examples=N epochs=<fraction> test_accuracy=A reached=true ...
+             or, after --max_epochs (default 30) epochs (evaluated at the end), the same line
+             with seconds=inf reached=false. epochs counts passes over the data (steps / steps
+             per epoch); warm-up, compile and capture happen before the clock starts.
   --ddp      under torchrun (python3 -m torch.distributed.run --standalone --nproc_per_node=G
              bench/torch_cnn.py --ddp --model=F --data=DIR --batch_size=B): one process per GPU,
              NCCL, DistributedDataParallel (default bucketing and buffer broadcast; plain
@@ -61,11 +112,13 @@ moving means and variances, which our ps also stores as variables.
 """
 import argparse
 import gzip
+import importlib
 import math
 import os
 import re
 import sys
 import time
+import warnings
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -520,6 +573,180 @@ def load(data, prefix, input_dim):
     return images.reshape(n, input_dim).astype(np.float32) / 255.0, labels.astype(np.int64)
 
 
+def snapshot(model):
+    """A copy of the model's parameters and buffers (batch norm's statistics too): what
+    restore() puts back."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def restore(model, saved, opt):
+    """Puts the weights and buffers of `saved` back into the model's own tensors (copy_) and
+    zeroes Adam's state (step counts, moments) in place, so that training starts again from the
+    initial weights while a captured CUDA graph keeps pointing at the same memory. Adam's state
+    starts as zeros, so zeroing it is the same as a new optimizer."""
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(saved[k])
+        for state in opt.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v):
+                    v.zero_()
+                else:
+                    state[k] = 0
+
+
+class CapturedStep:
+    """The whole training step in one CUDA graph (--capture graph and compile_graph): the
+    batch's indices taken from a static permutation at a position held on the device, the
+    gather from the device-resident data, the augmentation, forward (in training mode), loss,
+    backward, the learning-rate decay and a capturable Adam (the learning rate a tensor), all
+    replayed by one graph.replay() per step. Only whole batches: an epoch is n // batch replays.
+
+    Not thread-safe. Lifecycle: CapturedStep(...) -> capture() once -> epoch_steps() any number
+    of times, each one epoch. capture() leaves the weights, batch-norm statistics and Adam's
+    state as they were at construction (restore()); so does reset()."""
+
+    def __init__(self, model, fwd, augment, x_all, y_all, batch, lr, betas, eps, decay_rate,
+                 decay_steps):
+        self.model, self.fwd, self.augment = model, fwd, augment  # fwd: model or its compiled form
+        self.x_all, self.y_all, self.batch = x_all, y_all, batch
+        self.dev = x_all.device
+        self.n = y_all.shape[0]
+        self.steps_per_epoch = self.n // batch
+        self.lr, self.betas, self.eps = lr, betas, eps
+        self.decay_rate, self.decay_steps = decay_rate, decay_steps
+        self.decaying = decay_rate > 0 and decay_steps > 0
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        # Static inputs of the graph: the epoch's permutation, the position in it, the number of
+        # updates so far (for the decay) and the learning rate Adam reads.
+        self.perm = torch.randperm(self.n, device=self.dev)
+        self.pos = torch.zeros((), dtype=torch.int64, device=self.dev)
+        self.offsets = torch.arange(batch, dtype=torch.int64, device=self.dev)
+        self.updates = torch.zeros((), dtype=torch.float64, device=self.dev)
+        self.lr_t = torch.full((), lr, dtype=torch.float32, device=self.dev)
+        self.side = torch.cuda.Stream(self.dev)
+        self.saved = snapshot(model)  # before any warm-up step
+        self.opt = self.graph = self.loss = None
+        self.adam = None              # the Adam implementation captured: fused or foreach
+        self.capture_seconds = None
+
+    def _loss(self):
+        idx = torch.index_select(self.perm, 0, self.pos + self.offsets)
+        self.pos.add_(self.batch)
+        x = self.augment(torch.index_select(self.x_all, 0, idx))
+        y = torch.index_select(self.y_all, 0, idx)
+        return self.loss_fn(self.fwd(x), y)
+
+    def _step(self):
+        """One training step, as device work only: no host synchronization, fixed shapes."""
+        loss = self._loss()
+        if self.decaying:
+            # As step() in main: the t-th update uses lr * rate ^ ((t - 1) / steps).
+            self.lr_t.copy_(torch.pow(self.decay_rate, self.updates / self.decay_steps) * self.lr)
+            self.updates.add_(1)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def _on_side_stream(self, fn, times):
+        """Runs fn `times` times eagerly on the side stream that the capture uses too (as
+        PyTorch's documentation warms up before a capture: lazy initialization, cuDNN's
+        autotuning and torch.compile's compilation happen here, not in the graph)."""
+        self.side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(self.side), warnings.catch_warnings():
+            # Adam's note that a capturable instance runs uncaptured: here it is meant to.
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
+            for _ in range(times):
+                fn()
+        torch.cuda.current_stream(self.dev).wait_stream(self.side)
+
+    def _forward_backward(self):
+        self._loss().backward()
+
+    def capture(self, impls, warmup_steps):
+        """Warms up and captures the step with the first Adam implementation of `impls`
+        ("fused", "foreach") that captures and replays to a finite loss; raises RuntimeError
+        when none does, or the error of the plain forward and backward (e.g. torch.compile's)."""
+        if self.steps_per_epoch < 1:
+            raise RuntimeError(f"{self.n} training examples make no whole batch of {self.batch}")
+        # Forward and backward alone first: a failing torch.compile shows here, not retried.
+        self.pos.zero_()
+        self._on_side_stream(self._forward_backward, 1)
+        for p in self.model.parameters():
+            p.grad = None
+        errors = []
+        for impl in impls:
+            try:
+                self._capture(impl, warmup_steps)
+                self.adam = impl
+                self.reset()
+                return
+            except Exception as e:  # noqa: BLE001 -- reported, then the next implementation
+                errors.append(f"Adam {impl}: {type(e).__name__}: {e}")
+                print(f"torch_cnn.py: capturing the step with Adam {impl} failed: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                self.opt = self.graph = self.loss = None
+                for p in self.model.parameters():
+                    p.grad = None
+                torch.cuda.synchronize(self.dev)
+        raise RuntimeError("; ".join(errors))
+
+    def _capture(self, impl, warmup_steps):
+        kind = {"fused": True} if impl == "fused" else {"foreach": True}
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=self.lr_t, betas=self.betas,
+                                    eps=self.eps, capturable=True, **kind)
+        # The tensor that Adam reads (should a version copy the one given).
+        self.lr_t = self.opt.param_groups[0]["lr"]
+        if not torch.is_tensor(self.lr_t) or self.lr_t.device != self.dev:
+            raise RuntimeError(f"Adam keeps the learning rate as {self.lr_t!r}, not as a tensor "
+                               f"on {self.dev}")
+        self.reset()
+
+        def warm():
+            self.opt.zero_grad(set_to_none=True)
+            self._step()
+
+        self._on_side_stream(warm, max(1, min(warmup_steps, self.steps_per_epoch)))
+        self.pos.zero_()
+        # The gradients are None at capture: backward then allocates them from the graph's
+        # private memory pool, where every replay writes them.
+        self.opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.dev)
+        t0 = time.perf_counter()
+        with torch.cuda.graph(graph, stream=self.side):
+            loss = self._step()
+        torch.cuda.synchronize(self.dev)
+        self.capture_seconds = time.perf_counter() - t0
+        graph.replay()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise RuntimeError(f"the loss after a replay is {value}")
+        self.graph, self.loss = graph, loss
+
+    def reset(self):
+        """The initial weights, statistics and Adam state again, the learning rate and update
+        count at their start; all in place."""
+        restore(self.model, self.saved, self.opt)
+        self.lr_t.fill_(self.lr)
+        self.updates.zero_()
+        self.pos.zero_()
+
+    def epoch_steps(self):
+        """One epoch: a fresh permutation, then n // batch replays; yields (the loss tensor,
+        which each replay overwrites, and the batch's examples) after each."""
+        self.perm.copy_(torch.randperm(self.n, device=self.dev))
+        self.pos.zero_()
+        for _ in range(self.steps_per_epoch):
+            self.graph.replay()
+            yield self.loss, self.batch
+
+
+def torch_version():
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="configs/resnet20.pbtxt", help="model config (text format)")
@@ -536,6 +763,22 @@ def main():
     p.add_argument("--no_decay", action="store_true", help="ignore the config's lr decay")
     p.add_argument("--no_channels_last", action="store_true")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
+    p.add_argument("--capture", choices=("none", "graph", "compile_graph"), default="none",
+                   help="none: eager; graph: the whole step in one CUDA graph; compile_graph: "
+                        "torch.compile'd model, then the same")
+    p.add_argument("--compile_mode", default="default",
+                   help="torch.compile mode for compile_graph: default or "
+                        "max-autotune-no-cudagraphs (not one with CUDA graphs of its own)")
+    p.add_argument("--adam_impl", choices=("auto", "fused", "foreach"), default="auto",
+                   help="capturable Adam under --capture; auto: fused, else foreach")
+    p.add_argument("--warmup_steps", type=int, default=3,
+                   help="eager steps before a capture (and before --target_accuracy's clock)")
+    p.add_argument("--target_accuracy", type=float, default=0,
+                   help="time to this test accuracy (a fraction, e.g. 0.9)")
+    p.add_argument("--eval_every_examples", type=int, default=30000,
+                   help="with --target_accuracy: evaluate after every this many examples")
+    p.add_argument("--max_epochs", type=int, default=30,
+                   help="with --target_accuracy: give up after this many epochs")
     p.add_argument("--describe", action="store_true",
                    help="print the layers and parameter count, and exit")
     a = p.parse_args()
@@ -550,8 +793,40 @@ def main():
         return 1
     if not a.data:
         p.error("--data is required")
-    if a.ddp and a.epochs:
-        p.error("--ddp measures speed only (no --epochs)")
+    if a.ddp and (a.epochs or a.target_accuracy):
+        p.error("--ddp measures speed only (no --epochs or --target_accuracy)")
+    if a.epochs and a.target_accuracy:
+        p.error("--epochs and --target_accuracy are different modes: choose one")
+    if a.target_accuracy and not 0 < a.target_accuracy <= 1:
+        p.error(f"--target_accuracy is a fraction in (0, 1], not {a.target_accuracy}")
+    if a.eval_every_examples < 1 or a.max_epochs < 1 or a.warmup_steps < 0:
+        p.error("--eval_every_examples and --max_epochs must be >= 1, --warmup_steps >= 0")
+    capture = a.capture
+    if capture != "none":
+        if a.ddp:
+            p.error("--capture is for one GPU, not --ddp")
+        if not a.device.startswith("cuda"):
+            print(f"torch_cnn.py: --capture {capture} needs CUDA (CUDA graphs); --device is "
+                  f"{a.device}", file=sys.stderr)
+            return 2
+        if a.compile_mode in ("reduce-overhead", "max-autotune"):
+            p.error(f"--compile_mode {a.compile_mode} makes CUDA graphs of its own; use default "
+                    f"or max-autotune-no-cudagraphs (the whole step is captured here)")
+        if torch_version() < (2, 1):
+            print(f"torch_cnn.py: --capture needs PyTorch 2.1 or newer (capturable Adam with a "
+                  f"tensor learning rate), not {torch.__version__}", file=sys.stderr)
+            return 1
+    if capture == "compile_graph":
+        if not hasattr(torch, "compile"):
+            print(f"torch_cnn.py: --capture compile_graph: PyTorch {torch.__version__} has no "
+                  f"torch.compile", file=sys.stderr)
+            return 1
+        try:
+            importlib.import_module("triton")  # torch.compile's code generator for GPUs
+        except ImportError as e:
+            print(f"torch_cnn.py: --capture compile_graph: torch.compile needs Triton for the "
+                  f"GPU, which does not import here ({e})", file=sys.stderr)
+            return 1
 
     rank, world = 0, 1
     if a.ddp:
@@ -597,7 +872,6 @@ def main():
     lr, beta1, beta2, eps, decay_rate, decay_steps = plan.optimizer()
     if a.no_decay:
         decay_rate = 0
-    opt = torch.optim.Adam(net.parameters(), lr=lr, betas=(beta1, beta2), eps=eps)
     loss_fn = torch.nn.CrossEntropyLoss()
     updates = 0
 
@@ -628,27 +902,82 @@ def main():
                          cols[:, None, :]]
         return img.reshape(b, h * w * c)
 
-    def step(x, y):
-        nonlocal updates
-        updates += 1
-        x = augment(x)
-        if decay_rate > 0 and decay_steps > 0:
-            # TensorFlow's exponential_decay, not staircase: the t-th update uses
-            # lr * rate ^ ((t - 1) / steps) (our ps counts updates per variable shard).
-            for g in opt.param_groups:
-                g["lr"] = lr * decay_rate ** ((updates - 1) / decay_steps)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     batch = a.batch_size
-    if a.epochs:
+    decay = "off" if decay_rate <= 0 or decay_steps <= 0 else f"{decay_rate}^(t/{decay_steps})"
+    setup = ""  # the capture's figures for the output lines
+    if capture == "none":
+        opt = torch.optim.Adam(net.parameters(), lr=lr, betas=(beta1, beta2), eps=eps)
+
+        def step(x, y):
+            nonlocal updates
+            updates += 1
+            x = augment(x)
+            if decay_rate > 0 and decay_steps > 0:
+                # TensorFlow's exponential_decay, not staircase: the t-th update uses
+                # lr * rate ^ ((t - 1) / steps) (our ps counts updates per variable shard).
+                for g in opt.param_groups:
+                    g["lr"] = lr * decay_rate ** ((updates - 1) / decay_steps)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        def epoch_steps(whole_only=False):
+            """One epoch of a fresh permutation; yields (loss, examples) after each step.
+            DDP: whole batches only, so that every rank takes the same number of steps."""
+            perm = torch.randperm(n, device=dev)
+            last = n - batch + 1 if whole_only else n
+            for i in range(0, last, batch):
+                idx = perm[i:i + batch]
+                yield step(x_all[idx], y_all[idx]), idx.shape[0]
+
+        steps_per_epoch = -(-n // batch)
+        epoch_examples = n
+        adam = "default"
+        last_batch = "dropped" if a.ddp and n % batch else "kept"
+    else:
+        fwd = model
+        if capture == "compile_graph":
+            fwd = torch.compile(model, mode=None if a.compile_mode == "default" else
+                                a.compile_mode)
+        captured = CapturedStep(model, fwd, augment, x_all, y_all, batch, lr, (beta1, beta2),
+                                eps, decay_rate, decay_steps)
+        impls = ("fused", "foreach") if a.adam_impl == "auto" else (a.adam_impl,)
+        t_setup = time.perf_counter()
+        try:
+            captured.capture(impls, a.warmup_steps)
+        except Exception as e:  # noqa: BLE001 -- reported with the mode, then exit 1
+            what = "torch.compile or the capture" if capture == "compile_graph" else "the capture"
+            print(f"torch_cnn.py: --capture {capture}: {what} failed: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            return 1
+        setup_seconds = time.perf_counter() - t_setup
+        print(f"torch_cnn.py: captured the whole step ({capture}, Adam {captured.adam}) in "
+              f"{captured.capture_seconds:.3f} s; warm-up, compile and capture took "
+              f"{setup_seconds:.1f} s; {n % batch} examples per epoch dropped (whole batches "
+              f"only)", file=sys.stderr, flush=True)
+        opt = captured.opt
+        epoch_steps = captured.epoch_steps
+        steps_per_epoch = captured.steps_per_epoch
+        epoch_examples = steps_per_epoch * batch
+        adam = captured.adam
+        last_batch = "dropped" if n % batch else "kept"
+        setup = (f" setup_seconds={setup_seconds:.1f} "
+                 f"capture_seconds={captured.capture_seconds:.3f}")
+        if capture == "compile_graph":
+            setup += f" compile_mode={a.compile_mode}"
+    augmented = "on" if max_shift or flip else "off"
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    name = name.replace(" ", "_")
+    # Fields the output lines of one-GPU training end with (after capture=<mode>).
+    tags = f"adam={adam} augment={augmented} last_batch={last_batch}{setup}"
+
+    if a.epochs or a.target_accuracy:
         xt_np, yt_np = load(a.data, "t10k", plan.input_dim)
         if a.max_test_examples:
             xt_np, yt_np = xt_np[:a.max_test_examples], yt_np[:a.max_test_examples]
@@ -656,6 +985,8 @@ def main():
         y_test = torch.from_numpy(np.ascontiguousarray(yt_np)).to(dev)
 
         def evaluate():
+            """(test loss, test accuracy) of the eager model (never the compiled one) in eval
+            mode, with the moving batch-norm statistics."""
             model.eval()
             correct = torch.zeros((), dtype=torch.int64, device=dev)
             total_loss = torch.zeros((), dtype=torch.float64, device=dev)
@@ -669,49 +1000,61 @@ def main():
             m = y_test.shape[0]
             return total_loss.item() / m, correct.item() / m
 
+    if a.epochs:
         t0 = time.perf_counter()
         steps = 0
         acc = test_loss = float("nan")
         for epoch in range(1, a.epochs + 1):
-            perm = torch.randperm(n, device=dev)
             total = torch.zeros((), dtype=torch.float64, device=dev)
-            for i in range(0, n, batch):
-                idx = perm[i:i + batch]
-                loss = step(x_all[idx], y_all[idx])
-                total += loss.detach().double() * idx.shape[0]
+            for loss, b in epoch_steps():
+                total += loss.detach().double() * b
                 steps += 1
-            train_loss = total.item() / n
+            train_loss = total.item() / epoch_examples
             if a.eval or epoch == a.epochs:
                 test_loss, acc = evaluate()
                 print(f"TORCH_CNN_EPOCH model={plan.name} epoch={epoch} steps={steps} "
                       f"train_loss={train_loss:.4f} test_loss={test_loss:.4f} "
                       f"test_accuracy={acc:.4f} seconds={time.perf_counter() - t0:.1f}",
                       flush=True)
-        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
-        print(f"TORCH_CNN_ACCURACY device={name.replace(' ', '_')} model={plan.name} "
+        print(f"TORCH_CNN_ACCURACY device={name} model={plan.name} "
               f"epochs={a.epochs} batch={batch} steps={steps} test_loss={test_loss:.4f} "
               f"test_accuracy={acc:.4f} seconds={time.perf_counter() - t0:.1f} params={params} "
-              f"decay={'off' if decay_rate <= 0 else f'{decay_rate}^(t/{decay_steps})'} "
-              f"torch={torch.__version__}", flush=True)
+              f"decay={decay} torch={torch.__version__}"
+              f"{'' if capture == 'none' else f' capture={capture} {tags}'}", flush=True)
         return 0
 
-    def batches():
-        while True:
+    if a.target_accuracy:
+        if capture == "none":
+            # Warm-up steps (cuDNN's autotuning, lazy initialization; the short last batch's
+            # shape too), then the initial weights and a fresh Adam state again, in place.
+            saved = snapshot(model)
             perm = torch.randperm(n, device=dev)
-            # DDP: whole batches only, so that every rank takes the same number of steps.
-            last = n - batch + 1 if a.ddp else n
-            for i in range(0, last, batch):
-                idx = perm[i:i + batch]
-                yield x_all[idx], y_all[idx], min(batch, n - i)
+            sizes = [batch] * min(a.warmup_steps, n // batch)
+            if n % batch and a.warmup_steps:
+                sizes.append(n % batch)
+            for b in sizes:
+                step(x_all[perm[:b]], y_all[perm[:b]])
+            restore(model, saved, opt)
+            updates = 0
+        return time_to_accuracy(a, plan.name, capture, batch, f"device={name} decay={decay} {tags}",
+                                epoch_steps, steps_per_epoch, evaluate, sync)
 
-    it = batches()
-    # Steps between clock reads: enough to keep the GPU's queue full, one on the CPU.
-    chunk = 20 if dev.type == "cuda" else 1
+    # Speed.
+    def forever():
+        while True:
+            if a.ddp:
+                yield from epoch_steps(whole_only=True)
+            else:
+                yield from epoch_steps()
+
+    it = forever()
+    # Steps between clock reads: enough to keep the GPU's queue full (a replay is one launch:
+    # more of them), one on the CPU.
+    chunk = (20 if capture == "none" else 100) if dev.type == "cuda" else 1
     start = time.perf_counter()
     while time.perf_counter() - start < a.warmup_seconds:
         for _ in range(chunk):
-            x, y, _ = next(it)
-            loss = step(x, y)
+            loss, _ = next(it)
         sync()
     steps = examples = 0
     if a.ddp:
@@ -721,8 +1064,7 @@ def main():
     stop = torch.zeros(1, device=dev)
     while True:
         for _ in range(chunk):
-            x, y, b = next(it)
-            loss = step(x, y)
+            loss, b = next(it)
             steps += 1
             examples += b
         if a.ddp:
@@ -748,11 +1090,89 @@ def main():
                   f"loss={loss.item():.4f} torch={torch.__version__}", flush=True)
         dist.destroy_process_group()
         return 0
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
-    print(f"TORCH_CNN device={name.replace(' ', '_')} model={plan.name} batch={batch} "
+    final_loss = loss.item()
+    print(f"TORCH_CNN device={name} model={plan.name} batch={batch} "
           f"steps={steps} examples={examples} seconds={seconds:.3f} "
           f"examples_per_second={examples / seconds:.1f} step_ms={1e3 * seconds / steps:.4f} "
-          f"params={params} loss={loss.item():.4f} torch={torch.__version__}", flush=True)
+          f"params={params} loss={final_loss:.4f} torch={torch.__version__} capture={capture} "
+          f"decay={decay} {tags}", flush=True)
+    if capture != "none" and not math.isfinite(final_loss):
+        print(f"torch_cnn.py: the captured training's loss is {final_loss}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def time_to_accuracy(a, model_name, capture, batch, tags, epoch_steps, steps_per_epoch, evaluate,
+                     sync):
+    """--target_accuracy: trains from the initial weights, evaluating the test set after every
+    --eval_every_examples training examples with the clock stopped (sync() before stopping and
+    before starting it again), until the test accuracy reaches the target or --max_epochs end.
+    Prints TORCH_CNN_EVAL per evaluation and one TORCH_CNN_TTA; returns the exit status."""
+    every = a.eval_every_examples
+    examples = steps = 0
+    next_eval = every
+    train_seconds = 0.0
+    acc = best = float("nan")
+    evaluated_at = -1
+    head = f"model={model_name} capture={capture}"
+
+    def evaluation(loss, epochs):
+        """Evaluates and prints; returns (accuracy, train loss) (the clock must be stopped)."""
+        nonlocal evaluated_at
+        test_loss, accuracy = evaluate()
+        train_loss = loss.item()
+        evaluated_at = examples
+        print(f"TORCH_CNN_EVAL {head} examples={examples} train_seconds={train_seconds:.3f} "
+              f"test_accuracy={accuracy:.4f} epochs={epochs:.3f} steps={steps} "
+              f"train_loss={train_loss:.4f} test_loss={test_loss:.4f}", flush=True)
+        return accuracy, train_loss
+
+    def result(seconds, epochs, reached):
+        print(f"TORCH_CNN_TTA {head} batch={batch} target={a.target_accuracy} "
+              f"seconds={seconds} examples={examples} epochs={epochs:.3f} "
+              f"test_accuracy={acc:.4f} reached={'true' if reached else 'false'} "
+              f"train_seconds={train_seconds:.3f} best_accuracy={best:.4f} steps={steps} "
+              f"eval_every_examples={every} max_epochs={a.max_epochs} "
+              f"torch={torch.__version__} {tags}", flush=True)
+
+    loss = None
+    sync()
+    t0 = time.perf_counter()
+    for epoch in range(a.max_epochs):
+        for j, (loss, b) in enumerate(epoch_steps(), 1):
+            examples += b
+            steps += 1
+            if examples < next_eval:
+                continue
+            sync()
+            train_seconds += time.perf_counter() - t0
+            while next_eval <= examples:
+                next_eval += every
+            epochs = epoch + j / steps_per_epoch
+            acc, train_loss = evaluation(loss, epochs)
+            best = acc if math.isnan(best) else max(best, acc)
+            if not math.isfinite(train_loss):
+                print(f"torch_cnn.py: the training loss is {train_loss} after {steps} steps",
+                      file=sys.stderr)
+                result("inf", epochs, False)
+                return 1
+            if acc >= a.target_accuracy:
+                result(f"{train_seconds:.3f}", epochs, True)
+                return 0
+            sync()
+            t0 = time.perf_counter()
+    sync()
+    train_seconds += time.perf_counter() - t0
+    if loss is None:
+        print("torch_cnn.py: no training step ran", file=sys.stderr)
+        return 1
+    if evaluated_at != examples:
+        acc, _ = evaluation(loss, float(a.max_epochs))
+        best = acc if math.isnan(best) else max(best, acc)
+        if acc >= a.target_accuracy:
+            result(f"{train_seconds:.3f}", float(a.max_epochs), True)
+            return 0
+    result("inf", float(a.max_epochs), False)
     return 0
 
 
