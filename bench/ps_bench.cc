@@ -64,6 +64,7 @@
 #include "client/parameter_client.h"
 #include "client/tcp_ps_transport.h"
 #include "common/grpc_status.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -569,13 +570,6 @@ std::string CountLabel(int64_t n) {
   if (n >= 1000000 && n % 1000000 == 0) return absl::StrCat(n / 1000000, "M");
   if (n >= 1000 && n % 1000 == 0) return absl::StrCat(n / 1000, "k");
   return absl::StrCat(n);
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // The measurements of one run: the clients and the figures gathered so far. Each Dense or

@@ -13,11 +13,6 @@
 #include "grpcpp/support/channel_arguments.h"
 
 namespace pscluster {
-namespace {
-
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
-}  // namespace
 
 GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
                                  const GrpcPsTransportOptions& options)

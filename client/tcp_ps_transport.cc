@@ -13,8 +13,6 @@
 namespace pscluster {
 namespace {
 
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
 // "host" of "host:port" ("[::1]" of "[::1]:5").
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');

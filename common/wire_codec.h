@@ -27,6 +27,9 @@ namespace pscluster {
 // The portable fp16 path assumes the default floating-point rounding mode (round to nearest);
 // flush-to-zero / denormals-are-zero modes do not change its results.
 
+// The dtype a request's values travel in: DT_INVALID (the field unset) means DT_FLOAT32.
+inline v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
+
 // Bytes per element of a wire dtype: 4 for DT_FLOAT32 (and DT_INVALID), 2 for DT_FLOAT16 and
 // DT_BFLOAT16. INVALID_ARGUMENT naming the dtype for anything else.
 absl::StatusOr<int> WireBytesPerElement(v1::DataType dtype);

@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 
 namespace pscluster {
@@ -815,14 +816,13 @@ void Model::Augment(const float* image, int64_t position, uint64_t key, float* o
   const int width = config_.input_shape().width();
   const int channels = config_.input_shape().channels();
   const int max_shift = config_.augmentation().max_shift();
-  // SplitMix64 of (seed, key, position): three independent draws.
-  uint64_t state = config_.seed() ^ (key * 0x9E3779B97F4A7C15ULL) ^
+  // A SplitMix64 generator seeded from (seed, key, position): three independent draws.
+  uint64_t state = config_.seed() ^ (key * kSplitMix64Step) ^
                    (static_cast<uint64_t>(position) * 0xC2B2AE3D27D4EB4FULL);
   auto next = [&state]() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    const uint64_t z = SplitMix64(state);
+    state += kSplitMix64Step;
+    return z;
   };
   const int span = 2 * max_shift + 1;
   const int dy = static_cast<int>(next() % span) - max_shift;

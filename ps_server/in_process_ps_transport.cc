@@ -7,8 +7,6 @@
 namespace pscluster {
 namespace {
 
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
 // float32 values as the bytes that would travel, without a copy; other dtypes encoded.
 absl::string_view WireBytes(const float* values, int64_t n, v1::DataType wire,
                             std::string* scratch) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "proto/model.pb.h"
 #include "proto/tensor.pb.h"
@@ -27,26 +28,8 @@ constexpr uint64_t kTableDomain = 2;
 // TensorFlow's truncated_normal redraws values at or beyond this many standard deviations.
 constexpr double kTruncateStddevs = 2.0;
 
-// splitmix64's output function (Steele et al., 2014): a bijective 64-bit mixer.
-uint64_t Mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// 64-bit FNV-1a: stable across processes, builds and platforms, unlike absl::Hash.
-uint64_t Fingerprint64(absl::string_view s) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
 uint64_t StreamKey(uint64_t seed, absl::string_view name, uint64_t domain) {
-  return Mix64(Mix64(Mix64(seed) ^ Fingerprint64(name)) ^ domain);
+  return SplitMix64(SplitMix64(SplitMix64(seed) ^ Fnv1a64(name)) ^ domain);
 }
 
 // Philox4x32-10 (Random123's philox4x32_10): 128 random bits for `counter` under `key`.

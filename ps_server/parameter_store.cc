@@ -28,8 +28,6 @@ std::string DenseName(const std::string& variable, int32_t partition) {
   return absl::StrCat(variable, "/", partition);
 }
 
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
 // How a complete sync step's mean reaches its shard or table.
 // Adds an apply's count and duration to `totals` (ParameterStore::apply_totals) when it ends.
 class ApplyTimer {
@@ -59,10 +57,14 @@ SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool,
                                    std::atomic<int64_t>* totals) {
   return [table, pool, totals](int64_t step, const int64_t* keys, int64_t n, const float* mean) {
     ApplyTimer timer(totals, 1);
-    // Keys this task owns (checked on push) and finite means: cannot fail. The step's mean is
-    // applied at the step's tick, whenever it is settled; the clock is the last settled step.
+    // Keys this task owns and finite means (checked on push): only a stripe past 2^32 rows can
+    // fail it, and nobody waits for this apply to answer, so that is logged. The step's mean
+    // is applied at the step's tick, whenever it is settled; the clock is the last settled step.
     table->ObserveStep(step);
-    table->ApplyPush(keys, n, mean, pool, step).IgnoreError();
+    if (absl::Status s = table->ApplyPush(keys, n, mean, pool, step); !s.ok()) {
+      LOG(ERROR) << "the sync mean of step " << step
+                 << " was not applied in full to a table: " << s;
+    }
   };
 }
 

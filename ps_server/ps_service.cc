@@ -10,8 +10,6 @@
 namespace pscluster {
 namespace {
 
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
 // A pull streamed as TensorChunks: each shard is encoded under its lock into a buffer (one
 // copy), then written in chunks once the lock is released, so a slow client holds no shard.
 class ChunkStreamSink : public DensePullSink {

@@ -19,8 +19,6 @@
 namespace pscluster {
 namespace {
 
-v1::DataType WireOrFloat(v1::DataType t) { return t == v1::DT_INVALID ? v1::DT_FLOAT32 : t; }
-
 // Responses up to this size are assembled and sent with one system call.
 constexpr int64_t kSmallResponseBytes = 64 << 10;
 // Pieces in which payloads are received and encoded.

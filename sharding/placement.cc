@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 #include "sharding/partitioner.h"
 #include "sharding/sparse_hash.h"
@@ -25,7 +26,7 @@ constexpr int64_t kFloat32Bytes = 4;
 
 // FNV-1a, 64 bits. Fields are fed one by one in a fixed encoding, so the digest does not
 // depend on protobuf's serialization order, the platform's endianness or the build.
-class Fnv1a64 {
+class Fnv1a64Digest {
  public:
   void AddInt(int64_t value) {
     uint64_t bits = static_cast<uint64_t>(value);
@@ -45,11 +46,11 @@ class Fnv1a64 {
 
  private:
   void AddByte(uint8_t byte) {
-    state_ ^= byte;
-    state_ *= 0x100000001b3ULL;
+    const char c = static_cast<char>(byte);
+    state_ = ::pscluster::Fnv1a64(absl::string_view(&c, 1), state_);
   }
 
-  uint64_t state_ = 0xcbf29ce484222325ULL;
+  uint64_t state_ = kFnv1a64Basis;
 };
 
 // Names are unique across variables and tables; `owners` maps each name seen so far to a
@@ -237,7 +238,7 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
 }
 
 int64_t PlacementVersion(const v1::Placement& placement) {
-  Fnv1a64 hash;
+  Fnv1a64Digest hash;
   // A format tag, so that a future change of the encoding below cannot collide by accident.
   hash.AddString("pscluster.v1.Placement/fnv1a64/2");
   hash.AddInt(placement.num_ps());

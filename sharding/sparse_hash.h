@@ -4,24 +4,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/hash.h"
+
 namespace pscluster {
 
 // Number of virtual shards that sparse keys hash into when PlacementOptions leaves
 // num_virtual_shards at 0.
 constexpr int32_t kDefaultNumVirtualShards = 1024;
-
-namespace sparse_hash_internal {
-
-// splitmix64 (Steele, Lea, Flood 2014): well mixed even for sequential keys, which raw ids
-// usually are. The increment keeps key 0 from mapping to hash 0.
-inline uint64_t SplitMix64(uint64_t x) {
-  uint64_t z = x + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace sparse_hash_internal
 
 // Returns the virtual shard, in [0, num_virtual_shards), that owns embedding key `key`.
 //
@@ -35,7 +24,7 @@ inline uint64_t SplitMix64(uint64_t x) {
 inline int32_t VirtualShardOfKey(int64_t key, int32_t num_virtual_shards) {
   if (num_virtual_shards <= 0) return 0;
   // Two's-complement conversion: defined in C++17 and the same on every platform.
-  const uint64_t hash = sparse_hash_internal::SplitMix64(static_cast<uint64_t>(key));
+  const uint64_t hash = SplitMix64(static_cast<uint64_t>(key));
   const uint64_t n = static_cast<uint64_t>(num_virtual_shards);
   // The same remainder, without a division, for the usual power-of-two count.
   return static_cast<int32_t>((n & (n - 1)) == 0 ? hash & (n - 1) : hash % n);

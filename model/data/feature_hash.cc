@@ -1,21 +1,10 @@
 #include "model/data/feature_hash.h"
 
+#include "common/hash.h"
 #include "glog/logging.h"
 #include "model/data/seeded_random.h"
 
 namespace pscluster {
-namespace {
-
-uint64_t Fnv1a64(absl::string_view bytes) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const char c : bytes) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-}  // namespace
 
 int64_t CategoricalId(int field, absl::string_view value, int64_t hash_buckets) {
   DCHECK_GE(field, 0);

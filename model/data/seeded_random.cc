@@ -21,15 +21,8 @@ double BoxMuller(uint64_t bits1, uint64_t bits2) {
 
 }  // namespace
 
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 uint64_t CombineSeeds(uint64_t a, uint64_t b) {
-  return Mix64(Mix64(a) ^ (b + 0x632be59bd9b4e019ULL));
+  return SplitMix64(SplitMix64(a) ^ (b + 0x632be59bd9b4e019ULL));
 }
 
 double UniformDouble(std::mt19937_64* rng) {
@@ -53,7 +46,7 @@ double StandardNormal(std::mt19937_64* rng) {
 }
 
 double HashedStandardNormal(uint64_t key) {
-  return BoxMuller(Mix64(key), Mix64(key ^ 0xd1b54a32d192ed03ULL));
+  return BoxMuller(SplitMix64(key), SplitMix64(key ^ 0xd1b54a32d192ed03ULL));
 }
 
 int64_t PowerLawRank(double u, int64_t n, double s) {

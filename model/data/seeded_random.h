@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/hash.h"
+
 // Seeded pseudo-randomness that is the same on every run and every standard library.
 //
 // absl::BitGen is seeded from the OS and the <random> distributions and std::shuffle are
@@ -19,9 +21,8 @@
 
 namespace pscluster {
 
-// The SplitMix64 finalizer: a bijection on 64-bit values that spreads every input bit over the
-// output. Use it to derive unrelated seeds or hash keys from related values (seed, seed + 1).
-uint64_t Mix64(uint64_t x);
+// SplitMix64 (common/hash.h) derives unrelated seeds or hash keys from related values
+// (seed, seed + 1).
 
 // A seed that depends on both `a` and `b` (and on their order).
 uint64_t CombineSeeds(uint64_t a, uint64_t b);

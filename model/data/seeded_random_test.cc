@@ -21,9 +21,7 @@ TEST(SeededRandomTest, Mt19937_64IsTheStandardSequence) {
   EXPECT_EQ(rng(), 9981545732273789042ULL);
 }
 
-TEST(SeededRandomTest, Mix64IsSplitMix64) {
-  // The first output of SplitMix64 seeded with 0 is Mix64(0).
-  EXPECT_EQ(Mix64(0), 0xe220a8397b1dcdafULL);
+TEST(SeededRandomTest, CombineSeedsDependsOnTheOrder) {
   EXPECT_NE(CombineSeeds(1, 2), CombineSeeds(2, 1));
 }
 

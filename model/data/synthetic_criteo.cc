@@ -151,7 +151,7 @@ absl::StatusOr<PlantedCriteoModel> PlantedCriteoModel::Create(
   for (int j = 0; j < options.num_int; ++j) {
     const double w = options.dense_weight_stddev * HashedStandardNormal(CombineSeeds(dense_key, j));
     const double mu =
-        0.5 + 3.5 * static_cast<double>(Mix64(CombineSeeds(mean_key, j)) >> 11) * 0x1.0p-53;
+        0.5 + 3.5 * static_cast<double>(SplitMix64(CombineSeeds(mean_key, j)) >> 11) * 0x1.0p-53;
     model.dense_weights_.push_back(w);
     model.log_count_means_.push_back(mu);
     model.centered_bias_ -= w * mu;
@@ -165,7 +165,7 @@ std::string PlantedCriteoModel::CategoricalValue(int field, int64_t rank) const 
   DCHECK(field >= 0 && field < options_.num_cat) << "field " << field;
   DCHECK(rank >= 0 && rank < options_.ids_per_field) << "rank " << rank;
   const uint64_t bits =
-      Mix64(CombineSeeds(CombineSeeds(value_key_, static_cast<uint64_t>(field)), rank));
+      SplitMix64(CombineSeeds(CombineSeeds(value_key_, static_cast<uint64_t>(field)), rank));
   return absl::StrFormat("%08x", static_cast<uint32_t>(bits >> 32));
 }
 
