@@ -79,9 +79,10 @@ sampler=$!
 # "final test AUC" (which includes one evaluation of 20,000 examples).
 TMPDIR="$work" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
   --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
-  --batch_size "$batch_size" --ps 2 --workers 2 --hold 2>&1 |
-  while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done >"$work/run.out" &
-runner=$!
+  --batch_size "$batch_size" --ps 2 --workers 2 --hold \
+  > >(while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
+    >"$work/run.out") 2>&1 &
+runner=$!  # run.sh itself, which stops its cluster on SIGTERM
 until grep -q "==> cluster up" "$work/run.out" 2>/dev/null; do
   if ! kill -0 "$runner" 2>/dev/null; then
     echo "ctr.sh: the run ended before training did:" >&2
@@ -94,7 +95,7 @@ grep -E "==>|AUC" "$work/run.out" | cut -d' ' -f2-
 kill "$sampler" 2>/dev/null || true
 chief=$(sed -nE 's/.*psctl --chief=([0-9.:]+) status.*/\1/p' "$work/run.out" | head -1)
 "$(bazel info bazel-bin 2>/dev/null)/cli/psctl" --chief="$chief" --json vars >"$work/vars.json"
-pkill -TERM -f "deploy/local/run.sh --model $work" || true
+kill -TERM "$runner" 2>/dev/null || true
 wait "$runner" 2>/dev/null || true
 start=$(awk '/==> training/ {print $1; exit}' "$work/run.out")
 end=$(awk '/final test AUC/ {print $1; exit}' "$work/run.out")

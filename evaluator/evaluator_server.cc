@@ -46,9 +46,10 @@ EvaluatorServer::EvaluatorServer(const EvaluatorOptions& options, int gpu)
     : options_(options), gpu_(gpu) {}
 
 EvaluatorServer::~EvaluatorServer() {
-  if (task_) task_->RequestStop();
-  if (thread_.joinable()) thread_.join();
-  if (task_) task_->Shutdown();
+  if (task_) {
+    task_->RequestStop();
+    task_->Wait();
+  }
 }
 
 absl::Status EvaluatorServer::Start() {
@@ -75,7 +76,7 @@ absl::Status EvaluatorServer::Start() {
                                       : step < 0 ? "waiting for the model"
                                                  : absl::StrCat("evaluated step ", step));
                       }));
-  thread_ = std::thread([this] { EvaluateLoop(); });
+  task_->RunInBackground([this] { EvaluateLoop(); });
   return absl::OkStatus();
 }
 
@@ -85,9 +86,7 @@ void EvaluatorServer::Stop() {
 
 absl::Status EvaluatorServer::Wait() {
   if (!task_) return absl::FailedPreconditionError("the evaluator was not started");
-  task_->AwaitStopRequested();
-  if (thread_.joinable()) thread_.join();
-  task_->Shutdown();
+  task_->Wait();
   return absl::OkStatus();
 }
 

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -66,7 +65,6 @@ class EvaluatorServer : public Daemon {
   const int gpu_;                         // options_.device's index; -1 for the CPU
   std::unique_ptr<Kernels> gpu_kernels_;  // gpu_'s, from Start
   std::unique_ptr<ServingTask> task_;
-  std::thread thread_;
   std::atomic<int64_t> evaluated_step_{-1};
   std::atomic<bool> finished_{false};
 };

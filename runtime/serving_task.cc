@@ -42,7 +42,22 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
 ServingTask::ServingTask(v1::TaskId task, std::unique_ptr<ServiceHost> host)
     : task_(std::move(task)), host_(std::move(host)) {}
 
-ServingTask::~ServingTask() { Shutdown(); }
+ServingTask::~ServingTask() {
+  // (Owners call Wait first: the work may use the task through its owner's pointer.)
+  RequestStop();
+  if (work_.joinable()) work_.join();
+  Shutdown();
+}
+
+void ServingTask::RunInBackground(std::function<void()> work) {
+  work_ = std::thread(std::move(work));
+}
+
+void ServingTask::Wait() {
+  AwaitStopRequested();
+  if (work_.joinable()) work_.join();
+  Shutdown();
+}
 
 void ServingTask::RequestStop() {
   absl::MutexLock lock(&mu_);

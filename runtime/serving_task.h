@@ -1,8 +1,10 @@
 #ifndef PSCLUSTER_RUNTIME_SERVING_TASK_H_
 #define PSCLUSTER_RUNTIME_SERVING_TASK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,7 +30,8 @@ struct ServingTaskOptions {
 // has accepted the task. When the chief says training is over (it runs with
 // --exit_after_training), the task requests its own stop, and its daemon exits 0.
 //
-// Lifecycle: Start() -> serving -> RequestStop() (any thread) -> Shutdown(). Thread-safe.
+// Lifecycle: Start() -> serving (and the daemon's own work, RunInBackground) -> RequestStop()
+// (any thread) -> Shutdown(), or Wait() for all of it. Thread-safe.
 class ServingTask {
  public:
   // `services` are not owned and must outlive the task. `filler` fills heartbeats.
@@ -46,6 +49,13 @@ class ServingTask {
   // Blocks until RequestStop() or the deadline; returns true if stop was requested.
   bool AwaitStopRequested(absl::Time deadline = absl::InfiniteFuture());
 
+  // Runs the daemon's work (a training or evaluation loop, which returns once
+  // stop_requested()) on a thread of its own. At most once.
+  void RunInBackground(std::function<void()> work);
+  // Blocks until RequestStop(), waits for the background work to return, then Shutdown().
+  // Owners call it before destroying the task (also after RequestStop, to stop it now).
+  void Wait();
+
   // Stops heartbeats and the server (calls in flight get the grace period). Idempotent.
   void Shutdown();
 
@@ -57,6 +67,7 @@ class ServingTask {
   std::unique_ptr<TaskRegistrar> registrar_;
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread work_;  // RunInBackground's; joined by Wait or the destructor
 };
 
 }  // namespace pscluster

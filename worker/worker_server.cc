@@ -76,9 +76,10 @@ WorkerServer::WorkerServer(const WorkerOptions& options,
 
 WorkerServer::~WorkerServer() {
   if (options_.host.metrics != nullptr) options_.host.metrics->RemoveCollectors();
-  if (task_) task_->RequestStop();
-  if (train_thread_.joinable()) train_thread_.join();
-  if (task_) task_->Shutdown();
+  if (task_) {
+    task_->RequestStop();
+    task_->Wait();
+  }
 }
 
 absl::Status WorkerServer::Start() {
@@ -128,7 +129,7 @@ absl::Status WorkerServer::Start() {
                           r->set_finished_step(finished_step_.load());
                         }
                       }));
-  train_thread_ = std::thread([this] { TrainLoop(); });
+  task_->RunInBackground([this] { TrainLoop(); });
   return absl::OkStatus();
 }
 
@@ -138,9 +139,7 @@ void WorkerServer::Stop() {
 
 absl::Status WorkerServer::Wait() {
   if (!task_) return absl::FailedPreconditionError("the worker was not started");
-  task_->AwaitStopRequested();
-  if (train_thread_.joinable()) train_thread_.join();
-  task_->Shutdown();
+  task_->Wait();
   return absl::OkStatus();
 }
 

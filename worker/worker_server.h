@@ -4,7 +4,6 @@
 #include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -77,7 +76,6 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   const std::vector<std::unique_ptr<Kernels>> kernels_;  // one per tower
   const Authorizer authorizer_;
   std::unique_ptr<ServingTask> task_;
-  std::thread train_thread_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int> max_staleness_{0};
   std::atomic<bool> finished_{false};
