@@ -193,6 +193,37 @@ class Crew {
   std::atomic<bool> failed_{false};
 };
 
+// The chunks of a write: small buffers (a frame's header and meta) gathered into one, a large
+// buffer cut into chunks of its own.
+void CutIntoChunks(const struct iovec* iov, int count, std::vector<Piece>& pieces,
+                   std::vector<Chunk>& chunks) {
+  const auto open_chunk = [&] {
+    chunks.emplace_back();
+    chunks.back().first_piece = static_cast<int>(pieces.size());
+  };
+  for (int i = 0; i < count; ++i) {
+    const char* data = static_cast<const char*>(iov[i].iov_base);
+    size_t size = iov[i].iov_len;
+    if (size == 0) continue;
+    if (size >= kOwnChunkBytes || chunks.empty() ||
+        chunks.back().size + size > static_cast<size_t>(SealedChannel::kMaxChunkBytes) ||
+        chunks.back().size >= kOwnChunkBytes) {
+      open_chunk();
+    }
+    while (size > 0) {
+      Chunk& c = chunks.back();
+      const size_t take =
+          std::min(size, static_cast<size_t>(SealedChannel::kMaxChunkBytes) - c.size);
+      pieces.push_back({data, take});
+      ++c.num_pieces;
+      c.size += static_cast<uint32_t>(take);
+      data += take;
+      size -= take;
+      if (size > 0) open_chunk();
+    }
+  }
+}
+
 absl::Status Unauthentic() {
   return absl::DataLossError(
       "a data-plane chunk did not authenticate (changed, replayed or out of order on the way); "
@@ -262,34 +293,12 @@ absl::Status SealedChannel::NextKey(Direction* d, Key* key, uint64_t* seq) {
 
 absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time deadline) {
   if (!broken_.ok()) return broken_;
-  // The chunks: small buffers (a frame's header and meta) gathered into one, a large buffer
-  // cut into chunks of its own.
+  if (staged_bytes_ > 0) {
+    if (absl::Status s = Flush(deadline); !s.ok()) return s;
+  }
   std::vector<Piece> pieces;
   std::vector<Chunk> chunks;
-  const auto open_chunk = [&] {
-    chunks.emplace_back();
-    chunks.back().first_piece = static_cast<int>(pieces.size());
-  };
-  for (int i = 0; i < count; ++i) {
-    const char* data = static_cast<const char*>(iov[i].iov_base);
-    size_t size = iov[i].iov_len;
-    if (size == 0) continue;
-    if (size >= kOwnChunkBytes || chunks.empty() ||
-        chunks.back().size + size > static_cast<size_t>(kMaxChunkBytes) ||
-        chunks.back().size >= kOwnChunkBytes) {
-      open_chunk();
-    }
-    while (size > 0) {
-      Chunk& c = chunks.back();
-      const size_t take = std::min(size, static_cast<size_t>(kMaxChunkBytes) - c.size);
-      pieces.push_back({data, take});
-      ++c.num_pieces;
-      c.size += static_cast<uint32_t>(take);
-      data += take;
-      size -= take;
-      if (size > 0) open_chunk();
-    }
-  }
+  CutIntoChunks(iov, count, pieces, chunks);
   // Batch by batch: the pool seals a batch's chunks while this thread sends each in order as
   // soon as it is sealed (sealing it itself when no pool thread has yet).
   for (size_t begin = 0; begin < chunks.size(); begin += kBatchChunks) {
@@ -330,6 +339,44 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
     crew->Finish(n);
     if (!sent.ok()) return broken_ = sent;
   }
+  return absl::OkStatus();
+}
+
+absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
+  if (!broken_.ok()) return broken_;
+  std::vector<Piece> pieces;
+  std::vector<Chunk> chunks;
+  CutIntoChunks(iov, count, pieces, chunks);
+  if (chunks.empty()) return absl::OkStatus();
+  size_t bytes = 0;
+  for (const Chunk& c : chunks) bytes += kHeaderBytes + c.size + kTagBytes;
+  // (Grown, never shrunk: the bytes are written over, not cleared, call after call.)
+  if (staged_.size() < staged_bytes_ + bytes) staged_.resize(staged_bytes_ + bytes);
+  char* at = staged_.data() + staged_bytes_;
+  for (Chunk& c : chunks) {
+    c.sealed = at;
+    at += kHeaderBytes + c.size + kTagBytes;
+    if (absl::Status s = NextKey(&send_, &c.key, &c.seq); !s.ok()) return broken_ = s;
+  }
+  const int n = static_cast<int>(chunks.size());
+  const std::function<bool(int)> seal = [&](int i) { return Seal(chunks[i], pieces.data()); };
+  auto crew = std::make_shared<Crew>(n, &seal);
+  if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
+  while (crew->RunAny(0, n)) {
+  }
+  crew->Finish(n);
+  if (crew->failed()) return broken_ = absl::InternalError("sealing a data-plane chunk failed");
+  staged_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status SealedChannel::Flush(absl::Time deadline) {
+  if (!broken_.ok()) return broken_;
+  if (staged_bytes_ == 0) return absl::OkStatus();
+  iovec out{staged_.data(), staged_bytes_};
+  absl::Status sent = SendAll(fd_, &out, 1, deadline);
+  staged_bytes_ = 0;
+  if (!sent.ok()) return broken_ = sent;
   return absl::OkStatus();
 }
 

@@ -286,6 +286,49 @@ TEST_F(SealedChannelTest, ManySmallChunksTrickledInReadInOneCall) {
   EXPECT_TRUE(got_large == large) << "the large message differs";
 }
 
+TEST_F(SealedChannelTest, StagedBytesGoOutOnFlushAndBeforeTheNextWrite) {
+  std::string first = Bytes(300000, 31), second = Bytes(40, 32);
+  const std::string third = Bytes(70000, 33), fourth = Bytes(5000, 34);
+  const std::string want = first + second + third + fourth;
+  absl::Status status;
+  size_t staged_after_two = 0, staged_after_flush = 1;
+  std::thread write([&] {
+    std::vector<iovec> a = {Iov(first)}, b = {Iov(second)}, c = {Iov(third)}, d = {Iov(fourth)};
+    status = writer_->Stage(a.data(), 1);
+    if (status.ok()) status = writer_->Stage(b.data(), 1);
+    staged_after_two = writer_->staged_bytes();
+    // The caller's buffers change once staged (a shard once its lock is let go): what goes
+    // out is what was staged.
+    first.assign(first.size(), 'x');
+    second.assign(second.size(), 'y');
+    if (status.ok()) status = writer_->Flush(Soon());
+    staged_after_flush = writer_->staged_bytes();
+    // Staged again, then a Write: the staged bytes go first.
+    if (status.ok()) status = writer_->Stage(c.data(), 1);
+    if (status.ok()) status = writer_->Write(d.data(), 1, Soon());
+    shutdown(out_.fd[0], SHUT_WR);
+  });
+  std::string sealed;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(out_.fd[1], buf, sizeof(buf));
+    if (n > 0) {
+      sealed.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || !AwaitSocket(out_.fd[1], POLLIN, Soon(), "test").ok()) {
+      break;
+    }
+  }
+  write.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(staged_after_two, 300000u + 40u + 4 * (kHeader + kTag));  // 3 chunks, then 1
+  EXPECT_EQ(staged_after_flush, 0u);
+  std::thread deliver = Deliver(sealed);
+  std::string got(want.size(), '\0');
+  ASSERT_TRUE(reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon()).ok());
+  deliver.join();
+  EXPECT_TRUE(got == want) << "the bytes differ";
+}
+
 class SealedChannelTamperTest : public SealedChannelTest {
  protected:
   // Three chunks of 100 KiB, sealed.

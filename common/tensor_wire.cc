@@ -256,6 +256,18 @@ absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration t
   return SendAll(fd_, iov, count, deadline);
 }
 
+absl::Status WireSocket::Stage(struct iovec* iov, int count, absl::Duration timeout) {
+  if (sealed_ == nullptr) return WriteAll(iov, count, timeout);
+  if (absl::Status s = sealed_->Stage(iov, count); !s.ok()) return s;
+  if (sealed_->staged_bytes() >= kMaxStagedBytes) return Flush(timeout);
+  return absl::OkStatus();
+}
+
+absl::Status WireSocket::Flush(absl::Duration timeout) {
+  if (sealed_ == nullptr) return absl::OkStatus();
+  return sealed_->Flush(DeadlineAfter(timeout));
+}
+
 absl::Status WireSocket::Write(absl::string_view bytes, absl::Duration timeout) {
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   return WriteAll(&iov, 1, timeout);

@@ -111,6 +111,12 @@ class WireSocket {
   // Sends every byte of the buffers, in order.
   absl::Status WriteAll(struct iovec* iov, int count, absl::Duration timeout);
   absl::Status Write(absl::string_view bytes, absl::Duration timeout);
+  // As WriteAll, except in sealed chunks: there the buffers are sealed now (they may change
+  // once it returns) and the sealed bytes kept until Flush, up to kMaxStagedBytes (past that
+  // they go out at once). For a writer holding a lock that the sending should not hold.
+  static constexpr size_t kMaxStagedBytes = 16 << 20;
+  absl::Status Stage(struct iovec* iov, int count, absl::Duration timeout);
+  absl::Status Flush(absl::Duration timeout);
   // Receives exactly n bytes.
   absl::Status ReadExact(void* out, int64_t n, absl::Duration timeout);
   // Receives and drops n bytes.
