@@ -478,8 +478,8 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
   // Split over several tasks, each in one request: one sequential pass copies every key and
   // row into its task's part, and each part is sent as it is. (Gathering each part from the
   // caller's arrays as it is sent reads every line of them once per task, and took the client
-  // some 10 % more CPU per GB; docs/benchmarks.md, session 15.) Larger requests are gathered
-  // part by part as they are sent, with no copy of the whole.
+  // some 10 % more CPU per GB; docs/benchmarks_history.md, session 15.) Larger requests are
+  // gathered part by part as they are sent, with no copy of the whole.
   std::unique_ptr<int64_t[]> part_keys;
   std::unique_ptr<float[]> part_rows;
   const bool split = tasks.size() > 1 && one_part_each;

@@ -14,7 +14,7 @@ namespace pscluster {
 // By default the threads do not spin when idle: Eigen's default has an idle thread try thousands of
 // steals before it sleeps, which on a machine whose cores are all busy (a ps and its clients on
 // two cores) burns the CPU the other processes need. Without it a 1 MiB dense push cost the ps
-// 13-15 % less CPU per GB (1 ps + 1 client; docs/benchmarks.md, session 13). Waking a
+// 13-15 % less CPU per GB (1 ps + 1 client; docs/benchmarks_history.md, session 13). Waking a
 // sleeping thread costs microseconds, far less than the work handed to the pool.
 //
 // Thread-safe. The destructor waits for scheduled closures to finish.

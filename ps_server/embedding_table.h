@@ -80,7 +80,7 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // stripe has one full block, and its index is a RowIndex; both come from HugePagePool, whose
 // 2 MiB slabs are transparent huge pages, so that a large table's random rows and index entries
 // do not also miss the TLB (a push to a 10-million-row table takes about a quarter less time
-// per key for it; docs/benchmarks.md, session 12).
+// per key for it; docs/benchmarks_history.md, session 12).
 //
 // Every request is validated whole before anything changes: a refused Pull, Push or InsertRow
 // creates no row and updates none.
