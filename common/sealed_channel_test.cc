@@ -1,9 +1,6 @@
 #include "common/sealed_channel.h"
 
-#include <fcntl.h>
-#include <openssl/evp.h>
 #include <openssl/ssl.h>
-#include <openssl/x509.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +19,7 @@
 #include "common/socket_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/tls_pair.h"
 
 namespace pscluster {
 namespace {
@@ -32,77 +30,6 @@ constexpr int kHeader = SealedChannel::kHeaderBytes;
 constexpr int kTag = SealedChannel::kTagBytes;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
-
-struct SslFree {
-  void operator()(SSL* s) const { SSL_free(s); }
-};
-using Ssl = std::unique_ptr<SSL, SslFree>;
-
-// A connected pair of non-blocking stream sockets, closed at the end.
-struct SocketPair {
-  int fd[2];
-  SocketPair() {
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fd), 0);
-    for (int f : fd) fcntl(f, F_SETFL, fcntl(f, F_GETFL, 0) | O_NONBLOCK);
-  }
-  ~SocketPair() {
-    close(fd[0]);
-    close(fd[1]);
-  }
-};
-
-// A TLS 1.3 client and server that completed a handshake over their own socket pair (a
-// throwaway self-signed certificate: what is tested here is the framing after it, with the
-// keys it exported; tests/tls_test.cc has the cluster's certificates and their checks).
-class Tls {
- public:
-  Tls() {
-    EVP_PKEY* key = EVP_EC_gen("P-256");
-    X509* cert = X509_new();
-    X509_set_version(cert, 2);
-    ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
-    X509_gmtime_adj(X509_getm_notBefore(cert), 0);
-    X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
-    X509_set_pubkey(cert, key);
-    X509_NAME* name = X509_get_subject_name(cert);
-    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                               reinterpret_cast<const unsigned char*>("test"), -1, -1, 0);
-    X509_set_issuer_name(cert, name);
-    X509_sign(cert, key, EVP_sha256());
-    SSL_CTX* server_ctx = SSL_CTX_new(TLS_server_method());
-    SSL_CTX* client_ctx = SSL_CTX_new(TLS_client_method());
-    for (SSL_CTX* ctx : {server_ctx, client_ctx}) {
-      SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
-      SSL_CTX_set_num_tickets(ctx, 0);
-    }
-    SSL_CTX_use_certificate(server_ctx, cert);
-    SSL_CTX_use_PrivateKey(server_ctx, key);
-    server_.reset(SSL_new(server_ctx));
-    client_.reset(SSL_new(client_ctx));
-    SSL_CTX_free(server_ctx);
-    SSL_CTX_free(client_ctx);
-    X509_free(cert);
-    EVP_PKEY_free(key);
-    SSL_set_fd(server_.get(), handshake_.fd[0]);
-    SSL_set_fd(client_.get(), handshake_.fd[1]);
-    SSL_set_accept_state(server_.get());
-    SSL_set_connect_state(client_.get());
-    // Both ends in this thread: step each until neither needs the other.
-    for (int round = 0; round < 100; ++round) {
-      const int s = SSL_do_handshake(server_.get());
-      const int c = SSL_do_handshake(client_.get());
-      if (s == 1 && c == 1) return;
-    }
-    ADD_FAILURE() << "the test's TLS handshake did not complete";
-  }
-  SSL* client() { return client_.get(); }
-  SSL* server() { return server_.get(); }
-
- private:
-  SocketPair handshake_;
-  Ssl server_;
-  Ssl client_;
-};
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -117,7 +44,10 @@ iovec Iov(const std::string& s) { return iovec{const_cast<char*>(s.data()), s.si
 // carries (and may change) the sealed bytes between them.
 class SealedChannelTest : public ::testing::Test {
  protected:
-  void SetUp() override { Open(20); }
+  void SetUp() override {
+    ASSERT_TRUE(tls_.ok());
+    Open(20);
+  }
   void Open(int epoch_log2) {
     auto writer = SealedChannel::Create(out_.fd[0], tls_.client(), epoch_log2);
     auto reader = SealedChannel::Create(in_.fd[1], tls_.server(), epoch_log2);
@@ -181,7 +111,7 @@ class SealedChannelTest : public ::testing::Test {
     return sizes;
   }
 
-  Tls tls_;
+  TlsPair tls_;
   SocketPair out_;
   SocketPair in_;
   std::unique_ptr<SealedChannel> writer_;
@@ -409,7 +339,8 @@ TEST_F(SealedChannelTamperTest, ATruncatedStreamIsUnavailable) {
 }
 
 TEST(SealedChannelCreateTest, RefusesABadEpochSize) {
-  Tls tls;
+  TlsPair tls;
+  ASSERT_TRUE(tls.ok());
   SocketPair pair;
   auto channel = SealedChannel::Create(pair.fd[0], tls.client(), 21);
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);

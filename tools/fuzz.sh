@@ -22,7 +22,7 @@ command -v clang >/dev/null || { echo "fuzz.sh: clang is not installed (tools/se
 
 # Every target of fuzz/BUILD; FUZZ_TARGETS="npy_reader_fuzzer ..." runs only those.
 all_targets="cluster_spec_fuzzer wire_codec_fuzzer manifest_fuzzer shard_record_fuzzer"
-all_targets+=" npy_reader_fuzzer data_reader_fuzzer parameter_store_fuzzer"
+all_targets+=" npy_reader_fuzzer data_reader_fuzzer parameter_store_fuzzer sealed_channel_fuzzer"
 read -r -a targets <<<"${FUZZ_TARGETS:-$all_targets}"
 bazel=(bazel)
 if [[ -n ${FUZZ_OUTPUT_BASE:-} ]]; then
