@@ -173,9 +173,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  " bytes; tampering ", kind, ")");
     } else {
       FUZZ_CHECK(!untouched, "an untouched stream failed at ", at, ": ", s.ToString());
-      FUZZ_CHECK(s.code() == absl::StatusCode::kDataLoss ||
-                     s.code() == absl::StatusCode::kUnavailable,
-                 "a tampered stream failed with ", s.ToString());
+      FUZZ_CHECK(
+          s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kUnavailable,
+          "a tampered stream failed with ", s.ToString());
       failed = s.code();
     }
     at += n;
