@@ -1,7 +1,6 @@
 #include "common/sealed_channel.h"
 
 #include <openssl/ssl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,25 +65,16 @@ class SealedChannelTest : public ::testing::Test {
   static std::string Sealed(SealedChannel* writer, SocketPair& out,
                             std::vector<std::vector<iovec>> writes) {
     absl::Status written;
-    std::thread t([&] {
-      for (std::vector<iovec>& iov : writes) {
-        if (written.ok()) written = writer->Write(iov.data(), static_cast<int>(iov.size()), Soon());
-      }
-      shutdown(out.fd[0], SHUT_WR);
-    });
-    std::string sealed;
-    char buf[1 << 16];
-    while (true) {
-      const ssize_t n = read(out.fd[1], buf, sizeof(buf));
-      if (n > 0) {
-        sealed.append(buf, static_cast<size_t>(n));
-      } else if (n == 0) {
-        break;
-      } else if (!AwaitSocket(out.fd[1], POLLIN, Soon(), "test").ok()) {
-        break;
-      }
-    }
-    t.join();
+    std::string sealed = CaptureWrites(
+        out,
+        [&] {
+          absl::Status s;
+          for (std::vector<iovec>& iov : writes) {
+            if (s.ok()) s = writer->Write(iov.data(), static_cast<int>(iov.size()), Soon());
+          }
+          return s;
+        },
+        &written);
     EXPECT_TRUE(written.ok()) << written;
     return sealed;
   }
@@ -222,33 +212,25 @@ TEST_F(SealedChannelTest, StagedBytesGoOutOnFlushAndBeforeTheNextWrite) {
   const std::string want = first + second + third + fourth;
   absl::Status status;
   size_t staged_after_two = 0, staged_after_flush = 1;
-  std::thread write([&] {
-    std::vector<iovec> a = {Iov(first)}, b = {Iov(second)}, c = {Iov(third)}, d = {Iov(fourth)};
-    status = writer_->Stage(a.data(), 1);
-    if (status.ok()) status = writer_->Stage(b.data(), 1);
-    staged_after_two = writer_->staged_bytes();
-    // The caller's buffers change once staged (a shard once its lock is let go): what goes
-    // out is what was staged.
-    first.assign(first.size(), 'x');
-    second.assign(second.size(), 'y');
-    if (status.ok()) status = writer_->Flush(Soon());
-    staged_after_flush = writer_->staged_bytes();
-    // Staged again, then a Write: the staged bytes go first.
-    if (status.ok()) status = writer_->Stage(c.data(), 1);
-    if (status.ok()) status = writer_->Write(d.data(), 1, Soon());
-    shutdown(out_.fd[0], SHUT_WR);
-  });
-  std::string sealed;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = read(out_.fd[1], buf, sizeof(buf));
-    if (n > 0) {
-      sealed.append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || !AwaitSocket(out_.fd[1], POLLIN, Soon(), "test").ok()) {
-      break;
-    }
-  }
-  write.join();
+  const std::string sealed = CaptureWrites(
+      out_,
+      [&] {
+        std::vector<iovec> a = {Iov(first)}, b = {Iov(second)}, c = {Iov(third)}, d = {Iov(fourth)};
+        absl::Status status = writer_->Stage(a.data(), 1);
+        if (status.ok()) status = writer_->Stage(b.data(), 1);
+        staged_after_two = writer_->staged_bytes();
+        // The caller's buffers change once staged (a shard once its lock is let go): what goes
+        // out is what was staged.
+        first.assign(first.size(), 'x');
+        second.assign(second.size(), 'y');
+        if (status.ok()) status = writer_->Flush(Soon());
+        staged_after_flush = writer_->staged_bytes();
+        // Staged again, then a Write: the staged bytes go first.
+        if (status.ok()) status = writer_->Stage(c.data(), 1);
+        if (status.ok()) status = writer_->Write(d.data(), 1, Soon());
+        return status;
+      },
+      &status);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(staged_after_two, 300000u + 40u + 4 * (kHeader + kTag));  // 3 chunks, then 1
   EXPECT_EQ(staged_after_flush, 0u);

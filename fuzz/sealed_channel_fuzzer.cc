@@ -16,7 +16,6 @@
 //     UNAVAILABLE (the stream ended), and after a failure every later read fails with the same
 //     code: never other bytes, never a crash, never a wait (the bytes all arrived, the stream
 //     was then closed).
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -47,24 +46,10 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 // The plaintext of byte `i` of the stream.
 char Pattern(size_t i) { return static_cast<char>((i * 131 + (i >> 9)) & 0xff); }
 
-// Everything written to pair.fd[0] by `write` (on a thread of its own), until it returns.
+// Everything written to pair.fd[0] by `write`, which must succeed.
 std::string Capture(SocketPair& pair, const std::function<absl::Status()>& write) {
   absl::Status written;
-  std::thread t([&] {
-    written = write();
-    shutdown(pair.fd[0], SHUT_WR);
-  });
-  std::string out;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = read(pair.fd[1], buf, sizeof(buf));
-    if (n > 0) {
-      out.append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || !AwaitSocket(pair.fd[1], POLLIN, Soon(), "capture").ok()) {
-      break;
-    }
-  }
-  t.join();
+  std::string out = CaptureWrites(pair, write, &written);
   FUZZ_CHECK(written.ok(), "the writer failed: ", written.ToString());
   return out;
 }

@@ -4,11 +4,13 @@
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <initializer_list>
+#include <thread>
 
 namespace pscluster {
 
@@ -30,6 +32,28 @@ SocketPair::~SocketPair() {
   for (int f : fd) {
     if (f >= 0) close(f);
   }
+}
+
+std::string CaptureWrites(SocketPair& pair, const std::function<absl::Status()>& write,
+                          absl::Status* status) {
+  std::thread writer([&] {
+    *status = write();
+    shutdown(pair.fd[0], SHUT_WR);
+  });
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(pair.fd[1], buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) break;
+    pollfd p{pair.fd[1], POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) break;
+  }
+  writer.join();
+  return out;
 }
 
 TlsPair::TlsPair() {

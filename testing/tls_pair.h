@@ -1,7 +1,11 @@
 #ifndef PSCLUSTER_TESTING_TLS_PAIR_H_
 #define PSCLUSTER_TESTING_TLS_PAIR_H_
 
+#include <functional>
 #include <memory>
+#include <string>
+
+#include "absl/status/status.h"
 
 struct ssl_st;  // OpenSSL's SSL
 
@@ -17,6 +21,12 @@ struct SocketPair {
   SocketPair& operator=(const SocketPair&) = delete;
   int fd[2] = {-1, -1};
 };
+
+// Runs `write` on a thread of its own (it writes into pair.fd[0]) and returns every byte that
+// came out of pair.fd[1] until it returned and the write end was shut; *status is what `write`
+// returned. Gives up waiting for bytes after 10 s without any.
+std::string CaptureWrites(SocketPair& pair, const std::function<absl::Status()>& write,
+                          absl::Status* status);
 
 // A TLS 1.3 client and server that completed a handshake over a socket pair of their own, with
 // a throwaway self-signed certificate: for tests of what runs after a handshake with the keys
