@@ -516,9 +516,12 @@ void Coordinator::RecordEvaluation(const EvalResult& r, const std::string& by) {
     const double elapsed = absl::ToDoubleSeconds(clock_->Now() - start_time_);
     line = MetricsJsonLine(r, progress_.loss(), progress_.examples_per_second(), elapsed, by);
   }
-  LOG(INFO) << absl::StrFormat("evaluation at step %d by %s: test loss %.4f, accuracy %.4f%s",
-                               r.step, by, r.loss, r.accuracy,
-                               r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "");
+  LOG(INFO) << absl::StrFormat(
+      "evaluation at step %d by %s: test loss %.4f, accuracy %.4f%s%s", r.step, by, r.loss,
+      r.accuracy, r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "",
+      r.training_seconds >= 0
+          ? absl::StrFormat(" (model read at %.3f s of training)", r.training_seconds)
+          : "");
   if (options_.metrics_path.empty()) return;
   absl::MutexLock lock(&metrics_mu_);
   std::ofstream metrics(options_.metrics_path, std::ios::app);
@@ -545,7 +548,9 @@ void Coordinator::EvaluationLoop() {
     }
     const int64_t step = CurrentStep();
     if (!all_finished) {
+      const double training_seconds = TrainingSeconds();
       absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      if (r.ok()) r->training_seconds = training_seconds;
       next_eval = clock_->Now() + options_.eval_every;
       if (r.ok()) {
         RecordEvaluation(*r, "chief");
@@ -581,7 +586,9 @@ void Coordinator::EvaluationLoop() {
       }
     }
     if (!evaluated) {
+      const double training_seconds = TrainingSeconds();
       absl::StatusOr<EvalResult> r = OwnEvaluation(step);
+      if (r.ok()) r->training_seconds = training_seconds;
       if (r.ok()) {
         RecordEvaluation(*r, "chief");
       } else {
@@ -610,6 +617,7 @@ absl::Status Coordinator::ReportEvaluation(const v1::ReportEvaluationRequest& re
   r.loss = req->loss();
   r.accuracy = req->accuracy();
   r.auc = req->auc();
+  if (req->has_training_seconds()) r.training_seconds = req->training_seconds();
   {
     absl::MutexLock lock(&mu_);
     if (req->final()) {
@@ -665,6 +673,14 @@ absl::Status Coordinator::CheckEvaluationReport(const v1::ReportEvaluationReques
   if (req.auc() != -1 && !(req.auc() >= 0 && req.auc() <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("evaluation AUC ", req.auc(), ": expected a value in [0, 1], or -1 for none"));
+  }
+  if (req.has_training_seconds()) {
+    const double elapsed = TrainingSeconds();
+    if (!(req.training_seconds() >= 0 && req.training_seconds() <= elapsed)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation of the model read at ", req.training_seconds(),
+          " s of training: expected a time in [0, ", elapsed, "], the training time so far"));
+    }
   }
   return absl::OkStatus();
 }
@@ -1005,8 +1021,16 @@ void Coordinator::GetClusterStatus(v1::ClusterStatus* resp) const {
     resp->mutable_progress()->add_worker_steps(it == workers_.end() ? 0 : it->second.steps);
   }
   resp->mutable_progress()->set_max_lead(sync_.max_lead());
-  resp->mutable_progress()->set_elapsed_seconds(
-      first_report_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(now - first_report_));
+  resp->mutable_progress()->set_elapsed_seconds(TrainingSecondsLocked(now));
+}
+
+double Coordinator::TrainingSecondsLocked(absl::Time now) const {
+  return first_report_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(now - first_report_);
+}
+
+double Coordinator::TrainingSeconds() const {
+  absl::MutexLock lock(&mu_);
+  return TrainingSecondsLocked(clock_->Now());
 }
 
 }  // namespace pscluster

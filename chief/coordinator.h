@@ -194,6 +194,10 @@ class Coordinator {
   void EvaluationLoop();
   // The chief's own evaluation (its Evaluator is made on first use); background_ only.
   absl::StatusOr<EvalResult> OwnEvaluation(int64_t step);
+  // Seconds since the first step report (0 before it): the training clock of
+  // TrainingProgress.elapsed_seconds and of time to accuracy.
+  double TrainingSeconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  double TrainingSecondsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shows `r`, computed by task `by`, in the status, and appends it to the metrics file.
   void RecordEvaluation(const EvalResult& r, const std::string& by) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -21,6 +21,9 @@ struct EvalResult {
   double accuracy = 0;
   // Binary tasks only (-1 otherwise).
   double auc = -1;
+  // Seconds of training (the chief's clock since the first step report) when the parameters
+  // began to be read; -1 when not known.
+  double training_seconds = -1;
 };
 
 // Computes the test loss and accuracy (AUC for binary tasks) of the model's current parameters,
@@ -49,7 +52,8 @@ class Evaluator {
 };
 
 // One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...,
-// "evaluated_by":"evaluator:0"}; `evaluated_by` names the task that computed it.
+// "evaluated_by":"evaluator:0"[,"training_seconds":..]}; `evaluated_by` names the task that
+// computed it; `training_seconds` is there when the result's is known.
 std::string MetricsJsonLine(const EvalResult& result, double train_loss, double examples_per_second,
                             double elapsed_seconds, const std::string& evaluated_by);
 

@@ -150,14 +150,17 @@ absl::Status EvaluatorServer::EvaluateOnce() {
       task_->AwaitStopRequested(absl::Now() + options_.poll_every);
       continue;
     }
+    // The chief's training clock as the pull begins: time to accuracy counts no evaluation.
+    const double training_seconds = status.progress().elapsed_seconds();
     PS_ASSIGN_OR_RETURN(EvalResult r, evaluator->Evaluate(step));
     next_eval = absl::Now() + options_.eval_every;
     last_step = step;
     evaluated_step_ = step;
     LOG(INFO) << absl::StrFormat(
-        "evaluator:0: %sevaluation at step %d: test loss %.4f, accuracy %.4f%s",
+        "evaluator:0: %sevaluation at step %d: test loss %.4f, accuracy %.4f%s (model read at "
+        "%.3f s of training)",
         final ? "final " : "", r.step, r.loss, r.accuracy,
-        r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "");
+        r.auc >= 0 ? absl::StrFormat(", AUC %.4f", r.auc) : "", training_seconds);
     v1::ReportEvaluationRequest report;
     *report.mutable_task() = options_.cluster.task();
     report.set_step(r.step);
@@ -166,6 +169,7 @@ absl::Status EvaluatorServer::EvaluateOnce() {
     report.set_accuracy(r.accuracy);
     report.set_auc(r.auc);
     report.set_final(final);
+    report.set_training_seconds(training_seconds);
     v1::ReportEvaluationResponse resp;
     absl::Status reported = chief->ReportEvaluation(report, &resp);
     if (!reported.ok()) {

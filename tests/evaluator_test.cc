@@ -79,6 +79,18 @@ TEST(EvaluatorTest, TheEvaluatorEvaluatesTheLiveModelAndEndsTraining) {
     EXPECT_THAT(line, HasSubstr("\"evaluated_by\": \"evaluator:0\"")) << line;
   }
   EXPECT_THAT(lines.back(), HasSubstr("\"step\": 360"));
+  // Each names the training time its model was read at, which never goes back and never passes
+  // the chief's training clock.
+  double last_read = 0;
+  for (const std::string& line : lines) {
+    const size_t at = line.find("\"training_seconds\": ");
+    ASSERT_NE(at, std::string::npos) << line;
+    const double read = std::stod(line.substr(at + 20));
+    EXPECT_GE(read, last_read) << line;
+    last_read = read;
+  }
+  EXPECT_LE(last_read, status.progress().elapsed_seconds());
+  EXPECT_GT(last_read, 0);
   // The evaluator was told training is over and exits 0 (--exit_after_training).
   absl::StatusOr<int> exit = (*cluster)->evaluator().WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->evaluator().LogTail();
@@ -150,6 +162,12 @@ TEST(EvaluatorTest, BadReportsAreRefusedAndChangeNothing) {
        "evaluation accuracy 1.5: expected a value in [0, 1]"},
       {[](auto* r) { r->set_auc(2); }, grpc::StatusCode::INVALID_ARGUMENT,
        "evaluation AUC 2: expected a value in [0, 1], or -1 for none"},
+      {[](auto* r) { r->set_training_seconds(-1); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "evaluation of the model read at -1 s of training: expected a time in [0, "},
+      {[](auto* r) { r->set_training_seconds(1e9); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "evaluation of the model read at 1e+09 s of training: expected a time in [0, "},
+      {[nan](auto* r) { r->set_training_seconds(nan); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "evaluation of the model read at nan s of training"},
       {[](auto* r) { r->set_final(true); }, grpc::StatusCode::FAILED_PRECONDITION,
        "a final evaluation is not expected: the chief is TRAINING"},
   };
@@ -165,7 +183,10 @@ TEST(EvaluatorTest, BadReportsAreRefusedAndChangeNothing) {
   EXPECT_EQ(status.phase(), v1::TRAINING);
   EXPECT_TRUE(AwaitGlobalStep(*chief, status.global_step() + 5));
   // A valid report is shown as it is.
-  grpc::Status ok = report([](auto* r) { r->set_accuracy(0.25); });
+  grpc::Status ok = report([](auto* r) {
+    r->set_accuracy(0.25);
+    r->set_training_seconds(0);
+  });
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   status = ClusterStatusOf(*chief);
   EXPECT_EQ(status.progress().test_accuracy(), 0.25);
