@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<EvaluatorServer>> EvaluatorServer::Create(
                      ") and the polling interval (", absl::FormatDuration(options.poll_every),
                      ") must be positive"));
   }
+  if (options.eval_every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the evaluation interval in steps (",
+                                                   options.eval_every_steps,
+                                                   ") must be positive, or 0 for none"));
+  }
   int gpu = -1;
   if (options.device != "cpu" && (!absl::StartsWith(options.device, "gpu:") ||
                                   !absl::SimpleAtoi(options.device.substr(4), &gpu) || gpu < 0)) {
@@ -135,19 +140,26 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test),
                                         /*batch_size=*/1000, gpu_kernels_.get()));
+  const bool by_steps = options_.eval_every_steps > 0;
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "
-            << absl::FormatDuration(options_.eval_every) << " while training, and at the end";
+            << (by_steps ? absl::StrCat(options_.eval_every_steps, " steps")
+                         : absl::FormatDuration(options_.eval_every))
+            << " while training, and at the end";
+  const absl::Duration poll_every =
+      by_steps ? std::min(options_.poll_every, absl::Milliseconds(10)) : options_.poll_every;
 
   absl::Time next_eval = absl::Now() + options_.eval_every;
-  int64_t last_step = -1;
+  int64_t last_step = by_steps ? 0 : -1;
   while (!task_->stop_requested()) {
     v1::ClusterStatus status;
     PS_RETURN_IF_ERROR(chief->GetClusterStatus(&status));
     if (status.progress().finished()) return absl::OkStatus();
     const bool final = status.phase() == v1::FINAL_EVALUATION;
     const int64_t step = status.global_step();
-    if (!final && (absl::Now() < next_eval || step == last_step)) {
-      task_->AwaitStopRequested(absl::Now() + options_.poll_every);
+    const bool due = by_steps ? step - last_step >= options_.eval_every_steps
+                              : absl::Now() >= next_eval && step != last_step;
+    if (!final && !due) {
+      task_->AwaitStopRequested(absl::Now() + poll_every);
       continue;
     }
     // The chief's training clock as the pull begins: time to accuracy counts no evaluation.

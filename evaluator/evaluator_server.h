@@ -22,6 +22,10 @@ struct EvaluatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Evaluate the live model this often while training, when the global step has moved.
   absl::Duration eval_every = absl::Seconds(15);
+  // Instead (when > 0): evaluate whenever the global step has moved this many steps since the
+  // last evaluation (half an epoch's steps, say, for time to accuracy), reading the chief's step
+  // every 10 ms at most.
+  int64_t eval_every_steps = 0;
   // How often the chief's phase and global step are read.
   absl::Duration poll_every = absl::Milliseconds(250);
   // Overrides the data path the chief names (the test set lives on the evaluator's host).
@@ -36,7 +40,8 @@ struct EvaluatorOptions {
 
 // The evaluator daemon, TF_CONFIG's `evaluator` task: registers with the chief, fetches the
 // model from it, and evaluates the live parameters on the test set (forward passes on the CPU
-// or a GPU, `device`): every `eval_every` while the global step moves, and once more at the final
+// or a GPU, `device`): every `eval_every` (or `eval_every_steps`) while the global step moves,
+// and once more at the final
 // step when the chief asks for it (its FINAL_EVALUATION phase), which ends training. Each result
 // goes to the chief (ReportEvaluation), which shows it in its status and metrics file; the
 // chief computes nothing while an evaluator serves. A failure (a ps task moved, the chief

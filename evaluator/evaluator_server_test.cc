@@ -37,6 +37,13 @@ TEST(EvaluatorServerTest, RefusesBadOptionsNamingWhatWasWrong) {
               HasSubstr("the evaluation interval (0) and the polling interval (250ms) must be "
                         "positive"));
 
+  options = OptionsFor("evaluator", 0);
+  options.eval_every_steps = -5;
+  s = EvaluatorServer::Create(options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("the evaluation interval in steps (-5) must be positive, or 0 for none"));
+
   for (const char* device : {"tpu:0", "gpu:", "gpu:-1", "gpu:x"}) {
     options = OptionsFor("evaluator", 0);
     options.device = device;

@@ -7,6 +7,10 @@
 #include "runtime/daemon_flags.h"
 
 DEFINE_double(eval_every_secs, 15, "Evaluate the live model this often while training.");
+DEFINE_int64(eval_every_steps, 0,
+             "Instead, when > 0: evaluate whenever the global step has moved this many steps "
+             "(half an epoch's, say, for time to accuracy; each evaluation's log line and report "
+             "name the training time its model was read at).");
 DEFINE_string(data_path, "",
               "Path of the data on this host, instead of the one the chief names (a directory "
               "for fashion_mnist, a file for libsvm). Checked at start.");
@@ -26,6 +30,7 @@ int main(int argc, char** argv) {
   options.cluster = pscluster::ClusterConfigFromFlagsOrExit("evaluator");
   options.host = pscluster::ServiceHostOptionsFromFlags();
   options.eval_every = absl::Seconds(FLAGS_eval_every_secs);
+  options.eval_every_steps = FLAGS_eval_every_steps;
   options.data_path = FLAGS_data_path;
   pscluster::CheckPathFlagOrExit("evaluator", "data_path", FLAGS_data_path,
                                  pscluster::PathKind::kExisting);

@@ -58,6 +58,25 @@ std::vector<std::string> Lines(const std::string& path) {
   return lines;
 }
 
+// The step and the training time of each evaluation in a metrics file, in order.
+struct Evaluated {
+  int64_t step;
+  double training_seconds;
+};
+std::vector<Evaluated> EvaluationsIn(const std::vector<std::string>& lines) {
+  std::vector<Evaluated> out;
+  for (const std::string& line : lines) {
+    const size_t step = line.find("\"step\": ");
+    const size_t read = line.find("\"training_seconds\": ");
+    if (step == std::string::npos || read == std::string::npos) {
+      ADD_FAILURE() << "no step or training time in " << line;
+      continue;
+    }
+    out.push_back({std::stoll(line.substr(step + 8)), std::stod(line.substr(read + 20))});
+  }
+  return out;
+}
+
 TEST(EvaluatorTest, TheEvaluatorEvaluatesTheLiveModelAndEndsTraining) {
   const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-evaluator.jsonl");
   auto cluster = TestCluster::Start(SoftmaxWithEvaluator(metrics));
@@ -82,12 +101,9 @@ TEST(EvaluatorTest, TheEvaluatorEvaluatesTheLiveModelAndEndsTraining) {
   // Each names the training time its model was read at, which never goes back and never passes
   // the chief's training clock.
   double last_read = 0;
-  for (const std::string& line : lines) {
-    const size_t at = line.find("\"training_seconds\": ");
-    ASSERT_NE(at, std::string::npos) << line;
-    const double read = std::stod(line.substr(at + 20));
-    EXPECT_GE(read, last_read) << line;
-    last_read = read;
+  for (const Evaluated& e : EvaluationsIn(lines)) {
+    EXPECT_GE(e.training_seconds, last_read) << e.step;
+    last_read = e.training_seconds;
   }
   EXPECT_LE(last_read, status.progress().elapsed_seconds());
   EXPECT_GT(last_read, 0);
@@ -95,6 +111,34 @@ TEST(EvaluatorTest, TheEvaluatorEvaluatesTheLiveModelAndEndsTraining) {
   absl::StatusOr<int> exit = (*cluster)->evaluator().WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(exit.ok()) << exit.status() << (*cluster)->evaluator().LogTail();
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
+}
+
+// --eval_every_steps: an evaluation each time the global step has moved 50 steps since the
+// last (steps of 50 examples: every 2,500 examples), whatever the time, and the final one.
+TEST(EvaluatorTest, TheEvaluatorCanEvaluateEveryNSteps) {
+  const std::string metrics = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics-steps.jsonl");
+  TestClusterOptions options = SoftmaxWithEvaluator(metrics);
+  options.flags["evaluator"] = {"--eval_every_steps=50", "--exit_after_training"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto chief = ChiefStubOf(**cluster);
+  v1::ClusterStatus status = AwaitFinished(*chief, absl::Seconds(240));
+  ASSERT_TRUE(status.progress().finished()) << status.DebugString() << (*cluster)->Logs();
+  EXPECT_EQ(status.progress().test_step(), 360);
+  std::vector<Evaluated> evaluated = EvaluationsIn(Lines(metrics));
+  // Training takes a second or two: by time (15 s by default) there would be none before the
+  // final one; by steps there are several (the evaluator may start some steps late), each at
+  // least 50 steps after the one before.
+  ASSERT_GE(evaluated.size(), 3u) << (*cluster)->evaluator().LogTail(50);
+  int64_t last_step = 0;
+  double last_read = 0;
+  for (size_t i = 0; i + 1 < evaluated.size(); ++i) {
+    EXPECT_GE(evaluated[i].step, last_step + 50) << i;
+    EXPECT_GE(evaluated[i].training_seconds, last_read) << i;
+    last_step = evaluated[i].step;
+    last_read = evaluated[i].training_seconds;
+  }
+  EXPECT_EQ(evaluated.back().step, 360);
 }
 
 TEST(EvaluatorTest, TheChiefEvaluatesTheFinalModelWhenTheEvaluatorIsGone) {
