@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
-# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, cuda_kernels_test,
+# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, ps_bench and this machine's
+# iperf3 for bench/gpu_ps.sh, cuda_kernels_test,
 # cuda_trainer_test; and psctl, for looking at the cluster there, left out with a warning when
 # it does not build), packs them
 # with their shared libraries into a device bundle (../shared/tools/device-bundle; stripped,
@@ -33,7 +34,8 @@ bundler=../shared/tools/device-bundle
 data_dir=/usr/share/datasets/fashion-mnist
 
 bash tools/setup.sh >/dev/null
-targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe)
+targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe
+  //bench:ps_bench)
 config=()
 if [[ $cuda -eq 1 ]]; then
   targets+=(//kernels:cuda_kernels_test //worker:cuda_trainer_test)
@@ -44,7 +46,15 @@ bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progre
 bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
 binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
   "$bin_dir/evaluator/evaluator"
-  "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe")
+  "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe" "$bin_dir/bench/ps_bench")
+# bench/gpu_ps.sh's loopback baseline: the GPU machine has no iperf3.
+iperf3=$(command -v iperf3 || true)
+if [[ -n $iperf3 ]]; then
+  binaries+=("$iperf3")
+else
+  echo "gpu_prepare.sh: warning: no iperf3 here (apt-get install iperf3); the bundle's" \
+    "bench/gpu_ps.sh will not run" >&2
+fi
 if bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progress \
   //cli:psctl; then
   binaries+=("$bin_dir/cli/psctl")
@@ -84,13 +94,15 @@ done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
   bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh \
-  bench/gpu_strongest.sh "$out/bench/"
+  bench/gpu_strongest.sh bench/gpu_tta.sh bench/gpu_ps.sh bench/ps.sh "$out/bench/"
 # Certificates for the TLS runs (bench/gpu_tls.sh; the GPU machine may have no openssl
-# command): one CA, chief-0, ps-0 and ps-1, worker-0 and psctl-viewer, all on 127.0.0.1.
+# command; bench/gpu_ps.sh): one CA, chief-0, ps-0 to ps-3, worker-0 and worker-1 and
+# psctl-viewer, all on 127.0.0.1.
 mkdir -p "$out/deploy/tls"
 cp deploy/tls/make_certs.sh "$out/deploy/tls/"
 bash deploy/tls/make_certs.sh --out "$out/certs" --cluster gpu --chief_hosts 127.0.0.1:0 \
-  --ps_hosts 127.0.0.1:0,127.0.0.1:0,127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0 >/dev/null
+  --ps_hosts 127.0.0.1:0,127.0.0.1:0,127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0,127.0.0.1:0 \
+  >/dev/null
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
 cp deploy/local/run.sh "$out/deploy/local/"

@@ -17,6 +17,7 @@
 #                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
 #                    [--only d_1MiB,emb] [--sparse_key_space N] [--ps_binary PATH]
 #                    [--bench_binary PATH] [--tls] [--kernel_tls] [--keep_logs]
+#                    [--bin_dir DIR] [--certs DIR]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
@@ -37,6 +38,10 @@
 # also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls has the
 # data plane use TLS records, encrypted by the kernel (kTLS) where it has it (the ps log says
 # which), instead of sealed chunks (common/sealed_channel.h).
+# --bin_dir runs the chief, ps_server and ps_bench found in DIR instead of building them (on
+# a machine without Bazel: bench/gpu_ps.sh runs this script from the GPU machine's bundle);
+# --certs DIR gives --tls the certificates of DIR (deploy/tls/make_certs.sh's, with chief-0,
+# ps-<i> and worker-<w>) instead of making them with the openssl command.
 # Before each run the script waits (up to 60 s) for the machine to be quiet (under 10% busy)
 # and says so when it was not. Temporary files go under $TMPDIR (default /tmp).
 set -euo pipefail
@@ -55,6 +60,8 @@ tls_modes="plain"
 kernel_tls=0
 ps_binary=""
 bench_binary=""
+prebuilt_dir=""
+certs_dir=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --min_seconds) min_seconds=$2; shift 2 ;;
@@ -68,25 +75,34 @@ while [[ $# -gt 0 ]]; do
     --ps_binary) ps_binary=$2; shift 2 ;;
     --bench_binary) bench_binary=$2; shift 2 ;;
     --keep_logs) keep_logs=1; shift ;;
+    --bin_dir) prebuilt_dir=$2; shift 2 ;;
+    --certs) certs_dir=$2; shift 2 ;;
     --tls) tls_modes="plain tls"; shift ;;
     --kernel_tls) kernel_tls=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-bash tools/setup.sh >/dev/null
-echo "==> building -c opt: chief, ps_server, ps_bench"
-# A strict action environment: a shell with another PATH does not rebuild everything.
-build_flags=(-c opt --incompatible_strict_action_env)
-bazel build "${build_flags[@]}" --ui_event_filters=-info --noshow_progress //chief //ps_server \
-  //bench:ps_bench
-bin_dir=$(bazel info "${build_flags[@]}" bazel-bin 2>/dev/null)
+if [[ -z $prebuilt_dir ]]; then
+  bash tools/setup.sh >/dev/null
+  echo "==> building -c opt: chief, ps_server, ps_bench"
+  # A strict action environment: a shell with another PATH does not rebuild everything.
+  build_flags=(-c opt --incompatible_strict_action_env)
+  bazel build "${build_flags[@]}" --ui_event_filters=-info --noshow_progress //chief //ps_server \
+    //bench:ps_bench
+  bin_dir=$(bazel info "${build_flags[@]}" bazel-bin 2>/dev/null)
+  built=(chief/chief ps_server/ps_server bench/ps_bench)
+else
+  echo "==> chief, ps_server and ps_bench from $prebuilt_dir (--bin_dir), not built"
+  bin_dir=$prebuilt_dir
+  built=(chief ps_server ps_bench)
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ps_bench.XXXXXX")
 echo "==> logs in $work"
 # Private copies: another build in this workspace may replace the outputs mid-run.
-for b in chief/chief ps_server/ps_server bench/ps_bench; do
+for b in "${built[@]}"; do
   cp "$bin_dir/$b" "$work/$(basename "$b")"
 done
 if [[ -n "$ps_binary" ]]; then
@@ -276,8 +292,17 @@ if [[ $tls_modes == *tls* ]]; then
     [[ ${config#*x} -gt $max_workers ]] && max_workers=${config#*x}
   done
   hosts() { local out="" i; for ((i = 0; i < $1; i++)); do out+="${out:+,}127.0.0.1:0"; done; echo "$out"; }
-  bash deploy/tls/make_certs.sh --out "$work/certs" --cluster bench --chief_hosts 127.0.0.1:0 \
-    --ps_hosts "$(hosts "$max_ps")" --worker_hosts "$(hosts "$max_workers")" >/dev/null
+  if [[ -n $certs_dir ]]; then
+    cp -r "$certs_dir" "$work/certs"
+    chmod -R u+rwX,go-rwx "$work/certs"
+    for holder in chief-0 "ps-$((max_ps - 1))" "worker-$((max_workers - 1))"; do
+      [[ -f $work/certs/$holder.pem ]] ||
+        { echo "ps.sh: --certs $certs_dir has no $holder.pem" >&2; exit 2; }
+    done
+  else
+    bash deploy/tls/make_certs.sh --out "$work/certs" --cluster bench --chief_hosts 127.0.0.1:0 \
+      --ps_hosts "$(hosts "$max_ps")" --worker_hosts "$(hosts "$max_workers")" >/dev/null
+  fi
   echo "==> --tls: certificates in $work/certs"
 fi
 tls_flags() {  # holder

@@ -166,10 +166,14 @@ print("ok" if w and min(w) > 0 else "")' || true)
 # default; the caller's `launch` must know the evaluator binary) an evaluator task evaluates
 # the live model every $cl_eval_every s (default 30) and the final one, on the first worker's
 # device; with 0 the chief does (on its CPU).
-# Prints progress every 30 s. Writes $cl_dir/evaluations (`step accuracy loss by` per
+# cl_evaluator_flags (an array), when set, replaces the evaluator's --eval_every_secs (e.g.
+# --eval_every_steps=N). With cl_target_accuracy set, the run ends (SIGTERM, every task must exit
+# 0) as soon as an evaluation reaches that test accuracy: cl_time_to_accuracy below then says
+# when. Prints progress every 30 s. Writes $cl_dir/evaluations (`step accuracy loss by` per
 # evaluation) and $cl_dir/final, one line
 #   FINAL test_accuracy=A test_loss=L step=S seconds=T finished=1|0
-# (finished=0: the timeout or a failure stopped it; the figures are the last evaluation's).
+# (finished=0: the timeout or a failure stopped it; the figures are the last evaluation's;
+# finished=1 also when cl_target_accuracy was reached and the tasks exited 0 on SIGTERM).
 # Returns 1 when the run did not finish or a task exited non-zero.
 cl_train_to_end() {
   local name=$1 mode=$2 num_ps=$3 num_workers=$4 batch=$5 epochs=$6 device=$7 timeout=$8
@@ -206,8 +210,10 @@ cl_train_to_end() {
     # while the worker trains).
     local eval_device=${device//\{i\}/0}
     eval_device=${eval_device%%,*}
+    local evaluator_flags=(--eval_every_secs="$eval_every")
+    [[ -n ${cl_evaluator_flags[*]:-} ]] && evaluator_flags=("${cl_evaluator_flags[@]}")
     cl_start_task evaluator evaluator 0 "$cl_chief" "$num_ps" "$num_workers" \
-      --eval_every_secs="$eval_every" --device="$eval_device" \
+      "${evaluator_flags[@]}" --device="$eval_device" \
       ${data_flag[@]+"${data_flag[@]}"} || started=0
   fi
   if [[ $started -eq 0 ]]; then
@@ -234,6 +240,13 @@ cl_train_to_end() {
       echo "train_cluster: $name: not finished after $timeout s: stopping it" >&2
       break
     fi
+    if [[ -n ${cl_target_accuracy:-} ]] && cl_time_to_accuracy "$cl_target_accuracy" >/dev/null
+    then
+      echo "    test accuracy $cl_target_accuracy reached: stopping the cluster"
+      cl_stop || failed=1
+      finished=1
+      break
+    fi
     if ((SECONDS - last_report >= 30)); then
       last_report=$SECONDS
       echo "    $((SECONDS - t0)) s: $(grep -hoE 'worker:[0-9]+ step [0-9]+ epoch [0-9/]+ loss [-0-9.naif]+' \
@@ -243,7 +256,7 @@ cl_train_to_end() {
     sleep 1
   done
   local seconds=$((SECONDS - t0))
-  if [[ $finished -eq 1 ]]; then
+  if [[ $finished -eq 1 && ${#cl_pids[@]} -gt 0 ]]; then
     for i in "${!cl_pids[@]}"; do
       rc=0
       wait "${cl_pids[$i]}" || rc=$?
@@ -255,7 +268,7 @@ cl_train_to_end() {
     [[ $failed -eq 0 ]] && echo "    every task exited 0: ${cl_names[*]}"
     cl_pids=()
     cl_names=()
-  else
+  elif [[ $finished -eq 0 ]]; then
     cl_stop || true
     failed=1
   fi
@@ -263,12 +276,22 @@ cl_train_to_end() {
   local acc acc_last loss step
   acc=$(sed -nE 's/.*training finished: final test accuracy ([-0-9.naif]+).*/\1/p' \
     "$cl_dir/chief-0.log" | tail -1)
-  [[ -n $acc ]] || finished=0
+  [[ -n $acc || -n ${cl_target_accuracy:-} ]] || finished=0
   read -r step acc_last loss _ <<<"$(tail -1 "$cl_dir/evaluations")" || true
   [[ -n $acc ]] || acc=${acc_last:-}
   echo "FINAL test_accuracy=${acc:-n/a} test_loss=${loss:-n/a} step=${step:-n/a}" \
     "seconds=$seconds finished=$finished" | tee "$cl_dir/final"
   [[ $finished -eq 1 && $failed -eq 0 ]]
+}
+
+# cl_time_to_accuracy TARGET: from the chief's log of the current run, the first evaluation
+# whose test accuracy is at least TARGET, as `seconds step accuracy evaluations` (seconds: the
+# training time its model was read at, the chief's clock since the first step report, so no
+# evaluation is counted; evaluations: how many there were up to it). Returns 1 if none.
+cl_time_to_accuracy() {
+  sed -nE 's/.*evaluation at step ([0-9]+) by .+: test loss [^,]+, accuracy ([-0-9.naif]+).*\(model read at ([0-9.]+) s of training\).*/\3 \1 \2/p' \
+    "$cl_dir/chief-0.log" 2>/dev/null |
+    awk -v t="$1" '{ n++ } $3 >= t { print $1, $2, $3, n; found = 1; exit } END { exit !found }'
 }
 
 # CPU seconds (user + system) each task has used so far: lines `job:index seconds`, then

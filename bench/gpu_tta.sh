@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Time to accuracy on one GPU, ours against the strongest single-GPU PyTorch, in one call: for
+# each spec "<model> <batch> <ps tasks> <target> <max epochs>",
+#   ours: a local cluster (1 chief, the ps tasks, one worker --device=gpu:0, async, and an
+#         evaluator on the same GPU evaluating the live model every half epoch's steps,
+#         --eval_every_steps) trained until an evaluation reaches the target test accuracy
+#         (then stopped) or for max epochs; its time is the training time at which the
+#         evaluated model was read (the chief's clock since the first step report: start-up
+#         and evaluation are not counted, but the evaluator shares the GPU while training runs);
+#   PyTorch: bench/torch_cnn.py --target_accuracy in each --modes capture mode (the clock
+#         stopped while it evaluates, every --eval_every_examples=30000 examples; warm-up,
+#         compile and capture before the clock starts),
+# --repeats times each (ours, then each mode, then again). Prints each run and per spec
+#   BENCH gpu_tta_<model>_1gpu_ours_async <median s> s ratio=<best PyTorch median s / ours>
+#   BENCH torch_tta_<model>_b<B>_<mode> <median s> s
+# with the examples/s each side trained at and the accuracy it reached (a run that does not
+# reach the target counts as inf; a PyTorch run that fails does not count). From the device bundle (bench/gpu_prepare.sh), there:
+#   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
+#        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
+#        [--timeout 600]
+# Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
+# logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
+set -euo pipefail
+bundle=$(cd "$(dirname "$0")/.." && pwd)
+repeats=1
+modes="graph compile_graph"
+specs="mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"
+run_timeout=600
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --repeats) repeats=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --specs) specs=$2; shift 2 ;;
+    --timeout) run_timeout=$2; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+for n in "$repeats" "$run_timeout"; do
+  [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_tta.sh: not a number: $n" >&2; exit 2; }
+done
+python=${PYTHON:-python3}
+device=${DEVICE:-gpu:0}
+for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
+  [[ -e $bundle/$f ]] ||
+    { echo "gpu_tta.sh: $bundle/$f is missing; run bench/gpu_prepare.sh" >&2; exit 1; }
+done
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_tta.XXXXXX")
+report=$work/gpu_tta.txt
+mkdir -p "$work/payload"
+tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
+runner=$work/payload/run
+launch() { exec "$runner" "$@"; }
+rate_py=$bundle/bench/train_rate.py
+cl_data_path=$bundle/data
+# shellcheck source=bench/train_cluster.sh
+source "$bundle/bench/train_cluster.sh"
+say() { echo "$@" | tee -a "$report"; }
+# shellcheck disable=SC2317  # run by the EXIT trap
+finish() {
+  local rc=$?
+  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
+  if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then
+    cp "$report" "$OUT/" 2>/dev/null || true
+    tar -C "$work" --exclude=payload -czf "$OUT/gpu_tta_logs.tar.gz" . 2>/dev/null || true
+  fi
+  echo "==> logs in $work"
+  exit "$rc"
+}
+trap finish EXIT
+
+say "==> $(date -u +%F) $("$runner" chief --version | head -1), PyTorch" \
+  "$("$python" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1) on" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores"
+
+status=0
+IFS=';' read -r -a spec_list <<<"$specs"
+read -r -a mode_list <<<"$modes"
+for spec in "${spec_list[@]}"; do
+  read -r name batch num_ps target max_epochs <<<"$spec"
+  if [[ -z $name || ! $batch =~ ^[0-9]+$ || ! $num_ps =~ ^[0-9]+$ || -z $target ||
+    ! $max_epochs =~ ^[0-9]+$ ]]; then
+    say "==> bad spec '$spec' (want '<model> <batch> <ps tasks> <target> <max epochs>')"
+    status=1
+    continue
+  fi
+  cl_model=$bundle/configs/$name.pbtxt
+  [[ -f $cl_model ]] || { say "==> $name: no $cl_model"; status=1; continue; }
+  say "==> $name, batch $batch, target test accuracy $target, at most $max_epochs epochs"
+  declare -A times=()
+  for ((r = 1; r <= repeats; r++)); do
+    # Ours: the evaluator reads the model each time the global step (one worker: its steps) has
+    # moved half an epoch.
+    run=${name}_ours_$r
+    cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
+    cl_target_accuracy=$target
+    seconds=inf
+    if cl_train_to_end "$run" async "$num_ps" 1 "$batch" "$max_epochs" "$device" \
+      "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
+      if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
+        seconds=$t
+        say "    $run: $t s to test accuracy $acc (step $step, evaluation $n;" \
+          "$(awk -v s="$step" -v b="$batch" -v t="$t" \
+            'BEGIN { printf "%.0f", (t > 0 ? s * b / t : 0) }') examples/s)"
+      else
+        say "    $run: not reached in $max_epochs epochs; $(cat "$cl_dir/final")"
+      fi
+    else
+      say "    $run: FAILED; see $cl_dir"
+      status=1
+    fi
+    times[ours]="${times[ours]:-} $seconds"
+    unset cl_target_accuracy cl_evaluator_flags
+    for mode in "${mode_list[@]}"; do
+      run=${name}_${mode}_$r
+      rc=0
+      timeout -k 10 "$run_timeout" "$python" "$bundle/bench/torch_cnn.py" --model="$cl_model" \
+        --data="$bundle/data" --batch_size="$batch" --capture="$mode" \
+        --target_accuracy="$target" --eval_every_examples=30000 --max_epochs="$max_epochs" \
+        >"$work/$run.out" 2>"$work/$run.err" || rc=$?
+      line=$(grep '^TORCH_CNN_TTA ' "$work/$run.out" | tail -1 || true)
+      if [[ -z $line ]]; then
+        say "    $run: FAILED (exit $rc); $(tail -1 "$work/$run.err" 2>/dev/null | cut -c1-300)"
+        status=1
+        continue
+      fi
+      t=$(grep -o '\bseconds=[^ ]*' <<<"$line" | head -1 | cut -d= -f2)
+      say "    $run: $t s ($(grep -o '\b\(examples\|epochs\|test_accuracy\|reached\)=[^ ]*' \
+        <<<"$line" | tr '\n' ' ' | sed 's/ $//'))"
+      times[$mode]="${times[$mode]:-} $t"
+    done
+  done
+  args=()
+  for mode in ours "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
+  python3 - "$name" "$batch" "${args[@]}" <<'PY' | tee -a "$report"
+import math, statistics, sys
+name, batch, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+med = {}
+for mode, runs in zip(rest[::2], rest[1::2]):
+    vals = [float(v) for v in runs.split()]
+    if vals:
+        med[mode] = statistics.median(vals)
+        print("    %s %s: median %s s of %s" % (name, mode, med[mode], " ".join(runs.split())))
+torch = {m: v for m, v in med.items() if m != "ours"}
+for m, v in torch.items():
+    print("BENCH torch_tta_%s_b%s_%s %.2f s" % (name, batch, m, v))
+# ratio: the best PyTorch time over ours (> 1: we reach the target sooner); n/a without a
+# PyTorch run that finished, inf when only ours reached it, 0 when only PyTorch did.
+ours = med.get("ours", math.inf)
+if not torch:
+    ratio = "n/a"
+else:
+    best = min(torch.values())
+    ratio = "%.2f" % (best / ours) if math.isfinite(ours) else "0" if math.isfinite(best) else "n/a"
+print("BENCH gpu_tta_%s_1gpu_ours_async %.2f s ratio=%s" % (name, ours, ratio))
+PY
+  unset times
+done
+exit $status
