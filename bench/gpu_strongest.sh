@@ -6,11 +6,18 @@
 # same), --repeats times each (none, graph, compile_graph, none, ...). Prints each run's
 # examples/s, then per spec and mode the median, the spread ((max - min) / median) and
 #   BENCH torch_<model>_b<B>_<capture> <median ex/s> ex/s
+# A spec with a third field, "<model> <batch> <ps tasks>", also measures ours in the same
+# rotation (before PyTorch's modes): a local cluster of 1 chief, the ps tasks and one worker
+# --device=gpu:0, async, --seconds of steady state after --warmup (bench/train_cluster.sh), in
+# plaintext, and with --tls also with mutual TLS on every channel (the bundle's certificates);
+# then per spec
+#   BENCH gpu_strongest_<model>_b<B>_<plaintext|tls> <median ex/s> ex/s
+#         ratio=<ours / the faster of graph and compile_graph's medians>
 # From the device bundle (bench/gpu_prepare.sh), on the device machine:
 #   bash .devbundle/bench/gpu_strongest.sh [--seconds 10] [--warmup 3] [--repeats 3]
 #        [--specs "mlp 1024;cnn 128;resnet20 128"] [--modes "none graph compile_graph"]
-#        [--compile_mode default] [--timeout 300]
-# --specs: "<config name> <batch>" runs, separated by ';'. --compile_mode: torch.compile's mode
+#        [--compile_mode default] [--timeout 300] [--tls]
+# --specs: "<config name> <batch> [<ps tasks>]" runs, separated by ';'. --compile_mode: torch.compile's mode
 # for compile_graph (default, or max-autotune-no-cudagraphs: slower to compile). Every run is
 # cut off after --timeout s (timeout(1)); a failing or cut-off run is reported, the others go
 # on, and the exit status is then 1. PYTHON: the python with PyTorch (default python3). With
@@ -24,6 +31,7 @@ specs="mlp 1024;cnn 128;resnet20 128"
 modes="none graph compile_graph"
 compile_mode=default
 run_timeout=300
+ours_modes="plaintext"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
@@ -33,7 +41,8 @@ while [[ $# -gt 0 ]]; do
     --modes) modes=$2; shift 2 ;;
     --compile_mode) compile_mode=$2; shift 2 ;;
     --timeout) run_timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --tls) ours_modes="plaintext tls"; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_strongest.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,9 +57,22 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_strongest.XXXXXX")
 report=$work/gpu_strongest.txt
 say() { echo "$@" | tee -a "$report"; }
+# Ours (specs with ps tasks): the bundle's binaries and bench/train_cluster.sh.
+cl_pids=()
+if [[ -f $bundle/payload.tar.gz ]]; then
+  mkdir -p "$work/payload"
+  tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
+  runner=$work/payload/run
+  launch() { exec "$runner" "$@"; }
+  rate_py=$bundle/bench/train_rate.py
+  cl_data_path=$bundle/data
+  # shellcheck source=bench/train_cluster.sh
+  source "$bundle/bench/train_cluster.sh"
+fi
 # shellcheck disable=SC2317  # run by the EXIT trap
 finish() {
   local rc=$?
+  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop || true; fi
   if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then
     cp "$report" "$OUT/" 2>/dev/null || true
     tar -C "$work" -czf "$OUT/gpu_strongest_logs.tar.gz" . 2>/dev/null || true
@@ -70,13 +92,33 @@ status=0
 IFS=';' read -r -a spec_list <<<"$specs"
 read -r -a mode_list <<<"$modes"
 for spec in "${spec_list[@]}"; do
-  read -r name batch <<<"$spec"
-  [[ -n $name && $batch =~ ^[0-9]+$ ]] ||
-    { say "==> bad spec '$spec' (want '<config name> <batch>')"; status=1; continue; }
+  read -r name batch num_ps <<<"$spec"
+  [[ -n $name && $batch =~ ^[0-9]+$ && $num_ps =~ ^[0-9]*$ ]] ||
+    { say "==> bad spec '$spec' (want '<config name> <batch> [<ps tasks>]')"; status=1; continue; }
   model=$bundle/configs/$name.pbtxt
   [[ -f $model ]] || { say "==> $name: no $model"; status=1; continue; }
+  if [[ -n $num_ps && -z ${runner:-} ]]; then
+    say "==> $name: no payload.tar.gz in $bundle to measure ours"; status=1; num_ps=""
+  fi
   declare -A rates=() notes=()
   for ((r = 1; r <= repeats; r++)); do
+    for ours in ${num_ps:+$ours_modes}; do
+      run=${name}_b${batch}_ours_${ours}_$r
+      cl_model=$model
+      cl_tls_dir=""
+      [[ $ours == tls ]] && cl_tls_dir=$bundle/certs
+      if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||
+        ! cl_measure "$warmup" "$seconds" "$batch" async >/dev/null; then
+        say "    $run: FAILED; logs in $cl_dir"
+        status=1
+        cl_stop >/dev/null || true
+        continue
+      fi
+      cl_stop >/dev/null || status=1
+      rate=$(kv examples_per_second "$cl_dir/rate")
+      rates[ours_$ours]="${rates[ours_$ours]:-} $rate"
+      say "    $run: $rate examples/s (1 worker on ${DEVICE:-gpu:0}, $num_ps ps, async)"
+    done
     for mode in "${mode_list[@]}"; do
       run=${name}_b${batch}_${mode}_$r
       rc=0
@@ -114,6 +156,23 @@ print("    %s b%s %s: median %.0f ex/s%s, spread %.1f%% (min %.0f, max %.0f; %d 
       % (name, batch, mode, m, vs, 100 * (max(runs) - min(runs)) / m, min(runs), max(runs),
          len(runs), note.strip()))
 print("BENCH torch_%s_b%s_%s %.0f ex/s" % (name, batch, mode, m))
+PY
+  done
+  for ours in ${num_ps:+$ours_modes}; do
+    python3 - "$name" "$batch" "$ours" "${rates[ours_$ours]:-}" "${rates[graph]:-}" \
+      "${rates[compile_graph]:-}" <<'PY' | tee -a "$report"
+import statistics, sys
+name, batch, ours = sys.argv[1:4]
+runs, graph, compiled = ([float(v) for v in a.split()] for a in sys.argv[4:7])
+if not runs:
+    print("    %s b%s ours %s: no successful run" % (name, batch, ours))
+    sys.exit(0)
+m = statistics.median(runs)
+best = max([statistics.median(x) for x in (graph, compiled) if x] or [0])
+ratio = "%.3g" % (m / best) if best else "n/a"
+print("    %s b%s ours (%s): median %.0f ex/s, spread %.1f%% (%d runs); strongest PyTorch %.0f"
+      % (name, batch, ours, m, 100 * (max(runs) - min(runs)) / m, len(runs), best))
+print("BENCH gpu_strongest_%s_b%s_%s %.0f ex/s ratio=%s" % (name, batch, ours, m, ratio))
 PY
   done
   unset rates notes
