@@ -293,7 +293,7 @@ absl::Status SealedChannel::NextKey(Direction* d, Key* key, uint64_t* seq) {
 
 absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time deadline) {
   if (!broken_.ok()) return broken_;
-  if (staged_bytes_ > 0) {
+  if (staged_bytes() > 0) {
     if (absl::Status s = Flush(deadline); !s.ok()) return s;
   }
   std::vector<Piece> pieces;
@@ -362,20 +362,44 @@ absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   const std::function<bool(int)> seal = [&](int i) { return Seal(chunks[i], pieces.data()); };
   auto crew = std::make_shared<Crew>(n, &seal);
   if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
-  while (crew->RunAny(0, n)) {
+  // In order, as Write does (after the bytes kept before), but sending only what the socket
+  // takes at once: once it is full the rest is sealed and kept.
+  bool sending = true;
+  absl::Status sent;
+  for (int i = 0; i < n && sent.ok();) {
+    crew->RunAndWait(i, n);
+    int end = i + 1;
+    while (end < n && crew->done(end)) ++end;
+    if (crew->failed()) break;
+    if (sending) {
+      const Chunk& last = chunks[end - 1];
+      const size_t ready =
+          static_cast<size_t>(last.sealed + kHeaderBytes + last.size + kTagBytes - staged_.data());
+      absl::StatusOr<size_t> took =
+          SendWithoutWaiting(fd_, staged_.data() + staged_sent_, ready - staged_sent_);
+      if (took.ok()) {
+        staged_sent_ += *took;
+        sending = staged_sent_ == ready;
+      } else {
+        sent = took.status();
+      }
+    }
+    i = end;
   }
   crew->Finish(n);
+  if (!sent.ok()) return broken_ = sent;
   if (crew->failed()) return broken_ = absl::InternalError("sealing a data-plane chunk failed");
   staged_bytes_ += bytes;
+  if (staged_sent_ == staged_bytes_) staged_bytes_ = staged_sent_ = 0;
   return absl::OkStatus();
 }
 
 absl::Status SealedChannel::Flush(absl::Time deadline) {
   if (!broken_.ok()) return broken_;
-  if (staged_bytes_ == 0) return absl::OkStatus();
-  iovec out{staged_.data(), staged_bytes_};
+  if (staged_bytes_ == staged_sent_) return absl::OkStatus();
+  iovec out{staged_.data() + staged_sent_, staged_bytes_ - staged_sent_};
   absl::Status sent = SendAll(fd_, &out, 1, deadline);
-  staged_bytes_ = 0;
+  staged_bytes_ = staged_sent_ = 0;
   if (!sent.ok()) return broken_ = sent;
   return absl::OkStatus();
 }

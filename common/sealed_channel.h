@@ -60,12 +60,15 @@ class SealedChannel {
   // Sends every byte of the buffers, sealed. Buffers of 64 KiB or more start chunks of their
   // own, so that the peer can open them straight into a buffer of the same size.
   absl::Status Write(const struct iovec* iov, int count, absl::Time deadline);
-  // Seals the buffers as Write would and keeps the sealed bytes for Flush, which sends them:
-  // for a caller that must not hold something (a shard's lock) while the bytes go out, and
-  // whose buffers may change once it lets go. A Write first sends what is staged.
+  // Seals the buffers as Write would, for a caller that must not wait on the socket while it
+  // holds something (a shard's lock) and whose buffers may change once it lets go: each chunk
+  // goes out as soon as it is sealed while the socket takes it without waiting, and the sealed
+  // bytes it does not take are kept for Flush, which sends them. Never waits on the socket.
+  // A Write first sends what is kept.
   absl::Status Stage(const struct iovec* iov, int count);
   absl::Status Flush(absl::Time deadline);
-  size_t staged_bytes() const { return staged_bytes_; }
+  // Sealed bytes kept, not sent yet.
+  size_t staged_bytes() const { return staged_bytes_ - staged_sent_; }
 
   // Receives exactly n bytes, opened.
   absl::Status Read(char* out, int64_t n, absl::Time deadline);
@@ -112,8 +115,9 @@ class SealedChannel {
   Direction receive_;
   absl::Status broken_;         // once a call fails midway, every later one does
   std::vector<char> send_buf_;  // sealed chunks on their way out
-  std::vector<char> staged_;    // Stage's sealed chunks: the first staged_bytes_ bytes
-  size_t staged_bytes_ = 0;
+  std::vector<char> staged_;    // Stage's sealed chunks: the first staged_bytes_ bytes,
+  size_t staged_bytes_ = 0;     // of which the first staged_sent_ have gone out
+  size_t staged_sent_ = 0;
   std::vector<char> receive_buf_;
   std::vector<char> buffered_;  // the opened rest of a chunk larger than the read that took it
   size_t buffered_pos_ = 0;

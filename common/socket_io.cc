@@ -88,6 +88,17 @@ absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline,
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> SendWithoutWaiting(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t sent = send(fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent >= 0) return static_cast<size_t>(sent);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return SocketError("send", errno);
+  }
+  return 0;
+}
+
 absl::Status ReceiveExact(int fd, char* out, int64_t n, absl::Time deadline) {
   return ReceiveAtLeast(fd, out, n, n, deadline, [] { return false; }).status();
 }

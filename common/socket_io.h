@@ -33,6 +33,10 @@ absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline);
 absl::Status SendAll(int fd, struct iovec* iov, int count, absl::Time deadline,
                      WhileBlocked while_blocked);
 
+// Sends what the socket takes now of the n bytes, without waiting: how many (0 when its buffer
+// is full).
+absl::StatusOr<size_t> SendWithoutWaiting(int fd, const char* data, size_t n);
+
 // Receives exactly n bytes.
 absl::Status ReceiveExact(int fd, char* out, int64_t n, absl::Time deadline);
 

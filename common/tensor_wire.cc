@@ -13,10 +13,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/sealed_channel.h"
@@ -256,10 +259,26 @@ absl::Status WireSocket::WriteAll(struct iovec* iov, int count, absl::Duration t
   return SendAll(fd_, iov, count, deadline);
 }
 
+size_t WireSocket::MaxStagedBytes() {
+  static const size_t max_bytes = [] {
+    const uint64_t fallback = kMaxStagedBytes;
+    const char* env = std::getenv("PSCLUSTER_SEAL_STAGE_BYTES");
+    uint64_t bytes = fallback;
+    if (env != nullptr && !absl::SimpleAtoi(env, &bytes)) {
+      std::fprintf(stderr, "PSCLUSTER_SEAL_STAGE_BYTES=\"%s\" is not a byte count; keeping %llu\n",
+                   env, static_cast<unsigned long long>(fallback));
+      bytes = fallback;
+    }
+    return static_cast<size_t>(bytes);
+  }();
+  return max_bytes;
+}
+
 absl::Status WireSocket::Stage(struct iovec* iov, int count, absl::Duration timeout) {
-  if (sealed_ == nullptr) return WriteAll(iov, count, timeout);
+  const size_t max_staged = MaxStagedBytes();
+  if (sealed_ == nullptr || max_staged == 0) return WriteAll(iov, count, timeout);
   if (absl::Status s = sealed_->Stage(iov, count); !s.ok()) return s;
-  if (sealed_->staged_bytes() >= kMaxStagedBytes) return Flush(timeout);
+  if (sealed_->staged_bytes() >= max_staged) return Flush(timeout);
   return absl::OkStatus();
 }
 

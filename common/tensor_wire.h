@@ -112,9 +112,13 @@ class WireSocket {
   absl::Status WriteAll(struct iovec* iov, int count, absl::Duration timeout);
   absl::Status Write(absl::string_view bytes, absl::Duration timeout);
   // As WriteAll, except in sealed chunks: there the buffers are sealed now (they may change
-  // once it returns) and the sealed bytes kept until Flush, up to kMaxStagedBytes (past that
-  // they go out at once). For a writer holding a lock that the sending should not hold.
+  // once it returns) and sent as they are sealed while the socket takes them without waiting;
+  // what it does not take is kept until Flush, up to MaxStagedBytes() (past that they go out
+  // at once, waiting). For a writer holding a lock that the sending should not hold.
+  // MaxStagedBytes() is kMaxStagedBytes, or PSCLUSTER_SEAL_STAGE_BYTES when set (0: nothing is
+  // kept, Stage waits on the socket as WriteAll does).
   static constexpr size_t kMaxStagedBytes = 16 << 20;
+  static size_t MaxStagedBytes();
   absl::Status Stage(struct iovec* iov, int count, absl::Duration timeout);
   absl::Status Flush(absl::Duration timeout);
   // Receives exactly n bytes.

@@ -332,8 +332,9 @@ class TensorServer::Connection {
 
   // A pull's response: small ones are gathered and sent at once (Respond), large ones stream
   // straight from shard memory. With sealed chunks (TLS) each shard is sealed under its lock
-  // (the one copy the cipher makes anyway) and the response sent once every lock is let go
-  // (Flush), so the apply of the next push does not wait for the bytes to go out.
+  // (the one copy the cipher makes anyway), its chunks going out as they are sealed while the
+  // socket takes them at once; the rest is sent once every lock is let go (Flush), so the apply
+  // of the next push never waits for a slow reader.
   class Sink : public DensePullSink {
    public:
     Sink(Connection* c, const FrameHeader& request, v1::DataType wire)
