@@ -357,6 +357,11 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   r = RunToExit("worker/worker", {"--pipeline_staleness=-1"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
   EXPECT_THAT(r.output, HasSubstr("--pipeline_staleness must be >= 0, got -1"));
+  for (const char* every : {"0", "-1", "nan"}) {
+    r = RunToExit("worker/worker", {std::string("--report_every_secs=") + every}, tf_config);
+    EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--report_every_secs must be in (0, 3600], not"));
+  }
 }
 
 TEST(DaemonFlagsTest, AnUnknownCrashPointIsRefused) {

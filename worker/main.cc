@@ -29,6 +29,11 @@ DEFINE_int32(step_delay_ms, 0,
              "Pause between computing each step's gradients and pushing them, in milliseconds "
              "(a straggler, for tests).");
 
+DEFINE_double(report_every_secs, 2,
+              "How often an async worker reports its steps to the chief (sync and SSP workers "
+              "report every step): the chief's global step, its progress and an evaluator's "
+              "--eval_every_steps see the steps this late. The first step is reported at once.");
+
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
       "a worker of a parameter-server training cluster.\n"
@@ -63,6 +68,12 @@ int main(int argc, char** argv) {
   options.tensor_wire = FLAGS_ps_transport == "tensor_wire";
   options.exit_after_training = FLAGS_exit_after_training;
   options.step_delay = absl::Milliseconds(FLAGS_step_delay_ms);
+  if (!(FLAGS_report_every_secs > 0 && FLAGS_report_every_secs <= 3600)) {
+    std::fprintf(stderr, "worker: --report_every_secs must be in (0, 3600], not %g\n",
+                 FLAGS_report_every_secs);
+    return 2;
+  }
+  options.report_every = absl::Seconds(FLAGS_report_every_secs);
   // Outlives the daemon, whose collectors it calls.
   std::unique_ptr<pscluster::Metrics> metrics =
       pscluster::MetricsFromFlagsOrExit("worker", options.cluster);

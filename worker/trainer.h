@@ -20,7 +20,8 @@ namespace pscluster {
 struct TrainerOptions {
   int32_t worker = 0;
   int32_t num_workers = 1;
-  // Report progress to the chief (and log it) this often (SYNC and SSP report every step).
+  // Report progress to the chief this often (SYNC and SSP report every step), the first step at
+  // once; the progress is logged every 2 s.
   absl::Duration report_every = absl::Seconds(2);
   // A pause between computing a step's gradients and pushing them, for tests that need a slow
   // worker (a straggler). Zero in real use.

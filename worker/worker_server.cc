@@ -208,6 +208,7 @@ absl::Status WorkerServer::TrainOnce() {
   trainer_options.worker = index;
   trainer_options.num_workers = count;
   trainer_options.step_delay = options_.step_delay;
+  trainer_options.report_every = options_.report_every;
   trainer_options.step_counter = &steps_;
   trainer_options.staleness = options_.pipeline_staleness;
   ChiefStepSource source(chief.get(), index);

@@ -40,6 +40,8 @@ struct WorkerOptions {
   bool exit_after_training = false;
   // Pause after every step (tests of slow workers).
   absl::Duration step_delay = absl::ZeroDuration();
+  // How often an async worker reports its steps to the chief (TrainerOptions::report_every).
+  absl::Duration report_every = absl::Seconds(2);
 };
 
 // The worker daemon: registers with the chief, fetches the model, the placement and the
