@@ -36,10 +36,6 @@ std::string HumanBytes(int64_t bytes) {
   return absl::StrFormat("%.1f %s", v, kUnits[unit]);
 }
 
-std::string ShapeString(const v1::TensorShape& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape.dims(), ", "), "]");
-}
-
 std::string DtypeName(v1::DataType dtype) {
   switch (dtype) {
     case v1::DT_INVALID:

@@ -9,6 +9,7 @@
 #include "google/protobuf/message.h"
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
+#include "sharding/partitioner.h"  // ShapeString, for the commands
 
 namespace pscluster {
 
@@ -32,9 +33,6 @@ std::string ReportToJson(const google::protobuf::Message& message);
 
 // 1536 -> "1.5 KiB"; below 1 KiB the exact count ("512 B").
 std::string HumanBytes(int64_t bytes);
-
-// [64, 16] -> "[64, 16]"; a scalar -> "[]".
-std::string ShapeString(const v1::TensorShape& shape);
 
 // DT_FLOAT32 (and DT_INVALID, which variables treat as float32) -> "float32".
 std::string DtypeName(v1::DataType dtype);

@@ -9,6 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/float_stats.h"
@@ -29,6 +30,11 @@ struct ShardCounters {
 
   void FillStats(v1::ShardStats* stats) const;
 };
+
+// "variable/partition": how errors and logs name one dense shard.
+inline std::string DenseName(const std::string& variable, int32_t partition) {
+  return absl::StrCat(variable, "/", partition);
+}
 
 // One partition of a dense float32 variable held by a ps task: its values, the optimizer's
 // slots (stored beside the values, same layout) and the number of updates applied.

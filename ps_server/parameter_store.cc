@@ -8,7 +8,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chief_epoch.h"
 #include "common/status_macros.h"
@@ -17,16 +16,13 @@
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "ps_server/float_stats.h"
+#include "ps_server/shard_checkpointer.h"
 #include "sharding/partitioner.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_path.h"
 
 namespace pscluster {
 namespace {
-
-std::string DenseName(const std::string& variable, int32_t partition) {
-  return absl::StrCat(variable, "/", partition);
-}
 
 // How a complete sync step's mean reaches its shard or table.
 // Adds an apply's count and duration to `totals` (ParameterStore::apply_totals) when it ends.
@@ -129,120 +125,6 @@ absl::Status CheckName(const char* what, const std::string& name) {
 }
 
 }  // namespace
-
-std::string ShapeString(const v1::TensorShape& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape.dims(), ", "), "]");
-}
-
-// ---- DensePush
-
-absl::Status DensePush::CheckChunk(int index, int64_t offset, int64_t count) const {
-  if (index < 0 || index >= num_shards()) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk for shard index ", index,
-                                                   " of a push naming ", num_shards(), " shards"));
-  }
-  const Buffer& b = grads_[index];
-  const DenseShard& shard = *shards_[index];
-  // Written so that no sum can overflow, whatever offset and count a client sends.
-  if (offset < 0 || count < 0 || offset > b.size || count > b.size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", count, " elements at offset ", offset, " does not fit variable ",
-                     DenseName(shard.name(), shard.partition()), " of ", b.size, " elements"));
-  }
-  if (offset != b.received) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk at offset ", offset, " of variable ", DenseName(shard.name(), shard.partition()),
-        " out of order: ", b.received,
-        " elements have arrived, so the next chunk must start there (chunks of a shard come in "
-        "order, each element once)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DensePush::Scan(int index, int64_t offset, int64_t count, ThreadPool* pool) const {
-  if (allow_non_finite_) return absl::OkStatus();
-  const float* g = grads_[index].values() + offset;
-  const int64_t bad = FindNonFinite(g, count, pool);
-  if (bad < 0) return absl::OkStatus();
-  const DenseShard& shard = *shards_[index];
-  return absl::InvalidArgumentError(absl::StrCat(
-      "variable ", DenseName(shard.name(), shard.partition()), ": gradient element ", offset + bad,
-      " is ", g[bad], "; NaN and Inf gradients are refused (ps_server --nan_policy)"));
-}
-
-absl::Status DensePush::AddChunk(int index, int64_t offset, absl::string_view bytes) {
-  if (bytes.size() % elem_bytes_ != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a chunk of ", bytes.size(), " bytes is not a whole number of ",
-                     v1::DataType_Name(wire_), " elements (", elem_bytes_, " bytes each)"));
-  }
-  const int64_t count = static_cast<int64_t>(bytes.size()) / elem_bytes_;
-  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
-  Buffer& b = grads_[index];
-  PS_RETURN_IF_ERROR(DecodeFloats(bytes, wire_, b.data.data() + offset, count));
-  PS_RETURN_IF_ERROR(Scan(index, offset, count));
-  b.received += count;
-  received_bytes_ += static_cast<int64_t>(bytes.size());
-  return absl::OkStatus();
-}
-
-absl::StatusOr<float*> DensePush::Destination(int index, int64_t offset, int64_t count) {
-  if (wire_ != v1::DT_FLOAT32) {
-    return absl::InternalError("Destination() is for float32 pushes; use AddChunk()");
-  }
-  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
-  return grads_[index].data.data() + offset;
-}
-
-absl::Status DensePush::UseFloats(int index, const float* values, int64_t count) {
-  if (wire_ != v1::DT_FLOAT32) {
-    return absl::InternalError("UseFloats() is for float32 pushes; use AddChunk()");
-  }
-  PS_RETURN_IF_ERROR(CheckChunk(index, 0, count));
-  if (count != grads_[index].size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("UseFloats of ", count, " elements for a shard of ", grads_[index].size));
-  }
-  grads_[index].view = values;
-  grads_[index].scanned = allow_non_finite_;
-  grads_[index].received = count;
-  received_bytes_ += count * elem_bytes_;
-  return absl::OkStatus();
-}
-
-absl::Status DensePush::ScanDeferred(ThreadPool* pool) {
-  for (int i = 0; i < num_shards(); ++i) {
-    Buffer& b = grads_[i];
-    if (b.scanned) continue;
-    PS_RETURN_IF_ERROR(Scan(i, 0, b.size, pool));
-    b.scanned = true;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DensePush::Received(int index, int64_t offset, int64_t count) {
-  PS_RETURN_IF_ERROR(CheckChunk(index, offset, count));
-  PS_RETURN_IF_ERROR(Scan(index, offset, count));
-  grads_[index].received += count;
-  received_bytes_ += count * elem_bytes_;
-  return absl::OkStatus();
-}
-
-// ---- DensePushPool
-
-std::unique_ptr<DensePush> DensePushPool::Take() {
-  absl::MutexLock lock(&mu_);
-  if (idle_.empty()) return std::make_unique<DensePush>();
-  std::unique_ptr<DensePush> p = std::move(idle_.back());
-  idle_.pop_back();
-  return p;
-}
-
-void DensePushPool::Return(std::unique_ptr<DensePush> push) {
-  absl::MutexLock lock(&mu_);
-  // A bounded pool: more pushes at once than this allocate for themselves.
-  if (idle_.size() < 16) idle_.push_back(std::move(push));
-}
 
 // ---- ParameterStore
 
@@ -831,6 +713,14 @@ absl::StatusOr<std::string> ParameterStore::CheckpointPathOf(const std::string& 
   return legacy_path;
 }
 
+ShardSet ParameterStore::Shards() const {
+  ShardSet set;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [key, shard] : dense_) set.dense.push_back(shard);
+  for (const auto& [name, t] : tables_) set.tables.push_back({name, t.table});
+  return set;
+}
+
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response) {
   PS_ASSIGN_OR_RETURN(
@@ -842,65 +732,10 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
         absl::StrCat("SaveShards: ps_index ", request.ps_index(), " is negative"));
   }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
-  const absl::Time start = absl::Now();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
-  struct DenseCopy {
-    std::shared_ptr<DenseShard> shard;
-    std::vector<float> data;
-    int64_t updates = 0;
-  };
-  struct TableCopy {
-    std::shared_ptr<EmbeddingTable> table;
-    std::vector<int64_t> keys, counts;
-    std::vector<float> rows;
-    int64_t stride = 0;
-    std::vector<uint16_t> sketch;
-  };
-  std::vector<DenseCopy> dense;
-  std::vector<TableCopy> tables;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [key, shard] : dense_) dense.push_back({shard, {}, 0});
-    for (const auto& [name, t] : tables_) tables.push_back({t.table, {}, {}, {}, 0, {}});
-  }
-  {
-    // No push is applied while the copies are taken.
-    absl::MutexLock barrier(&apply_barrier_);
-    for (DenseCopy& d : dense) d.shard->Snapshot(&d.data, &d.updates);
-    for (TableCopy& t : tables) {
-      t.stride = t.table->dim() * (1 + t.table->optimizer().num_slots());
-      t.table->ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
-        t.keys.push_back(key);
-        t.counts.push_back(PackRowCount(count, last));
-        t.rows.insert(t.rows.end(), row, row + t.stride);
-      });
-      t.sketch = t.table->AdmissionSketch();
-    }
-  }
-  PS_ASSIGN_OR_RETURN(
-      std::unique_ptr<CheckpointWriter> writer,
-      CheckpointWriter::Open(checkpoint_path, request.ps_index(), options_.crash_points));
-  int64_t bytes = 0;
-  for (DenseCopy& d : dense) {
-    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
-                        writer->WriteDense(d.shard->spec(), d.updates, d.data));
-    bytes += saved.bytes();
-    *response->add_shards() = std::move(saved);
-  }
-  for (TableCopy& t : tables) {
-    PS_ASSIGN_OR_RETURN(v1::SavedShard saved, writer->WriteTable(t.table->spec(), std::move(t.keys),
-                                                                 t.rows, t.counts, t.stride));
-    if (!t.sketch.empty()) {
-      PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, t.table->OwnedVirtualShards(), &saved));
-    }
-    bytes += saved.bytes();
-    *response->add_shards() = std::move(saved);
-  }
-  PS_RETURN_IF_ERROR(writer->Finish());
-  response->set_bytes(bytes);
-  response->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
-  return absl::OkStatus();
+  return SaveShardSet(Shards(), &apply_barrier_, checkpoint_path, request.ps_index(),
+                      options_.crash_points, response);
 }
 
 absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
@@ -912,150 +747,8 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     PS_RETURN_IF_ERROR(CheckShardFileName(saved.file()));
   }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "RestoreShards"));
-  std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
-  auto reader_for = [&](const v1::SavedShard& saved) -> absl::StatusOr<CheckpointReader*> {
-    auto& r = readers[saved.file()];
-    if (!r) {
-      PS_ASSIGN_OR_RETURN(r,
-                          CheckpointReader::Open(absl::StrCat(checkpoint_path, "/", saved.file())));
-    }
-    return r.get();
-  };
-  std::vector<std::pair<std::shared_ptr<DenseShard>, DenseKey>> dense;
-  std::vector<std::pair<std::string, Table>> tables;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [key, shard] : dense_) dense.push_back({shard, key});
-    for (const auto& [name, t] : tables_) tables.push_back({name, t});
-  }
-  // Read and verify everything first; apply only when all of it is good.
-  std::vector<std::vector<float>> new_data(dense.size());
-  std::vector<int64_t> new_updates(dense.size(), 0);
-  for (size_t i = 0; i < dense.size(); ++i) {
-    const DenseShard& shard = *dense[i].first;
-    const v1::DensePartition& mine = shard.spec().partition();
-    const int64_t n = shard.num_elements();
-    const RowRange my_rows = RowsOf(mine);
-    const int64_t row_elems = RowElements(shard.spec().variable().shape());
-    const int slots = shard.optimizer().num_slots();
-    new_data[i].assign(n * (1 + slots), 0.0f);
-    int64_t covered = 0;
-    for (const v1::SavedShard& saved : request.saved()) {
-      if (saved.is_table() || saved.name() != shard.name()) continue;
-      const v1::DensePartition& theirs = saved.dense().partition();
-      const RowRange their_rows = RowsOf(theirs);
-      if (std::max(my_rows.begin, their_rows.begin) >= std::min(my_rows.end, their_rows.end)) {
-        continue;
-      }
-      if (!google::protobuf::util::MessageDifferencer::Equals(saved.dense().variable().shape(),
-                                                              shard.spec().variable().shape()) ||
-          saved.dense().variable().optimizer().kind_case() !=
-              shard.spec().variable().optimizer().kind_case()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("variable ", shard.name(), " in the checkpoint has shape ",
-                         ShapeString(saved.dense().variable().shape()), " and optimizer ",
-                         saved.dense().variable().optimizer().kind_case(), "; the model has ",
-                         ShapeString(shard.spec().variable().shape()), " and ",
-                         shard.spec().variable().optimizer().kind_case()));
-      }
-      PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
-      PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
-      const int64_t their_n = ElementsOf(theirs, row_elems).size;
-      if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint shard ", saved.name(), "/", saved.partition(), " in ", saved.file(),
-            " has ", record.values_and_slots.size(), " floats, expected ", their_n * (1 + slots)));
-      }
-      covered += CopyOverlappingRows(record.values_and_slots.data(), their_rows, new_data[i].data(),
-                                     my_rows, row_elems, 1 + slots);
-      new_updates[i] = std::max(new_updates[i], record.updates);
-    }
-    if (covered != my_rows.end - my_rows.begin) {
-      return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ",
-                                              my_rows.end - my_rows.begin, " rows of ",
-                                              shard.name(), "/", shard.partition(), " held here"));
-    }
-  }
-  struct Row {
-    int64_t key;
-    std::vector<float> data;
-    int64_t t;
-    uint32_t last;
-  };
-  std::vector<std::vector<Row>> table_rows(tables.size());
-  // Admission sketches of the saved parts whose virtual shards overlap this task's.
-  std::vector<std::vector<std::vector<uint16_t>>> sketches(tables.size());
-  for (size_t i = 0; i < tables.size(); ++i) {
-    EmbeddingTable& table = *tables[i].second.table;
-    const std::vector<int32_t> owned = table.OwnedVirtualShards();
-    const size_t sketch_size = static_cast<size_t>(table.admission_sketch_size());
-    for (const v1::SavedShard& saved : request.saved()) {
-      if (!saved.is_table() || saved.name() != tables[i].first) continue;
-      // Another dim may have the same stride with another number of slots: check both.
-      if (saved.has_table() && saved.table().dim() != table.dim()) {
-        return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ",
-                                                saved.file(), " has dim ", saved.table().dim(),
-                                                ", this ps task's table has dim ", table.dim()));
-      }
-      // A table restores from its own kind only: a vocabulary table would drop the keys of a
-      // hashed one that are outside its range.
-      if (saved.has_table() && saved.table().vocabulary_size() != table.spec().vocabulary_size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint table ", saved.name(), " in ", saved.file(), " has vocabulary_size ",
-            saved.table().vocabulary_size(), ", this ps task's table has vocabulary_size ",
-            table.spec().vocabulary_size(), " (0: hashed)"));
-      }
-      PS_ASSIGN_OR_RETURN(CheckpointReader * reader, reader_for(saved));
-      const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
-      const bool comparable_ticks = saved.has_table() && table.TicksComparable(saved.table());
-      const uint32_t restore_tick = table.TickOf(request.step());
-      // Rows of another stride (another dim or optimizer) are refused, not read past.
-      PS_RETURN_IF_ERROR(reader->ReadTable(
-          saved,
-          [&](int64_t key, const float* row, int64_t word) {
-            if (table.OwnsKey(key)) {
-              // Ticks saved by a table without eviction (0), or in another unit, mean nothing
-              // here: such rows count as pushed at the checkpoint's step (or now).
-              table_rows[i].push_back({key, std::vector<float>(row, row + stride),
-                                       UnpackRowCount(word),
-                                       comparable_ticks ? UnpackRowLast(word) : restore_tick});
-            }
-          },
-          stride));
-      if (saved.sketch_counters() > 0 && sketch_size > 0 &&
-          std::any_of(
-              saved.virtual_shards().begin(), saved.virtual_shards().end(),
-              [&owned](int32_t v) { return std::binary_search(owned.begin(), owned.end(), v); })) {
-        PS_ASSIGN_OR_RETURN(std::vector<uint16_t> sketch, reader->ReadTableSketch(saved));
-        if (sketch.size() == sketch_size) {
-          sketches[i].push_back(std::move(sketch));
-        } else {
-          LOG(WARNING) << "table " << tables[i].first << ": the checkpoint's admission sketch in "
-                       << saved.file() << " has " << sketch.size() << " counters, this table's "
-                       << sketch_size << " (admission.sketch_width changed?): not restored, "
-                       << "admission counts start again";
-        }
-      }
-    }
-  }
-  // Everything verified: apply.
-  absl::MutexLock barrier(&apply_barrier_);
-  int32_t restored = 0;
-  for (size_t i = 0; i < dense.size(); ++i) {
-    PS_RETURN_IF_ERROR(dense[i].first->Restore(new_data[i], new_updates[i]));
-    ++restored;
-  }
-  for (size_t i = 0; i < tables.size(); ++i) {
-    // The checkpoint's rows, and no others: a row created since would survive otherwise.
-    tables[i].second.table->Clear();
-    for (const Row& r : table_rows[i]) {
-      PS_RETURN_IF_ERROR(tables[i].second.table->InsertRow(r.key, r.data.data(), r.t, r.last));
-    }
-    for (const std::vector<uint16_t>& sketch : sketches[i]) {
-      PS_RETURN_IF_ERROR(tables[i].second.table->MergeAdmissionSketch(sketch));  // sizes checked
-    }
-    ++restored;
-  }
+  PS_ASSIGN_OR_RETURN(const int32_t restored,
+                      RestoreShardSet(Shards(), &apply_barrier_, checkpoint_path, request));
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, acc] : accumulators_) acc->SetStep(request.step());

@@ -13,11 +13,12 @@
 #include "common/status_macros.h"
 
 namespace pscluster {
-namespace {
 
 std::string ShapeString(const v1::TensorShape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape.dims(), ", "), "]");
 }
+
+namespace {
 
 // Checks the shape and returns {rows, bytes per row}; a scalar is one row.
 absl::StatusOr<std::pair<int64_t, int64_t>> RowsAndRowBytes(const v1::TensorShape& shape,

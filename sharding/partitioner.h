@@ -2,6 +2,7 @@
 #define PSCLUSTER_SHARDING_PARTITIONER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,9 @@ inline bool operator!=(const RowRange& a, const RowRange& b) { return !(a == b);
 // psctl. A partition holds rows [row_begin, row_end) of its variable's first dimension (a
 // scalar is one row of one element); each row holds RowElements(shape) values, and the
 // partition's values are a contiguous range of the variable's row-major values.
+
+// "[3, 4]" (the shape's dimensions), as errors and psctl show a shape.
+std::string ShapeString(const v1::TensorShape& shape);
 
 // Elements per row of a variable of `shape`: the product of the dimensions after the first
 // (1 for a scalar or a vector). Negative dimensions count as 0.

@@ -1,0 +1,258 @@
+#include "ps_server/shard_checkpointer.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "sharding/partitioner.h"
+#include "storage/checkpoint.h"
+
+namespace pscluster {
+namespace {
+
+// The checkpoint's files, each opened once by whichever saved part needs it first.
+class Readers {
+ public:
+  explicit Readers(const std::string& checkpoint_path) : path_(checkpoint_path) {}
+
+  absl::StatusOr<CheckpointReader*> For(const v1::SavedShard& saved) {
+    std::unique_ptr<CheckpointReader>& r = readers_[saved.file()];
+    if (!r) {
+      PS_ASSIGN_OR_RETURN(r, CheckpointReader::Open(absl::StrCat(path_, "/", saved.file())));
+    }
+    return r.get();
+  }
+
+ private:
+  const std::string path_;
+  std::map<std::string, std::unique_ptr<CheckpointReader>> readers_;
+};
+
+// A dense shard's values and slots as the checkpoint has them, re-cut to its rows.
+struct DenseContents {
+  std::vector<float> values_and_slots;
+  int64_t updates = 0;
+};
+
+absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
+                                        const v1::RestoreShardsRequest& request,
+                                        Readers& readers) {
+  const v1::DensePartition& mine = shard.spec().partition();
+  const RowRange my_rows = RowsOf(mine);
+  const int64_t row_elems = RowElements(shard.spec().variable().shape());
+  const int slots = shard.optimizer().num_slots();
+  DenseContents out;
+  out.values_and_slots.assign(shard.num_elements() * (1 + slots), 0.0f);
+  int64_t covered = 0;
+  for (const v1::SavedShard& saved : request.saved()) {
+    if (saved.is_table() || saved.name() != shard.name()) continue;
+    const v1::DensePartition& theirs = saved.dense().partition();
+    const RowRange their_rows = RowsOf(theirs);
+    if (std::max(my_rows.begin, their_rows.begin) >= std::min(my_rows.end, their_rows.end)) {
+      continue;
+    }
+    if (!google::protobuf::util::MessageDifferencer::Equals(saved.dense().variable().shape(),
+                                                            shard.spec().variable().shape()) ||
+        saved.dense().variable().optimizer().kind_case() !=
+            shard.spec().variable().optimizer().kind_case()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("variable ", shard.name(), " in the checkpoint has shape ",
+                       ShapeString(saved.dense().variable().shape()), " and optimizer ",
+                       saved.dense().variable().optimizer().kind_case(), "; the model has ",
+                       ShapeString(shard.spec().variable().shape()), " and ",
+                       shard.spec().variable().optimizer().kind_case()));
+    }
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(saved));
+    PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
+    const int64_t their_n = ElementsOf(theirs, row_elems).size;
+    if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint shard ", saved.name(), "/", saved.partition(), " in ", saved.file(), " has ",
+          record.values_and_slots.size(), " floats, expected ", their_n * (1 + slots)));
+    }
+    covered += CopyOverlappingRows(record.values_and_slots.data(), their_rows,
+                                   out.values_and_slots.data(), my_rows, row_elems, 1 + slots);
+    out.updates = std::max(out.updates, record.updates);
+  }
+  if (covered != my_rows.end - my_rows.begin) {
+    return absl::DataLossError(absl::StrCat("the checkpoint covers ", covered, " of the ",
+                                            my_rows.end - my_rows.begin, " rows of ", shard.name(),
+                                            "/", shard.partition(), " held here"));
+  }
+  return out;
+}
+
+// A table's rows as the checkpoint has them (those this task owns), and the admission
+// sketches of the saved parts whose virtual shards overlap this task's.
+struct TableContents {
+  struct Row {
+    int64_t key;
+    std::vector<float> data;
+    int64_t t;
+    uint32_t last;
+  };
+  std::vector<Row> rows;
+  std::vector<std::vector<uint16_t>> sketches;
+};
+
+// A saved part of `table` that this table can take: the same dim and the same kind (a
+// vocabulary table would drop the keys of a hashed one that are outside its range).
+absl::Status CheckSavedTable(const v1::SavedShard& saved, const EmbeddingTable& table) {
+  // Another dim may have the same stride with another number of slots: check both.
+  if (saved.has_table() && saved.table().dim() != table.dim()) {
+    return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ",
+                                            saved.file(), " has dim ", saved.table().dim(),
+                                            ", this ps task's table has dim ", table.dim()));
+  }
+  if (saved.has_table() && saved.table().vocabulary_size() != table.spec().vocabulary_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint table ", saved.name(), " in ", saved.file(), " has vocabulary_size ",
+        saved.table().vocabulary_size(), ", this ps task's table has vocabulary_size ",
+        table.spec().vocabulary_size(), " (0: hashed)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TableContents> ReadTable(const std::string& name, const EmbeddingTable& table,
+                                        const v1::RestoreShardsRequest& request,
+                                        Readers& readers) {
+  TableContents out;
+  const std::vector<int32_t> owned = table.OwnedVirtualShards();
+  const size_t sketch_size = static_cast<size_t>(table.admission_sketch_size());
+  const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
+  const uint32_t restore_tick = table.TickOf(request.step());
+  for (const v1::SavedShard& saved : request.saved()) {
+    if (!saved.is_table() || saved.name() != name) continue;
+    PS_RETURN_IF_ERROR(CheckSavedTable(saved, table));
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(saved));
+    const bool comparable_ticks = saved.has_table() && table.TicksComparable(saved.table());
+    // Rows of another stride (another dim or optimizer) are refused, not read past.
+    PS_RETURN_IF_ERROR(reader->ReadTable(
+        saved,
+        [&](int64_t key, const float* row, int64_t word) {
+          if (!table.OwnsKey(key)) return;
+          // Ticks saved by a table without eviction (0), or in another unit, mean nothing
+          // here: such rows count as pushed at the checkpoint's step (or now).
+          out.rows.push_back({key, std::vector<float>(row, row + stride), UnpackRowCount(word),
+                              comparable_ticks ? UnpackRowLast(word) : restore_tick});
+        },
+        stride));
+    const bool overlaps = std::any_of(
+        saved.virtual_shards().begin(), saved.virtual_shards().end(),
+        [&owned](int32_t v) { return std::binary_search(owned.begin(), owned.end(), v); });
+    if (saved.sketch_counters() == 0 || sketch_size == 0 || !overlaps) continue;
+    PS_ASSIGN_OR_RETURN(std::vector<uint16_t> sketch, reader->ReadTableSketch(saved));
+    if (sketch.size() == sketch_size) {
+      out.sketches.push_back(std::move(sketch));
+    } else {
+      LOG(WARNING) << "table " << name << ": the checkpoint's admission sketch in " << saved.file()
+                   << " has " << sketch.size() << " counters, this table's " << sketch_size
+                   << " (admission.sketch_width changed?): not restored, admission counts "
+                   << "start again";
+    }
+  }
+  return out;
+}
+
+// A table's contents taken while no push is applied.
+struct TableCopy {
+  std::vector<int64_t> keys, counts;
+  std::vector<float> rows;
+  int64_t stride = 0;
+  std::vector<uint16_t> sketch;
+};
+
+TableCopy CopyTable(const EmbeddingTable& table) {
+  TableCopy t;
+  t.stride = table.dim() * (1 + table.optimizer().num_slots());
+  table.ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
+    t.keys.push_back(key);
+    t.counts.push_back(PackRowCount(count, last));
+    t.rows.insert(t.rows.end(), row, row + t.stride);
+  });
+  t.sketch = table.AdmissionSketch();
+  return t;
+}
+
+}  // namespace
+
+absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
+                          const std::string& checkpoint_path, int32_t ps_index,
+                          CrashPoints* crash_points, v1::SaveShardsResponse* response) {
+  const absl::Time start = absl::Now();
+  std::vector<std::vector<float>> dense(shards.dense.size());
+  std::vector<int64_t> updates(shards.dense.size(), 0);
+  std::vector<TableCopy> tables;
+  {
+    // No push is applied while the copies are taken.
+    absl::MutexLock barrier(apply_barrier);
+    for (size_t i = 0; i < dense.size(); ++i) shards.dense[i]->Snapshot(&dense[i], &updates[i]);
+    for (const auto& [name, table] : shards.tables) tables.push_back(CopyTable(*table));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                      CheckpointWriter::Open(checkpoint_path, ps_index, crash_points));
+  int64_t bytes = 0;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
+                        writer->WriteDense(shards.dense[i]->spec(), updates[i], dense[i]));
+    bytes += saved.bytes();
+    *response->add_shards() = std::move(saved);
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const EmbeddingTable& table = *shards.tables[i].second;
+    TableCopy& t = tables[i];
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved, writer->WriteTable(table.spec(), std::move(t.keys),
+                                                                 t.rows, t.counts, t.stride));
+    if (!t.sketch.empty()) {
+      PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, table.OwnedVirtualShards(), &saved));
+    }
+    bytes += saved.bytes();
+    *response->add_shards() = std::move(saved);
+  }
+  PS_RETURN_IF_ERROR(writer->Finish());
+  response->set_bytes(bytes);
+  response->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
+                                        const std::string& checkpoint_path,
+                                        const v1::RestoreShardsRequest& request) {
+  // Read and verify everything first; apply only when all of it is good.
+  Readers readers(checkpoint_path);
+  std::vector<DenseContents> dense;
+  for (const std::shared_ptr<DenseShard>& shard : shards.dense) {
+    PS_ASSIGN_OR_RETURN(DenseContents d, ReadDense(*shard, request, readers));
+    dense.push_back(std::move(d));
+  }
+  std::vector<TableContents> tables;
+  for (const auto& [name, table] : shards.tables) {
+    PS_ASSIGN_OR_RETURN(TableContents t, ReadTable(name, *table, request, readers));
+    tables.push_back(std::move(t));
+  }
+  absl::MutexLock barrier(apply_barrier);
+  int32_t restored = 0;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    PS_RETURN_IF_ERROR(shards.dense[i]->Restore(dense[i].values_and_slots, dense[i].updates));
+    ++restored;
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    EmbeddingTable& table = *shards.tables[i].second;
+    // The checkpoint's rows, and no others: a row created since would survive otherwise.
+    table.Clear();
+    for (const TableContents::Row& r : tables[i].rows) {
+      PS_RETURN_IF_ERROR(table.InsertRow(r.key, r.data.data(), r.t, r.last));
+    }
+    for (const std::vector<uint16_t>& sketch : tables[i].sketches) {
+      PS_RETURN_IF_ERROR(table.MergeAdmissionSketch(sketch));  // sizes checked when read
+    }
+    ++restored;
+  }
+  return restored;
+}
+
+}  // namespace pscluster
