@@ -126,6 +126,12 @@ absl::Status Trainer::ReportWithRetries(const StepReport& report,
   for (int attempt = 0; attempt <= options_.max_step_retries && !stop(); ++attempt) {
     reported = source_->Report(report);
     if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
+    if (attempt == 0) {
+      // (A chief killed as it took the report may have counted it: the next one dedups.)
+      LOG(WARNING) << "worker:" << options_.worker << ": the chief did not take the report of step "
+                   << report.step << (report.finished ? " (finished)" : "") << " (" << reported
+                   << "); sending it again";
+    }
     absl::SleepFor(absl::Milliseconds(200));
   }
   return reported;
