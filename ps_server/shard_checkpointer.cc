@@ -39,8 +39,7 @@ struct DenseContents {
 };
 
 absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
-                                        const v1::RestoreShardsRequest& request,
-                                        Readers& readers) {
+                                        const v1::RestoreShardsRequest& request, Readers& readers) {
   const v1::DensePartition& mine = shard.spec().partition();
   const RowRange my_rows = RowsOf(mine);
   const int64_t row_elems = RowElements(shard.spec().variable().shape());
@@ -104,8 +103,8 @@ struct TableContents {
 absl::Status CheckSavedTable(const v1::SavedShard& saved, const EmbeddingTable& table) {
   // Another dim may have the same stride with another number of slots: check both.
   if (saved.has_table() && saved.table().dim() != table.dim()) {
-    return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ",
-                                            saved.file(), " has dim ", saved.table().dim(),
+    return absl::DataLossError(absl::StrCat("checkpoint table ", saved.name(), " in ", saved.file(),
+                                            " has dim ", saved.table().dim(),
                                             ", this ps task's table has dim ", table.dim()));
   }
   if (saved.has_table() && saved.table().vocabulary_size() != table.spec().vocabulary_size()) {
@@ -118,8 +117,7 @@ absl::Status CheckSavedTable(const v1::SavedShard& saved, const EmbeddingTable& 
 }
 
 absl::StatusOr<TableContents> ReadTable(const std::string& name, const EmbeddingTable& table,
-                                        const v1::RestoreShardsRequest& request,
-                                        Readers& readers) {
+                                        const v1::RestoreShardsRequest& request, Readers& readers) {
   TableContents out;
   const std::vector<int32_t> owned = table.OwnedVirtualShards();
   const size_t sketch_size = static_cast<size_t>(table.admission_sketch_size());
