@@ -363,8 +363,13 @@ absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   auto crew = std::make_shared<Crew>(n, &seal);
   if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
   // In order, as Write does (after the bytes kept before), but sending only what the socket
-  // takes at once: once it is full the rest is sealed and kept.
-  bool sending = true;
+  // takes at once: once it is full the rest is sealed and kept. (PSCLUSTER_SEAL_STAGE_EAGER=0:
+  // nothing is sent before Flush, as before 9e4935f, for A/B.)
+  static const bool eager = [] {
+    const char* env = std::getenv("PSCLUSTER_SEAL_STAGE_EAGER");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  bool sending = eager;
   absl::Status sent;
   for (int i = 0; i < n && sent.ok();) {
     crew->RunAndWait(i, n);
