@@ -58,17 +58,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_strongest.XXXXXX")
 report=$work/gpu_strongest.txt
 say() { echo "$@" | tee -a "$report"; }
 # Ours (specs with ps tasks): the bundle's binaries and bench/train_cluster.sh.
-cl_pids=()
-if [[ -f $bundle/payload.tar.gz ]]; then
-  mkdir -p "$work/payload"
-  tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
-  runner=$work/payload/run
-  launch() { exec "$runner" "$@"; }
-  rate_py=$bundle/bench/train_rate.py
-  cl_data_path=$bundle/data
-  # shellcheck source=bench/train_cluster.sh
-  source "$bundle/bench/train_cluster.sh"
-fi
+# shellcheck source=bench/train_cluster.sh
+source "$bundle/bench/train_cluster.sh"
+[[ -f $bundle/payload.tar.gz ]] && cl_from_bundle "$bundle"
 # shellcheck disable=SC2317  # run by the EXIT trap
 finish() {
   local rc=$?

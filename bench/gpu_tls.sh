@@ -34,14 +34,9 @@ done
 device=${DEVICE:-gpu:0}
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_tls.XXXXXX")
 report=$work/gpu_tls.txt
-mkdir -p "$work/payload"
-tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
-runner=$work/payload/run
-launch() { exec "$runner" "$@"; }
-rate_py=$bundle/bench/train_rate.py
-cl_data_path=$bundle/data
 # shellcheck source=bench/train_cluster.sh
 source "$bundle/bench/train_cluster.sh"
+cl_from_bundle "$bundle"
 say() { echo "$@" | tee -a "$report"; }
 finish() {
   local rc=$?

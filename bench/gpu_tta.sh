@@ -48,14 +48,9 @@ for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_tta.XXXXXX")
 report=$work/gpu_tta.txt
-mkdir -p "$work/payload"
-tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
-runner=$work/payload/run
-launch() { exec "$runner" "$@"; }
-rate_py=$bundle/bench/train_rate.py
-cl_data_path=$bundle/data
 # shellcheck source=bench/train_cluster.sh
 source "$bundle/bench/train_cluster.sh"
+cl_from_bundle "$bundle"
 say() { echo "$@" | tee -a "$report"; }
 # shellcheck disable=SC2317  # run by the EXIT trap
 finish() {

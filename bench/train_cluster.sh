@@ -29,6 +29,19 @@ cl_private_bins() {
   launch() { local name=$1; shift; exec "$work/bin/$name" "$@"; }
 }
 
+# cl_from_bundle BUNDLE: runs the binaries of a device bundle (bench/gpu_prepare.sh) instead:
+# unpacks its payload into $work/payload and sets `launch`, `runner`, `rate_py` and
+# `cl_data_path` (the bundle's Fashion-MNIST) from it.
+cl_from_bundle() {
+  local bundle=$1
+  mkdir -p "$work/payload"
+  tar -C "$work/payload" -xzf "$bundle/payload.tar.gz"
+  runner=$work/payload/run
+  launch() { exec "$runner" "$@"; }
+  rate_py=$bundle/bench/train_rate.py
+  cl_data_path=$bundle/data
+}
+
 # cl_exit_trap SCRIPT: on exit, stops a cluster still running and deletes $work, unless the
 # run failed, $status is non-zero or $keep_logs is 1; Ctrl-C ends the script.
 cl_exit_trap() {
