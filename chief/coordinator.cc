@@ -501,7 +501,10 @@ absl::StatusOr<EvalResult> Coordinator::OwnEvaluation(int64_t step) {
     PS_ASSIGN_OR_RETURN(own_evaluator_,
                         Evaluator::Create(options_.config, client_.get(), std::move(test)));
   }
-  return own_evaluator_->Evaluate(step);
+  const double training_seconds = TrainingSeconds();  // as the pull begins
+  PS_ASSIGN_OR_RETURN(EvalResult r, own_evaluator_->Evaluate(step));
+  r.training_seconds = training_seconds;
+  return r;
 }
 
 void Coordinator::RecordEvaluation(const EvalResult& r, const std::string& by) {
@@ -548,9 +551,7 @@ void Coordinator::EvaluationLoop() {
     }
     const int64_t step = CurrentStep();
     if (!all_finished) {
-      const double training_seconds = TrainingSeconds();
       absl::StatusOr<EvalResult> r = OwnEvaluation(step);
-      if (r.ok()) r->training_seconds = training_seconds;
       next_eval = clock_->Now() + options_.eval_every;
       if (r.ok()) {
         RecordEvaluation(*r, "chief");
@@ -586,9 +587,7 @@ void Coordinator::EvaluationLoop() {
       }
     }
     if (!evaluated) {
-      const double training_seconds = TrainingSeconds();
       absl::StatusOr<EvalResult> r = OwnEvaluation(step);
-      if (r.ok()) r->training_seconds = training_seconds;
       if (r.ok()) {
         RecordEvaluation(*r, "chief");
       } else {

@@ -127,7 +127,7 @@ absl::Status Trainer::ReportWithRetries(const StepReport& report,
     reported = source_->Report(report);
     if (reported.ok() || reported.code() != absl::StatusCode::kUnavailable) break;
     if (attempt == 0) {
-      // (A chief killed as it took the report may have counted it: the next one dedups.)
+      // (A chief killed as it took the report may have counted it; a new chief has not.)
       LOG(WARNING) << "worker:" << options_.worker << ": the chief did not take the report of step "
                    << report.step << (report.finished ? " (finished)" : "") << " (" << reported
                    << "); sending it again";
