@@ -161,6 +161,20 @@ class ParameterStore {
     std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
   };
 
+  // CreateShards' steps: the request's shards against the memory budget; the shards built
+  // (outside the lock); those of them already held (ALREADY_EXISTS when held with another
+  // spec); the others inserted, with their sync accumulators and budget (how many).
+  struct NewShards {
+    std::vector<std::unique_ptr<DenseShard>> dense;
+    std::vector<std::unique_ptr<EmbeddingTable>> tables;
+    std::vector<bool> present_dense, present_table;
+  };
+  absl::Status CheckMemoryBudget(const v1::CreateShardsRequest& request) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static absl::StatusOr<NewShards> BuildShards(const v1::CreateShardsRequest& request);
+  absl::Status FindPresentLocked(NewShards& shards) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int InsertLocked(NewShards& shards, int64_t start_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // The dense shards named by `refs`, in order. NOT_FOUND naming the first unknown one;
   // UNAVAILABLE while shards created with hold_until_restored wait for their restore.
   absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> FindDense(
