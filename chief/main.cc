@@ -27,6 +27,10 @@ DEFINE_int32(replicas_to_aggregate, 0,
 DEFINE_int32(staleness, 2, "ssp: how many steps the fastest worker may run ahead of the slowest.");
 DEFINE_int32(batch_size, 128, "Examples per worker per step.");
 DEFINE_int32(epochs, 10, "Passes over each worker's shard of the data.");
+DEFINE_int32(local_steps, 1,
+             "async and ssp: each worker takes this many steps on its own copy of the dense "
+             "variables and then pushes their change (GEO-SGD's local steps; docs/training.md). "
+             "1: every step pushes its gradient.");
 DEFINE_int64(max_steps, 0, "Stop each worker after this many steps (0: run the epochs).");
 DEFINE_uint64(shuffle_seed, 1, "Seed of the per-epoch shuffle.");
 DEFINE_string(data, "fashion_mnist",
@@ -136,6 +140,12 @@ int main(int argc, char** argv) {
   } else {
     return Fail("--mode must be async, sync or ssp, not \"" + FLAGS_mode + "\"");
   }
+  if (FLAGS_local_steps < 1) return Fail("--local_steps must be >= 1");
+  if (FLAGS_local_steps > 1 && options.sync.mode() == pscluster::v1::SYNC) {
+    return Fail(
+        "--local_steps needs --mode=async or ssp (sync mode averages each step's gradients)");
+  }
+  options.sync.set_local_steps(FLAGS_local_steps);
   pscluster::v1::TrainingOptions& t = options.training;
   t.set_batch_size(FLAGS_batch_size);
   t.set_epochs(FLAGS_epochs);

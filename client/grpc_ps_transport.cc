@@ -148,6 +148,7 @@ absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& s
   header->set_wire_dtype(wire);
   header->set_step(meta.step);
   header->set_worker(meta.worker);
+  header->set_delta(meta.delta);
   *header->mutable_request_id() = meta.request_id;
   bool open = writer->Write(msg);
   const int64_t chunk_elems = std::max<int64_t>(1, options_.chunk_bytes / elem_bytes);

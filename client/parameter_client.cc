@@ -288,9 +288,9 @@ absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
   });
 }
 
-absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
-                                   const std::vector<const float*>& grads, int64_t step,
-                                   PushTicket* ticket) {
+absl::Status ParameterClient::PushDense(const std::vector<std::string>& variables,
+                                        const std::vector<const float*>& grads, int64_t step,
+                                        bool delta, PushTicket* ticket) {
   if (grads.size() != variables.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("push of ", variables.size(), " variables with ", grads.size(), " gradients"));
@@ -323,6 +323,7 @@ absl::Status ParameterClient::Push(const std::vector<std::string>& variables,
     m.step = step;
     m.worker = options_.worker;
     m.request_id = ids[0];
+    m.delta = delta;
   }
   std::vector<char> answered(placement_.num_ps(), 0);
   absl::Status s = ForEachPs(

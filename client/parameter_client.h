@@ -107,7 +107,15 @@ class ParameterClient {
   // `ticket` (optional) names the push across attempts (see PushTicket).
   absl::Status Push(const std::vector<std::string>& variables,
                     const std::vector<const float*>& grads, int64_t step,
-                    PushTicket* ticket = nullptr);
+                    PushTicket* ticket = nullptr) {
+    return PushDense(variables, grads, step, /*delta=*/false, ticket);
+  }
+  // As Push, for changes to add to the values (a worker's local steps; PushDenseHeader.delta).
+  absl::Status PushDelta(const std::vector<std::string>& variables,
+                         const std::vector<const float*>& deltas, int64_t step,
+                         PushTicket* ticket = nullptr) {
+    return PushDense(variables, deltas, step, /*delta=*/true, ticket);
+  }
 
   // Rows of `keys` of a table (created on first touch) into out[0..n*dim).
   absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out,
@@ -163,6 +171,9 @@ class ParameterClient {
                   std::unique_ptr<PsTransport> transport, const ParameterClientOptions& options);
 
   absl::StatusOr<const DenseVar*> FindVar(const std::string& name) const;
+  absl::Status PushDense(const std::vector<std::string>& variables,
+                         const std::vector<const float*>& values, int64_t step, bool delta,
+                         PushTicket* ticket);
   absl::StatusOr<const v1::TableSpec*> FindTable(const std::string& table) const;
   // Runs fn(ps) for each listed task in parallel, each with retries; returns the first error.
   absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn,

@@ -35,6 +35,8 @@ struct PushMeta {
   // PushSparseRequest.part).
   int32_t part = 0;
   int32_t num_parts = 1;
+  // Dense pushes: the values are a change to add, not a gradient (PushDenseHeader.delta).
+  bool delta = false;
 };
 
 // The RPCs of the ps tasks, one task at a time, with tensors already in caller memory: the

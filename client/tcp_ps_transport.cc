@@ -291,6 +291,7 @@ absl::Status TcpPsTransport::PushDense(int ps, const std::vector<DenseSlice>& sl
   header.set_wire_dtype(wire);
   header.set_step(meta.step);
   header.set_worker(meta.worker);
+  header.set_delta(meta.delta);
   *header.mutable_request_id() = meta.request_id;
   x.meta = header.SerializeAsString();
   // float32 gradients are sent from the caller's memory; others are encoded first.

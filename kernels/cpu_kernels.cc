@@ -251,6 +251,38 @@ class CpuKernels final : public Kernels {
     if (n > 0) std::fill_n(x, n, value);
   }
 
+  void ApplyUpdate(const ElementwiseUpdate& u, int64_t n, const float* grad, float* var,
+                   float* slot0, float* slot1) override {
+    using Kind = ElementwiseUpdate::Kind;
+    switch (u.kind) {
+      case Kind::kSgd:
+        for (int64_t i = 0; i < n; ++i) var[i] -= grad[i] * u.lr;
+        return;
+      case Kind::kMomentum:
+        for (int64_t i = 0; i < n; ++i) {
+          slot0[i] = slot0[i] * u.momentum + grad[i];
+          var[i] -= u.nesterov ? grad[i] * u.lr + slot0[i] * u.momentum * u.lr : slot0[i] * u.lr;
+        }
+        return;
+      case Kind::kAdam: {
+        const float one_minus_beta1 = 1.0f - u.beta1;
+        const float one_minus_beta2 = 1.0f - u.beta2;
+        for (int64_t i = 0; i < n; ++i) {
+          const float g = grad[i];
+          slot0[i] += (g - slot0[i]) * one_minus_beta1;
+          slot1[i] += (g * g - slot1[i]) * one_minus_beta2;
+          var[i] -= (slot0[i] * u.lr) / (std::sqrt(slot1[i]) + u.epsilon);
+        }
+        return;
+      }
+      case Kind::kMovingAverage: {
+        const float decay = 1.0f - u.momentum;
+        for (int64_t i = 0; i < n; ++i) var[i] -= (var[i] - grad[i]) * decay;
+        return;
+      }
+    }
+  }
+
   void Scale(int64_t n, float alpha, float* y) override {
     for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
   }

@@ -98,6 +98,44 @@ __global__ void FillKernel(float* x, int64_t n, float value) {
   }
 }
 
+// ElementwiseUpdate's kinds, one kernel each (see kernels.h for the formulas).
+__global__ void SgdUpdateKernel(int64_t n, float lr, const float* grad, float* var) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    var[i] -= grad[i] * lr;
+  }
+}
+
+__global__ void MomentumUpdateKernel(int64_t n, float lr, float momentum, bool nesterov,
+                                     const float* grad, float* var, float* accum) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float a = accum[i] * momentum + grad[i];
+    accum[i] = a;
+    var[i] -= nesterov ? grad[i] * lr + a * momentum * lr : a * lr;
+  }
+}
+
+__global__ void AdamUpdateKernel(int64_t n, float lr, float one_minus_beta1, float one_minus_beta2,
+                                 float epsilon, const float* grad, float* var, float* m, float* v) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = grad[i];
+    const float mi = m[i] + (g - m[i]) * one_minus_beta1;
+    const float vi = v[i] + (g * g - v[i]) * one_minus_beta2;
+    m[i] = mi;
+    v[i] = vi;
+    var[i] -= (mi * lr) / (sqrtf(vi) + epsilon);
+  }
+}
+
+__global__ void MovingAverageUpdateKernel(int64_t n, float decay, const float* value, float* var) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    var[i] -= (var[i] - value[i]) * decay;
+  }
+}
+
 __global__ void ScaleKernel(float* x, int64_t n, float alpha) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -916,6 +954,34 @@ class CudaKernels final : public Kernels {
     MakeCurrent();
     AxpyKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, alpha, x, y);
     PS_CUDA_CHECK_LAUNCH("AxpyKernel");
+  }
+
+  void ApplyUpdate(const ElementwiseUpdate& u, int64_t n, const float* grad, float* var,
+                   float* slot0, float* slot1) override {
+    if (n <= 0) return;
+    MakeCurrent();
+    using Kind = ElementwiseUpdate::Kind;
+    switch (u.kind) {
+      case Kind::kSgd:
+        SgdUpdateKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, u.lr, grad, var);
+        PS_CUDA_CHECK_LAUNCH("SgdUpdateKernel");
+        return;
+      case Kind::kMomentum:
+        MomentumUpdateKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(
+            n, u.lr, u.momentum, u.nesterov, grad, var, slot0);
+        PS_CUDA_CHECK_LAUNCH("MomentumUpdateKernel");
+        return;
+      case Kind::kAdam:
+        AdamUpdateKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(
+            n, u.lr, 1.0f - u.beta1, 1.0f - u.beta2, u.epsilon, grad, var, slot0, slot1);
+        PS_CUDA_CHECK_LAUNCH("AdamUpdateKernel");
+        return;
+      case Kind::kMovingAverage:
+        MovingAverageUpdateKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, 1.0f - u.momentum,
+                                                                               grad, var);
+        PS_CUDA_CHECK_LAUNCH("MovingAverageUpdateKernel");
+        return;
+    }
   }
 
   void Fill(float* x, int64_t n, float value) override {

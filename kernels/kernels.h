@@ -12,6 +12,26 @@ namespace pscluster {
 
 enum class Activation { kLinear, kRelu, kSigmoid, kTanh };
 
+// One optimizer update of a variable, element-wise, in the order of operations of the ps's
+// optimizer of the same kind (ps_server/optimizer.h, which gives the constants:
+// Optimizer::ConstantsAt), so that a worker's local steps update as the ps would:
+//   kSgd            var -= lr * g
+//   kMomentum       slot0 = momentum * slot0 + g; var -= lr * slot0
+//                   (nesterov: var -= lr * g + lr * momentum * slot0)
+//   kAdam           slot0 (m) += (1 - beta1) * (g - m); slot1 (v) += (1 - beta2) * (g^2 - v);
+//                   var -= lr * m / (sqrt(v) + epsilon)      (lr: with the bias correction)
+//   kMovingAverage  var -= (1 - momentum) * (var - g)        (g: an observation)
+struct ElementwiseUpdate {
+  enum class Kind { kSgd, kMomentum, kAdam, kMovingAverage };
+  Kind kind = Kind::kSgd;
+  float lr = 0;
+  float beta1 = 0;
+  float beta2 = 0;
+  float epsilon = 0;
+  float momentum = 0;
+  bool nesterov = false;
+};
+
 // The geometry of a 2-D convolution or pooling window over an NHWC input [batch x height x width
 // x channels]. TensorFlow's "SAME" padding: out = ceil(in / stride), pad_total = max((out - 1) *
 // stride + kernel - in, 0), pad_top = pad_total / 2 (the extra row goes at the bottom); "VALID":
@@ -128,6 +148,11 @@ class Kernels {
 
   // Sets n floats to `value`.
   virtual void Fill(float* x, int64_t n, float value) = 0;
+
+  // One update (see ElementwiseUpdate) of var[0, n) with grad[0, n); slot0 and slot1 are the
+  // kind's slots (null where it has none). None of them overlap.
+  virtual void ApplyUpdate(const ElementwiseUpdate& update, int64_t n, const float* grad,
+                           float* var, float* slot0, float* slot1) = 0;
 
   // y[i] *= alpha for i in [0, n).
   virtual void Scale(int64_t n, float alpha, float* y) = 0;

@@ -560,6 +560,59 @@ TEST_P(KernelsConformanceTest, Axpy) {
   EXPECT_TRUE(AllNear(Download(y, n), expected));
 }
 
+// Two updates of each kind against the formulas of kernels.h, in double.
+TEST_P(KernelsConformanceTest, ApplyUpdate) {
+  using Kind = ElementwiseUpdate::Kind;
+  const int n = 1000;
+  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdam, Kind::kMovingAverage}) {
+    for (bool nesterov : {false, true}) {
+      if (nesterov && kind != Kind::kMomentum) continue;
+      SCOPED_TRACE(absl::StrCat("kind=", static_cast<int>(kind), " nesterov=", nesterov));
+      ElementwiseUpdate u;
+      u.kind = kind;
+      u.lr = 0.01f;
+      u.beta1 = 0.9f;
+      u.beta2 = 0.999f;
+      u.epsilon = 1e-7f;
+      u.momentum = 0.9f;
+      u.nesterov = nesterov;
+      const std::vector<float> var0 = RandomFloats(n, 23);
+      std::vector<double> var(var0.begin(), var0.end()), s0(n, 0.0), s1(n, 0.0);
+      float* d_var = Upload(var0);
+      float* d_s0 = Filled(n, 0.0f);
+      float* d_s1 = Filled(n, 0.0f);
+      for (int step = 0; step < 2; ++step) {
+        const std::vector<float> g = RandomFloats(n, 24 + step);
+        kernels_->ApplyUpdate(u, n, Upload(g), d_var, d_s0, d_s1);
+        for (int i = 0; i < n; ++i) {
+          switch (kind) {
+            case Kind::kSgd:
+              var[i] -= u.lr * g[i];
+              break;
+            case Kind::kMomentum:
+              s0[i] = u.momentum * s0[i] + g[i];
+              var[i] -= nesterov ? u.lr * g[i] + u.lr * u.momentum * s0[i] : u.lr * s0[i];
+              break;
+            case Kind::kAdam:
+              s0[i] += (1 - u.beta1) * (g[i] - s0[i]);
+              s1[i] += (1 - u.beta2) * (double{g[i]} * g[i] - s1[i]);
+              var[i] -= u.lr * s0[i] / (std::sqrt(s1[i]) + u.epsilon);
+              break;
+            case Kind::kMovingAverage:
+              var[i] -= (1 - u.momentum) * (var[i] - g[i]);
+              break;
+          }
+        }
+      }
+      EXPECT_TRUE(AllNear(Download(d_var, n), var));
+      if (kind == Kind::kMomentum || kind == Kind::kAdam) {
+        EXPECT_TRUE(AllNear(Download(d_s0, n), s0));
+      }
+      if (kind == Kind::kAdam) EXPECT_TRUE(AllNear(Download(d_s1, n), s1));
+    }
+  }
+}
+
 TEST_P(KernelsConformanceTest, Fill) {
   const int n = 1000;
   float* x = Filled(n, kNaN);

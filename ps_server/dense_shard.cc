@@ -167,13 +167,19 @@ void DenseShard::ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, i
   optimizer_->Apply(data + begin, slot_ptrs, grad + begin, end - begin, t);
 }
 
+void DenseShard::AddRangeLocked(const float* delta, int64_t begin, int64_t end) {
+  float* const data = data_.data();
+  ScopedFlushDenormals flush;
+  for (int64_t i = begin; i < end; ++i) data[i] += delta[i];
+}
+
 void DenseShard::Apply(const float* grad, ThreadPool* pool) { ApplyAll({this}, {grad}, pool); }
 
 // The locks are taken and released in loops, which the thread-safety analysis cannot follow;
 // ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.
 void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
-                          const std::vector<const float*>& grads,
-                          ThreadPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          const std::vector<const float*>& grads, ThreadPool* pool,
+                          bool delta) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const size_t n = shards.size();
   if (n == 0) return;
   std::vector<DenseShard*> lock_order = shards;
@@ -192,7 +198,12 @@ void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
     for (; i < n && start[i] < end; ++i) {
       const int64_t from = std::max(begin, start[i]) - start[i];
       const int64_t to = std::min(end, start[i + 1]) - start[i];
-      if (from < to) shards[i]->ApplyRangeLocked(grads[i], t[i], from, to);
+      if (from >= to) continue;
+      if (delta) {
+        shards[i]->AddRangeLocked(grads[i], from, to);
+      } else {
+        shards[i]->ApplyRangeLocked(grads[i], t[i], from, to);
+      }
     }
   };
   const int64_t total = start[n];

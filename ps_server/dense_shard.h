@@ -78,8 +78,12 @@ class DenseShard {
   // is updated and released after all are: a reader sees the whole push or none of it. Same
   // bits as calling Apply one shard at a time.
   // REQUIRES: shards are distinct and non-null; grads[i] is validated for shards[i] (as Apply).
+  //
+  // With `delta`, grads[i] is a change to add to the values (a worker's local steps): value +=
+  // delta, the slots are left as they are (the update count counts it, as any push).
   static void ApplyAll(const std::vector<DenseShard*>& shards,
-                       const std::vector<const float*>& grads, ThreadPool* pool = nullptr);
+                       const std::vector<const float*>& grads, ThreadPool* pool = nullptr,
+                       bool delta = false);
 
   // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
   // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.
@@ -106,6 +110,9 @@ class DenseShard {
   // Elements [begin, end) of one optimizer step t with gradient grad (indexed from the shard's
   // element 0).
   void ApplyRangeLocked(const float* grad, int64_t t, int64_t begin, int64_t end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elements [begin, end) of a delta: values += delta.
+  void AddRangeLocked(const float* delta, int64_t begin, int64_t end)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::DenseShardSpec spec_;

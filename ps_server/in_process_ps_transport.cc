@@ -131,6 +131,7 @@ absl::Status InProcessPsTransport::PushDense(int ps, const std::vector<DenseSlic
   header.set_wire_dtype(WireOrFloat(meta.wire_dtype));
   header.set_step(meta.step);
   header.set_worker(meta.worker);
+  header.set_delta(meta.delta);
   *header.mutable_request_id() = meta.request_id;
   std::unique_ptr<DensePush> push = pushes_.Take();
   absl::Status s = store->StartPushDense(header, push.get());

@@ -437,6 +437,13 @@ class SgdOptimizer final : public OptimizerBase<SgdHyperparams> {
     SgdLoop(params, grad, n, h().lr * LearningRateFactor(t));
   }
 
+  absl::StatusOr<Constants> ConstantsAt(int64_t /*t*/, int64_t decay_t) const override {
+    Constants c;
+    c.kind = "sgd";
+    c.lr = h().lr * LearningRateFactor(decay_t);
+    return c;
+  }
+
   void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
     ForEachRowBlock(
         rows, count, decay_steps_ > 0, [this](int64_t t) { return h().lr * LearningRateFactor(t); },
@@ -453,6 +460,13 @@ class MovingAverageOptimizer final : public OptimizerBase<MovingAverageHyperpara
              int64_t /*t*/) const override {
     MovingAverageLoop(params, value, n, 1.0f - h().momentum);
   }
+
+  absl::StatusOr<Constants> ConstantsAt(int64_t /*t*/, int64_t /*decay_t*/) const override {
+    Constants c;
+    c.kind = "moving_average";
+    c.momentum = h().momentum;
+    return c;
+  }
 };
 
 class MomentumOptimizer final : public OptimizerBase<MomentumHyperparams> {
@@ -464,6 +478,15 @@ class MomentumOptimizer final : public OptimizerBase<MomentumHyperparams> {
              int64_t t) const override {
     MomentumLoop(params, slots[0], grad, n, h().lr * LearningRateFactor(t), h().momentum,
                  h().use_nesterov);
+  }
+
+  absl::StatusOr<Constants> ConstantsAt(int64_t /*t*/, int64_t decay_t) const override {
+    Constants c;
+    c.kind = "momentum";
+    c.lr = h().lr * LearningRateFactor(decay_t);
+    c.momentum = h().momentum;
+    c.nesterov = h().use_nesterov;
+    return c;
   }
 };
 
@@ -497,6 +520,16 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
              LearningRateAt(t), h().epsilon);
   }
 
+  absl::StatusOr<Constants> ConstantsAt(int64_t t, int64_t decay_t) const override {
+    Constants c;
+    c.kind = "adam";
+    c.lr = LearningRateAt(t, decay_t);
+    c.beta1 = h().beta1;
+    c.beta2 = h().beta2;
+    c.epsilon = h().epsilon;
+    return c;
+  }
+
   void ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) const override {
     ForEachRowBlock(
         rows, count, /*rate_varies=*/true, [this](int64_t t) { return LearningRateAt(t); },
@@ -507,13 +540,15 @@ class AdamOptimizer final : public OptimizerBase<AdamHyperparams> {
 
  private:
   // lr_t of update t: the learning rate with the bias correction folded in.
-  float LearningRateAt(int64_t t) const {
+  float LearningRateAt(int64_t t) const { return LearningRateAt(t, t); }
+  // The bias correction of update t, the decay of update decay_t.
+  float LearningRateAt(int64_t t, int64_t decay_t) const {
     ABSL_ASSERT(t >= 1);
     // TensorFlow keeps beta^t in float variables; computing them in double from t is at least
     // as accurate and needs no extra state.
     const double beta1_power = std::pow(static_cast<double>(h().beta1), static_cast<double>(t));
     const double beta2_power = std::pow(static_cast<double>(h().beta2), static_cast<double>(t));
-    return static_cast<float>(h().lr * LearningRateFactor(t) * std::sqrt(1.0 - beta2_power) /
+    return static_cast<float>(h().lr * LearningRateFactor(decay_t) * std::sqrt(1.0 - beta2_power) /
                               (1.0 - beta1_power));
   }
 };
@@ -603,6 +638,12 @@ void Optimizer::ApplyRows(const RowUpdate* rows, int64_t count, int64_t dim) con
     for (int k = 0; k < num_slots(); ++k) slots[k] = rows[i].values + (k + 1) * dim;
     Apply(rows[i].values, slots, rows[i].grad, dim, rows[i].t);
   }
+}
+
+absl::StatusOr<Optimizer::Constants> Optimizer::ConstantsAt(int64_t /*t*/,
+                                                            int64_t /*decay_t*/) const {
+  return absl::UnimplementedError(absl::StrCat(
+      "optimizer ", name(), " has no device update (sgd, momentum, adam and moving_average do)"));
 }
 
 float Optimizer::LearningRateFactor(int64_t t) const {

@@ -135,6 +135,23 @@ class Optimizer {
   // LearningRateDecay in the spec, 1 without. Every Apply scales its learning rate by it.
   float LearningRateFactor(int64_t t) const;
 
+  // The constants of one update, for running the same element-wise update elsewhere (a
+  // worker's local steps run it on their device: kernels.h, ElementwiseUpdate). `lr` is the
+  // learning rate of update `t` with the decay of update `decay_t` folded in (and, for adam,
+  // the bias correction of update t): lr * LearningRateFactor(decay_t), and adam's lr_t.
+  struct Constants {
+    std::string kind;  // name()
+    float lr = 0;
+    float beta1 = 0;  // adam
+    float beta2 = 0;
+    float epsilon = 0;
+    float momentum = 0;  // momentum, moving_average
+    bool nesterov = false;
+  };
+  // UNIMPLEMENTED, naming the optimizer, for adagrad, ftrl and rmsprop (no device runs them).
+  // REQUIRES: t >= 1, decay_t >= 1.
+  virtual absl::StatusOr<Constants> ConstantsAt(int64_t t, int64_t decay_t) const;
+
  protected:
   float decay_rate_ = 1.0f;
   double decay_steps_ = 0;

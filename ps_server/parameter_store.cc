@@ -552,6 +552,17 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     }
   }
   PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
+  if (header.delta()) {
+    // A delta is added to the values as they are: a sync step's mean has no place for it.
+    for (int i = 0; i < n; ++i) {
+      if (accumulators[i] == nullptr) continue;
+      const DenseShard& s = *push->shards_[i];
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable ", DenseName(s.name(), s.partition()),
+          " accumulates sync steps; a delta push (local steps) needs async or ssp mode"));
+    }
+  }
   PushOutcome outcome;
   switch (ledger_.Begin(header.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -564,7 +575,6 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     case PushLedger::Claim::kNew:
       break;
   }
-  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     // Shards updated at once (async) are applied together: one parallel loop for the push.
@@ -577,7 +587,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     }
     {
       ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-      DenseShard::ApplyAll(now, now_grads, &apply_pool_);
+      DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta());
     }
     for (int i = 0; i < n; ++i) {
       DenseShard& shard = *push->shards_[i];

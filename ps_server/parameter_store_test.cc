@@ -86,8 +86,10 @@ std::vector<float> Read(ParameterStore& store, const std::string& name, int64_t 
 // A whole push of float32 gradients, one per named shard.
 absl::Status Push(ParameterStore& store, const std::vector<std::string>& names,
                   const std::vector<std::vector<float>>& grads, int64_t step, int32_t worker,
-                  v1::PushDenseResponse* resp, v1::RequestId id = v1::RequestId()) {
+                  v1::PushDenseResponse* resp, v1::RequestId id = v1::RequestId(),
+                  bool delta = false) {
   v1::PushDenseHeader header;
+  header.set_delta(delta);
   *header.mutable_shards() = Refs(names);
   for (const auto& g : grads) header.add_num_elements(static_cast<int64_t>(g.size()));
   header.set_step(step);
@@ -274,6 +276,38 @@ TEST_F(ParameterStoreTest, PushAppliesSgd) {
   EXPECT_EQ(resp.accepted(), 2);
   EXPECT_THAT(Read(store_, "a"), ::testing::ElementsAre(0.9f, 0.8f, 0.7f, 0.6f));
   EXPECT_THAT(Read(store_, "b"), ::testing::ElementsAre(0.0f, 1.0f, 2.0f));
+}
+
+// A delta (a worker's local steps) is added to the values, whatever the optimizer; once, on a
+// retry with the same id. A shard that accumulates sync steps refuses it and changes nothing.
+TEST_F(ParameterStoreTest, DeltaPushAddsToTheValues) {
+  v1::PushDenseResponse resp;
+  v1::RequestId id;
+  id.set_client(7);
+  id.set_seq(1);
+  ASSERT_TRUE(Push(store_, {"a", "b"}, {{1, 2, 3, 4}, {10, 0, -10}}, 0, 0, &resp, id,
+                   /*delta=*/true)
+                  .ok());
+  EXPECT_EQ(resp.accepted(), 2);
+  EXPECT_THAT(Read(store_, "a"), ::testing::ElementsAre(2.0f, 3.0f, 4.0f, 5.0f));
+  EXPECT_THAT(Read(store_, "b"), ::testing::ElementsAre(11.0f, 1.0f, -9.0f));
+  ASSERT_TRUE(Push(store_, {"a"}, {{1, 2, 3, 4}}, 0, 0, &resp, id, /*delta=*/true).ok());
+  EXPECT_TRUE(resp.duplicate());
+  EXPECT_THAT(Read(store_, "a"), ::testing::ElementsAre(2.0f, 3.0f, 4.0f, 5.0f));
+
+  ParameterStore sync{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  *req.add_dense() = Whole(Var("s", {2}));
+  req.mutable_sync()->set_mode(v1::SYNC);
+  req.mutable_sync()->set_replicas_to_aggregate(1);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(sync.CreateShards(req, &created).ok());
+  absl::Status s = Push(sync, {"s"}, {{5, 5}}, 0, 0, &resp, v1::RequestId(), /*delta=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("variable s/0 accumulates sync steps; a delta push (local steps) needs "
+                        "async or ssp mode"));
+  EXPECT_THAT(Read(sync, "s"), ::testing::ElementsAre(1.0f, 1.0f));
 }
 
 TEST_F(ParameterStoreTest, BadPushesChangeNothing) {

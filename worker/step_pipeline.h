@@ -59,6 +59,25 @@ struct StepOutcome {
   int staleness = 0;
 };
 
+// How the training loop (Trainer) runs its steps, whatever moves the parameters: StepPipeline
+// (pull, compute, push every step) or LocalStepPipeline (local steps, then a delta).
+// Thread-compatible, with StepPipeline's contract for each method.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual absl::Status Stage(int64_t index, const PreparedBatch& batch) = 0;
+  virtual absl::Status StageGathered(int64_t index, const Dataset& data,
+                                     const std::vector<int64_t>& positions) = 0;
+  virtual bool can_gather() const = 0;
+  virtual absl::Status Run(int64_t index, int64_t tag, int64_t pull_step,
+                           const PreparedBatch& batch) = 0;
+  virtual absl::Status Drain() = 0;
+  virtual int pushes_in_flight() const = 0;
+  virtual void Invalidate() = 0;
+  virtual std::vector<StepOutcome> TakeOutcomes() = 0;
+  virtual int max_staleness() const = 0;
+};
+
 // The pull -> compute -> push of a worker's steps, overlapped (docs/training.md, "The pipelined
 // step"):
 //  - parameters are pulled layer by layer, first layer first, on communication threads, into
@@ -80,7 +99,7 @@ struct StepOutcome {
 //
 // Thread-compatible: Stage, Run, Drain and the rest are called by one thread (the training
 // loop); the pipeline's own threads do the communication.
-class StepPipeline {
+class StepPipeline : public StepRunner {
  public:
   // `towers` (one model per device, same config; not owned), `reducer` (over the towers'
   // kernels; null with one tower; not owned) and `client` (not owned) outlive the pipeline.
@@ -90,41 +109,42 @@ class StepPipeline {
                                                               TowerReducer* reducer,
                                                               ParameterClient* client,
                                                               const StepPipelineOptions& options);
-  ~StepPipeline();
+  ~StepPipeline() override;
 
   // Copies the batch of step `index` (0, 1, ... in this pipeline) into the towers' input slot
   // and starts its upload. Call before Run(index); it may run while step index - 1 computes.
   // INVALID_ARGUMENT for a bad batch (too large, labels out of range).
-  absl::Status Stage(int64_t index, const PreparedBatch& batch);
+  absl::Status Stage(int64_t index, const PreparedBatch& batch) override;
   // As Stage for a model without tables: the batch is examples `positions` of `data`, gathered
   // straight into the towers' page-locked staging areas, the towers in parallel. May run on
   // another thread than Run (the batch feeder's), for an index whose slot Run is not using.
   // The model's augmentation, if any, is drawn for step `index`.
   absl::Status StageGathered(int64_t index, const Dataset& data,
-                             const std::vector<int64_t>& positions);
+                             const std::vector<int64_t>& positions) override;
   // Whether StageGathered can be used (the model has no tables).
-  bool can_gather() const { return tables_.empty(); }
+  bool can_gather() const override { return tables_.empty(); }
 
   // Runs step `index` on its staged batch: pulls (or takes the prefetched) parameters for
   // `pull_step` (the sync step the values are for; -1 for the newest), issues forward and
   // backward, and hands the gradients to the push thread, tagged `tag`. With staleness 0 it
   // returns once the pushes are complete; otherwise at once, after asking for the next step's
   // parameters. Errors of the pull, of the compute, or of an earlier push.
-  absl::Status Run(int64_t index, int64_t tag, int64_t pull_step, const PreparedBatch& batch);
+  absl::Status Run(int64_t index, int64_t tag, int64_t pull_step,
+                   const PreparedBatch& batch) override;
 
   // Sends a push that failed again (with its ids), then waits until every push in flight has
   // completed; returns the first error of one.
-  absl::Status Drain();
+  absl::Status Drain() override;
   // Steps whose pushes are not complete.
-  int pushes_in_flight() const;
+  int pushes_in_flight() const override;
   // Forgets prefetched parameters (the next Run pulls anew), e.g. after the ps tasks were
   // restored or the chief sent the global step back. Waits for the pull in flight.
-  void Invalidate();
+  void Invalidate() override;
 
   // The outcomes of steps whose outputs reached the host since the last call, in order.
-  std::vector<StepOutcome> TakeOutcomes();
+  std::vector<StepOutcome> TakeOutcomes() override;
   // The most staleness any step had so far.
-  int max_staleness() const;
+  int max_staleness() const override;
 
  private:
   struct Layer {

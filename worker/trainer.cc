@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "model/data/shard.h"
 #include "model/model.h"
+#include "worker/local_step_pipeline.h"
 #include "worker/step_pipeline.h"
 #include "worker/step_policy.h"
 
@@ -23,7 +24,7 @@ namespace {
 class BatchFeeder {
  public:
   BatchFeeder(const Dataset* data, int batch_size, uint64_t seed, bool drop_remainder,
-              StepPipeline* pipeline)
+              StepRunner* pipeline)
       : data_(data),
         batch_size_(batch_size),
         batches_(data, batch_size, seed, drop_remainder),
@@ -99,8 +100,8 @@ class BatchFeeder {
 
   const Dataset* const data_;  // Not owned.
   const int batch_size_;
-  BatchIterator batches_;         // used by one Prepare at a time
-  StepPipeline* const pipeline_;  // Not owned.
+  BatchIterator batches_;       // used by one Prepare at a time
+  StepRunner* const pipeline_;  // Not owned.
   std::vector<int64_t> positions_;
   ThreadPool thread_;
   std::future<Prepared> next_;
@@ -189,12 +190,29 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   pipeline_options.staleness = policy->allows_overlap() ? options_.staleness : 0;
   pipeline_options.comm_threads = options_.comm_threads;
   pipeline_options.push_delay = options_.step_delay;
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<StepPipeline> pipeline,
-                      StepPipeline::Create(tower_models, reducer.get(), client_, pipeline_options));
+  const int local_steps = model_.sync().local_steps();
+  std::unique_ptr<StepRunner> pipeline;
+  if (local_steps > 1) {
+    if (model_.sync().mode() == v1::SYNC) {
+      return absl::InvalidArgumentError("local steps need async or ssp mode, not sync");
+    }
+    if (num_towers > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local steps run on one device, not ", num_towers));
+    }
+    PS_ASSIGN_OR_RETURN(
+        pipeline, LocalStepPipeline::Create(tower_models[0], client_, model_.model(), local_steps));
+    pipeline_options.staleness = local_steps;
+  } else {
+    PS_ASSIGN_OR_RETURN(
+        pipeline, StepPipeline::Create(tower_models, reducer.get(), client_, pipeline_options));
+  }
   BatchFeeder feeder(&train_, batch_size, training.shuffle_seed(), drop_remainder, pipeline.get());
   LOG(INFO) << "worker:" << options_.worker << " trains on " << num_towers << " device(s) ("
             << towers_[0]->name() << (num_towers > 1 ? ", ..." : "") << "), batch " << batch_size
-            << ", pipeline staleness " << pipeline_options.staleness;
+            << (local_steps > 1
+                    ? absl::StrCat(", ", local_steps, " local steps per push")
+                    : absl::StrCat(", pipeline staleness ", pipeline_options.staleness));
 
   // Progress since the last report.
   StepReport pending;

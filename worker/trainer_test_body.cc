@@ -456,5 +456,122 @@ TEST_P(TrainerTest, AClosedGateDrainsThePipelineBeforeTheCut) {
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
 }
 
+// The MLP with Adam (and a decay): the local steps must count the optimizer's updates as the
+// ps does.
+constexpr char kMlpAdam[] = R"pb(
+  name: "tiny_adam"
+  input_dim: 4
+  seed: 5
+  layers { name: "h" units: 6 activation: RELU }
+  layers { name: "o" units: 3 }
+  loss: SOFTMAX_CROSS_ENTROPY
+  optimizer {
+    adam { learning_rate: 0.05 }
+    decay { decay_rate: 0.5 decay_steps: 10 }
+  }
+)pb";
+
+v1::GetModelResponse LocalStepsModel(const char* config, int local_steps) {
+  v1::GetModelResponse m = MakeModel(v1::ASYNC, config);
+  m.mutable_sync()->set_local_steps(local_steps);
+  return m;
+}
+
+void ExpectNearModel(const std::vector<std::vector<float>>& got,
+                     const std::vector<std::vector<float>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t v = 0; v < got.size(); ++v) {
+    ASSERT_EQ(got[v].size(), want[v].size());
+    for (size_t i = 0; i < got[v].size(); ++i) {
+      ASSERT_NEAR(got[v][i], want[v][i], 1e-5 * std::max(1.0f, std::abs(want[v][i])))
+          << "variable " << v << " element " << i;
+    }
+  }
+}
+
+// One worker with local steps trains the model that pushing every step trains: its local
+// updates are the ps's optimizer run on the device, and the deltas it pushes add up to them
+// (up to the rounding of value + (local - value)). Every 4 steps one delta: 6 updates per
+// shard; every example reported.
+TEST_P(TrainerTest, LocalStepsOfOneWorkerTrainWhatPushingEveryStepTrains) {
+  for (const char* config : {kMlp, kMlpAdam, kCnn}) {
+    const v1::GetModelResponse m = LocalStepsModel(config, 4);
+    SCOPED_TRACE(m.config().name());
+    Cluster cluster(m);
+    std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+    StepGate gate(Clock::Real());
+    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.steps, kSteps);
+    // A step's values were refreshed from the ps K - 1 to 2K - 1 steps before at most (the
+    // pulled values arrive while the next K steps compute).
+    EXPECT_GE(r.max_staleness, 3);
+    EXPECT_LE(r.max_staleness, 7);
+    ExpectNearModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+    EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps / 4));
+    std::vector<StepReport> reports = source.reports();
+    ASSERT_FALSE(reports.empty());
+    EXPECT_TRUE(reports.back().finished);
+    int64_t examples = 0;
+    for (const StepReport& rep : reports) examples += rep.examples;
+    EXPECT_EQ(examples, kEpochs * kExamples);
+  }
+}
+
+// A delta whose answer is lost fails the step that waits for it; the step is run again after
+// the delta went through with its request ids, so each is added once.
+TEST_P(TrainerTest, LocalStepDeltasWhoseAnswersAreLostAreAddedOnce) {
+  const v1::GetModelResponse m = LocalStepsModel(kMlp, 3);
+  Cluster cluster(m);
+  auto duplicates = std::make_shared<std::atomic<int>>(0);
+  auto losing =
+      std::make_unique<LosingTransport>(cluster.root->Share(), std::vector<int>{2, 5}, duplicates);
+  std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  StepGate gate(Clock::Real());
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions(), std::move(client));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps / 3));
+  EXPECT_GE(duplicates->load(), 1);
+  ExpectNearModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+}
+
+// Local steps in sync mode, or with an optimizer the device does not run, are refused before a
+// step, naming what was wrong.
+TEST_P(TrainerTest, LocalStepsAreRefusedInSyncModeAndForOtherOptimizers) {
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  {
+    v1::GetModelResponse m = LocalStepsModel(kMlp, 4);
+    m.mutable_sync()->set_mode(v1::SYNC);
+    Cluster cluster(m);
+    SyncCoordinatorOptions so;
+    so.replicas_to_aggregate = 1;
+    so.num_workers = 1;
+    SyncCoordinator coordinator(so, Clock::Real());
+    InProcessStepSource source(v1::SYNC, 0, &coordinator, nullptr);
+    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status.message()), ::testing::HasSubstr("need async or ssp mode"));
+    EXPECT_EQ(r.steps, 0);
+  }
+  {
+    v1::GetModelResponse m = LocalStepsModel(kMlp, 4);
+    m.mutable_config()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+    auto spec = ModelSpecFromConfig(m.config());
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    *m.mutable_model() = *spec;
+    Cluster cluster(m);
+    StepGate gate(Clock::Real());
+    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(r.status.message()), ::testing::HasSubstr("not adagrad"));
+    EXPECT_EQ(r.steps, 0);
+  }
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -1,0 +1,159 @@
+#ifndef PSCLUSTER_WORKER_LOCAL_STEP_PIPELINE_H_
+#define PSCLUSTER_WORKER_LOCAL_STEP_PIPELINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/parameter_client.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "proto/model.pb.h"
+#include "ps_server/optimizer.h"
+#include "worker/step_pipeline.h"
+
+namespace pscluster {
+
+// The local-steps mode (SyncOptions.local_steps = K, async only; docs/training.md, "Local
+// steps"), in the line of PaddlePaddle's GEO-SGD: the worker keeps its own copy of the dense
+// variables on its device and takes its steps there, each updated with the variable's own
+// optimizer (as the ps would apply it: Kernels::ApplyUpdate with Optimizer::ConstantsAt), with
+// no request on the step's path. Every K steps it pushes the change those steps made (local -
+// the values it last pulled) as a delta, which the ps adds to its values, and pulls the result;
+// both happen on a communication thread while the next K steps compute, and the pulled values
+// are folded in when they arrive: local = pulled + (what this worker changed since it took the
+// delta). A step's parameters miss other workers' changes of at most 2K steps of theirs.
+//
+// The optimizer state (momentum, Adam's m and v) lives on the worker and is not checkpointed;
+// the ps's slots stay at their initial values. Adam's bias correction counts this worker's
+// local updates; a learning-rate decay counts the global step.
+//
+// Drain() pushes every local change and pulls (a checkpoint or the end of training sees all
+// of them). One device; a model without embedding tables, whose optimizers are sgd, momentum,
+// adam or moving_average (INVALID_ARGUMENT / UNIMPLEMENTED otherwise, at Create).
+//
+// Thread-compatible, as StepRunner; the communication thread is its own.
+class LocalStepPipeline : public StepRunner {
+ public:
+  // `model`, `client` not owned; they outlive the pipeline. `spec` gives each dense
+  // variable's optimizer.
+  static absl::StatusOr<std::unique_ptr<LocalStepPipeline>> Create(Model* model,
+                                                                   ParameterClient* client,
+                                                                   const v1::ModelSpec& spec,
+                                                                   int local_steps);
+  ~LocalStepPipeline() override;
+
+  absl::Status Stage(int64_t index, const PreparedBatch& batch) override;
+  absl::Status StageGathered(int64_t index, const Dataset& data,
+                             const std::vector<int64_t>& positions) override;
+  bool can_gather() const override { return true; }
+  // Starts a sync first when the last K steps were not pushed yet, then computes and updates
+  // the local copy. Fails before computing anything (the step can be run again): the first
+  // pull's error, or the error of a sync (kept, and sent again with its request ids).
+  absl::Status Run(int64_t index, int64_t tag, int64_t pull_step,
+                   const PreparedBatch& batch) override;
+  absl::Status Drain() override;
+  // 1 while a delta is being pushed, and 1 more while local steps are not pushed.
+  int pushes_in_flight() const override;
+  // Forgets the local copy and its changes (the ps was restored): the next Run pulls.
+  void Invalidate() override;
+  std::vector<StepOutcome> TakeOutcomes() override;
+  // The most local steps a step's parameters were from their last refresh from the ps.
+  int max_staleness() const override;
+
+ private:
+  // Consecutive dense variables with the same optimizer: updated with one kernel.
+  struct UpdateGroup {
+    int64_t offset = 0;  // in the packed parameters
+    int64_t size = 0;
+    std::unique_ptr<Optimizer> optimizer;
+    ElementwiseUpdate::Kind kind = ElementwiseUpdate::Kind::kSgd;
+    float* slot0 = nullptr;
+    float* slot1 = nullptr;
+  };
+  // A step whose outputs are being downloaded.
+  struct Pending {
+    int64_t index = 0;
+    int64_t tag = 0;
+    int slot = 0;
+    std::vector<float> labels;
+    int staleness = 0;
+  };
+  enum class Sync { kNone, kPushing, kDone, kFailed };
+
+  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps);
+  absl::Status Allocate(const v1::ModelSpec& spec);
+  // Pulls every variable into host_fresh_ (caller thread).
+  absl::Status PullFresh();
+  // The delta (snapshot - base) in host_delta_ pushed with the sync's ticket, then the values
+  // pulled into host_fresh_.
+  absl::Status PushAndPull();
+  void CommThread();
+  // Takes the delta of the local steps so far and hands it to the communication thread.
+  void StartSync(int64_t tag);
+  // Folds in a finished sync: with `wait`, waits for the one in flight. The sync's error (kept
+  // for a retry).
+  absl::Status Merge(bool wait);
+  // Sends a failed sync again, on this thread; OK when there is none.
+  absl::Status RetrySync();
+  // Issues the local optimizer's update of every variable with the step's gradients.
+  absl::Status ApplyLocalUpdate(int64_t tag);
+  // Adds the outcomes of pending steps to outcomes_: all of them, or those older than `keep`
+  // steps (waiting for their outputs).
+  void CollectOutcomes(size_t keep);
+
+  Model* const model_;              // Not owned.
+  ParameterClient* const client_;   // Not owned.
+  Kernels* const k_;                // the model's
+  const int local_steps_;
+  const int64_t n_;  // dense_total
+  std::vector<UpdateGroup> groups_;
+
+  // Device: the local copy, the values last pulled (base), the local copy when the sync in
+  // flight took its delta (snapshot), the delta, and the pulled values being folded in.
+  float* local_ = nullptr;
+  float* base_ = nullptr;
+  float* snap_ = nullptr;
+  float* delta_ = nullptr;
+  float* fresh_ = nullptr;
+  std::vector<void*> owned_;
+  // Host (page-locked).
+  float* host_delta_ = nullptr;
+  float* host_fresh_ = nullptr;
+  std::unique_ptr<Kernels::Event> delta_downloaded_;
+  std::unique_ptr<Kernels::Event> fresh_uploaded_;
+  std::unique_ptr<Kernels::Event> fresh_consumed_;
+  static constexpr int kOutputSlots = 3;
+  Model::Outputs outputs_[kOutputSlots];
+  std::unique_ptr<Kernels::Event> outputs_ready_[kOutputSlots];
+
+  // Training thread only.
+  bool have_params_ = false;
+  int64_t local_updates_ = 0;
+  int64_t last_tag_ = 0;
+  int since_refresh_ = 0;  // local steps since the parameters were last refreshed
+  std::deque<Pending> pending_;
+  // The sync's push ids, kept for its retry: used by the communication thread while the sync is
+  // kPushing, by the training thread otherwise.
+  PushTicket ticket_;
+
+  mutable absl::Mutex mu_;
+  int since_sync_ ABSL_GUARDED_BY(mu_) = 0;  // local steps not yet in a delta
+  Sync sync_ ABSL_GUARDED_BY(mu_) = Sync::kNone;
+  bool queued_ ABSL_GUARDED_BY(mu_) = false;  // a sync waits for the communication thread
+  absl::Status sync_status_ ABSL_GUARDED_BY(mu_);
+  int64_t sync_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<StepOutcome> outcomes_ ABSL_GUARDED_BY(mu_);
+  int max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread comm_thread_;
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_WORKER_LOCAL_STEP_PIPELINE_H_
