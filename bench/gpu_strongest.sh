@@ -11,12 +11,14 @@
 # --device=gpu:0, async, --seconds of steady state after --warmup (bench/train_cluster.sh), in
 # plaintext, and with --tls also with mutual TLS on every channel (the bundle's certificates);
 # then per spec
-#   BENCH gpu_strongest_<model>_b<B>_<plaintext|tls> <median ex/s> ex/s
+#   BENCH gpu_strongest_<model>_b<B>_<run> <median ex/s> ex/s
 #         ratio=<ours / the faster of graph and compile_graph's medians>
+# where the runs of ours are plaintext (and tls with --tls), or those --ours lists: plaintext,
+# tls, local<K> and local<K>_tls (the chief's --local_steps=K).
 # From the device bundle (bench/gpu_prepare.sh), on the device machine:
 #   bash .devbundle/bench/gpu_strongest.sh [--seconds 10] [--warmup 3] [--repeats 3]
 #        [--specs "mlp 1024;cnn 128;resnet20 128"] [--modes "none graph compile_graph"]
-#        [--compile_mode default] [--timeout 300] [--tls]
+#        [--compile_mode default] [--timeout 300] [--tls] [--ours "plaintext local8"]
 # --specs: "<config name> <batch> [<ps tasks>]" runs, separated by ';'. --compile_mode: torch.compile's mode
 # for compile_graph (default, or max-autotune-no-cudagraphs: slower to compile). Every run is
 # cut off after --timeout s (timeout(1)); a failing or cut-off run is reported, the others go
@@ -42,7 +44,8 @@ while [[ $# -gt 0 ]]; do
     --compile_mode) compile_mode=$2; shift 2 ;;
     --timeout) run_timeout=$2; shift 2 ;;
     --tls) ours_modes="plaintext tls"; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --ours) ours_modes=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_strongest.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -98,7 +101,9 @@ for spec in "${spec_list[@]}"; do
       run=${name}_b${batch}_ours_${ours}_$r
       cl_model=$model
       cl_tls_dir=""
-      [[ $ours == tls ]] && cl_tls_dir=$bundle/certs
+      [[ $ours == tls || $ours == *_tls ]] && cl_tls_dir=$bundle/certs
+      cl_chief_flags=()
+      [[ $ours =~ ^local([0-9]+) ]] && cl_chief_flags=(--local_steps="${BASH_REMATCH[1]}")
       if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||
         ! cl_measure "$warmup" "$seconds" "$batch" async >/dev/null; then
         say "    $run: FAILED; logs in $cl_dir"

@@ -12,13 +12,14 @@
 #         stopped while it evaluates, every --eval_every_examples=30000 examples; warm-up,
 #         compile and capture before the clock starts),
 # --repeats times each (ours, then each mode, then again). Prints each run and per spec
-#   BENCH gpu_tta_<model>_1gpu_ours_async <median s> s ratio=<best PyTorch median s / ours>
+#   BENCH gpu_tta_<model>_1gpu_ours_<run> <median s> s ratio=<best PyTorch median s / ours>
 #   BENCH torch_tta_<model>_b<B>_<mode> <median s> s
 # with the examples/s each side trained at and the accuracy it reached (a run that does not
 # reach the target counts as inf; a PyTorch run that fails does not count). From the device bundle (bench/gpu_prepare.sh), there:
 #   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
 #        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
-#        [--timeout 600]
+#        [--timeout 600] [--ours "async local8"]
+# --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K).
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
 # logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
 set -euo pipefail
@@ -27,18 +28,25 @@ repeats=1
 modes="graph compile_graph"
 specs="mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"
 run_timeout=600
+ours_runs=async
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --repeats) repeats=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --specs) specs=$2; shift 2 ;;
     --timeout) run_timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --ours) ours_runs=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for n in "$repeats" "$run_timeout"; do
   [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_tta.sh: not a number: $n" >&2; exit 2; }
+done
+read -r -a ours_list <<<"$ours_runs"
+for o in "${ours_list[@]}"; do
+  [[ $o == async || $o =~ ^local[0-9]+$ ]] ||
+    { echo "gpu_tta.sh: --ours takes async and local<K>, not $o" >&2; exit 2; }
 done
 python=${PYTHON:-python3}
 device=${DEVICE:-gpu:0}
@@ -87,28 +95,32 @@ for spec in "${spec_list[@]}"; do
   for ((r = 1; r <= repeats; r++)); do
     # Ours: the evaluator reads the model each time the global step (one worker: its steps) has
     # moved half an epoch.
-    run=${name}_ours_$r
-    cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
-    # Steps reported every 50 ms (not every 2 s), so that the evaluator sees them in time.
-    cl_worker_flags=(--report_every_secs=0.05)
-    cl_target_accuracy=$target
-    seconds=inf
-    if cl_train_to_end "$run" async "$num_ps" 1 "$batch" "$max_epochs" "$device" \
-      "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
-      if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
-        seconds=$t
-        say "    $run: $t s to test accuracy $acc (step $step, evaluation $n;" \
-          "$(awk -v s="$step" -v b="$batch" -v t="$t" \
-            'BEGIN { printf "%.0f", (t > 0 ? s * b / t : 0) }') examples/s)"
+    for o in "${ours_list[@]}"; do
+      run=${name}_ours_${o}_$r
+      cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
+      # Steps reported every 50 ms (not every 2 s), so that the evaluator sees them in time.
+      cl_worker_flags=(--report_every_secs=0.05)
+      cl_chief_flags=()
+      [[ $o == local* ]] && cl_chief_flags=(--local_steps="${o#local}")
+      cl_target_accuracy=$target
+      seconds=inf
+      if cl_train_to_end "$run" async "$num_ps" 1 "$batch" "$max_epochs" "$device" \
+        "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
+        if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
+          seconds=$t
+          say "    $run: $t s to test accuracy $acc (step $step, evaluation $n;" \
+            "$(awk -v s="$step" -v b="$batch" -v t="$t" \
+              'BEGIN { printf "%.0f", (t > 0 ? s * b / t : 0) }') examples/s)"
+        else
+          say "    $run: not reached in $max_epochs epochs; $(cat "$cl_dir/final")"
+        fi
       else
-        say "    $run: not reached in $max_epochs epochs; $(cat "$cl_dir/final")"
+        say "    $run: FAILED; see $cl_dir"
+        status=1
       fi
-    else
-      say "    $run: FAILED; see $cl_dir"
-      status=1
-    fi
-    times[ours]="${times[ours]:-} $seconds"
-    unset cl_target_accuracy cl_evaluator_flags cl_worker_flags
+      times[ours_$o]="${times[ours_$o]:-} $seconds"
+      unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags
+    done
     for mode in "${mode_list[@]}"; do
       run=${name}_${mode}_$r
       rc=0
@@ -129,7 +141,7 @@ for spec in "${spec_list[@]}"; do
     done
   done
   args=()
-  for mode in ours "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
+  for mode in "${ours_list[@]/#/ours_}" "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
   python3 - "$name" "$batch" "${args[@]}" <<'PY' | tee -a "$report"
 import math, statistics, sys
 name, batch, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -139,18 +151,20 @@ for mode, runs in zip(rest[::2], rest[1::2]):
     if vals:
         med[mode] = statistics.median(vals)
         print("    %s %s: median %s s of %s" % (name, mode, med[mode], " ".join(runs.split())))
-torch = {m: v for m, v in med.items() if m != "ours"}
+torch = {m: v for m, v in med.items() if not m.startswith("ours_")}
 for m, v in torch.items():
     print("BENCH torch_tta_%s_b%s_%s %.2f s" % (name, batch, m, v))
 # ratio: the best PyTorch time over ours (> 1: we reach the target sooner); n/a without a
 # PyTorch run that finished, inf when only ours reached it, 0 when only PyTorch did.
-ours = med.get("ours", math.inf)
-if not torch:
-    ratio = "n/a"
-else:
-    best = min(torch.values())
-    ratio = "%.2f" % (best / ours) if math.isfinite(ours) else "0" if math.isfinite(best) else "n/a"
-print("BENCH gpu_tta_%s_1gpu_ours_async %.2f s ratio=%s" % (name, ours, ratio))
+for run in [m for m in rest[::2] if m.startswith("ours_")]:
+    ours = med.get(run, math.inf)
+    if not torch:
+        ratio = "n/a"
+    else:
+        best = min(torch.values())
+        ratio = ("%.2f" % (best / ours) if math.isfinite(ours)
+                 else "0" if math.isfinite(best) else "n/a")
+    print("BENCH gpu_tta_%s_1gpu_%s %.2f s ratio=%s" % (name, run, ours, ratio))
 PY
   unset times
 done

@@ -36,9 +36,9 @@ absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
         absl::StrCat("local steps must be >= 2 (1: push every step), got ", local_steps));
   }
   if (!model->tables().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", model->config().name(),
-        " has embedding tables; local steps keep dense variables only on the worker"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model->config().name(),
+                     " has embedding tables; local steps keep dense variables only on the worker"));
   }
   auto p = std::unique_ptr<LocalStepPipeline>(new LocalStepPipeline(model, client, local_steps));
   PS_RETURN_IF_ERROR(p->Allocate(spec));
@@ -61,18 +61,24 @@ LocalStepPipeline::~LocalStepPipeline() {
     stopping_ = true;
   }
   if (comm_thread_.joinable()) comm_thread_.join();
-  // The device may still read or write the buffers.
-  for (auto& e : outputs_ready_) k_->Synchronize(e.get());
-  k_->Synchronize(delta_downloaded_.get());
-  k_->Synchronize(fresh_uploaded_.get());
-  k_->Synchronize(fresh_consumed_.get());
-  for (Model::Outputs& o : outputs_) {
-    k_->FreeHost(o.loss);
-    k_->FreeHost(o.predictions);
-    k_->FreeHost(o.logits);
+  // The device may still read or write the buffers. (A Create that failed part way made some
+  // of the events, or none.)
+  auto synchronize = [this](const std::unique_ptr<Kernels::Event>& e) {
+    if (e != nullptr) k_->Synchronize(e.get());
+  };
+  for (const auto& e : outputs_ready_) synchronize(e);
+  synchronize(delta_downloaded_);
+  synchronize(fresh_uploaded_);
+  synchronize(fresh_consumed_);
+  for (void* p : {static_cast<void*>(host_delta_), static_cast<void*>(host_fresh_)}) {
+    if (p != nullptr) k_->FreeHost(p);
   }
-  k_->FreeHost(host_delta_);
-  k_->FreeHost(host_fresh_);
+  for (Model::Outputs& o : outputs_) {
+    for (void* p : {static_cast<void*>(o.loss), static_cast<void*>(o.predictions),
+                    static_cast<void*>(o.logits)}) {
+      if (p != nullptr) k_->FreeHost(p);
+    }
+  }
   for (void* p : owned_) k_->Free(p);
 }
 
@@ -227,9 +233,8 @@ absl::Status LocalStepPipeline::Merge(bool wait) {
   {
     absl::MutexLock lock(&mu_);
     if (wait) {
-      auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return sync_ != Sync::kPushing;
-      };
+      auto settled = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sync_ != Sync::kPushing; };
       mu_.Await(absl::Condition(&settled));
     }
     if (sync_ == Sync::kFailed) return sync_status_;
@@ -320,8 +325,7 @@ absl::Status LocalStepPipeline::Run(int64_t index, int64_t tag, int64_t /*pull_s
   std::vector<const float*> params;
   for (int64_t offset : model_->dense_offsets()) params.push_back(local_ + offset);
   PS_RETURN_IF_ERROR(model_->Enqueue(static_cast<int>(index % Model::kInputSlots), params, {},
-                                     Model::Pass::kTraining, 1.0f, Model::Hooks(),
-                                     outputs_[slot]));
+                                     Model::Pass::kTraining, 1.0f, Model::Hooks(), outputs_[slot]));
   PS_RETURN_IF_ERROR(ApplyLocalUpdate(tag));
   Pending p;
   p.index = index;
@@ -352,8 +356,8 @@ void LocalStepPipeline::CollectOutcomes(size_t keep) {
     for (int i = 0; i < out.examples; ++i) {
       out.loss_sum += o.loss[i];
       const float y = p.labels[i];
-      out.correct += softmax ? o.predictions[i] == static_cast<int32_t>(y)
-                             : (o.logits[i] > 0) == (y > 0.5f);
+      out.correct +=
+          softmax ? o.predictions[i] == static_cast<int32_t>(y) : (o.logits[i] > 0) == (y > 0.5f);
     }
     {
       absl::MutexLock lock(&mu_);

@@ -107,9 +107,9 @@ class LocalStepPipeline : public StepRunner {
   // steps (waiting for their outputs).
   void CollectOutcomes(size_t keep);
 
-  Model* const model_;              // Not owned.
-  ParameterClient* const client_;   // Not owned.
-  Kernels* const k_;                // the model's
+  Model* const model_;             // Not owned.
+  ParameterClient* const client_;  // Not owned.
+  Kernels* const k_;               // the model's
   const int local_steps_;
   const int64_t n_;  // dense_total
   std::vector<UpdateGroup> groups_;
