@@ -367,6 +367,18 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   }
 }
 
+TEST(DaemonFlagsTest, TheChiefRefusesLocalStepsItCannotRun) {
+  const std::string tf_config =
+      R"({"cluster": {"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]},
+          "task": {"type": "chief", "index": 0}})";
+  RunResult r = RunToExit("chief/chief", {"--local_steps=0"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--local_steps must be >= 1"));
+  r = RunToExit("chief/chief", {"--local_steps=4", "--mode=sync"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--local_steps needs --mode=async or ssp"));
+}
+
 TEST(DaemonFlagsTest, AnUnknownCrashPointIsRefused) {
   const std::string tf_config =
       R"({"cluster": {"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"]},

@@ -71,10 +71,14 @@ struct SoftmaxRun {
   // default staleness 1, two async workers end at 0.71-0.74 where they end at 0.81-0.83
   // without it (measured, 4 runs each).
   double min_accuracy;
+  // The chief's --local_steps (async): the workers push a delta every this many steps.
+  int local_steps = 1;
 };
 
 std::string SoftmaxRunName(const ::testing::TestParamInfo<SoftmaxRun>& info) {
-  return absl::StrCat(info.param.mode, "_staleness", info.param.staleness);
+  return absl::StrCat(
+      info.param.mode, "_staleness", info.param.staleness,
+      info.param.local_steps > 1 ? absl::StrCat("_local", info.param.local_steps) : "");
 }
 
 class SoftmaxRegressionTest : public ::testing::TestWithParam<SoftmaxRun> {};
@@ -93,7 +97,8 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
                             "--epochs=3",
                             "--batch_size=50",
                             "--eval_every_secs=2",
-                            "--metrics_file=" + metrics};
+                            "--metrics_file=" + metrics,
+                            absl::StrCat("--local_steps=", run.local_steps)};
   options.flags["worker"] = {absl::StrCat("--pipeline_staleness=", run.staleness)};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -103,7 +108,10 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
   EXPECT_GE(status.progress().test_accuracy(), run.min_accuracy) << status.DebugString();
   // The workers' reports say how stale their steps were: never beyond the bound (sync steps
   // never overlap).
-  EXPECT_LE(status.progress().max_staleness(), run.mode == "sync" ? 0 : run.staleness);
+  // With local steps: a step's values were refreshed from the ps at most 2K - 1 steps before.
+  EXPECT_LE(status.progress().max_staleness(), run.local_steps > 1
+                                                   ? 2 * run.local_steps - 1
+                                                   : (run.mode == "sync" ? 0 : run.staleness));
   EXPECT_EQ(status.progress().workers_finished(), 2);
   // 12000 examples, 2 workers, 3 epochs, batches of 50: 360 steps each.
   EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(360, 360));
@@ -127,7 +135,8 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
 INSTANTIATE_TEST_SUITE_P(Modes, SoftmaxRegressionTest,
                          ::testing::Values(SoftmaxRun{"async", 0, 0.75},
                                            SoftmaxRun{"async", 1, 0.65},
-                                           SoftmaxRun{"sync", 1, 0.75}),
+                                           SoftmaxRun{"sync", 1, 0.75},
+                                           SoftmaxRun{"async", 0, 0.70, 4}),
                          SoftmaxRunName);
 
 // Wide & deep (configs/wide_deep.pbtxt) on click logs in the Criteo layout, read from files by
