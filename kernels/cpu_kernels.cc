@@ -251,6 +251,13 @@ class CpuKernels final : public Kernels {
     if (n > 0) std::fill_n(x, n, value);
   }
 
+  void GatherRows(const void* table, const int32_t* index, int n, int64_t row, void* out) override {
+    const char* from = static_cast<const char*>(table);
+    char* to = static_cast<char*>(out);
+    const int64_t bytes = row * 4;
+    for (int i = 0; i < n; ++i) std::memcpy(to + i * bytes, from + index[i] * bytes, bytes);
+  }
+
   void ApplyUpdate(const ElementwiseUpdate& u, int64_t n, const float* grad, float* var,
                    float* slot0, float* slot1) override {
     using Kind = ElementwiseUpdate::Kind;

@@ -98,6 +98,15 @@ __global__ void FillKernel(float* x, int64_t n, float value) {
   }
 }
 
+__global__ void GatherRowsKernel(const uint32_t* table, const int32_t* index, int64_t total,
+                                 int64_t row, uint32_t* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / row;
+    out[i] = table[int64_t{index[r]} * row + (i - r * row)];
+  }
+}
+
 // ElementwiseUpdate's kinds, one kernel each (see kernels.h for the formulas).
 __global__ void SgdUpdateKernel(int64_t n, float lr, const float* grad, float* var) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -954,6 +963,15 @@ class CudaKernels final : public Kernels {
     MakeCurrent();
     AxpyKernel<<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(n, alpha, x, y);
     PS_CUDA_CHECK_LAUNCH("AxpyKernel");
+  }
+
+  void GatherRows(const void* table, const int32_t* index, int n, int64_t row, void* out) override {
+    const int64_t total = int64_t{n} * row;
+    if (total <= 0) return;
+    MakeCurrent();
+    GatherRowsKernel<<<Blocks(total), kThreadsPerBlock, 0, stream_>>>(
+        static_cast<const uint32_t*>(table), index, total, row, static_cast<uint32_t*>(out));
+    PS_CUDA_CHECK_LAUNCH("GatherRowsKernel");
   }
 
   void ApplyUpdate(const ElementwiseUpdate& u, int64_t n, const float* grad, float* var,

@@ -149,6 +149,12 @@ class Kernels {
   // Sets n floats to `value`.
   virtual void Fill(float* x, int64_t n, float value) = 0;
 
+  // Copies rows of 4-byte words (floats, or int32 labels): out[i * row + j] =
+  // table[index[i] * row + j] for i in [0, n), j in [0, row); index holds n row numbers. A batch
+  // gathered from a dataset kept on the device.
+  virtual void GatherRows(const void* table, const int32_t* index, int n, int64_t row,
+                          void* out) = 0;
+
   // One update (see ElementwiseUpdate) of var[0, n) with grad[0, n); slot0 and slot1 are the
   // kind's slots (null where it has none). None of them overlap.
   virtual void ApplyUpdate(const ElementwiseUpdate& update, int64_t n, const float* grad,

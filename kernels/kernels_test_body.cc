@@ -560,6 +560,28 @@ TEST_P(KernelsConformanceTest, Axpy) {
   EXPECT_TRUE(AllNear(Download(y, n), expected));
 }
 
+// Rows of floats and of int32 words, in any order and repeated, copied bit for bit.
+TEST_P(KernelsConformanceTest, GatherRows) {
+  const int rows = 50, row = 7;
+  const std::vector<float> table = RandomFloats(rows * row, 30);
+  const std::vector<int32_t> index = {49, 0, 3, 3, 17, 48};
+  const int n = static_cast<int>(index.size());
+  float* out = Filled(n * row, kNaN);
+  kernels_->GatherRows(Upload(table), UploadInts(index), n, row, out);
+  std::vector<float> expected;
+  for (int32_t r : index) {
+    expected.insert(expected.end(), table.begin() + r * row, table.begin() + (r + 1) * row);
+  }
+  EXPECT_EQ(Download(out, n * row), expected);
+  std::vector<int32_t> labels(rows);
+  for (int i = 0; i < rows; ++i) labels[i] = i * 3 - 70;
+  int32_t* got = UploadInts(std::vector<int32_t>(n, 0));
+  kernels_->GatherRows(UploadInts(labels), UploadInts(index), n, 1, got);
+  std::vector<int32_t> want;
+  for (int32_t r : index) want.push_back(labels[r]);
+  EXPECT_EQ(DownloadInts(got, n), want);
+}
+
 // Two updates of each kind against the formulas of kernels.h, in double.
 TEST_P(KernelsConformanceTest, ApplyUpdate) {
   using Kind = ElementwiseUpdate::Kind;

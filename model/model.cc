@@ -628,6 +628,9 @@ absl::Status Model::Allocate() {
     in.host_int_labels = static_cast<int32_t*>(int_labels);
     PS_ASSIGN_OR_RETURN(void* offsets, host((b + 1) * int64_t{sizeof(int32_t)}));
     in.host_offsets = static_cast<int32_t*>(offsets);
+    PS_ASSIGN_OR_RETURN(void* positions, host(b * int64_t{sizeof(int32_t)}));
+    in.host_positions = static_cast<int32_t*>(positions);
+    PS_ASSIGN_OR_RETURN(in.positions, Ints(b));
     in.rows.assign(embeddings_.size(), nullptr);
     in.rows_capacity.assign(embeddings_.size(), 0);
     in.uploaded = kernels_->NewEvent();
@@ -745,6 +748,7 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
       in.host_labels[i] = batch.labels[i];
     }
   }
+  in.resident = false;
   in.size = b;
   in.num_rows = static_cast<int64_t>(sparse.unique_ids.size());
   if (!embeddings_.empty()) {
@@ -763,6 +767,53 @@ absl::Status Model::StageInputs(int slot, const Batch& batch, const SparseInput&
     }
   }
   Upload(slot);
+  return absl::OkStatus();
+}
+
+absl::Status Model::SetResidentData(const float* dense, const float* labels, int64_t n) {
+  if (!embeddings_.empty() || config_.has_augmentation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", config_.name(),
+                     " makes its batches on the host (it has embedding tables or augments)"));
+  }
+  if (n < 1 || n > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a resident dataset holds 1 to 2^31 - 1 examples, not ", n));
+  }
+  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
+  std::vector<int32_t> classes;
+  if (softmax) classes.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = labels[i];
+    const bool ok = softmax ? (y >= 0 && y < classes_ && y == std::floor(y)) : (y == 0 || y == 1);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", y, " of example ", i, " is out of range: expected ",
+          softmax ? absl::StrCat("a class in 0..", classes_ - 1) : std::string("0 or 1")));
+    }
+    if (softmax) classes[i] = static_cast<int32_t>(y);
+  }
+  const int64_t input_dim = config_.input_dim();
+  if (kernels_->device_is_host()) {
+    resident_dense_ = dense;
+    resident_host_labels_ = std::move(classes);
+    resident_labels_ = softmax ? static_cast<const void*>(resident_host_labels_.data()) : labels;
+  } else {
+    PS_ASSIGN_OR_RETURN(float* d, Floats(n * input_dim));
+    kernels_->CopyToDevice(dense, d, n * input_dim);
+    if (softmax) {
+      PS_ASSIGN_OR_RETURN(int32_t * l, Ints(n));
+      kernels_->CopyToDevice(classes.data(), l, n);
+      resident_labels_ = l;
+    } else {
+      PS_ASSIGN_OR_RETURN(float* l, Floats(n));
+      kernels_->CopyToDevice(labels, l, n);
+      resident_labels_ = l;
+    }
+    resident_dense_ = d;
+  }
+  resident_host_ = dense;
+  resident_n_ = n;
   return absl::OkStatus();
 }
 
@@ -791,6 +842,25 @@ absl::Status Model::StageGathered(int slot, const float* dense, const float* lab
   kernels_->Synchronize(in.uploaded.get());
   const int64_t input_dim = config_.input_dim();
   const bool augment = augment_key != 0 && config_.has_augmentation();
+  if (!augment && dense == resident_host_ && resident_host_ != nullptr) {
+    // Only the positions go up; Enqueue gathers the batch on the device.
+    for (int i = 0; i < n; ++i) {
+      if (positions[i] < 0 || positions[i] >= resident_n_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "example ", positions[i], " is not in the resident data of ", resident_n_));
+      }
+      in.host_positions[i] = static_cast<int32_t>(positions[i]);
+    }
+    in.size = n;
+    in.num_rows = 0;
+    in.resident = true;
+    kernels_->Wait(Kernels::Stream::kUpload, in.consumed.get());
+    kernels_->CopyToDeviceAsync(Kernels::Stream::kUpload, in.host_positions, in.positions,
+                                int64_t{n} * 4);
+    kernels_->Record(in.uploaded.get(), Kernels::Stream::kUpload);
+    return absl::OkStatus();
+  }
+  in.resident = false;
   for (int i = 0; i < n; ++i) {
     if (augment) {
       Augment(dense + positions[i] * input_dim, positions[i], augment_key,
@@ -894,6 +964,11 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
   const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   const bool training = pass != Pass::kInference;
   auto value = [this, &in](int t) { return t == 0 ? in.x0 : tensors_[t].value; };
+  if (in.resident) {
+    kernels_->GatherRows(resident_dense_, in.positions, b, config_.input_dim(), in.x0);
+    kernels_->GatherRows(resident_labels_, in.positions, b, 1,
+                         softmax ? static_cast<void*>(in.int_labels) : in.labels);
+  }
 
   // Input: the dense features are in place; each embedding bag into its columns.
   for (size_t e = 0; e < embeddings_.size(); ++e) {

@@ -144,6 +144,16 @@ class Model {
   absl::Status StageGathered(int slot, const float* dense, const float* labels,
                              const int64_t* positions, int n, uint64_t augment_key = 0);
 
+  // Keeps a copy of a dataset ([n x input_dim] features, n labels) in device memory, so that
+  // StageGathered, given these same host arrays and no augmentation, uploads only the batch's
+  // positions and gathers the batch on the device (Kernels::GatherRows) instead of copying it
+  // on the host and uploading it. The CPU backend reads the host arrays in place (labels are
+  // converted). The arrays must outlive the model and stay unchanged. FAILED_PRECONDITION for a
+  // model with tables or an augmentation (those batches are made on the host), INVALID_ARGUMENT
+  // for a label out of range (naming the example), RESOURCE_EXHAUSTED when the device has no
+  // room (the caller may go on without).
+  absl::Status SetResidentData(const float* dense, const float* labels, int64_t n);
+
   // What StageGathered does to each image: writes example `position`'s image, augmented for
   // `key` as the config's augmentation says, to `out` (input_dim floats laid out as
   // input_shape). REQUIRES: the config has an augmentation.
@@ -269,6 +279,7 @@ class Model {
     int32_t* host_int_labels = nullptr;
     std::vector<int32_t> host_row_index;  // grown as needed; not page-locked
     int32_t* host_offsets = nullptr;      // [max_batch + 1]
+    int32_t* host_positions = nullptr;    // [max_batch]: a resident batch's rows
     // Device.
     float* x0 = nullptr;  // [max_batch x input_width]
     float* labels = nullptr;
@@ -276,6 +287,8 @@ class Model {
     int32_t* row_index = nullptr;
     int64_t row_index_capacity = 0;
     int32_t* offsets = nullptr;
+    int32_t* positions = nullptr;
+    bool resident = false;     // the batch is gathered from the resident data by Enqueue
     std::vector<float*> rows;  // per table
     std::vector<int64_t> rows_capacity;
     std::unique_ptr<Kernels::Event> uploaded;  // upload stream
@@ -309,7 +322,14 @@ class Model {
   std::vector<Node> nodes_;
   std::vector<Tensor> tensors_;
   std::vector<Embedding> embeddings_;
-  std::vector<void*> owned_;  // every device allocation
+  // SetResidentData: the host arrays it was given, and the device copy (features, and labels
+  // as int32 classes or float 0/1).
+  const float* resident_host_ = nullptr;
+  int64_t resident_n_ = 0;
+  const float* resident_dense_ = nullptr;
+  const void* resident_labels_ = nullptr;
+  std::vector<int32_t> resident_host_labels_;  // CPU backend: the converted labels
+  std::vector<void*> owned_;                   // every device allocation
   std::vector<void*> owned_host_;
   Inputs inputs_[kInputSlots];
   float* grads_ = nullptr;  // packed dense gradients

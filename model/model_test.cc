@@ -737,5 +737,73 @@ TEST(ModelTest, RefusesOutOfRangeLabels) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("label 3 of example 1 is out of range"));
 }
 
+// A batch gathered from the resident data computes what the same batch gathered on the host
+// does, bit for bit; a dataset with a bad label, or a model that augments, is not made resident.
+TEST(ModelTest, ResidentDataGathersTheSameBatches) {
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  const v1::ModelConfig config = Parse(R"pb(input_dim: 3
+                                            layers { name: "h" units: 4 activation: RELU }
+                                            layers { name: "o" units: 3 })pb");
+  auto resident = Model::Create(config, kernels.get(), 4);
+  auto host = Model::Create(config, kernels.get(), 4);
+  ASSERT_TRUE(resident.ok() && host.ok());
+  const int n = 10;
+  std::vector<float> dense(n * 3), labels(n);
+  for (int i = 0; i < n * 3; ++i) dense[i] = std::sin(0.7f * i);
+  for (int i = 0; i < n; ++i) labels[i] = static_cast<float>(i % 3);
+  ASSERT_TRUE((*resident)->SetResidentData(dense.data(), labels.data(), n).ok());
+  std::vector<std::vector<float>> values;
+  std::vector<const float*> params;
+  for (int64_t size : (*host)->dense_sizes()) {
+    values.emplace_back(size);
+    for (int64_t i = 0; i < size; ++i) values.back()[i] = std::cos(0.3f * (i + size));
+  }
+  for (auto& v : values) params.push_back(v.data());
+  const std::vector<int64_t> positions = {9, 2, 2, 5};
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<float>> losses;
+  for (Model* m : {resident->get(), host->get()}) {
+    // The host model is given a copy: the same values, not the resident arrays.
+    const std::vector<float> copy = dense;
+    const float* from = m == resident->get() ? dense.data() : copy.data();
+    ASSERT_TRUE(m->StageGathered(0, from, labels.data(), positions.data(), 4).ok());
+    Model::Outputs out;
+    std::vector<float> loss(4);
+    std::vector<int32_t> predictions(4);
+    std::vector<float> logits(4);
+    auto ready = kernels->NewEvent();
+    out.loss = loss.data();
+    out.predictions = predictions.data();
+    out.logits = logits.data();
+    out.ready = ready.get();
+    ASSERT_TRUE(m->Enqueue(0, params, {}, Model::Pass::kTraining, 1.0f, Model::Hooks(), out).ok());
+    kernels->Synchronize(ready.get());
+    grads.emplace_back(m->device_grads(), m->device_grads() + m->dense_total());
+    losses.push_back(loss);
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(losses[0], losses[1]);
+
+  labels[7] = 3;
+  absl::Status bad = (*host)->SetResidentData(dense.data(), labels.data(), n);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("label 3 of example 7 is out of range"));
+  v1::ModelConfig augmenting = Parse(R"pb(input_dim: 4
+                                          input_shape { height: 2 width: 2 channels: 1 }
+                                          augmentation { max_shift: 1 }
+                                          network {
+                                            name: "f"
+                                            flatten {}
+                                          }
+                                          network {
+                                            name: "o"
+                                            dense { units: 3 }
+                                          })pb");
+  auto image = Model::Create(augmenting, kernels.get(), 4);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_EQ((*image)->SetResidentData(dense.data(), labels.data(), 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace pscluster

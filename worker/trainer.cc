@@ -170,6 +170,19 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     tower_models.push_back(m.get());
     models.push_back(std::move(m));
   }
+  // A model without tables or augmentation trains on a copy of this worker's shard kept on
+  // each device: a step uploads only its batch's positions. Without room (or with a label the
+  // first bad batch will name), batches are gathered on the host as before.
+  if (model_.config().embeddings_size() == 0 && !model_.config().has_augmentation()) {
+    for (Model* m : tower_models) {
+      const absl::Status resident =
+          m->SetResidentData(train_.dense.data(), train_.labels.data(), train_.num_examples);
+      if (resident.code() == absl::StatusCode::kResourceExhausted) {
+        LOG(WARNING) << "worker:" << options_.worker << " keeps its data on the host (" << resident
+                     << ")";
+      }
+    }
+  }
   std::unique_ptr<TowerReducer> reducer;
   if (num_towers > 1) {
     PS_ASSIGN_OR_RETURN(reducer, NewTowerReducer(towers_));
@@ -248,6 +261,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   // runs (the step about to run counts as a push in flight, so a closing gate answers "drain"
   // and no cut falls inside it), which takes the chief's answer off the step's critical path.
   const bool prefetch_gate = model_.sync().mode() == v1::ASYNC && pipeline_options.staleness > 0;
+  // ASYNC with local steps: only the step that starts a delta's push touches the ps, so the gate
+  // is asked once per K steps (a checkpoint's cut waits up to K local steps); the steps between
+  // are granted here, as the chief grants them (last done + 1).
+  const int gate_every = model_.sync().mode() == v1::ASYNC && local_steps > 1 ? local_steps : 1;
   ThreadPool gate_thread(prefetch_gate ? 1 : 0);
   using GateAnswer = std::pair<absl::Status, StepGrant>;
   std::future<GateAnswer> next_gate;
@@ -266,7 +283,9 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   while (!stop()) {
     StepGrant grant;
     absl::Status s;
-    if (next_gate.valid()) {
+    if (index % gate_every != 0 && failures == 0) {
+      grant.step = policy->last_done() + 1;
+    } else if (next_gate.valid()) {
       GateAnswer a = next_gate.get();
       s = a.first;
       grant = a.second;
@@ -294,7 +313,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
         }
         pipeline->Invalidate();
       }
-      if (prefetch_gate && !grant.finished) {
+      if (prefetch_gate && !grant.finished && (index + 1) % gate_every == 0) {
         auto promise = std::make_shared<std::promise<GateAnswer>>();
         next_gate = promise->get_future();
         const int64_t last_done = policy->last_done();
