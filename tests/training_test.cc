@@ -99,7 +99,9 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
                             "--eval_every_secs=2",
                             "--metrics_file=" + metrics,
                             absl::StrCat("--local_steps=", run.local_steps)};
-  options.flags["worker"] = {absl::StrCat("--pipeline_staleness=", run.staleness)};
+  // Reports every 10 ms: each is checked against the steps the chief granted.
+  options.flags["worker"] = {absl::StrCat("--pipeline_staleness=", run.staleness),
+                             "--report_every_secs=0.01"};
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = Chief(**cluster);
@@ -113,6 +115,9 @@ TEST_P(SoftmaxRegressionTest, LearnsFashionMnistThroughTheDaemons) {
                                                    ? 2 * run.local_steps - 1
                                                    : (run.mode == "sync" ? 0 : run.staleness));
   EXPECT_EQ(status.progress().workers_finished(), 2);
+  // No worker's report was refused (each would restart its training).
+  EXPECT_THAT((*cluster)->Logs(/*lines=*/100000),
+              ::testing::Not(HasSubstr("training interrupted")));
   // 12000 examples, 2 workers, 3 epochs, batches of 50: 360 steps each.
   EXPECT_THAT(status.progress().worker_steps(), ::testing::ElementsAre(360, 360));
   if (run.mode == "sync") {
