@@ -18,8 +18,10 @@
 # reach the target counts as inf; a PyTorch run that fails does not count). From the device bundle (bench/gpu_prepare.sh), there:
 #   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
 #        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
-#        [--timeout 600] [--ours "async local8"]
+#        [--timeout 600] [--ours "async local8"] [--workers 1]
 # --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K).
+# --workers N: ours runs N workers, worker i on GPU i (the BENCH line says <N>gpu); PyTorch
+# stays on one GPU.
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
 # logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
 set -euo pipefail
@@ -29,6 +31,7 @@ modes="graph compile_graph"
 specs="mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"
 run_timeout=600
 ours_runs=async
+num_workers=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --repeats) repeats=$2; shift 2 ;;
@@ -36,11 +39,12 @@ while [[ $# -gt 0 ]]; do
     --specs) specs=$2; shift 2 ;;
     --timeout) run_timeout=$2; shift 2 ;;
     --ours) ours_runs=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --workers) num_workers=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for n in "$repeats" "$run_timeout"; do
+for n in "$repeats" "$run_timeout" "$num_workers"; do
   [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_tta.sh: not a number: $n" >&2; exit 2; }
 done
 read -r -a ours_list <<<"$ours_runs"
@@ -50,6 +54,7 @@ for o in "${ours_list[@]}"; do
 done
 python=${PYTHON:-python3}
 device=${DEVICE:-gpu:0}
+[[ $num_workers -gt 1 ]] && device=${DEVICE:-gpu:\{i\}}
 for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
   [[ -e $bundle/$f ]] ||
     { echo "gpu_tta.sh: $bundle/$f is missing; run bench/gpu_prepare.sh" >&2; exit 1; }
@@ -104,7 +109,7 @@ for spec in "${spec_list[@]}"; do
       [[ $o == local* ]] && cl_chief_flags=(--local_steps="${o#local}")
       cl_target_accuracy=$target
       seconds=inf
-      if cl_train_to_end "$run" async "$num_ps" 1 "$batch" "$max_epochs" "$device" \
+      if cl_train_to_end "$run" async "$num_ps" "$num_workers" "$batch" "$max_epochs" "$device" \
         "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
         if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
           seconds=$t
@@ -142,9 +147,9 @@ for spec in "${spec_list[@]}"; do
   done
   args=()
   for mode in "${ours_list[@]/#/ours_}" "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
-  python3 - "$name" "$batch" "${args[@]}" <<'PY' | tee -a "$report"
+  python3 - "$name" "$batch" "$num_workers" "${args[@]}" <<'PY' | tee -a "$report"
 import math, statistics, sys
-name, batch, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+name, batch, gpus, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 med = {}
 for mode, runs in zip(rest[::2], rest[1::2]):
     vals = [float(v) for v in runs.split()]
@@ -164,7 +169,7 @@ for run in [m for m in rest[::2] if m.startswith("ours_")]:
         best = min(torch.values())
         ratio = ("%.2f" % (best / ours) if math.isfinite(ours)
                  else "0" if math.isfinite(best) else "n/a")
-    print("BENCH gpu_tta_%s_1gpu_%s %.2f s ratio=%s" % (name, run, ours, ratio))
+    print("BENCH gpu_tta_%s_%sgpu_%s %.2f s ratio=%s" % (name, gpus, run, ours, ratio))
 PY
   unset times
 done
