@@ -30,7 +30,8 @@ absl::StatusOr<ElementwiseUpdate::Kind> KindOf(const Optimizer& optimizer) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
-    Model* model, ParameterClient* client, const v1::ModelSpec& spec, int local_steps) {
+    Model* model, ParameterClient* client, const v1::ModelSpec& spec, int local_steps,
+    int num_workers) {
   if (local_steps < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("local steps must be >= 2 (1: push every step), got ", local_steps));
@@ -40,17 +41,23 @@ absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
         absl::StrCat("model ", model->config().name(),
                      " has embedding tables; local steps keep dense variables only on the worker"));
   }
-  auto p = std::unique_ptr<LocalStepPipeline>(new LocalStepPipeline(model, client, local_steps));
+  if (num_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", num_workers));
+  }
+  auto p = std::unique_ptr<LocalStepPipeline>(
+      new LocalStepPipeline(model, client, local_steps, 1.0f / static_cast<float>(num_workers)));
   PS_RETURN_IF_ERROR(p->Allocate(spec));
   p->comm_thread_ = std::thread([raw = p.get()] { raw->CommThread(); });
   return p;
 }
 
-LocalStepPipeline::LocalStepPipeline(Model* model, ParameterClient* client, int local_steps)
+LocalStepPipeline::LocalStepPipeline(Model* model, ParameterClient* client, int local_steps,
+                                     float delta_scale)
     : model_(model),
       client_(client),
       k_(model->kernels()),
       local_steps_(local_steps),
+      delta_scale_(delta_scale),
       n_(model->dense_total()) {}
 
 LocalStepPipeline::~LocalStepPipeline() {
@@ -213,10 +220,11 @@ void LocalStepPipeline::CommThread() {
 }
 
 void LocalStepPipeline::StartSync(int64_t tag) {
-  // delta = local - base, taken now; the local copy goes on changing meanwhile.
+  // delta = (local - base) / workers, taken now; the local copy goes on changing meanwhile.
   k_->ScaleCopy(n_, 1.0f, local_, snap_);
   k_->ScaleCopy(n_, 1.0f, local_, delta_);
   k_->Axpy(n_, -1.0f, base_, delta_);
+  if (delta_scale_ != 1.0f) k_->Scale(n_, delta_scale_, delta_);
   k_->Record(delta_downloaded_.get(), kCompute);
   k_->Wait(kDownload, delta_downloaded_.get());
   k_->CopyToHostAsync(kDownload, delta_, host_delta_, n_ * 4);

@@ -41,11 +41,13 @@ namespace pscluster {
 class LocalStepPipeline : public StepRunner {
  public:
   // `model`, `client` not owned; they outlive the pipeline. `spec` gives each dense
-  // variable's optimizer.
+  // variable's optimizer. Each delta is divided by `num_workers` (as PaddlePaddle's GEO-SGD
+  // divides by its trainers): a round of every worker's deltas moves the model by their mean.
   static absl::StatusOr<std::unique_ptr<LocalStepPipeline>> Create(Model* model,
                                                                    ParameterClient* client,
                                                                    const v1::ModelSpec& spec,
-                                                                   int local_steps);
+                                                                   int local_steps,
+                                                                   int num_workers = 1);
   ~LocalStepPipeline() override;
 
   absl::Status Stage(int64_t index, const PreparedBatch& batch) override;
@@ -86,7 +88,7 @@ class LocalStepPipeline : public StepRunner {
   };
   enum class Sync { kNone, kPushing, kDone, kFailed };
 
-  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps);
+  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps, float delta_scale);
   absl::Status Allocate(const v1::ModelSpec& spec);
   // Pulls every variable into host_fresh_ (caller thread).
   absl::Status PullFresh();
@@ -111,7 +113,8 @@ class LocalStepPipeline : public StepRunner {
   ParameterClient* const client_;  // Not owned.
   Kernels* const k_;               // the model's
   const int local_steps_;
-  const int64_t n_;  // dense_total
+  const float delta_scale_;  // 1 / the number of workers
+  const int64_t n_;          // dense_total
   std::vector<UpdateGroup> groups_;
 
   // Device: the local copy, the values last pulled (base), the local copy when the sync in

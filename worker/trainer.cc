@@ -214,7 +214,8 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
           absl::StrCat("local steps run on one device, not ", num_towers));
     }
     PS_ASSIGN_OR_RETURN(
-        pipeline, LocalStepPipeline::Create(tower_models[0], client_, model_.model(), local_steps));
+        pipeline, LocalStepPipeline::Create(tower_models[0], client_, model_.model(), local_steps,
+                                            options_.num_workers));
     pipeline_options.staleness = local_steps;
   } else {
     PS_ASSIGN_OR_RETURN(
