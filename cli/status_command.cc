@@ -43,15 +43,18 @@ std::string Uptime(int64_t micros) {
 }
 
 std::string ModeName(const v1::SyncOptions& sync) {
+  const std::string local = sync.local_steps() > 1 ? absl::StrCat(", ", sync.local_steps(),
+                                                                  " local steps per worker push")
+                                                   : "";
   switch (sync.mode()) {
     case v1::SYNC:
       return sync.replicas_to_aggregate() > 0
                  ? absl::StrCat("sync (", sync.replicas_to_aggregate(), " replicas per step)")
                  : "sync (every worker each step)";
     case v1::SSP:
-      return absl::StrCat("ssp (staleness ", sync.staleness(), ")");
+      return absl::StrCat("ssp (staleness ", sync.staleness(), local, ")");
     default:
-      return "async";
+      return sync.local_steps() > 1 ? absl::StrCat("async (", local.substr(2), ")") : "async";
   }
 }
 

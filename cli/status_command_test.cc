@@ -50,6 +50,15 @@ TEST(StatusCommandTest, TableShowsRatesOfMeasuredTasksAndWhoTheStepWaitsFor) {
   EXPECT_THAT(text, HasSubstr("waiting for: worker:1\n"));
   EXPECT_THAT(text, HasSubstr("state: waiting for worker:1 (no heartbeat); step 12 waits for"));
   EXPECT_THAT(FormatClusterStatus(status), Not(HasSubstr("41.5")));
+  // Local steps are named with the mode.
+  status.mutable_sync()->set_mode(v1::ASYNC);
+  status.mutable_sync()->set_local_steps(8);
+  EXPECT_THAT(FormatClusterStatus(status),
+              HasSubstr("mode: async (8 local steps per worker push)\n"));
+  status.mutable_sync()->set_mode(v1::SSP);
+  status.mutable_sync()->set_staleness(2);
+  EXPECT_THAT(FormatClusterStatus(status),
+              HasSubstr("mode: ssp (staleness 2, 8 local steps per worker push)\n"));
 }
 
 }  // namespace
