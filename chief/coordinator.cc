@@ -819,12 +819,8 @@ absl::Status Coordinator::AcquireToken(const v1::AcquireTokenRequest& request,
       }
     }
     resp->set_step(req->step() + 1);
-    // The steps this pass lets the worker's reports count: the granted one and, since a
-    // pipelined worker asks for its next pass while a step is still running (counted in
-    // pushes_in_flight, at most 64 here), those too; with local steps the worker passes the
-    // gate once per K steps (worker/trainer.cc), so the pass grants K.
-    const int64_t running = std::clamp<int64_t>(req->pushes_in_flight(), 0, 64);
-    NoteGranted(req->worker(), resp->step() + std::max(1, options_.sync.local_steps()) + running);
+    NoteGranted(req->worker(), AsyncGrantedSteps(resp->step(), req->pushes_in_flight(),
+                                                 options_.sync.local_steps()));
     return absl::OkStatus();
   }
   while (true) {

@@ -1,5 +1,6 @@
 #include "chief/step_reports.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,11 @@ absl::Status CheckStepReport(const v1::ReportStepRequest& report, v1::UpdateMode
                      view.granted_steps, "; expected at most ", view.granted_steps));
   }
   return absl::OkStatus();
+}
+
+int64_t AsyncGrantedSteps(int64_t step, int pushes_in_flight, int local_steps) {
+  const int64_t running = std::clamp<int64_t>(pushes_in_flight, 0, 64);
+  return step + std::max(1, local_steps) + running;
 }
 
 }  // namespace pscluster

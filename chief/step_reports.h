@@ -39,6 +39,13 @@ inline constexpr int64_t kMaxReportedExamples = int64_t{1} << 50;
 absl::Status CheckStepReport(const v1::ReportStepRequest& report, v1::UpdateMode mode,
                              int num_workers, int64_t global_step, const WorkerView& view);
 
+// ASYNC: the most steps done a worker's reports may count once a gate pass granted it `step`:
+// the granted step; the steps a pipelined worker still runs, since it asks for its next pass
+// while one runs (`pushes_in_flight`, counted up to 64); and with local steps (SyncOptions
+// .local_steps = K > 1) all K steps the pass covers, since such a worker passes the gate once
+// per K steps.
+int64_t AsyncGrantedSteps(int64_t step, int pushes_in_flight, int local_steps);
+
 }  // namespace pscluster
 
 #endif  // PSCLUSTER_CHIEF_STEP_REPORTS_H_

@@ -91,5 +91,15 @@ TEST(StepReportsTest, AWorkerThatHasNotRegisteredIsToldToComeBack) {
                 absl::StatusCode::kUnavailable, "worker:1 has not registered with this chief");
 }
 
+// A pass grants its step, the steps still running (at most 64 counted) and, with local
+// steps, all K of them.
+TEST(StepReportsTest, AsyncPassesGrantWhatThePipelineRuns) {
+  EXPECT_EQ(AsyncGrantedSteps(10, 0, 1), 11);
+  EXPECT_EQ(AsyncGrantedSteps(10, 2, 0), 13);
+  EXPECT_EQ(AsyncGrantedSteps(10, 1, 8), 19);
+  EXPECT_EQ(AsyncGrantedSteps(10, -5, 1), 11);
+  EXPECT_EQ(AsyncGrantedSteps(10, 1 << 30, 1), 75);
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -1,12 +1,21 @@
 #include "worker/in_process_step_source.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
+#include "chief/step_reports.h"
+#include "common/status_macros.h"
 
 namespace pscluster {
 
 InProcessStepSource::InProcessStepSource(v1::UpdateMode mode, int32_t worker,
-                                         SyncCoordinator* coordinator, StepGate* gate)
-    : mode_(mode), worker_(worker), coordinator_(coordinator), gate_(gate) {}
+                                         SyncCoordinator* coordinator, StepGate* gate,
+                                         int local_steps)
+    : mode_(mode),
+      worker_(worker),
+      coordinator_(coordinator),
+      gate_(gate),
+      local_steps_(local_steps) {}
 
 absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t generation,
                                           int pushes_in_flight, const std::function<bool()>& stop,
@@ -18,6 +27,9 @@ absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t genera
       const StepGate::Result r = gate_->Pass(worker_, slice, pushes_in_flight);
       if (r == StepGate::Result::kPassed) {
         grant->step = last_done_step + 1;
+        absl::MutexLock lock(&mu_);
+        granted_steps_ = std::max(granted_steps_,
+                                  AsyncGrantedSteps(grant->step, pushes_in_flight, local_steps_));
         return absl::OkStatus();
       }
       if (r == StepGate::Result::kDrain) {
@@ -30,6 +42,10 @@ absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t genera
       SyncCoordinator::Token token =
           coordinator_->AcquireToken(worker_, last_done_step, generation, slice);
       if (token.granted || token.finished) {
+        if (token.granted) {
+          absl::MutexLock lock(&mu_);
+          granted_steps_ = std::max(granted_steps_, token.step + 1);
+        }
         grant->step = token.step;
         grant->generation = token.generation;
         grant->finished = token.finished;
@@ -44,6 +60,26 @@ absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t genera
 }
 
 absl::Status InProcessStepSource::Report(const StepReport& report) {
+  v1::ReportStepRequest request;
+  request.set_worker(worker_);
+  request.set_step(report.step);
+  request.set_examples(report.examples);
+  request.set_epoch(report.epoch);
+  request.set_finished(report.finished);
+  request.set_generation(report.generation);
+  request.set_mean_staleness(report.mean_staleness);
+  request.set_max_staleness(report.max_staleness);
+  WorkerView view;
+  view.registered = true;
+  {
+    absl::MutexLock lock(&mu_);
+    view.granted_steps = granted_steps_;
+  }
+  // SYNC's bound is the coordinator's global step, which its own tests check; ASYNC and SSP
+  // are bound by the steps granted here.
+  if (mode_ != v1::SYNC) {
+    PS_RETURN_IF_ERROR(CheckStepReport(request, mode_, worker_ + 1, /*global_step=*/0, view));
+  }
   if (mode_ != v1::ASYNC && report.examples > 0) {
     coordinator_->ReportStep(worker_, report.step - 1, report.generation);
   }

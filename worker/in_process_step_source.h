@@ -14,13 +14,16 @@ namespace pscluster {
 
 // A StepSource over the chief's own token and gate logic (SyncCoordinator, StepGate) in this
 // process: the in-process fake of the chief for unit tests of the training loop, answering as
-// the Coordinator's AcquireToken and ReportStep do. Thread-safe; several workers' sources may share
+// the Coordinator's AcquireToken and ReportStep do, and checking each report as the chief does
+// (CheckStepReport, with the steps the gate passes granted: AsyncGrantedSteps): a refused report
+// fails the loop as it would against the chief. Thread-safe; several workers' sources may share
 // one coordinator and gate.
 class InProcessStepSource : public StepSource {
  public:
   // `coordinator` (SYNC, SSP) and `gate` (ASYNC) are not owned and must outlive this object.
+  // `local_steps`: the cluster's SyncOptions.local_steps.
   InProcessStepSource(v1::UpdateMode mode, int32_t worker, SyncCoordinator* coordinator,
-                      StepGate* gate);
+                      StepGate* gate, int local_steps = 1);
 
   absl::Status Acquire(int64_t last_done_step, int64_t generation, int pushes_in_flight,
                        const std::function<bool()>& stop, StepGrant* grant) override;
@@ -36,7 +39,9 @@ class InProcessStepSource : public StepSource {
   const int32_t worker_;
   SyncCoordinator* const coordinator_;  // Not owned.
   StepGate* const gate_;                // Not owned.
+  const int local_steps_;
   mutable absl::Mutex mu_;
+  int64_t granted_steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<StepReport> reports_ ABSL_GUARDED_BY(mu_);
   int drains_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -500,7 +500,7 @@ TEST_P(TrainerTest, LocalStepsOfOneWorkerTrainWhatPushingEveryStepTrains) {
     Cluster cluster(m);
     std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
     StepGate gate(Clock::Real());
-    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate, /*local_steps=*/4);
     RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, kSteps);
@@ -530,7 +530,7 @@ TEST_P(TrainerTest, LocalStepDeltasWhoseAnswersAreLostAreAddedOnce) {
   std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
   StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate, /*local_steps=*/3);
   RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions(), std::move(client));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
