@@ -303,15 +303,18 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   // check for conflicts and insert under the lock: all or nothing.
   PS_ASSIGN_OR_RETURN(NewShards shards, BuildShards(request));
 
+  // Local steps are the workers' concern: a ps applies deltas in any async mode.
+  v1::SyncOptions sync = request.sync();
+  sync.clear_local_steps();
   absl::MutexLock lock(&mu_);
-  if (sync_set_ && !google::protobuf::util::MessageDifferencer::Equals(sync_, request.sync())) {
+  if (sync_set_ && !google::protobuf::util::MessageDifferencer::Equals(sync_, sync)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "this ps task's shards were created with update mode ", v1::UpdateMode_Name(sync_.mode()),
         " (replicas_to_aggregate ", sync_.replicas_to_aggregate(), "); requested ",
         v1::UpdateMode_Name(request.sync().mode()), " (replicas_to_aggregate ",
         request.sync().replicas_to_aggregate(), ")"));
   }
-  sync_ = request.sync();
+  sync_ = sync;
   sync_set_ = true;
   PS_RETURN_IF_ERROR(FindPresentLocked(shards));
   const int created = InsertLocked(shards, request.start_step());

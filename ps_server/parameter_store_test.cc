@@ -310,6 +310,19 @@ TEST_F(ParameterStoreTest, DeltaPushAddsToTheValues) {
   EXPECT_THAT(Read(sync, "s"), ::testing::ElementsAre(1.0f, 1.0f));
 }
 
+// Local steps are the workers' concern: a chief that asks for them (or a restarted one that
+// no longer does) creates the same shards again, as long as the update mode is the same.
+TEST_F(ParameterStoreTest, LocalStepsDoNotChangeWhatTheShardsAre) {
+  v1::CreateShardsRequest again;
+  *again.add_dense() = Whole(Var("a", {2, 2}));
+  again.mutable_sync()->set_local_steps(8);
+  v1::CreateShardsResponse resp;
+  ASSERT_TRUE(store_.CreateShards(again, &resp).ok());
+  EXPECT_EQ(resp.already_present(), 1);
+  again.mutable_sync()->set_mode(v1::SSP);
+  EXPECT_EQ(store_.CreateShards(again, &resp).code(), absl::StatusCode::kAlreadyExists);
+}
+
 TEST_F(ParameterStoreTest, BadPushesChangeNothing) {
   v1::PushDenseResponse resp;
   absl::Status s = Push(store_, {"a", "b"}, {{1, 2, 3, 4}, {1, 2}}, 0, 0, &resp);
