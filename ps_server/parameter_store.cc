@@ -316,6 +316,7 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   }
   sync_ = sync;
   sync_set_ = true;
+  deltas_allowed_ = request.sync().local_steps() > 1;
   PS_RETURN_IF_ERROR(FindPresentLocked(shards));
   const int created = InsertLocked(shards, request.start_step());
   const int present = static_cast<int>(shards.dense.size() + shards.tables.size()) - created;
@@ -557,6 +558,14 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
   const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
   if (header.delta()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!deltas_allowed_) {
+        return absl::FailedPreconditionError(
+            "a delta push (local steps) to a cluster that does not run them (the chief's "
+            "--local_steps is 1)");
+      }
+    }
     // A delta is added to the values as they are: a sync step's mean has no place for it.
     for (int i = 0; i < n; ++i) {
       if (accumulators[i] == nullptr) continue;

@@ -244,6 +244,9 @@ class ParameterStore {
   // Set by the first CreateShards; later ones must agree.
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;
+  // The last CreateShards asked for local steps: delta pushes are taken (a worker's key can
+  // push them only where the cluster runs local steps).
+  bool deltas_allowed_ ABSL_GUARDED_BY(mu_) = false;
   // See CreateShardsRequest.hold_until_restored.
   // The highest chief epoch seen in CreateShards, SaveShards or RestoreShards (Fence).
   std::atomic<int64_t> chief_epoch_{0};

@@ -282,6 +282,18 @@ TEST_F(ParameterStoreTest, PushAppliesSgd) {
 // retry with the same id. A shard that accumulates sync steps refuses it and changes nothing.
 TEST_F(ParameterStoreTest, DeltaPushAddsToTheValues) {
   v1::PushDenseResponse resp;
+  // Refused until the chief says the cluster runs local steps.
+  absl::Status refused = Push(store_, {"b"}, {{10, 0, -10}}, 0, 0, &resp, v1::RequestId(),
+                              /*delta=*/true);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("a delta push (local steps) to a cluster that does not run them"));
+  EXPECT_THAT(Read(store_, "b"), ::testing::ElementsAre(1.0f, 1.0f, 1.0f));
+  v1::CreateShardsRequest local;
+  *local.add_dense() = Whole(Var("b", {3}));
+  local.mutable_sync()->set_local_steps(4);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(store_.CreateShards(local, &created).ok());
   v1::RequestId id;
   id.set_client(7);
   id.set_seq(1);
@@ -300,7 +312,7 @@ TEST_F(ParameterStoreTest, DeltaPushAddsToTheValues) {
   *req.add_dense() = Whole(Var("s", {2}));
   req.mutable_sync()->set_mode(v1::SYNC);
   req.mutable_sync()->set_replicas_to_aggregate(1);
-  v1::CreateShardsResponse created;
+  req.mutable_sync()->set_local_steps(4);
   ASSERT_TRUE(sync.CreateShards(req, &created).ok());
   absl::Status s = Push(sync, {"s"}, {{5, 5}}, 0, 0, &resp, v1::RequestId(), /*delta=*/true);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
