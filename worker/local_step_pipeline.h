@@ -31,7 +31,8 @@ namespace pscluster {
 //
 // The optimizer state (momentum, Adam's m and v) lives on the worker and is not checkpointed;
 // the ps's slots stay at their initial values. Adam's bias correction counts this worker's
-// local updates; a learning-rate decay counts the global step.
+// local updates; a learning-rate decay counts the step the chief granted (async: the worker's
+// own steps, where the ps's decay counts every worker's pushes).
 //
 // Drain() pushes every local change and pulls (a checkpoint or the end of training sees all
 // of them). One device; a model without embedding tables, whose optimizers are sgd, momentum,
