@@ -45,19 +45,20 @@ absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
     return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", num_workers));
   }
   auto p = std::unique_ptr<LocalStepPipeline>(
-      new LocalStepPipeline(model, client, local_steps, 1.0f / static_cast<float>(num_workers)));
+      new LocalStepPipeline(model, client, local_steps, num_workers));
   PS_RETURN_IF_ERROR(p->Allocate(spec));
   p->comm_thread_ = std::thread([raw = p.get()] { raw->CommThread(); });
   return p;
 }
 
 LocalStepPipeline::LocalStepPipeline(Model* model, ParameterClient* client, int local_steps,
-                                     float delta_scale)
+                                     int num_workers)
     : model_(model),
       client_(client),
       k_(model->kernels()),
       local_steps_(local_steps),
-      delta_scale_(delta_scale),
+      num_workers_(num_workers),
+      delta_scale_(1.0f / static_cast<float>(num_workers)),
       n_(model->dense_total()) {}
 
 LocalStepPipeline::~LocalStepPipeline() {
@@ -284,8 +285,10 @@ absl::Status LocalStepPipeline::ApplyLocalUpdate(int64_t tag) {
   ++local_updates_;
   const float* grads = model_->device_grads();
   for (UpdateGroup& g : groups_) {
+    // The ps's decay counts every worker's updates; the granted step counts this worker's.
+    const int64_t decay_t = std::max<int64_t>(tag, 0) * num_workers_ + 1;
     PS_ASSIGN_OR_RETURN(const Optimizer::Constants c,
-                        g.optimizer->ConstantsAt(local_updates_, std::max<int64_t>(tag + 1, 1)));
+                        g.optimizer->ConstantsAt(local_updates_, decay_t));
     ElementwiseUpdate u;
     u.kind = g.kind;
     u.lr = c.lr;

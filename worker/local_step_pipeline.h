@@ -31,8 +31,8 @@ namespace pscluster {
 //
 // The optimizer state (momentum, Adam's m and v) lives on the worker and is not checkpointed;
 // the ps's slots stay at their initial values. Adam's bias correction counts this worker's
-// local updates; a learning-rate decay counts the step the chief granted (async: the worker's
-// own steps, where the ps's decay counts every worker's pushes).
+// local updates; a learning-rate decay counts the steps of every worker as the ps's does (its
+// update count is every worker's pushes): the step the chief granted times the workers.
 //
 // Drain() pushes every local change and pulls (a checkpoint or the end of training sees all
 // of them). One device; a model without embedding tables, whose optimizers are sgd, momentum,
@@ -89,7 +89,7 @@ class LocalStepPipeline : public StepRunner {
   };
   enum class Sync { kNone, kPushing, kDone, kFailed };
 
-  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps, float delta_scale);
+  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps, int num_workers);
   absl::Status Allocate(const v1::ModelSpec& spec);
   // Pulls every variable into host_fresh_ (caller thread).
   absl::Status PullFresh();
@@ -114,6 +114,7 @@ class LocalStepPipeline : public StepRunner {
   ParameterClient* const client_;  // Not owned.
   Kernels* const k_;               // the model's
   const int local_steps_;
+  const int num_workers_;
   const float delta_scale_;  // 1 / the number of workers
   const int64_t n_;          // dense_total
   std::vector<UpdateGroup> groups_;
