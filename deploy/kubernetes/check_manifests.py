@@ -164,6 +164,11 @@ def check_pod_security(where, pod, container):
         fail(where, "restartPolicy is not OnFailure (a dead process must restart in place)")
 
 
+# What `kubectl delete <kinds> -l app.kubernetes.io/instance=<instance>` removes (docs/deploy.md);
+# the PersistentVolumeClaim of the checkpoints is kept.
+TEARDOWN_KINDS = ("Job", "Service", "ConfigMap", "NetworkPolicy", "PodDisruptionBudget")
+
+
 def check_overlay(overlay, entrypoint):
     objects = render(overlay)
     if not objects:
@@ -177,6 +182,20 @@ def check_overlay(overlay, entrypoint):
 
     config_maps = {o["metadata"]["name"]: o for o in of_kind("ConfigMap")}
     claims = {o["metadata"]["name"] for o in of_kind("PersistentVolumeClaim")}
+    # The documented teardown (docs/deploy.md) deletes TEARDOWN_KINDS by the overlay's instance
+    # label and keeps the checkpoint claim: it must reach every other object, and the claim
+    # must be the only thing left.
+    for obj in objects:
+        kind = obj.get("kind")
+        where = f"{name}/{kind}/{obj.get('metadata', {}).get('name')}"
+        labels = obj.get("metadata", {}).get("labels", {})
+        if kind == "PersistentVolumeClaim":
+            continue
+        if kind not in TEARDOWN_KINDS:
+            fail(where, f"the teardown of docs/deploy.md deletes {', '.join(TEARDOWN_KINDS)}; "
+                 f"a {kind} would be left behind")
+        if not labels.get("app.kubernetes.io/instance"):
+            fail(where, "has no app.kubernetes.io/instance label: the teardown would miss it")
     services = of_kind("Service")
     if len(services) != 1:
         fail(name, f"expected one Service, found {len(services)}")
