@@ -920,6 +920,10 @@ absl::Status Coordinator::ReportStep(const v1::ReportStepRequest& request,
     }
     PS_RETURN_IF_ERROR(
         CheckStepReport(*req, options_.sync.mode(), num_workers_, sync_.global_step(), view));
+    // The worker's progress is recorded before its report can release another worker's token
+    // below: a status never shows a worker ahead of what the steps it waited for allowed.
+    WorkerProgress& w = workers_[req->worker()];
+    w.steps = std::max(w.steps, req->step());
   }
   if (options_.sync.mode() != v1::ASYNC && req->examples() > 0) {
     sync_.ReportStep(req->worker(), req->step() - 1, req->generation());
