@@ -712,23 +712,22 @@ void Model::PrepareSparse(const Batch& batch, SparseInput* sparse) {
   }
 }
 
+absl::Status Model::CheckLabel(float y, int64_t example) const {
+  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
+  const bool ok = softmax ? (y >= 0 && y < classes_ && y == std::floor(y)) : (y == 0 || y == 1);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("label ", y, " of example ", example, " is out of range: expected ",
+                   softmax ? absl::StrCat("a class in 0..", classes_ - 1) : std::string("0 or 1")));
+}
+
 absl::Status Model::CheckLabels(const Batch& batch) const {
   const int b = batch.size;
   if (b < 1 || b > max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch of ", b, " examples; this model takes 1 to ", max_batch_));
   }
-  const int classes = classes_;
-  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
-  for (int i = 0; i < b; ++i) {
-    const float y = batch.labels[i];
-    const bool ok = softmax ? (y >= 0 && y < classes && y == std::floor(y)) : (y == 0 || y == 1);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", y, " of example ", i, " is out of range: expected ",
-          softmax ? absl::StrCat("a class in 0..", classes - 1) : std::string("0 or 1")));
-    }
-  }
+  for (int i = 0; i < b; ++i) PS_RETURN_IF_ERROR(CheckLabel(batch.labels[i], i));
   return absl::OkStatus();
 }
 
@@ -784,14 +783,8 @@ absl::Status Model::SetResidentData(const float* dense, const float* labels, int
   std::vector<int32_t> classes;
   if (softmax) classes.resize(n);
   for (int64_t i = 0; i < n; ++i) {
-    const float y = labels[i];
-    const bool ok = softmax ? (y >= 0 && y < classes_ && y == std::floor(y)) : (y == 0 || y == 1);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", y, " of example ", i, " is out of range: expected ",
-          softmax ? absl::StrCat("a class in 0..", classes_ - 1) : std::string("0 or 1")));
-    }
-    if (softmax) classes[i] = static_cast<int32_t>(y);
+    PS_RETURN_IF_ERROR(CheckLabel(labels[i], i));
+    if (softmax) classes[i] = static_cast<int32_t>(labels[i]);
   }
   const int64_t input_dim = config_.input_dim();
   if (kernels_->device_is_host()) {
@@ -827,17 +820,8 @@ absl::Status Model::StageGathered(int slot, const float* dense, const float* lab
     return absl::InvalidArgumentError(
         absl::StrCat("batch of ", n, " examples; this model takes 1 to ", max_batch_));
   }
-  const int classes = classes_;
   const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
-  for (int i = 0; i < n; ++i) {
-    const float y = labels[positions[i]];
-    const bool ok = softmax ? (y >= 0 && y < classes && y == std::floor(y)) : (y == 0 || y == 1);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label ", y, " of example ", positions[i], " is out of range: expected ",
-          softmax ? absl::StrCat("a class in 0..", classes - 1) : std::string("0 or 1")));
-    }
-  }
+  for (int i = 0; i < n; ++i) PS_RETURN_IF_ERROR(CheckLabel(labels[positions[i]], positions[i]));
   Inputs& in = inputs_[slot];
   kernels_->Synchronize(in.uploaded.get());
   const int64_t input_dim = config_.input_dim();

@@ -301,6 +301,8 @@ class Model {
   absl::StatusOr<int32_t*> Ints(int64_t n);
   // Starts the upload of the slot's staged inputs.
   void Upload(int slot);
+  // Checks a label against the loss: INVALID_ARGUMENT naming the example.
+  absl::Status CheckLabel(float y, int64_t example) const;
   // Checks labels against the loss: INVALID_ARGUMENT naming the example.
   absl::Status CheckLabels(const Batch& batch) const;
   // Grows a device buffer to hold n elements.

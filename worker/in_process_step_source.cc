@@ -60,15 +60,7 @@ absl::Status InProcessStepSource::Acquire(int64_t last_done_step, int64_t genera
 }
 
 absl::Status InProcessStepSource::Report(const StepReport& report) {
-  v1::ReportStepRequest request;
-  request.set_worker(worker_);
-  request.set_step(report.step);
-  request.set_examples(report.examples);
-  request.set_epoch(report.epoch);
-  request.set_finished(report.finished);
-  request.set_generation(report.generation);
-  request.set_mean_staleness(report.mean_staleness);
-  request.set_max_staleness(report.max_staleness);
+  const v1::ReportStepRequest request = ToReportStepRequest(worker_, report);
   WorkerView view;
   view.registered = true;
   {

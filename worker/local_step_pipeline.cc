@@ -358,18 +358,12 @@ void LocalStepPipeline::CollectOutcomes(size_t keep) {
   while (pending_.size() > keep) {
     const Pending& p = pending_.front();
     k_->Synchronize(outputs_ready_[p.slot].get());
-    const Model::Outputs& o = outputs_[p.slot];
     StepOutcome out;
     out.index = p.index;
     out.tag = p.tag;
     out.staleness = p.staleness;
-    out.examples = static_cast<int>(p.labels.size());
-    for (int i = 0; i < out.examples; ++i) {
-      out.loss_sum += o.loss[i];
-      const float y = p.labels[i];
-      out.correct +=
-          softmax ? o.predictions[i] == static_cast<int32_t>(y) : (o.logits[i] > 0) == (y > 0.5f);
-    }
+    CountOutputs(outputs_[p.slot], static_cast<int>(p.labels.size()), p.labels.data(), softmax,
+                 &out);
     {
       absl::MutexLock lock(&mu_);
       outcomes_.push_back(out);

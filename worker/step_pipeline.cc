@@ -673,6 +673,16 @@ absl::Status StepPipeline::Push(PushJob& job) {
   return absl::OkStatus();
 }
 
+void CountOutputs(const Model::Outputs& o, int n, const float* labels, bool softmax,
+                  StepOutcome* out) {
+  for (int i = 0; i < n; ++i) {
+    out->loss_sum += o.loss[i];
+    out->correct += softmax ? o.predictions[i] == static_cast<int32_t>(labels[i])
+                            : (o.logits[i] > 0) == (labels[i] > 0.5f);
+  }
+  out->examples += n;
+}
+
 void StepPipeline::Collect(const PushJob& job) {
   GradSlot& g = grads_[job.grad_slot];
   const bool softmax = towers_[0]->config().loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
@@ -680,21 +690,10 @@ void StepPipeline::Collect(const PushJob& job) {
   out.index = job.index;
   out.tag = job.tag;
   out.staleness = job.staleness;
-  int at = 0;
   for (size_t t = 0; t < towers_.size(); ++t) {
     towers_[t]->kernels()->Synchronize(g.outputs_ready[t].get());
-    const Model::Outputs& o = g.outputs[t];
-    for (int i = 0; i < job.tower_sizes[t]; ++i, ++at) {
-      out.loss_sum += o.loss[i];
-      const float y = job.labels[at];
-      if (softmax) {
-        out.correct += o.predictions[i] == static_cast<int32_t>(y);
-      } else {
-        out.correct += (o.logits[i] > 0) == (y > 0.5f);
-      }
-    }
+    CountOutputs(g.outputs[t], job.tower_sizes[t], job.labels.data() + out.examples, softmax, &out);
   }
-  out.examples = at;
   outcomes_.push_back(out);
 }
 

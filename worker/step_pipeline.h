@@ -59,6 +59,12 @@ struct StepOutcome {
   int staleness = 0;
 };
 
+// Adds the first `n` examples of a step's downloaded outputs to `out`: their loss, whether
+// each was predicted right against labels[0, n) (softmax: the argmax; sigmoid: logit > 0
+// against label > 0.5), and the count.
+void CountOutputs(const Model::Outputs& outputs, int n, const float* labels, bool softmax,
+                  StepOutcome* out);
+
 // How the training loop (Trainer) runs its steps, whatever moves the parameters: StepPipeline
 // (pull, compute, push every step) or LocalStepPipeline (local steps, then a delta).
 // Thread-compatible, with StepPipeline's contract for each method.

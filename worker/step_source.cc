@@ -27,9 +27,9 @@ absl::Status ChiefStepSource::Acquire(int64_t last_done_step, int64_t generation
   return s;
 }
 
-absl::Status ChiefStepSource::Report(const StepReport& report) {
+v1::ReportStepRequest ToReportStepRequest(int32_t worker, const StepReport& report) {
   v1::ReportStepRequest req;
-  req.set_worker(worker_);
+  req.set_worker(worker);
   req.set_step(report.step);
   req.set_examples(report.examples);
   req.set_loss(report.loss);
@@ -38,8 +38,12 @@ absl::Status ChiefStepSource::Report(const StepReport& report) {
   req.set_generation(report.generation);
   req.set_mean_staleness(report.mean_staleness);
   req.set_max_staleness(report.max_staleness);
+  return req;
+}
+
+absl::Status ChiefStepSource::Report(const StepReport& report) {
   v1::ReportStepResponse resp;
-  return chief_->ReportStep(req, &resp);
+  return chief_->ReportStep(ToReportStepRequest(worker_, report), &resp);
 }
 
 }  // namespace pscluster

@@ -38,6 +38,9 @@ struct StepReport {
   int32_t max_staleness = 0;
 };
 
+// `report` as worker `worker`'s ReportStepRequest.
+v1::ReportStepRequest ToReportStepRequest(int32_t worker, const StepReport& report);
+
 // The chief's side of a worker's training loop: tokens (sync), the staleness bound (SSP), the
 // gate (async), and progress reports. The loop depends on this interface only, so that unit
 // tests run it against the chief's own logic in this process (InProcessStepSource) and the

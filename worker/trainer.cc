@@ -171,16 +171,15 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     models.push_back(std::move(m));
   }
   // A model without tables or augmentation trains on a copy of this worker's shard kept on
-  // each device: a step uploads only its batch's positions. Without room (or with a label the
-  // first bad batch will name), batches are gathered on the host as before.
-  if (model_.config().embeddings_size() == 0 && !model_.config().has_augmentation()) {
-    for (Model* m : tower_models) {
-      const absl::Status resident =
-          m->SetResidentData(train_.dense.data(), train_.labels.data(), train_.num_examples);
-      if (resident.code() == absl::StatusCode::kResourceExhausted) {
-        LOG(WARNING) << "worker:" << options_.worker << " keeps its data on the host (" << resident
-                     << ")";
-      }
+  // each device: a step uploads only its batch's positions. Otherwise (SetResidentData says
+  // which), without room, or with a label the first bad batch will name, batches are gathered
+  // on the host.
+  for (Model* m : tower_models) {
+    const absl::Status resident =
+        m->SetResidentData(train_.dense.data(), train_.labels.data(), train_.num_examples);
+    if (resident.code() == absl::StatusCode::kResourceExhausted) {
+      LOG(WARNING) << "worker:" << options_.worker << " keeps its data on the host (" << resident
+                   << ")";
     }
   }
   std::unique_ptr<TowerReducer> reducer;

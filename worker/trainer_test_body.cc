@@ -477,18 +477,6 @@ v1::GetModelResponse LocalStepsModel(const char* config, int local_steps) {
   return m;
 }
 
-void ExpectNearModel(const std::vector<std::vector<float>>& got,
-                     const std::vector<std::vector<float>>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t v = 0; v < got.size(); ++v) {
-    ASSERT_EQ(got[v].size(), want[v].size());
-    for (size_t i = 0; i < got[v].size(); ++i) {
-      ASSERT_NEAR(got[v][i], want[v][i], 1e-5 * std::max(1.0f, std::abs(want[v][i])))
-          << "variable " << v << " element " << i;
-    }
-  }
-}
-
 // One worker with local steps trains the model that pushing every step trains: its local
 // updates are the ps's optimizer run on the device, and the deltas it pushes add up to them
 // (up to the rounding of value + (local - value)). Every 4 steps one delta: 6 updates per
