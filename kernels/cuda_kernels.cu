@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -726,6 +727,7 @@ class CudaKernels final : public Kernels {
     }
     for (const auto& [p, bytes] : allocations_) LogIfError(cudaFree(p), "cudaFree");
     if (scratch_ != nullptr) LogIfError(cudaFree(scratch_), "cudaFree");
+    for (float* p : retired_scratch_) LogIfError(cudaFree(p), "cudaFree");
     {
       absl::MutexLock lock(&host_mu_);
       for (void* p : host_allocations_) LogIfError(cudaFreeHost(p), "cudaFreeHost");
@@ -736,6 +738,7 @@ class CudaKernels final : public Kernels {
         LOG(ERROR) << "cublasDestroy failed: " << cublasGetStatusString(s);
       }
     }
+    if (cublas_workspace_ != nullptr) LogIfError(cudaFree(cublas_workspace_), "cudaFree");
     for (cudaStream_t s : {stream_, upload_stream_, download_stream_}) {
       if (s != nullptr) LogIfError(cudaStreamDestroy(s), "cudaStreamDestroy");
     }
@@ -761,6 +764,13 @@ class CudaKernels final : public Kernels {
     // gradients differ visibly from the CPU ones (cuBLAS's default, stated to be sure).
     s = cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetMathMode", s);
+    // A workspace of our own (cuBLAS's advice for Hopper: 32 MiB), so that a product captured
+    // in a graph (BeginCapture) records this buffer instead of allocating one per capture.
+    constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+    err = cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes);
+    if (err != cudaSuccess) return DeviceError("cudaMalloc of cuBLAS's workspace", err);
+    s = cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes);
+    if (s != CUBLAS_STATUS_SUCCESS) return CublasError("cublasSetWorkspace", s);
     // The reductions' partial sums: ColumnSums uses at most multiprocessors * 8 row blocks of
     // kReduceThreads columns and two values each, below 272,000 columns (2.2 MB on an H100).
     // Allocated here so that a device without room fails now, with a status, rather than in a
@@ -1241,10 +1251,54 @@ class CudaKernels final : public Kernels {
     return info;
   }
 
+  bool can_capture() const override { return true; }
+
+  // Thread-local capture: the other threads of the process (a pull thread uploading
+  // parameters, waiting on events) go on as usual meanwhile.
+  absl::Status BeginCapture() override {
+    MakeCurrent();
+    const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) return DeviceError("cudaStreamBeginCapture", err);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    MakeCurrent();
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // an invalidated capture is not the next launch's error
+      return absl::InternalError(absl::StrCat(
+          name_, ": the capture failed (cudaStreamEndCapture: ", cudaGetErrorString(err), ")"));
+    }
+    auto g = std::make_unique<CudaGraph>();
+    err = cudaGraphInstantiate(&g->exec, graph, 0);
+    LogIfError(cudaGraphDestroy(graph), "cudaGraphDestroy");
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      g->exec = nullptr;
+      return absl::InternalError(
+          absl::StrCat(name_, ": cudaGraphInstantiate failed: ", cudaGetErrorString(err)));
+    }
+    return std::unique_ptr<Graph>(std::move(g));
+  }
+
+  void Launch(Graph* graph) override {
+    MakeCurrent();
+    PS_CUDA_CHECK(cudaGraphLaunch(static_cast<CudaGraph*>(graph)->exec, stream_));
+  }
+
   int device() const { return device_; }
   cudaStream_t compute_stream() const { return stream_; }
 
  private:
+  struct CudaGraph final : Graph {
+    ~CudaGraph() override {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+    cudaGraphExec_t exec = nullptr;
+  };
+
   struct CudaEvent final : Event {
     ~CudaEvent() override {
       if (event != nullptr) cudaEventDestroy(event);
@@ -1351,8 +1405,8 @@ class CudaKernels final : public Kernels {
     if (n <= scratch_floats_) return scratch_;
     const int64_t size = std::max(n, 2 * scratch_floats_);
     MakeCurrent();
-    // cudaFree waits for the work still using the old buffer.
-    PS_CUDA_CHECK(cudaFree(scratch_));
+    // A captured graph may still use the old buffer: it is kept until the end.
+    retired_scratch_.push_back(scratch_);
     scratch_ = nullptr;
     scratch_floats_ = 0;
     void* p = nullptr;
@@ -1410,6 +1464,8 @@ class CudaKernels final : public Kernels {
   // Partial sums of the column reductions (one of allocations_); null until first needed.
   float* scratch_ = nullptr;
   int64_t scratch_floats_ = 0;
+  std::vector<float*> retired_scratch_;  // outgrown, freed by the destructor
+  void* cublas_workspace_ = nullptr;     // Owned: cuBLAS's, set once (graphs record it)
 };
 
 // Towers on several devices of this process: one NCCL communicator per device, an all-reduce

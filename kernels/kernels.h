@@ -255,6 +255,33 @@ class Kernels {
   virtual void Wait(Stream stream, Event* event) = 0;
   // The host waits until `event`'s point is reached. An event never recorded is complete.
   virtual void Synchronize(Event* event) = 0;
+
+  // ---- Graphs: a step's compute recorded once and replayed as one launch ----
+
+  // Work on the compute stream recorded by BeginCapture/EndCapture (CUDA: an instantiated
+  // CUDA graph). Owned by the caller; launched on the Kernels that captured it.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+
+  // Whether BeginCapture can succeed (CUDA).
+  virtual bool can_capture() const { return false; }
+  // From now until EndCapture, the compute methods called on this thread are recorded instead
+  // of run: they read and write the same device memory when the graph is launched, with the
+  // scalar arguments (sizes, alpha, learning rates) they were given now. Only compute methods
+  // may be called in between: no copies to or from the host, events, Allocate* or Free.
+  // UNIMPLEMENTED for a backend that cannot (the CPU's, whose launches cost nothing).
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError(name() + " cannot capture its work in a graph");
+  }
+  // Ends the recording and makes the graph. A failed capture (something recorded that a graph
+  // cannot hold) is INTERNAL, and nothing of what was recorded has run.
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() {
+    return absl::UnimplementedError(name() + " cannot capture its work in a graph");
+  }
+  // Runs the graph's work on the compute stream, after the work issued there before.
+  virtual void Launch(Graph* graph) {}
 };
 
 // Sums equal-sized float buffers that live on several Kernels (the towers of a multi-GPU

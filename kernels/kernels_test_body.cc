@@ -283,6 +283,40 @@ TEST_P(KernelsConformanceTest, AddBias) {
   EXPECT_TRUE(AllNear(Download(x, rows * cols), expected));
 }
 
+// A graph replays the compute it recorded on its buffers as they are when it is launched, and
+// nothing ran while it was recorded. A backend that cannot capture says so.
+TEST_P(KernelsConformanceTest, CapturedWorkReplaysOnTheBuffersAsTheyAreAtLaunch) {
+  if (!kernels_->can_capture()) {
+    EXPECT_EQ(kernels_->BeginCapture().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(kernels_->EndCapture().status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  const int m = 33, k = 40, n = 17;
+  float* x = Upload(RandomFloats(m * k, 20));
+  float* w = Upload(RandomFloats(k * n, 21));
+  float* bias = Upload(RandomFloats(n, 22));
+  float* y = Filled(m * n, -7.0f);
+  auto layer = [&](float* out) {
+    kernels_->Gemm(false, false, m, n, k, 1.0f, x, w, 0.0f, out);
+    kernels_->AddBias(bias, m, n, out);
+    kernels_->ActivationForward(Activation::kRelu, out, int64_t{m} * n, out);
+  };
+  ASSERT_TRUE(kernels_->BeginCapture().ok());
+  layer(y);
+  absl::StatusOr<std::unique_ptr<Kernels::Graph>> graph = kernels_->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(Download(y, m * n), std::vector<float>(m * n, -7.0f));
+  float* expected = Filled(m * n, 0.0f);
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<float> x_now = RandomFloats(m * k, 30 + round);
+    kernels_->CopyToDevice(x_now.data(), x, int64_t{m} * k);
+    kernels_->Launch(graph->get());
+    layer(expected);
+    // The same kernels on the same inputs: the same bits.
+    EXPECT_EQ(Download(y, m * n), Download(expected, m * n)) << "round " << round;
+  }
+}
+
 TEST_P(KernelsConformanceTest, BiasGradSumsOverRows) {
   const int rows = 300, cols = 45;
   const std::vector<float> dy = RandomFloats(rows * cols, 12);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 namespace {
@@ -590,7 +591,9 @@ Model::~Model() {
     if (in.uploaded) kernels_->Synchronize(in.uploaded.get());
     if (in.consumed) kernels_->Synchronize(in.consumed.get());
   }
-  if (outputs_downloaded_) kernels_->Synchronize(outputs_downloaded_.get());
+  for (const StepOutputs& o : step_outputs_) {
+    if (o.downloaded) kernels_->Synchronize(o.downloaded.get());
+  }
   if (gradient_done_) kernels_->Synchronize(gradient_done_.get());
   for (void* p : owned_) kernels_->Free(p);
   for (void* p : owned_host_) kernels_->FreeHost(p);
@@ -660,14 +663,17 @@ absl::Status Model::Allocate() {
   }
   PS_ASSIGN_OR_RETURN(accum_, Floats(b * largest));
   PS_ASSIGN_OR_RETURN(dx0_, Floats(b * input_width_));
-  PS_ASSIGN_OR_RETURN(loss_, Floats(b));
-  PS_ASSIGN_OR_RETURN(predictions_, Ints(b));
+  for (StepOutputs& o : step_outputs_) {
+    PS_ASSIGN_OR_RETURN(o.loss, Floats(b));
+    PS_ASSIGN_OR_RETURN(o.predictions, Ints(b));
+    PS_ASSIGN_OR_RETURN(o.logits, Floats(b));
+    o.downloaded = kernels_->NewEvent();
+  }
   PS_ASSIGN_OR_RETURN(wide_out_, Floats(b * classes_));
   drows_.assign(embeddings_.size(), nullptr);
   drows_capacity_.assign(embeddings_.size(), 0);
   compute_rows_.assign(embeddings_.size(), nullptr);
   compute_rows_capacity_.assign(embeddings_.size(), 0);
-  outputs_downloaded_ = kernels_->NewEvent();
   forward_done_ = kernels_->NewEvent();
   gradient_done_ = kernels_->NewEvent();
   return absl::OkStatus();
@@ -931,6 +937,8 @@ void Model::Upload(int slot) {
   kernels_->Record(in.uploaded.get(), up);
 }
 
+void Model::set_capture(bool on) { capture_ = on && kernels_->can_capture(); }
+
 absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
                             const std::vector<const float*>& rows, Pass pass, float gradient_scale,
                             const Hooks& hooks, const Outputs& outputs) {
@@ -940,10 +948,95 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
                      " tables; the model has ", dense_names_.size(), " and ", embeddings_.size()));
   }
   Inputs& in = inputs_[slot];
-  const int b = in.size;
-  if (b < 1) return absl::FailedPreconditionError(absl::StrCat("input slot ", slot, " is empty"));
+  if (in.size < 1) {
+    return absl::FailedPreconditionError(absl::StrCat("input slot ", slot, " is empty"));
+  }
   const auto compute = Kernels::Stream::kCompute;
   kernels_->Wait(compute, in.uploaded.get());
+  const bool hooked =
+      hooks.before_layer || hooks.before_backward || hooks.gradient_ready || hooks.reduce_gradients;
+  if (capture_ && !hooked && embeddings_.empty()) {
+    // The outputs of the step that last used this slot must be on the host before the graph
+    // writes them again.
+    kernels_->Wait(compute, step_outputs_[slot].downloaded.get());
+    PS_ASSIGN_OR_RETURN(const bool replayed, Replay(slot, params, pass, gradient_scale));
+    if (replayed) {
+      DownloadOutputs(slot, outputs);
+      kernels_->Record(in.consumed.get(), compute);
+      kernels_->Record(gradient_done_.get(), compute);
+      return absl::OkStatus();
+    }
+  }
+  return EnqueueSteps(slot, params, rows, pass, gradient_scale, hooks, &outputs);
+}
+
+absl::StatusOr<bool> Model::Replay(int slot, const std::vector<const float*>& params, Pass pass,
+                                   float gradient_scale) {
+  const Inputs& in = inputs_[slot];
+  GraphKey key;
+  key.slot = slot;
+  key.size = in.size;
+  key.resident = in.resident;
+  key.pass = pass;
+  key.gradient_scale = gradient_scale;
+  key.params = params;
+  auto it = std::find_if(graphs_.begin(), graphs_.end(),
+                         [&key](const CapturedStep& c) { return c.key == key; });
+  if (it != graphs_.end() && it->graph != nullptr) {
+    kernels_->Launch(it->graph.get());
+    ++graph_launches_;
+    return true;
+  }
+  if (it == graphs_.end()) {
+    // A shape's first step runs as usual: it grows what it needs (cuBLAS's choices, the
+    // reductions' scratch) outside a capture. The second is captured.
+    if (graphs_.size() < kMaxGraphs) {
+      graphs_.emplace_back();
+      graphs_.back().key = std::move(key);
+    }
+    return false;
+  }
+  PS_RETURN_IF_ERROR(kernels_->BeginCapture());
+  const absl::Status issued =
+      EnqueueSteps(slot, params, {}, pass, gradient_scale, Hooks(), /*outputs=*/nullptr);
+  absl::StatusOr<std::unique_ptr<Kernels::Graph>> graph = kernels_->EndCapture();
+  PS_RETURN_IF_ERROR(issued);
+  if (!graph.ok()) {
+    LOG(WARNING) << "model " << config_.name() << ": steps run without graphs from now on ("
+                 << graph.status() << ")";
+    capture_ = false;
+    return false;
+  }
+  it->graph = *std::move(graph);
+  kernels_->Launch(it->graph.get());
+  ++graph_launches_;
+  return true;
+}
+
+void Model::DownloadOutputs(int slot, const Outputs& outputs) {
+  const StepOutputs& o = step_outputs_[slot];
+  const int64_t bytes = int64_t{inputs_[slot].size} * 4;
+  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
+  const auto down = Kernels::Stream::kDownload;
+  kernels_->Record(forward_done_.get(), Kernels::Stream::kCompute);
+  kernels_->Wait(down, forward_done_.get());
+  if (outputs.loss != nullptr) kernels_->CopyToHostAsync(down, o.loss, outputs.loss, bytes);
+  if (softmax && outputs.predictions != nullptr) {
+    kernels_->CopyToHostAsync(down, o.predictions, outputs.predictions, bytes);
+  }
+  if (!softmax && outputs.logits != nullptr) {
+    kernels_->CopyToHostAsync(down, o.logits, outputs.logits, bytes);
+  }
+  kernels_->Record(o.downloaded.get(), down);
+  if (outputs.ready != nullptr) kernels_->Record(outputs.ready, down);
+}
+
+absl::Status Model::EnqueueSteps(int slot, const std::vector<const float*>& params,
+                                 const std::vector<const float*>& rows, Pass pass,
+                                 float gradient_scale, const Hooks& hooks, const Outputs* outputs) {
+  Inputs& in = inputs_[slot];
+  const int b = in.size;
+  const auto compute = Kernels::Stream::kCompute;
   const int classes = classes_;
   const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   const bool training = pass != Pass::kInference;
@@ -1036,31 +1129,24 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
                                   embeddings_[e].mean, classes, 0, wide_out_);
     kernels_->Axpy(int64_t{b} * classes, 1.0f, wide_out_, logits);
   }
-  // Loss; its outputs are downloaded while backward runs. The previous step's downloads of
-  // loss_ and predictions_ must be over before they are written again.
-  kernels_->Wait(compute, outputs_downloaded_.get());
+  // Loss; its outputs are downloaded while backward runs (a captured step: after it). The
+  // downloads of the step that last used this slot's outputs must be over before they are
+  // written again.
+  StepOutputs& o = step_outputs_[slot];
+  if (outputs != nullptr) kernels_->Wait(compute, o.downloaded.get());
   auto grad = [this](int t) { return t == 0 ? dx0_ : tensors_[t].grad; };
   float* dlogits = grad(logits_tensor);
   if (softmax) {
-    kernels_->SoftmaxCrossEntropy(logits, in.int_labels, b, classes, loss_, dlogits);
-    kernels_->ArgMax(logits, b, classes, predictions_);
+    kernels_->SoftmaxCrossEntropy(logits, in.int_labels, b, classes, o.loss, dlogits);
+    kernels_->ArgMax(logits, b, classes, o.predictions);
   } else {
-    kernels_->SigmoidCrossEntropy(logits, in.labels, b, loss_, dlogits);
+    kernels_->SigmoidCrossEntropy(logits, in.labels, b, o.loss, dlogits);
+    // The next step's forward writes the logits while these go to the host.
+    kernels_->ScaleCopy(b, 1.0f, logits, o.logits);
   }
-  const auto down = Kernels::Stream::kDownload;
-  kernels_->Record(forward_done_.get(), compute);
-  kernels_->Wait(down, forward_done_.get());
-  if (outputs.loss != nullptr) kernels_->CopyToHostAsync(down, loss_, outputs.loss, int64_t{b} * 4);
-  if (softmax && outputs.predictions != nullptr) {
-    kernels_->CopyToHostAsync(down, predictions_, outputs.predictions, int64_t{b} * 4);
-  }
-  if (!softmax && outputs.logits != nullptr) {
-    kernels_->CopyToHostAsync(down, logits, outputs.logits, int64_t{b} * 4);
-  }
-  kernels_->Record(outputs_downloaded_.get(), down);
-  if (outputs.ready != nullptr) kernels_->Record(outputs.ready, down);
+  if (outputs != nullptr) DownloadOutputs(slot, *outputs);
   if (pass != Pass::kTraining) {
-    kernels_->Record(in.consumed.get(), compute);
+    if (outputs != nullptr) kernels_->Record(in.consumed.get(), compute);
     return absl::OkStatus();
   }
 
@@ -1209,6 +1295,7 @@ absl::Status Model::Enqueue(int slot, const std::vector<const float*>& params,
     }
     if (!towers && hooks.gradient_ready) hooks.gradient_ready(num_dense + static_cast<int>(e));
   }
+  if (outputs == nullptr) return absl::OkStatus();  // captured: the caller records
   kernels_->Record(in.consumed.get(), compute);
   if (towers) {
     PS_RETURN_IF_ERROR(hooks.reduce_gradients());

@@ -193,6 +193,19 @@ class Model {
                        const std::vector<const float*>& rows, Pass pass, float gradient_scale,
                        const Hooks& hooks, const Outputs& outputs);
 
+  // Whether Enqueue replays a step's kernels from a graph (Kernels::BeginCapture) instead of
+  // launching them one by one, where it can: a backend that captures, a model without tables,
+  // and no hooks (the caller orders nothing inside the step). A step of a new shape (slot,
+  // batch size, pass, parameter buffers, gradient scale) runs as usual the first time and is
+  // captured the second; from then on it is one launch, reading the parameter and input buffers
+  // as they are when it runs. At most kMaxGraphs shapes are kept; others run as usual. A capture
+  // that fails turns it off (logged). Off by default; on is ignored where it cannot apply.
+  void set_capture(bool on);
+  bool capture() const { return capture_; }
+  // Steps run as one launch of a captured graph so far.
+  int64_t graph_launches() const { return graph_launches_; }
+  static constexpr size_t kMaxGraphs = 8;
+
   // The staged batch's size and, for tables, its unique ids (valid until the slot is staged
   // again).
   int staged_size(int slot) const { return inputs_[slot].size; }
@@ -301,6 +314,19 @@ class Model {
   absl::StatusOr<int32_t*> Ints(int64_t n);
   // Starts the upload of the slot's staged inputs.
   void Upload(int slot);
+  // Enqueue's kernels, from the batch in the slot's device inputs to the gradients. `outputs`
+  // null: the step is being captured, so only compute methods are called (the caller waits,
+  // downloads and records around the graph).
+  absl::Status EnqueueSteps(int slot, const std::vector<const float*>& params,
+                            const std::vector<const float*>& rows, Pass pass, float gradient_scale,
+                            const Hooks& hooks, const Outputs* outputs);
+  // Launches the captured step of this shape (true), captures and launches it (true), or leaves
+  // the step to EnqueueSteps (false: its first sighting, no room, or the capture failed).
+  absl::StatusOr<bool> Replay(int slot, const std::vector<const float*>& params, Pass pass,
+                              float gradient_scale);
+  // Downloads the slot's loss and predictions (or logits) into `outputs` after the compute
+  // stream's work so far.
+  void DownloadOutputs(int slot, const Outputs& outputs);
   // Checks a label against the loss: INVALID_ARGUMENT naming the example.
   absl::Status CheckLabel(float y, int64_t example) const;
   // Checks labels against the loss: INVALID_ARGUMENT naming the example.
@@ -338,8 +364,35 @@ class Model {
   float* dx0_ = nullptr;
   float* cols_ = nullptr;   // Im2Col's output, and the gradient of it in backward
   float* accum_ = nullptr;  // a gradient for a tensor that already has one, added after
-  int32_t* predictions_ = nullptr;
-  float* loss_ = nullptr;
+  // Per input slot: a step's loss and predictions (softmax) or a copy of its logits (sigmoid)
+  // on the device, and the event of their download, which the slot's next step waits for.
+  struct StepOutputs {
+    float* loss = nullptr;
+    int32_t* predictions = nullptr;
+    float* logits = nullptr;
+    std::unique_ptr<Kernels::Event> downloaded;
+  };
+  StepOutputs step_outputs_[kInputSlots];
+  // Captured steps (set_capture), by shape; a null graph: seen once, captured next time.
+  struct GraphKey {
+    int slot = 0;
+    int size = 0;
+    bool resident = false;
+    Pass pass = Pass::kTraining;
+    float gradient_scale = 1.0f;
+    std::vector<const float*> params;
+    bool operator==(const GraphKey& o) const {
+      return slot == o.slot && size == o.size && resident == o.resident && pass == o.pass &&
+             gradient_scale == o.gradient_scale && params == o.params;
+    }
+  };
+  struct CapturedStep {
+    GraphKey key;
+    std::unique_ptr<Kernels::Graph> graph;
+  };
+  bool capture_ = false;
+  std::vector<CapturedStep> graphs_;
+  int64_t graph_launches_ = 0;
   float* wide_out_ = nullptr;
   std::vector<float*> drows_;
   std::vector<int64_t> drows_capacity_;
@@ -349,8 +402,6 @@ class Model {
   std::vector<int64_t> compute_rows_capacity_;
   Outputs compute_outputs_;
   std::unique_ptr<Kernels::Event> compute_ready_;
-  // The downloads of the last Enqueue's outputs: the next loss kernel waits for them.
-  std::unique_ptr<Kernels::Event> outputs_downloaded_;
   std::unique_ptr<Kernels::Event> forward_done_;
   std::unique_ptr<Kernels::Event> gradient_done_;
 };

@@ -13,6 +13,10 @@ DEFINE_string(device, "cpu",
 DEFINE_int32(pipeline_staleness, 1,
              "ASYNC and SSP: how many of this worker's own steps' pushes the parameters of a step "
              "may miss, so that pulls and pushes overlap compute (0: none). SYNC uses 0.");
+DEFINE_bool(cuda_graphs, true,
+            "GPU: replay a step's kernels from a CUDA graph captured on its second run, where "
+            "nothing inside the step waits for the ps (local steps, --local_steps on the chief); "
+            "false launches them one by one.");
 DEFINE_int64(gpu_memory_limit_mb, 0,
              "Cap on the GPU memory this worker allocates, in MiB (0: no cap).");
 DEFINE_string(wire_dtype, "float32",
@@ -45,6 +49,7 @@ int main(int argc, char** argv) {
   options.host = pscluster::ServiceHostOptionsFromFlags();
   options.device = FLAGS_device;
   options.pipeline_staleness = FLAGS_pipeline_staleness;
+  options.cuda_graphs = FLAGS_cuda_graphs;
   options.gpu_memory_limit_bytes = FLAGS_gpu_memory_limit_mb << 20;
   if (FLAGS_wire_dtype == "float32") {
     options.wire_dtype = pscluster::v1::DT_FLOAT32;

@@ -175,6 +175,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   // which), without room, or with a label the first bad batch will name, batches are gathered
   // on the host.
   for (Model* m : tower_models) {
+    m->set_capture(options_.cuda_graphs);
     const absl::Status resident =
         m->SetResidentData(train_.dense.data(), train_.labels.data(), train_.num_examples);
     if (resident.code() == absl::StatusCode::kResourceExhausted) {

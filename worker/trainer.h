@@ -37,6 +37,9 @@ struct TrainerOptions {
   int staleness = 1;
   // Threads that run the pull and push requests of a step at once.
   int comm_threads = 4;
+  // Steps replayed from graphs where the device and the step allow (Model::set_capture): the
+  // local-step pipeline's, whose steps wait for nothing from the ps.
+  bool cuda_graphs = true;
   // Updated with the number of completed steps, for heartbeats. Not owned; may be null.
   std::atomic<int64_t>* step_counter = nullptr;
 };

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -481,15 +483,24 @@ v1::GetModelResponse LocalStepsModel(const char* config, int local_steps) {
 // updates are the ps's optimizer run on the device, and the deltas it pushes add up to them
 // (up to the rounding of value + (local - value)). Every 4 steps one delta: 6 updates per
 // shard; every example reported.
+// On a device that captures graphs, with the steps replayed from graphs and without.
 TEST_P(TrainerTest, LocalStepsOfOneWorkerTrainWhatPushingEveryStepTrains) {
-  for (const char* config : {kMlp, kMlpAdam, kCnn}) {
+  const bool graphs = Devices(1)[0]->can_capture();
+  std::vector<std::pair<bool, const char*>> runs;
+  for (const bool cuda_graphs : {true, false}) {
+    if (!cuda_graphs && !graphs) continue;
+    for (const char* config : {kMlp, kMlpAdam, kCnn}) runs.emplace_back(cuda_graphs, config);
+  }
+  for (const auto& [cuda_graphs, config] : runs) {
     const v1::GetModelResponse m = LocalStepsModel(config, 4);
-    SCOPED_TRACE(m.config().name());
+    SCOPED_TRACE(absl::StrCat(m.config().name(), cuda_graphs ? ", graphs" : ""));
     Cluster cluster(m);
     std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
     StepGate gate(Clock::Real());
     InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate, /*local_steps=*/4);
-    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    TrainerOptions options;
+    options.cuda_graphs = cuda_graphs;
+    RunResult r = Train(m, cluster, {devices[0].get()}, &source, options);
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, kSteps);
     // A step's values were refreshed from the ps K - 1 to 2K - 1 steps before at most (the

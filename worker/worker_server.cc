@@ -211,6 +211,7 @@ absl::Status WorkerServer::TrainOnce() {
   trainer_options.report_every = options_.report_every;
   trainer_options.step_counter = &steps_;
   trainer_options.staleness = options_.pipeline_staleness;
+  trainer_options.cuda_graphs = options_.cuda_graphs;
   ChiefStepSource source(chief.get(), index);
   std::vector<Kernels*> towers;
   for (const auto& k : kernels_) towers.push_back(k.get());

@@ -28,6 +28,8 @@ struct WorkerOptions {
   // ASYNC and SSP: how many of its own steps' pushes a step's parameters may miss (the step
   // pipeline's depth; 0: no overlap between steps). SYNC always uses 0.
   int pipeline_staleness = 1;
+  // TrainerOptions::cuda_graphs.
+  bool cuda_graphs = true;
   // Cap on the GPU memory this worker allocates, in bytes (0: no cap).
   int64_t gpu_memory_limit_bytes = 0;
   // Encoding of gradients and pulled values on the wire.
