@@ -14,7 +14,8 @@
 #   BENCH gpu_strongest_<model>_b<B>_<run> <median ex/s> ex/s
 #         ratio=<ours / the faster of graph and compile_graph's medians>
 # where the runs of ours are plaintext (and tls with --tls), or those --ours lists: plaintext,
-# tls, local<K> and local<K>_tls (the chief's --local_steps=K).
+# tls, local<K> (the chief's --local_steps=K) and the suffixes of bench/train_cluster.sh's
+# cl_ours_flags: _tls, _nographs (kernels launched one by one), _fp16 / _bf16 (on the wire).
 # From the device bundle (bench/gpu_prepare.sh), on the device machine:
 #   bash .devbundle/bench/gpu_strongest.sh [--seconds 10] [--warmup 3] [--repeats 3]
 #        [--specs "mlp 1024;cnn 128;resnet20 128"] [--modes "none graph compile_graph"]
@@ -100,10 +101,7 @@ for spec in "${spec_list[@]}"; do
     for ours in ${num_ps:+$ours_modes}; do
       run=${name}_b${batch}_ours_${ours}_$r
       cl_model=$model
-      cl_tls_dir=""
-      [[ $ours == tls || $ours == *_tls ]] && cl_tls_dir=$bundle/certs
-      cl_chief_flags=()
-      [[ $ours =~ ^local([0-9]+) ]] && cl_chief_flags=(--local_steps="${BASH_REMATCH[1]}")
+      cl_ours_flags "$ours" "$bundle/certs"
       if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||
         ! cl_measure "$warmup" "$seconds" "$batch" async >/dev/null; then
         say "    $run: FAILED; logs in $cl_dir"

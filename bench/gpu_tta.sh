@@ -19,7 +19,8 @@
 #   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
 #        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
 #        [--timeout 600] [--ours "async local8"] [--workers 1]
-# --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K).
+# --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K),
+# with the suffixes of bench/train_cluster.sh's cl_ours_flags (_tls, _nographs, _fp16, _bf16).
 # --workers N: ours runs N workers, worker i on GPU i (the BENCH line says <N>gpu); PyTorch
 # stays on one GPU.
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
@@ -49,8 +50,8 @@ for n in "$repeats" "$run_timeout" "$num_workers"; do
 done
 read -r -a ours_list <<<"$ours_runs"
 for o in "${ours_list[@]}"; do
-  [[ $o == async || $o =~ ^local[0-9]+$ ]] ||
-    { echo "gpu_tta.sh: --ours takes async and local<K>, not $o" >&2; exit 2; }
+  [[ $o =~ ^(async|local[0-9]+)(_tls|_nographs|_fp16|_bf16)*$ ]] ||
+    { echo "gpu_tta.sh: --ours takes async and local<K> (with _tls, _nographs, _fp16 or _bf16), not $o" >&2; exit 2; }
 done
 python=${PYTHON:-python3}
 device=${DEVICE:-gpu:0}
@@ -104,9 +105,8 @@ for spec in "${spec_list[@]}"; do
       run=${name}_ours_${o}_$r
       cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
       # Steps reported every 50 ms (not every 2 s), so that the evaluator sees them in time.
-      cl_worker_flags=(--report_every_secs=0.05)
-      cl_chief_flags=()
-      [[ $o == local* ]] && cl_chief_flags=(--local_steps="${o#local}")
+      cl_ours_flags "$o" "$bundle/certs"
+      cl_worker_flags+=(--report_every_secs=0.05)
       cl_target_accuracy=$target
       seconds=inf
       if cl_train_to_end "$run" async "$num_ps" "$num_workers" "$batch" "$max_epochs" "$device" \
@@ -124,7 +124,7 @@ for spec in "${spec_list[@]}"; do
         status=1
       fi
       times[ours_$o]="${times[ours_$o]:-} $seconds"
-      unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags
+      unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags cl_tls_dir
     done
     for mode in "${mode_list[@]}"; do
       run=${name}_${mode}_$r

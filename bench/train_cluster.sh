@@ -18,6 +18,23 @@
 # then SIGTERM), and cl_train_to_end (every epoch to the end, with an evaluator task, the final
 # test accuracy; the chief's --exit_after_training ends the run).
 
+# cl_ours_flags RUN CERTS: sets cl_chief_flags, cl_worker_flags and cl_tls_dir for one of our
+# runs named as bench/gpu_*.sh's --ours names them: plaintext, tls, local<K> (the chief's
+# --local_steps=K), with suffixes _tls (mutual TLS, the certificates in CERTS), _nographs (the
+# worker's --cuda_graphs=false) and _fp16 / _bf16 (its --wire_dtype), e.g. local8_fp16_tls.
+cl_ours_flags() {
+  local run=$1 certs=$2
+  cl_chief_flags=()
+  cl_worker_flags=()
+  cl_tls_dir=""
+  if [[ $run == tls || $run == *_tls* ]]; then cl_tls_dir=$certs; fi
+  if [[ $run =~ ^local([0-9]+) ]]; then cl_chief_flags=(--local_steps="${BASH_REMATCH[1]}"); fi
+  if [[ $run == *_nographs* ]]; then cl_worker_flags+=(--cuda_graphs=false); fi
+  if [[ $run == *_fp16* ]]; then cl_worker_flags+=(--wire_dtype=float16); fi
+  if [[ $run == *_bf16* ]]; then cl_worker_flags+=(--wire_dtype=bfloat16); fi
+  return 0
+}
+
 # cl_private_bins BIN_DIR PATH...: copies built binaries (bazel-bin relative paths) into
 # $work/bin, since another build in this workspace may replace the outputs mid-run, and defines
 # `launch` to run them.

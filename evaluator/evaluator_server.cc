@@ -132,14 +132,25 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config(), /*train=*/false));
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
   ParameterClientOptions client_options;  // a reader: worker -1, as tools
+  // On a GPU, as few batches as fit in 1 GiB (at least 1,000 examples): each batch uploads the
+  // parameters again, and evaluations every half epoch must keep up with a fast worker.
+  int batch_size = 1000;
+  if (gpu_kernels_ != nullptr) {
+    constexpr int64_t kGpuEvalBytes = int64_t{1} << 30;
+    const absl::StatusOr<int64_t> per_example = Model::DeviceBytesPerExample(model.config());
+    if (per_example.ok() && *per_example > 0) {
+      batch_size = static_cast<int>(std::clamp<int64_t>(
+          kGpuEvalBytes / *per_example, 1000, std::max<int64_t>(test.num_examples, 1000)));
+    }
+  }
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       ParameterClient::Create(model.model(), model.placement(),
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
-                      Evaluator::Create(model.config(), client.get(), std::move(test),
-                                        /*batch_size=*/1000, gpu_kernels_.get()));
+                      Evaluator::Create(model.config(), client.get(), std::move(test), batch_size,
+                                        gpu_kernels_.get()));
   const bool by_steps = options_.eval_every_steps > 0;
   LOG(INFO) << "evaluator:0: evaluating the model on the test set every "
             << (by_steps ? absl::StrCat(options_.eval_every_steps, " steps")

@@ -582,6 +582,31 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelConfig& conf
   return model;
 }
 
+absl::StatusOr<int64_t> Model::DeviceBytesPerExample(const v1::ModelConfig& config) {
+  PS_ASSIGN_OR_RETURN(const Plan plan, MakePlan(config));
+  int64_t input = config.input_dim();
+  for (const v1::EmbeddingBagLayer& e : config.embeddings()) input += e.dim();
+  // Per input slot: the input and the labels (float and int); then its gradient (dx0_).
+  int64_t words = kInputSlots * (input + 3) + input;
+  int64_t largest = input;
+  int64_t cols = 0;
+  for (size_t t = 1; t < plan.tensor_sizes.size(); ++t) {
+    words += 2 * plan.tensor_sizes[t];
+    largest = std::max(largest, plan.tensor_sizes[t]);
+  }
+  for (const Node& node : plan.nodes) {
+    if (node.op == Op::kMaxPool) words += node.out.size();
+    if (node.op == Op::kConv2D && !DirectConv(node.geometry)) {
+      cols = std::max(
+          cols, int64_t{node.geometry.out_h} * node.geometry.out_w * node.geometry.patch_size());
+    }
+  }
+  const int64_t classes = plan.nodes.back().out.size();
+  // accum_, the patches, and per slot the loss, predictions and logits.
+  words += largest + cols + kInputSlots * 3 + classes;
+  return words * 4;
+}
+
 Model::Model(v1::ModelConfig config, Kernels* kernels, int max_batch)
     : config_(std::move(config)), kernels_(kernels), max_batch_(max_batch) {}
 

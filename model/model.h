@@ -86,6 +86,12 @@ class Model {
                                                        Kernels* kernels, int max_batch);
   ~Model();
 
+  // About the device memory Create allocates per example of max_batch, in bytes: each layer's
+  // output and its gradient, convolution patches, pooling indices and the inputs (not the
+  // parameters, nor buffers that grow with a batch's embedding rows). Lets a caller size a
+  // batch to a memory budget. INVALID_ARGUMENT as ModelSpecFromConfig.
+  static absl::StatusOr<int64_t> DeviceBytesPerExample(const v1::ModelConfig& config);
+
   const v1::ModelConfig& config() const { return config_; }
   Kernels* kernels() const { return kernels_; }
   int max_batch() const { return max_batch_; }

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -427,6 +428,42 @@ TEST(ModelTest, RefusesBatchesBeyond32BitIndices) {
   ASSERT_FALSE(model.ok());
   EXPECT_THAT(std::string(model.status().message()),
               HasSubstr("layer c has 4194304 floats per example; 1024 examples of it exceed"));
+}
+
+// The per-example estimate counts what grows with the batch: a wider layer adds its output
+// and gradient; a 3x3 convolution adds its patches; a config that cannot be built is refused.
+TEST(ModelTest, DeviceBytesPerExampleGrowsWithWhatABatchHolds) {
+  auto mlp = [](int units) {
+    return Parse(absl::StrCat(
+        R"pb(input_dim: 10
+             layers { name: "h" units:)pb",
+        units, R"pb(                     activation: RELU }
+                                         layers { name: "o" units: 3 })pb"));
+  };
+  const absl::StatusOr<int64_t> narrow = Model::DeviceBytesPerExample(mlp(20));
+  const absl::StatusOr<int64_t> wide = Model::DeviceBytesPerExample(mlp(120));
+  ASSERT_TRUE(narrow.ok() && wide.ok()) << narrow.status() << wide.status();
+  // 100 more units: their output and gradient, and the larger scratch gradient (accum).
+  EXPECT_EQ(*wide - *narrow, 3 * 100 * 4);
+  const absl::StatusOr<int64_t> conv = Model::DeviceBytesPerExample(Parse(R"pb(
+    input_dim: 64
+    input_shape { height: 8 width: 8 channels: 1 }
+    network {
+      name: "c"
+      conv2d { filters: 4 kernel_size: 3 padding: SAME }
+    }
+    network {
+      name: "f"
+      flatten {}
+    }
+    network {
+      name: "o"
+      dense { units: 2 }
+    })pb"));
+  ASSERT_TRUE(conv.ok()) << conv.status();
+  EXPECT_GE(*conv, (8 * 8 * 9 + 2 * 8 * 8 * 4) * 4);  // patches, the output and its gradient
+  EXPECT_EQ(Model::DeviceBytesPerExample(Parse("input_dim: 4")).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
