@@ -434,11 +434,8 @@ TEST(ModelTest, RefusesBatchesBeyond32BitIndices) {
 // and gradient; a 3x3 convolution adds its patches; a config that cannot be built is refused.
 TEST(ModelTest, DeviceBytesPerExampleGrowsWithWhatABatchHolds) {
   auto mlp = [](int units) {
-    return Parse(absl::StrCat(
-        R"pb(input_dim: 10
-             layers { name: "h" units:)pb",
-        units, R"pb(                     activation: RELU }
-                                         layers { name: "o" units: 3 })pb"));
+    return Parse(absl::StrCat("input_dim: 10 layers { name: 'h' units: ", units,
+                              " activation: RELU } layers { name: 'o' units: 3 }"));
   };
   const absl::StatusOr<int64_t> narrow = Model::DeviceBytesPerExample(mlp(20));
   const absl::StatusOr<int64_t> wide = Model::DeviceBytesPerExample(mlp(120));
