@@ -18,6 +18,8 @@ proto/model_config.proto becomes the PyTorch equivalent with the cluster's NHWC 
                (default 0.99), eps = epsilon (default 0.001); PyTorch's running variance uses
                Bessel's correction, as TensorFlow's fused kernel
   max_pool     F.max_pool2d (SAME padding with -inf, as TensorFlow), default 2x2 stride 2
+  average_pool F.avg_pool2d; with SAME padding divided by the positions inside the input (the
+               zero-padded sum over the zero-padded count of ones), as TensorFlow
   global_average_pool  the mean over H and W
   flatten      NHWC order (permute to NHWC, then flatten), so the next dense kernel's rows are
                in our order
@@ -262,8 +264,8 @@ def get_all(msg, name):
 # ---------------------------------------------------------------------------------------------
 # The network as a plan: layers with their inputs and shapes (no PyTorch).
 
-KINDS = ("dense", "conv2d", "batch_norm", "max_pool", "global_average_pool", "flatten",
-         "activation", "add")
+KINDS = ("dense", "conv2d", "batch_norm", "max_pool", "average_pool", "global_average_pool",
+         "flatten", "activation", "add")
 
 
 class Node:
@@ -273,7 +275,7 @@ class Node:
         self.out_shape = None
         self.params = {}       # trainable variable -> shape (our names, HWIO / [in, out])
         self.stats = {}        # batch norm's moving statistics -> shape
-        self.pad = None        # conv2d / max_pool: (top, bottom, left, right)
+        self.pad = None        # conv2d and pools: (top, bottom, left, right)
         self.kernel = self.stride = None
         self.activation = "LINEAR"
 
@@ -281,7 +283,7 @@ class Node:
         ins = ",".join(self.inputs)
         shape = "x".join(str(d) for d in self.out_shape)
         extra = ""
-        if self.kind in ("conv2d", "max_pool"):
+        if self.kind in ("conv2d", "max_pool", "average_pool"):
             extra = f" k={self.kernel} s={self.stride} pad(t,b,l,r)={self.pad}"
         if self.activation != "LINEAR":
             extra += f" {self.activation.lower()}"
@@ -366,7 +368,7 @@ class Plan:
             node.params = {"kernel": (x[0], units), "bias": (units,)}
             node.activation = get(s, "activation", "LINEAR")
             node.out_shape = (units,)
-        elif k in ("conv2d", "max_pool"):
+        elif k in ("conv2d", "max_pool", "average_pool"):
             if len(x) != 3:
                 raise ValueError(f"layer {node.name}: {k} needs an image input")
             if k == "conv2d":
@@ -539,6 +541,14 @@ def build_model(plan):
                     if pt or pb or pl or pr:
                         x = F.pad(x, (pl, pr, pt, pb), value=float("-inf"))
                     x = F.max_pool2d(x, n.kernel, n.stride)
+                elif kind == "average_pool":
+                    pad = (n.pad[2], n.pad[3], n.pad[0], n.pad[1])
+                    if any(pad):
+                        ones = torch.ones_like(x[:1, :1])
+                        x = (F.avg_pool2d(F.pad(x, pad), n.kernel, n.stride) /
+                             F.avg_pool2d(F.pad(ones, pad), n.kernel, n.stride))
+                    else:
+                        x = F.avg_pool2d(x, n.kernel, n.stride)
                 elif kind == "global_average_pool":
                     x = x.mean(dim=(2, 3))
                 elif kind == "flatten":

@@ -418,6 +418,49 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  // Each output window's positions inside the input, visited with the window's divisor.
+  template <typename Visit>
+  static void ForEachWindow(const ConvGeometry& g, Visit visit) {
+    for (int n = 0; n < g.batch; ++n) {
+      const int64_t image = int64_t{n} * g.height * g.width;
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        const int h_begin = std::max(0, oh * g.stride_h - g.pad_top);
+        const int h_end = std::min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          const int w_begin = std::max(0, ow * g.stride_w - g.pad_left);
+          const int w_end = std::min(g.width, ow * g.stride_w - g.pad_left + g.kernel_w);
+          const int count = std::max(h_end - h_begin, 0) * std::max(w_end - w_begin, 0);
+          const int64_t o = ((int64_t{n} * g.out_h + oh) * g.out_w + ow) * g.channels;
+          for (int ih = h_begin; ih < h_end; ++ih) {
+            for (int iw = w_begin; iw < w_end; ++iw) {
+              visit(o, (image + int64_t{ih} * g.width + iw) * g.channels, count);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void AvgPoolForward(const ConvGeometry& g, const float* x, float* y) override {
+    const int64_t outputs = g.output_positions() * g.channels;
+    if (outputs > 0) std::fill_n(y, outputs, 0.0f);
+    const int64_t channels = g.channels;
+    ForEachWindow(g, [&](int64_t o, int64_t i, int count) {
+      const float scale = 1.0f / static_cast<float>(count);
+      for (int64_t c = 0; c < channels; ++c) y[o + c] += x[i + c] * scale;
+    });
+  }
+
+  void AvgPoolBackward(const ConvGeometry& g, const float* dy, float* dx) override {
+    const int64_t input_size = g.input_size();
+    if (input_size > 0) std::fill_n(dx, input_size, 0.0f);
+    const int64_t channels = g.channels;
+    ForEachWindow(g, [&](int64_t o, int64_t i, int count) {
+      const float scale = 1.0f / static_cast<float>(count);
+      for (int64_t c = 0; c < channels; ++c) dx[i + c] += dy[o + c] * scale;
+    });
+  }
+
   void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,
                             float* y) override {
     if (channels <= 0) return;

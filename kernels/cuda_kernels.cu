@@ -502,6 +502,71 @@ __global__ void MaxPoolBackwardKernel(ConvGeometry g, const float* dy, const int
   }
 }
 
+// The positions of window (oh, ow) that lie inside the input: [h_begin, h_end) x [w_begin,
+// w_end).
+__device__ int WindowCount(const ConvGeometry& g, int oh, int ow) {
+  const int h_begin = max(0, oh * g.stride_h - g.pad_top);
+  const int h_end = min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
+  const int w_begin = max(0, ow * g.stride_w - g.pad_left);
+  const int w_end = min(g.width, ow * g.stride_w - g.pad_left + g.kernel_w);
+  return max(h_end - h_begin, 0) * max(w_end - w_begin, 0);
+}
+
+// One thread per output element, summing its window in window order (as the CPU does).
+template <typename Index>
+__global__ void AvgPoolForwardKernel(ConvGeometry g, const float* x, float* y) {
+  const Index n_total = OutputPositions(g) * g.channels;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const Index q = i / g.channels;
+    const int ow = static_cast<int>(q % g.out_w);
+    const Index r = q / g.out_w;
+    const int oh = static_cast<int>(r % g.out_h);
+    const Index n = r / g.out_h;
+    const int h_begin = max(0, oh * g.stride_h - g.pad_top);
+    const int h_end = min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
+    const int w_begin = max(0, ow * g.stride_w - g.pad_left);
+    const int w_end = min(g.width, ow * g.stride_w - g.pad_left + g.kernel_w);
+    const int count = WindowCount(g, oh, ow);
+    const float scale = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+    float sum = 0.0f;
+    for (int ih = h_begin; ih < h_end; ++ih) {
+      for (int iw = w_begin; iw < w_end; ++iw) {
+        sum += x[((n * g.height + ih) * g.width + iw) * g.channels + c] * scale;
+      }
+    }
+    y[i] = sum;
+  }
+}
+
+// A gather: one thread per element of dx, adding each covering window's dy over its count, in
+// output order (no atomics).
+template <typename Index>
+__global__ void AvgPoolBackwardKernel(ConvGeometry g, const float* dy, float* dx) {
+  const Index n_total = InputSize(g);
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const Index q = i / g.channels;
+    const int w = static_cast<int>(q % g.width);
+    const Index r = q / g.width;
+    const int h = static_cast<int>(r % g.height);
+    const Index n = r / g.height;
+    int oh_begin, oh_end, ow_begin, ow_end;
+    CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
+    CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
+    float sum = 0.0f;
+    for (int oh = oh_begin; oh < oh_end; ++oh) {
+      for (int ow = ow_begin; ow < ow_end; ++ow) {
+        const Index o = ((n * g.out_h + oh) * g.out_w + ow) * g.channels + c;
+        sum += dy[o] * (1.0f / static_cast<float>(WindowCount(g, oh, ow)));
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
 // One thread per (example, channel): consecutive threads read consecutive channels.
 __global__ void GlobalAvgPoolForwardKernel(const float* x, int batch, int positions, int channels,
                                            float* y) {
@@ -1093,6 +1158,30 @@ class CudaKernels final : public Kernels {
           <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, argmax, dx);
     }
     PS_CUDA_CHECK_LAUNCH("MaxPoolBackwardKernel");
+  }
+
+  void AvgPoolForward(const ConvGeometry& g, const float* x, float* y) override {
+    const int64_t n = g.output_positions() * g.channels;
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      AvgPoolForwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y);
+    } else {
+      AvgPoolForwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y);
+    }
+    PS_CUDA_CHECK_LAUNCH("AvgPoolForwardKernel");
+  }
+
+  void AvgPoolBackward(const ConvGeometry& g, const float* dy, float* dx) override {
+    const int64_t n = g.input_size();
+    if (n <= 0) return;
+    MakeCurrent();
+    if (FitsInt32(g)) {
+      AvgPoolBackwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, dx);
+    } else {
+      AvgPoolBackwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, dx);
+    }
+    PS_CUDA_CHECK_LAUNCH("AvgPoolBackwardKernel");
   }
 
   void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,

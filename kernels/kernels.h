@@ -190,6 +190,14 @@ class Kernels {
   virtual void MaxPoolBackward(const ConvGeometry& g, const float* dy, const int32_t* argmax,
                                float* dx) = 0;
 
+  // Average pooling over windows of g (each channel separately): y[n, oh, ow, c] = the mean of
+  // the window's input positions that lie inside x (padding is not counted, as TensorFlow's
+  // avg_pool). A window with none gives 0.
+  virtual void AvgPoolForward(const ConvGeometry& g, const float* x, float* y) = 0;
+  // dx[i] = the sum, over every window o covering input position i, of dy[o] / (o's count of
+  // positions inside x). Overwrites dx; deterministic.
+  virtual void AvgPoolBackward(const ConvGeometry& g, const float* dy, float* dx) = 0;
+
   // y[n, c] = the mean of x[n, p, c] over p in [0, positions) (x is [batch x positions x
   // channels]).
   virtual void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,

@@ -1065,6 +1065,51 @@ TEST_P(KernelsConformanceTest, MaxPoolBackwardRoutesToTheArgmax) {
   }
 }
 
+// Average pooling against a double reference written from the definition: each window's
+// positions inside the input, the mean over them; backward, the adjoint (each window's
+// gradient spread evenly over its positions). SAME geometries have windows partly in the
+// padding, which must not count.
+TEST_P(KernelsConformanceTest, AvgPoolForwardAndBackward) {
+  uint32_t seed = 160;
+  for (const ConvGeometry& g : PoolGeometries()) {
+    SCOPED_TRACE(GeometryName(g));
+    const std::vector<float> x = RandomFloats(g.input_size(), ++seed);
+    const int64_t n = g.output_positions() * g.channels;
+    const std::vector<float> dy = RandomFloats(n, ++seed);
+    std::vector<double> y(n, 0.0), dx(g.input_size(), 0.0), dx_magnitude(g.input_size(), 0.0);
+    for (int b = 0; b < g.batch; ++b) {
+      for (int oh = 0; oh < g.out_h; ++oh) {
+        for (int ow = 0; ow < g.out_w; ++ow) {
+          std::vector<int64_t> inside;  // flat indices of channel 0
+          for (int kh = 0; kh < g.kernel_h; ++kh) {
+            for (int kw = 0; kw < g.kernel_w; ++kw) {
+              const int h = oh * g.stride_h - g.pad_top + kh;
+              const int w = ow * g.stride_w - g.pad_left + kw;
+              if (h < 0 || h >= g.height || w < 0 || w >= g.width) continue;
+              inside.push_back(((int64_t{b} * g.height + h) * g.width + w) * g.channels);
+            }
+          }
+          ASSERT_FALSE(inside.empty());
+          for (int c = 0; c < g.channels; ++c) {
+            const int64_t o = ((int64_t{b} * g.out_h + oh) * g.out_w + ow) * g.channels + c;
+            for (int64_t i : inside) {
+              y[o] += double{x[i + c]} / static_cast<double>(inside.size());
+              dx[i + c] += double{dy[o]} / static_cast<double>(inside.size());
+              dx_magnitude[i + c] += std::abs(dy[o]);
+            }
+          }
+        }
+      }
+    }
+    float* out = Filled(n, kNaN);  // overwritten
+    kernels_->AvgPoolForward(g, Upload(x), out);
+    EXPECT_TRUE(AllNear(Download(out, n), y));
+    float* grad = Filled(g.input_size(), kNaN);  // overwritten
+    kernels_->AvgPoolBackward(g, Upload(dy), grad);
+    EXPECT_TRUE(AllWithin(Download(grad, g.input_size()), dx, ScaledTolerance(dx_magnitude, 1e-6)));
+  }
+}
+
 TEST_P(KernelsConformanceTest, GlobalAvgPool) {
   const int batch = 3, positions = 35, channels = 5;
   const std::vector<float> x = RandomFloats(int64_t{batch} * positions * channels, 140);

@@ -13,521 +13,12 @@
 #include "common/hash.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "model/layer.h"
 
 namespace pscluster {
-namespace {
-
-Activation ToActivation(v1::ActivationKind k) {
-  switch (k) {
-    case v1::RELU:
-      return Activation::kRelu;
-    case v1::SIGMOID:
-      return Activation::kSigmoid;
-    case v1::TANH:
-      return Activation::kTanh;
-    default:
-      return Activation::kLinear;
-  }
-}
-
-}  // namespace
 
 bool HasNetwork(const v1::ModelConfig& config) {
   return config.layers_size() > 0 || config.network_size() > 0;
-}
-
-namespace {
-
-std::string DimsString(int height, int width, int channels) {
-  return absl::StrCat("[", height, ", ", width, ", ", channels, "]");
-}
-
-const char* KindName(const v1::Layer& l) {
-  switch (l.kind_case()) {
-    case v1::Layer::kDense:
-      return "dense";
-    case v1::Layer::kConv2D:
-      return "conv2d";
-    case v1::Layer::kBatchNorm:
-      return "batch_norm";
-    case v1::Layer::kMaxPool:
-      return "max_pool";
-    case v1::Layer::kGlobalAveragePool:
-      return "global_average_pool";
-    case v1::Layer::kFlatten:
-      return "flatten";
-    case v1::Layer::kActivation:
-      return "activation";
-    case v1::Layer::kAdd:
-      return "add";
-    default:
-      return "layer";
-  }
-}
-
-// A window of `kernel` x `kernel` at `stride` over an input of `height` x `width` x
-// `channels`, padded as TensorFlow pads (kernels.h's ConvGeometry).
-absl::StatusOr<ConvGeometry> Window(const std::string& layer, int height, int width, int channels,
-                                    int kernel, int stride, v1::Padding padding) {
-  ConvGeometry g;
-  g.height = height;
-  g.width = width;
-  g.channels = channels;
-  g.kernel_h = g.kernel_w = kernel;
-  g.stride_h = g.stride_w = stride;
-  // Larger windows or strides than the input say nothing more, and keep the arithmetic below
-  // far from int's range.
-  constexpr int kMaxWindow = 1 << 16;
-  if (kernel > kMaxWindow || stride > kMaxWindow) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": window ", kernel,
-                                                   " and stride ", stride, " must be at most ",
-                                                   kMaxWindow));
-  }
-  if (padding == v1::VALID) {
-    if (kernel > height || kernel > width) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", layer, ": its ", kernel, "x", kernel, " window does not fit its ",
-                       DimsString(height, width, channels), " input with VALID padding"));
-    }
-    g.out_h = (height - kernel) / stride + 1;
-    g.out_w = (width - kernel) / stride + 1;
-    return g;
-  }
-  g.out_h = (height + stride - 1) / stride;
-  g.out_w = (width + stride - 1) / stride;
-  g.pad_top = std::max((g.out_h - 1) * stride + kernel - height, 0) / 2;
-  g.pad_left = std::max((g.out_w - 1) * stride + kernel - width, 0) / 2;
-  return g;
-}
-
-// A 1x1 convolution at stride 1 reads its input as Im2Col's output: no copy.
-bool DirectConv(const ConvGeometry& g) {
-  return g.kernel_h == 1 && g.kernel_w == 1 && g.stride_h == 1 && g.stride_w == 1 &&
-         g.pad_top == 0 && g.pad_left == 0;
-}
-
-}  // namespace
-
-absl::StatusOr<Model::Plan> Model::MakePlan(const v1::ModelConfig& config) {
-  if (config.layers_size() > 0 && config.network_size() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", config.name(), " sets both layers and network; set one of them"));
-  }
-  if (!HasNetwork(config)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", config.name(),
-                     " has no dense layers and no network; at least one layer is needed"));
-  }
-  if (config.input_dim() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("input_dim must be >= 0, got ", config.input_dim()));
-  }
-  const bool image = config.has_input_shape();
-  if (image) {
-    const v1::ImageShape& s = config.input_shape();
-    if (s.height() < 1 || s.width() < 1 || s.channels() < 1 ||
-        int64_t{s.height()} * s.width() * s.channels() != config.input_dim()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input_shape ", DimsString(s.height(), s.width(), s.channels()),
-                       " must have every dimension >= 1 and hold input_dim = ", config.input_dim(),
-                       " features"));
-    }
-  }
-  if (config.has_augmentation()) {
-    const int max_shift = config.augmentation().max_shift();
-    if (!image || config.embeddings_size() > 0) {
-      return absl::InvalidArgumentError(
-          "augmentation needs an image input (input_shape) and a model without embedding "
-          "tables");
-    }
-    if (max_shift < 0 || max_shift >= config.input_shape().height() ||
-        max_shift >= config.input_shape().width()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("augmentation.max_shift must be in [0, ",
-                       std::min(config.input_shape().height(), config.input_shape().width()),
-                       ") for the input's height and width, got ", max_shift));
-    }
-  }
-  Plan plan;
-  std::set<std::string> names;
-  int width = config.input_dim();
-  for (const v1::EmbeddingBagLayer& e : config.embeddings()) {
-    if (e.dim() < 1 || e.table().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding layer ", e.name(),
-                                                     " needs a table and dim >= 1, got table \"",
-                                                     e.table(), "\" and dim ", e.dim()));
-    }
-    if (!names.insert(e.table()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("name ", e.table(), " is used twice"));
-    }
-    if (!e.wide()) {
-      if (image) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "embedding layer ", e.name(),
-            " would be concatenated to an image input (input_shape); only wide embedding "
-            "layers go with input_shape"));
-      }
-      width += e.dim();
-    }
-    v1::TableSpec* t = plan.spec.add_tables();
-    t->set_name(e.table());
-    t->set_dim(e.dim());
-    if (e.has_initializer()) {
-      *t->mutable_initializer() = e.initializer();
-    } else {
-      t->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
-      t->mutable_initializer()->set_min(-0.05f);
-      t->mutable_initializer()->set_max(0.05f);
-      t->mutable_initializer()->set_seed(config.seed());
-    }
-    *t->mutable_optimizer() = e.has_optimizer() ? e.optimizer() : config.optimizer();
-    if (e.has_admission()) *t->mutable_admission() = e.admission();
-    if (e.has_eviction()) *t->mutable_eviction() = e.eviction();
-    t->set_vocabulary_size(e.vocabulary_size());
-  }
-  if (width < 1) {
-    return absl::InvalidArgumentError(
-        "the first dense layer has no inputs: input_dim is 0 and "
-        "no embedding is concatenated");
-  }
-  Dims input;
-  if (image && config.network_size() > 0) {
-    input = {config.input_shape().height(), config.input_shape().width(),
-             config.input_shape().channels()};
-  } else {
-    input.channels = width;
-  }
-  plan.tensor_sizes.push_back(input.size());
-
-  auto add_variable = [&plan](const std::string& name, std::vector<int64_t> dims,
-                              const v1::InitializerSpec& initializer,
-                              const v1::OptimizerSpec& optimizer) {
-    v1::VariableSpec* v = plan.spec.add_variables();
-    v->set_name(name);
-    for (int64_t d : dims) v->mutable_shape()->add_dims(d);
-    v->set_dtype(v1::DT_FLOAT32);
-    *v->mutable_initializer() = initializer;
-    *v->mutable_optimizer() = optimizer;
-  };
-  auto default_initializer = [&config](v1::InitializerSpec::Kind kind) {
-    v1::InitializerSpec spec;
-    spec.set_kind(kind);
-    spec.set_seed(config.seed());
-    return spec;
-  };
-  auto constant = [](float value) {
-    v1::InitializerSpec spec;
-    spec.set_kind(v1::InitializerSpec::CONSTANT);
-    spec.set_value(value);
-    return spec;
-  };
-  // A dense layer reading tensor `source`; shared by both kinds of config.
-  auto add_dense = [&](const std::string& name, const v1::DenseLayer& d, int source,
-                       const Dims& in) {
-    Node node;
-    node.op = Op::kDense;
-    node.name = name;
-    node.inputs = {source};
-    node.in = in;
-    node.out.channels = d.units();
-    node.activation = ToActivation(d.activation());
-    node.first_variable = plan.spec.variables_size();
-    node.num_variables = 2;
-    const v1::OptimizerSpec& optimizer = d.has_optimizer() ? d.optimizer() : config.optimizer();
-    add_variable(name + "/kernel", {in.size(), d.units()},
-                 d.has_kernel_initializer()
-                     ? d.kernel_initializer()
-                     : default_initializer(v1::InitializerSpec::GLOROT_UNIFORM),
-                 optimizer);
-    add_variable(name + "/bias", {d.units()}, d.bias_initializer(), optimizer);
-    return node;
-  };
-
-  if (config.layers_size() > 0) {
-    // A chain of dense layers on the flat input.
-    Dims in = input;
-    int source = 0;
-    for (int i = 0; i < config.layers_size(); ++i) {
-      const v1::DenseLayer& l = config.layers(i);
-      const std::string name = l.name().empty() ? absl::StrCat("dense_", i) : l.name();
-      if (l.units() < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("layer ", name, " has ", l.units(), " units; it needs at least 1"));
-      }
-      if (i == config.layers_size() - 1 && l.activation() != v1::LINEAR) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the last layer, ", name, ", must be linear: the loss applies softmax or sigmoid"));
-      }
-      if (!names.insert(name).second) {
-        return absl::InvalidArgumentError(absl::StrCat("name ", name, " is used twice"));
-      }
-      Node node = add_dense(name, l, source, Dims{1, 1, static_cast<int>(in.size())});
-      node.output = static_cast<int>(plan.tensor_sizes.size());
-      plan.tensor_sizes.push_back(node.out.size());
-      node.group = i;
-      plan.group_first.push_back(node.first_variable);
-      in = node.out;
-      source = node.output;
-      plan.nodes.push_back(std::move(node));
-    }
-  } else {
-    // The graph: each layer's output tensor, and whether a later layer reads it.
-    std::map<std::string, int> node_of;  // layer name -> node index
-    std::vector<bool> read(config.network_size(), false);
-    for (int i = 0; i < config.network_size(); ++i) {
-      const v1::Layer& l = config.network(i);
-      const std::string name = l.name().empty() ? absl::StrCat(KindName(l), "_", i) : l.name();
-      if (l.kind_case() == v1::Layer::KIND_NOT_SET) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("layer ", name, " (network index ", i,
-                         ") has no kind: set one of dense, conv2d, batch_norm, max_pool, "
-                         "global_average_pool, flatten, activation, add"));
-      }
-      if (name == "input" || !names.insert(name).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "name ", name,
-            name == "input" ? " is reserved for the model's input" : " is used twice"));
-      }
-      // The tensors it reads, and their shapes.
-      std::vector<int> sources;
-      std::vector<Dims> shapes;
-      auto read_node = [&](int n) {
-        sources.push_back(plan.nodes[n].output);
-        shapes.push_back(plan.nodes[n].out);
-        read[n] = true;
-      };
-      if (l.inputs().empty()) {
-        if (i == 0) {
-          sources.push_back(0);
-          shapes.push_back(input);
-        } else {
-          read_node(i - 1);
-        }
-      }
-      for (const std::string& from : l.inputs()) {
-        if (from == "input") {
-          sources.push_back(0);
-          shapes.push_back(input);
-          continue;
-        }
-        auto it = node_of.find(from);
-        if (it == node_of.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("layer ", name, " reads \"", from,
-                           "\", which is not an earlier layer of the network nor \"input\""));
-        }
-        read_node(it->second);
-      }
-      if (l.kind_case() != v1::Layer::kAdd && sources.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("layer ", name, " (", KindName(l),
-                                                       ") reads ", sources.size(),
-                                                       " inputs; only add reads more than one"));
-      }
-      const Dims in = shapes[0];
-      const std::string in_string = DimsString(in.height, in.width, in.channels);
-      Node node;
-      node.name = name;
-      node.inputs = sources;
-      node.in = in;
-      node.out = in;
-      switch (l.kind_case()) {
-        case v1::Layer::kDense: {
-          const v1::DenseLayer& d = l.dense();
-          if (!d.name().empty() && d.name() != name) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "layer ", name, " has a dense part named ", d.name(), "; leave it empty"));
-          }
-          if (!in.flat()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("layer ", name, " (dense) reads a ", in_string,
-                             " input; put a flatten layer before it"));
-          }
-          if (d.units() < 1) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("layer ", name, " has ", d.units(), " units; it needs at least 1"));
-          }
-          node = add_dense(name, d, sources[0], in);
-          break;
-        }
-        case v1::Layer::kConv2D: {
-          const v1::Conv2DLayer& c = l.conv2d();
-          const int stride = c.stride() == 0 ? 1 : c.stride();
-          if (c.filters() < 1 || c.kernel_size() < 1 || stride < 1) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "layer ", name, " (conv2d) needs filters, kernel_size and stride >= 1, got ",
-                c.filters(), ", ", c.kernel_size(), " and ", c.stride()));
-          }
-          PS_ASSIGN_OR_RETURN(node.geometry, Window(name, in.height, in.width, in.channels,
-                                                    c.kernel_size(), stride, c.padding()));
-          node.op = Op::kConv2D;
-          node.out = {node.geometry.out_h, node.geometry.out_w, c.filters()};
-          node.activation = ToActivation(c.activation());
-          node.use_bias = c.use_bias();
-          node.first_variable = plan.spec.variables_size();
-          node.num_variables = c.use_bias() ? 2 : 1;
-          const v1::OptimizerSpec& optimizer =
-              c.has_optimizer() ? c.optimizer() : config.optimizer();
-          add_variable(
-              name + "/kernel", {c.kernel_size(), c.kernel_size(), in.channels, c.filters()},
-              c.has_kernel_initializer() ? c.kernel_initializer()
-                                         : default_initializer(v1::InitializerSpec::HE_NORMAL),
-              optimizer);
-          if (c.use_bias()) {
-            add_variable(name + "/bias", {c.filters()}, v1::InitializerSpec(), optimizer);
-          }
-          break;
-        }
-        case v1::Layer::kBatchNorm: {
-          const v1::BatchNormLayer& bn = l.batch_norm();
-          node.op = Op::kBatchNorm;
-          node.momentum = bn.has_momentum() ? bn.momentum() : 0.99f;
-          node.epsilon = bn.has_epsilon() ? bn.epsilon() : 0.001f;
-          if (!(node.momentum >= 0.0f && node.momentum < 1.0f) || !(node.epsilon > 0.0f)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "layer ", name, " (batch_norm) needs momentum in [0, 1) and epsilon > 0, got ",
-                node.momentum, " and ", node.epsilon));
-          }
-          node.first_variable = plan.spec.variables_size();
-          node.num_variables = 4;
-          const v1::OptimizerSpec& optimizer =
-              bn.has_optimizer() ? bn.optimizer() : config.optimizer();
-          v1::OptimizerSpec assign;  // the ps averages the pushed batch statistics in
-          assign.mutable_moving_average()->set_momentum(node.momentum);
-          add_variable(name + "/gamma", {in.channels}, constant(1.0f), optimizer);
-          add_variable(name + "/beta", {in.channels}, v1::InitializerSpec(), optimizer);
-          add_variable(name + "/moving_mean", {in.channels}, v1::InitializerSpec(), assign);
-          add_variable(name + "/moving_variance", {in.channels}, constant(1.0f), assign);
-          break;
-        }
-        case v1::Layer::kMaxPool: {
-          const v1::Pool2DLayer& p = l.max_pool();
-          const int size = p.pool_size() == 0 ? 2 : p.pool_size();
-          const int stride = p.stride() == 0 ? size : p.stride();
-          if (size < 1 || stride < 1) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("layer ", name, " (max_pool) needs pool_size and stride >= 1, got ",
-                             p.pool_size(), " and ", p.stride()));
-          }
-          PS_ASSIGN_OR_RETURN(node.geometry, Window(name, in.height, in.width, in.channels, size,
-                                                    stride, p.padding()));
-          node.op = Op::kMaxPool;
-          node.out = {node.geometry.out_h, node.geometry.out_w, in.channels};
-          break;
-        }
-        case v1::Layer::kGlobalAveragePool:
-          node.op = Op::kGlobalAvgPool;
-          node.out = {1, 1, in.channels};
-          break;
-        case v1::Layer::kFlatten:
-          node.op = Op::kFlatten;
-          node.out = {
-              1, 1,
-              static_cast<int>(std::min<int64_t>(in.size(), std::numeric_limits<int32_t>::max()))};
-          break;
-        case v1::Layer::kActivation:
-          node.op = Op::kActivation;
-          node.activation = ToActivation(l.activation().activation());
-          break;
-        case v1::Layer::kAdd:
-          if (sources.size() < 2) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "layer ", name, " (add) needs at least two inputs, got ", sources.size()));
-          }
-          for (const Dims& d : shapes) {
-            if (d.height != in.height || d.width != in.width || d.channels != in.channels) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "layer ", name, " (add) adds a ", in_string, " and a ",
-                  DimsString(d.height, d.width, d.channels), " input; they must be equal"));
-            }
-          }
-          node.op = Op::kAdd;
-          node.activation = ToActivation(l.add().activation());
-          break;
-        default:
-          break;
-      }
-      if (in.size() >= std::numeric_limits<int32_t>::max() ||
-          node.out.size() >= std::numeric_limits<int32_t>::max()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer ", name, " has more than 2^31 - 1 floats per example in its input or output"));
-      }
-      if (node.op == Op::kFlatten) {
-        node.output = sources[0];
-      } else {
-        node.output = static_cast<int>(plan.tensor_sizes.size());
-        plan.tensor_sizes.push_back(node.out.size());
-      }
-      node_of[name] = i;
-      plan.nodes.push_back(std::move(node));
-    }
-    for (int i = 0; i + 1 < config.network_size(); ++i) {
-      if (!read[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("the output of layer ", plan.nodes[i].name,
-                                                       " is not read by any later layer"));
-      }
-    }
-    const Node& last = plan.nodes.back();
-    if (last.op == Op::kFlatten) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the last layer, ", last.name,
-          ", is a flatten; the logits must come from a layer that computes them (dense)"));
-    }
-    if (!last.out.flat()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the last layer, ", last.name, ", outputs ",
-          DimsString(last.out.height, last.out.width, last.out.channels),
-          "; the logits must be flat (end with flatten or global_average_pool and dense)"));
-    }
-    if (last.activation != Activation::kLinear) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the last layer, ", last.name, ", must be linear: the loss applies softmax or sigmoid"));
-    }
-    // Groups of about an eighth of the parameters each, in forward order.
-    int64_t total = 0;
-    for (const v1::VariableSpec& v : plan.spec.variables()) {
-      int64_t n = 1;
-      for (int64_t d : v.shape().dims()) n *= d;
-      total += n;
-    }
-    const int64_t target = std::max<int64_t>(total / 8, 1);
-    int64_t in_group = target;  // the first node with variables opens a group
-    for (Node& node : plan.nodes) {
-      if (node.num_variables == 0) continue;
-      if (in_group >= target) {
-        node.group = static_cast<int>(plan.group_first.size());
-        plan.group_first.push_back(node.first_variable);
-        in_group = 0;
-      }
-      for (int v = node.first_variable; v < node.first_variable + node.num_variables; ++v) {
-        int64_t n = 1;
-        for (int64_t d : plan.spec.variables(v).shape().dims()) n *= d;
-        in_group += n;
-      }
-    }
-  }
-  plan.group_first.push_back(plan.spec.variables_size());
-  const int out_units = static_cast<int>(plan.nodes.back().out.size());
-  for (const v1::EmbeddingBagLayer& e : config.embeddings()) {
-    if (e.wide() && e.dim() != out_units) {
-      return absl::InvalidArgumentError(absl::StrCat("wide embedding layer ", e.name(), " has dim ",
-                                                     e.dim(), "; it must equal the output size ",
-                                                     out_units));
-    }
-  }
-  if (config.loss() == v1::ModelConfig::SIGMOID_CROSS_ENTROPY && out_units != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a sigmoid cross-entropy loss needs 1 output unit, the last layer has ", out_units));
-  }
-  if (config.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY && out_units < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a softmax cross-entropy loss needs at least 2 classes, the last layer has ", out_units));
-  }
-  return plan;
-}
-
-absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config) {
-  PS_ASSIGN_OR_RETURN(Model::Plan plan, Model::MakePlan(config));
-  return std::move(plan.spec);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelConfig& config,
@@ -580,31 +71,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelConfig& conf
   }
   PS_RETURN_IF_ERROR(model->Allocate());
   return model;
-}
-
-absl::StatusOr<int64_t> Model::DeviceBytesPerExample(const v1::ModelConfig& config) {
-  PS_ASSIGN_OR_RETURN(const Plan plan, MakePlan(config));
-  int64_t input = config.input_dim();
-  for (const v1::EmbeddingBagLayer& e : config.embeddings()) input += e.dim();
-  // Per input slot: the input and the labels (float and int); then its gradient (dx0_).
-  int64_t words = kInputSlots * (input + 3) + input;
-  int64_t largest = input;
-  int64_t cols = 0;
-  for (size_t t = 1; t < plan.tensor_sizes.size(); ++t) {
-    words += 2 * plan.tensor_sizes[t];
-    largest = std::max(largest, plan.tensor_sizes[t]);
-  }
-  for (const Node& node : plan.nodes) {
-    if (node.op == Op::kMaxPool) words += node.out.size();
-    if (node.op == Op::kConv2D && !DirectConv(node.geometry)) {
-      cols = std::max(
-          cols, int64_t{node.geometry.out_h} * node.geometry.out_w * node.geometry.patch_size());
-    }
-  }
-  const int64_t classes = plan.nodes.back().out.size();
-  // accum_, the patches, and per slot the loss, predictions and logits.
-  words += largest + cols + kInputSlots * 3 + classes;
-  return words * 4;
 }
 
 Model::Model(v1::ModelConfig config, Kernels* kernels, int max_batch)
@@ -666,22 +132,27 @@ absl::Status Model::Allocate() {
   }
   PS_ASSIGN_OR_RETURN(grads_, Floats(dense_total_));
   int64_t largest = input_width_;
+  tensor_values_.assign(tensors_.size(), nullptr);
+  tensor_grads_.assign(tensors_.size(), nullptr);
   for (size_t t = 1; t < tensors_.size(); ++t) {
     PS_ASSIGN_OR_RETURN(tensors_[t].value, Floats(b * tensors_[t].size));
     PS_ASSIGN_OR_RETURN(tensors_[t].grad, Floats(b * tensors_[t].size));
+    tensor_values_[t] = tensors_[t].value;
+    tensor_grads_[t] = tensors_[t].grad;
     largest = std::max(largest, tensors_[t].size);
   }
   int64_t cols = 0;
   for (Node& node : nodes_) {
-    if (node.op == Op::kBatchNorm) {
-      PS_ASSIGN_OR_RETURN(node.mean, Floats(node.in.channels));
-      PS_ASSIGN_OR_RETURN(node.variance, Floats(node.in.channels));
-    } else if (node.op == Op::kMaxPool) {
-      PS_ASSIGN_OR_RETURN(node.argmax, Ints(b * node.out.size()));
-    } else if (node.op == Op::kConv2D && !DirectConv(node.geometry)) {
-      cols = std::max(cols,
-                      b * node.geometry.out_h * node.geometry.out_w * node.geometry.patch_size());
+    int32_t* ints = nullptr;
+    float* stats = nullptr;
+    if (const int64_t n = node.layer->IndexInts(node); n > 0) {
+      PS_ASSIGN_OR_RETURN(ints, Ints(b * n));
     }
+    if (const int64_t n = node.layer->StatFloats(node); n > 0) {
+      PS_ASSIGN_OR_RETURN(stats, Floats(n));
+    }
+    node.layer->Bind(&node, ints, stats);
+    cols = std::max(cols, b * node.layer->PatchFloats(node));
   }
   if (cols > 0) {
     PS_ASSIGN_OR_RETURN(cols_, Floats(cols));
@@ -1060,18 +531,63 @@ absl::Status Model::EnqueueSteps(int slot, const std::vector<const float*>& para
                                  const std::vector<const float*>& rows, Pass pass,
                                  float gradient_scale, const Hooks& hooks, const Outputs* outputs) {
   Inputs& in = inputs_[slot];
-  const int b = in.size;
   const auto compute = Kernels::Stream::kCompute;
+  std::vector<bool> written(tensors_.size(), false);
+  StepContext ctx;
+  ctx.kernels = kernels_;
+  ctx.batch = in.size;
+  ctx.training = pass != Pass::kInference;
+  ctx.gradient_scale = gradient_scale;
+  ctx.params = params.data();
+  ctx.grads = grads_;
+  ctx.grad_offsets = dense_offsets_.data();
+  ctx.cols = cols_;
+  ctx.accum = accum_;
+  ctx.input = in.x0;
+  ctx.input_grad = need_input_grad_ ? dx0_ : nullptr;
+  ctx.values = &tensor_values_;
+  ctx.gradients = &tensor_grads_;
+  ctx.written = &written;
+  Forward(slot, rows, hooks, ctx);
+  // Loss; its outputs are downloaded while backward runs (a captured step: after it). The
+  // downloads of the step that last used this slot's outputs must be over before they are
+  // written again.
+  if (outputs != nullptr) kernels_->Wait(compute, step_outputs_[slot].downloaded.get());
+  Loss(slot);
+  if (outputs != nullptr) DownloadOutputs(slot, *outputs);
+  if (pass != Pass::kTraining) {
+    if (outputs != nullptr) kernels_->Record(in.consumed.get(), compute);
+    return absl::OkStatus();
+  }
+  PS_RETURN_IF_ERROR(Backward(slot, hooks, ctx));
+  if (outputs == nullptr) return absl::OkStatus();  // captured: the caller records
+  kernels_->Record(in.consumed.get(), compute);
+  if (hooks.reduce_gradients) {
+    // Towers: every gradient is ready once they are summed.
+    PS_RETURN_IF_ERROR(hooks.reduce_gradients());
+    if (hooks.gradient_ready) {
+      const int num_dense = static_cast<int>(dense_names_.size());
+      for (int v = num_dense - 1; v >= 0; --v) hooks.gradient_ready(v);
+      for (size_t e = 0; e < embeddings_.size(); ++e) {
+        hooks.gradient_ready(num_dense + static_cast<int>(e));
+      }
+    }
+  }
+  kernels_->Record(gradient_done_.get(), compute);
+  return absl::OkStatus();
+}
+
+void Model::Forward(int slot, const std::vector<const float*>& rows, const Hooks& hooks,
+                    const StepContext& ctx) {
+  const Inputs& in = inputs_[slot];
+  const int b = in.size;
   const int classes = classes_;
-  const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
-  const bool training = pass != Pass::kInference;
-  auto value = [this, &in](int t) { return t == 0 ? in.x0 : tensors_[t].value; };
   if (in.resident) {
+    const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
     kernels_->GatherRows(resident_dense_, in.positions, b, config_.input_dim(), in.x0);
     kernels_->GatherRows(resident_labels_, in.positions, b, 1,
                          softmax ? static_cast<void*>(in.int_labels) : in.labels);
   }
-
   // Input: the dense features are in place; each embedding bag into its columns.
   for (size_t e = 0; e < embeddings_.size(); ++e) {
     const Embedding& emb = embeddings_[e];
@@ -1083,223 +599,65 @@ absl::Status Model::EnqueueSteps(int slot, const std::vector<const float*>& para
   // The network, in order.
   for (Node& node : nodes_) {
     if (node.group >= 0 && hooks.before_layer) hooks.before_layer(node.group);
-    const float* x = value(node.inputs[0]);
-    float* y = value(node.output);
-    const float* const* w = node.num_variables > 0 ? &params[node.first_variable] : nullptr;
-    const int64_t n = b * node.out.size();
-    switch (node.op) {
-      case Op::kDense: {
-        const int units = node.out.channels;
-        kernels_->Gemm(false, false, b, units, static_cast<int>(node.in.size()), 1.0f, x, w[0],
-                       0.0f, y);
-        kernels_->AddBias(w[1], b, units, y);
-        break;
-      }
-      case Op::kConv2D: {
-        ConvGeometry g = node.geometry;
-        g.batch = b;
-        const float* cols = x;
-        if (!DirectConv(g)) {
-          kernels_->Im2Col(g, x, cols_);
-          cols = cols_;
-        }
-        const int m = static_cast<int>(g.output_positions());
-        const int filters = node.out.channels;
-        kernels_->Gemm(false, false, m, filters, static_cast<int>(g.patch_size()), 1.0f, cols, w[0],
-                       0.0f, y);
-        if (node.use_bias) kernels_->AddBias(w[1], m, filters, y);
-        break;
-      }
-      case Op::kBatchNorm: {
-        const int64_t positions = int64_t{b} * node.in.height * node.in.width;
-        if (training) {
-          kernels_->BatchNormForwardTraining(x, positions, node.in.channels, w[0], w[1],
-                                             node.epsilon, y, node.mean, node.variance);
-        } else {
-          kernels_->BatchNormForwardInference(x, positions, node.in.channels, w[0], w[1], w[2],
-                                              w[3], node.epsilon, y);
-        }
-        break;
-      }
-      case Op::kMaxPool: {
-        ConvGeometry g = node.geometry;
-        g.batch = b;
-        kernels_->MaxPoolForward(g, x, y, node.argmax);
-        break;
-      }
-      case Op::kGlobalAvgPool:
-        kernels_->GlobalAvgPoolForward(x, b, node.in.height * node.in.width, node.in.channels, y);
-        break;
-      case Op::kFlatten:
-        break;
-      case Op::kActivation:
-        kernels_->ActivationForward(node.activation, x, n, y);
-        break;
-      case Op::kAdd:
-        kernels_->Add(n, x, value(node.inputs[1]), y);
-        for (size_t i = 2; i < node.inputs.size(); ++i) {
-          kernels_->Add(n, y, value(node.inputs[i]), y);
-        }
-        break;
-    }
-    if (node.op != Op::kActivation && node.activation != Activation::kLinear) {
-      kernels_->ActivationForward(node.activation, y, n, y);
+    node.layer->Forward(ctx, node);
+    if (!node.layer->is_activation() && node.activation != Activation::kLinear) {
+      float* y = ctx.value(node.output);
+      kernels_->ActivationForward(node.activation, y, b * node.out.size(), y);
     }
   }
-  const int logits_tensor = nodes_.back().output;
-  float* logits = value(logits_tensor);
+  float* logits = ctx.value(nodes_.back().output);
   for (size_t e = 0; e < embeddings_.size(); ++e) {
     if (!embeddings_[e].wide) continue;
     kernels_->EmbeddingBagForward(rows[e], in.row_index, in.offsets, b, classes,
                                   embeddings_[e].mean, classes, 0, wide_out_);
     kernels_->Axpy(int64_t{b} * classes, 1.0f, wide_out_, logits);
   }
-  // Loss; its outputs are downloaded while backward runs (a captured step: after it). The
-  // downloads of the step that last used this slot's outputs must be over before they are
-  // written again.
-  StepOutputs& o = step_outputs_[slot];
-  if (outputs != nullptr) kernels_->Wait(compute, o.downloaded.get());
-  auto grad = [this](int t) { return t == 0 ? dx0_ : tensors_[t].grad; };
-  float* dlogits = grad(logits_tensor);
-  if (softmax) {
-    kernels_->SoftmaxCrossEntropy(logits, in.int_labels, b, classes, o.loss, dlogits);
-    kernels_->ArgMax(logits, b, classes, o.predictions);
+}
+
+void Model::Loss(int slot) {
+  const Inputs& in = inputs_[slot];
+  const int b = in.size;
+  const StepOutputs& o = step_outputs_[slot];
+  // The logits are never the input (the last layer computes them): they have their own tensor.
+  const int logits_tensor = nodes_.back().output;
+  const float* logits = tensor_values_[logits_tensor];
+  float* dlogits = tensor_grads_[logits_tensor];
+  if (config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY) {
+    kernels_->SoftmaxCrossEntropy(logits, in.int_labels, b, classes_, o.loss, dlogits);
+    kernels_->ArgMax(logits, b, classes_, o.predictions);
   } else {
     kernels_->SigmoidCrossEntropy(logits, in.labels, b, o.loss, dlogits);
     // The next step's forward writes the logits while these go to the host.
     kernels_->ScaleCopy(b, 1.0f, logits, o.logits);
   }
-  if (outputs != nullptr) DownloadOutputs(slot, *outputs);
-  if (pass != Pass::kTraining) {
-    if (outputs != nullptr) kernels_->Record(in.consumed.get(), compute);
-    return absl::OkStatus();
-  }
+}
 
-  // Backward: dlogits is the gradient of the mean loss (of this tower's examples, scaled to
-  // its share). A layer writes the gradient of each tensor it reads; the first writer of a
-  // tensor writes it in place, later ones (a tensor read twice, as a residual block's input)
-  // write accum_ and add it.
+absl::Status Model::Backward(int slot, const Hooks& hooks, const StepContext& ctx) {
+  const Inputs& in = inputs_[slot];
+  const int b = in.size;
+  const int classes = classes_;
+  const int logits_tensor = nodes_.back().output;
+  float* dlogits = tensor_grads_[logits_tensor];
+  // dlogits is the gradient of the mean loss (of this tower's examples, scaled to its share). A
+  // layer writes the gradient of each tensor it reads; the first writer of a tensor writes it in
+  // place, later ones (a tensor read twice, as a residual block's input) write accum_ and add it.
   if (hooks.before_backward) hooks.before_backward();
-  if (gradient_scale != 1.0f) kernels_->Scale(int64_t{b} * classes, gradient_scale, dlogits);
-  const bool towers = static_cast<bool>(hooks.reduce_gradients);
-  std::vector<bool> written(tensors_.size(), false);
-  written[logits_tensor] = true;
-  // Where the gradient of tensor t goes; null when nobody needs it (the model's input without
-  // tables feeding it).
-  auto target = [&](int t) -> float* {
-    if (t == 0 && !need_input_grad_) return nullptr;
-    if (!written[t]) {
-      written[t] = true;
-      return grad(t);
-    }
-    return accum_;
-  };
-  auto finish = [&](int t, float* p, int64_t n) {
-    if (p == accum_) kernels_->Axpy(n, 1.0f, accum_, grad(t));
-  };
+  if (ctx.gradient_scale != 1.0f) {
+    kernels_->Scale(int64_t{b} * classes, ctx.gradient_scale, dlogits);
+  }
+  // With towers the gradients are ready only once they are summed (Enqueue).
+  const bool each_ready = !hooks.reduce_gradients && hooks.gradient_ready;
+  (*ctx.written)[logits_tensor] = true;
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     Node& node = *it;
-    if (node.op == Op::kFlatten) continue;
-    float* dy = grad(node.output);
-    const float* x = value(node.inputs[0]);
-    const float* const* w = node.num_variables > 0 ? &params[node.first_variable] : nullptr;
-    float* dw = node.num_variables > 0 ? grads_ + dense_offsets_[node.first_variable] : nullptr;
-    const int64_t n = b * node.out.size();
-    const int64_t n_in = b * node.in.size();
-    if (node.op != Op::kActivation && node.activation != Activation::kLinear) {
-      kernels_->ActivationBackward(node.activation, value(node.output), dy, n, dy);
+    if (node.layer->aliases_input()) continue;
+    if (!node.layer->is_activation() && node.activation != Activation::kLinear) {
+      float* dy = ctx.grad(node.output);
+      kernels_->ActivationBackward(node.activation, ctx.value(node.output), dy, b * node.out.size(),
+                                   dy);
     }
-    switch (node.op) {
-      case Op::kDense: {
-        const int units = node.out.channels;
-        const int in_size = static_cast<int>(node.in.size());
-        kernels_->Gemm(true, false, in_size, units, b, 1.0f, x, dy, 0.0f, dw);
-        kernels_->BiasGrad(dy, b, units, grads_ + dense_offsets_[node.first_variable + 1]);
-        if (float* dx = target(node.inputs[0])) {
-          kernels_->Gemm(false, true, b, in_size, units, 1.0f, dy, w[0], 0.0f, dx);
-          finish(node.inputs[0], dx, n_in);
-        }
-        break;
-      }
-      case Op::kConv2D: {
-        ConvGeometry g = node.geometry;
-        g.batch = b;
-        const bool direct = DirectConv(g);
-        const float* cols = x;
-        if (!direct) {
-          kernels_->Im2Col(g, x, cols_);
-          cols = cols_;
-        }
-        const int m = static_cast<int>(g.output_positions());
-        const int k = static_cast<int>(g.patch_size());
-        const int filters = node.out.channels;
-        kernels_->Gemm(true, false, k, filters, m, 1.0f, cols, dy, 0.0f, dw);
-        if (node.use_bias) {
-          kernels_->BiasGrad(dy, m, filters, grads_ + dense_offsets_[node.first_variable + 1]);
-        }
-        if (float* dx = target(node.inputs[0])) {
-          if (direct) {
-            kernels_->Gemm(false, true, m, k, filters, 1.0f, dy, w[0], 0.0f, dx);
-          } else {
-            kernels_->Gemm(false, true, m, k, filters, 1.0f, dy, w[0], 0.0f, cols_);
-            kernels_->Col2Im(g, cols_, dx);
-          }
-          finish(node.inputs[0], dx, n_in);
-        }
-        break;
-      }
-      case Op::kBatchNorm: {
-        const int c = node.in.channels;
-        const int64_t positions = int64_t{b} * node.in.height * node.in.width;
-        float* dx = target(node.inputs[0]);
-        // Without an input gradient to write, accum_ takes the (unused) dx.
-        kernels_->BatchNormBackward(x, dy, positions, c, w[0], node.mean, node.variance,
-                                    node.epsilon, dw, dw + c, dx != nullptr ? dx : accum_);
-        if (dx != nullptr) finish(node.inputs[0], dx, n_in);
-        // The moving statistics' pushes are the batch's statistics (the ps keeps their moving
-        // average: BatchNormLayer), the variance with Bessel's correction; scaled by a tower's
-        // share, so that the towers' sum is their mean.
-        const float bessel = positions > 1
-                                 ? static_cast<float>(positions) / static_cast<float>(positions - 1)
-                                 : 1.0f;
-        kernels_->ScaleCopy(c, gradient_scale, node.mean, dw + 2 * c);
-        kernels_->ScaleCopy(c, gradient_scale * bessel, node.variance, dw + 3 * c);
-        break;
-      }
-      case Op::kMaxPool: {
-        ConvGeometry g = node.geometry;
-        g.batch = b;
-        if (float* dx = target(node.inputs[0])) {
-          kernels_->MaxPoolBackward(g, dy, node.argmax, dx);
-          finish(node.inputs[0], dx, n_in);
-        }
-        break;
-      }
-      case Op::kGlobalAvgPool:
-        if (float* dx = target(node.inputs[0])) {
-          kernels_->GlobalAvgPoolBackward(dy, b, node.in.height * node.in.width, node.in.channels,
-                                          dx);
-          finish(node.inputs[0], dx, n_in);
-        }
-        break;
-      case Op::kFlatten:
-        break;
-      case Op::kActivation:
-        if (float* dx = target(node.inputs[0])) {
-          kernels_->ActivationBackward(node.activation, value(node.output), dy, n, dx);
-          finish(node.inputs[0], dx, n_in);
-        }
-        break;
-      case Op::kAdd:
-        for (int t : node.inputs) {
-          if (float* dx = target(t)) {
-            kernels_->ScaleCopy(n, 1.0f, dy, dx);
-            finish(t, dx, n);
-          }
-        }
-        break;
-    }
-    if (!towers && hooks.gradient_ready) {
+    node.layer->Backward(ctx, node);
+    if (each_ready) {
       for (int v = node.first_variable + node.num_variables - 1; v >= node.first_variable; --v) {
         hooks.gradient_ready(v);
       }
@@ -1318,20 +676,8 @@ absl::Status Model::EnqueueSteps(int slot, const std::vector<const float*>& para
       kernels_->EmbeddingBagBackward(dx0_, in.row_index, in.offsets, b, emb.dim, emb.mean,
                                      input_width_, emb.col, drows_[e]);
     }
-    if (!towers && hooks.gradient_ready) hooks.gradient_ready(num_dense + static_cast<int>(e));
+    if (each_ready) hooks.gradient_ready(num_dense + static_cast<int>(e));
   }
-  if (outputs == nullptr) return absl::OkStatus();  // captured: the caller records
-  kernels_->Record(in.consumed.get(), compute);
-  if (towers) {
-    PS_RETURN_IF_ERROR(hooks.reduce_gradients());
-    if (hooks.gradient_ready) {
-      for (int v = num_dense - 1; v >= 0; --v) hooks.gradient_ready(v);
-      for (size_t e = 0; e < embeddings_.size(); ++e) {
-        hooks.gradient_ready(num_dense + static_cast<int>(e));
-      }
-    }
-  }
-  kernels_->Record(gradient_done_.get(), compute);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,10 @@
 #include "proto/model_config.pb.h"
 
 namespace pscluster {
+
+struct Dims;        // a tensor's shape per example (model/layer.h)
+struct Node;        // one layer of a network (model/layer.h)
+class StepContext;  // a step's buffers, for the layers (model/layer.h)
 
 // The variables and tables a config needs on the ps tasks, in the order the network reads them:
 // for each dense layer L, "L/kernel" [in, units] and "L/bias" [units]; for a convolution C,
@@ -227,45 +233,6 @@ class Model {
  private:
   friend absl::StatusOr<v1::ModelSpec> ModelSpecFromConfig(const v1::ModelConfig& config);
 
-  // A tensor's shape per example: [height, width, channels]; a flat vector is [1, 1, n].
-  struct Dims {
-    int height = 1;
-    int width = 1;
-    int channels = 0;
-    int64_t size() const { return int64_t{height} * width * channels; }
-    bool flat() const { return height == 1 && width == 1; }
-  };
-  enum class Op {
-    kDense,
-    kConv2D,
-    kBatchNorm,
-    kMaxPool,
-    kGlobalAvgPool,
-    kFlatten,
-    kActivation,
-    kAdd
-  };
-  // One layer of the network.
-  struct Node {
-    Op op = Op::kDense;
-    std::string name;
-    std::vector<int> inputs;  // tensors read (0: the model's input)
-    int output = 0;           // the tensor written; a flatten's is its input's (no copy)
-    Dims in;                  // of inputs[0]
-    Dims out;
-    Activation activation = Activation::kLinear;  // dense, conv2d, activation, add
-    bool use_bias = false;                        // conv2d
-    ConvGeometry geometry;                        // conv2d and max_pool; batch set per step
-    float momentum = 0;                           // batch_norm
-    float epsilon = 0;
-    int first_variable = -1;  // its dense variables, contiguous
-    int num_variables = 0;
-    int group = -1;  // parameter group, when its first node
-    // Device buffers.
-    float* mean = nullptr;  // batch_norm: the batch's statistics [channels]
-    float* variance = nullptr;
-    int32_t* argmax = nullptr;  // max_pool: [max_batch x out.size()]
-  };
   // An activation (node output) and its gradient, [max_batch x size].
   struct Tensor {
     int64_t size = 0;
@@ -287,6 +254,24 @@ class Model {
     std::vector<int> group_first;
   };
   static absl::StatusOr<Plan> MakePlan(const v1::ModelConfig& config);
+  // MakePlan's parts: the input's checks; the tables (returns the flat input's width, the
+  // dense features and the concatenated embeddings); a `layers` chain or a `network` graph
+  // from the input of shape `input` (names: every name taken so far); the network's groups.
+  static absl::Status CheckInput(const v1::ModelConfig& config);
+  static absl::StatusOr<int> PlanTables(const v1::ModelConfig& config, Plan* plan,
+                                        std::set<std::string>* names);
+  static absl::Status PlanChain(const v1::ModelConfig& config, const Dims& input, Plan* plan,
+                                std::set<std::string>* names);
+  static absl::Status PlanNetwork(const v1::ModelConfig& config, const Dims& input, Plan* plan,
+                                  std::set<std::string>* names);
+  // The tensors network layer `l` (number `index`, `name`) reads and their shapes; marks the
+  // layers it reads in `read`.
+  static absl::Status NetworkInputs(const v1::Layer& l, int index, const std::string& name,
+                                    const Dims& input, const Plan& plan,
+                                    const std::map<std::string, int>& node_of,
+                                    std::vector<bool>* read, std::vector<int>* sources,
+                                    std::vector<Dims>* shapes);
+  static void GroupVariables(Plan* plan);
 
   // One staging area and the device inputs uploaded from it.
   struct Inputs {
@@ -326,6 +311,12 @@ class Model {
   absl::Status EnqueueSteps(int slot, const std::vector<const float*>& params,
                             const std::vector<const float*>& rows, Pass pass, float gradient_scale,
                             const Hooks& hooks, const Outputs* outputs);
+  // EnqueueSteps' parts: the batch through the network to the logits; the loss, its gradient
+  // and the outputs (into the slot's StepOutputs); the gradients back from the logits.
+  void Forward(int slot, const std::vector<const float*>& rows, const Hooks& hooks,
+               const StepContext& ctx);
+  void Loss(int slot);
+  absl::Status Backward(int slot, const Hooks& hooks, const StepContext& ctx);
   // Launches the captured step of this shape (true), captures and launches it (true), or leaves
   // the step to EnqueueSteps (false: its first sighting, no room, or the capture failed).
   absl::StatusOr<bool> Replay(int slot, const std::vector<const float*>& params, Pass pass,
@@ -355,6 +346,9 @@ class Model {
   std::vector<int> group_first_;
   std::vector<Node> nodes_;
   std::vector<Tensor> tensors_;
+  // The tensors' values and gradients by index, for the layers (StepContext); 0 is the input's.
+  std::vector<float*> tensor_values_;
+  std::vector<float*> tensor_grads_;
   std::vector<Embedding> embeddings_;
   // SetResidentData: the host arrays it was given, and the device copy (features, and labels
   // as int32 classes or float 0/1).

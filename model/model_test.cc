@@ -211,6 +211,31 @@ TEST(ModelGradientTest, OverlappingMaxPoolWithPadding) {
                  true);
 }
 
+// Average pooling, windows overlapping and partly in the padding (not counted), between a
+// convolution and the logits: the one-file layer (model/layers/average_pool.cc).
+TEST(ModelGradientTest, OverlappingAveragePoolWithPadding) {
+  CheckGradients(R"pb(input_dim: 98
+                      input_shape { height: 7 width: 7 channels: 2 }
+                      network {
+                        name: "c"
+                        conv2d { filters: 3 kernel_size: 3 padding: SAME activation: TANH }
+                      }
+                      network {
+                        name: "p"
+                        average_pool { pool_size: 3 stride: 2 padding: SAME }
+                      }
+                      network {
+                        name: "f"
+                        flatten {}
+                      }
+                      network {
+                        name: "out"
+                        dense { units: 3 }
+                      }
+                      loss: SOFTMAX_CROSS_ENTROPY)pb",
+                 false);
+}
+
 // A residual network in small: an identity block (the block's input read by its first
 // convolution and by the addition) and a projection block (a strided 1x1 convolution on the
 // shortcut), then global average pooling.
