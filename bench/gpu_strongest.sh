@@ -99,7 +99,8 @@ for spec in "${spec_list[@]}"; do
   declare -A rates=() notes=()
   for ((r = 1; r <= repeats; r++)); do
     for ours in ${num_ps:+$ours_modes}; do
-      run=${name}_b${batch}_ours_${ours}_$r
+      # The ps count in the name: two specs of one model and batch must not share a folder.
+      run=${name}_b${batch}_${num_ps}ps_ours_${ours}_$r
       cl_model=$model
       cl_ours_flags "$ours" "$bundle/certs"
       if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||

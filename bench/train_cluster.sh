@@ -112,6 +112,8 @@ cl_start_task() {  # binary job index chief_address num_ps num_workers [flags...
   local binary=$1 job=$2 index=$3 chief=$4 num_ps=$5 num_workers=$6
   shift 6
   local port_file="$cl_dir/$job-$index.port" tf
+  # A port file left by an earlier run in this folder would name a task that is gone.
+  rm -f "$port_file"
   tf=$(cl_tf_config "$chief" "$job" "$index" "$num_ps" "$num_workers")
   # shellcheck disable=SC2046
   (export TF_CONFIG="$tf"; launch "$binary" --port_file="$port_file" \
