@@ -131,9 +131,9 @@ absl::StatusOr<ConvGeometry> Window(const std::string& layer, const Dims& in, in
   }
   if (padding == v1::VALID) {
     if (kernel > in.height || kernel > in.width) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", layer, ": its ", kernel, "x", kernel, " window does not fit its ",
-                       DimsString(in), " input with VALID padding"));
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": its ", kernel, "x", kernel,
+                                                     " window does not fit its ", DimsString(in),
+                                                     " input with VALID padding"));
     }
     g.out_h = (in.height - kernel) / stride + 1;
     g.out_w = (in.width - kernel) / stride + 1;

@@ -6,7 +6,9 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "common/memory_limit.h"
 #include "gflags/gflags.h"
+#include "glog/logging.h"
 #include "ps_server/ps_server.h"
 #include "runtime/daemon.h"
 #include "runtime/daemon_flags.h"
@@ -44,8 +46,9 @@ DEFINE_int32(apply_threads, -1,
 DEFINE_int64(memory_budget_mb, -1,
              "Memory this ps task may give to dense shards and embedding tables (values and "
              "optimizer slots; a table row's index entry), in MiB: shards beyond it are refused, "
-             "and so are pulls and pushes whose new table rows would pass it (-1: 90% of the "
-             "machine's memory, 0: no limit).");
+             "and so are pulls and pushes whose new table rows would pass it (-1: 90% of what the "
+             "process may use, the machine's memory or its cgroup's cap, a pod's memory limit; "
+             "0: no limit).");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 DEFINE_int64(max_table_rows, 0,
              "Most rows one embedding table may hold on this ps task; pulls and pushes that "
@@ -95,8 +98,15 @@ int main(int argc, char** argv) {
   options.store.apply_threads =
       FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));
   if (FLAGS_memory_budget_mb < 0) {
+    // 90% of what this process may use: the machine's memory, or its cgroup's cap (a pod's
+    // memory limit), so that a model too large for it is refused rather than OOM-killed.
     const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    options.store.memory_budget_bytes = pages > 0 && page > 0 ? pages / 10 * 9 * page : 0;
+    const pscluster::MemoryLimit limit =
+        pscluster::ProcessMemoryLimit(pages > 0 && page > 0 ? pages * page : 0);
+    options.store.memory_budget_bytes = limit.bytes / 10 * 9;
+    LOG(INFO) << "ps_server: memory budget " << (options.store.memory_budget_bytes >> 20)
+              << " MiB, 90% of " << (limit.bytes >> 20) << " MiB (" << limit.source
+              << "; --memory_budget_mb sets it)";
   } else {
     options.store.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
   }

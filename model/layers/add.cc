@@ -9,8 +9,8 @@ class AddLayer final : public Layer {
  public:
   const char* kind() const override { return "add"; }
 
-  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs,
-                    PlanContext* /*ctx*/, Node* node) const override {
+  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs, PlanContext* /*ctx*/,
+                    Node* node) const override {
     if (inputs.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layer ", node->name, " (add) needs at least two inputs, got ", inputs.size()));

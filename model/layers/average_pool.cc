@@ -9,8 +9,8 @@ class AveragePoolLayer final : public Layer {
  public:
   const char* kind() const override { return "average_pool"; }
 
-  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs,
-                    PlanContext* /*ctx*/, Node* node) const override {
+  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs, PlanContext* /*ctx*/,
+                    Node* node) const override {
     return PlanPool2D(config.average_pool(), kind(), inputs[0], node);
   }
 

@@ -49,8 +49,8 @@ class BatchNormLayer final : public Layer {
       ctx.kernels->BatchNormForwardTraining(x, positions, node.in.channels, w[0], w[1],
                                             node.epsilon, y, node.mean, node.variance);
     } else {
-      ctx.kernels->BatchNormForwardInference(x, positions, node.in.channels, w[0], w[1], w[2],
-                                             w[3], node.epsilon, y);
+      ctx.kernels->BatchNormForwardInference(x, positions, node.in.channels, w[0], w[1], w[2], w[3],
+                                             node.epsilon, y);
     }
   }
 
@@ -61,8 +61,8 @@ class BatchNormLayer final : public Layer {
     float* dx = ctx.Target(node.inputs[0]);
     // Without an input gradient to write, accum takes the (unused) dx.
     ctx.kernels->BatchNormBackward(ctx.value(node.inputs[0]), ctx.grad(node.output), positions, c,
-                                   ctx.weights(node)[0], node.mean, node.variance, node.epsilon,
-                                   dw, dw + c, dx != nullptr ? dx : ctx.accum);
+                                   ctx.weights(node)[0], node.mean, node.variance, node.epsilon, dw,
+                                   dw + c, dx != nullptr ? dx : ctx.accum);
     if (dx != nullptr) ctx.Finish(node.inputs[0], dx, ctx.batch * node.in.size());
     // The moving statistics' pushes are the batch's statistics (the ps keeps their moving
     // average: BatchNormLayer), the variance with Bessel's correction; scaled by a tower's share,

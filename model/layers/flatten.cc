@@ -14,9 +14,9 @@ class FlattenLayer final : public Layer {
 
   absl::Status Plan(const v1::Layer& /*config*/, const std::vector<Dims>& inputs,
                     PlanContext* /*ctx*/, Node* node) const override {
-    node->out = {1, 1,
-                 static_cast<int>(
-                     std::min<int64_t>(inputs[0].size(), std::numeric_limits<int32_t>::max()))};
+    node->out = {
+        1, 1,
+        static_cast<int>(std::min<int64_t>(inputs[0].size(), std::numeric_limits<int32_t>::max()))};
     return absl::OkStatus();
   }
   bool aliases_input() const override { return true; }

@@ -9,8 +9,8 @@ class MaxPoolLayer final : public Layer {
  public:
   const char* kind() const override { return "max_pool"; }
 
-  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs,
-                    PlanContext* /*ctx*/, Node* node) const override {
+  absl::Status Plan(const v1::Layer& config, const std::vector<Dims>& inputs, PlanContext* /*ctx*/,
+                    Node* node) const override {
     return PlanPool2D(config.max_pool(), kind(), inputs[0], node);
   }
 
