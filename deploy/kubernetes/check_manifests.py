@@ -169,6 +169,57 @@ def check_pod_security(where, pod, container):
 TEARDOWN_KINDS = ("Job", "Service", "ConfigMap", "NetworkPolicy", "PodDisruptionBudget")
 
 
+def disruption_budget_problems(objects):
+    """What is wrong with the PodDisruptionBudgets of rendered `objects`, as (where, message).
+
+    Job pods have no scale subresource: Kubernetes accepts only an integer minAvailable in a
+    budget selecting them (with maxUnavailable or a percentage the disruption controller cannot
+    compute the pods expected and allows no eviction at all). The chief's and the ps tasks' pods
+    must each be covered by a budget asking for every pod it selects.
+    """
+    problems = []
+    pods = []  # (component, labels, count) of each Job's pods
+    for job in (o for o in objects if o.get("kind") == "Job"):
+        labels = job["spec"]["template"]["metadata"].get("labels", {})
+        count = job["spec"].get("completions")
+        pods.append((labels.get("app.kubernetes.io/component"), labels,
+                     count if isinstance(count, int) else 0))
+    covered = set()
+    for pdb in (o for o in objects if o.get("kind") == "PodDisruptionBudget"):
+        where = f"PodDisruptionBudget/{pdb['metadata']['name']}"
+        spec = pdb.get("spec", {})
+        match = spec.get("selector", {}).get("matchLabels", {})
+        if spec.get("selector", {}).get("matchExpressions"):
+            problems.append((where, "selects with matchExpressions; use matchLabels (checked "
+                             "here against the Jobs' pods)"))
+            continue
+        selected = [(c, n) for c, labels, n in pods
+                    if all(labels.get(k) == v for k, v in match.items())]
+        if not selected:
+            problems.append((where, "selects no Job's pods"))
+            continue
+        if "maxUnavailable" in spec:
+            problems.append((where, "sets maxUnavailable on Job pods, which have no scale "
+                             "subresource: Kubernetes then allows no eviction at all; use an "
+                             "integer minAvailable"))
+            continue
+        want = sum(n for _, n in selected)
+        got = spec.get("minAvailable")
+        if not isinstance(got, int) or isinstance(got, bool):
+            problems.append((where, f"minAvailable {got!r}: Job pods take an integer, not a "
+                             "percentage"))
+        elif got != want:
+            problems.append((where, f"minAvailable {got}, but it selects {want} pods "
+                             f"({', '.join(sorted({c for c, _ in selected}))}): each must stay"))
+        else:
+            covered.update(c for c, _ in selected)
+    for component in ("chief", "ps"):
+        if component not in covered:
+            problems.append(("PodDisruptionBudget", f"no budget keeps every {component} pod: a "
+                             "node drain would take one and cost a recovery"))
+    return problems
+
+
 def check_overlay(overlay, entrypoint):
     objects = render(overlay)
     if not objects:
@@ -196,6 +247,8 @@ def check_overlay(overlay, entrypoint):
                  f"a {kind} would be left behind")
         if not labels.get("app.kubernetes.io/instance"):
             fail(where, "has no app.kubernetes.io/instance label: the teardown would miss it")
+    for where, message in disruption_budget_problems(objects):
+        fail(f"{name}/{where}", message)
     services = of_kind("Service")
     if len(services) != 1:
         fail(name, f"expected one Service, found {len(services)}")
@@ -375,6 +428,31 @@ def check_entrypoint_refusals(entrypoint):
                  f"and {message!r}")
 
 
+def check_planted_budget_mistakes(overlay):
+    """Each kind of budget mistake, planted in a rendered overlay, is caught."""
+    objects = render(overlay)
+    if not objects:
+        return
+    plants = {
+        "maxUnavailable": lambda pdb: pdb["spec"].update({"maxUnavailable": 0}),
+        "a percentage": lambda pdb: pdb["spec"].update({"minAvailable": "100%"}),
+        "too few pods": lambda pdb: pdb["spec"].update({"minAvailable": 1}),
+    }
+    for what, plant in plants.items():
+        planted = json.loads(json.dumps(objects))
+        ps = [o for o in planted if o.get("kind") == "PodDisruptionBudget"
+              and o["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") == "ps"]
+        if len(ps) != 1:
+            fail(overlay, "expected one PodDisruptionBudget selecting the ps pods")
+            return
+        plant(ps[0])
+        if not disruption_budget_problems(planted):
+            fail(overlay, f"a ps budget with {what} was not caught")
+    dropped = [o for o in objects if o.get("kind") != "PodDisruptionBudget"]
+    if not any("chief" in m for _, m in disruption_budget_problems(dropped)):
+        fail(overlay, "a cluster without disruption budgets was not caught")
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -394,6 +472,7 @@ def main():
         for overlay in overlays:
             check_overlay(overlay, entrypoint)
         check_entrypoint_refusals(entrypoint)
+        check_planted_budget_mistakes(overlays[0])
         with open(os.path.join(tree, "base/model.pbtxt")) as a, \
                 open(os.path.join(root, "configs/mlp.pbtxt")) as b:
             if a.read() != b.read():
