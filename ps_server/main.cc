@@ -116,9 +116,10 @@ int main(int argc, char** argv) {
   }
   options.store.max_sparse_keys = FLAGS_max_sparse_keys;
   options.store.checkpoint_dir = FLAGS_checkpoint_dir;
-  // The chief's directory, shared: it must be there (mounted), not made empty here.
+  // The chief's directory, shared: it must be there (mounted), not made empty here, and this
+  // task writes its shards into it.
   pscluster::CheckPathFlagOrExit("ps_server", "checkpoint_dir", FLAGS_checkpoint_dir,
-                                 pscluster::PathKind::kDirectory);
+                                 pscluster::PathKind::kWritableDirectory);
   if (FLAGS_max_table_rows < 0) {
     std::fprintf(stderr, "ps_server: --max_table_rows must be >= 0\n");
     return 2;

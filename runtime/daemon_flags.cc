@@ -269,13 +269,21 @@ void CheckPathFlagOrExit(const char* name, const char* flag, const std::string& 
     case PathKind::kDirectory:
       if (!fs::is_directory(path, ec)) problem = "not an existing directory";
       break;
+    case PathKind::kWritableDirectory:
+      if (!fs::is_directory(path, ec)) {
+        problem = "not an existing directory";
+      } else if (access(path.c_str(), W_OK | X_OK) != 0) {
+        problem = "not writable by this user (uid " + std::to_string(getuid()) +
+                  "; on a shared volume, give the export to this uid or its group)";
+      }
+      break;
     case PathKind::kDirectoryToCreate:
       if (!fs::exists(path, ec) && !fs::create_directories(path, ec)) {
         problem = "cannot create it: " + ec.message();
       } else if (!fs::is_directory(path, ec)) {
         problem = "not a directory";
       } else if (access(path.c_str(), W_OK | X_OK) != 0) {
-        problem = "not writable by this user";
+        problem = "not writable by this user (uid " + std::to_string(getuid()) + ")";
       }
       break;
     case PathKind::kFileToWrite: {

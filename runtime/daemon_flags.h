@@ -42,6 +42,7 @@ ServiceHostOptions ServiceHostOptionsFromFlags();
 enum class PathKind {
   kExisting,           // a file or directory that exists and can be read
   kDirectory,          // an existing directory
+  kWritableDirectory,  // an existing directory this user can write into (a mount: not created)
   kDirectoryToCreate,  // a directory, created (with its parents) if missing, writable
   kFileToWrite,        // a file whose directory exists and is writable
 };

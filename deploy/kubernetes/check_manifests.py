@@ -249,6 +249,8 @@ def check_overlay(overlay, entrypoint):
             fail(where, "has no app.kubernetes.io/instance label: the teardown would miss it")
     for where, message in disruption_budget_problems(objects):
         fail(f"{name}/{where}", message)
+    for where, message in claim_problems(objects):
+        fail(f"{name}/{where}", message)
     services = of_kind("Service")
     if len(services) != 1:
         fail(name, f"expected one Service, found {len(services)}")
@@ -428,8 +430,27 @@ def check_entrypoint_refusals(entrypoint):
                  f"and {message!r}")
 
 
-def check_planted_budget_mistakes(overlay):
-    """Each kind of budget mistake, planted in a rendered overlay, is caught."""
+def claim_problems(objects):
+    """What is wrong with the checkpoint claim of rendered `objects`, as (where, message): it
+    is mounted on several nodes (ReadWriteMany) and must name its storage class, since the big
+    clouds' default classes are ReadWriteOnce (the claim would stay Pending)."""
+    problems = []
+    claims = [o for o in objects if o.get("kind") == "PersistentVolumeClaim"]
+    if len(claims) != 1:
+        return [("PersistentVolumeClaim", f"expected one checkpoint claim, found {len(claims)}")]
+    where = f"PersistentVolumeClaim/{claims[0]['metadata']['name']}"
+    spec = claims[0].get("spec", {})
+    if spec.get("accessModes") != ["ReadWriteMany"]:
+        problems.append((where, f"access modes {spec.get('accessModes')}: the chief and the ps "
+                         "tasks mount it from several nodes (ReadWriteMany)"))
+    if not spec.get("storageClassName"):
+        problems.append((where, "names no storageClassName (CHECKPOINT_STORAGE_CLASS): a "
+                         "cloud's default class is ReadWriteOnce and the claim would not bind"))
+    return problems
+
+
+def check_planted_mistakes(overlay):
+    """Each kind of budget and claim mistake, planted in a rendered overlay, is caught."""
     objects = render(overlay)
     if not objects:
         return
@@ -448,6 +469,12 @@ def check_planted_budget_mistakes(overlay):
         plant(ps[0])
         if not disruption_budget_problems(planted):
             fail(overlay, f"a ps budget with {what} was not caught")
+    planted = json.loads(json.dumps(objects))
+    for o in planted:
+        if o.get("kind") == "PersistentVolumeClaim":
+            o["spec"].pop("storageClassName", None)
+    if not claim_problems(planted):
+        fail(overlay, "a checkpoint claim without a storage class was not caught")
     dropped = [o for o in objects if o.get("kind") != "PodDisruptionBudget"]
     if not any("chief" in m for _, m in disruption_budget_problems(dropped)):
         fail(overlay, "a cluster without disruption budgets was not caught")
@@ -472,7 +499,7 @@ def main():
         for overlay in overlays:
             check_overlay(overlay, entrypoint)
         check_entrypoint_refusals(entrypoint)
-        check_planted_budget_mistakes(overlays[0])
+        check_planted_mistakes(overlays[0])
         with open(os.path.join(tree, "base/model.pbtxt")) as a, \
                 open(os.path.join(root, "configs/mlp.pbtxt")) as b:
             if a.read() != b.read():
