@@ -357,6 +357,34 @@ INSTANTIATE_TEST_SUITE_P(CrashPoints, ChiefKilledAtTheEndTest,
                            return info.param;
                          });
 
+// Workers that exit when training is over (--exit_after_training, as the Kubernetes Jobs run
+// them) wait for the chief's word after their last step: a chief killed after every worker's
+// last step but before its final checkpoint is succeeded by one that finds them still there,
+// counts them finished and ends the run with the undisturbed model; then every worker exits 0.
+// (Before, they exited at once, and the new chief waited for them for as long as it ran.)
+TEST_F(RecoveryTest, WorkersThatExitAfterTrainingWaitForTheChiefsFinalCheckpoint) {
+  StartCluster("end-exiting-workers",
+               {{"chief:0", {absl::StrCat("--crash_at=", kCrashTrainingEnded)}},
+                {"worker", {"--exit_after_training"}}});
+  absl::StatusOr<int> status = cluster_->chief().WaitForExit(absl::Seconds(180));
+  ASSERT_TRUE(status.ok()) << "no crash: " << cluster_->Logs();
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << DescribeWaitStatus(*status);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_FALSE(cluster_->worker(w).WaitForExit(absl::Seconds(2)).ok())
+        << "worker:" << w << " exited before the chief had the final model";
+  }
+  cluster_->SetFlags("chief:0", {});
+  ASSERT_TRUE(cluster_->StartTask("chief", 0).ok()) << cluster_->Logs();
+  ExpectFinishedAsUndisturbed();
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<int> exited = cluster_->worker(w).WaitForExit(absl::Seconds(60));
+    ASSERT_TRUE(exited.ok()) << "worker:" << w << " did not exit: " << cluster_->Logs();
+    EXPECT_EQ(DescribeWaitStatus(*exited), "exit 0");
+    EXPECT_THAT(cluster_->worker(w).LogTail(200),
+                HasSubstr("exiting once the chief has the final model"));
+  }
+}
+
 // A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
 // chief restores the previous one instead, saying so.
 TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {

@@ -149,7 +149,10 @@ void WorkerServer::TrainLoop() {
     if (s.ok()) {
       if (!task_->stop_requested()) {
         finished_ = true;
-        if (options_.exit_after_training) task_->RequestStop();
+        if (options_.exit_after_training) {
+          AwaitTrainingOver();
+          task_->RequestStop();
+        }
       }
       return;
     }
@@ -159,13 +162,39 @@ void WorkerServer::TrainLoop() {
   }
 }
 
-absl::Status WorkerServer::TrainOnce() {
-  const v1::ClusterSpec& spec = options_.cluster.cluster();
-  PS_ASSIGN_OR_RETURN(std::string chief_address, TaskAddress(spec, kChiefJob, 0));
+absl::StatusOr<std::unique_ptr<ChiefClient>> WorkerServer::ChiefOfCluster() const {
+  PS_ASSIGN_OR_RETURN(std::string chief_address,
+                      TaskAddress(options_.cluster.cluster(), kChiefJob, 0));
   GrpcChannelOptions channel;
   channel.tls = options_.host.tls;
   channel.max_message_bytes = options_.host.max_message_bytes;
-  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(chief_address, {}, channel);
+  return NewGrpcChiefClient(chief_address, {}, channel);
+}
+
+void WorkerServer::AwaitTrainingOver() {
+  absl::StatusOr<std::unique_ptr<ChiefClient>> chief = ChiefOfCluster();
+  if (!chief.ok()) return;
+  const std::string name = TaskName(options_.cluster.task());
+  LOG(INFO) << name << ": done; exiting once the chief has the final model (its status says "
+            << "training finished, or it tells this task to stop)";
+  absl::Time last_answer = absl::Now();
+  while (!task_->stop_requested()) {
+    v1::ClusterStatus status;
+    const absl::Status s = (*chief)->GetClusterStatus(&status);
+    if (s.ok()) {
+      last_answer = absl::Now();
+      if (status.progress().finished()) return;
+    } else if (absl::Now() - last_answer > options_.chief_gone_after) {
+      LOG(WARNING) << name << ": the chief has not answered for "
+                   << absl::FormatDuration(absl::Now() - last_answer) << " (" << s << "); exiting";
+      return;
+    }
+    task_->AwaitStopRequested(absl::Now() + absl::Seconds(1));
+  }
+}
+
+absl::Status WorkerServer::TrainOnce() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ChiefClient> chief, ChiefOfCluster());
   absl::StatusOr<v1::GetModelResponse> fetched =
       chief->AwaitModel([this] { return task_->stop_requested(); });
   if (!fetched.ok()) return absl::OkStatus();  // stopping
@@ -174,7 +203,7 @@ absl::Status WorkerServer::TrainOnce() {
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
   PS_ASSIGN_OR_RETURN(Dataset all, LoadDataset(data, model.config(), /*train=*/true));
   const int index = options_.cluster.task().index();
-  const int count = NumTasks(spec, kWorkerJob);
+  const int count = NumTasks(options_.cluster.cluster(), kWorkerJob);
   Dataset shard = ShardDataset(all, index, count);
   LOG(INFO) << TaskName(options_.cluster.task()) << ": " << shard.num_examples << " of "
             << all.num_examples << " training examples are this worker's shard";

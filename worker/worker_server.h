@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/chief_client.h"
 #include "kernels/kernels.h"
 #include "proto/model.pb.h"
 #include "proto/worker_service.grpc.pb.h"
@@ -28,6 +29,9 @@ struct WorkerOptions {
   // ASYNC and SSP: how many of its own steps' pushes a step's parameters may miss (the step
   // pipeline's depth; 0: no overlap between steps). SYNC always uses 0.
   int pipeline_staleness = 1;
+  // exit_after_training: how long the chief may not answer, after this worker's last step,
+  // before the worker exits anyway.
+  absl::Duration chief_gone_after = absl::Minutes(5);
   // TrainerOptions::cuda_graphs.
   bool cuda_graphs = true;
   // Cap on the GPU memory this worker allocates, in bytes (0: no cap).
@@ -74,6 +78,14 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   std::string Detail() const;
   // Trains once from the chief's model; sets finished_step_ when the chief took the final report.
   absl::Status TrainOnce();
+  // A client of the cluster's chief.
+  absl::StatusOr<std::unique_ptr<ChiefClient>> ChiefOfCluster() const;
+  // With exit_after_training, after this worker's last step: waits until the chief's status
+  // says training is finished (it has taken the final checkpoint and evaluation), the chief
+  // tells this task to stop, or the chief has not answered for chief_gone_after. A chief that
+  // restarts before its final checkpoint then still finds the workers (it counts them finished
+  // from their heartbeats, or has them redo steps it lost); one that finds them gone waits.
+  void AwaitTrainingOver();
 
   const WorkerOptions options_;
   const absl::Time start_time_;
