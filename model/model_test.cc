@@ -519,6 +519,17 @@ TEST(ModelTest, RefusesNetworksWhoseShapesDoNotFit) {
                         conv2d { filters: 0 kernel_size: 3 }
                       })pb",
          "layer c (conv2d) needs filters, kernel_size and stride >= 1");
+  // The pools share their window's checks and name their kind.
+  for (const char* pool : {"max_pool", "average_pool"}) {
+    expect(image + absl::StrCat("network { name: 'p' ", pool,
+                                " { pool_size: -1 } } network { name: 'f' flatten {} } "
+                                "network { name: 'o' dense { units: 2 } }"),
+           absl::StrCat("layer p (", pool, ") needs pool_size and stride >= 1, got -1 and 0"));
+    expect(image + absl::StrCat("network { name: 'p' ", pool,
+                                " { pool_size: 5 padding: VALID } } network { name: 'f' flatten {} "
+                                "} network { name: 'o' dense { units: 2 } }"),
+           "layer p: its 5x5 window does not fit its [4, 4, 1] input with VALID padding");
+  }
   expect(image + R"pb(network {
                         name: "c"
                         conv2d { filters: 2 kernel_size: 3 stride: 2 }
