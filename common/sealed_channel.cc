@@ -1,6 +1,5 @@
 #include "common/sealed_channel.h"
 
-#include <openssl/evp.h>
 #include <openssl/ssl.h>
 
 #include <algorithm>
@@ -13,8 +12,10 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/aes_gcm.h"
 #include "common/socket_io.h"
 #include "common/thread_pool.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 namespace {
@@ -27,31 +28,12 @@ constexpr int kBatchChunks = 16;
 constexpr int64_t kSealedMax =
     SealedChannel::kHeaderBytes + SealedChannel::kMaxChunkBytes + SealedChannel::kTagBytes;
 
-const EVP_CIPHER* Aes128Gcm() {
-  static const EVP_CIPHER* const cipher = EVP_CIPHER_fetch(nullptr, "AES-128-GCM", nullptr);
-  return cipher;
-}
-
-// This thread's cipher context, kept from chunk to chunk (a new key and nonce each time).
-EVP_CIPHER_CTX* ThreadCipher() {
-  struct Holder {
-    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
-    ~Holder() { EVP_CIPHER_CTX_free(ctx); }
-  };
-  thread_local Holder holder;
-  return holder.ctx;
-}
-
 void Nonce(const SealedChannel::Key& key, uint64_t seq, unsigned char nonce[12]) {
   std::memcpy(nonce, key.iv, 12);
   for (int i = 0; i < 8; ++i) nonce[11 - i] ^= static_cast<unsigned char>(seq >> (8 * i));
 }
 
-// A piece of the caller's bytes that goes into a chunk.
-struct Piece {
-  const char* data;
-  size_t size;
-};
+using Piece = aes_gcm::Piece;
 
 // One chunk of a call: its pieces (writing) or destination (reading), its key and number.
 struct Chunk {
@@ -65,48 +47,28 @@ struct Chunk {
   bool ok = false;
 };
 
-// Seals `chunk` (its pieces) into chunk.sealed.
+// Seals `chunk` (its pieces) into chunk.sealed: the header (the additional authenticated
+// data), the ciphertext, the tag.
 bool Seal(Chunk& chunk, const Piece* pieces) {
-  EVP_CIPHER_CTX* ctx = ThreadCipher();
   unsigned char nonce[12];
   Nonce(chunk.key, chunk.seq, nonce);
   unsigned char* out = reinterpret_cast<unsigned char*>(chunk.sealed);
   absl::little_endian::Store32(out, chunk.size);
-  int len = 0;
-  if (EVP_EncryptInit_ex2(ctx, Aes128Gcm(), chunk.key.key, nonce, nullptr) != 1) return false;
-  if (EVP_EncryptUpdate(ctx, nullptr, &len, out, SealedChannel::kHeaderBytes) != 1) return false;
-  unsigned char* p = out + SealedChannel::kHeaderBytes;
-  for (int i = 0; i < chunk.num_pieces; ++i) {
-    const Piece& piece = pieces[chunk.first_piece + i];
-    if (EVP_EncryptUpdate(ctx, p, &len, reinterpret_cast<const unsigned char*>(piece.data),
-                          static_cast<int>(piece.size)) != 1) {
-      return false;
-    }
-    p += len;
-  }
-  if (EVP_EncryptFinal_ex(ctx, p, &len) != 1) return false;
-  p += len;
-  return EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, SealedChannel::kTagBytes, p) == 1;
+  unsigned char* ciphertext = out + SealedChannel::kHeaderBytes;
+  return aes_gcm::Seal(aes_gcm::DefaultEngine(), chunk.key.key, nonce, out,
+                       SealedChannel::kHeaderBytes, pieces + chunk.first_piece, chunk.num_pieces,
+                       ciphertext, ciphertext + chunk.size);
 }
 
 // Opens chunk.sealed into chunk.plain; false when it does not authenticate.
 bool Open(const Chunk& chunk) {
-  EVP_CIPHER_CTX* ctx = ThreadCipher();
   unsigned char nonce[12];
   Nonce(chunk.key, chunk.seq, nonce);
   const unsigned char* in = reinterpret_cast<const unsigned char*>(chunk.sealed);
-  unsigned char* out = reinterpret_cast<unsigned char*>(chunk.plain);
-  int len = 0;
-  if (EVP_DecryptInit_ex2(ctx, Aes128Gcm(), chunk.key.key, nonce, nullptr) != 1) return false;
-  if (EVP_DecryptUpdate(ctx, nullptr, &len, in, SealedChannel::kHeaderBytes) != 1) return false;
-  if (EVP_DecryptUpdate(ctx, out, &len, in + SealedChannel::kHeaderBytes,
-                        static_cast<int>(chunk.size)) != 1) {
-    return false;
-  }
-  unsigned char tag[SealedChannel::kTagBytes];
-  std::memcpy(tag, in + SealedChannel::kHeaderBytes + chunk.size, sizeof(tag));
-  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, sizeof(tag), tag) != 1) return false;
-  return EVP_DecryptFinal_ex(ctx, out + len, &len) == 1;
+  const unsigned char* ciphertext = in + SealedChannel::kHeaderBytes;
+  return aes_gcm::Open(aes_gcm::DefaultEngine(), chunk.key.key, nonce, in,
+                       SealedChannel::kHeaderBytes, ciphertext, chunk.size, ciphertext + chunk.size,
+                       reinterpret_cast<unsigned char*>(chunk.plain));
 }
 
 ThreadPool* SharedPool() {
@@ -257,7 +219,12 @@ absl::StatusOr<std::unique_ptr<SealedChannel>> SealedChannel::Create(int fd, ssl
   if (SSL_version(ssl) != TLS1_3_VERSION) {
     return absl::FailedPreconditionError("sealed data-plane chunks need a TLS 1.3 connection");
   }
-  if (Aes128Gcm() == nullptr) return absl::InternalError("OpenSSL has no AES-128-GCM");
+  if (!aes_gcm::Available(aes_gcm::DefaultEngine())) {
+    return absl::InternalError("no AES-128-GCM engine (OpenSSL has none?)");
+  }
+  LOG_FIRST_N(INFO, 1) << "tensor data plane: sealed chunks in AES-128-GCM from "
+                       << aes_gcm::EngineName(aes_gcm::DefaultEngine()) << ", " << ParallelThreads()
+                       << " helper threads";
   std::unique_ptr<SealedChannel> channel(
       new SealedChannel(fd, ssl, SSL_is_server(ssl) == 1, epoch_chunks_log2));
   // The first epoch's keys now, so that a failure shows at connect.

@@ -26,6 +26,8 @@ class ThreadPool;
 // from the caller's buffer into the bytes sent, decrypted straight from the bytes received into
 // the caller's buffer (a dense shard, a pull's output), and the chunks of one large write or
 // read are sealed and opened on several cores at once where the machine has them.
+// The cipher is common/aes_gcm.h's: Intel's libipsec-mb where the CPU has AES-NI (4x
+// OpenSSL 3.0's speed with AVX-512 VAES), OpenSSL otherwise.
 //
 // The keys: TLS 1.3's exporter (RFC 8446 section 7.5, SSL_export_keying_material) with the
 // label "EXPORTER-pscluster-tensor-wire" and a context of the sending side ('c' client,

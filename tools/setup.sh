@@ -10,6 +10,8 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev zlib1g-dev libssl-dev
+  # The data plane's AES-GCM (common/aes_gcm.h): Intel's multi-buffer crypto library.
+  libipsec-mb-dev
   # --config=clang (thread-safety analysis); the format check (tools/format.sh).
   clang clang-format
   # --config=fuzz, tools/fuzz.sh: libFuzzer for clang 14 (the sanitizers come with clang).
