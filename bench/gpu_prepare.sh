@@ -35,7 +35,7 @@ data_dir=/usr/share/datasets/fashion-mnist
 
 bash tools/setup.sh >/dev/null
 targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe
-  //bench:ps_bench)
+  //bench:ps_bench //bench:sealed_channel_bench)
 config=()
 if [[ $cuda -eq 1 ]]; then
   targets+=(//kernels:cuda_kernels_test //worker:cuda_trainer_test)
@@ -46,7 +46,8 @@ bazel build ${config[@]+"${config[@]}"} --ui_event_filters=-info --noshow_progre
 bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
 binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
   "$bin_dir/evaluator/evaluator"
-  "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe" "$bin_dir/bench/ps_bench")
+  "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe" "$bin_dir/bench/ps_bench"
+  "$bin_dir/bench/sealed_channel_bench")
 # bench/gpu_ps.sh's loopback baseline: the GPU machine has no iperf3.
 iperf3=$(command -v iperf3 || true)
 if [[ -n $iperf3 ]]; then

@@ -56,8 +56,7 @@ bool OpenSslSeal(const unsigned char* key, const unsigned char* nonce, const uns
   EVP_CIPHER_CTX* ctx = ThreadCipher();
   int len = 0;
   if (EVP_EncryptInit_ex2(ctx, OpenSslAes128Gcm(), key, nonce, nullptr) != 1) return false;
-  if (aad_size > 0 &&
-      EVP_EncryptUpdate(ctx, nullptr, &len, aad, static_cast<int>(aad_size)) != 1) {
+  if (aad_size > 0 && EVP_EncryptUpdate(ctx, nullptr, &len, aad, static_cast<int>(aad_size)) != 1) {
     return false;
   }
   for (int i = 0; i < num_pieces; ++i) {
@@ -77,15 +76,13 @@ bool OpenSslOpen(const unsigned char* key, const unsigned char* nonce, const uns
   EVP_CIPHER_CTX* ctx = ThreadCipher();
   int len = 0;
   if (EVP_DecryptInit_ex2(ctx, OpenSslAes128Gcm(), key, nonce, nullptr) != 1) return false;
-  if (aad_size > 0 &&
-      EVP_DecryptUpdate(ctx, nullptr, &len, aad, static_cast<int>(aad_size)) != 1) {
+  if (aad_size > 0 && EVP_DecryptUpdate(ctx, nullptr, &len, aad, static_cast<int>(aad_size)) != 1) {
     return false;
   }
   if (EVP_DecryptUpdate(ctx, out, &len, in, static_cast<int>(size)) != 1) return false;
   unsigned char expected[kTagBytes];
   std::memcpy(expected, tag, kTagBytes);
-  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), expected) !=
-      1) {
+  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), expected) != 1) {
     return false;
   }
   return EVP_DecryptFinal_ex(ctx, out + len, &len) == 1;
@@ -99,9 +96,8 @@ bool IpsecSeal(const unsigned char* key, const unsigned char* nonce, const unsig
   alignas(64) gcm_context_data context;
   IMB_AES128_GCM_PRE(mgr, key, &key_data);
   if (num_pieces == 1) {
-    IMB_AES128_GCM_ENC(mgr, &key_data, &context, out,
-                       static_cast<const uint8_t*>(pieces[0].data), pieces[0].size, nonce, aad,
-                       aad_size, tag, kTagBytes);
+    IMB_AES128_GCM_ENC(mgr, &key_data, &context, out, static_cast<const uint8_t*>(pieces[0].data),
+                       pieces[0].size, nonce, aad, aad_size, tag, kTagBytes);
   } else {
     IMB_AES128_GCM_INIT(mgr, &key_data, &context, nonce, aad, aad_size);
     for (int i = 0; i < num_pieces; ++i) {

@@ -91,8 +91,8 @@ TEST(AesGcmTest, TheEnginesAgreeOnLargeChunksCutAnyWay) {
     }
     for (Engine opener : {Engine::kOpenSsl, Engine::kIpsecMb}) {
       Bytes opened(size, 0xAA);
-      EXPECT_TRUE(Open(opener, key.data(), nonce.data(), aad.data(), aad.size(),
-                       reference.data(), size, reference.data() + size, opened.data()));
+      EXPECT_TRUE(Open(opener, key.data(), nonce.data(), aad.data(), aad.size(), reference.data(),
+                       size, reference.data() + size, opened.data()));
       EXPECT_EQ(opened, plain);
     }
   }

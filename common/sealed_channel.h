@@ -81,7 +81,8 @@ class SealedChannel {
   // sends each chunk as soon as it is sealed and hands each one received to them while it
   // receives the next: 0 on machines of fewer than 8 cores (the caller does it all: there the
   // connections' threads already keep every core busy, and waking helpers cost more than it
-  // gave in bench/ps.sh), else a quarter of the cores, 2 to 8. PSCLUSTER_SEAL_THREADS
+  // gave in bench/ps.sh), else 2 with libipsec-mb's cipher and a quarter of the cores, 2 to
+  // 8, with OpenSSL's. PSCLUSTER_SEAL_THREADS
   // overrides it. Shared by every channel of the process; they spin a little between chunks
   // before they sleep (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
   //
