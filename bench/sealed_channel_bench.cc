@@ -119,7 +119,8 @@ int Main(int argc, char** argv) {
     } else if (flag == "--seconds") {
       if (!absl::SimpleAtod(argv[i + 1], &seconds)) return 2;
     } else {
-      std::fprintf(stderr, "unknown flag %s (--sizes N,N --seconds S --only plain|sealed)\n", flag.c_str());
+      std::fprintf(stderr, "unknown flag %s (--sizes N,N --seconds S --only plain|sealed)\n",
+                   flag.c_str());
       return 2;
     }
   }
@@ -142,8 +143,7 @@ int Main(int argc, char** argv) {
                 plain.bytes_per_second / 1e9, sealed.bytes_per_second / 1e9,
                 sealed.bytes_per_second / plain.bytes_per_second);
     std::printf("BENCH sealed_roundtrip_%zuB %.3f GB/s ratio=%.2f\n", size,
-                sealed.bytes_per_second / 1e9,
-                sealed.bytes_per_second / plain.bytes_per_second);
+                sealed.bytes_per_second / 1e9, sealed.bytes_per_second / plain.bytes_per_second);
   }
   return 0;
 }

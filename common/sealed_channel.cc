@@ -163,19 +163,19 @@ void CutIntoChunks(const struct iovec* iov, int count, std::vector<Piece>& piece
     chunks.emplace_back();
     chunks.back().first_piece = static_cast<int>(pieces.size());
   };
+  const size_t max_chunk = SealedChannel::WriteChunkBytes();
+  const size_t own_chunk = std::min(kOwnChunkBytes, max_chunk);
   for (int i = 0; i < count; ++i) {
     const char* data = static_cast<const char*>(iov[i].iov_base);
     size_t size = iov[i].iov_len;
     if (size == 0) continue;
-    if (size >= kOwnChunkBytes || chunks.empty() ||
-        chunks.back().size + size > static_cast<size_t>(SealedChannel::kMaxChunkBytes) ||
-        chunks.back().size >= kOwnChunkBytes) {
+    if (size >= own_chunk || chunks.empty() || chunks.back().size + size > max_chunk ||
+        chunks.back().size >= own_chunk) {
       open_chunk();
     }
     while (size > 0) {
       Chunk& c = chunks.back();
-      const size_t take =
-          std::min(size, static_cast<size_t>(SealedChannel::kMaxChunkBytes) - c.size);
+      const size_t take = std::min(size, max_chunk - c.size);
       pieces.push_back({data, take});
       ++c.num_pieces;
       c.size += static_cast<uint32_t>(take);
@@ -193,6 +193,23 @@ absl::Status Unauthentic() {
 }
 
 }  // namespace
+
+size_t SealedChannel::WriteChunkBytes() {
+  // 48 KiB by default: a sealed chunk of 48 KiB fits one loopback segment (MSS 65,483); one of 128
+  // KiB is two and a tail of 126 bytes that the reader must wait for before it can open the chunk.
+  // On the 2-core VM that halved the sealed round trip (bench/sealed_channel_bench: 1 MiB at
+  // 0.53-0.63 of plaintext with 128 KiB chunks, 1.19-1.20 with 48 KiB; bench/ps.sh's dense rows
+  // 0.59-0.66 against 0.82-1.41); on the GPU machine's 16 cores the two are level within the runs'
+  // spread.
+  static const size_t bytes = [] {
+    const char* env = std::getenv("PSCLUSTER_SEAL_CHUNK_BYTES");
+    const long long asked = env != nullptr && *env != '\0' ? std::atoll(env) : 0;
+    return asked > 0 ? static_cast<size_t>(
+                           std::clamp<long long>(asked, 4096, SealedChannel::kMaxChunkBytes))
+                     : size_t{48} << 10;
+  }();
+  return bytes;
+}
 
 int SealedChannel::ParallelThreads() {
   if (const char* env = std::getenv("PSCLUSTER_SEAL_THREADS"); env != nullptr && *env != '\0') {

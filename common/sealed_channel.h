@@ -59,8 +59,9 @@ class SealedChannel {
                                                                int epoch_chunks_log2 = 20);
   ~SealedChannel();
 
-  // Sends every byte of the buffers, sealed. Buffers of 64 KiB or more start chunks of their
-  // own, so that the peer can open them straight into a buffer of the same size.
+  // Sends every byte of the buffers, sealed, in chunks of 48 KiB (PSCLUSTER_SEAL_CHUNK_BYTES:
+  // 4 KiB to kMaxChunkBytes). Buffers of 48 KiB or more start chunks of their own, so that the
+  // peer can open them straight into a buffer of the same size.
   absl::Status Write(const struct iovec* iov, int count, absl::Time deadline);
   // Seals the buffers as Write would, for a caller that must not wait on the socket while it
   // holds something (a shard's lock) and whose buffers may change once it lets go: each chunk
@@ -91,6 +92,10 @@ class SealedChannel {
   // that did. A read receives as many bytes as have arrived at once (never past its own last
   // chunk, so the next read's bytes stay in the socket).
   static int ParallelThreads();
+
+  // The plaintext bytes of the chunks a writer cuts (a reader takes any size up to
+  // kMaxChunkBytes): 48 KiB, or PSCLUSTER_SEAL_CHUNK_BYTES (4 KiB to kMaxChunkBytes).
+  static size_t WriteChunkBytes();
 
   struct Key {
     unsigned char key[16];

@@ -30,6 +30,13 @@ constexpr int kTag = SealedChannel::kTagBytes;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
+// The chunks a buffer of n bytes is cut into (PSCLUSTER_SEAL_CHUNK_BYTES sets their size: the
+// tests run with the default and with the largest).
+size_t ChunksOf(size_t n) {
+  const size_t c = SealedChannel::WriteChunkBytes();
+  return (n + c - 1) / c;
+}
+
 std::string Bytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::string s(n, '\0');
@@ -116,11 +123,14 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   const std::string sealed = Sealed({Iov(header), Iov(meta), Iov(payload), Iov(tail)});
   const std::vector<uint32_t> sizes = ChunkSizes(sealed);
   // (the small tail joins the payload's last, small chunk)
-  ASSERT_EQ(sizes.size(), 10u);
+  const size_t c = SealedChannel::WriteChunkBytes();
+  const size_t full = payload.size() / c, chunks = 1 + full + 1;
+  ASSERT_GT(payload.size() % c, 0u);
+  ASSERT_EQ(sizes.size(), chunks);
   EXPECT_EQ(sizes[0], 332u);
-  for (int i = 1; i <= 8; ++i) EXPECT_EQ(sizes[i], 128u << 10) << i;
-  EXPECT_EQ(sizes[9], 5u + 7u);
-  EXPECT_EQ(sealed.size(), 32 + 300 + payload.size() + 7 + 10 * (kHeader + kTag));
+  for (size_t i = 1; i <= full; ++i) EXPECT_EQ(sizes[i], c) << i;
+  EXPECT_EQ(sizes.back(), payload.size() % c + 7u);
+  EXPECT_EQ(sealed.size(), 32 + 300 + payload.size() + 7 + chunks * (kHeader + kTag));
   EXPECT_EQ(sealed.find(payload.substr(1000, 64)), std::string::npos) << "sent in the clear";
 
   // Read back in pieces that cut across chunks: 32, 10, the rest of the meta and 100 KiB of
@@ -147,7 +157,7 @@ TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
   std::vector<iovec> iov;
   for (const std::string& m : messages) iov.push_back(Iov(m));
   const std::string sealed = Sealed(iov);
-  ASSERT_EQ(ChunkSizes(sealed).size(), 10u);
+  ASSERT_EQ(ChunkSizes(sealed).size(), 10 * ChunksOf(100000));
   std::thread deliver = Deliver(sealed);
   for (const std::string& m : messages) {
     std::string got(m.size(), '\0');
@@ -184,7 +194,7 @@ TEST_F(SealedChannelTest, ManySmallChunksTrickledInReadInOneCall) {
   for (const std::string& m : small) writes.push_back({Iov(m)});
   writes.push_back({Iov(large)});
   const std::string sealed = SealedWrites(writes);
-  ASSERT_EQ(ChunkSizes(sealed).size(), 43u);
+  ASSERT_EQ(ChunkSizes(sealed).size(), 40 + ChunksOf(large.size()));
   std::thread trickle([&] {
     std::mt19937 rng(5);
     for (size_t at = 0; at < sealed.size();) {
@@ -232,8 +242,8 @@ TEST_F(SealedChannelTest, StagedBytesGoOutOnFlushAndBeforeTheNextWrite) {
       },
       &status);
   ASSERT_TRUE(status.ok()) << status;
-  // 3 chunks, then 1, of which the socket took some at once (a reader drains it).
-  EXPECT_LE(staged_after_two, 300000u + 40u + 4 * (kHeader + kTag));
+  // The first's chunks, then 1, of which the socket took some at once (a reader drains it).
+  EXPECT_LE(staged_after_two, 300000u + 40u + (ChunksOf(300000) + 1) * (kHeader + kTag));
   EXPECT_EQ(staged_after_flush, 0u);
   std::thread deliver = Deliver(sealed);
   std::string got(want.size(), '\0');
@@ -251,7 +261,8 @@ TEST_F(SealedChannelTest, StageNeverWaitsOnAFullSocketAndKeepsTheRest) {
   ASSERT_TRUE(writer_->Stage(a.data(), 1).ok());
   ASSERT_TRUE(writer_->Stage(b.data(), 1).ok());
   EXPECT_LT(absl::Now() - started, absl::Seconds(10));  // it did not wait for a reader
-  const size_t sealed_total = big.size() + small.size() + 129 * (kHeader + kTag);
+  const size_t sealed_total =
+      big.size() + small.size() + (ChunksOf(big.size()) + 1) * (kHeader + kTag);
   const size_t kept = writer_->staged_bytes();
   EXPECT_GT(kept, 0u);            // the socket's buffer is far smaller than 16 MiB
   EXPECT_LT(kept, sealed_total);  // and it took some
@@ -271,19 +282,23 @@ TEST_F(SealedChannelTest, StageNeverWaitsOnAFullSocketAndKeepsTheRest) {
 
 class SealedChannelTamperTest : public SealedChannelTest {
  protected:
-  // Three chunks of 100 KiB, sealed.
+  // Three buffers of a chunk each (of the chunk size, at most 64 KiB: larger buffers start
+  // chunks of their own), sealed.
   void SetUp() override {
     SealedChannelTest::SetUp();
-    for (int i = 0; i < 3; ++i) parts_.push_back(Bytes(100 << 10, 50 + i));
+    part_ = std::min<size_t>(SealedChannel::WriteChunkBytes(), 64 << 10);
+    ASSERT_GT(part_, 12345u);
+    for (int i = 0; i < 3; ++i) parts_.push_back(Bytes(part_, 50 + i));
     sealed_ = Sealed({Iov(parts_[0]), Iov(parts_[1]), Iov(parts_[2])});
     ASSERT_EQ(ChunkSizes(sealed_).size(), 3u);
-    chunk_ = kHeader + (100 << 10) + kTag;
+    chunk_ = kHeader + part_ + kTag;
   }
+  size_t part_ = 0;
   // Reads all three parts from `edited`; the reader must refuse with `code` and a message
   // containing `why`, then refuse every later call.
   void ExpectRefused(const std::string& edited, absl::StatusCode code, const std::string& why) {
     std::thread deliver = Deliver(edited, /*must_arrive=*/false, /*close=*/true);
-    std::string got(3 * (100 << 10), '\0');
+    std::string got(3 * part_, '\0');
     absl::Status s = reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon());
     shutdown(in_.fd[1], SHUT_RDWR);  // the sender stops waiting for a reader that gave up
     deliver.join();
@@ -299,7 +314,7 @@ class SealedChannelTamperTest : public SealedChannelTest {
 
 TEST_F(SealedChannelTamperTest, UntouchedReadsBack) {
   std::thread deliver = Deliver(sealed_);
-  std::string got(3 * (100 << 10), '\0');
+  std::string got(3 * part_, '\0');
   ASSERT_TRUE(reader_->Read(got.data(), static_cast<int64_t>(got.size()), Soon()).ok());
   deliver.join();
   EXPECT_TRUE(got == parts_[0] + parts_[1] + parts_[2]);
@@ -313,7 +328,7 @@ TEST_F(SealedChannelTamperTest, AFlippedBitIsRefused) {
 
 TEST_F(SealedChannelTamperTest, AFlippedTagIsRefused) {
   std::string edited = sealed_;
-  edited[2 * chunk_ + kHeader + (100 << 10) + 3] ^= 1;
+  edited[2 * chunk_ + kHeader + part_ + 3] ^= 1;
   ExpectRefused(edited, absl::StatusCode::kDataLoss, "did not authenticate");
 }
 
@@ -339,7 +354,7 @@ TEST_F(SealedChannelTamperTest, AChangedLengthIsRefused) {
   // each chunk at once finds that; one that receives a batch first may read a length out of
   // the rest of the chunk before, and refuse that.)
   std::string edited = sealed_;
-  absl::little_endian::Store32(&edited[0], (100 << 10) - kTag);
+  absl::little_endian::Store32(&edited[0], part_ - kTag);
   ExpectRefused(edited, absl::StatusCode::kDataLoss, "data-plane chunk");
 }
 
