@@ -251,6 +251,8 @@ def check_overlay(overlay, entrypoint):
         fail(f"{name}/{where}", message)
     for where, message in claim_problems(objects):
         fail(f"{name}/{where}", message)
+    for where, message in operator_access_problems(objects, entrypoint):
+        fail(f"{name}/{where}", message)
     services = of_kind("Service")
     if len(services) != 1:
         fail(name, f"expected one Service, found {len(services)}")
@@ -423,6 +425,21 @@ def check_entrypoint_refusals(entrypoint):
         ({"HOSTNAME": "pscluster-ps-3", "JOB_COMPLETION_INDEX": "3"},
          "ps index 3 is not below the cluster's 2 ps task(s)"),
     ]
+    chief = dict(good, JOB="chief", HOSTNAME="pscluster-chief-0", JOB_COMPLETION_INDEX="0",
+                 PSCTL_TLS_DIR="/nonexistent")
+    for args, message in [
+        (["psctl", "status"], "no operator certificates in /nonexistent: make the Secret "
+         "pscluster-tls-psctl"),
+        (["psctl"], "psctl takes a command"),
+        (["psctl", "--admin"], "psctl takes a command"),
+    ]:
+        code, out, err = dry_run(entrypoint, chief, args)
+        if code != 2 or message not in err or out:
+            fail("entrypoint.sh", f"{' '.join(args)} without certificates: exit {code}, "
+                 f"{err.strip()!r}; expected exit 2 and {message!r}")
+    code, out, _ = dry_run(entrypoint, dict(chief, ALLOW_INSECURE="1"), ["psctl", "status"])
+    if code != 0 or "--chief=pscluster-chief-0.pscluster:2222" not in out or "--tls" in out:
+        fail("entrypoint.sh", f"psctl status of an insecure cluster runs {out.strip()!r}")
     for change, message in cases:
         code, out, err = dry_run(entrypoint, dict(good, **change), [])
         if code != 2 or message not in err or out:
@@ -449,8 +466,53 @@ def claim_problems(objects):
     return problems
 
 
-def check_planted_mistakes(overlay):
-    """Each kind of budget and claim mistake, planted in a rendered overlay, is caught."""
+def operator_access_problems(objects, entrypoint):
+    """What keeps an operator from running psctl as docs/deploy.md says, as (where, message):
+    `kubectl exec job/<service>-chief -- /opt/pscluster/entrypoint.sh psctl status` needs the
+    Secret <service>-tls-psctl (make_tls_secrets.sh) mounted in the chief's pod at
+    /etc/pscluster/psctl, and the entrypoint to dial the chief by the name its certificate
+    carries with the viewer's certificate (the admin's with --admin)."""
+    services = [o for o in objects if o.get("kind") == "Service"]
+    chiefs = [o for o in objects if o.get("kind") == "Job" and o["metadata"].get(
+        "labels", {}).get("app.kubernetes.io/component") == "chief"]
+    if len(services) != 1 or len(chiefs) != 1:
+        return [("Job", "expected one Service and one chief Job")]
+    svc = services[0]["metadata"]["name"]
+    port = [p["port"] for p in services[0]["spec"].get("ports", []) if p.get("name") == "grpc"]
+    where = f"Job/{chiefs[0]['metadata']['name']}"
+    pod = chiefs[0]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    problems = []
+    volume = volumes.get(mounts.get("/etc/pscluster/psctl"), {})
+    if volume.get("secret", {}).get("secretName") != f"{svc}-tls-psctl":
+        problems.append((where, f"mounts {volume.get('secret', {}).get('secretName')} at "
+                         f"/etc/pscluster/psctl; operators' psctl needs {svc}-tls-psctl "
+                         "(make_tls_secrets.sh) there"))
+    if not port:
+        return problems + [(where, "the Service has no grpc port")]
+    env = {"JOB": "chief", "NUM_PS": "1", "NUM_WORKERS": "1", "PORT": str(port[0]),
+           "HOSTNAME": f"{svc}-chief-0", "JOB_COMPLETION_INDEX": "0", "TLS_DIR": "/nonexistent"}
+    with tempfile.TemporaryDirectory() as certs:
+        for f in ("ca.pem", "psctl-viewer.pem", "psctl-viewer.key", "psctl-admin.pem",
+                  "psctl-admin.key"):
+            open(os.path.join(certs, f), "w").close()
+        env["PSCTL_TLS_DIR"] = certs
+        for extra, cert in (([], "psctl-viewer"), (["--admin"], "psctl-admin")):
+            code, out, err = dry_run(entrypoint, env, ["psctl"] + extra + ["status"])
+            want = [f"psctl status --chief={svc}-chief-0.{svc}:{port[0]}",
+                    f"--tls_cert_file={certs}/{cert}.pem", f"--tls_key_file={certs}/{cert}.key",
+                    f"--tls_ca_file={certs}/ca.pem"]
+            if code != 0 or not all(w in out for w in want):
+                problems.append(("entrypoint.sh", f"psctl {' '.join(extra)} status runs "
+                                 f"{out.strip()!r} {err.strip()!r}; expected {want}"))
+    return problems
+
+
+def check_planted_mistakes(overlay, entrypoint):
+    """Each kind of budget, claim and operator-access mistake, planted in a rendered overlay,
+    is caught."""
     objects = render(overlay)
     if not objects:
         return
@@ -475,6 +537,20 @@ def check_planted_mistakes(overlay):
             o["spec"].pop("storageClassName", None)
     if not claim_problems(planted):
         fail(overlay, "a checkpoint claim without a storage class was not caught")
+    for what, plant in {
+        "no operator certificates": lambda pod: pod.update(
+            volumes=[v for v in pod["volumes"] if v["name"] != "psctl"]),
+        "another job's Secret": lambda pod: [
+            v["secret"].update(secretName=v["secret"]["secretName"].replace("psctl", "worker"))
+            for v in pod["volumes"] if v["name"] == "psctl"],
+    }.items():
+        planted = json.loads(json.dumps(objects))
+        for o in planted:
+            if o.get("kind") == "Job" and o["metadata"]["labels"].get(
+                    "app.kubernetes.io/component") == "chief":
+                plant(o["spec"]["template"]["spec"])
+        if not operator_access_problems(planted, entrypoint):
+            fail(overlay, f"a chief with {what} for psctl was not caught")
     dropped = [o for o in objects if o.get("kind") != "PodDisruptionBudget"]
     if not any("chief" in m for _, m in disruption_budget_problems(dropped)):
         fail(overlay, "a cluster without disruption budgets was not caught")
@@ -499,7 +575,7 @@ def main():
         for overlay in overlays:
             check_overlay(overlay, entrypoint)
         check_entrypoint_refusals(entrypoint)
-        check_planted_mistakes(overlays[0])
+        check_planted_mistakes(overlays[0], entrypoint)
         with open(os.path.join(tree, "base/model.pbtxt")) as a, \
                 open(os.path.join(root, "configs/mlp.pbtxt")) as b:
             if a.read() != b.read():

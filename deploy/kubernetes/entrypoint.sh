@@ -5,6 +5,11 @@
 #   entrypoint.sh probe ready|alive  one gRPC health check of the task in this pod (psctl
 #                                    health): ready = SERVING (the chief accepted it), alive =
 #                                    it answers
+#   entrypoint.sh psctl [--admin] COMMAND [FLAGS...]
+#                                    psctl COMMAND against this cluster's chief, with the
+#                                    operators' viewer (or --admin) certificate from
+#                                    $PSCTL_TLS_DIR (default /etc/pscluster/psctl: the chief's
+#                                    pod mounts the Secret <service>-tls-psctl there)
 #
 # Environment: JOB (chief, ps or worker); NUM_PS, NUM_WORKERS and PORT (the cluster's
 # ConfigMap); HOSTNAME, which an Indexed Job's pod has as <service>-<job>-<index> with the
@@ -96,6 +101,27 @@ run() {  # command...
   fi
   exec "$@"
 }
+
+if [ "${1:-}" = psctl ]; then
+  shift
+  cert=psctl-viewer
+  if [ "${1:-}" = --admin ]; then
+    cert=psctl-admin
+    shift
+  fi
+  [ "$#" -gt 0 ] || fail "psctl takes a command (status, vars, shard, table, watch, save, ...)"
+  psctl_dir=${PSCTL_TLS_DIR:-/etc/pscluster/psctl}
+  psctl_tls=""
+  if [ -f "$psctl_dir/ca.pem" ]; then
+    [ -f "$psctl_dir/$cert.pem" ] ||
+      fail "$psctl_dir has no $cert.pem (make_tls_secrets.sh puts psctl-viewer and psctl-admin in the Secret $service-tls-psctl)"
+    psctl_tls="--tls_ca_file=$psctl_dir/ca.pem --tls_cert_file=$psctl_dir/$cert.pem --tls_key_file=$psctl_dir/$cert.key"
+  elif [ "${ALLOW_INSECURE:-0}" != 1 ]; then
+    fail "no operator certificates in $psctl_dir: make the Secret $service-tls-psctl with make_tls_secrets.sh (it is mounted in the chief's pod), or run a cluster with ALLOW_INSECURE=1"
+  fi
+  # shellcheck disable=SC2086  # the flags are words
+  run "$bin/psctl" "$@" --chief="$service-chief-0.$service:$PORT" $psctl_tls
+fi
 
 if [ "${1:-}" = probe ]; then
   case "${2:-}" in
