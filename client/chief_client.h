@@ -50,6 +50,10 @@ class ChiefClient {
                                         v1::ReportEvaluationResponse* resp) = 0;
   // Has the chief take a checkpoint now (psctl save).
   virtual absl::Status Checkpoint(v1::CheckpointResponse* resp) = 0;
+  // Ends every call in flight at once (CANCELLED), and every later one: for a task that is
+  // stopping, so that a call to a chief that is gone (its host dead, the connection hanging)
+  // does not hold the task's exit for the call's deadline. A no-op where calls cannot hang.
+  virtual void CancelCalls() {}
 
   // Asks for the model until the chief has it ready, waiting up to poll_slice per call.
   // CANCELLED once `stopped()` is true (checked between calls).

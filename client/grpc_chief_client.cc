@@ -2,8 +2,10 @@
 
 #include <chrono>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
@@ -22,61 +24,72 @@ class GrpcChiefClient : public ChiefClient {
 
   std::string address() const override { return address_; }
 
+  void CancelCalls() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* ctx : live_) ctx->TryCancel();
+  }
+
   absl::Status RegisterTask(const v1::RegisterTaskRequest& req,
                             v1::RegisterTaskResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().rpc_timeout);
-    return Named(stub_->RegisterTask(&ctx, req, resp));
+    Call call(this, options().rpc_timeout);
+    return Named(stub_->RegisterTask(&call.ctx, req, resp));
   }
   absl::Status Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().rpc_timeout);
-    return Named(stub_->Heartbeat(&ctx, req, resp));
+    Call call(this, options().rpc_timeout);
+    return Named(stub_->Heartbeat(&call.ctx, req, resp));
   }
   absl::Status GetClusterStatus(v1::ClusterStatus* status) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().rpc_timeout);
-    return Named(stub_->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), status));
+    Call call(this, options().rpc_timeout);
+    return Named(stub_->GetClusterStatus(&call.ctx, v1::GetClusterStatusRequest(), status));
   }
   absl::Status ReportStep(const v1::ReportStepRequest& req, v1::ReportStepResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().rpc_timeout);
-    return Named(stub_->ReportStep(&ctx, req, resp));
+    Call call(this, options().rpc_timeout);
+    return Named(stub_->ReportStep(&call.ctx, req, resp));
   }
   absl::Status ReportEvaluation(const v1::ReportEvaluationRequest& req,
                                 v1::ReportEvaluationResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().rpc_timeout);
-    return Named(stub_->ReportEvaluation(&ctx, req, resp));
+    Call call(this, options().rpc_timeout);
+    return Named(stub_->ReportEvaluation(&call.ctx, req, resp));
   }
   absl::Status Checkpoint(v1::CheckpointResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options().checkpoint_timeout);
-    return Named(stub_->Checkpoint(&ctx, v1::CheckpointRequest(), resp));
+    Call call(this, options().checkpoint_timeout);
+    return Named(stub_->Checkpoint(&call.ctx, v1::CheckpointRequest(), resp));
   }
 
  protected:
   absl::Status PollModel(absl::Duration wait, v1::GetModelResponse* model) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, wait > absl::ZeroDuration() ? wait : options().rpc_timeout);
+    Call call(this, wait > absl::ZeroDuration() ? wait : options().rpc_timeout);
     v1::GetModelRequest req;
     req.set_wait_until_ready(wait > absl::ZeroDuration());
-    return Named(stub_->GetModel(&ctx, req, model));
+    return Named(stub_->GetModel(&call.ctx, req, model));
   }
   absl::Status PollToken(const v1::AcquireTokenRequest& req, absl::Duration wait,
                          v1::AcquireTokenResponse* resp) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, wait);
+    Call call(this, wait);
     // The deadline of a long poll is its normal end: passed on as it is, for AwaitToken.
-    const grpc::Status s = stub_->AcquireToken(&ctx, req, resp);
+    const grpc::Status s = stub_->AcquireToken(&call.ctx, req, resp);
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return FromGrpcStatus(s);
     return Named(s);
   }
 
  private:
-  static void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
-    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
-  }
+  // One call's context with its deadline, known to CancelCalls while the call lives (and
+  // cancelled before it starts once CancelCalls was called).
+  struct Call {
+    Call(GrpcChiefClient* client, absl::Duration timeout) : client(client) {
+      ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
+      absl::MutexLock lock(&client->mu_);
+      if (client->cancelled_) ctx.TryCancel();
+      client->live_.insert(&ctx);
+    }
+    ~Call() {
+      absl::MutexLock lock(&client->mu_);
+      client->live_.erase(&ctx);
+    }
+    GrpcChiefClient* const client;
+    grpc::ClientContext ctx;
+  };
 
   // The chief's own UNAVAILABLE ("the model is not ready") comes with a message of its own; a
   // transport failure or a deadline names the connection.
@@ -95,6 +108,9 @@ class GrpcChiefClient : public ChiefClient {
 
   const std::string address_;
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<grpc::ClientContext*> live_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -33,6 +33,9 @@ void TaskRegistrar::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  // A heartbeat or registration in flight to a chief that is gone would hold the task's exit
+  // for its deadline (seconds, and more while the connection hangs): end it now.
+  chief_->CancelCalls();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -89,7 +92,7 @@ void TaskRegistrar::Run() {
         need_register = true;
         continue;
       }
-      if (!s.ok()) {
+      if (!s.ok() && !absl::IsCancelled(s)) {  // (CANCELLED: Stop ended it)
         LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
                                  << ": heartbeat failed: " << s.message();
       }

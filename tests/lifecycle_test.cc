@@ -1,8 +1,14 @@
 // Multi-process tests of the daemons' lifecycle: the real binaries on 127.0.0.1, port 0.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -181,6 +187,53 @@ TEST(LifecycleTest, SigintStopsADaemonToo) {
   auto exit = ps.WaitForExit(absl::Seconds(5));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(DescribeWaitStatus(*exit), "exit 0") << ps.LogTail();
+}
+
+// A ps whose chief is gone (killed first, as a Job's pods may be, its host dead) still exits
+// at once on SIGTERM. Its heartbeat to the chief hangs in connect; stopping used to wait for
+// the call's deadline (3 s here, up to ~9 s past the grace period in multi-host runs), and now
+// cancels it (TaskRegistrar::Stop, ChiefClient::CancelCalls).
+TEST(LifecycleTest, APsWhoseChiefIsGoneExitsPromptly) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 0;
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ChildProcess& ps = (*cluster)->ps(0);
+  ASSERT_TRUE((*cluster)->chief().Signal(SIGKILL).ok());
+  ASSERT_TRUE((*cluster)->chief().WaitForExit(absl::Seconds(10)).ok());
+  // The chief's host as a dead machine looks: connections to its port neither succeed nor are
+  // refused (a listener whose queue is full drops their SYNs), so the ps's channel hangs in
+  // connect rather than failing at once as on a live loopback.
+  const std::string chief = (*cluster)->chief_address();
+  const int port = std::stoi(chief.substr(chief.rfind(':') + 1));
+  const int hole = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int one = 1;
+  setsockopt(hole, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ASSERT_EQ(bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  ASSERT_EQ(listen(hole, 0), 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 3; ++i) {  // fill the queue: later SYNs are dropped
+    const int f = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(f, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(f);
+  }
+  absl::SleepFor(absl::Seconds(3));  // the ps's heartbeats fail and its channel reconnects
+  const absl::Time signalled = absl::Now();
+  ASSERT_TRUE(ps.Signal(SIGTERM).ok());
+  auto exit = ps.WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << ps.LogTail();
+  const absl::Duration took = absl::Now() - signalled;
+  EXPECT_EQ(DescribeWaitStatus(*exit), "exit 0") << ps.LogTail();
+  EXPECT_THAT(ps.LogTail(10), HasSubstr("stopped cleanly"));
+  EXPECT_LT(took, absl::Seconds(1)) << ps.LogTail();
+  LOG(INFO) << "the ps exited " << absl::FormatDuration(took) << " after SIGTERM";
+  for (int f : fillers) close(f);
+  close(hole);
 }
 
 TEST(LifecycleTest, PsctlStatusShowsEveryTask) {
