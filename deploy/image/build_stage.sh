@@ -6,11 +6,13 @@
 #   bash deploy/image/build_stage.sh OUT [--gpu]
 #
 # installs the build dependencies (tools/setup.sh), builds the daemons and psctl with
-# `bazel build -c opt` (--gpu: --config=cuda, which needs the CUDA toolkit in /usr/local/cuda),
+# `bazel build -c opt` (--gpu: --config=cuda_portable, which needs the CUDA toolkit in
+# /usr/local/cuda and NCCL),
 # and lays out what the runtime stage copies:
 #   OUT/opt/pscluster/{bin/,entrypoint.sh,configs/,VERSION,systemd/,docs/deploy.md}
 #   OUT/runtime-packages.txt   the Debian packages whose libraries the binaries load
-#   OUT/cuda-libs/             --gpu: the CUDA runtime and cuBLAS libraries they load
+#   OUT/cuda-libs/             --gpu: the CUDA runtime, cuBLAS and NCCL libraries they load
+#                              (from /usr/local/cuda or NVIDIA's packages)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: build_stage.sh OUT [--gpu]}
@@ -21,7 +23,8 @@ out=$(cd "$out" && pwd)
 
 bash tools/setup.sh
 flags=(-c opt --incompatible_strict_action_env)
-[[ $gpu -eq 1 ]] && flags+=(--config=cuda)
+# --config=cuda_portable: kernels for every GPU from compute capability 8.0 (.bazelrc).
+[[ $gpu -eq 1 ]] && flags+=(--config=cuda_portable)
 targets=(//chief //ps_server //worker //evaluator //cli:psctl)
 echo "==> bazel build ${flags[*]} ${targets[*]}"
 bazel build "${flags[@]}" --ui_event_filters=-info --noshow_progress "${targets[@]}"
@@ -51,6 +54,14 @@ while read -r lib; do
   owner=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -1 | cut -d: -f1) ||
     owner=$(dpkg -S "$lib" 2>/dev/null | head -1 | cut -d: -f1) || true
   [[ -n $owner ]] || { echo "build_stage.sh: no Debian package owns $lib" >&2; exit 1; }
+  case "$owner" in
+    # Packages of NVIDIA's repository (NCCL's, CUDA's): the runtime stage (debian:12-slim) has
+    # no such repository, so their libraries are copied as /usr/local/cuda's are.
+    libnccl* | cuda-* | libcublas* | libcudart*)
+      cuda_libs+=("$lib")
+      continue
+      ;;
+  esac
   packages[$owner]=1
 done < <(ldd "$stage"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
 printf '%s\n' "${!packages[@]}" | sort > "$out/runtime-packages.txt"

@@ -372,6 +372,9 @@ def check_overlay(overlay, entrypoint):
         for probe in ("readinessProbe", "livenessProbe"):
             if "exec" not in container.get(probe, {}):
                 fail(where, f"has no {probe}")
+        if any(a.startswith("--device=gpu") for a in container.get("args", [])):
+            for where_, message in gpu_placement_problems(pod):
+                fail(f"{where}{where_}", message)
 
         env = pod_env(where, container, config_maps)
         for index in range(counts[component]):
@@ -463,6 +466,32 @@ def claim_problems(objects):
     if not spec.get("storageClassName"):
         problems.append((where, "names no storageClassName (CHECKPOINT_STORAGE_CLASS): a "
                          "cloud's default class is ReadWriteOnce and the claim would not bind"))
+    return problems
+
+
+def gpu_placement_problems(pod):
+    """What lets a GPU worker's pod land where the image cannot run, as (where, message): the
+    image's kernels are SASS for compute capability 8.0-9.0 plus PTX (--config=cuda_portable)
+    and need CUDA 13's R580+ driver, so the pod must require GPU feature discovery's
+    nvidia.com/gpu.compute.major > 7 and nvidia.com/cuda.driver.major > 579, and ask for a GPU."""
+    problems = []
+    container = pod["containers"][0]
+    if container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") != "1":
+        problems.append(("", "a --device=gpu worker must ask for one nvidia.com/gpu"))
+    terms = pod.get("affinity", {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+    wanted = {("nvidia.com/gpu.compute.major", "Gt", ("7",)),
+              ("nvidia.com/cuda.driver.major", "Gt", ("579",))}
+
+    def expressions(term):
+        return {(e.get("key"), e.get("operator"), tuple(e.get("values", [])))
+                for e in term.get("matchExpressions", [])}
+    # (The terms are alternatives: each must carry both.)
+    if not terms or any(not wanted <= expressions(t) for t in terms):
+        problems.append(("", "a --device=gpu worker must require nodes of compute capability "
+                         "8.0+ (nvidia.com/gpu.compute.major Gt 7) with an R580+ driver "
+                         "(nvidia.com/cuda.driver.major Gt 579): the image's kernels run "
+                         "nowhere else"))
     return problems
 
 
@@ -576,6 +605,17 @@ def main():
             check_overlay(overlay, entrypoint)
         check_entrypoint_refusals(entrypoint)
         check_planted_mistakes(overlays[0], entrypoint)
+        for overlay in overlays:
+            for job in render(overlay):
+                if job.get("kind") != "Job":
+                    continue
+                pod = job["spec"]["template"]["spec"]
+                if not any(a.startswith("--device=gpu") for a in pod["containers"][0].get(
+                        "args", [])):
+                    continue
+                pod.pop("affinity", None)
+                if not gpu_placement_problems(pod):
+                    fail(overlay, "a GPU worker without node affinity was not caught")
         with open(os.path.join(tree, "base/model.pbtxt")) as a, \
                 open(os.path.join(root, "configs/mlp.pbtxt")) as b:
             if a.read() != b.read():
