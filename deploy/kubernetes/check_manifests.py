@@ -539,6 +539,74 @@ def operator_access_problems(objects, entrypoint):
     return problems
 
 
+def pod_monitor_problems(objects):
+    """What keeps the Prometheus Operator from scraping the cluster through
+    components/prometheus-operator's PodMonitor, as (where, message): it must select exactly
+    the Service's pods (the instance label included: another cluster's PodMonitor must not
+    scrape these), on a port named as every pod's metrics port, at /metrics."""
+    monitors = [o for o in objects if o.get("kind") == "PodMonitor"]
+    services = [o for o in objects if o.get("kind") == "Service"]
+    if len(monitors) != 1 or len(services) != 1:
+        return [("PodMonitor", f"expected one PodMonitor and one Service, found "
+                 f"{len(monitors)} and {len(services)}")]
+    where = f"PodMonitor/{monitors[0]['metadata']['name']}"
+    spec = monitors[0]["spec"]
+    problems = []
+    selector = spec.get("selector", {}).get("matchLabels", {})
+    pods = services[0]["spec"].get("selector", {})
+    # (The pods' own labels: the Service's selector. The instance and name labels pick out this
+    # cluster's pods; the base's other selector labels may be left out.)
+    if any(pods.get(k) != v for k, v in selector.items()) or not all(
+            selector.get(k) == pods.get(k) for k in ("app.kubernetes.io/instance",
+                                                     "app.kubernetes.io/name")):
+        problems.append((where, f"selects {selector}, the cluster's pods are {pods} (its "
+                         "instance and name labels at least)"))
+    if monitors[0]["metadata"].get("labels", {}).get("app.kubernetes.io/instance") != \
+            selector.get("app.kubernetes.io/instance"):
+        problems.append((where, "its instance label differs from its selector's"))
+    endpoints = spec.get("podMetricsEndpoints", [])
+    for job in (o for o in objects if o.get("kind") == "Job"):
+        ports = {p.get("name") for p in job["spec"]["template"]["spec"]["containers"][0].get(
+            "ports", [])}
+        for e in endpoints:
+            if e.get("port") not in ports:
+                problems.append((where, f"scrapes port {e.get('port')!r}, which "
+                                 f"{job['metadata']['name']}'s pods do not name"))
+    if [e.get("path") for e in endpoints] != ["/metrics"]:
+        problems.append((where, f"scrapes {[e.get('path') for e in endpoints]}, expected one "
+                         "endpoint at /metrics"))
+    return problems
+
+
+def check_prometheus_operator_component(overlay):
+    """Each overlay with components/prometheus-operator added: its PodMonitor scrapes the
+    cluster's pods and only them; a PodMonitor that lost the instance label is caught."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "kubernetes")
+        shutil.copytree(os.path.dirname(os.path.dirname(overlay)), tree)
+        copy = os.path.join(tree, "overlays", os.path.basename(overlay))
+        path = os.path.join(copy, "kustomization.yaml")
+        with open(path) as f:
+            text = f.read()
+        if "  - ../../components/cluster\n" not in text:
+            fail(overlay, "does not list ../../components/cluster")
+            return
+        with open(path, "w") as f:
+            f.write(text.replace("  - ../../components/cluster\n",
+                                 "  - ../../components/cluster\n"
+                                 "  - ../../components/prometheus-operator\n"))
+        objects = render(copy)
+    name = os.path.basename(overlay) + "+prometheus-operator"
+    for where, message in pod_monitor_problems(objects):
+        fail(f"{name}/{where}", message)
+    planted = json.loads(json.dumps(objects))
+    for o in planted:
+        if o.get("kind") == "PodMonitor":
+            o["spec"]["selector"]["matchLabels"].pop("app.kubernetes.io/instance", None)
+    if not pod_monitor_problems(planted):
+        fail(name, "a PodMonitor selecting every instance's pods was not caught")
+
+
 def check_planted_mistakes(overlay, entrypoint):
     """Each kind of budget, claim and operator-access mistake, planted in a rendered overlay,
     is caught."""
@@ -603,6 +671,7 @@ def main():
                           for d in os.listdir(os.path.join(tree, "overlays")))
         for overlay in overlays:
             check_overlay(overlay, entrypoint)
+            check_prometheus_operator_component(overlay)
         check_entrypoint_refusals(entrypoint)
         check_planted_mistakes(overlays[0], entrypoint)
         for overlay in overlays:
