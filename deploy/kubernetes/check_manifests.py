@@ -4,8 +4,10 @@
 For every overlay under deploy/kubernetes/overlays:
   1. it renders (`kubectl kustomize`);
   2. every rendered object passes a schema check that rejects unknown fields and wrong scalar
-     types, against the API types of Debian's python3-kubernetes (Kubernetes 1.22 objects:
-     every field used here exists since then), and deserializes with its required fields;
+     types, against the API types of Debian's python3-kubernetes (Kubernetes 1.22 objects) and
+     the newer JobSpec fields described in NEWER_FIELDS, and deserializes with its required
+     fields; every Job fails at once on exit code 2, ignores disruptions, has a deadline and
+     evicts from a lost node within 60 s;
   3. the cluster holds together: the headless Service publishes not-ready addresses and
      selects every task's pod; each Job is an Indexed Job named <service>-<job> with the
      Service as subdomain; running entrypoint.sh in each simulated pod (its rendered
@@ -51,6 +53,25 @@ MODELS = {
 
 SCALARS = {"str": str, "int": int, "bool": bool, "float": (int, float)}
 
+# Fields newer than python3-kubernetes 22.6 (Kubernetes 1.22) that the Jobs use, as the
+# Kubernetes API documents them (batch/v1 JobSpec, 1.26+): model name -> {field: type}, checked
+# as the library's models are. Types starting with "New" are described here, not in the
+# library.
+NEWER_FIELDS = {
+    "V1JobSpec": {"podFailurePolicy": "NewPodFailurePolicy", "podReplacementPolicy": "str",
+                  "backoffLimitPerIndex": "int", "maxFailedIndexes": "int"},
+}
+NEW_MODELS = {
+    "NewPodFailurePolicy": {"rules": "list[NewPodFailurePolicyRule]"},
+    "NewPodFailurePolicyRule": {"action": "str", "onExitCodes": "NewOnExitCodes",
+                                "onPodConditions": "list[NewOnPodCondition]"},
+    "NewOnExitCodes": {"containerName": "str", "operator": "str", "values": "list[int]"},
+    "NewOnPodCondition": {"type": "str", "status": "str"},
+}
+NEW_ENUMS = {("NewPodFailurePolicyRule", "action"): {"FailJob", "FailIndex", "Ignore", "Count"},
+             ("NewOnExitCodes", "operator"): {"In", "NotIn"},
+             ("V1JobSpec", "podReplacementPolicy"): {"TerminatingOrFailed", "Failed"}}
+
 
 def check_value(where, value, type_name):
     """Checks `value` against an openapi type name of the python client."""
@@ -80,19 +101,27 @@ def check_value(where, value, type_name):
         for key, item in value.items():
             check_value(f"{where}.{key}", item, item_type)
         return
-    model = getattr(k8s, type_name, None)
-    if model is None:
-        fail(where, f"no model {type_name} in python3-kubernetes")
-        return
+    if type_name in NEW_MODELS:
+        fields = NEW_MODELS[type_name]
+    else:
+        model = getattr(k8s, type_name, None)
+        if model is None:
+            fail(where, f"no model {type_name} in python3-kubernetes")
+            return
+        fields = {json_name: model.openapi_types[py]
+                  for py, json_name in model.attribute_map.items()}
+        fields.update(NEWER_FIELDS.get(type_name, {}))
     if not isinstance(value, dict):
         fail(where, f"is {type(value).__name__}, expected an object ({type_name})")
         return
-    by_json = {json_name: py for py, json_name in model.attribute_map.items()}
     for key, item in value.items():
-        if key not in by_json:
+        if key not in fields:
             fail(where, f"unknown field \"{key}\" in {type_name}")
             continue
-        check_value(f"{where}.{key}", item, model.openapi_types[by_json[key]])
+        allowed = NEW_ENUMS.get((type_name, key))
+        if allowed is not None and item not in allowed:
+            fail(f"{where}.{key}", f"is {item!r}, expected one of {sorted(allowed)}")
+        check_value(f"{where}.{key}", item, fields[key])
 
 
 def check_schema(where, obj):
@@ -160,8 +189,43 @@ def check_pod_security(where, pod, container):
         fail(where, "privilege escalation is allowed")
     if csc.get("capabilities", {}).get("drop") != ["ALL"]:
         fail(where, "capabilities are not all dropped")
-    if pod.get("restartPolicy") != "OnFailure":
-        fail(where, "restartPolicy is not OnFailure (a dead process must restart in place)")
+
+
+def failure_policy_problems(job):
+    """What lets a Job retry a permanent error or count an eviction as a failure, as (where,
+    message): its pods restart as new pods (restartPolicy Never, which podFailurePolicy needs),
+    exit code 2 (a refused flag, config or environment: the entrypoint's and the daemons'
+    code for bad input) fails the Job at once, a disruption (eviction, preemption, a node
+    drained) is not counted against backoffLimit, and the Job has a deadline."""
+    where = f"Job/{job['metadata']['name']}"
+    spec = job["spec"]
+    problems = []
+    if spec["template"]["spec"].get("restartPolicy") != "Never":
+        problems.append((where, "restartPolicy is not Never (podFailurePolicy needs it)"))
+    rules = spec.get("podFailurePolicy", {}).get("rules", [])
+    fails_on_2 = any(r.get("action") == "FailJob" and r.get("onExitCodes", {}).get(
+        "operator") == "In" and 2 in r.get("onExitCodes", {}).get("values", []) for r in rules)
+    if not fails_on_2:
+        problems.append((where, "exit code 2 (bad input: permanent) does not fail the Job at "
+                         "once (podFailurePolicy FailJob onExitCodes In [2])"))
+    ignores_disruption = any(r.get("action") == "Ignore" and any(
+        c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
+        for r in rules)
+    if not ignores_disruption:
+        problems.append((where, "an eviction counts against backoffLimit (podFailurePolicy "
+                         "Ignore onPodConditions DisruptionTarget)"))
+    tolerated = {t.get("key"): t.get("tolerationSeconds")
+                 for t in spec["template"]["spec"].get("tolerations", [])
+                 if t.get("effect") == "NoExecute"}
+    for taint in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not isinstance(tolerated.get(taint), int) or tolerated[taint] > 60:
+            problems.append((where, f"a pod on a node with {taint} waits "
+                             f"{tolerated.get(taint, 300)} s before it is evicted (at most 60)"))
+    if not isinstance(spec.get("activeDeadlineSeconds"), int) or \
+            spec.get("activeDeadlineSeconds") <= 0:
+        problems.append((where, "has no activeDeadlineSeconds: a run that never ends holds its "
+                         "nodes forever"))
+    return problems
 
 
 # What `kubectl delete <kinds> -l app.kubernetes.io/instance=<instance>` removes (docs/deploy.md);
@@ -330,6 +394,8 @@ def check_overlay(overlay, entrypoint):
             fail(where, f"subdomain is {pod.get('subdomain')}, not the Service {svc}")
         container = pod["containers"][0]
         check_pod_security(where, pod, container)
+        for _, message in failure_policy_problems(job):
+            fail(where, message)
         grpc_ports = [p["containerPort"] for p in container.get("ports", [])
                       if p.get("name") == "grpc"]
         if grpc_ports != [port]:
@@ -648,6 +714,22 @@ def check_planted_mistakes(overlay, entrypoint):
                 plant(o["spec"]["template"]["spec"])
         if not operator_access_problems(planted, entrypoint):
             fail(overlay, f"a chief with {what} for psctl was not caught")
+    for what, plant in {
+        "restarts in place": lambda job: job["spec"]["template"]["spec"].update(
+            restartPolicy="OnFailure"),
+        "no failure policy": lambda job: job["spec"].pop("podFailurePolicy"),
+        "exit code 2 retried": lambda job: job["spec"]["podFailurePolicy"]["rules"][0][
+            "onExitCodes"].update(values=[3]),
+        "no deadline": lambda job: job["spec"].pop("activeDeadlineSeconds"),
+        "the default eviction delay": lambda job: job["spec"]["template"]["spec"].update(
+            tolerations=[t for t in job["spec"]["template"]["spec"]["tolerations"]
+                         if t["key"] != "node.kubernetes.io/unreachable"]),
+    }.items():
+        for job in (o for o in objects if o.get("kind") == "Job"):
+            planted = json.loads(json.dumps(job))
+            plant(planted)
+            if not failure_policy_problems(planted):
+                fail(overlay, f"a Job with {what} was not caught")
     dropped = [o for o in objects if o.get("kind") != "PodDisruptionBudget"]
     if not any("chief" in m for _, m in disruption_budget_problems(dropped)):
         fail(overlay, "a cluster without disruption budgets was not caught")
