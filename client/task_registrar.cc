@@ -73,13 +73,23 @@ void TaskRegistrar::Run() {
   // While unregistered, retry every kRetry; then heartbeat every interval_.
   constexpr absl::Duration kRetry = absl::Milliseconds(200);
   bool need_register = true;
+  absl::Time last_answer = absl::Now();
+  bool gave_up = false;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
+    if (!gave_up && absl::Now() - last_answer >= options_.give_up_after) {
+      gave_up = true;
+      LOG(ERROR) << TaskName(options_.task) << ": the chief has not answered for "
+                 << absl::FormatDuration(absl::Now() - last_answer)
+                 << " (--give_up_on_chief_secs): giving up on it";
+      if (options_.on_chief_gone) options_.on_chief_gone();
+    }
     if (need_register) {
       need_register = !RegisterOnce();
+      if (!need_register) last_answer = absl::Now();
     } else {
       v1::HeartbeatRequest req;
       if (filler_) filler_(&req);
@@ -87,6 +97,7 @@ void TaskRegistrar::Run() {
       req.set_incarnation(incarnation_);
       v1::HeartbeatResponse resp;
       absl::Status s = chief_->Heartbeat(req, &resp);
+      if (s.ok()) last_answer = absl::Now();
       if (s.ok() && resp.reregister()) {
         LOG(INFO) << TaskName(options_.task) << ": the chief does not know us; registering again";
         need_register = true;

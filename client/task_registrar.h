@@ -26,6 +26,11 @@ struct TaskRegistrarOptions {
   // Called (on the registrar's thread, no lock held) once, when a heartbeat's answer says
   // training is over and the task should stop (HeartbeatResponse.stop).
   std::function<void()> on_stop;
+  // Called (on the registrar's thread, no lock held) once, when the chief has answered no
+  // registration or heartbeat for `give_up_after` (since its last answer, or since Start): it
+  // is gone for good (its Job failed). Infinite: never.
+  absl::Duration give_up_after = absl::InfiniteDuration();
+  std::function<void()> on_chief_gone;
 };
 
 // Announces a task to the chief and keeps it known: registers (retrying while the chief is

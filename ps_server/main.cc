@@ -49,6 +49,10 @@ DEFINE_int64(memory_budget_mb, -1,
              "and so are pulls and pushes whose new table rows would pass it (-1: 90% of what the "
              "process may use, the machine's memory or its cgroup's cap, a pod's memory limit; "
              "0: no limit).");
+DEFINE_double(give_up_on_chief_secs, 0,
+              "Give up on a chief that has answered no registration or heartbeat for this many "
+              "seconds: stop and exit 3 (its Job failed for good; the Kubernetes Jobs fail on "
+              "exit 3). 0: wait for it for ever.");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
 DEFINE_int64(max_table_rows, 0,
              "Most rows one embedding table may hold on this ps task; pulls and pushes that "
@@ -125,6 +129,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.max_table_rows = FLAGS_max_table_rows;
+  if (!(FLAGS_give_up_on_chief_secs >= 0)) {
+    std::fprintf(stderr, "ps_server: --give_up_on_chief_secs must be >= 0, not %g\n",
+                 FLAGS_give_up_on_chief_secs);
+    return 2;
+  }
+  options.give_up_on_chief_after = FLAGS_give_up_on_chief_secs > 0
+                                       ? absl::Seconds(FLAGS_give_up_on_chief_secs)
+                                       : absl::InfiniteDuration();
   options.store.require_checkpoint_dir = options.host.tls.enabled();
   auto crash_points = pscluster::CrashPoints::Parse(FLAGS_crash_at);
   if (!crash_points.ok()) {

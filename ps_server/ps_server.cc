@@ -53,6 +53,7 @@ absl::Status PsServer::Start() {
   serving.cluster = options_.cluster;
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
+  serving.give_up_on_chief_after = options_.give_up_on_chief_after;
   int data_port = 0;
   if (options_.serve_data_plane) {
     const v1::TaskId& task = options_.cluster.task();
@@ -93,7 +94,7 @@ absl::Status PsServer::Wait() {
   task_->AwaitStopRequested();
   task_->Shutdown();
   if (data_plane_) data_plane_->Shutdown();
-  return absl::OkStatus();
+  return task_->exit_status();
 }
 
 }  // namespace pscluster

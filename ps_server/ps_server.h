@@ -19,6 +19,8 @@ struct PsServerOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Stop (exit 3) once the chief has not answered for this long (ServingTaskOptions).
+  absl::Duration give_up_on_chief_after = absl::InfiniteDuration();
   ParameterStoreOptions store;
   PsServiceOptions service;
   // The tensor data plane (pulls and pushes over TCP, beside gRPC). Its host is taken from the

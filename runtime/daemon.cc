@@ -3,10 +3,21 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "glog/logging.h"
 #include "runtime/termination.h"
 
 namespace pscluster {
+
+namespace {
+constexpr char kExitCodeUrl[] = "type.googleapis.com/pscluster.ExitCode";
+}  // namespace
+
+absl::Status WithExitCode(absl::Status status, int code) {
+  status.SetPayload(kExitCodeUrl, absl::Cord(std::to_string(code)));
+  return status;
+}
 
 int RunDaemonUntilSignal(absl::string_view name, Daemon& daemon) {
   absl::Status started = daemon.Start();
@@ -22,7 +33,11 @@ int RunDaemonUntilSignal(absl::string_view name, Daemon& daemon) {
   absl::Status done = daemon.Wait();
   if (!done.ok()) {
     LOG(ERROR) << name << " stopped with an error: " << done;
-    return 1;
+    int code = 1;
+    if (auto given = done.GetPayload(kExitCodeUrl); given.has_value()) {
+      if (!absl::SimpleAtoi(std::string(*given), &code)) code = 1;
+    }
+    return code;
   }
   LOG(INFO) << name << " stopped cleanly";
   return 0;

@@ -21,9 +21,18 @@ class Daemon {
   virtual absl::Status Wait() = 0;
 };
 
+// Exit codes: 0 after a clean stop, 1 if the daemon failed, 2 if it refused to start (bad flags,
+// config or environment), and kExitChiefGone when it gave up on a chief that stopped answering
+// (--give_up_on_chief_secs): the Kubernetes Jobs fail at once on 2 and 3 (podFailurePolicy), so
+// that a run whose chief's Job failed ends.
+constexpr int kExitChiefGone = 3;
+
+// `status` (not OK) carrying the exit code its daemon's process should end with.
+absl::Status WithExitCode(absl::Status status, int code);
+
 // Starts `daemon`, stops it on SIGTERM or SIGINT, waits for it and returns the process exit
-// code: 0 after a clean stop, 1 if it failed. REQUIRES: BlockTerminationSignals() was called
-// first in main().
+// code: 0 after a clean stop, the code WithExitCode gave Wait()'s error, else 1 if it failed.
+// REQUIRES: BlockTerminationSignals() was called first in main().
 int RunDaemonUntilSignal(absl::string_view name, Daemon& daemon);
 
 // For main(): if `daemon` is an error, prints "NAME: WHY" as one line to stderr and returns 2;

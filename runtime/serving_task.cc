@@ -5,6 +5,7 @@
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "runtime/daemon.h"
 
 namespace pscluster {
 
@@ -30,6 +31,14 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   // The registrar is stopped in Shutdown(), before the task goes away.
   ServingTask* task_ptr = st.get();
   reg.on_stop = [task_ptr] { task_ptr->RequestStop(); };
+  reg.give_up_after = options.give_up_on_chief_after;
+  reg.on_chief_gone = [task_ptr] {
+    {
+      absl::MutexLock lock(&task_ptr->mu_);
+      task_ptr->gave_up_on_chief_ = true;
+    }
+    task_ptr->RequestStop();
+  };
   GrpcChannelOptions channel;
   channel.tls = options.host.tls;
   channel.max_message_bytes = options.host.max_message_bytes;
@@ -62,6 +71,16 @@ void ServingTask::Wait() {
 void ServingTask::RequestStop() {
   absl::MutexLock lock(&mu_);
   stop_requested_ = true;
+}
+
+absl::Status ServingTask::exit_status() const {
+  absl::MutexLock lock(&mu_);
+  if (!gave_up_on_chief_) return absl::OkStatus();
+  return WithExitCode(
+      absl::UnavailableError(absl::StrCat(TaskName(task_),
+                                          ": the chief did not answer for --give_up_on_chief_secs; "
+                                          "its Job has failed or it is unreachable")),
+      kExitChiefGone);
 }
 
 bool ServingTask::stop_requested() const {

@@ -23,6 +23,9 @@ struct ServingTaskOptions {
   // Server settings; `address` is taken from the cluster spec.
   ServiceHostOptions host;
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Give up on a chief that has not answered for this long: the task stops and exit_status()
+  // says why (kExitChiefGone). Infinite: wait for ever.
+  absl::Duration give_up_on_chief_after = absl::InfiniteDuration();
 };
 
 // The part every non-chief daemon shares: serve its gRPC services on the task's address, then
@@ -45,6 +48,9 @@ class ServingTask {
 
   // Asks the owner to stop (wakes AwaitStopRequested). Idempotent.
   void RequestStop();
+  // OK, or UNAVAILABLE with kExitChiefGone once the task stopped because the chief had not
+  // answered for give_up_on_chief_after.
+  absl::Status exit_status() const;
   bool stop_requested() const;
   // Blocks until RequestStop() or the deadline; returns true if stop was requested.
   bool AwaitStopRequested(absl::Time deadline = absl::InfiniteFuture());
@@ -67,6 +73,7 @@ class ServingTask {
   std::unique_ptr<TaskRegistrar> registrar_;
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool gave_up_on_chief_ ABSL_GUARDED_BY(mu_) = false;
   std::thread work_;  // RunInBackground's; joined by Wait or the destructor
 };
 

@@ -236,6 +236,29 @@ TEST(LifecycleTest, APsWhoseChiefIsGoneExitsPromptly) {
   close(hole);
 }
 
+// A ps given --give_up_on_chief_secs stops and exits 3 once the chief has answered nothing for
+// that long (its Job failed for good), so that the Kubernetes Jobs of the run fail too instead
+// of waiting for it until their deadline; it keeps waiting while the chief answers.
+TEST(LifecycleTest, APsGivesUpOnAChiefGoneForGoodWithExitCode3) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 0;
+  options.flags["ps"] = {"--give_up_on_chief_secs=2"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ChildProcess& ps = (*cluster)->ps(0);
+  // Heartbeats answered: it stays.
+  EXPECT_FALSE(ps.WaitForExit(absl::Seconds(3)).ok()) << ps.LogTail();
+  ASSERT_TRUE((*cluster)->chief().Signal(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  auto exit = ps.WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << ps.LogTail();
+  EXPECT_EQ(DescribeWaitStatus(*exit), "exit 3") << ps.LogTail();
+  EXPECT_GE(absl::Now() - killed, absl::Seconds(1.5));
+  EXPECT_THAT(ps.LogTail(20), HasSubstr("(--give_up_on_chief_secs): giving up on it"));
+  EXPECT_THAT(ps.LogTail(20), HasSubstr("its Job has failed or it is unreachable"));
+}
+
 TEST(LifecycleTest, PsctlStatusShowsEveryTask) {
   TestClusterOptions options;
   options.num_ps = 2;

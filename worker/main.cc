@@ -33,6 +33,10 @@ DEFINE_int32(step_delay_ms, 0,
              "Pause between computing each step's gradients and pushing them, in milliseconds "
              "(a straggler, for tests).");
 
+DEFINE_double(give_up_on_chief_secs, 0,
+              "Give up on a chief that has answered no registration or heartbeat for this many "
+              "seconds: stop and exit 3 (its Job failed for good; the Kubernetes Jobs fail on "
+              "exit 3). 0: wait for it for ever.");
 DEFINE_double(report_every_secs, 2,
               "How often an async worker reports its steps to the chief (sync and SSP workers "
               "report every step): the chief's global step, its progress and an evaluator's "
@@ -79,6 +83,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.report_every = absl::Seconds(FLAGS_report_every_secs);
+  if (!(FLAGS_give_up_on_chief_secs >= 0)) {
+    std::fprintf(stderr, "worker: --give_up_on_chief_secs must be >= 0, not %g\n",
+                 FLAGS_give_up_on_chief_secs);
+    return 2;
+  }
+  options.give_up_on_chief_after = FLAGS_give_up_on_chief_secs > 0
+                                       ? absl::Seconds(FLAGS_give_up_on_chief_secs)
+                                       : absl::InfiniteDuration();
   // Outlives the daemon, whose collectors it calls.
   std::unique_ptr<pscluster::Metrics> metrics =
       pscluster::MetricsFromFlagsOrExit("worker", options.cluster);

@@ -120,6 +120,7 @@ absl::Status WorkerServer::Start() {
   serving.cluster = options_.cluster;
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
+  serving.give_up_on_chief_after = options_.give_up_on_chief_after;
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {this}, [this](v1::HeartbeatRequest* r) {
                         r->set_step(steps_.load());
                         r->set_detail(Detail());
@@ -140,7 +141,7 @@ void WorkerServer::Stop() {
 absl::Status WorkerServer::Wait() {
   if (!task_) return absl::FailedPreconditionError("the worker was not started");
   task_->Wait();
-  return absl::OkStatus();
+  return task_->exit_status();
 }
 
 void WorkerServer::TrainLoop() {

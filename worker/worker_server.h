@@ -32,6 +32,9 @@ struct WorkerOptions {
   // exit_after_training: how long the chief may not answer, after this worker's last step,
   // before the worker exits anyway.
   absl::Duration chief_gone_after = absl::Minutes(5);
+  // Stop (exit 3) once the chief has not answered for this long, at any time
+  // (ServingTaskOptions); chief_gone_after is the wait at the end of training.
+  absl::Duration give_up_on_chief_after = absl::InfiniteDuration();
   // TrainerOptions::cuda_graphs.
   bool cuda_graphs = true;
   // Cap on the GPU memory this worker allocates, in bytes (0: no cap).

@@ -203,11 +203,20 @@ def failure_policy_problems(job):
     if spec["template"]["spec"].get("restartPolicy") != "Never":
         problems.append((where, "restartPolicy is not Never (podFailurePolicy needs it)"))
     rules = spec.get("podFailurePolicy", {}).get("rules", [])
-    fails_on_2 = any(r.get("action") == "FailJob" and r.get("onExitCodes", {}).get(
-        "operator") == "In" and 2 in r.get("onExitCodes", {}).get("values", []) for r in rules)
-    if not fails_on_2:
-        problems.append((where, "exit code 2 (bad input: permanent) does not fail the Job at "
-                         "once (podFailurePolicy FailJob onExitCodes In [2])"))
+    for code, why in ((2, "bad input: permanent"), (3, "the chief is gone for good")):
+        if not any(r.get("action") == "FailJob" and r.get("onExitCodes", {}).get(
+                "operator") == "In" and code in r.get("onExitCodes", {}).get("values", [])
+                for r in rules):
+            problems.append((where, f"exit code {code} ({why}) does not fail the Job at once "
+                             f"(podFailurePolicy FailJob onExitCodes In [{code}])"))
+    component = job["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+    args = spec["template"]["spec"]["containers"][0].get("args", [])
+    give_up = [a for a in args if a.startswith("--give_up_on_chief_secs=")]
+    if component in ("ps", "worker") and (
+            not give_up or not give_up[-1].split("=", 1)[1].isdigit() or
+            int(give_up[-1].split("=", 1)[1]) <= 0):
+        problems.append((where, "its tasks wait for a chief whose Job failed until the deadline "
+                         "(--give_up_on_chief_secs=N, N > 0)"))
     ignores_disruption = any(r.get("action") == "Ignore" and any(
         c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
         for r in rules)
@@ -720,6 +729,8 @@ def check_planted_mistakes(overlay, entrypoint):
         "no failure policy": lambda job: job["spec"].pop("podFailurePolicy"),
         "exit code 2 retried": lambda job: job["spec"]["podFailurePolicy"]["rules"][0][
             "onExitCodes"].update(values=[3]),
+        "exit code 3 retried": lambda job: job["spec"]["podFailurePolicy"]["rules"][0][
+            "onExitCodes"].update(values=[2]),
         "no deadline": lambda job: job["spec"].pop("activeDeadlineSeconds"),
         "the default eviction delay": lambda job: job["spec"]["template"]["spec"].update(
             tolerations=[t for t in job["spec"]["template"]["spec"]["tolerations"]
@@ -730,6 +741,15 @@ def check_planted_mistakes(overlay, entrypoint):
             plant(planted)
             if not failure_policy_problems(planted):
                 fail(overlay, f"a Job with {what} was not caught")
+    for job in (o for o in objects if o.get("kind") == "Job" and o["metadata"]["labels"].get(
+            "app.kubernetes.io/component") in ("ps", "worker")):
+        planted = json.loads(json.dumps(job))
+        container = planted["spec"]["template"]["spec"]["containers"][0]
+        container["args"] = [a for a in container["args"]
+                             if not a.startswith("--give_up_on_chief_secs")]
+        if not failure_policy_problems(planted):
+            fail(overlay, f"{job['metadata']['name']} waiting for ever on a failed chief was not "
+                 "caught")
     dropped = [o for o in objects if o.get("kind") != "PodDisruptionBudget"]
     if not any("chief" in m for _, m in disruption_budget_problems(dropped)):
         fail(overlay, "a cluster without disruption budgets was not caught")
