@@ -49,6 +49,16 @@ RunResult RunToExit(const std::string& binary, const std::vector<std::string>& a
   return {*status, (*child)->LogTail(1000)};
 }
 
+// A chief and one ps task, no workers; `ps_flags` are added to the ps's.
+absl::StatusOr<std::unique_ptr<TestCluster>> StartChiefAndOnePs(
+    std::vector<std::string> ps_flags = {}) {
+  TestClusterOptions options;
+  options.num_ps = 1;
+  options.num_workers = 0;
+  if (!ps_flags.empty()) options.flags["ps"] = std::move(ps_flags);
+  return TestCluster::Start(options);
+}
+
 TEST(LifecycleTest, AllTasksServeAndExitCleanlyOnSigterm) {
   TestClusterOptions options;
   options.num_ps = 2;
@@ -177,10 +187,7 @@ TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
 }
 
 TEST(LifecycleTest, SigintStopsADaemonToo) {
-  TestClusterOptions options;
-  options.num_ps = 1;
-  options.num_workers = 0;
-  auto cluster = TestCluster::Start(options);
+  auto cluster = StartChiefAndOnePs();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ChildProcess& ps = (*cluster)->ps(0);
   ASSERT_TRUE(ps.Signal(SIGINT).ok());
@@ -194,10 +201,7 @@ TEST(LifecycleTest, SigintStopsADaemonToo) {
 // the call's deadline (3 s here, up to ~9 s past the grace period in multi-host runs), and now
 // cancels it (TaskRegistrar::Stop, ChiefClient::CancelCalls).
 TEST(LifecycleTest, APsWhoseChiefIsGoneExitsPromptly) {
-  TestClusterOptions options;
-  options.num_ps = 1;
-  options.num_workers = 0;
-  auto cluster = TestCluster::Start(options);
+  auto cluster = StartChiefAndOnePs();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ChildProcess& ps = (*cluster)->ps(0);
   ASSERT_TRUE((*cluster)->chief().Signal(SIGKILL).ok());
@@ -240,11 +244,7 @@ TEST(LifecycleTest, APsWhoseChiefIsGoneExitsPromptly) {
 // that long (its Job failed for good), so that the Kubernetes Jobs of the run fail too instead
 // of waiting for it until their deadline; it keeps waiting while the chief answers.
 TEST(LifecycleTest, APsGivesUpOnAChiefGoneForGoodWithExitCode3) {
-  TestClusterOptions options;
-  options.num_ps = 1;
-  options.num_workers = 0;
-  options.flags["ps"] = {"--give_up_on_chief_secs=2"};
-  auto cluster = TestCluster::Start(options);
+  auto cluster = StartChiefAndOnePs({"--give_up_on_chief_secs=2"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ChildProcess& ps = (*cluster)->ps(0);
   // Heartbeats answered: it stays.
@@ -414,6 +414,24 @@ TEST(DaemonFlagsTest, BadPathsAreRefusedAtStart) {
                                    "task": {"type": "worker", "index": 0}})");
   EXPECT_EQ(DescribeWaitStatus(worker.wait_status), "exit 2") << worker.output;
   EXPECT_THAT(worker.output, HasSubstr("worker: --data_path /nonexistent: no such file"));
+}
+
+TEST(DaemonFlagsTest, ANegativeGiveUpOnTheChiefIsRefusedAtStart) {
+  const std::string ps_config = R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"]},
+                                    "task": {"type": "ps", "index": 0}})";
+  for (const std::string value : {"-1", "nan"}) {
+    RunResult ps =
+        RunToExit("ps_server/ps_server", {"--give_up_on_chief_secs=" + value}, ps_config);
+    EXPECT_EQ(DescribeWaitStatus(ps.wait_status), "exit 2") << ps.output;
+    EXPECT_THAT(ps.output,
+                HasSubstr("ps_server: --give_up_on_chief_secs must be >= 0, not " + value));
+  }
+  RunResult worker = RunToExit("worker/worker", {"--give_up_on_chief_secs=-1"},
+                               R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"],
+                                   "worker": ["127.0.0.1:0"]},
+                                   "task": {"type": "worker", "index": 0}})");
+  EXPECT_EQ(DescribeWaitStatus(worker.wait_status), "exit 2") << worker.output;
+  EXPECT_THAT(worker.output, HasSubstr("worker: --give_up_on_chief_secs must be >= 0, not -1"));
 }
 
 TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
