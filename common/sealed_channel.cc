@@ -71,6 +71,9 @@ bool Open(const Chunk& chunk) {
                        reinterpret_cast<unsigned char*>(chunk.plain));
 }
 
+// Chunks sealed and opened by the calling threads and by the pool's (SealedChannel::Split).
+std::atomic<int64_t> g_split[4];
+
 ThreadPool* SharedPool() {
   static ThreadPool* const pool = [] {
     const int n = SealedChannel::ParallelThreads();
@@ -92,15 +95,17 @@ ThreadPool* SharedPool() {
 // function) only for a chunk they claimed.
 class Crew {
  public:
-  Crew(int n, const std::function<bool(int)>* work)
+  // `split`: where this crew counts its chunks in g_split (0: sealed, 2: opened).
+  Crew(int n, const std::function<bool(int)>* work, int split)
       : n_(n),
+        split_(split),
         work_(work),
         claimed_(new std::atomic<bool>[n]()),
         done_(new std::atomic<bool>[n]()) {}
 
   // Hands chunk i to a pool thread.
   static void Offer(const std::shared_ptr<Crew>& crew, ThreadPool* pool, int i) {
-    pool->Schedule([crew, i] { crew->Run(i); });
+    pool->Schedule([crew, i] { crew->Run(i, /*by_pool=*/true); });
   }
   // Has `helpers` pool threads do the chunks nobody has claimed, in order (one wake-up each
   // for every chunk of a call whose chunks are all there from the start).
@@ -108,7 +113,7 @@ class Crew {
     for (int h = 0; h < helpers; ++h) {
       pool->Schedule([crew] {
         for (int i = crew->next_.fetch_add(1); i < crew->n_; i = crew->next_.fetch_add(1)) {
-          crew->Run(i);
+          crew->Run(i, /*by_pool=*/true);
         }
       });
     }
@@ -140,14 +145,16 @@ class Crew {
 
  private:
   // Does chunk i unless someone claimed it; whether this call did it.
-  bool Run(int i) {
+  bool Run(int i, bool by_pool = false) {
     if (claimed_[i].exchange(true)) return false;
     if (!(*work_)(i)) failed_.store(true);
+    g_split[split_ + (by_pool ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
     done_[i].store(true, std::memory_order_release);
     return true;
   }
 
   const int n_;
+  const int split_;
   const std::function<bool(int)>* const work_;
   std::atomic<int> next_{0};  // Enlist's helpers' next chunk
   std::unique_ptr<std::atomic<bool>[]> claimed_;
@@ -193,6 +200,15 @@ absl::Status Unauthentic() {
 }
 
 }  // namespace
+
+SealedChannel::WorkSplit SealedChannel::Split() {
+  WorkSplit split;
+  split.sealed_by_caller = g_split[0].load(std::memory_order_relaxed);
+  split.sealed_by_pool = g_split[1].load(std::memory_order_relaxed);
+  split.opened_by_caller = g_split[2].load(std::memory_order_relaxed);
+  split.opened_by_pool = g_split[3].load(std::memory_order_relaxed);
+  return split;
+}
 
 size_t SealedChannel::WriteChunkBytes() {
   // 48 KiB by default: a sealed chunk of 48 KiB fits one loopback segment (MSS 65,483); one of 128
@@ -305,7 +321,7 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
     const std::function<bool(int)> seal = [&](int i) {
       return Seal(chunks[begin + i], pieces.data());
     };
-    auto crew = std::make_shared<Crew>(n, &seal);
+    auto crew = std::make_shared<Crew>(n, &seal, 0);
     if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
     absl::Status sent;
     for (int i = 0; i < n && sent.ok();) {
@@ -349,7 +365,7 @@ absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   }
   const int n = static_cast<int>(chunks.size());
   const std::function<bool(int)> seal = [&](int i) { return Seal(chunks[i], pieces.data()); };
-  auto crew = std::make_shared<Crew>(n, &seal);
+  auto crew = std::make_shared<Crew>(n, &seal, 0);
   if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
   // In order, as Write does (after the bytes kept before), but sending only what the socket
   // takes at once: once it is full the rest is sealed and kept. (PSCLUSTER_SEAL_STAGE_EAGER=0:
@@ -420,7 +436,7 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
     if (receive_buf_.size() < capacity) receive_buf_.resize(capacity);
     char* const buf = receive_buf_.data();
     const std::function<bool(int)> open = [&](int i) { return Open(chunks[i]); };
-    auto crew = std::make_shared<Crew>(kBatchChunks, &open);
+    auto crew = std::make_shared<Crew>(kBatchChunks, &open, 2);
     int got = 0;          // whole chunks in this batch
     size_t parsed = 0;    // their bytes
     int64_t covered = 0;  // their plaintext bytes

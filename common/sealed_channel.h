@@ -97,6 +97,16 @@ class SealedChannel {
   // kMaxChunkBytes): 48 KiB, or PSCLUSTER_SEAL_CHUNK_BYTES (4 KiB to kMaxChunkBytes).
   static size_t WriteChunkBytes();
 
+  // The chunks this process's channels sealed and opened so far, by the threads that called
+  // them and by the pool's (ParallelThreads): how the work was shared out, for benchmarks.
+  struct WorkSplit {
+    int64_t sealed_by_caller = 0;
+    int64_t sealed_by_pool = 0;
+    int64_t opened_by_caller = 0;
+    int64_t opened_by_pool = 0;
+  };
+  static WorkSplit Split();
+
   struct Key {
     unsigned char key[16];
     unsigned char iv[12];

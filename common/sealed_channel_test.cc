@@ -120,6 +120,7 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   // into chunks of its own, then a small one again.
   const std::string header = Bytes(32, 1), meta = Bytes(300, 2);
   const std::string payload = Bytes((1 << 20) + 5, 3), tail = Bytes(7, 4);
+  const SealedChannel::WorkSplit before = SealedChannel::Split();
   const std::string sealed = Sealed({Iov(header), Iov(meta), Iov(payload), Iov(tail)});
   const std::vector<uint32_t> sizes = ChunkSizes(sealed);
   // (the small tail joins the payload's last, small chunk)
@@ -148,6 +149,20 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   deliver.join();
   EXPECT_FALSE(reader_->HasBuffered());
   EXPECT_TRUE(got == all) << "the bytes differ";
+
+  // Every chunk was sealed once and opened once, by the calling threads alone where there are
+  // no helpers.
+  const SealedChannel::WorkSplit after = SealedChannel::Split();
+  const int64_t sealed_here = after.sealed_by_caller - before.sealed_by_caller;
+  const int64_t sealed_by_pool = after.sealed_by_pool - before.sealed_by_pool;
+  const int64_t opened_here = after.opened_by_caller - before.opened_by_caller;
+  const int64_t opened_by_pool = after.opened_by_pool - before.opened_by_pool;
+  EXPECT_EQ(sealed_here + sealed_by_pool, static_cast<int64_t>(chunks));
+  EXPECT_EQ(opened_here + opened_by_pool, static_cast<int64_t>(chunks));
+  if (SealedChannel::ParallelThreads() == 0) {
+    EXPECT_EQ(sealed_by_pool, 0);
+    EXPECT_EQ(opened_by_pool, 0);
+  }
 }
 
 TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
