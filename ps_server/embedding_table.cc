@@ -230,7 +230,6 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec) {
 constexpr int EmbeddingTable::kNumStripes;
 constexpr int64_t EmbeddingTable::kMinParallelKeys;
 constexpr int EmbeddingTable::kHotKeyCounters;
-constexpr int EmbeddingTable::kHotKeySamplesPerPush;
 
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     const v1::TableSpec& spec, std::vector<int32_t> owned_virtual_shards,
@@ -319,8 +318,6 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
       owned_(std::move(owned)),
       num_virtual_shards_(num_virtual_shards),
       admission_(spec_.has_admission()),
-      min_count_(static_cast<uint32_t>(spec_.admission().min_count())),
-      admit_probability_(spec_.admission().probability()),
       sketch_width_(admission_ ? StripeSketchWidth(spec_.admission()) : 0),
       tracks_last_(TracksLast(spec_.eviction())),
       ttl_in_seconds_(spec_.eviction().ttl_seconds() > 0),
@@ -333,7 +330,11 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
   for (int s = 0; s < kNumStripes; ++s) {
     absl::MutexLock lock(&stripes_[s].mu);
     stripes_[s].arena.Reset(stride_);
-    if (admission_) stripes_[s].sketch.assign(static_cast<size_t>(kSketchRows * sketch_width_), 0);
+    if (admission_) {
+      stripes_[s].sketch =
+          AdmissionFilter(sketch_width_, static_cast<uint32_t>(spec_.admission().min_count()),
+                          spec_.admission().probability());
+    }
   }
   if (vocabulary_size_ == 0) return;
   const size_t n = static_cast<size_t>(num_virtual_shards_);
@@ -451,35 +452,6 @@ absl::Status EmbeddingTable::InitialRow(int64_t key, float* values, bool slots) 
     }
   }
   return absl::OkStatus();
-}
-
-bool EmbeddingTable::AdmitLocked(const Stripe& stripe, int64_t key,
-                                 std::vector<SketchBump>* bumps) const {
-  // Four counters from two 32-bit halves of a hash unlike the stripe's and the index's
-  // (Kirsch-Mitzenmacher); conservative update: only the smallest counters grow, each to the
-  // key's new count (raising to a maximum commutes, so the order of the bumps does not matter).
-  const uint64_t h = MixKey(key ^ static_cast<int64_t>(0x9e3779b97f4a7c15ULL));
-  const uint64_t h1 = h & 0xffffffffu, h2 = (h >> 32) | 1;
-  const uint64_t mask = static_cast<uint64_t>(sketch_width_) - 1;
-  uint32_t counters[kSketchRows];
-  uint32_t estimate = 0xffff;
-  for (int r = 0; r < kSketchRows; ++r) {
-    counters[r] = static_cast<uint32_t>(r * sketch_width_ + ((h1 + r * h2) & mask));
-    estimate = std::min<uint32_t>(estimate, stripe.sketch[counters[r]]);
-  }
-  const uint32_t count = std::min<uint32_t>(estimate + 1, 0xffff);
-  for (uint32_t c : counters) bumps->push_back({c, static_cast<uint16_t>(count)});
-  if (count >= min_count_) return true;
-  if (admit_probability_ <= 0) return false;
-  const uint64_t draw = MixKey(key ^ static_cast<int64_t>(count * 0xd6e8feb86659fd93ULL));
-  return static_cast<double>(draw >> 11) * 0x1.0p-53 < admit_probability_;
-}
-
-void EmbeddingTable::ApplyBumpsLocked(Stripe* stripe, const std::vector<SketchBump>& bumps) {
-  for (const SketchBump& b : bumps) {
-    uint16_t& c = stripe->sketch[b.counter];
-    c = std::max(c, b.value);
-  }
 }
 
 void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) {
@@ -844,7 +816,7 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
       status[s] = ApplyStripe(&stripes_[s], keys, grads, order, count, now);
     }
   });
-  SampleHotKeys(keys, n);
+  hot_keys_.SamplePush(keys, n);
   return FirstError(status);
 }
 
@@ -1023,7 +995,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     distinct_grads.Add(first, grad);
   }
   int64_t admitted = 0, unadmitted = 0, expired = 0;
-  std::vector<SketchBump> bumps;
+  std::vector<AdmissionFilter::Bump> bumps;
   absl::MutexLock lock(&stripe->mu);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
   // and prefetch this key's row (and its last-push tick), update the row found kRowLag keys
@@ -1061,7 +1033,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
       if (i + kKeyAhead < num_distinct) stripe->rows.Prefetch(distinct_keys[i + kKeyAhead]);
       const int64_t key = distinct_keys[i];
       RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-      if (entry == nullptr && (!admission_ || AdmitLocked(*stripe, key, &bumps))) {
+      if (entry == nullptr && (!admission_ || stripe->sketch.Admit(key, &bumps))) {
         absl::StatusOr<RowIndex::Entry*> created =
             AppendRowLocked(stripe, key, /*initialize=*/true, now);
         if (created.ok()) {
@@ -1101,7 +1073,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
         // Past its TTL: as if it had been swept, which the stripe may not have done yet.
         const int64_t key = distinct_keys[j];
         ++expired;
-        if (admission_ && !AdmitLocked(*stripe, key, &bumps)) {
+        if (admission_ && !stripe->sketch.Admit(key, &bumps)) {
           // Counted, not admitted: the row goes (no later row of the ring uses its number).
           RemoveRowLocked(stripe, key, row.row);
           ++unadmitted;
@@ -1122,7 +1094,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
   if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);
   if (expired > 0) expired_.fetch_add(expired, std::memory_order_relaxed);
-  ApplyBumpsLocked(stripe, bumps);
+  stripe->sketch.Apply(bumps);
   if (tracks_last_) EvictLocked(stripe, now);
   return status;
 }
@@ -1187,65 +1159,6 @@ int64_t EmbeddingTable::row_bytes() const {
   return vocabulary_size_ > 0 ? VocabularyRowBytes(stride_) : RowBytes(stride_, tracks_last_);
 }
 
-void EmbeddingTable::SampleHotKeys(const int64_t* keys, int64_t n) {
-  if (n <= 0) return;
-  // An evenly spaced sample, each key standing for `step` positions, so a 100k-key push costs
-  // the sketch at most kHotKeySamplesPerPush updates. The offset changes from push to push so
-  // that periodic key layouts are not always sampled at the same phase.
-  const int64_t step = (n + kHotKeySamplesPerPush - 1) / kHotKeySamplesPerPush;
-  absl::MutexLock lock(&hot_mu_);
-  const int64_t offset = step == 1
-                             ? 0
-                             : static_cast<int64_t>(MixKey(static_cast<int64_t>(hot_pushes_)) %
-                                                    static_cast<uint64_t>(step));
-  ++hot_pushes_;
-  for (int64_t pos = offset; pos < n; pos += step) CountHotKeyLocked(keys[pos], step);
-}
-
-void EmbeddingTable::CountHotKeyLocked(int64_t key, int64_t weight) {
-  for (int i = 0; i < hot_size_; ++i) {
-    if (hot_keys_[i] == key) {
-      hot_counts_[i] += weight;
-      return;
-    }
-  }
-  if (hot_size_ < kHotKeyCounters) {
-    hot_keys_[hot_size_] = key;
-    hot_counts_[hot_size_++] = weight;
-    return;
-  }
-  // Space-Saving: the new key replaces the smallest counter (the smallest key among equal
-  // ones) and inherits its count, so a count over-estimates by at most that inherited amount.
-  int min = 0;
-  for (int i = 1; i < kHotKeyCounters; ++i) {
-    if (hot_counts_[i] < hot_counts_[min] ||
-        (hot_counts_[i] == hot_counts_[min] && hot_keys_[i] < hot_keys_[min])) {
-      min = i;
-    }
-  }
-  hot_keys_[min] = key;
-  hot_counts_[min] += weight;
-}
-
-std::vector<v1::HotKey> EmbeddingTable::HotKeys(int k) const {
-  if (k <= 0) return {};
-  std::vector<std::pair<int64_t, int64_t>> counts;  // (key, count)
-  {
-    absl::MutexLock lock(&hot_mu_);
-    for (int i = 0; i < hot_size_; ++i) counts.emplace_back(hot_keys_[i], hot_counts_[i]);
-  }
-  std::sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  if (counts.size() > static_cast<size_t>(k)) counts.resize(static_cast<size_t>(k));
-  std::vector<v1::HotKey> hot(counts.size());
-  for (size_t i = 0; i < counts.size(); ++i) {
-    hot[i].set_key(counts[i].first);
-    hot[i].set_count(counts[i].second);
-  }
-  return hot;
-}
-
 void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
   FloatStats all;
   for (int s = 0; s < kNumStripes; ++s) {
@@ -1307,7 +1220,8 @@ std::vector<uint16_t> EmbeddingTable::AdmissionSketch() const {
   counters.reserve(static_cast<size_t>(kNumStripes * kSketchRows * sketch_width_));
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
-    counters.insert(counters.end(), stripes_[s].sketch.begin(), stripes_[s].sketch.end());
+    const std::vector<uint16_t>& mine = stripes_[s].sketch.counters();
+    counters.insert(counters.end(), mine.begin(), mine.end());
   }
   return counters;
 }
@@ -1330,11 +1244,7 @@ absl::Status EmbeddingTable::MergeAdmissionSketch(const std::vector<uint16_t>& c
   }
   for (int s = 0; s < kNumStripes; ++s) {
     absl::MutexLock lock(&stripes_[s].mu);
-    std::vector<uint16_t>& mine = stripes_[s].sketch;
-    for (size_t i = 0; i < per_stripe; ++i) {
-      mine[i] = static_cast<uint16_t>(
-          std::min<uint32_t>(uint32_t{mine[i]} + counters[s * per_stripe + i], 0xffff));
-    }
+    stripes_[s].sketch.Merge(counters.data() + s * per_stripe);
   }
   return absl::OkStatus();
 }
@@ -1347,7 +1257,7 @@ void EmbeddingTable::Clear() {
     stripe.arena.Clear();
     std::vector<uint32_t>().swap(stripe.free_rows);
     std::vector<uint32_t>().swap(stripe.last);
-    std::fill(stripe.sketch.begin(), stripe.sketch.end(), 0);
+    stripe.sketch.Clear();
     stripe.swept_at = 0;
     if (vocabulary_size_ > 0) {
       std::fill(vocabulary_counts_ + stripe_first_row_[s],

@@ -13,6 +13,8 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/admission_filter.h"
+#include "ps_server/hot_key_sketch.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/row_arena.h"
 #include "ps_server/row_index.h"
@@ -42,10 +44,10 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // creates it or when; its slots start at the optimizer's slot_initial_value and its count at 0.
 //
 // Admission (spec.admission set, model.proto's AdmissionSpec): a key without a row is pulled as
-// its initial values, creating nothing, and its pushes are counted in a count-min sketch (one
-// per stripe, 4 rows of 16-bit counters, conservative update) and dropped until one admits it:
-// that push creates the row and is applied. Whether a push admits depends only on the key and
-// its count, so the same sequence of pushes admits the same keys.
+// its initial values, creating nothing, and its pushes are counted (an AdmissionFilter per
+// stripe) and dropped until one admits it: that push creates the row and is applied. Whether a
+// push admits depends only on the key and its count, so the same sequence of pushes admits the
+// same keys.
 //
 // With admission or eviction, only pushes create rows; a pull of a key without a row gives
 // the key's initial values, so reads (an evaluator's) neither fill the table nor make it evict.
@@ -99,11 +101,9 @@ class EmbeddingTable {
   // Number of lock stripes.
   static constexpr int kNumStripes = 64;
   // Rows of an admission sketch (count-min).
-  static constexpr int kSketchRows = 4;
+  static constexpr int kSketchRows = AdmissionFilter::kRows;
   // Counters kept by the hot-key sketch; HotKeys returns at most this many keys.
-  static constexpr int kHotKeyCounters = 64;
-  // Keys of one push that the hot-key sketch looks at, at most.
-  static constexpr int kHotKeySamplesPerPush = 128;
+  static constexpr int kHotKeyCounters = HotKeySketch::kCounters;
   // Requests of fewer keys than this run on the calling thread alone.
   static constexpr int64_t kMinParallelKeys = 4096;
 
@@ -228,13 +228,9 @@ class EmbeddingTable {
   // ReservedBytes for this table.
   int64_t reserved_bytes() const;
 
-  // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them.
-  // Approximate: a Space-Saving sketch of kHotKeyCounters counters is fed, by each successful
-  // Push, an evenly spaced sample of at most kHotKeySamplesPerPush of its key positions, each
-  // weighted by the sampling stride (duplicates within a push count once per occurrence). Counts
-  // are estimates of occurrences in pushes and may over-count; a key pushed much more than the
-  // others is reliably found. Empty for k <= 0.
-  std::vector<v1::HotKey> HotKeys(int k) const;
+  // The most pushed keys, most first (ties by key), at most min(k, kHotKeyCounters) of them:
+  // a HotKeySketch fed by every successful Push (approximate; see there). Empty for k <= 0.
+  std::vector<v1::HotKey> HotKeys(int k) const { return hot_keys_.Top(k); }
 
   // Fills *stats over the values of every row (not the slots), accumulated in double:
   // count, min, max, mean, std (population), l2_norm over the finite values; NaN and Inf are
@@ -291,8 +287,8 @@ class EmbeddingTable {
     std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
     // With eviction: the tick of each arena row's last push.
     std::vector<uint32_t> last ABSL_GUARDED_BY(mu);
-    // With admission: the count-min sketch, 4 rows of sketch_width_ counters.
-    std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
+    // With admission: the stripe's counts of pushed keys without rows.
+    AdmissionFilter sketch ABSL_GUARDED_BY(mu);
     // With a TTL: the tick of the stripe's last sweep.
     uint32_t swept_at ABSL_GUARDED_BY(mu) = 0;
     // In a vocabulary table: how many of the stripe's rows are created. (The rows and counts
@@ -399,29 +395,11 @@ class EmbeddingTable {
   bool Expired(uint32_t last, uint32_t now) const {
     return ttl_ > 0 && now > last && now - last > ttl_;
   }
-  // A count to raise a sketch counter to, after a request's admissions were decided.
-  struct SketchBump {
-    uint32_t counter;  // index in Stripe::sketch
-    uint16_t value;
-  };
-  // Counts one push of `key`, which has no row (or an expired one), and returns whether it
-  // admits the key. The decision reads the sketch as it was before the request: the counts go
-  // to *bumps, which ApplyBumpsLocked applies after the request, so that the keys of one
-  // request are decided the same whatever their order.
-  bool AdmitLocked(const Stripe& stripe, int64_t key, std::vector<SketchBump>* bumps) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe.mu);
-  static void ApplyBumpsLocked(Stripe* stripe, const std::vector<SketchBump>& bumps)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // The TTL sweep and the capacity limit (class comment), after a request that may have added
   // rows.
   void EvictLocked(Stripe* stripe, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   void RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
-
-  // Feeds a sample of a successful push's keys to the hot-key sketch.
-  void SampleHotKeys(const int64_t* keys, int64_t n);
-  // One weighted Space-Saving update.
-  void CountHotKeyLocked(int64_t key, int64_t weight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hot_mu_);
 
   const v1::TableSpec spec_;
   const int64_t dim_;
@@ -435,8 +413,6 @@ class EmbeddingTable {
 
   // Admission (all zero without it).
   const bool admission_;
-  const uint32_t min_count_;
-  const double admit_probability_;
   const int64_t sketch_width_;  // per stripe; a power of two
   // Eviction (all zero without it).
   const bool tracks_last_;
@@ -471,16 +447,8 @@ class EmbeddingTable {
   // guarded by the lock of its key's stripe.
   uint32_t* vocabulary_counts_ = nullptr;
 
-  // The hot-key sketch has its own small lock, taken once per push, never with a stripe lock.
-  mutable absl::Mutex hot_mu_;
-  // Space-Saving counters: hot_keys_[i] has the estimated count hot_counts_[i], for i <
-  // hot_size_. Plain arrays, which every sample of every push scans: 64 keys side by side
-  // cost less to scan than a hash map's probe and its slots (and nothing to allocate).
-  int64_t hot_keys_[kHotKeyCounters] ABSL_GUARDED_BY(hot_mu_) = {};
-  int64_t hot_counts_[kHotKeyCounters] ABSL_GUARDED_BY(hot_mu_) = {};
-  int hot_size_ ABSL_GUARDED_BY(hot_mu_) = 0;
-  // Number of pushes sampled; varies the sampling offset from push to push.
-  uint64_t hot_pushes_ ABSL_GUARDED_BY(hot_mu_) = 0;
+  // Fed by every successful push; its own small lock, never taken with a stripe lock.
+  HotKeySketch hot_keys_;
 };
 
 }  // namespace pscluster
