@@ -285,7 +285,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   std::unique_ptr<EmbeddingTable> table(new EmbeddingTable(
       spec, *std::move(optimizer), std::move(owned), num_virtual_shards, stripe_capacity));
-  if (table->vocabulary_rows_ > 0 && table->vocabulary_counts_ == nullptr) {
+  if (!table->vocabulary_allocated_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", spec.name(), ": cannot allocate ", table->reserved_bytes(),
                      " bytes for the rows of vocabulary_size ", spec.vocabulary_size()));
@@ -304,7 +304,7 @@ absl::StatusOr<int64_t> EmbeddingTable::ReservedBytes(const v1::TableSpec& spec,
 }
 
 int64_t EmbeddingTable::reserved_bytes() const {
-  return vocabulary_rows_ * VocabularyRowBytes(stride_);
+  return vocabulary_.size() * VocabularyRowBytes(stride_);
 }
 
 EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer,
@@ -336,52 +336,12 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
                           spec_.admission().probability());
     }
   }
-  if (vocabulary_size_ == 0) return;
-  const size_t n = static_cast<size_t>(num_virtual_shards_);
-  if ((n & (n - 1)) == 0) {
-    shard_shift_ = 0;
-    while ((size_t{1} << shard_shift_) < n) ++shard_shift_;
+  if (vocabulary_size_ > 0) {
+    vocabulary_allocated_ = vocabulary_.Allocate(vocabulary_size_, owned_, stride_, kNumStripes);
   }
-  rows_per_shard_ = (vocabulary_size_ + num_virtual_shards_ - 1) / num_virtual_shards_;
-  std::vector<int32_t> owned_shards;
-  for (size_t v = 0; v < n; ++v) {
-    if (owned_[v]) owned_shards.push_back(static_cast<int32_t>(v));
-  }
-  base_of_shard_.assign(n, -1);
-  stripe_of_shard_.assign(n, 0);
-  for (int s = 0; s < kNumStripes; ++s) {
-    stripe_first_row_[s] = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
-    for (size_t i = static_cast<size_t>(s); i < owned_shards.size(); i += kNumStripes) {
-      const size_t v = static_cast<size_t>(owned_shards[i]);
-      base_of_shard_[v] = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
-      stripe_of_shard_[v] = static_cast<uint8_t>(s);
-      shard_at_.push_back(owned_shards[i]);
-    }
-  }
-  vocabulary_rows_ = static_cast<int64_t>(shard_at_.size()) * rows_per_shard_;
-  stripe_first_row_[kNumStripes] = vocabulary_rows_;
-  if (vocabulary_rows_ == 0) return;
-  // Rows are initialized when created; counts start at 0 (no row).
-  try {
-    vocabulary_values_ = static_cast<float*>(HugePagePool::Default().Allocate(
-        static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float)));
-    vocabulary_counts_ = static_cast<uint32_t*>(
-        HugePagePool::Default().Allocate(static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t)));
-  } catch (const std::bad_alloc&) {
-    HugePagePool::Default().Free(vocabulary_values_,
-                                 static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float));
-    vocabulary_values_ = nullptr;  // Create reports it
-    return;
-  }
-  std::memset(vocabulary_counts_, 0, static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t));
 }
 
-EmbeddingTable::~EmbeddingTable() {
-  HugePagePool::Default().Free(vocabulary_values_,
-                               static_cast<size_t>(vocabulary_rows_ * stride_) * sizeof(float));
-  HugePagePool::Default().Free(vocabulary_counts_,
-                               static_cast<size_t>(vocabulary_rows_) * sizeof(uint32_t));
-}
+EmbeddingTable::~EmbeddingTable() = default;
 
 bool EmbeddingTable::OwnsKey(int64_t key) const {
   if (vocabulary_size_ > 0 && (key < 0 || key >= vocabulary_size_)) return false;
@@ -391,22 +351,13 @@ bool EmbeddingTable::OwnsKey(int64_t key) const {
 
 int EmbeddingTable::StripeOf(int64_t key) const {
   if (vocabulary_size_ == 0) return StripeOfKey(key);
-  return stripe_of_shard_[static_cast<size_t>(VocabularyShard(key))];
-}
-
-template <typename Fn>
-void EmbeddingTable::ForEachVocabularyRow(int s, Fn fn) const {
-  for (int64_t row = stripe_first_row_[s]; row < stripe_first_row_[s + 1]; ++row) {
-    if (vocabulary_counts_[row] == 0) continue;
-    const int64_t shard = shard_at_[static_cast<size_t>(row / rows_per_shard_)];
-    fn((row % rows_per_shard_) * num_virtual_shards_ + shard, row);
-  }
+  return vocabulary_.StripeOf(key);
 }
 
 absl::Status EmbeddingTable::CreateVocabularyRowLocked(Stripe* stripe, int64_t key, int64_t row) {
-  absl::Status status = InitialRow(key, VocabularyValues(row), /*slots=*/true);
+  absl::Status status = InitialRow(key, vocabulary_.Values(row), /*slots=*/true);
   if (!status.ok()) return WithTablePrefix(spec_.name(), status);
-  vocabulary_counts_[row] = 1;
+  vocabulary_.Count(row) = 1;
   ++stripe->vocabulary_rows;
   return absl::OkStatus();
 }
@@ -526,7 +477,7 @@ absl::Status EmbeddingTable::CheckOwned(const int64_t* keys, int64_t n, ThreadPo
       // (OwnsKey, inlined: this loop sees every key of every request.)
       if (vocabulary_size_ > 0
               ? static_cast<uint64_t>(keys[i]) < static_cast<uint64_t>(vocabulary_size_) &&
-                    owned_[static_cast<size_t>(VocabularyShard(keys[i]))]
+                    owned_[static_cast<size_t>(vocabulary_.Shard(keys[i]))]
               : owned_[static_cast<size_t>(VirtualShardOfKey(keys[i], num_virtual_shards_))]) {
         continue;
       }
@@ -566,8 +517,8 @@ void EmbeddingTable::GroupByStripe(const int64_t* keys, int64_t n, StripeGroups*
   };
   if (vocabulary_size_ == 0) {
     stripes(StripeOfKey);
-  } else if (shard_shift_ >= 0) {
-    const uint8_t* const stripe_of_shard = stripe_of_shard_.data();
+  } else if (vocabulary_.shard_shift() >= 0) {
+    const uint8_t* const stripe_of_shard = vocabulary_.stripe_of_shard();
     const uint64_t mask = static_cast<uint64_t>(num_virtual_shards_) - 1;
     stripes([=](int64_t key) { return stripe_of_shard[static_cast<uint64_t>(key) & mask]; });
   } else {
@@ -654,16 +605,16 @@ absl::Status EmbeddingTable::PullVocabularyStripe(Stripe* stripe, const int64_t*
     absl::ReaderMutexLock lock(&stripe->mu);
     for (int64_t j = 0; j < count; ++j) {
       if (j + kKeyAhead < count) {
-        const int64_t ahead = VocabularyRow(keys[order[j + kKeyAhead]]);
-        PrefetchFloats(VocabularyValues(ahead), dim_);
-        __builtin_prefetch(vocabulary_counts_ + ahead);
+        const int64_t ahead = vocabulary_.Row(keys[order[j + kKeyAhead]]);
+        PrefetchFloats(vocabulary_.Values(ahead), dim_);
+        __builtin_prefetch(&vocabulary_.Count(ahead));
       }
       const int64_t pos = order[j];
-      const int64_t row = VocabularyRow(keys[pos]);
-      if (vocabulary_counts_[row] == 0) {
+      const int64_t row = vocabulary_.Row(keys[pos]);
+      if (vocabulary_.Count(row) == 0) {
         absent.push_back(pos);
       } else {
-        std::memcpy(out + pos * dim_, VocabularyValues(row), row_bytes);
+        std::memcpy(out + pos * dim_, vocabulary_.Values(row), row_bytes);
       }
     }
   }
@@ -673,13 +624,13 @@ absl::Status EmbeddingTable::PullVocabularyStripe(Stripe* stripe, const int64_t*
   int64_t created = 0;
   absl::Status status;
   for (int64_t pos : absent) {
-    const int64_t row = VocabularyRow(keys[pos]);
-    if (vocabulary_counts_[row] == 0) {
+    const int64_t row = vocabulary_.Row(keys[pos]);
+    if (vocabulary_.Count(row) == 0) {
       status = CreateVocabularyRowLocked(stripe, keys[pos], row);
       if (!status.ok()) break;
       ++created;
     }
-    std::memcpy(out + pos * dim_, VocabularyValues(row), row_bytes);
+    std::memcpy(out + pos * dim_, vocabulary_.Values(row), row_bytes);
   }
   admitted_.fetch_add(created, std::memory_order_relaxed);
   return status;
@@ -861,9 +812,9 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   absl::Status status;
   absl::MutexLock lock(&stripe->mu);
   const int s = static_cast<int>(stripe - stripes_.get());
-  const int64_t first_row = kVocabulary ? stripe_first_row_[s] : 0;
+  const int64_t first_row = kVocabulary ? vocabulary_.FirstRow(s) : 0;
   // Rows this request can create are numbered below arena.size() + count.
-  grow(scratch.seen, static_cast<size_t>(kVocabulary ? stripe_first_row_[s + 1] - first_row
+  grow(scratch.seen, static_cast<size_t>(kVocabulary ? vocabulary_.EndRow(s) - first_row
                                                      : stripe->arena.size() + count) /
                              64 +
                          1);
@@ -871,9 +822,9 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   for (int64_t j = 0; j < count; ++j) {
     if (j + kKeyAhead < count) {
       if (kVocabulary) {
-        const int64_t ahead = VocabularyRow(keys[order[j + kKeyAhead]]);
-        PrefetchFloats(VocabularyValues(ahead), stride_);
-        __builtin_prefetch(vocabulary_counts_ + ahead);
+        const int64_t ahead = vocabulary_.Row(keys[order[j + kKeyAhead]]);
+        PrefetchFloats(vocabulary_.Values(ahead), stride_);
+        __builtin_prefetch(&vocabulary_.Count(ahead));
       } else {
         stripe->rows.Prefetch(keys[order[j + kKeyAhead]]);
       }
@@ -891,8 +842,8 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     RowIndex::Entry* entry = nullptr;
     int64_t row;
     if (kVocabulary) {
-      row = VocabularyRow(key);
-      if (vocabulary_counts_[row] == 0) {
+      row = vocabulary_.Row(key);
+      if (vocabulary_.Count(row) == 0) {
         status = CreateVocabularyRowLocked(stripe, key, row);
         if (!status.ok()) break;  // as below
         ++num_created;
@@ -928,7 +879,7 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     distinct_rows[num_distinct] = row;
     if (kVocabulary) {
       // Stored as 1 + the count: saturates at a count of 2^32 - 2.
-      uint32_t& stored = vocabulary_counts_[row];
+      uint32_t& stored = vocabulary_.Count(row);
       if (stored != std::numeric_limits<uint32_t>::max()) ++stored;
       ts[num_distinct] = stored - 1;
     } else {
@@ -946,13 +897,13 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
       if (i + kUpdateAhead < num_distinct) {
         PrefetchFloats(distinct_grads[i + kUpdateAhead], dim_);
         const int64_t ahead = distinct_rows[i + kUpdateAhead];
-        PrefetchFloats(
-            kVocabulary ? VocabularyValues(ahead) : stripe->arena.Row(static_cast<uint32_t>(ahead)),
-            stride_);
+        PrefetchFloats(kVocabulary ? vocabulary_.Values(ahead)
+                                   : stripe->arena.Row(static_cast<uint32_t>(ahead)),
+                       stride_);
       }
       const int64_t row = distinct_rows[i];
       updates[r] = {
-          kVocabulary ? VocabularyValues(row) : stripe->arena.Row(static_cast<uint32_t>(row)),
+          kVocabulary ? vocabulary_.Values(row) : stripe->arena.Row(static_cast<uint32_t>(row)),
           distinct_grads[i], ts[i]};
       seen[(row - first_row) / 64] &= ~(uint64_t{1} << ((row - first_row) % 64));
     }
@@ -1119,10 +1070,10 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
       const int64_t pos = groups.order[j];
       if (vocabulary_size_ > 0) {
         if (!OwnsKey(keys[pos])) continue;
-        const int64_t row = VocabularyRow(keys[pos]);
-        if (vocabulary_counts_[row] == 0) continue;
+        const int64_t row = vocabulary_.Row(keys[pos]);
+        if (vocabulary_.Count(row) == 0) continue;
         exists[pos] = 1;
-        std::memcpy(gathered.data() + pos * dim_, VocabularyValues(row), row_bytes);
+        std::memcpy(gathered.data() + pos * dim_, vocabulary_.Values(row), row_bytes);
         continue;
       }
       const uint32_t row = stripe.rows.Find(keys[pos]);
@@ -1167,7 +1118,8 @@ void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
     const RowArena* arena = &stripe.arena;  // for the lambda, as below
     stripe.rows.ForEach([&](const RowIndex::Entry& e) { all.Add(arena->Row(e.row), dim_); });
     if (vocabulary_size_ > 0) {
-      ForEachVocabularyRow(s, [&](int64_t, int64_t row) { all.Add(VocabularyValues(row), dim_); });
+      vocabulary_.ForEachCreated(
+          s, [&](int64_t, int64_t row) { all.Add(vocabulary_.Values(row), dim_); });
     }
   }
   all.Fill(stats);
@@ -1201,10 +1153,10 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       if (vocabulary_size_ > 0) {
         rows.resize(static_cast<size_t>(stripe.vocabulary_rows) * stride);
         last.assign(static_cast<size_t>(stripe.vocabulary_rows), 0);
-        ForEachVocabularyRow(s, [&](int64_t key, int64_t row) {
+        vocabulary_.ForEachCreated(s, [&](int64_t key, int64_t row) {
           const size_t i = entries.size();
-          std::memcpy(rows.data() + i * stride, VocabularyValues(row), stride * sizeof(float));
-          entries.push_back({key, 0, vocabulary_counts_[row] - 1});
+          std::memcpy(rows.data() + i * stride, vocabulary_.Values(row), stride * sizeof(float));
+          entries.push_back({key, 0, vocabulary_.Count(row) - 1});
         });
       }
     }
@@ -1260,8 +1212,7 @@ void EmbeddingTable::Clear() {
     stripe.sketch.Clear();
     stripe.swept_at = 0;
     if (vocabulary_size_ > 0) {
-      std::fill(vocabulary_counts_ + stripe_first_row_[s],
-                vocabulary_counts_ + stripe_first_row_[s + 1], 0);
+      vocabulary_.ClearStripe(s);
       stripe.vocabulary_rows = 0;
     }
   }
@@ -1278,12 +1229,12 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
   Stripe& stripe = stripes_[StripeOf(key)];
   absl::MutexLock lock(&stripe.mu);
   if (vocabulary_size_ > 0) {
-    const int64_t row = VocabularyRow(key);
-    if (vocabulary_counts_[row] == 0) ++stripe.vocabulary_rows;
-    std::memcpy(VocabularyValues(row), values_and_slots,
+    const int64_t row = vocabulary_.Row(key);
+    if (vocabulary_.Count(row) == 0) ++stripe.vocabulary_rows;
+    std::memcpy(vocabulary_.Values(row), values_and_slots,
                 static_cast<size_t>(stride_) * sizeof(float));
     // Stored as 1 + the count, which saturates at 2^32 - 2.
-    vocabulary_counts_[row] =
+    vocabulary_.Count(row) =
         static_cast<uint32_t>(std::min<int64_t>(t, std::numeric_limits<uint32_t>::max() - 1) + 1);
     return absl::OkStatus();
   }

@@ -18,6 +18,7 @@
 #include "ps_server/optimizer.h"
 #include "ps_server/row_arena.h"
 #include "ps_server/row_index.h"
+#include "ps_server/vocabulary_rows.h"
 #include "sharding/sparse_hash.h"
 
 namespace pscluster {
@@ -306,7 +307,7 @@ class EmbeddingTable {
   void GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) const;
 
   // The stripe of a key: of a hashed table, the top bits of MixKey (independent of the virtual
-  // shard); of a vocabulary table, its shard's (stripe_of_shard_).
+  // shard); of a vocabulary table, its shard's (VocabularyRows::StripeOf).
   int StripeOf(int64_t key) const;
 
   // The lookahead of the pipelines that find rows (PullStripe, ApplyStripe): the hash slot of
@@ -350,19 +351,6 @@ class EmbeddingTable {
   EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> optimizer, std::vector<bool> owned,
                  int32_t num_virtual_shards, int64_t stripe_capacity);
 
-  // A vocabulary table's key's virtual shard, and the key's row number (REQUIRES: OwnsKey).
-  int32_t VocabularyShard(int64_t key) const {
-    return VirtualShardOfTableKey(key, vocabulary_size_, num_virtual_shards_);
-  }
-  int64_t VocabularyRow(int64_t key) const {
-    const int64_t quotient = shard_shift_ >= 0 ? key >> shard_shift_ : key / num_virtual_shards_;
-    return base_of_shard_[static_cast<size_t>(VocabularyShard(key))] + quotient;
-  }
-  float* VocabularyValues(int64_t row) const { return vocabulary_values_ + row * stride_; }
-  // Calls fn(key, row) for every created row of stripe s of a vocabulary table, in row order.
-  // REQUIRES: stripes_[s].mu held.
-  template <typename Fn>
-  void ForEachVocabularyRow(int s, Fn fn) const;
   // Initializes a vocabulary table's row of `key` (values and slots) and counts it created.
   absl::Status CreateVocabularyRowLocked(Stripe* stripe, int64_t key, int64_t row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
@@ -429,23 +417,10 @@ class EmbeddingTable {
 
   std::unique_ptr<Stripe[]> stripes_;
 
-  // A vocabulary table (all zero, null or empty for a hashed one); see the class comment. The
-  // owned shards, in order, take turns over the stripes (the i-th goes to stripe i mod
-  // kNumStripes, so every stripe has shards whatever the number of tasks), and each stripe's
-  // shards lie together: shard v's rows_per_shard_ rows start at row base_of_shard_[v], and
-  // stripe s holds rows [stripe_first_row_[s], stripe_first_row_[s + 1]).
+  // A vocabulary table's ids (0 for a hashed table) and its rows (VocabularyRows).
   const int64_t vocabulary_size_;
-  int shard_shift_ = -1;                  // log2(num_virtual_shards_) when a power of two
-  int64_t rows_per_shard_ = 0;            // ceil(vocabulary_size_ / num_virtual_shards_)
-  std::vector<int64_t> base_of_shard_;    // -1 for a shard not owned
-  std::vector<uint8_t> stripe_of_shard_;  // 0 for a shard not owned
-  std::vector<int32_t> shard_at_;         // the owned shards, in row order
-  int64_t stripe_first_row_[kNumStripes + 1] = {};
-  int64_t vocabulary_rows_ = 0;         // shard_at_.size() * rows_per_shard_
-  float* vocabulary_values_ = nullptr;  // vocabulary_rows_ * stride_ floats, from HugePagePool
-  // 0 until a row is created, then 1 + its update count (saturating at 2^32 - 1); each element
-  // guarded by the lock of its key's stripe.
-  uint32_t* vocabulary_counts_ = nullptr;
+  VocabularyRows vocabulary_;
+  bool vocabulary_allocated_ = true;  // false if its rows could not be allocated (Create fails)
 
   // Fed by every successful push; its own small lock, never taken with a stripe lock.
   HotKeySketch hot_keys_;

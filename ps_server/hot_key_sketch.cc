@@ -16,10 +16,9 @@ void HotKeySketch::SamplePush(const int64_t* keys, int64_t n) {
   // kSamplesPerPush updates.
   const int64_t step = (n + kSamplesPerPush - 1) / kSamplesPerPush;
   absl::MutexLock lock(&mu_);
-  const int64_t offset =
-      step == 1 ? 0
-                : static_cast<int64_t>(MixKey(static_cast<int64_t>(pushes_)) %
-                                       static_cast<uint64_t>(step));
+  const int64_t offset = step == 1 ? 0
+                                   : static_cast<int64_t>(MixKey(static_cast<int64_t>(pushes_)) %
+                                                          static_cast<uint64_t>(step));
   ++pushes_;
   for (int64_t pos = offset; pos < n; pos += step) CountLocked(keys[pos], step);
 }
