@@ -321,10 +321,9 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
       sketch_width_(admission_ ? StripeSketchWidth(spec_.admission()) : 0),
       tracks_last_(TracksLast(spec_.eviction())),
       ttl_in_seconds_(spec_.eviction().ttl_seconds() > 0),
-      ttl_(static_cast<uint32_t>(
-          std::max(spec_.eviction().ttl_steps(), spec_.eviction().ttl_seconds()))),
-      stripe_capacity_(stripe_capacity),
-      lfu_(spec_.eviction().policy() == v1::EvictionSpec::LFU),
+      eviction_(static_cast<uint32_t>(
+                    std::max(spec_.eviction().ttl_steps(), spec_.eviction().ttl_seconds())),
+                stripe_capacity, spec_.eviction().policy() == v1::EvictionSpec::LFU),
       stripes_(new Stripe[kNumStripes]),
       vocabulary_size_(spec_.vocabulary_size()) {
   for (int s = 0; s < kNumStripes; ++s) {
@@ -411,55 +410,17 @@ void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) 
 }
 
 void EmbeddingTable::EvictLocked(Stripe* stripe, uint32_t now) {
-  // Expired rows are swept before any eviction for capacity, so that what the capacity evicts
-  // does not depend on when the stripe was last swept (which a restore does not reproduce).
-  const bool over =
-      stripe_capacity_ > 0 && static_cast<int64_t>(stripe->rows.size()) > stripe_capacity_;
-  if (ttl_ > 0 &&
-      (over || now < stripe->swept_at || now - stripe->swept_at >= std::max(1u, ttl_ / 4))) {
+  if (eviction_.SweepDue(static_cast<int64_t>(stripe->rows.size()), stripe->swept_at, now)) {
     stripe->swept_at = now;
-    std::vector<std::pair<int64_t, uint32_t>> old;
-    // Taken here, under the lock, for the lambda (which the thread-safety analysis cannot see
-    // into).
-    const uint32_t* last = stripe->last.data();
-    stripe->rows.ForEach([&](const RowIndex::Entry& e) {
-      if (Expired(last[e.row], now)) old.emplace_back(e.key, e.row);
-    });
-    for (const auto& [key, row] : old) RemoveRowLocked(stripe, key, row);
+    const std::vector<RowIndex::Entry> old =
+        eviction_.ExpiredRows(stripe->rows, stripe->last.data(), now);
+    for (const RowIndex::Entry& e : old) RemoveRowLocked(stripe, e.key, e.row);
     expired_.fetch_add(static_cast<int64_t>(old.size()), std::memory_order_relaxed);
   }
-  const int64_t rows = static_cast<int64_t>(stripe->rows.size());
-  if (stripe_capacity_ == 0 || rows <= stripe_capacity_) return;
-  const int64_t keep = stripe_capacity_ - stripe_capacity_ / 16;
-  // Evict first what sorts first: (rank1, rank2, hash of the key, key).
-  struct Victim {
-    uint64_t rank1, rank2, hash;
-    int64_t key;
-    uint32_t row;
-    bool operator<(const Victim& o) const {
-      return std::tie(rank1, rank2, hash, key) < std::tie(o.rank1, o.rank2, o.hash, o.key);
-    }
-  };
-  std::vector<Victim> all;
-  all.reserve(static_cast<size_t>(rows));
-  const uint32_t* last_of_row = stripe->last.data();  // for the lambda, as above
-  stripe->rows.ForEach([&](const RowIndex::Entry& e) {
-    const uint32_t last = last_of_row[e.row];
-    Victim v{0, 0, MixKey(e.key), e.key, e.row};
-    if (lfu_) {
-      // Rows pushed at this tick go last, or a new row would be the first to go.
-      v.rank1 = (uint64_t{last >= now} << 32) | e.count;
-      v.rank2 = last;
-    } else {
-      v.rank1 = last;
-      v.rank2 = e.count;
-    }
-    all.push_back(v);
-  });
-  const size_t evict = static_cast<size_t>(rows - keep);
-  std::nth_element(all.begin(), all.begin() + evict, all.end());
-  for (size_t i = 0; i < evict; ++i) RemoveRowLocked(stripe, all[i].key, all[i].row);
-  evicted_.fetch_add(static_cast<int64_t>(evict), std::memory_order_relaxed);
+  const std::vector<RowIndex::Entry> victims =
+      eviction_.Victims(stripe->rows, stripe->last.data(), now);
+  for (const RowIndex::Entry& e : victims) RemoveRowLocked(stripe, e.key, e.row);
+  evicted_.fetch_add(static_cast<int64_t>(victims.size()), std::memory_order_relaxed);
 }
 
 absl::Status EmbeddingTable::NotOwnedError(int64_t key) const {
@@ -666,7 +627,7 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
       if (j < 0) continue;
       const uint32_t row = ring[j % kRowRing];
       if (row == RowIndex::kNoRow) continue;
-      if (tracks_last_ && Expired(stripe->last[row], now)) {
+      if (tracks_last_ && eviction_.Expired(stripe->last[row], now)) {
         absent.push_back(order[j]);  // as removed
         continue;
       }
@@ -1020,7 +981,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     float* values = stripe->arena.Row(row.row);
     if (tracks_last_) {
       uint32_t& last = stripe->last[row.row];
-      if (Expired(last, now)) {
+      if (eviction_.Expired(last, now)) {
         // Past its TTL: as if it had been swept, which the stripe may not have done yet.
         const int64_t key = distinct_keys[j];
         ++expired;
@@ -1078,7 +1039,7 @@ void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>
       }
       const uint32_t row = stripe.rows.Find(keys[pos]);
       if (row == RowIndex::kNoRow) continue;
-      if (tracks_last_ && Expired(stripe.last[row], now)) continue;  // as removed
+      if (tracks_last_ && eviction_.Expired(stripe.last[row], now)) continue;  // as removed
       exists[pos] = 1;
       std::memcpy(gathered.data() + pos * dim_, stripe.arena.Row(row), row_bytes);
     }
@@ -1144,7 +1105,7 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
       const RowArena* arena = &stripe.arena;
       const uint32_t* last_of_row = stripe.last.data();
       stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
-        if (tracks_last_ && Expired(last_of_row[entry.row], now)) return;  // as removed
+        if (tracks_last_ && eviction_.Expired(last_of_row[entry.row], now)) return;  // as removed
         const size_t i = entries.size();
         std::memcpy(rows.data() + i * stride, arena->Row(entry.row), stride * sizeof(float));
         if (tracks_last_) last[i] = last_of_row[entry.row];

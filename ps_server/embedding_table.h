@@ -14,6 +14,7 @@
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/admission_filter.h"
+#include "ps_server/eviction_policy.h"
 #include "ps_server/hot_key_sketch.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/row_arena.h"
@@ -57,27 +58,23 @@ absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec);
 // table's clock: the highest step ObserveStep has seen, or, with ttl_seconds, Unix seconds. A
 // row older than the TTL behaves as removed at once (pulled as its initial values; a push
 // starts it again from them, count 0, after admitting it again if the table admits) and is
-// removed by a sweep of its stripe, which runs at the end of a push once the clock has moved a
-// quarter of the TTL since the stripe's last sweep, and before any eviction for capacity (a sync
-// step's mean is applied at the tick of its step, whenever it is settled). A stripe holding more
-// than its share of the capacity (max_rows or max_bytes over kNumStripes) after a push removes
-// rows down to 15/16 of its share, least recently pushed first (LRU) or least updated first
-// (LFU; rows pushed at the current tick last), ties broken by a hash of the key (a push of more
-// new keys than that may so lose some of its own new rows): the choice depends on the rows'
-// contents, not on where they lie in memory, so a restored table evicts as the original would. The
-// work is one pass over the stripe's index under its lock, at most once per 1/16 of its share of
-// new rows. The arena's freed rows are reused by new ones.
+// removed by a sweep of its stripe; a stripe over its share of the capacity (max_rows or
+// max_bytes over kNumStripes) after a push removes rows down to 15/16 of it, least recently
+// pushed (LRU) or least updated (LFU) first: EvictionPolicy says when and which, from the rows'
+// contents, not where they lie in memory, so a restored table evicts as the original would (a
+// push of more new keys than that may so lose some of its own new rows; a sync step's mean is
+// applied at the tick of its step, whenever it is settled). The work is one pass over the
+// stripe's index under its lock, at most once per 1/16 of its share of new rows. The arena's
+// freed rows are reused by new ones.
 //
 // A vocabulary table (spec.vocabulary_size() > 0, model.proto) takes only keys in
 // [0, vocabulary_size): a key's virtual shard is the key mod num_virtual_shards
-// (VirtualShardOfTableKey), and the task reserves, when the table is created, one array of rows
-// numbered by key (the first row of the key's shard, whose ceil(vocabulary_size /
-// num_virtual_shards) rows lie together, plus key / num_virtual_shards) and an update count per
-// row (0 until the row is created). A push or pull computes a key's row instead of looking
-// it up, so each key costs one random row, not an index entry and a row. Everything else is as
-// for a hashed table: rows created on first touch with the same initial values, the same updates
-// bit for bit, the same checkpoints (ForEachRow, InsertRow). A key outside the range is refused
-// with INVALID_ARGUMENT. Counts saturate at 2^32 - 2.
+// (VirtualShardOfTableKey), and the task reserves, when the table is created, its rows numbered
+// by key and an update count per row (VocabularyRows). A push or pull computes a key's row
+// instead of looking it up, so each key costs one random row, not an index entry and a row.
+// Everything else is as for a hashed table: rows created on first touch with the same initial
+// values, the same updates bit for bit, the same checkpoints (ForEachRow, InsertRow). A key
+// outside the range is refused with INVALID_ARGUMENT. Counts saturate at 2^32 - 2.
 //
 // Memory: each stripe's rows are in a RowArena, blocks of 32-64 KiB that do not move once the
 // stripe has one full block, and its index is a RowIndex; both come from HugePagePool, whose
@@ -143,7 +140,7 @@ class EmbeddingTable {
   // Whether a pull creates the rows it does not find (neither admission nor eviction), and
   // whether the table has a capacity (eviction.max_rows or max_bytes).
   bool pulls_create_rows() const { return !admission_ && !tracks_last_; }
-  bool has_capacity() const { return stripe_capacity_ > 0; }
+  bool has_capacity() const { return eviction_.capacity() > 0; }
 
   // True if `key` hashes to a virtual shard this table owns (and, in a vocabulary table, is in
   // [0, vocabulary_size)).
@@ -379,10 +376,6 @@ class EmbeddingTable {
   // The clock's tick now (see the class comment), or `step` when it is not negative and the TTL
   // is in steps.
   uint32_t Now(int64_t step = -1) const;
-  // True if a row last pushed at `last` is past the TTL at `now`.
-  bool Expired(uint32_t last, uint32_t now) const {
-    return ttl_ > 0 && now > last && now - last > ttl_;
-  }
   // The TTL sweep and the capacity limit (class comment), after a request that may have added
   // rows.
   void EvictLocked(Stripe* stripe, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
@@ -405,9 +398,7 @@ class EmbeddingTable {
   // Eviction (all zero without it).
   const bool tracks_last_;
   const bool ttl_in_seconds_;
-  const uint32_t ttl_;             // in ticks; 0: none
-  const int64_t stripe_capacity_;  // rows per stripe; 0: none
-  const bool lfu_;
+  const EvictionPolicy eviction_;  // the TTL in ticks and the capacity in rows per stripe
 
   std::atomic<uint32_t> step_clock_{0};
   // Where the next ForEachStripe starts: at this mod kNumStripes (it grows by

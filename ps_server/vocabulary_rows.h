@@ -78,14 +78,14 @@ class VocabularyRows {
   int32_t num_virtual_shards_ = 1;
   int64_t stride_ = 0;
   int shard_shift_ = -1;
-  int64_t rows_per_shard_ = 0;              // ceil(vocabulary_size_ / num_virtual_shards_)
-  std::vector<int64_t> base_of_shard_;      // -1 for a shard not owned
-  std::vector<uint8_t> stripe_of_shard_;    // 0 for a shard not owned
-  std::vector<int32_t> shard_at_;           // the owned shards, in row order
-  std::vector<int64_t> stripe_first_row_;   // num_stripes + 1 of them
-  int64_t num_rows_ = 0;                    // shard_at_.size() * rows_per_shard_
-  float* values_ = nullptr;                 // num_rows_ * stride_ floats
-  uint32_t* counts_ = nullptr;              // num_rows_ counts
+  int64_t rows_per_shard_ = 0;             // ceil(vocabulary_size_ / num_virtual_shards_)
+  std::vector<int64_t> base_of_shard_;     // -1 for a shard not owned
+  std::vector<uint8_t> stripe_of_shard_;   // 0 for a shard not owned
+  std::vector<int32_t> shard_at_;          // the owned shards, in row order
+  std::vector<int64_t> stripe_first_row_;  // num_stripes + 1 of them
+  int64_t num_rows_ = 0;                   // shard_at_.size() * rows_per_shard_
+  float* values_ = nullptr;                // num_rows_ * stride_ floats
+  uint32_t* counts_ = nullptr;             // num_rows_ counts
 };
 
 }  // namespace pscluster

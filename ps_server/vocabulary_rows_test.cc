@@ -54,7 +54,9 @@ void CheckLayout(int64_t vocabulary, int32_t num_shards, const std::vector<int32
   EXPECT_EQ(left, 0);
 }
 
-TEST(VocabularyRowsTest, PowerOfTwoShardsEveryOneOwned) { CheckLayout(1000, 8, {0, 1, 2, 3, 4, 5, 6, 7}, 4); }
+TEST(VocabularyRowsTest, PowerOfTwoShardsEveryOneOwned) {
+  CheckLayout(1000, 8, {0, 1, 2, 3, 4, 5, 6, 7}, 4);
+}
 
 TEST(VocabularyRowsTest, SomeShardsOfANonPowerOfTwoAndMoreStripesThanShards) {
   CheckLayout(1001, 6, {1, 4, 5}, 8);
