@@ -3,6 +3,7 @@
 #include "chief/chief_metrics.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
+#include "evaluator/evaluation.h"
 #include "glog/logging.h"
 #include "runtime/metrics.h"
 
@@ -16,6 +17,9 @@ constexpr absl::Duration kShutdownDrain = absl::Milliseconds(500);
 absl::StatusOr<std::unique_ptr<ChiefServer>> ChiefServer::Create(const ChiefOptions& options) {
   CoordinatorOptions core_options = options;
   core_options.clock = Clock::Real();
+  if (!core_options.evaluate) {
+    core_options.evaluate = TestSetEvaluation(options.config, options.training.data());
+  }
   GrpcPsTransportOptions transport = options.ps_transport;
   transport.tls = options.host.tls;
   core_options.make_ps_transport = [transport](const std::vector<std::string>& addresses)

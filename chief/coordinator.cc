@@ -10,9 +10,8 @@
 #include "common/chief_epoch.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
-#include "evaluator/evaluation.h"
+#include "evaluator/eval_result.h"
 #include "glog/logging.h"
-#include "model/input.h"
 #include "model/model.h"
 #include "sharding/placement.h"
 #include "storage/checkpoint.h"
@@ -496,14 +495,12 @@ absl::Status Coordinator::InitializeModel() {
 }
 
 absl::StatusOr<EvalResult> Coordinator::OwnEvaluation(int64_t step) {
-  if (own_evaluator_ == nullptr) {
-    PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options_.training.data(), options_.config,
-                                                  /*train=*/false));
-    PS_ASSIGN_OR_RETURN(own_evaluator_,
-                        Evaluator::Create(options_.config, client_.get(), std::move(test)));
+  if (!options_.evaluate) {
+    return absl::FailedPreconditionError(
+        "this chief has no evaluation of its own (CoordinatorOptions::evaluate is unset)");
   }
   const double training_seconds = TrainingSeconds();  // as the pull begins
-  PS_ASSIGN_OR_RETURN(EvalResult r, own_evaluator_->Evaluate(step));
+  PS_ASSIGN_OR_RETURN(EvalResult r, options_.evaluate(step, client_.get()));
   r.training_seconds = training_seconds;
   return r;
 }

@@ -22,7 +22,7 @@
 #include "client/parameter_client.h"
 #include "client/ps_transport.h"
 #include "common/clock.h"
-#include "evaluator/evaluation.h"
+#include "evaluator/eval_result.h"
 #include "proto/cluster.pb.h"
 #include "proto/coordinator_service.pb.h"
 #include "proto/model.pb.h"
@@ -56,6 +56,10 @@ struct CoordinatorOptions {
   // Without an evaluator task: evaluate the test set this often while training, and once at
   // the end (needs `config`). With one, the evaluator evaluates and reports.
   absl::Duration eval_every = absl::Seconds(15);
+  // The chief's own evaluation (without an evaluator task, and of the final model when the
+  // evaluator's does not come); the chief's main gives it evaluator/evaluation.h's
+  // TestSetEvaluation. Unset: those evaluations fail (logged) and the chief goes on.
+  EvaluateFn evaluate;
   // With an evaluator task: how long to wait for its evaluation of the final model before
   // the chief evaluates it itself.
   absl::Duration final_eval_timeout = absl::Seconds(60);
@@ -192,7 +196,7 @@ class Coordinator {
   // takes the final checkpoint, has the final model evaluated (by the evaluator, or by the
   // chief if it has none or it does not answer in time) and marks training finished.
   void EvaluationLoop();
-  // The chief's own evaluation (its Evaluator is made on first use); background_ only.
+  // The chief's own evaluation (options_.evaluate); background_ only.
   absl::StatusOr<EvalResult> OwnEvaluation(int64_t step);
   // Seconds since the first step report (0 before it): the training clock of
   // TrainingProgress.elapsed_seconds and of time to accuracy.
@@ -218,10 +222,9 @@ class Coordinator {
   std::unique_ptr<CheckpointManager> checkpoints_;
   // Set with client_; background_ only.
   std::unique_ptr<RecoveryDriver> recovery_;
-  std::vector<uint64_t> ps_incarnations_;     // as of the last (re)creation; background_ only
-  int64_t chief_epoch_ = 0;                   // this chief's fencing epoch; background_ only
-  std::unique_ptr<Evaluator> own_evaluator_;  // OwnEvaluation's; the evaluation thread only
-  absl::Mutex metrics_mu_;                    // serializes appends to options_.metrics_path
+  std::vector<uint64_t> ps_incarnations_;  // as of the last (re)creation; background_ only
+  int64_t chief_epoch_ = 0;                // this chief's fencing epoch; background_ only
+  absl::Mutex metrics_mu_;                 // serializes appends to options_.metrics_path
 
   // Held for the whole of a checkpoint or a recovery: one at a time. Taken before mu_.
   absl::Mutex operation_mu_ ABSL_ACQUIRED_BEFORE(mu_);

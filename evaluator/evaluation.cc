@@ -1,10 +1,9 @@
 #include "evaluator/evaluation.h"
 
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "model/data/metrics.h"
 #include "model/data/shard.h"
+#include "model/input.h"
 
 namespace pscluster {
 
@@ -75,16 +74,16 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(int64_t step) {
   return r;
 }
 
-std::string MetricsJsonLine(const EvalResult& r, double train_loss, double examples_per_second,
-                            double elapsed_seconds, const std::string& evaluated_by) {
-  return absl::StrFormat(
-      "{\"unix_seconds\": %.3f, \"elapsed_seconds\": %.3f, \"step\": %d, \"test_examples\": %d, "
-      "\"test_loss\": %.6f, \"test_accuracy\": %.6f, \"test_auc\": %.6f, \"train_loss\": %.6f, "
-      "\"examples_per_second\": %.1f, \"evaluated_by\": \"%s\"%s}",
-      absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), elapsed_seconds, r.step, r.examples,
-      r.loss, r.accuracy, r.auc, train_loss, examples_per_second, evaluated_by,
-      r.training_seconds >= 0 ? absl::StrFormat(", \"training_seconds\": %.3f", r.training_seconds)
-                              : "");
+EvaluateFn TestSetEvaluation(v1::ModelConfig config, v1::DataConfig data) {
+  auto evaluator = std::make_shared<std::unique_ptr<Evaluator>>();
+  return [config = std::move(config), data = std::move(data), evaluator](
+             int64_t step, ParameterClient* client) -> absl::StatusOr<EvalResult> {
+    if (*evaluator == nullptr) {
+      PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, config, /*train=*/false));
+      PS_ASSIGN_OR_RETURN(*evaluator, Evaluator::Create(config, client, std::move(test)));
+    }
+    return (*evaluator)->Evaluate(step);
+  };
 }
 
 }  // namespace pscluster

@@ -7,24 +7,13 @@
 
 #include "absl/status/statusor.h"
 #include "client/parameter_client.h"
+#include "evaluator/eval_result.h"
 #include "kernels/kernels.h"
 #include "model/data/dataset.h"
 #include "model/model.h"
 #include "proto/model_config.pb.h"
 
 namespace pscluster {
-
-struct EvalResult {
-  int64_t step = 0;
-  int64_t examples = 0;
-  double loss = 0;
-  double accuracy = 0;
-  // Binary tasks only (-1 otherwise).
-  double auc = -1;
-  // Seconds of training (the chief's clock since the first step report) when the parameters
-  // began to be read; -1 when not known.
-  double training_seconds = -1;
-};
 
 // Computes the test loss and accuracy (AUC for binary tasks) of the model's current parameters,
 // pulled from the ps tasks, on the CPU or a GPU. Forward passes only. Embedding rows of test ids
@@ -51,11 +40,10 @@ class Evaluator {
   std::unique_ptr<Model> model_;
 };
 
-// One line of the metrics file: {"unix_seconds":..,"step":..,"test_loss":..,...,
-// "evaluated_by":"evaluator:0"[,"training_seconds":..]}; `evaluated_by` names the task that
-// computed it; `training_seconds` is there when the result's is known.
-std::string MetricsJsonLine(const EvalResult& result, double train_loss, double examples_per_second,
-                            double elapsed_seconds, const std::string& evaluated_by);
+// The chief's own evaluation (CoordinatorOptions::evaluate): an Evaluator on the CPU over the
+// test set of `data` (model/input.h's LoadDataset), made at the first call and kept. Calls
+// must not overlap.
+EvaluateFn TestSetEvaluation(v1::ModelConfig config, v1::DataConfig data);
 
 }  // namespace pscluster
 

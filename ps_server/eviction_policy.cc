@@ -12,8 +12,7 @@ bool EvictionPolicy::SweepDue(int64_t rows, uint32_t swept_at, uint32_t now) con
 }
 
 std::vector<RowIndex::Entry> EvictionPolicy::ExpiredRows(const RowIndex& index,
-                                                         const uint32_t* last,
-                                                         uint32_t now) const {
+                                                         const uint32_t* last, uint32_t now) const {
   std::vector<RowIndex::Entry> old;
   index.ForEach([&](const RowIndex::Entry& e) {
     if (Expired(last[e.row], now)) old.push_back(e);
