@@ -194,6 +194,43 @@ int64_t StripeSketchWidth(const v1::AdmissionSpec& a) {
   return width;
 }
 
+// ApplyPlainStripe's per-thread scratch (see there), grown, never shrunk: tables of other dims
+// and stripes share it, and a resize writes only what it adds.
+struct PlainApplyScratch {
+  std::vector<uint64_t> seen;  // one bit per row of the stripe, all clear between calls
+  FirstOccurrenceIndex place_of_key;
+  std::vector<int64_t> keys;
+  std::vector<int64_t> rows;
+  std::vector<uint32_t> ts;
+  DistinctGradients grads;
+
+  // Room for a part of `count` keys of rows of `dim` floats.
+  void Prepare(int64_t count, int64_t dim) {
+    Grow(keys, static_cast<size_t>(count));
+    Grow(rows, static_cast<size_t>(count));
+    Grow(ts, static_cast<size_t>(count));
+    grads.Reset(count, dim);
+  }
+  // The bits of rows [0, num_rows).
+  uint64_t* Seen(int64_t num_rows) {
+    Grow(seen, static_cast<size_t>(num_rows) / 64 + 1);
+    return seen.data();
+  }
+  // At the part's first repeat: the distinct keys so far (keys[0, num_distinct)) go into the
+  // map, then `key`; where `key` first occurred.
+  int64_t StartRepeats(int64_t count, int64_t num_distinct, int64_t key) {
+    place_of_key.Reset(count);
+    for (int64_t i = 0; i < num_distinct; ++i) place_of_key.FindOrInsert(keys[i], i);
+    return place_of_key.FindOrInsert(key, num_distinct);
+  }
+
+ private:
+  template <typename T>
+  static void Grow(std::vector<T>& v, size_t size) {
+    if (v.size() < size) v.resize(size);
+  }
+};
+
 }  // namespace
 
 absl::Status ValidateAdmissionAndEviction(const v1::TableSpec& spec) {
@@ -733,6 +770,46 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
 }
 
 template <bool kVocabulary>
+uint32_t EmbeddingTable::CountPlainUpdateLocked(Stripe* stripe, RowIndex::Entry* entry,
+                                                int64_t row) {
+  if (kVocabulary) {
+    // Stored as 1 + the count: saturates at a count of 2^32 - 2.
+    uint32_t& stored = vocabulary_.Count(row);
+    if (stored != std::numeric_limits<uint32_t>::max()) ++stored;
+    return stored - 1;
+  }
+  PrefetchFloats(stripe->arena.Row(static_cast<uint32_t>(row)), stride_);
+  return RowIndex::CountUpdate(entry);
+}
+
+template <bool kVocabulary>
+bool EmbeddingTable::FindOrCreatePlainRowLocked(Stripe* stripe, int64_t key,
+                                                RowIndex::Entry** entry, int64_t* row,
+                                                int64_t* created, absl::Status* status) {
+  if (kVocabulary) {
+    *row = vocabulary_.Row(key);
+    if (vocabulary_.Count(*row) != 0) return true;
+    *status = CreateVocabularyRowLocked(stripe, key, *row);
+    if (!status->ok()) return false;
+    ++*created;
+    return true;
+  }
+  *entry = stripe->rows.FindEntry(key);
+  if (*entry == nullptr) {
+    absl::StatusOr<RowIndex::Entry*> appended =
+        AppendRowLocked(stripe, key, /*initialize=*/true, /*now=*/0);
+    if (!appended.ok()) {
+      *status = appended.status();
+      return false;
+    }
+    *entry = *appended;
+    ++*created;
+  }
+  *row = (*entry)->row;
+  return true;
+}
+
+template <bool kVocabulary>
 absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* keys,
                                               const float* grads, const int64_t* order,
                                               int64_t count) {
@@ -745,25 +822,9 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   // that a skewed part probes the index once per distinct key, as ApplyStripe does. A
   // vocabulary table's rows are found by number, with no index to probe (its `seen` bits are
   // the stripe's rows, counted from the stripe's first).
-  struct Scratch {
-    std::vector<uint64_t> seen;
-    FirstOccurrenceIndex place_of_key;
-    std::vector<int64_t> keys;
-    std::vector<int64_t> rows;
-    std::vector<uint32_t> ts;
-    DistinctGradients grads;
-  };
-  thread_local Scratch scratch;
-  // Grown, never shrunk (tables of other dims and stripes share them): a resize writes only what
-  // it adds.
-  const auto grow = [](auto& v, size_t size) {
-    if (v.size() < size) v.resize(size);
-  };
-  grow(scratch.keys, static_cast<size_t>(count));
-  grow(scratch.rows, static_cast<size_t>(count));
-  grow(scratch.ts, static_cast<size_t>(count));
+  thread_local PlainApplyScratch scratch;
+  scratch.Prepare(count, dim_);
   DistinctGradients& distinct_grads = scratch.grads;
-  distinct_grads.Reset(count, dim_);
   int64_t* const distinct_keys = scratch.keys.data();
   int64_t* const distinct_rows = scratch.rows.data();
   uint32_t* const ts = scratch.ts.data();
@@ -775,11 +836,8 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   const int s = static_cast<int>(stripe - stripes_.get());
   const int64_t first_row = kVocabulary ? vocabulary_.FirstRow(s) : 0;
   // Rows this request can create are numbered below arena.size() + count.
-  grow(scratch.seen, static_cast<size_t>(kVocabulary ? vocabulary_.EndRow(s) - first_row
-                                                     : stripe->arena.size() + count) /
-                             64 +
-                         1);
-  uint64_t* const seen = scratch.seen.data();
+  uint64_t* const seen =
+      scratch.Seen(kVocabulary ? vocabulary_.EndRow(s) - first_row : stripe->arena.size() + count);
   for (int64_t j = 0; j < count; ++j) {
     if (j + kKeyAhead < count) {
       if (kVocabulary) {
@@ -802,76 +860,53 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     }
     RowIndex::Entry* entry = nullptr;
     int64_t row;
-    if (kVocabulary) {
-      row = vocabulary_.Row(key);
-      if (vocabulary_.Count(row) == 0) {
-        status = CreateVocabularyRowLocked(stripe, key, row);
-        if (!status.ok()) break;  // as below
-        ++num_created;
-      }
-    } else {
-      entry = stripe->rows.FindEntry(key);
-      if (entry == nullptr) {
-        absl::StatusOr<RowIndex::Entry*> created =
-            AppendRowLocked(stripe, key, /*initialize=*/true, /*now=*/0);
-        if (!created.ok()) {
-          status = created.status();  // finding stops here; the rows found are still updated
-          break;
-        }
-        entry = *created;
-        ++num_created;
-      }
-      row = entry->row;
+    if (!FindOrCreatePlainRowLocked<kVocabulary>(stripe, key, &entry, &row, &num_created,
+                                                 &status)) {
+      break;  // finding stops here; the rows found are still updated
     }
     uint64_t& word = seen[(row - first_row) / 64];
     const uint64_t bit = uint64_t{1} << ((row - first_row) % 64);
     if (!repeats && (word & bit) != 0) {
-      // The part's first repeat: its keys so far go into the map, and this one is added.
-      repeats = true;
-      scratch.place_of_key.Reset(count);
-      for (int64_t i = 0; i < num_distinct; ++i) {
-        scratch.place_of_key.FindOrInsert(distinct_keys[i], i);
-      }
-      distinct_grads.Add(scratch.place_of_key.FindOrInsert(key, num_distinct), grad);
+      repeats = true;  // the part's first repeat
+      distinct_grads.Add(scratch.StartRepeats(count, num_distinct, key), grad);
       continue;
     }
     word |= bit;
     distinct_keys[num_distinct] = key;
     distinct_rows[num_distinct] = row;
-    if (kVocabulary) {
-      // Stored as 1 + the count: saturates at a count of 2^32 - 2.
-      uint32_t& stored = vocabulary_.Count(row);
-      if (stored != std::numeric_limits<uint32_t>::max()) ++stored;
-      ts[num_distinct] = stored - 1;
-    } else {
-      ts[num_distinct] = RowIndex::CountUpdate(entry);
-      PrefetchFloats(stripe->arena.Row(static_cast<uint32_t>(row)), stride_);
-    }
+    ts[num_distinct] = CountPlainUpdateLocked<kVocabulary>(stripe, entry, row);
     distinct_grads.Set(num_distinct++, grad);
   }
-  ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h), not the sums above
+  UpdatePlainRowsLocked<kVocabulary>(stripe, distinct_rows, distinct_grads, ts, num_distinct,
+                                     first_row, seen);
+  if (num_created > 0) admitted_.fetch_add(num_created, std::memory_order_relaxed);
+  return status;
+}
+
+template <bool kVocabulary, typename Grads>
+void EmbeddingTable::UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, const Grads& grads,
+                                           const uint32_t* ts, int64_t n, int64_t first_row,
+                                           uint64_t* seen) {
+  RowArena& arena = stripe->arena;  // (the thread-safety analysis cannot see into a lambda)
+  const auto values_of = [&](int64_t row) {
+    return kVocabulary ? vocabulary_.Values(row) : arena.Row(static_cast<uint32_t>(row));
+  };
+  ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h), not the sums before
   Optimizer::RowUpdate updates[kUpdateBatch];
-  for (int64_t begin = 0; begin < num_distinct; begin += kUpdateBatch) {
-    const int64_t batch = std::min(kUpdateBatch, num_distinct - begin);
+  for (int64_t begin = 0; begin < n; begin += kUpdateBatch) {
+    const int64_t batch = std::min(kUpdateBatch, n - begin);
     for (int64_t r = 0; r < batch; ++r) {
       const int64_t i = begin + r;
-      if (i + kUpdateAhead < num_distinct) {
-        PrefetchFloats(distinct_grads[i + kUpdateAhead], dim_);
-        const int64_t ahead = distinct_rows[i + kUpdateAhead];
-        PrefetchFloats(kVocabulary ? vocabulary_.Values(ahead)
-                                   : stripe->arena.Row(static_cast<uint32_t>(ahead)),
-                       stride_);
+      if (i + kUpdateAhead < n) {
+        PrefetchFloats(grads[i + kUpdateAhead], dim_);
+        PrefetchFloats(values_of(rows[i + kUpdateAhead]), stride_);
       }
-      const int64_t row = distinct_rows[i];
-      updates[r] = {
-          kVocabulary ? vocabulary_.Values(row) : stripe->arena.Row(static_cast<uint32_t>(row)),
-          distinct_grads[i], ts[i]};
+      const int64_t row = rows[i];
+      updates[r] = {values_of(row), grads[i], ts[i]};
       seen[(row - first_row) / 64] &= ~(uint64_t{1} << ((row - first_row) % 64));
     }
     optimizer_->ApplyRows(updates, batch, dim_);
   }
-  if (num_created > 0) admitted_.fetch_add(num_created, std::memory_order_relaxed);
-  return status;
 }
 
 absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,

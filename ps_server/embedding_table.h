@@ -339,6 +339,24 @@ class EmbeddingTable {
   template <bool kVocabulary>
   absl::Status ApplyPlainStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                 const int64_t* order, int64_t count);
+  // Counts an update of `key`'s row (its index entry, or row number in a vocabulary table)
+  // and returns the count (its t), prefetching a hashed table's row.
+  template <bool kVocabulary>
+  uint32_t CountPlainUpdateLocked(Stripe* stripe, RowIndex::Entry* entry, int64_t row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Finds `key`'s row (*row; *entry its index entry, which a vocabulary table has not),
+  // creating it with its initial values if there is none (counted in *created); false, with
+  // *status, if it cannot be created.
+  template <bool kVocabulary>
+  bool FindOrCreatePlainRowLocked(Stripe* stripe, int64_t key, RowIndex::Entry** entry,
+                                  int64_t* row, int64_t* created, absl::Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Applies grads[i] to row rows[i] with update count ts[i], for i in [0, n), kUpdateBatch
+  // rows to an ApplyRows call, and clears each row's bit in `seen` (counted from first_row).
+  template <bool kVocabulary, typename Grads>
+  void UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, const Grads& grads,
+                             const uint32_t* ts, int64_t n, int64_t first_row, uint64_t* seen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // PullStripe for a vocabulary table.
   absl::Status PullVocabularyStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
                                     int64_t count, float* out);
