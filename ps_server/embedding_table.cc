@@ -194,6 +194,72 @@ int64_t StripeSketchWidth(const v1::AdmissionSpec& a) {
   return width;
 }
 
+// A part's distinct keys, in order of first occurrence, each with its summed gradient:
+// ApplyStripe's per-thread scratch, grown, never shrunk (tables of other dims share it).
+struct DistinctKeys {
+  FirstOccurrenceIndex first_occurrence;
+  std::vector<int64_t> keys;
+  DistinctGradients grads;
+
+  // Lists the keys keys[order[0, count)] with gradients grads[order[j] * dim, + dim); how many
+  // are distinct.
+  int64_t List(const int64_t* all_keys, const float* all_grads, const int64_t* order, int64_t count,
+               int64_t dim) {
+    first_occurrence.Reset(count);
+    if (keys.size() < static_cast<size_t>(count)) keys.resize(static_cast<size_t>(count));
+    grads.Reset(count, dim);
+    int64_t n = 0;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t pos = order[j];
+      const int64_t key = all_keys[pos];
+      const int64_t first = first_occurrence.FindOrInsert(key, n);
+      if (first == n) {
+        keys[static_cast<size_t>(n)] = key;
+        grads.Set(n++, all_grads + pos * dim);
+      } else {
+        grads.Add(first, all_grads + pos * dim);
+      }
+    }
+    return n;
+  }
+};
+
+// Rows found and ready for their update, applied kBatch at a time by one Optimizer::ApplyRows
+// call: held as row numbers until then (an append may move the arena), so no row may be
+// removed before its batch is applied.
+template <int64_t kBatch>
+class ReadyRows {
+ public:
+  ReadyRows(const Optimizer& optimizer, const DistinctGradients& grads, int64_t dim)
+      : optimizer_(optimizer), grads_(grads), dim_(dim) {}
+
+  // Row `row` of `arena`, with update count t, gets the gradient of the j-th distinct key.
+  void Add(RowArena& arena, uint32_t row, uint32_t t, int64_t j) {
+    ready_[n_++] = Ready{row, t, j};
+    if (n_ == kBatch) Apply(arena);
+  }
+  void Apply(RowArena& arena) {
+    Optimizer::RowUpdate updates[kBatch];
+    for (int64_t r = 0; r < n_; ++r) {
+      updates[r] = {arena.Row(ready_[r].row), grads_[ready_[r].j], ready_[r].t};
+    }
+    optimizer_.ApplyRows(updates, n_, dim_);
+    n_ = 0;
+  }
+
+ private:
+  struct Ready {
+    uint32_t row;
+    uint32_t t;
+    int64_t j;
+  };
+  const Optimizer& optimizer_;
+  const DistinctGradients& grads_;
+  const int64_t dim_;
+  Ready ready_[kBatch];
+  int64_t n_ = 0;
+};
+
 // ApplyPlainStripe's per-thread scratch (see there), grown, never shrunk: tables of other dims
 // and stripes share it, and a resize writes only what it adds.
 struct PlainApplyScratch {
@@ -909,38 +975,39 @@ void EmbeddingTable::UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, 
   }
 }
 
+RowIndex::Entry* EmbeddingTable::AdmitRowLocked(Stripe* stripe, int64_t key, uint32_t now,
+                                                std::vector<AdmissionFilter::Bump>* bumps,
+                                                int64_t* admitted, absl::Status* status) {
+  if (admission_ && !stripe->sketch.Admit(key, bumps)) return nullptr;
+  absl::StatusOr<RowIndex::Entry*> created = AppendRowLocked(stripe, key, /*initialize=*/true, now);
+  if (!created.ok()) {
+    *status = created.status();
+    return nullptr;
+  }
+  ++*admitted;
+  return *created;
+}
+
+bool EmbeddingTable::RestartExpiredRowLocked(Stripe* stripe, int64_t key, uint32_t row,
+                                             float* values,
+                                             std::vector<AdmissionFilter::Bump>* bumps) {
+  if (admission_ && !stripe->sketch.Admit(key, bumps)) {
+    RemoveRowLocked(stripe, key, row);
+    return false;
+  }
+  // Created again (Create checked the initializer).
+  InitialRow(key, values, /*slots=*/true).IgnoreError();
+  stripe->rows.FindEntry(key)->count = 1;
+  return true;
+}
+
 absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, const float* grads,
                                          const int64_t* order, int64_t count, uint32_t now) {
-  // The stripe's distinct keys are listed, outside the lock and on whichever thread runs the
-  // stripe, in this thread's scratch, in order of first occurrence, each with its gradient
-  // (DistinctGradients).
-  struct Scratch {
-    FirstOccurrenceIndex first_occurrence;
-    std::vector<int64_t> keys;
-    DistinctGradients grads;
-  };
-  thread_local Scratch scratch;
-  scratch.first_occurrence.Reset(count);
-  // Grown, never shrunk (tables of other dims share them): a resize writes only what it adds.
-  if (scratch.keys.size() < static_cast<size_t>(count)) {
-    scratch.keys.resize(static_cast<size_t>(count));
-  }
-  int64_t* const distinct_keys = scratch.keys.data();
-  DistinctGradients& distinct_grads = scratch.grads;
-  distinct_grads.Reset(count, dim_);
-  int64_t num_distinct = 0;
-  for (int64_t j = 0; j < count; ++j) {
-    const int64_t pos = order[j];
-    const int64_t key = keys[pos];
-    const int64_t first = scratch.first_occurrence.FindOrInsert(key, num_distinct);
-    const float* grad = grads + pos * dim_;
-    if (first == num_distinct) {
-      distinct_keys[num_distinct] = key;
-      distinct_grads.Set(num_distinct++, grad);
-      continue;
-    }
-    distinct_grads.Add(first, grad);
-  }
+  // The stripe's distinct keys, listed outside the lock.
+  thread_local DistinctKeys scratch;
+  const int64_t num_distinct = scratch.List(keys, grads, order, count, dim_);
+  const int64_t* const distinct_keys = scratch.keys.data();
+  const DistinctGradients& distinct_grads = scratch.grads;
   int64_t admitted = 0, unadmitted = 0, expired = 0;
   std::vector<AdmissionFilter::Bump> bumps;
   absl::MutexLock lock(&stripe->mu);
@@ -955,40 +1022,15 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     uint32_t t;
   };
   Found ring[kRowRing];
-  // Rows ready for their update, applied kUpdateBatch at a time by one ApplyRows call. Held as
-  // row numbers until then (an append may move the arena); no row of the batch is removed
-  // before it is applied (only an expired row is, and it never joins the batch).
-  struct Ready {
-    uint32_t row;
-    uint32_t t;
-    int64_t j;  // its key's position in distinct_keys
-  };
-  Ready ready[kUpdateBatch];
-  int64_t num_ready = 0;
-  // Takes the arena as an argument: the thread-safety analysis cannot see the lock in a lambda.
-  const auto apply_ready = [&](RowArena& arena) {
-    Optimizer::RowUpdate updates[kUpdateBatch];
-    for (int64_t r = 0; r < num_ready; ++r) {
-      updates[r] = {arena.Row(ready[r].row), distinct_grads[ready[r].j], ready[r].t};
-    }
-    optimizer_->ApplyRows(updates, num_ready, dim_);
-    num_ready = 0;
-  };
+  // (Only an expired row is removed, and it never joins the ready rows.)
+  ReadyRows<kUpdateBatch> ready(*optimizer_, distinct_grads, dim_);
   ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h)
   for (int64_t i = 0;; ++i) {
     if (i < num_distinct && status.ok()) {
       if (i + kKeyAhead < num_distinct) stripe->rows.Prefetch(distinct_keys[i + kKeyAhead]);
-      const int64_t key = distinct_keys[i];
-      RowIndex::Entry* entry = stripe->rows.FindEntry(key);
-      if (entry == nullptr && (!admission_ || stripe->sketch.Admit(key, &bumps))) {
-        absl::StatusOr<RowIndex::Entry*> created =
-            AppendRowLocked(stripe, key, /*initialize=*/true, now);
-        if (created.ok()) {
-          entry = *created;
-          ++admitted;
-        } else {
-          status = created.status();
-        }
+      RowIndex::Entry* entry = stripe->rows.FindEntry(distinct_keys[i]);
+      if (entry == nullptr) {
+        entry = AdmitRowLocked(stripe, distinct_keys[i], now, &bumps, &admitted, &status);
       }
       if (!status.ok()) {
         // Finding stops here; the rows found so far are still updated.
@@ -1007,7 +1049,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     }
     const int64_t j = i - kRowLag;
     if (j >= found) {
-      apply_ready(stripe->arena);
+      ready.Apply(stripe->arena);
       break;
     }
     if (j < 0) continue;
@@ -1017,26 +1059,18 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
     if (tracks_last_) {
       uint32_t& last = stripe->last[row.row];
       if (eviction_.Expired(last, now)) {
-        // Past its TTL: as if it had been swept, which the stripe may not have done yet.
-        const int64_t key = distinct_keys[j];
         ++expired;
-        if (admission_ && !stripe->sketch.Admit(key, &bumps)) {
-          // Counted, not admitted: the row goes (no later row of the ring uses its number).
-          RemoveRowLocked(stripe, key, row.row);
-          ++unadmitted;
+        if (!RestartExpiredRowLocked(stripe, distinct_keys[j], row.row, values, &bumps)) {
+          ++unadmitted;  // counted, not admitted: the row went
           continue;
         }
-        // Created again (Create checked the initializer).
-        InitialRow(key, values, /*slots=*/true).IgnoreError();
-        stripe->rows.FindEntry(key)->count = 1;
         row.t = 1;
         ++admitted;
       }
       // Never back: an async push that read the clock before another took the lock.
       last = std::max(last, now);
     }
-    ready[num_ready++] = Ready{row.row, row.t, j};
-    if (num_ready == kUpdateBatch) apply_ready(stripe->arena);
+    ready.Add(stripe->arena, row.row, row.t, j);
   }
   if (admitted > 0) admitted_.fetch_add(admitted, std::memory_order_relaxed);
   if (unadmitted > 0) unadmitted_.fetch_add(unadmitted, std::memory_order_relaxed);

@@ -357,6 +357,18 @@ class EmbeddingTable {
   void UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, const Grads& grads,
                              const uint32_t* ts, int64_t n, int64_t first_row, uint64_t* seen)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // ApplyStripe's steps, under the stripe's lock. For `key`, which has no row: the entry of its
+  // row, created (counted in *admitted) if the table admits the key; null if not admitted, or,
+  // with *status, if the row cannot be created.
+  RowIndex::Entry* AdmitRowLocked(Stripe* stripe, int64_t key, uint32_t now,
+                                  std::vector<AdmissionFilter::Bump>* bumps, int64_t* admitted,
+                                  absl::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // A row found past its TTL (as if swept, which the stripe may not have done yet): restarted
+  // from its initial values with count 1 if the table admits its key again (true), else
+  // removed (false; no later row of the request uses its number).
+  bool RestartExpiredRowLocked(Stripe* stripe, int64_t key, uint32_t row, float* values,
+                               std::vector<AdmissionFilter::Bump>* bumps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // PullStripe for a vocabulary table.
   absl::Status PullVocabularyStripe(Stripe* stripe, const int64_t* keys, const int64_t* order,
                                     int64_t count, float* out);
