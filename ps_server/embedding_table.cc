@@ -953,8 +953,8 @@ template <bool kVocabulary, typename Grads>
 void EmbeddingTable::UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, const Grads& grads,
                                            const uint32_t* ts, int64_t n, int64_t first_row,
                                            uint64_t* seen) {
-  RowArena& arena = stripe->arena;  // (the thread-safety analysis cannot see into a lambda)
-  const auto values_of = [&](int64_t row) {
+  // Takes the arena as an argument: the thread-safety analysis cannot see the lock in a lambda.
+  const auto values_of = [this](RowArena& arena, int64_t row) {
     return kVocabulary ? vocabulary_.Values(row) : arena.Row(static_cast<uint32_t>(row));
   };
   ScopedFlushDenormals flush;  // as every optimizer update (optimizer.h), not the sums before
@@ -965,10 +965,10 @@ void EmbeddingTable::UpdatePlainRowsLocked(Stripe* stripe, const int64_t* rows, 
       const int64_t i = begin + r;
       if (i + kUpdateAhead < n) {
         PrefetchFloats(grads[i + kUpdateAhead], dim_);
-        PrefetchFloats(values_of(rows[i + kUpdateAhead]), stride_);
+        PrefetchFloats(values_of(stripe->arena, rows[i + kUpdateAhead]), stride_);
       }
       const int64_t row = rows[i];
-      updates[r] = {values_of(row), grads[i], ts[i]};
+      updates[r] = {values_of(stripe->arena, row), grads[i], ts[i]};
       seen[(row - first_row) / 64] &= ~(uint64_t{1} << ((row - first_row) % 64));
     }
     optimizer_->ApplyRows(updates, batch, dim_);
