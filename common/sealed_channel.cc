@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/aes_gcm.h"
 #include "common/socket_io.h"
@@ -218,18 +219,33 @@ size_t SealedChannel::WriteChunkBytes() {
   // 0.59-0.66 against 0.82-1.41); on the GPU machine's 16 cores the two are level within the runs'
   // spread.
   static const size_t bytes = [] {
-    const char* env = std::getenv("PSCLUSTER_SEAL_CHUNK_BYTES");
-    const long long asked = env != nullptr && *env != '\0' ? std::atoll(env) : 0;
-    return asked > 0 ? static_cast<size_t>(
-                           std::clamp<long long>(asked, 4096, SealedChannel::kMaxChunkBytes))
-                     : size_t{48} << 10;
+    absl::StatusOr<size_t> parsed = ParseChunkBytes(std::getenv("PSCLUSTER_SEAL_CHUNK_BYTES"));
+    if (parsed.ok()) return *parsed;
+    LOG(ERROR) << parsed.status().message() << "; writing chunks of the default "
+               << kDefaultChunkBytes << " bytes";
+    return kDefaultChunkBytes;
   }();
   return bytes;
 }
 
+absl::StatusOr<size_t> SealedChannel::ParseChunkBytes(const char* value) {
+  if (value == nullptr || *value == '\0') return kDefaultChunkBytes;
+  uint64_t bytes = 0;
+  if (!absl::SimpleAtoi(value, &bytes) || bytes < kMinChunkBytes ||
+      bytes > static_cast<uint64_t>(kMaxChunkBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("PSCLUSTER_SEAL_CHUNK_BYTES is \"", value,
+                                                   "\"; expected a byte count from ",
+                                                   kMinChunkBytes, " to ", kMaxChunkBytes));
+  }
+  return static_cast<size_t>(bytes);
+}
+
 int SealedChannel::ParallelThreads() {
   if (const char* env = std::getenv("PSCLUSTER_SEAL_THREADS"); env != nullptr && *env != '\0') {
-    return std::clamp(std::atoi(env), 0, 64);
+    int threads = 0;
+    if (absl::SimpleAtoi(env, &threads) && threads >= 0 && threads <= 64) return threads;
+    LOG_FIRST_N(ERROR, 1) << "PSCLUSTER_SEAL_THREADS is \"" << env
+                          << "\"; expected 0 to 64 helper threads; choosing by the cores";
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores < 8) return 0;

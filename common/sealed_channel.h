@@ -83,8 +83,8 @@ class SealedChannel {
   // receives the next: 0 on machines of fewer than 8 cores (the caller does it all: there the
   // connections' threads already keep every core busy, and waking helpers cost more than it
   // gave in bench/ps.sh), else 2 with libipsec-mb's cipher and a quarter of the cores, 2 to
-  // 8, with OpenSSL's. PSCLUSTER_SEAL_THREADS
-  // overrides it. Shared by every channel of the process; they spin a little between chunks
+  // 8, with OpenSSL's. PSCLUSTER_SEAL_THREADS (0 to 64) overrides it; another value is logged
+  // and ignored. Shared by every channel of the process; they spin a little between chunks
   // before they sleep (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
   //
   // Whatever the threads, the calling thread does not wait idle: while the socket's buffer is
@@ -94,8 +94,14 @@ class SealedChannel {
   static int ParallelThreads();
 
   // The plaintext bytes of the chunks a writer cuts (a reader takes any size up to
-  // kMaxChunkBytes): 48 KiB, or PSCLUSTER_SEAL_CHUNK_BYTES (4 KiB to kMaxChunkBytes).
+  // kMaxChunkBytes): kDefaultChunkBytes, or PSCLUSTER_SEAL_CHUNK_BYTES (kMinChunkBytes to
+  // kMaxChunkBytes; another value is logged and the default kept).
+  static constexpr size_t kDefaultChunkBytes = 48 << 10;
+  static constexpr size_t kMinChunkBytes = 4 << 10;
   static size_t WriteChunkBytes();
+  // PSCLUSTER_SEAL_CHUNK_BYTES's value (null or empty: unset) as WriteChunkBytes takes it;
+  // INVALID_ARGUMENT naming the value and the range for anything but a byte count in range.
+  static absl::StatusOr<size_t> ParseChunkBytes(const char* value);
 
   // The chunks this process's channels sealed and opened so far, by the threads that called
   // them and by the pool's (ParallelThreads): how the work was shared out, for benchmarks.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/socket_io.h"
 #include "gmock/gmock.h"
@@ -376,6 +377,21 @@ TEST_F(SealedChannelTamperTest, AChangedLengthIsRefused) {
 TEST_F(SealedChannelTamperTest, ATruncatedStreamIsUnavailable) {
   ExpectRefused(sealed_.substr(0, chunk_ + 100), absl::StatusCode::kUnavailable,
                 "the peer closed the connection");
+}
+
+TEST(SealedChannelChunkBytesTest, ABadChunkSizeIsNamedWithItsRange) {
+  EXPECT_EQ(*SealedChannel::ParseChunkBytes(nullptr), SealedChannel::kDefaultChunkBytes);
+  EXPECT_EQ(*SealedChannel::ParseChunkBytes(""), SealedChannel::kDefaultChunkBytes);
+  EXPECT_EQ(*SealedChannel::ParseChunkBytes("65536"), 65536u);
+  EXPECT_EQ(*SealedChannel::ParseChunkBytes("4096"), 4096u);
+  EXPECT_EQ(*SealedChannel::ParseChunkBytes("131072"), 131072u);
+  for (const char* bad : {"4095", "131073", "-1", "48k", "lots"}) {
+    const absl::StatusOr<size_t> parsed = SealedChannel::ParseChunkBytes(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(absl::StrCat("\"", bad, "\"")));
+    EXPECT_THAT(parsed.status().message(), HasSubstr("from 4096 to 131072"));
+  }
 }
 
 TEST(SealedChannelCreateTest, RefusesABadEpochSize) {
