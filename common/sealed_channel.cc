@@ -72,7 +72,8 @@ bool Open(const Chunk& chunk) {
                        reinterpret_cast<unsigned char*>(chunk.plain));
 }
 
-// Chunks sealed and opened by the calling threads and by the pool's (SealedChannel::Split).
+// Chunks sealed and opened by the calling threads and by the pool's (SealedChannel::Split),
+// added once per call (Crew::Finish), not per chunk.
 std::atomic<int64_t> g_split[4];
 
 ThreadPool* SharedPool() {
@@ -141,6 +142,9 @@ class Crew {
       if (!claimed_[i].exchange(true)) done_[i].store(true, std::memory_order_release);
       while (!done_[i].load(std::memory_order_acquire)) std::this_thread::yield();
     }
+    g_split[split_].fetch_add(by_caller_, std::memory_order_relaxed);
+    g_split[split_ + 1].fetch_add(by_pool_.load(std::memory_order_relaxed),
+                                  std::memory_order_relaxed);
   }
   bool failed() const { return failed_.load(); }
 
@@ -149,7 +153,11 @@ class Crew {
   bool Run(int i, bool by_pool = false) {
     if (claimed_[i].exchange(true)) return false;
     if (!(*work_)(i)) failed_.store(true);
-    g_split[split_ + (by_pool ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
+    if (by_pool) {
+      by_pool_.fetch_add(1, std::memory_order_relaxed);  // seen by Finish after done_[i]
+    } else {
+      ++by_caller_;
+    }
     done_[i].store(true, std::memory_order_release);
     return true;
   }
@@ -161,6 +169,8 @@ class Crew {
   std::unique_ptr<std::atomic<bool>[]> claimed_;
   std::unique_ptr<std::atomic<bool>[]> done_;
   std::atomic<bool> failed_{false};
+  int64_t by_caller_ = 0;  // the calling thread's chunks (only it runs them)
+  std::atomic<int64_t> by_pool_{0};
 };
 
 // The chunks of a write: small buffers (a frame's header and meta) gathered into one, a large
