@@ -684,7 +684,6 @@ absl::Status Model::Backward(int slot, const Hooks& hooks, const StepContext& ct
 absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
                             const std::vector<const float*>& params,
                             const std::vector<const float*>& rows, Pass pass, StepResult* result) {
-  const bool backward = pass == Pass::kTraining;
   if (params.size() != dense_names_.size() || rows.size() != embeddings_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("got ", params.size(), " dense variables and ", rows.size(),
@@ -692,7 +691,6 @@ absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
   }
   constexpr int kSlot = 0;
   PS_RETURN_IF_ERROR(StageInputs(kSlot, batch, sparse));
-  const int b = batch.size;
   // Parameters and rows to the device (a no-op copy for the CPU, whose memory is the host's).
   std::vector<const float*> device_params(params.size()), device_rows(rows.size());
   if (kernels_->device_is_host()) {
@@ -717,22 +715,33 @@ absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
     kernels_->CopyToDevice(rows[t], compute_rows_[t], num_rows * table_dims_[t]);
     device_rows[t] = compute_rows_[t];
   }
-  if (compute_outputs_.loss == nullptr) {
-    PS_ASSIGN_OR_RETURN(void* loss, kernels_->AllocateHost(int64_t{max_batch_} * 4));
-    owned_host_.push_back(loss);
-    PS_ASSIGN_OR_RETURN(void* pred, kernels_->AllocateHost(int64_t{max_batch_} * 4));
-    owned_host_.push_back(pred);
-    PS_ASSIGN_OR_RETURN(void* logits, kernels_->AllocateHost(int64_t{max_batch_} * 4));
-    owned_host_.push_back(logits);
-    compute_ready_ = kernels_->NewEvent();
-    compute_outputs_.loss = static_cast<float*>(loss);
-    compute_outputs_.predictions = static_cast<int32_t*>(pred);
-    compute_outputs_.logits = static_cast<float*>(logits);
-    compute_outputs_.ready = compute_ready_.get();
-  }
+  PS_RETURN_IF_ERROR(AllocateComputeOutputs());
   PS_RETURN_IF_ERROR(
       Enqueue(kSlot, device_params, device_rows, pass, 1.0f, Hooks(), compute_outputs_));
   kernels_->Synchronize(compute_ready_.get());
+  ReadComputeResult(batch, pass == Pass::kTraining, num_rows, result);
+  return absl::OkStatus();
+}
+
+absl::Status Model::AllocateComputeOutputs() {
+  if (compute_outputs_.loss != nullptr) return absl::OkStatus();
+  PS_ASSIGN_OR_RETURN(void* loss, kernels_->AllocateHost(int64_t{max_batch_} * 4));
+  owned_host_.push_back(loss);
+  PS_ASSIGN_OR_RETURN(void* pred, kernels_->AllocateHost(int64_t{max_batch_} * 4));
+  owned_host_.push_back(pred);
+  PS_ASSIGN_OR_RETURN(void* logits, kernels_->AllocateHost(int64_t{max_batch_} * 4));
+  owned_host_.push_back(logits);
+  compute_ready_ = kernels_->NewEvent();
+  compute_outputs_.loss = static_cast<float*>(loss);
+  compute_outputs_.predictions = static_cast<int32_t*>(pred);
+  compute_outputs_.logits = static_cast<float*>(logits);
+  compute_outputs_.ready = compute_ready_.get();
+  return absl::OkStatus();
+}
+
+void Model::ReadComputeResult(const Batch& batch, bool backward, int64_t num_rows,
+                              StepResult* result) {
+  const int b = batch.size;
   const bool softmax = config_.loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   double sum = 0;
   result->correct = 0;
@@ -748,7 +757,7 @@ absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
     }
   }
   result->loss = sum / b;
-  if (!backward) return absl::OkStatus();
+  if (!backward) return;
   result->dense_grads.resize(dense_names_.size());
   for (size_t i = 0; i < dense_names_.size(); ++i) {
     result->dense_grads[i].resize(dense_sizes_[i]);
@@ -760,7 +769,6 @@ absl::Status Model::Compute(const Batch& batch, const SparseInput& sparse,
     result->row_grads[e].resize(num_rows * embeddings_[e].dim);
     kernels_->CopyToHost(drows_[e], result->row_grads[e].data(), num_rows * embeddings_[e].dim);
   }
-  return absl::OkStatus();
 }
 
 }  // namespace pscluster

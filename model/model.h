@@ -330,6 +330,10 @@ class Model {
   absl::Status CheckLabels(const Batch& batch) const;
   // Grows a device buffer to hold n elements.
   absl::Status Reserve(float** buffer, int64_t* capacity, int64_t n);
+  // Compute's steps: its host outputs and event, made once; the loss, the predictions or
+  // scores, and after a training pass the gradients, read into `result`.
+  absl::Status AllocateComputeOutputs();
+  void ReadComputeResult(const Batch& batch, bool backward, int64_t num_rows, StepResult* result);
 
   const v1::ModelConfig config_;
   Kernels* const kernels_;  // Not owned.

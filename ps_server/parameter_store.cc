@@ -557,24 +557,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   }
   PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
   const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
-  if (header.delta()) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!deltas_allowed_) {
-        return absl::FailedPreconditionError(
-            "a delta push (local steps) to a cluster that does not run them (the chief's "
-            "--local_steps is 1)");
-      }
-    }
-    // A delta is added to the values as they are: a sync step's mean has no place for it.
-    for (int i = 0; i < n; ++i) {
-      if (accumulators[i] == nullptr) continue;
-      const DenseShard& s = *push->shards_[i];
-      return absl::FailedPreconditionError(absl::StrCat(
-          "variable ", DenseName(s.name(), s.partition()),
-          " accumulates sync steps; a delta push (local steps) needs async or ssp mode"));
-    }
-  }
+  if (header.delta()) PS_RETURN_IF_ERROR(CheckDeltaPush(*push, accumulators));
   PushOutcome outcome;
   switch (ledger_.Begin(header.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
@@ -587,48 +570,76 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     case PushLedger::Claim::kNew:
       break;
   }
-  {
-    absl::ReaderMutexLock barrier(&apply_barrier_);
-    // Shards updated at once (async) are applied together: one parallel loop for the push.
-    std::vector<DenseShard*> now;
-    std::vector<const float*> now_grads;
-    for (int i = 0; i < n; ++i) {
-      if (accumulators[i] != nullptr) continue;
-      now.push_back(push->shards_[i].get());
-      now_grads.push_back(push->grads_[i].values());
-    }
-    {
-      ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-      DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta());
-    }
-    for (int i = 0; i < n; ++i) {
-      DenseShard& shard = *push->shards_[i];
-      const float* grad = push->grads_[i].values();
-      const int64_t bytes = push->grads_[i].size * push->elem_bytes_;
-      Touch(shard.counters(), /*push=*/true, bytes);
-      if (accumulators[i] == nullptr) {
-        ++outcome.accepted;
-        continue;
-      }
-      switch (accumulators[i]->Add(header.step(), header.worker(), grad,
-                                   ApplyTo(&shard, &apply_pool_, apply_totals_))) {
-        case AccumulateOutcome::kComplete:  // pending until the next step needs it
-        case AccumulateOutcome::kAccumulated:
-          ++outcome.accepted;
-          break;
-        case AccumulateOutcome::kStale:
-        case AccumulateOutcome::kDuplicate:
-        case AccumulateOutcome::kAhead:
-          CountDropped(header.worker(), shard.counters());
-          ++outcome.dropped_stale;
-          break;
-      }
-    }
-  }
+  ApplyDensePush(*push, accumulators, &outcome);
   ledger_.Record(header.request_id(), outcome);
   response->set_accepted(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
+}
+
+absl::Status ParameterStore::CheckDeltaPush(
+    const DensePush& push,
+    const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!deltas_allowed_) {
+      return absl::FailedPreconditionError(
+          "a delta push (local steps) to a cluster that does not run them (the chief's "
+          "--local_steps is 1)");
+    }
+  }
+  // A delta is added to the values as they are: a sync step's mean has no place for it.
+  for (int i = 0; i < push.num_shards(); ++i) {
+    if (accumulators[i] == nullptr) continue;
+    const DenseShard& s = *push.shards_[i];
+    return absl::FailedPreconditionError(absl::StrCat(
+        "variable ", DenseName(s.name(), s.partition()),
+        " accumulates sync steps; a delta push (local steps) needs async or ssp mode"));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterStore::ApplyDensePush(
+    const DensePush& push, const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
+    PushOutcome* outcome) {
+  const v1::PushDenseHeader& header = push.header_;
+  const int n = push.num_shards();
+  absl::ReaderMutexLock barrier(&apply_barrier_);
+  // Shards updated at once (async) are applied together: one parallel loop for the push.
+  std::vector<DenseShard*> now;
+  std::vector<const float*> now_grads;
+  for (int i = 0; i < n; ++i) {
+    if (accumulators[i] != nullptr) continue;
+    now.push_back(push.shards_[i].get());
+    now_grads.push_back(push.grads_[i].values());
+  }
+  {
+    ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
+    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta());
+  }
+  for (int i = 0; i < n; ++i) {
+    DenseShard& shard = *push.shards_[i];
+    const float* grad = push.grads_[i].values();
+    const int64_t bytes = push.grads_[i].size * push.elem_bytes_;
+    Touch(shard.counters(), /*push=*/true, bytes);
+    if (accumulators[i] == nullptr) {
+      ++outcome->accepted;
+      continue;
+    }
+    switch (accumulators[i]->Add(header.step(), header.worker(), grad,
+                                 ApplyTo(&shard, &apply_pool_, apply_totals_))) {
+      case AccumulateOutcome::kComplete:  // pending until the next step needs it
+      case AccumulateOutcome::kAccumulated:
+        ++outcome->accepted;
+        break;
+      case AccumulateOutcome::kStale:
+      case AccumulateOutcome::kDuplicate:
+      case AccumulateOutcome::kAhead:
+        CountDropped(header.worker(), shard.counters());
+        ++outcome->dropped_stale;
+        break;
+    }
+  }
 }
 
 absl::StatusOr<int64_t> ParameterStore::TableDim(const std::string& table) const {

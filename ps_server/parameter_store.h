@@ -188,6 +188,15 @@ class ParameterStore {
   std::vector<std::shared_ptr<DenseAccumulator>> AccumulatorsOf(
       const std::vector<std::shared_ptr<DenseShard>>& shards) const;
   void CountDropped(int32_t worker, ShardCounters& counters);
+  // FinishPushDense's steps: a delta push (local steps) allowed here and to no sync shard
+  // (FAILED_PRECONDITION); the gradients applied (async: every shard at once over the pool)
+  // or accumulated into their sync step, counted into `outcome`.
+  absl::Status CheckDeltaPush(const DensePush& push,
+                              const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators)
+      const ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyDensePush(const DensePush& push,
+                      const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
+                      PushOutcome* outcome);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.
