@@ -1,0 +1,224 @@
+// EmbeddingTable read and written whole: psctl's lookups and statistics, the table's size, and
+// what checkpoints save and restore (every row, the admission sketch).
+
+#include "ps_server/embedding_table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "ps_server/embedding_table_internal.h"
+#include "ps_server/float_stats.h"
+
+namespace pscluster {
+
+using embedding_table_internal::RowBytes;
+using embedding_table_internal::VocabularyRowBytes;
+
+void EmbeddingTable::Lookup(const int64_t* keys, int64_t n, std::vector<int64_t>* found,
+                            std::vector<float>* rows, std::vector<int64_t>* missing) const {
+  if (n <= 0) return;
+  StripeGroups groups;
+  GroupByStripe(keys, n, &groups);
+  // Rows are gathered by stripe into `gathered` at their request position, then emitted in order.
+  std::vector<float> gathered(static_cast<size_t>(n * dim_));
+  std::vector<char> exists(static_cast<size_t>(n), 0);
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    const int64_t begin = groups.begin[s];
+    const int64_t end = groups.begin[s + 1];
+    if (begin == end) continue;
+    const Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t pos = groups.order[j];
+      if (vocabulary_size_ > 0) {
+        if (!OwnsKey(keys[pos])) continue;
+        const int64_t row = vocabulary_.Row(keys[pos]);
+        if (vocabulary_.Count(row) == 0) continue;
+        exists[pos] = 1;
+        std::memcpy(gathered.data() + pos * dim_, vocabulary_.Values(row), row_bytes);
+        continue;
+      }
+      const uint32_t row = stripe.rows.Find(keys[pos]);
+      if (row == RowIndex::kNoRow) continue;
+      if (tracks_last_ && eviction_.Expired(stripe.last[row], now)) continue;  // as removed
+      exists[pos] = 1;
+      std::memcpy(gathered.data() + pos * dim_, stripe.arena.Row(row), row_bytes);
+    }
+  }
+  for (int64_t pos = 0; pos < n; ++pos) {
+    if (exists[pos]) {
+      found->push_back(keys[pos]);
+      rows->insert(rows->end(), gathered.begin() + pos * dim_, gathered.begin() + (pos + 1) * dim_);
+    } else {
+      missing->push_back(keys[pos]);
+    }
+  }
+}
+
+int64_t EmbeddingTable::num_rows() const {
+  int64_t rows = 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    rows += static_cast<int64_t>(stripes_[s].rows.size()) + stripes_[s].vocabulary_rows;
+  }
+  return rows;
+}
+
+int64_t EmbeddingTable::bytes() const {
+  return vocabulary_size_ > 0 ? reserved_bytes() : num_rows() * row_bytes();
+}
+
+int64_t EmbeddingTable::row_bytes() const {
+  return vocabulary_size_ > 0 ? VocabularyRowBytes(stride_) : RowBytes(stride_, tracks_last_);
+}
+
+void EmbeddingTable::ComputeValueStats(v1::ValueStats* stats) const {
+  FloatStats all;
+  for (int s = 0; s < kNumStripes; ++s) {
+    const Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    const RowArena* arena = &stripe.arena;  // for the lambda, as below
+    stripe.rows.ForEach([&](const RowIndex::Entry& e) { all.Add(arena->Row(e.row), dim_); });
+    if (vocabulary_size_ > 0) {
+      vocabulary_.ForEachCreated(
+          s, [&](int64_t, int64_t row) { all.Add(vocabulary_.Values(row), dim_); });
+    }
+  }
+  all.Fill(stats);
+}
+
+void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const float* values_and_slots,
+                                                         int64_t t, uint32_t last)>& fn) const {
+  std::vector<RowIndex::Entry> entries;
+  std::vector<float> rows;
+  std::vector<uint32_t> last;
+  const size_t stride = static_cast<size_t>(stride_);
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    const Stripe& stripe = stripes_[s];
+    {
+      // Copy, so that fn runs with no lock held.
+      absl::ReaderMutexLock lock(&stripe.mu);
+      entries.clear();
+      rows.resize(stripe.rows.size() * stride);
+      last.assign(stripe.rows.size(), 0);
+      // Taken under the lock for the lambda, which the thread-safety analysis cannot see into.
+      const RowArena* arena = &stripe.arena;
+      const uint32_t* last_of_row = stripe.last.data();
+      stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
+        if (tracks_last_ && eviction_.Expired(last_of_row[entry.row], now)) return;  // as removed
+        const size_t i = entries.size();
+        std::memcpy(rows.data() + i * stride, arena->Row(entry.row), stride * sizeof(float));
+        if (tracks_last_) last[i] = last_of_row[entry.row];
+        entries.push_back(entry);
+      });
+      if (vocabulary_size_ > 0) {
+        rows.resize(static_cast<size_t>(stripe.vocabulary_rows) * stride);
+        last.assign(static_cast<size_t>(stripe.vocabulary_rows), 0);
+        vocabulary_.ForEachCreated(s, [&](int64_t key, int64_t row) {
+          const size_t i = entries.size();
+          std::memcpy(rows.data() + i * stride, vocabulary_.Values(row), stride * sizeof(float));
+          entries.push_back({key, 0, vocabulary_.Count(row) - 1});
+        });
+      }
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+      fn(entries[i].key, rows.data() + i * stride, entries[i].count, last[i]);
+    }
+  }
+}
+
+std::vector<uint16_t> EmbeddingTable::AdmissionSketch() const {
+  std::vector<uint16_t> counters;
+  if (!admission_) return counters;
+  counters.reserve(static_cast<size_t>(kNumStripes * kSketchRows * sketch_width_));
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    const std::vector<uint16_t>& mine = stripes_[s].sketch.counters();
+    counters.insert(counters.end(), mine.begin(), mine.end());
+  }
+  return counters;
+}
+
+std::vector<int32_t> EmbeddingTable::OwnedVirtualShards() const {
+  std::vector<int32_t> shards;
+  for (size_t v = 0; v < owned_.size(); ++v) {
+    if (owned_[v]) shards.push_back(static_cast<int32_t>(v));
+  }
+  return shards;
+}
+
+absl::Status EmbeddingTable::MergeAdmissionSketch(const std::vector<uint16_t>& counters) {
+  const size_t per_stripe = static_cast<size_t>(kSketchRows * sketch_width_);
+  if (counters.size() != per_stripe * kNumStripes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", spec_.name(), ": an admission sketch of ", counters.size(),
+                     " counters; this table's has ", per_stripe * kNumStripes,
+                     " (was admission.sketch_width changed?)"));
+  }
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::MutexLock lock(&stripes_[s].mu);
+    stripes_[s].sketch.Merge(counters.data() + s * per_stripe);
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::Clear() {
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    stripe.rows = RowIndex();
+    stripe.arena.Clear();
+    std::vector<uint32_t>().swap(stripe.free_rows);
+    std::vector<uint32_t>().swap(stripe.last);
+    stripe.sketch.Clear();
+    stripe.swept_at = 0;
+    if (vocabulary_size_ > 0) {
+      vocabulary_.ClearStripe(s);
+      stripe.vocabulary_rows = 0;
+    }
+  }
+  step_clock_.store(0, std::memory_order_relaxed);
+}
+
+absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t,
+                                       uint32_t last) {
+  if (!OwnsKey(key)) return NotOwnedError(key);
+  if (t < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", spec_.name(), ": row of key ", key,
+                                                   " has negative update count ", t));
+  }
+  Stripe& stripe = stripes_[StripeOf(key)];
+  absl::MutexLock lock(&stripe.mu);
+  if (vocabulary_size_ > 0) {
+    const int64_t row = vocabulary_.Row(key);
+    if (vocabulary_.Count(row) == 0) ++stripe.vocabulary_rows;
+    std::memcpy(vocabulary_.Values(row), values_and_slots,
+                static_cast<size_t>(stride_) * sizeof(float));
+    // Stored as 1 + the count, which saturates at 2^32 - 2.
+    vocabulary_.Count(row) =
+        static_cast<uint32_t>(std::min<int64_t>(t, std::numeric_limits<uint32_t>::max() - 1) + 1);
+    return absl::OkStatus();
+  }
+  RowIndex::Entry* entry = stripe.rows.FindEntry(key);
+  if (entry == nullptr) {
+    // Not initialized: the row is overwritten below.
+    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false, last));
+  }
+  if (tracks_last_) stripe.last[entry->row] = last;
+  // The clock resumes where the checkpoint's newest push left it.
+  if (tracks_last_ && !ttl_in_seconds_) ObserveStep(last);
+  std::memcpy(stripe.arena.Row(entry->row), values_and_slots,
+              static_cast<size_t>(stride_) * sizeof(float));
+  entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster
