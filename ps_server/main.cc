@@ -69,6 +69,24 @@ DEFINE_string(crash_at, "",
               "Tests only: die of SIGKILL at a point of the checkpoint write, \"<point>[@<n>]\" "
               "(the n-th time; see storage/crash_points.h).");
 
+namespace {
+
+// --memory_budget_mb, or 90% of what this process may use: the machine's memory, or its
+// cgroup's cap (a pod's memory limit), so that a model too large for it is refused rather than
+// OOM-killed.
+int64_t MemoryBudgetBytes() {
+  if (FLAGS_memory_budget_mb >= 0) return FLAGS_memory_budget_mb << 20;
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const pscluster::MemoryLimit limit =
+      pscluster::ProcessMemoryLimit(pages > 0 && page > 0 ? pages * page : 0);
+  const int64_t budget = limit.bytes / 10 * 9;
+  LOG(INFO) << "ps_server: memory budget " << (budget >> 20) << " MiB, 90% of "
+            << (limit.bytes >> 20) << " MiB (" << limit.source << "; --memory_budget_mb sets it)";
+  return budget;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   pscluster::InitDaemonMain(
       "a parameter server (ps task) of a training cluster.\n"
@@ -101,19 +119,7 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   options.store.apply_threads =
       FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));
-  if (FLAGS_memory_budget_mb < 0) {
-    // 90% of what this process may use: the machine's memory, or its cgroup's cap (a pod's
-    // memory limit), so that a model too large for it is refused rather than OOM-killed.
-    const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    const pscluster::MemoryLimit limit =
-        pscluster::ProcessMemoryLimit(pages > 0 && page > 0 ? pages * page : 0);
-    options.store.memory_budget_bytes = limit.bytes / 10 * 9;
-    LOG(INFO) << "ps_server: memory budget " << (options.store.memory_budget_bytes >> 20)
-              << " MiB, 90% of " << (limit.bytes >> 20) << " MiB (" << limit.source
-              << "; --memory_budget_mb sets it)";
-  } else {
-    options.store.memory_budget_bytes = FLAGS_memory_budget_mb << 20;
-  }
+  options.store.memory_budget_bytes = MemoryBudgetBytes();
   if (FLAGS_max_sparse_keys < 1) {
     std::fprintf(stderr, "ps_server: --max_sparse_keys must be >= 1\n");
     return 2;
