@@ -1,8 +1,6 @@
 // EmbeddingTable read and written whole: psctl's lookups and statistics, the table's size, and
 // what checkpoints save and restore (every row, the admission sketch).
 
-#include "ps_server/embedding_table.h"
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -11,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/embedding_table_internal.h"
 #include "ps_server/float_stats.h"
 

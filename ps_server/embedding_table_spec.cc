@@ -1,8 +1,6 @@
 // EmbeddingTable made from its spec: the spec checked, the capacity and the memory a
 // vocabulary table reserves, the stripes set up.
 
-#include "ps_server/embedding_table.h"
-
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -11,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/embedding_table_internal.h"
 #include "ps_server/initializer.h"
 

@@ -2,8 +2,6 @@
 // memory budget, the shards built outside the lock, then those already held found and the
 // others inserted with their sync accumulators, all or nothing.
 
-#include "ps_server/parameter_store.h"
-
 #include <limits>
 #include <memory>
 #include <string>
@@ -14,6 +12,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "ps_server/parameter_store.h"
 #include "sharding/partitioner.h"
 
 namespace pscluster {
