@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
-# Time to accuracy on one GPU, ours against the strongest single-GPU PyTorch, in one call: for
+# Time to accuracy, ours against the strongest PyTorch on one or more GPUs, in one call: for
 # each spec "<model> <batch> <ps tasks> <target> <max epochs>",
-#   ours: a local cluster (1 chief, the ps tasks, one worker --device=gpu:0, async, and an
+#   ours: a local cluster (1 chief, the ps tasks, N workers, worker i --device=gpu:i, async, and an
 #         evaluator on the same GPU evaluating the live model every half epoch's steps,
 #         --eval_every_steps; the worker reports its steps every 10 ms) trained until an
 #         evaluation reaches the target test accuracy
 #         (then stopped) or for max epochs; its time is the training time at which the
 #         evaluated model was read (the chief's clock since the first step report: start-up
 #         and evaluation are not counted, but the evaluator shares the GPU while training runs);
-#   PyTorch: bench/torch_cnn.py --target_accuracy in each --modes capture mode (the clock
+#   PyTorch: bench/torch_cnn.py --target_accuracy in each --modes mode (the clock
 #         stopped while it evaluates, every --eval_every_examples=30000 examples; warm-up,
-#         compile and capture before the clock starts),
+#         compile and capture before the clock starts): none (eager), graph, compile_graph on
+#         one GPU, and ddp<G>_<none|graph|compile_graph>: DistributedDataParallel on G GPUs
+#         under torchrun, <batch> per GPU (bench/torch_cnn.py --ddp: static graph, the
+#         all-reduce captured in the graph; 30000 examples counted over every GPU),
 # --repeats times each (ours, then each mode, then again). Prints each run and per spec
-#   BENCH gpu_tta_<model>_1gpu_ours_<run> <median s> s ratio=<best PyTorch median s / ours>
+#   BENCH gpu_tta_<model>_<N>gpu_ours_<run> <median s> s ratio=<best PyTorch median s / ours>
 #   BENCH torch_tta_<model>_b<B>_<mode> <median s> s
+# where the best PyTorch is the fastest of every mode run, on any number of GPUs.
 # with the examples/s each side trained at and the accuracy it reached (a run that does not
 # reach the target counts as inf; a PyTorch run that fails does not count). From the device bundle (bench/gpu_prepare.sh), there:
 #   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
 #        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
-#        [--timeout 600] [--ours "async local8"] [--workers 1]
+#        [--timeout 600] [--ours "async local8"] [--workers "1 2 4"]
 # --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K),
 # with the suffixes of bench/train_cluster.sh's cl_ours_flags (_tls, _nographs, _fp16, _bf16).
-# --workers N: ours runs N workers, worker i on GPU i (the BENCH line says <N>gpu); PyTorch
-# stays on one GPU.
+# --workers "N ...": each run of ours with N workers, worker i on GPU i (the BENCH line says
+# <N>gpu), for each N listed (default 1); PyTorch's GPUs are in its modes.
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
 # logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
 set -euo pipefail
@@ -41,12 +45,18 @@ while [[ $# -gt 0 ]]; do
     --timeout) run_timeout=$2; shift 2 ;;
     --ours) ours_runs=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for n in "$repeats" "$run_timeout" "$num_workers"; do
+read -r -a worker_counts <<<"$num_workers"
+for n in "$repeats" "$run_timeout" "${worker_counts[@]}"; do
   [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_tta.sh: not a number: $n" >&2; exit 2; }
+done
+read -r -a mode_list <<<"$modes"
+for mode in "${mode_list[@]}"; do
+  [[ $mode =~ ^(ddp[0-9]+_)?(none|graph|compile_graph)$ ]] ||
+    { echo "gpu_tta.sh: --modes takes none, graph, compile_graph and ddp<G>_<one of them>, not $mode" >&2; exit 2; }
 done
 read -r -a ours_list <<<"$ours_runs"
 for o in "${ours_list[@]}"; do
@@ -54,8 +64,6 @@ for o in "${ours_list[@]}"; do
     { echo "gpu_tta.sh: --ours takes async and local<K> (with _tls, _nographs, _fp16 or _bf16), not $o" >&2; exit 2; }
 done
 python=${PYTHON:-python3}
-device=${DEVICE:-gpu:0}
-[[ $num_workers -gt 1 ]] && device=${DEVICE:-gpu:\{i\}}
 for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
   [[ -e $bundle/$f ]] ||
     { echo "gpu_tta.sh: $bundle/$f is missing; run bench/gpu_prepare.sh" >&2; exit 1; }
@@ -85,7 +93,10 @@ say "==> $(date -u +%F) $("$runner" chief --version | head -1), PyTorch" \
 
 status=0
 IFS=';' read -r -a spec_list <<<"$specs"
-read -r -a mode_list <<<"$modes"
+ours_keys=()  # <N>gpu_<run> for every worker count and run of ours
+for w in "${worker_counts[@]}"; do
+  for o in "${ours_list[@]}"; do ours_keys+=("${w}gpu_$o"); done
+done
 for spec in "${spec_list[@]}"; do
   read -r name batch num_ps target max_epochs <<<"$spec"
   if [[ -z $name || ! $batch =~ ^[0-9]+$ || ! $num_ps =~ ^[0-9]+$ || -z $target ||
@@ -101,8 +112,12 @@ for spec in "${spec_list[@]}"; do
   for ((r = 1; r <= repeats; r++)); do
     # Ours: the evaluator reads the model each time the global step (one worker: its steps) has
     # moved half an epoch.
-    for o in "${ours_list[@]}"; do
-      run=${name}_ours_${o}_$r
+    for key in "${ours_keys[@]}"; do
+      workers=${key%%gpu_*}
+      o=${key#*gpu_}
+      device=${DEVICE:-gpu:0}
+      [[ $workers -gt 1 ]] && device=${DEVICE:-gpu:\{i\}}
+      run=${name}_ours_${key}_$r
       cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
       # Steps reported every 10 ms (not every 2 s), so that the evaluator sees them in time
       # (at 1.4 M ex/s, 50 ms was 540 steps of 128, more than half an epoch).
@@ -110,7 +125,7 @@ for spec in "${spec_list[@]}"; do
       cl_worker_flags+=(--report_every_secs=0.01)
       cl_target_accuracy=$target
       seconds=inf
-      if cl_train_to_end "$run" async "$num_ps" "$num_workers" "$batch" "$max_epochs" "$device" \
+      if cl_train_to_end "$run" async "$num_ps" "$workers" "$batch" "$max_epochs" "$device" \
         "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
         if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
           seconds=$t
@@ -124,14 +139,23 @@ for spec in "${spec_list[@]}"; do
         say "    $run: FAILED; see $cl_dir"
         status=1
       fi
-      times[ours_$o]="${times[ours_$o]:-} $seconds"
+      times[ours_$key]="${times[ours_$key]:-} $seconds"
       unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags cl_tls_dir
     done
     for mode in "${mode_list[@]}"; do
       run=${name}_${mode}_$r
       rc=0
-      timeout -k 10 "$run_timeout" "$python" "$bundle/bench/torch_cnn.py" --model="$cl_model" \
-        --data="$bundle/data" --batch_size="$batch" --capture="$mode" \
+      launch=("$python")
+      capture=$mode
+      if [[ $mode =~ ^ddp([0-9]+)_(.*)$ ]]; then
+        launch=("$python" -m torch.distributed.run --standalone
+          --nproc_per_node="${BASH_REMATCH[1]}")
+        capture=${BASH_REMATCH[2]}
+      fi
+      ddp=()
+      [[ $mode == ddp* ]] && ddp=(--ddp)
+      timeout -k 10 "$run_timeout" "${launch[@]}" "$bundle/bench/torch_cnn.py" "${ddp[@]}" \
+        --model="$cl_model" --data="$bundle/data" --batch_size="$batch" --capture="$capture" \
         --target_accuracy="$target" --eval_every_examples=30000 --max_epochs="$max_epochs" \
         >"$work/$run.out" 2>"$work/$run.err" || rc=$?
       line=$(grep '^TORCH_CNN_TTA ' "$work/$run.out" | tail -1 || true)
@@ -147,10 +171,10 @@ for spec in "${spec_list[@]}"; do
     done
   done
   args=()
-  for mode in "${ours_list[@]/#/ours_}" "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
-  python3 - "$name" "$batch" "$num_workers" "${args[@]}" <<'PY' | tee -a "$report"
+  for mode in "${ours_keys[@]/#/ours_}" "${mode_list[@]}"; do args+=("$mode" "${times[$mode]:-}"); done
+  python3 - "$name" "$batch" "${args[@]}" <<'PY' | tee -a "$report"
 import math, statistics, sys
-name, batch, gpus, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+name, batch, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
 med = {}
 for mode, runs in zip(rest[::2], rest[1::2]):
     vals = [float(v) for v in runs.split()]
@@ -170,7 +194,8 @@ for run in [m for m in rest[::2] if m.startswith("ours_")]:
         best = min(torch.values())
         ratio = ("%.2f" % (best / ours) if math.isfinite(ours)
                  else "0" if math.isfinite(best) else "n/a")
-    print("BENCH gpu_tta_%s_%sgpu_%s %.2f s ratio=%s" % (name, gpus, run, ours, ratio))
+    gpus, _, which = run[len("ours_"):].partition("gpu_")
+    print("BENCH gpu_tta_%s_%sgpu_ours_%s %.2f s ratio=%s" % (name, gpus, which, ours, ratio))
 PY
   unset times
 done

@@ -99,14 +99,23 @@ Modes:
              per epoch); warm-up, compile and capture happen before the clock starts.
   --ddp      under torchrun (python3 -m torch.distributed.run --standalone --nproc_per_node=G
              bench/torch_cnn.py --ddp --model=F --data=DIR --batch_size=B): one process per GPU,
-             NCCL, DistributedDataParallel (default bucketing and buffer broadcast; plain
-             per-GPU batch norm, as our workers), rank r training on every G-th image,
-             --batch_size per GPU, whole batches only; the speed protocol of
-             bench/torch_ddp_mlp.py, and rank 0 prints
+             NCCL, DistributedDataParallel (static_graph on unless --ddp_static_graph=0,
+             --bucket_cap_mb, default 25; buffers broadcast from rank 0 each step; plain per-GPU
+             batch norm, as our workers), rank r training on every G-th image, --batch_size per
+             GPU, whole batches only. With --capture: DDP is built on the capture's side stream,
+             NCCL's asynchronous error handling is off (TORCH_NCCL_ASYNC_ERROR_HANDLING=0 unless
+             set) and at least 11 eager DDP steps run before the capture, as PyTorch documents
+             for capturing DDP's all-reduce in the graph; compile_graph compiles DDP around the
+             model (--ddp_compile=outer: the compiled graph split at the buckets) or the model
+             inside DDP (inner); only the first Adam implementation is tried. Speed: the
+             protocol of bench/torch_ddp_mlp.py, and rank 0 prints
     TORCH_DDP_CNN model=<name> gpus=G batch_per_gpu=B steps=N seconds=S examples_per_second=X
-              step_ms=X params=P loss=L torch=<version>
-             where examples_per_second counts every GPU's examples. NVLink multicast stays off
-             (NCCL_NVLS_ENABLE=0 unless set). With --device=cpu: gloo on the CPU, to try it.
+              step_ms=X params=P loss=L torch=<version> capture=<mode> static_graph=0|1 ...
+             where examples_per_second counts every GPU's examples. --target_accuracy: as on one
+             GPU, examples counting every GPU's, each rank evaluating its copy and rank 0's
+             accuracy deciding for all; rank 0 prints the lines (with gpus=G). NVLink multicast
+             stays off (NCCL_NVLS_ENABLE=0 unless set). With --device=cpu: gloo on the CPU, to
+             try it.
   --describe prints the layer list with shapes and the parameter count computed from the
              shapes (no PyTorch needed) and exits.
 params counts trainable parameters (kernels, biases, batch norm's gamma and beta); bn_stats the
@@ -617,7 +626,7 @@ class CapturedStep:
     state as they were at construction (restore()); so does reset()."""
 
     def __init__(self, model, fwd, augment, x_all, y_all, batch, lr, betas, eps, decay_rate,
-                 decay_steps):
+                 decay_steps, side=None):
         self.model, self.fwd, self.augment = model, fwd, augment  # fwd: model or its compiled form
         self.x_all, self.y_all, self.batch = x_all, y_all, batch
         self.dev = x_all.device
@@ -634,7 +643,8 @@ class CapturedStep:
         self.offsets = torch.arange(batch, dtype=torch.int64, device=self.dev)
         self.updates = torch.zeros((), dtype=torch.float64, device=self.dev)
         self.lr_t = torch.full((), lr, dtype=torch.float32, device=self.dev)
-        self.side = torch.cuda.Stream(self.dev)
+        # The stream of the warm-up and the capture (DDP's: it must be built on it).
+        self.side = side if side is not None else torch.cuda.Stream(self.dev)
         self.saved = snapshot(model)  # before any warm-up step
         self.opt = self.graph = self.loss = None
         self.adam = None              # the Adam implementation captured: fused or foreach
@@ -773,6 +783,13 @@ def main():
     p.add_argument("--no_decay", action="store_true", help="ignore the config's lr decay")
     p.add_argument("--no_channels_last", action="store_true")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel under torchrun")
+    p.add_argument("--ddp_static_graph", type=int, choices=(0, 1), default=1,
+                   help="with --ddp: DDP's static_graph (the same parameters used every step)")
+    p.add_argument("--bucket_cap_mb", type=float, default=25,
+                   help="with --ddp: DDP's gradient bucket size in MB")
+    p.add_argument("--ddp_compile", choices=("outer", "inner"), default="outer",
+                   help="with --ddp --capture compile_graph: torch.compile(DDP(model)) (outer: "
+                        "the compiled graph split at DDP's buckets) or DDP(torch.compile(model))")
     p.add_argument("--capture", choices=("none", "graph", "compile_graph"), default="none",
                    help="none: eager; graph: the whole step in one CUDA graph; compile_graph: "
                         "torch.compile'd model, then the same")
@@ -803,8 +820,8 @@ def main():
         return 1
     if not a.data:
         p.error("--data is required")
-    if a.ddp and (a.epochs or a.target_accuracy):
-        p.error("--ddp measures speed only (no --epochs or --target_accuracy)")
+    if a.ddp and a.epochs:
+        p.error("--ddp measures speed or --target_accuracy, not --epochs")
     if a.epochs and a.target_accuracy:
         p.error("--epochs and --target_accuracy are different modes: choose one")
     if a.target_accuracy and not 0 < a.target_accuracy <= 1:
@@ -813,8 +830,6 @@ def main():
         p.error("--eval_every_examples and --max_epochs must be >= 1, --warmup_steps >= 0")
     capture = a.capture
     if capture != "none":
-        if a.ddp:
-            p.error("--capture is for one GPU, not --ddp")
         if not a.device.startswith("cuda"):
             print(f"torch_cnn.py: --capture {capture} needs CUDA (CUDA graphs); --device is "
                   f"{a.device}", file=sys.stderr)
@@ -842,6 +857,11 @@ def main():
     if a.ddp:
         import torch.distributed as dist
         cuda = a.device.startswith("cuda")  # --device=cpu: gloo, to try the logic
+        if capture != "none":
+            # PyTorch's documented condition for capturing DDP's collectives in a CUDA graph:
+            # NCCL's asynchronous error handling off before the process group starts.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            os.environ.setdefault("NCCL_ASYNC_ERROR_HANDLING", "0")
         dist.init_process_group("nccl" if cuda else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         local = int(os.environ.get("LOCAL_RANK", rank))
@@ -876,9 +896,22 @@ def main():
               file=sys.stderr)
         return 1
     net = model
+    side = None  # the capture's stream; under --ddp DDP is built on it, as PyTorch documents
     if a.ddp:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        inner = model
+        if capture == "compile_graph" and a.ddp_compile == "inner":
+            inner = torch.compile(model, mode=None if a.compile_mode == "default" else
+                                  a.compile_mode)
+        ddp_args = dict(device_ids=[dev.index] if dev.type == "cuda" else None,
+                        static_graph=bool(a.ddp_static_graph), bucket_cap_mb=a.bucket_cap_mb)
+        if capture != "none":
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                net = torch.nn.parallel.DistributedDataParallel(inner, **ddp_args)
+            torch.cuda.current_stream(dev).wait_stream(side)
+        else:
+            net = torch.nn.parallel.DistributedDataParallel(inner, **ddp_args)
     lr, beta1, beta2, eps, decay_rate, decay_steps = plan.optimizer()
     if a.no_decay:
         decay_rate = 0
@@ -946,21 +979,26 @@ def main():
                 idx = perm[i:i + batch]
                 yield step(x_all[idx], y_all[idx]), idx.shape[0]
 
-        steps_per_epoch = -(-n // batch)
-        epoch_examples = n
+        steps_per_epoch = n // batch if a.ddp else -(-n // batch)
+        epoch_examples = steps_per_epoch * batch if a.ddp else n
         adam = "default"
         last_batch = "dropped" if a.ddp and n % batch else "kept"
     else:
-        fwd = model
-        if capture == "compile_graph":
-            fwd = torch.compile(model, mode=None if a.compile_mode == "default" else
+        fwd = net  # the model, or DDP around it
+        if capture == "compile_graph" and not (a.ddp and a.ddp_compile == "inner"):
+            fwd = torch.compile(net, mode=None if a.compile_mode == "default" else
                                 a.compile_mode)
         captured = CapturedStep(model, fwd, augment, x_all, y_all, batch, lr, (beta1, beta2),
-                                eps, decay_rate, decay_steps)
+                                eps, decay_rate, decay_steps, side)
+        # A retry with the other Adam on one rank only would leave the others waiting in a
+        # collective: under DDP only the first implementation is tried.
         impls = ("fused", "foreach") if a.adam_impl == "auto" else (a.adam_impl,)
+        if a.ddp:
+            impls = impls[:1]
         t_setup = time.perf_counter()
         try:
-            captured.capture(impls, a.warmup_steps)
+            # PyTorch documents at least 11 eager DDP steps before DDP is captured.
+            captured.capture(impls, max(a.warmup_steps, 11) if a.ddp else a.warmup_steps)
         except Exception as e:  # noqa: BLE001 -- reported with the mode, then exit 1
             what = "torch.compile or the capture" if capture == "compile_graph" else "the capture"
             print(f"torch_cnn.py: --capture {capture}: {what} failed: {type(e).__name__}: {e}",
@@ -1040,19 +1078,37 @@ def main():
             saved = snapshot(model)
             perm = torch.randperm(n, device=dev)
             sizes = [batch] * min(a.warmup_steps, n // batch)
-            if n % batch and a.warmup_steps:
+            if n % batch and a.warmup_steps and not a.ddp:
                 sizes.append(n % batch)
             for b in sizes:
                 step(x_all[perm[:b]], y_all[perm[:b]])
             restore(model, saved, opt)
             updates = 0
-        return time_to_accuracy(a, plan.name, capture, batch, f"device={name} decay={decay} {tags}",
-                                epoch_steps, steps_per_epoch, evaluate, sync)
+        steps_fn = epoch_steps
+        if a.ddp and capture == "none":
+            def steps_fn():
+                return epoch_steps(whole_only=True)
+        share = None
+        if a.ddp:
+            def share(*values):
+                """Rank 0's values on every rank: each rank evaluates its own copy of the model
+                (batch norm's moving statistics are each rank's own), rank 0's result decides,
+                so every rank stops at the same step."""
+                t = torch.tensor(values, dtype=torch.float64, device=dev)
+                dist.broadcast(t, 0)
+                return t.tolist()
+        tags = f"gpus={world} {tags}"
+        rc = time_to_accuracy(a, plan.name, capture, batch, f"device={name} decay={decay} {tags}",
+                              steps_fn, steps_per_epoch, evaluate, sync, world, rank, share)
+        if a.ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        return rc
 
     # Speed.
     def forever():
         while True:
-            if a.ddp:
+            if a.ddp and capture == "none":
                 yield from epoch_steps(whole_only=True)
             else:
                 yield from epoch_steps()
@@ -1097,7 +1153,10 @@ def main():
                   f"steps={steps} seconds={seconds:.3f} "
                   f"examples_per_second={examples / seconds:.1f} "
                   f"step_ms={1e3 * seconds / steps:.4f} params={params} "
-                  f"loss={loss.item():.4f} torch={torch.__version__}", flush=True)
+                  f"loss={loss.item():.4f} torch={torch.__version__} capture={capture} "
+                  f"static_graph={a.ddp_static_graph} bucket_cap_mb={a.bucket_cap_mb}"
+                  f"{f' ddp_compile={a.ddp_compile}' if capture == 'compile_graph' else ''} "
+                  f"{tags}", flush=True)
         dist.destroy_process_group()
         return 0
     final_loss = loss.item()
@@ -1113,11 +1172,14 @@ def main():
 
 
 def time_to_accuracy(a, model_name, capture, batch, tags, epoch_steps, steps_per_epoch, evaluate,
-                     sync):
+                     sync, world=1, rank=0, share=None):
     """--target_accuracy: trains from the initial weights, evaluating the test set after every
     --eval_every_examples training examples with the clock stopped (sync() before stopping and
     before starting it again), until the test accuracy reaches the target or --max_epochs end.
-    Prints TORCH_CNN_EVAL per evaluation and one TORCH_CNN_TTA; returns the exit status."""
+    Prints TORCH_CNN_EVAL per evaluation and one TORCH_CNN_TTA; returns the exit status.
+    Under DDP (world > 1) every rank runs this: examples count every rank's (each step is
+    `world` batches), share(values...) gives every rank rank 0's evaluation, and only rank 0
+    prints."""
     every = a.eval_every_examples
     examples = steps = 0
     next_eval = every
@@ -1131,13 +1193,19 @@ def time_to_accuracy(a, model_name, capture, batch, tags, epoch_steps, steps_per
         nonlocal evaluated_at
         test_loss, accuracy = evaluate()
         train_loss = loss.item()
+        if share is not None:
+            test_loss, accuracy, train_loss = share(test_loss, accuracy, train_loss)
         evaluated_at = examples
+        if rank != 0:
+            return accuracy, train_loss
         print(f"TORCH_CNN_EVAL {head} examples={examples} train_seconds={train_seconds:.3f} "
               f"test_accuracy={accuracy:.4f} epochs={epochs:.3f} steps={steps} "
               f"train_loss={train_loss:.4f} test_loss={test_loss:.4f}", flush=True)
         return accuracy, train_loss
 
     def result(seconds, epochs, reached):
+        if rank != 0:
+            return
         print(f"TORCH_CNN_TTA {head} batch={batch} target={a.target_accuracy} "
               f"seconds={seconds} examples={examples} epochs={epochs:.3f} "
               f"test_accuracy={acc:.4f} reached={'true' if reached else 'false'} "
@@ -1150,7 +1218,7 @@ def time_to_accuracy(a, model_name, capture, batch, tags, epoch_steps, steps_per
     t0 = time.perf_counter()
     for epoch in range(a.max_epochs):
         for j, (loss, b) in enumerate(epoch_steps(), 1):
-            examples += b
+            examples += b * world
             steps += 1
             if examples < next_eval:
                 continue
