@@ -859,7 +859,8 @@ std::string GeometryName(const ConvGeometry& g) {
                       g.out_w);
 }
 
-// SAME and VALID, strides 1 and 2, kernels 1x1, 3x3 and a non-square one, odd and even sizes.
+// SAME and VALID, strides 1 and 2, kernels 1x1, 3x3 and a non-square one, odd and even sizes;
+// channels that are not a multiple of 4 and (the GPU's four-at-a-time path) ones that are.
 std::vector<ConvGeometry> ConvGeometries() {
   std::vector<ConvGeometry> geometries;
   for (bool same : {true, false}) {
@@ -870,6 +871,8 @@ std::vector<ConvGeometry> ConvGeometries() {
     }
     geometries.push_back(MakeGeometry(3, 8, 6, 3, 3, 3, 2, 2, same));
     geometries.push_back(MakeGeometry(1, 6, 9, 4, 2, 3, 1, 2, same));
+    geometries.push_back(MakeGeometry(2, 7, 6, 8, 3, 3, 1, 1, same));
+    geometries.push_back(MakeGeometry(2, 6, 7, 16, 3, 3, 2, 2, same));
   }
   return geometries;
 }
