@@ -208,7 +208,9 @@ absl::Status Run() {
   if (absl::Status s = (*client)->CreateAll(sync); !s.ok()) return s;
 
   const int batch_size = FLAGS_batch_size;
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(config, kernels->get(), batch_size);
+  // As the worker: a GPU keeps each convolution's patches for its backward pass.
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
+      config, kernels->get(), batch_size, /*keep_patches=*/!(*kernels)->device_is_host());
   if (!model.ok()) return model.status();
   Model& net = **model;
   ParameterClient& ps = **client;

@@ -49,6 +49,9 @@ struct Node {
   float* mean = nullptr;  // batch_norm: the batch's statistics [channels]
   float* variance = nullptr;
   int32_t* argmax = nullptr;  // max_pool: [max_batch x out.size()]
+  // conv2d under Model::Create's keep_patches: its forward pass's patches, which its backward
+  // pass reads [max_batch x PatchFloats]; null: StepContext::cols, gathered again in backward.
+  float* patches = nullptr;
 };
 
 // What a layer's planning adds to: the model's variables, in the order the network reads them.

@@ -22,12 +22,14 @@ bool HasNetwork(const v1::ModelConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelConfig& config,
-                                                     Kernels* kernels, int max_batch) {
+                                                     Kernels* kernels, int max_batch,
+                                                     bool keep_patches) {
   PS_ASSIGN_OR_RETURN(Plan plan, MakePlan(config));
   if (max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_batch must be >= 1, got ", max_batch));
   }
   auto model = std::unique_ptr<Model>(new Model(config, kernels, max_batch));
+  model->keep_patches_ = keep_patches;
   for (const v1::VariableSpec& v : plan.spec.variables()) {
     model->dense_names_.push_back(v.name());
     int64_t n = 1;
@@ -152,7 +154,11 @@ absl::Status Model::Allocate() {
       PS_ASSIGN_OR_RETURN(stats, Floats(n));
     }
     node.layer->Bind(&node, ints, stats);
-    cols = std::max(cols, b * node.layer->PatchFloats(node));
+    const int64_t patches = b * node.layer->PatchFloats(node);
+    cols = std::max(cols, patches);
+    if (keep_patches_ && patches > 0) {
+      PS_ASSIGN_OR_RETURN(node.patches, Floats(patches));
+    }
   }
   if (cols > 0) {
     PS_ASSIGN_OR_RETURN(cols_, Floats(cols));

@@ -87,9 +87,13 @@ class Model {
   static constexpr int kInputSlots = 2;
 
   // `kernels` is not owned and must outlive the model. Device buffers are sized for
-  // `max_batch` examples.
+  // `max_batch` examples. `keep_patches`: each convolution keeps the patches its forward pass
+  // gathered (Im2Col) in a buffer of its own for its backward pass, instead of gathering them
+  // again there into one buffer all share: less work per training step for more memory (each
+  // convolution's PatchFloats per example; ResNet-20: ~4.6 MB), which a GPU worker has.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelConfig& config,
-                                                       Kernels* kernels, int max_batch);
+                                                       Kernels* kernels, int max_batch,
+                                                       bool keep_patches = false);
   ~Model();
 
   // About the device memory Create allocates per example of max_batch, in bytes: each layer's
@@ -338,6 +342,7 @@ class Model {
   const v1::ModelConfig config_;
   Kernels* const kernels_;  // Not owned.
   const int max_batch_;
+  bool keep_patches_ = false;     // Create's keep_patches
   int input_width_ = 0;           // dense features plus concatenated embeddings
   int classes_ = 0;               // the logits' width
   bool need_input_grad_ = false;  // a table's rows feed the input

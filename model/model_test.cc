@@ -320,6 +320,47 @@ TEST(ModelGradientTest, ResidualBlocksWithGlobalAveragePooling) {
 // Batch normalization's moving statistics: training pushes the batch's statistics for them
 // (the variance with Bessel's correction), which the ps averages in, and evaluation normalizes
 // with them.
+// Convolutions that keep their forward patches for backward (Model::Create's keep_patches, a GPU
+// worker's choice) compute exactly what gathering them again computes, including when a later
+// convolution's backward has used the shared buffer in between.
+TEST(ModelTest, KeptPatchesGiveTheSameStep) {
+  const v1::ModelConfig config = Parse(R"pb(input_dim: 98
+                                            input_shape { height: 7 width: 7 channels: 2 }
+                                            network {
+                                              name: "c1"
+                                              conv2d { filters: 4 kernel_size: 3 activation: TANH }
+                                            }
+                                            network {
+                                              name: "c2"
+                                              conv2d { filters: 3 kernel_size: 3 stride: 2 }
+                                            }
+                                            network {
+                                              name: "f"
+                                              flatten {}
+                                            }
+                                            network {
+                                              name: "out"
+                                              dense { units: 3 }
+                                            }
+                                            loss: SOFTMAX_CROSS_ENTROPY)pb");
+  std::unique_ptr<Kernels> kernels = NewCpuKernels();
+  auto gathered = Model::Create(config, kernels.get(), 8);
+  auto kept = Model::Create(config, kernels.get(), 8, /*keep_patches=*/true);
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  Problem p = MakeProblem(**gathered, 6, 3, false, 7);
+  std::vector<const float*> params, rows;
+  for (auto& v : p.params) params.push_back(v.data());
+  StepResult a, b;
+  ASSERT_TRUE((*gathered)->Compute(p.batch, p.sparse, params, rows, true, &a).ok());
+  ASSERT_TRUE((*kept)->Compute(p.batch, p.sparse, params, rows, true, &b).ok());
+  EXPECT_EQ(a.loss, b.loss);
+  ASSERT_EQ(a.dense_grads.size(), b.dense_grads.size());
+  for (size_t v = 0; v < a.dense_grads.size(); ++v) {
+    EXPECT_EQ(a.dense_grads[v], b.dense_grads[v]) << (*gathered)->dense_variables()[v];
+  }
+}
+
 TEST(ModelTest, BatchNormMovingStatistics) {
   const v1::ModelConfig config = Parse(R"pb(input_dim: 12
                                             input_shape { height: 2 width: 2 channels: 3 }

@@ -166,7 +166,10 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   std::vector<std::unique_ptr<Model>> models;
   std::vector<Model*> tower_models;
   for (Kernels* k : towers_) {
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::Create(model_.config(), k, per_tower));
+    // A GPU has the memory to keep each convolution's patches for its backward pass.
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
+                        Model::Create(model_.config(), k, per_tower,
+                                      /*keep_patches=*/!k->device_is_host()));
     tower_models.push_back(m.get());
     models.push_back(std::move(m));
   }

@@ -1,5 +1,7 @@
 // conv2d: a k x k convolution over NHWC input, as Im2Col and one product with the HWIO kernel
-// (a 1x1 convolution at stride 1 reads its input as the patches: no copy).
+// (a 1x1 convolution at stride 1 reads its input as the patches: no copy). Backward reads the
+// patches forward gathered when the node keeps them (Model::Create's keep_patches), else
+// gathers them again.
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "model/layer.h"
@@ -55,8 +57,9 @@ class Conv2DLayer final : public Layer {
     g.batch = ctx.batch;
     const float* cols = ctx.value(node.inputs[0]);
     if (!DirectConv(g)) {
-      ctx.kernels->Im2Col(g, cols, ctx.cols);
-      cols = ctx.cols;
+      float* patches = node.patches != nullptr ? node.patches : ctx.cols;
+      ctx.kernels->Im2Col(g, cols, patches);
+      cols = patches;
     }
     const int m = static_cast<int>(g.output_positions());
     const int filters = node.out.channels;
@@ -72,7 +75,9 @@ class Conv2DLayer final : public Layer {
     g.batch = ctx.batch;
     const bool direct = DirectConv(g);
     const float* cols = ctx.value(node.inputs[0]);
-    if (!direct) {
+    if (!direct && node.patches != nullptr) {
+      cols = node.patches;  // as the forward pass gathered them
+    } else if (!direct) {
       ctx.kernels->Im2Col(g, cols, ctx.cols);
       cols = ctx.cols;
     }
