@@ -377,6 +377,22 @@ __device__ int64_t PatchSize(const ConvGeometry& g) {
 // The conv kernels below index with Index: int32_t when every index fits (cheaper division),
 // else int64_t.
 
+// Element i of an NHWC tensor [batch, height, width, channels], channels innermost: its
+// example, row, column and channel.
+template <typename Index>
+struct NhwcPosition {
+  Index n;
+  int h, w, c;
+};
+template <typename Index>
+__device__ NhwcPosition<Index> UnflattenNhwc(Index i, int height, int width, int channels) {
+  const int c = static_cast<int>(i % channels);
+  const Index q = i / channels;
+  const int w = static_cast<int>(q % width);
+  const Index r = q / width;
+  return {r / height, static_cast<int>(r % height), w, c};
+}
+
 // One thread per element of cols [output positions x patch].
 template <typename Index>
 __global__ void Im2ColKernel(ConvGeometry g, const float* x, float* cols) {
@@ -447,12 +463,7 @@ __global__ void Col2ImKernel(ConvGeometry g, const float* dcols, float* dx) {
   const Index n_total = InputSize(g);
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % g.channels);
-    const Index q = i / g.channels;
-    const int w = static_cast<int>(q % g.width);
-    const Index r = q / g.width;
-    const int h = static_cast<int>(r % g.height);
-    const Index n = r / g.height;
+    const auto [n, h, w, c] = UnflattenNhwc(i, g.height, g.width, g.channels);
     int oh_begin, oh_end, ow_begin, ow_end;
     CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
     CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
@@ -478,12 +489,7 @@ __global__ void Col2ImQuadKernel(ConvGeometry g, const float4* dcols, float4* dx
   const Index n_total = InputSize(g) / 4;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % quads);
-    const Index q = i / quads;
-    const int w = static_cast<int>(q % g.width);
-    const Index r = q / g.width;
-    const int h = static_cast<int>(r % g.height);
-    const Index n = r / g.height;
+    const auto [n, h, w, c] = UnflattenNhwc(i, g.height, g.width, quads);
     int oh_begin, oh_end, ow_begin, ow_end;
     CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
     CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
@@ -511,12 +517,7 @@ __global__ void MaxPoolForwardKernel(ConvGeometry g, const float* x, float* y, i
   const Index n_total = OutputPositions(g) * g.channels;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % g.channels);
-    const Index q = i / g.channels;
-    const int ow = static_cast<int>(q % g.out_w);
-    const Index r = q / g.out_w;
-    const int oh = static_cast<int>(r % g.out_h);
-    const Index n = r / g.out_h;
+    const auto [n, oh, ow, c] = UnflattenNhwc(i, g.out_h, g.out_w, g.channels);
     const int h_begin = max(0, oh * g.stride_h - g.pad_top);
     const int h_end = min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
     const int w_begin = max(0, ow * g.stride_w - g.pad_left);
@@ -546,12 +547,7 @@ __global__ void MaxPoolBackwardKernel(ConvGeometry g, const float* dy, const int
   const Index n_total = InputSize(g);
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % g.channels);
-    const Index q = i / g.channels;
-    const int w = static_cast<int>(q % g.width);
-    const Index r = q / g.width;
-    const int h = static_cast<int>(r % g.height);
-    const Index n = r / g.height;
+    const auto [n, h, w, c] = UnflattenNhwc(i, g.height, g.width, g.channels);
     int oh_begin, oh_end, ow_begin, ow_end;
     CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
     CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
@@ -582,12 +578,7 @@ __global__ void AvgPoolForwardKernel(ConvGeometry g, const float* x, float* y) {
   const Index n_total = OutputPositions(g) * g.channels;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % g.channels);
-    const Index q = i / g.channels;
-    const int ow = static_cast<int>(q % g.out_w);
-    const Index r = q / g.out_w;
-    const int oh = static_cast<int>(r % g.out_h);
-    const Index n = r / g.out_h;
+    const auto [n, oh, ow, c] = UnflattenNhwc(i, g.out_h, g.out_w, g.channels);
     const int h_begin = max(0, oh * g.stride_h - g.pad_top);
     const int h_end = min(g.height, oh * g.stride_h - g.pad_top + g.kernel_h);
     const int w_begin = max(0, ow * g.stride_w - g.pad_left);
@@ -611,12 +602,7 @@ __global__ void AvgPoolBackwardKernel(ConvGeometry g, const float* dy, float* dx
   const Index n_total = InputSize(g);
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_total;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(i % g.channels);
-    const Index q = i / g.channels;
-    const int w = static_cast<int>(q % g.width);
-    const Index r = q / g.width;
-    const int h = static_cast<int>(r % g.height);
-    const Index n = r / g.height;
+    const auto [n, h, w, c] = UnflattenNhwc(i, g.height, g.width, g.channels);
     int oh_begin, oh_end, ow_begin, ow_end;
     CoveringWindows(h, g.stride_h, g.pad_top, g.kernel_h, g.out_h, &oh_begin, &oh_end);
     CoveringWindows(w, g.stride_w, g.pad_left, g.kernel_w, g.out_w, &ow_begin, &ow_end);
@@ -1180,20 +1166,15 @@ class CudaKernels final : public Kernels {
     if (Quads(g, x, cols)) {
       const auto* in = reinterpret_cast<const float4*>(x);
       auto* out = reinterpret_cast<float4*>(cols);
-      if (FitsInt32(g)) {
-        Im2ColQuadKernel<int32_t><<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
-      } else {
-        Im2ColQuadKernel<int64_t><<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
-      }
-      PS_CUDA_CHECK_LAUNCH("Im2ColQuadKernel");
+      WithIndexType(g, "Im2ColQuadKernel", [&](auto index) {
+        Im2ColQuadKernel<decltype(index)>
+            <<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
+      });
       return;
     }
-    if (FitsInt32(g)) {
-      Im2ColKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, cols);
-    } else {
-      Im2ColKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, cols);
-    }
-    PS_CUDA_CHECK_LAUNCH("Im2ColKernel");
+    WithIndexType(g, "Im2ColKernel", [&](auto index) {
+      Im2ColKernel<decltype(index)><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, cols);
+    });
   }
 
   void Col2Im(const ConvGeometry& g, const float* dcols, float* dx) override {
@@ -1203,32 +1184,25 @@ class CudaKernels final : public Kernels {
     if (Quads(g, dcols, dx)) {
       const auto* in = reinterpret_cast<const float4*>(dcols);
       auto* out = reinterpret_cast<float4*>(dx);
-      if (FitsInt32(g)) {
-        Col2ImQuadKernel<int32_t><<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
-      } else {
-        Col2ImQuadKernel<int64_t><<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
-      }
-      PS_CUDA_CHECK_LAUNCH("Col2ImQuadKernel");
+      WithIndexType(g, "Col2ImQuadKernel", [&](auto index) {
+        Col2ImQuadKernel<decltype(index)>
+            <<<Blocks(n / 4), kThreadsPerBlock, 0, stream_>>>(g, in, out);
+      });
       return;
     }
-    if (FitsInt32(g)) {
-      Col2ImKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dcols, dx);
-    } else {
-      Col2ImKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dcols, dx);
-    }
-    PS_CUDA_CHECK_LAUNCH("Col2ImKernel");
+    WithIndexType(g, "Col2ImKernel", [&](auto index) {
+      Col2ImKernel<decltype(index)><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dcols, dx);
+    });
   }
 
   void MaxPoolForward(const ConvGeometry& g, const float* x, float* y, int32_t* argmax) override {
     const int64_t n = g.output_positions() * g.channels;
     if (n <= 0) return;
     MakeCurrent();
-    if (FitsInt32(g)) {
-      MaxPoolForwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y, argmax);
-    } else {
-      MaxPoolForwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y, argmax);
-    }
-    PS_CUDA_CHECK_LAUNCH("MaxPoolForwardKernel");
+    WithIndexType(g, "MaxPoolForwardKernel", [&](auto index) {
+      MaxPoolForwardKernel<decltype(index)>
+          <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y, argmax);
+    });
   }
 
   void MaxPoolBackward(const ConvGeometry& g, const float* dy, const int32_t* argmax,
@@ -1236,38 +1210,29 @@ class CudaKernels final : public Kernels {
     const int64_t n = g.input_size();
     if (n <= 0) return;
     MakeCurrent();
-    if (FitsInt32(g)) {
-      MaxPoolBackwardKernel<int32_t>
+    WithIndexType(g, "MaxPoolBackwardKernel", [&](auto index) {
+      MaxPoolBackwardKernel<decltype(index)>
           <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, argmax, dx);
-    } else {
-      MaxPoolBackwardKernel<int64_t>
-          <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, argmax, dx);
-    }
-    PS_CUDA_CHECK_LAUNCH("MaxPoolBackwardKernel");
+    });
   }
 
   void AvgPoolForward(const ConvGeometry& g, const float* x, float* y) override {
     const int64_t n = g.output_positions() * g.channels;
     if (n <= 0) return;
     MakeCurrent();
-    if (FitsInt32(g)) {
-      AvgPoolForwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y);
-    } else {
-      AvgPoolForwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y);
-    }
-    PS_CUDA_CHECK_LAUNCH("AvgPoolForwardKernel");
+    WithIndexType(g, "AvgPoolForwardKernel", [&](auto index) {
+      AvgPoolForwardKernel<decltype(index)><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, x, y);
+    });
   }
 
   void AvgPoolBackward(const ConvGeometry& g, const float* dy, float* dx) override {
     const int64_t n = g.input_size();
     if (n <= 0) return;
     MakeCurrent();
-    if (FitsInt32(g)) {
-      AvgPoolBackwardKernel<int32_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, dx);
-    } else {
-      AvgPoolBackwardKernel<int64_t><<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, dx);
-    }
-    PS_CUDA_CHECK_LAUNCH("AvgPoolBackwardKernel");
+    WithIndexType(g, "AvgPoolBackwardKernel", [&](auto index) {
+      AvgPoolBackwardKernel<decltype(index)>
+          <<<Blocks(n), kThreadsPerBlock, 0, stream_>>>(g, dy, dx);
+    });
   }
 
   void GlobalAvgPoolForward(const float* x, int batch, int positions, int channels,
@@ -1519,6 +1484,19 @@ class CudaKernels final : public Kernels {
   static bool Quads(const ConvGeometry& g, const float* a, const float* b) {
     return g.channels % 4 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  }
+
+  // Calls launch(Index{}) with Index = int32_t when every index of a window operation on g fits
+  // in it (cheaper division on the device), else with int64_t, then checks the launch of
+  // `kernel` (its name, for the error).
+  template <typename Launch>
+  void WithIndexType(const ConvGeometry& g, const char* kernel, const Launch& launch) const {
+    if (FitsInt32(g)) {
+      launch(int32_t{0});
+    } else {
+      launch(int64_t{0});
+    }
+    PS_CUDA_CHECK_LAUNCH(kernel);
   }
 
   // Whether every index of a window operation on g fits in int32_t.
