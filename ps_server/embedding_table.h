@@ -441,7 +441,6 @@ class EmbeddingTable {
   // A vocabulary table's ids (0 for a hashed table) and its rows (VocabularyRows).
   const int64_t vocabulary_size_;
   VocabularyRows vocabulary_;
-  bool vocabulary_allocated_ = true;  // false if its rows could not be allocated (Create fails)
 
   // Fed by every successful push; its own small lock, never taken with a stripe lock.
   HotKeySketch hot_keys_;

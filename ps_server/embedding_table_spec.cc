@@ -158,7 +158,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   std::unique_ptr<EmbeddingTable> table(new EmbeddingTable(
       spec, *std::move(optimizer), std::move(owned), num_virtual_shards, stripe_capacity));
-  if (!table->vocabulary_allocated_) {
+  if (!table->vocabulary_.usable()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", spec.name(), ": cannot allocate ", table->reserved_bytes(),
                      " bytes for the rows of vocabulary_size ", spec.vocabulary_size()));
@@ -208,9 +208,8 @@ EmbeddingTable::EmbeddingTable(v1::TableSpec spec, std::unique_ptr<Optimizer> op
                           spec_.admission().probability());
     }
   }
-  if (vocabulary_size_ > 0) {
-    vocabulary_allocated_ = vocabulary_.Allocate(vocabulary_size_, owned_, stride_, kNumStripes);
-  }
+  // A failed allocation leaves vocabulary_ unusable, which Create reports.
+  if (vocabulary_size_ > 0) vocabulary_.Allocate(vocabulary_size_, owned_, stride_, kNumStripes);
 }
 
 EmbeddingTable::~EmbeddingTable() = default;

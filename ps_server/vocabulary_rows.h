@@ -40,6 +40,9 @@ class VocabularyRows {
 
   // The rows reserved: every row of every owned shard.
   int64_t size() const { return num_rows_; }
+  // Whether every row laid out has its memory: true for none (a hashed table's) and after an
+  // Allocate that succeeded, false after one that failed.
+  bool usable() const { return num_rows_ == 0 || counts_ != nullptr; }
 
   // REQUIRES for the key functions: the key is in [0, vocabulary_size) and its shard owned.
   int32_t Shard(int64_t key) const {

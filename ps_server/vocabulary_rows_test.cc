@@ -19,6 +19,7 @@ void CheckLayout(int64_t vocabulary, int32_t num_shards, const std::vector<int32
   for (int32_t v : owned_shards) owned[static_cast<size_t>(v)] = true;
   VocabularyRows rows;
   ASSERT_TRUE(rows.Allocate(vocabulary, owned, /*stride=*/3, num_stripes));
+  EXPECT_TRUE(rows.usable());
   const int64_t per_shard = (vocabulary + num_shards - 1) / num_shards;
   EXPECT_EQ(rows.size(), static_cast<int64_t>(owned_shards.size()) * per_shard);
   EXPECT_EQ(rows.FirstRow(0), 0);
@@ -64,8 +65,10 @@ TEST(VocabularyRowsTest, SomeShardsOfANonPowerOfTwoAndMoreStripesThanShards) {
 
 TEST(VocabularyRowsTest, ATaskOwningNothingHasNoRows) {
   VocabularyRows rows;
+  EXPECT_TRUE(rows.usable());  // none laid out yet: a hashed table's
   EXPECT_TRUE(rows.Allocate(100, std::vector<bool>(4, false), 2, 4));
   EXPECT_EQ(rows.size(), 0);
+  EXPECT_TRUE(rows.usable());
 }
 
 }  // namespace
