@@ -40,7 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "chief/step_gate.h"
+#include "chief/in_process_chief.h"
 #include "client/parameter_client.h"
 #include "common/clock.h"
 #include "common/proto_file.h"
@@ -53,8 +53,8 @@
 #include "proto/model_config.pb.h"
 #include "ps_server/in_process_ps_transport.h"
 #include "sharding/placement.h"
-#include "worker/in_process_step_source.h"
 #include "worker/step_pipeline.h"
+#include "worker/step_source.h"
 #include "worker/trainer.h"
 
 DEFINE_string(model_config, "configs/mlp.pbtxt", "The model config (as the chief's flag).");
@@ -338,46 +338,39 @@ absl::Status Run() {
   return absl::OkStatus();
 }
 
-// --loop=pipelined: the worker's Trainer, as in a cluster but with the chief's gate and the ps
-// stores in this process; examples/s over the timed window.
+// --loop=pipelined: the worker's Trainer, as in a cluster but with the chief (InProcessChief)
+// and the ps stores in this process; examples/s over the timed window.
 absl::Status RunPipelined() {
   absl::StatusOr<Inputs> inputs = LoadInputs();
   if (!inputs.ok()) return inputs.status();
   const v1::ModelConfig& config = inputs->config;
-  const v1::ModelSpec* spec = &inputs->spec;
   const Dataset* train = &inputs->train;
   absl::StatusOr<std::vector<std::unique_ptr<Kernels>>> devices = MakeDevices(FLAGS_device);
   if (!devices.ok()) return devices.status();
   std::vector<Kernels*> towers;
   for (const auto& k : *devices) towers.push_back(k.get());
 
-  v1::GetModelResponse model;
-  *model.mutable_config() = config;
-  *model.mutable_model() = *spec;
-  v1::PlacementOptions placement_options;
-  placement_options.set_num_virtual_shards(FLAGS_num_virtual_shards);
-  absl::StatusOr<v1::Placement> placement =
-      ComputePlacement(*spec, FLAGS_num_ps, placement_options);
-  if (!placement.ok()) return placement.status();
-  *model.mutable_placement() = *placement;
-  model.mutable_training()->set_batch_size(FLAGS_batch_size);
-  model.mutable_training()->set_epochs(1000000);  // stopped by the clock
-  model.mutable_training()->set_shuffle_seed(FLAGS_shuffle_seed);
-  model.mutable_sync()->set_mode(v1::ASYNC);
-  auto stores = std::make_unique<InProcessPsTransport>(FLAGS_num_ps, StoreOptions());
-  InProcessPsTransport* root = stores.get();
+  // The real chief creates and places the variables on the stores and answers the worker's
+  // asks for steps, as in a cluster.
+  InProcessChief::Options chief_options;
+  chief_options.config = config;
+  chief_options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);
+  chief_options.training.set_batch_size(FLAGS_batch_size);
+  chief_options.training.set_epochs(1000000);  // stopped by the clock
+  chief_options.training.set_shuffle_seed(FLAGS_shuffle_seed);
+  chief_options.sync.set_mode(v1::ASYNC);
+  chief_options.num_ps = FLAGS_num_ps;
+  chief_options.store = StoreOptions();
+  chief_options.clock = pscluster::Clock::Real();
+  absl::StatusOr<std::unique_ptr<InProcessChief>> chief = InProcessChief::Start(chief_options);
+  if (!chief.ok()) return chief.status();
+  const v1::GetModelResponse& model = (*chief)->model();
   ParameterClientOptions client_options;
   client_options.worker = 0;
-  absl::StatusOr<std::unique_ptr<ParameterClient>> creator =
-      ParameterClient::Create(*spec, *placement, root->Share(), client_options);
-  if (!creator.ok()) return creator.status();
-  if (absl::Status s = (*creator)->CreateAll(model.sync()); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<ParameterClient>> client =
-      ParameterClient::Create(*spec, *placement, std::move(stores), client_options);
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client = ParameterClient::Create(
+      model.model(), model.placement(), (*chief)->stores().Share(), client_options);
   if (!client.ok()) return client.status();
-
-  StepGate gate(pscluster::Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  ChiefStepSource source((*chief)->client(0), 0);
   TrainerOptions trainer_options;
   trainer_options.staleness = FLAGS_staleness;
   trainer_options.report_every = absl::Seconds(1000);

@@ -14,6 +14,13 @@ class RealClock : public Clock {
 
 }  // namespace
 
+void Clock::SleepFor(absl::Duration d) const {
+  absl::Mutex mu;
+  const bool never = false;
+  absl::MutexLock lock(&mu);
+  AwaitWithDeadline(&mu, absl::Condition(&never), Now() + d);
+}
+
 Clock* Clock::Real() {
   static Clock* const clock = new RealClock();
   return clock;

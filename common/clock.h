@@ -19,6 +19,9 @@ class Clock {
   virtual bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
                                  absl::Time deadline) const = 0;
 
+  // Blocks for `d` of this clock's time (a FakeClock: as its waits do).
+  void SleepFor(absl::Duration d) const;
+
   // The process-wide real clock. Never null; not owned by the caller.
   static Clock* Real();
 };

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -608,7 +607,7 @@ void StepPipeline::PushThread() {
       if (push_queue_.empty() || failed_ != nullptr || retrying_) return;
       job = &push_queue_.front();
     }
-    if (options_.push_delay > absl::ZeroDuration()) absl::SleepFor(options_.push_delay);
+    if (options_.push_delay > absl::ZeroDuration()) options_.clock->SleepFor(options_.push_delay);
     absl::Status s = Push(*job);
     absl::MutexLock lock(&mu_);
     if (!s.ok()) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
+#include "common/clock.h"
 #include "common/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/data/dataset.h"
@@ -46,6 +47,8 @@ struct StepPipelineOptions {
   int per_layer = -1;
   // A pause between computing a step and pushing its gradients (tests: a straggler).
   absl::Duration push_delay = absl::ZeroDuration();
+  // The time of push_delay. Not owned.
+  Clock* clock = Clock::Real();
 };
 
 // What a step computed, once its outputs reached the host.

@@ -42,9 +42,10 @@ struct StepReport {
 v1::ReportStepRequest ToReportStepRequest(int32_t worker, const StepReport& report);
 
 // The chief's side of a worker's training loop: tokens (sync), the staleness bound (SSP), the
-// gate (async), and progress reports. The loop depends on this interface only, so that unit
-// tests run it against the chief's own logic in this process (InProcessStepSource) and the
-// worker against the real chief over gRPC (ChiefStepSource). Thread-compatible.
+// gate (async), and progress reports. The loop depends on this interface only; its one
+// implementation, ChiefStepSource, reaches the chief over gRPC in a worker and a Coordinator in
+// this process in tests (chief/in_process_chief.h), which may wrap it to watch the calls.
+// Thread-compatible.
 class StepSource {
  public:
   virtual ~StepSource() = default;

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "glog/logging.h"
@@ -133,7 +132,7 @@ absl::Status Trainer::ReportWithRetries(const StepReport& report,
                    << report.step << (report.finished ? " (finished)" : "") << " (" << reported
                    << "); sending it again";
     }
-    absl::SleepFor(absl::Milliseconds(200));
+    options_.clock->SleepFor(absl::Milliseconds(200));
   }
   return reported;
 }
@@ -147,7 +146,7 @@ bool Trainer::RetryStep(const absl::Status& status, int* failures) const {
   }
   LOG(WARNING) << "worker:" << options_.worker << " step failed (" << status
                << "); trying it again";
-  absl::SleepFor(absl::Milliseconds(200));
+  options_.clock->SleepFor(absl::Milliseconds(200));
   if (options_.before_retry) options_.before_retry();
   return true;
 }
@@ -206,6 +205,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
   pipeline_options.staleness = policy->allows_overlap() ? options_.staleness : 0;
   pipeline_options.comm_threads = options_.comm_threads;
   pipeline_options.push_delay = options_.step_delay;
+  pipeline_options.clock = options_.clock;
   const int local_steps = model_.sync().local_steps();
   std::unique_ptr<StepRunner> pipeline;
   if (local_steps > 1) {
@@ -347,7 +347,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     epoch_ = static_cast<int32_t>(plan.epoch);
     max_staleness_ = pipeline->max_staleness();
     if (options_.step_counter != nullptr) options_.step_counter->store(steps_.load());
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     const bool due = now - last_report >= options_.report_every;
     if (now - last_log >= absl::Seconds(2)) {
       last_log = now;
@@ -359,7 +359,7 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     }
     if (policy->report_every_step() || due) {
       PS_RETURN_IF_ERROR(report(/*finished=*/false));
-      last_report = absl::Now();
+      last_report = options_.clock->Now();
     }
   }
   // A pass asked for ahead is answered (at once: it says the worker is still pushing).

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
+#include "common/clock.h"
 #include "kernels/kernels.h"
 #include "model/data/dataset.h"
 #include "proto/coordinator_service.pb.h"
@@ -42,6 +43,8 @@ struct TrainerOptions {
   bool cuda_graphs = true;
   // Updated with the number of completed steps, for heartbeats. Not owned; may be null.
   std::atomic<int64_t>* step_counter = nullptr;
+  // The time of reports, logs, pauses before retries and step_delay. Not owned.
+  Clock* clock = Clock::Real();
 };
 
 // A worker's training loop, one for every mode: ask the chief for the next step (StepSource:

@@ -1,18 +1,20 @@
-// The training loop against the chief's own token and gate logic (InProcessStepSource) and the
-// ps store (InProcessPsTransport) in this process, on any Kernels backend (trainer_test.cc: the
-// CPU; cuda_trainer_test.cc: GPUs).
+// The training loop against the real chief (a Coordinator, InProcessChief) and ps stores
+// (InProcessPsTransport) in this process, through the worker's own ChiefStepSource, on any
+// Kernels backend (trainer_test.cc: the CPU; cuda_trainer_test.cc: GPUs).
 #include "worker/trainer_test_body.h"
 
 #include <atomic>
+#include <filesystem>
+#include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "chief/step_gate.h"
-#include "chief/sync_coordinator.h"
+#include "chief/in_process_chief.h"
 #include "client/parameter_client.h"
 #include "common/clock.h"
 #include "glog/logging.h"
@@ -22,9 +24,9 @@
 #include "model/data/shard.h"
 #include "model/model.h"
 #include "ps_server/in_process_ps_transport.h"
-#include "sharding/placement.h"
-#include "worker/in_process_step_source.h"
+#include "storage/crash_points.h"
 #include "worker/step_pipeline.h"
+#include "worker/step_source.h"
 #include "worker/trainer.h"
 
 namespace pscluster {
@@ -90,23 +92,19 @@ constexpr char kCnn[] = R"pb(
   optimizer { sgd { learning_rate: 0.2 } }
 )pb";
 
-v1::GetModelResponse MakeModel(v1::UpdateMode mode, const char* config = kMlp) {
-  v1::GetModelResponse m;
-  CHECK(google::protobuf::TextFormat::ParseFromString(config, m.mutable_config()));
-  auto spec = ModelSpecFromConfig(m.config());
-  CHECK(spec.ok());
-  *m.mutable_model() = *spec;
-  v1::PlacementOptions options;
-  options.set_max_partition_bytes(48);  // h/kernel [4, 6] splits over both ps tasks
-  auto placement = ComputePlacement(*spec, 2, options);
-  CHECK(placement.ok());
-  *m.mutable_placement() = *placement;
-  m.mutable_training()->set_batch_size(kBatch);
-  m.mutable_training()->set_epochs(kEpochs);
-  m.mutable_training()->set_shuffle_seed(3);
-  m.mutable_sync()->set_mode(mode);
-  m.mutable_sync()->set_replicas_to_aggregate(1);
-  return m;
+// The chief of a run: the model, 2 ps tasks, one worker, batches of kBatch for kEpochs.
+InProcessChief::Options ChiefOptions(v1::UpdateMode mode, const char* config = kMlp,
+                                     int local_steps = 1) {
+  InProcessChief::Options o;
+  CHECK(google::protobuf::TextFormat::ParseFromString(config, &o.config));
+  o.placement.set_max_partition_bytes(48);  // h/kernel [4, 6] splits over both ps tasks
+  o.training.set_batch_size(kBatch);
+  o.training.set_epochs(kEpochs);
+  o.training.set_shuffle_seed(3);
+  o.sync.set_mode(mode);
+  o.sync.set_replicas_to_aggregate(1);
+  o.sync.set_local_steps(local_steps);
+  return o;
 }
 
 Dataset MakeData() {
@@ -125,56 +123,107 @@ Dataset MakeData() {
   return d;
 }
 
-// The ps tasks of one run: two stores behind a transport, shards created.
-struct Cluster {
-  explicit Cluster(const v1::GetModelResponse& m) {
-    root = std::make_unique<InProcessPsTransport>(2, ParameterStoreOptions());
-    auto c = ParameterClient::Create(m.model(), m.placement(), root->Share(), {});
-    CHECK(c.ok());
-    CHECK((*c)->CreateAll(m.sync()).ok());
-    observer = *std::move(c);
+// Every dense variable of the model `client` places.
+std::vector<std::vector<float>> PullAll(ParameterClient* client) {
+  std::vector<std::string> names;
+  for (const v1::VariableSpec& v : client->model().variables()) names.push_back(v.name());
+  std::vector<std::vector<float>> values;
+  CHECK(client->Pull(names, &values).ok());
+  return values;
+}
+
+std::vector<int64_t> AppliedSteps(PsTransport* ps) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < ps->num_ps(); ++i) {
+    auto list = ps->ListShards(i);
+    CHECK(list.ok());
+    for (const v1::ShardStats& s : list->shards()) out.push_back(s.applied_step());
   }
+  return out;
+}
+
+// The worker's own StepSource (ChiefStepSource) over the chief, keeping the reports the chief
+// took and the grants that said drain, for the test to read. Thread-safe.
+class RecordingSource : public StepSource {
+ public:
+  RecordingSource(ChiefClient* chief, int32_t worker) : inner_(chief, worker) {}
+
+  absl::Status Acquire(int64_t last_done_step, int64_t generation, int pushes_in_flight,
+                       const std::function<bool()>& stop, StepGrant* grant) override {
+    absl::Status s = inner_.Acquire(last_done_step, generation, pushes_in_flight, stop, grant);
+    if (s.ok() && grant->drain) ++drains_;
+    return s;
+  }
+  absl::Status Report(const StepReport& report) override {
+    absl::Status s = inner_.Report(report);
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      reports_.push_back(report);
+    }
+    return s;
+  }
+
+  std::vector<StepReport> reports() const {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+  int drains() const { return drains_.load(); }
+
+ private:
+  ChiefStepSource inner_;
+  std::atomic<int> drains_{0};
+  mutable absl::Mutex mu_;
+  std::vector<StepReport> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+// One run's cluster: the real chief over two ps stores in this process, which created and
+// initialized the variables; the worker's source of steps; an observer that reads the model.
+struct Cluster {
+  explicit Cluster(const InProcessChief::Options& options) {
+    auto started = InProcessChief::Start(options);
+    CHECK(started.ok()) << started.status();
+    chief = *std::move(started);
+    source = std::make_unique<RecordingSource>(chief->client(0), 0);
+    observer = Client();
+  }
+  const v1::GetModelResponse& m() const { return chief->model(); }
+  std::unique_ptr<PsTransport> Transport() { return chief->stores().Share(); }
   std::unique_ptr<ParameterClient> Client(std::unique_ptr<PsTransport> transport = nullptr,
                                           int max_attempts = 5) {
     ParameterClientOptions options;
     options.worker = 0;
     options.max_attempts = max_attempts;
     options.initial_backoff = absl::Milliseconds(1);
-    auto c = ParameterClient::Create(observer->model(), observer->placement(),
-                                     transport ? std::move(transport) : root->Share(), options);
+    auto c = ParameterClient::Create(m().model(), m().placement(),
+                                     transport ? std::move(transport) : Transport(), options);
     CHECK(c.ok());
     return *std::move(c);
   }
-  std::vector<std::vector<float>> Values() {
-    std::vector<std::vector<float>> v;
-    CHECK(observer->Pull(observer_vars(), &v).ok());
-    return v;
-  }
-  std::vector<std::string> observer_vars() {
-    std::vector<std::string> names;
-    for (const v1::VariableSpec& s : observer->model().variables()) names.push_back(s.name());
-    return names;
-  }
+  std::vector<std::vector<float>> Values() { return PullAll(observer.get()); }
   // Updates applied to every dense shard (each must equal the steps pushed).
-  std::vector<int64_t> Updates() {
-    std::vector<int64_t> out;
-    for (int ps = 0; ps < 2; ++ps) {
-      auto list = root->Share()->ListShards(ps);
-      CHECK(list.ok());
-      for (const v1::ShardStats& s : list->shards()) out.push_back(s.applied_step());
-    }
-    return out;
+  std::vector<int64_t> Updates() { return AppliedSteps(Transport().get()); }
+  // What the chief knows of the run.
+  v1::TrainingProgress Progress() {
+    v1::ClusterStatus status;
+    chief->coordinator().GetClusterStatus(&status);
+    return status.progress();
   }
-  std::unique_ptr<InProcessPsTransport> root;
+
+  std::unique_ptr<InProcessChief> chief;
+  std::unique_ptr<RecordingSource> source;
   std::unique_ptr<ParameterClient> observer;
 };
 
-// What one process computes with no overlap at all: for each batch in order, pull every
-// variable, forward and backward, push.
+// What one process computes with no overlap at all and no chief: stores of its own with the
+// model `m` places, and for each batch in order, pull every variable, forward and backward,
+// push.
 std::vector<std::vector<float>> Sequential(const v1::GetModelResponse& m, const Dataset& data,
                                            Kernels* kernels) {
-  Cluster cluster(m);
-  std::unique_ptr<ParameterClient> client = cluster.Client();
+  InProcessPsTransport stores(m.placement().num_ps(), ParameterStoreOptions());
+  auto c = ParameterClient::Create(m.model(), m.placement(), stores.Share(), {});
+  CHECK(c.ok());
+  std::unique_ptr<ParameterClient> client = *std::move(c);
+  CHECK(client->CreateAll(m.sync()).ok());
   auto model = Model::Create(m.config(), kernels, kBatch);
   CHECK(model.ok());
   BatchIterator batches(&data, kBatch, m.training().shuffle_seed());
@@ -196,22 +245,21 @@ std::vector<std::vector<float>> Sequential(const v1::GetModelResponse& m, const 
       CHECK(client->Push((*model)->dense_variables(), grads, step++).ok());
     }
   }
-  return cluster.Values();
+  return PullAll(client.get());
 }
 
 struct RunResult {
   absl::Status status;
   int64_t steps = 0;
   int max_staleness = 0;
-  std::vector<StepReport> reports;
 };
 
-RunResult Train(const v1::GetModelResponse& m, Cluster& cluster, std::vector<Kernels*> towers,
-                StepSource* source, TrainerOptions options,
+// Worker 0's training loop over the cluster's chief and stores (or `client`'s transport).
+RunResult Train(Cluster& cluster, std::vector<Kernels*> towers, TrainerOptions options,
                 std::unique_ptr<ParameterClient> client = nullptr) {
   if (client == nullptr) client = cluster.Client();
   options.report_every = absl::Milliseconds(1);
-  Trainer trainer(m, MakeData(), client.get(), towers, source, options);
+  Trainer trainer(cluster.m(), MakeData(), client.get(), towers, cluster.source.get(), options);
   RunResult r;
   r.status = trainer.Run([] { return false; });
   r.steps = trainer.steps();
@@ -219,96 +267,91 @@ RunResult Train(const v1::GetModelResponse& m, Cluster& cluster, std::vector<Ker
   return r;
 }
 
-// With no overlap between steps (staleness 0), the pipeline computes exactly what one process
-// does step after step: the same bits.
-TEST_P(TrainerTest, AsyncWithoutOverlapEqualsSequentialTraining) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
-  Cluster cluster(m);
-  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
-  Kernels* cpu = devices[0].get();
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
-  TrainerOptions options;
-  options.staleness = 0;
-  RunResult r = Train(m, cluster, {cpu}, &source, options);
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_EQ(r.steps, kSteps);
-  EXPECT_EQ(r.max_staleness, 0);
-  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), cpu));
-  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
-  // The last report says finished, with every example counted.
-  std::vector<StepReport> reports = source.reports();
+// Every example was reported, the last report says finished, and the chief counted the worker
+// done after kSteps steps.
+void ExpectFinishedAndCounted(Cluster& cluster) {
+  std::vector<StepReport> reports = cluster.source->reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().finished);
+  EXPECT_EQ(reports.back().step, kSteps);
   int64_t examples = 0;
   for (const StepReport& rep : reports) examples += rep.examples;
   EXPECT_EQ(examples, kEpochs * kExamples);
-  EXPECT_EQ(reports.back().step, kSteps);
+  const v1::TrainingProgress progress = cluster.Progress();
+  EXPECT_EQ(progress.workers_finished(), 1);
+  EXPECT_THAT(progress.worker_steps(), ::testing::ElementsAre(kSteps));
+}
+
+// With no overlap between steps (staleness 0), the pipeline computes exactly what one process
+// does step after step: the same bits.
+TEST_P(TrainerTest, AsyncWithoutOverlapEqualsSequentialTraining) {
+  Cluster cluster(ChiefOptions(v1::ASYNC));
+  std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
+  Kernels* cpu = devices[0].get();
+  TrainerOptions options;
+  options.staleness = 0;
+  RunResult r = Train(cluster, {cpu}, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
+  EXPECT_EQ(r.max_staleness, 0);
+  ExpectSameModel(cluster.Values(), Sequential(cluster.m(), MakeData(), cpu));
+  EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+  ExpectFinishedAndCounted(cluster);
 }
 
 // The same for a convolutional network, whose variables the pipeline pulls in groups.
 TEST_P(TrainerTest, ConvolutionalNetworkWithoutOverlapEqualsSequentialTraining) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC, kCnn);
-  Cluster cluster(m);
+  Cluster cluster(ChiefOptions(v1::ASYNC, kCnn));
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
   TrainerOptions options;
   options.staleness = 0;
-  RunResult r = Train(m, cluster, {devices[0].get()}, &source, options);
+  RunResult r = Train(cluster, {devices[0].get()}, options);
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
-  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+  ExpectSameModel(cluster.Values(), Sequential(cluster.m(), MakeData(), devices[0].get()));
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
 }
 
 // SYNC with one replica: the token's global step picks the batch, and the result is again
 // the sequential one.
 TEST_P(TrainerTest, SyncEqualsSequentialTraining) {
-  const v1::GetModelResponse m = MakeModel(v1::SYNC);
-  Cluster cluster(m);
+  Cluster cluster(ChiefOptions(v1::SYNC));
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
   Kernels* cpu = devices[0].get();
-  SyncCoordinatorOptions so;
-  so.replicas_to_aggregate = 1;
-  so.num_workers = 1;
-  SyncCoordinator coordinator(so, Clock::Real());
-  InProcessStepSource source(v1::SYNC, 0, &coordinator, nullptr);
   TrainerOptions options;
   options.staleness = 3;  // ignored: sync steps never overlap
-  RunResult r = Train(m, cluster, {cpu}, &source, options);
+  RunResult r = Train(cluster, {cpu}, options);
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
   EXPECT_EQ(r.max_staleness, 0);
-  EXPECT_EQ(coordinator.global_step(), kSteps);
-  ExpectSameModel(cluster.Values(), Sequential(m, MakeData(), cpu));
-  // One report per step.
-  EXPECT_EQ(static_cast<int64_t>(source.reports().size()), kSteps + 1);
+  EXPECT_EQ(cluster.chief->coordinator().CurrentStep(), kSteps);
+  ExpectSameModel(cluster.Values(), Sequential(cluster.m(), MakeData(), cpu));
+  // One report per step, and the final one.
+  EXPECT_EQ(static_cast<int64_t>(cluster.source->reports().size()), kSteps + 1);
+  ExpectFinishedAndCounted(cluster);
 }
 
 // Staleness 1: the next step's parameters are pulled while a slow push is still in flight, so
 // steps see parameters one push behind, never more; every push is applied exactly once.
 TEST_P(TrainerTest, PipelinedStepsAreAtMostOnePushStaleAndPushEverything) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
-  Cluster cluster(m);
+  Cluster cluster(ChiefOptions(v1::ASYNC));
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
   Kernels* cpu = devices[0].get();
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
   TrainerOptions options;
   options.staleness = 1;
   options.step_delay = absl::Milliseconds(5);  // pushes take a while
-  RunResult r = Train(m, cluster, {cpu}, &source, options);
+  RunResult r = Train(cluster, {cpu}, options);
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
   EXPECT_EQ(r.max_staleness, 1);
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
   int max_reported = 0;
-  for (const StepReport& rep : source.reports()) {
+  for (const StepReport& rep : cluster.source->reports()) {
     max_reported = std::max(max_reported, rep.max_staleness);
     EXPECT_LE(rep.mean_staleness, 1.0f);
   }
   EXPECT_EQ(max_reported, 1);
+  EXPECT_EQ(cluster.Progress().max_staleness(), 1);
 }
 
 // A transport whose answers to some pushes are lost after the ps applied them. Pushes the ps
@@ -375,19 +418,20 @@ class LosingTransport : public PsTransport {
 // sends them again with their request ids, the ps recognises them, and every step's gradient
 // is applied exactly once.
 TEST_P(TrainerTest, PushesWhoseAnswersAreLostAreAppliedOnce) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
-  Cluster cluster(m);
+  Cluster cluster(ChiefOptions(v1::ASYNC));
   auto duplicates = std::make_shared<std::atomic<int>>(0);
-  auto losing = std::make_unique<LosingTransport>(cluster.root->Share(),
+  auto losing = std::make_unique<LosingTransport>(cluster.Transport(),
                                                   std::vector<int>{3, 10, 11, 25}, duplicates);
   std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
   Kernels* cpu = devices[0].get();
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
+  // The trainer's own clock: its pauses before a retry pass at once.
+  FakeClock trainer_clock;
+  const absl::Time start = trainer_clock.Now();
   TrainerOptions options;
   options.staleness = 1;
-  RunResult r = Train(m, cluster, {cpu}, &source, options, std::move(client));
+  options.clock = &trainer_clock;
+  RunResult r = Train(cluster, {cpu}, options, std::move(client));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
@@ -395,32 +439,22 @@ TEST_P(TrainerTest, PushesWhoseAnswersAreLostAreAppliedOnce) {
   // so fewer duplicates than losses are possible, never none).
   EXPECT_GE(duplicates->load(), 1);
   EXPECT_LE(duplicates->load(), 4);
+  // The failed steps paused (200 ms each) on the trainer's clock, not the wall's.
+  EXPECT_GE(trainer_clock.Now() - start, absl::Milliseconds(200));
 }
 
 // Two towers, each half of the batch, sum their share-weighted gradients: the same training as
 // one device with the whole batch, up to float rounding.
 TEST_P(TrainerTest, TwoTowersEqualOneDeviceWithTheWholeBatch) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
   std::vector<std::unique_ptr<Kernels>> two = Devices(2);
   if (two.size() < 2) GTEST_SKIP() << "needs two devices";
-  Kernels* one = two[0].get();
-  Kernels* a = two[0].get();
-  Kernels* b = two[1].get();
   TrainerOptions options;
   options.staleness = 0;
-  Cluster single(m), towers(m);
-  {
-    StepGate gate(Clock::Real());
-    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
-    ASSERT_TRUE(Train(m, single, {one}, &source, options).status.ok());
-  }
-  {
-    StepGate gate(Clock::Real());
-    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
-    RunResult r = Train(m, towers, {a, b}, &source, options);
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_EQ(r.steps, kSteps);
-  }
+  Cluster single(ChiefOptions(v1::ASYNC)), towers(ChiefOptions(v1::ASYNC));
+  ASSERT_TRUE(Train(single, {two[0].get()}, options).status.ok());
+  RunResult r = Train(towers, {two[0].get(), two[1].get()}, options);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, kSteps);
   const auto want = single.Values(), got = towers.Values();
   ASSERT_EQ(got.size(), want.size());
   for (size_t v = 0; v < got.size(); ++v) {
@@ -430,31 +464,45 @@ TEST_P(TrainerTest, TwoTowersEqualOneDeviceWithTheWholeBatch) {
   }
 }
 
-// A checkpoint closes the async gate while a pipelined worker has pushes in flight: the worker
-// is told to drain, the gate's cut comes only once they are applied, and nothing is pushed while
-// it is closed.
-TEST_P(TrainerTest, AClosedGateDrainsThePipelineBeforeTheCut) {
-  const v1::GetModelResponse m = MakeModel(v1::ASYNC);
-  Cluster cluster(m);
+// A checkpoint requested from the chief while a pipelined async worker has pushes in flight:
+// the chief closes the gate, the worker is told to drain, and the cut comes only once its
+// pushes are applied: while the chief saves, every shard has taken the same steps and none
+// moves.
+TEST_P(TrainerTest, ACheckpointDrainsThePipelineBeforeTheCut) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_test_cut_", GetParam().name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<int64_t> at_cut, after_a_while;
+  Cluster* running = nullptr;
+  // The chief's first manifest is the checkpoint of the initial model; the second is ours,
+  // written once every ps task has saved, with the workers still held.
+  std::unique_ptr<CrashPoints> at_commit = CrashPoints::ForTest(kCrashManifestBeforeWrite, 2, [&] {
+    at_cut = running->Updates();
+    absl::SleepFor(absl::Milliseconds(100));
+    after_a_while = running->Updates();
+  });
+  InProcessChief::Options chief = ChiefOptions(v1::ASYNC);
+  chief.checkpoint_dir = dir;
+  chief.crash_points = at_commit.get();
+  Cluster cluster(chief);
+  running = &cluster;
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
-  Kernels* cpu = devices[0].get();
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
   TrainerOptions options;
   options.staleness = 1;
   options.step_delay = absl::Milliseconds(20);
-  std::unique_ptr<ParameterClient> client = cluster.Client();
   RunResult r;
-  std::thread worker([&] { r = Train(m, cluster, {cpu}, &source, options, std::move(client)); });
+  std::thread worker([&] { r = Train(cluster, {devices[0].get()}, options); });
   absl::SleepFor(absl::Milliseconds(60));
-  ASSERT_TRUE(gate.Close(absl::Now() + absl::Seconds(10)));
-  const std::vector<int64_t> at_cut = cluster.Updates();
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(cluster.Updates(), at_cut);  // nothing moves while the gate is closed
-  EXPECT_GE(source.drains(), 1);
-  gate.Open();
+  v1::CheckpointResponse saved;
+  ASSERT_TRUE(cluster.chief->coordinator().Checkpoint(v1::CheckpointRequest(), &saved).ok());
   worker.join();
   ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_FALSE(at_cut.empty());
+  EXPECT_GT(at_cut[0], 0);
+  EXPECT_LT(at_cut[0], kSteps);
+  EXPECT_THAT(at_cut, ::testing::Each(at_cut[0]));  // no push half applied
+  EXPECT_EQ(after_a_while, at_cut);                 // nothing moves while the gate is closed
+  EXPECT_GE(cluster.source->drains(), 1);
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
 }
 
@@ -473,12 +521,6 @@ constexpr char kMlpAdam[] = R"pb(
   }
 )pb";
 
-v1::GetModelResponse LocalStepsModel(const char* config, int local_steps) {
-  v1::GetModelResponse m = MakeModel(v1::ASYNC, config);
-  m.mutable_sync()->set_local_steps(local_steps);
-  return m;
-}
-
 // One worker with local steps trains the model that pushing every step trains: its local
 // updates are the ps's optimizer run on the device, and the deltas it pushes add up to them
 // (up to the rounding of value + (local - value)). Every 4 steps one delta: 6 updates per
@@ -492,80 +534,61 @@ TEST_P(TrainerTest, LocalStepsOfOneWorkerTrainWhatPushingEveryStepTrains) {
     for (const char* config : {kMlp, kMlpAdam, kCnn}) runs.emplace_back(cuda_graphs, config);
   }
   for (const auto& [cuda_graphs, config] : runs) {
-    const v1::GetModelResponse m = LocalStepsModel(config, 4);
-    SCOPED_TRACE(absl::StrCat(m.config().name(), cuda_graphs ? ", graphs" : ""));
-    Cluster cluster(m);
+    Cluster cluster(ChiefOptions(v1::ASYNC, config, /*local_steps=*/4));
+    SCOPED_TRACE(absl::StrCat(cluster.m().config().name(), cuda_graphs ? ", graphs" : ""));
     std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
-    StepGate gate(Clock::Real());
-    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate, /*local_steps=*/4);
     TrainerOptions options;
     options.cuda_graphs = cuda_graphs;
-    RunResult r = Train(m, cluster, {devices[0].get()}, &source, options);
+    RunResult r = Train(cluster, {devices[0].get()}, options);
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, kSteps);
     // A step's values were refreshed from the ps K - 1 to 2K - 1 steps before at most (the
     // pulled values arrive while the next K steps compute).
     EXPECT_GE(r.max_staleness, 3);
     EXPECT_LE(r.max_staleness, 7);
-    ExpectNearModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+    ExpectNearModel(cluster.Values(), Sequential(cluster.m(), MakeData(), devices[0].get()));
     EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps / 4));
-    std::vector<StepReport> reports = source.reports();
-    ASSERT_FALSE(reports.empty());
-    EXPECT_TRUE(reports.back().finished);
-    int64_t examples = 0;
-    for (const StepReport& rep : reports) examples += rep.examples;
-    EXPECT_EQ(examples, kEpochs * kExamples);
+    ExpectFinishedAndCounted(cluster);
   }
 }
 
 // A delta whose answer is lost fails the step that waits for it; the step is run again after
 // the delta went through with its request ids, so each is added once.
 TEST_P(TrainerTest, LocalStepDeltasWhoseAnswersAreLostAreAddedOnce) {
-  const v1::GetModelResponse m = LocalStepsModel(kMlp, 3);
-  Cluster cluster(m);
+  Cluster cluster(ChiefOptions(v1::ASYNC, kMlp, /*local_steps=*/3));
   auto duplicates = std::make_shared<std::atomic<int>>(0);
   auto losing =
-      std::make_unique<LosingTransport>(cluster.root->Share(), std::vector<int>{2, 5}, duplicates);
+      std::make_unique<LosingTransport>(cluster.Transport(), std::vector<int>{2, 5}, duplicates);
   std::unique_ptr<ParameterClient> client = cluster.Client(std::move(losing), /*max_attempts=*/1);
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
-  StepGate gate(Clock::Real());
-  InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate, /*local_steps=*/3);
-  RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions(), std::move(client));
+  FakeClock trainer_clock;  // no real pauses before the retries
+  TrainerOptions options;
+  options.clock = &trainer_clock;
+  RunResult r = Train(cluster, {devices[0].get()}, options, std::move(client));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, kSteps);
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps / 3));
   EXPECT_GE(duplicates->load(), 1);
-  ExpectNearModel(cluster.Values(), Sequential(m, MakeData(), devices[0].get()));
+  ExpectNearModel(cluster.Values(), Sequential(cluster.m(), MakeData(), devices[0].get()));
 }
 
 // Local steps in sync mode, or with an optimizer the device does not run, are refused before a
-// step, naming what was wrong.
+// step, naming what was wrong (the chief's own flags refuse the first; the worker checks the
+// model it is served all the same).
 TEST_P(TrainerTest, LocalStepsAreRefusedInSyncModeAndForOtherOptimizers) {
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
   {
-    v1::GetModelResponse m = LocalStepsModel(kMlp, 4);
-    m.mutable_sync()->set_mode(v1::SYNC);
-    Cluster cluster(m);
-    SyncCoordinatorOptions so;
-    so.replicas_to_aggregate = 1;
-    so.num_workers = 1;
-    SyncCoordinator coordinator(so, Clock::Real());
-    InProcessStepSource source(v1::SYNC, 0, &coordinator, nullptr);
-    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    Cluster cluster(ChiefOptions(v1::SYNC, kMlp, /*local_steps=*/4));
+    RunResult r = Train(cluster, {devices[0].get()}, TrainerOptions());
     EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(r.status.message()), ::testing::HasSubstr("need async or ssp mode"));
     EXPECT_EQ(r.steps, 0);
   }
   {
-    v1::GetModelResponse m = LocalStepsModel(kMlp, 4);
-    m.mutable_config()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
-    auto spec = ModelSpecFromConfig(m.config());
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    *m.mutable_model() = *spec;
-    Cluster cluster(m);
-    StepGate gate(Clock::Real());
-    InProcessStepSource source(v1::ASYNC, 0, nullptr, &gate);
-    RunResult r = Train(m, cluster, {devices[0].get()}, &source, TrainerOptions());
+    InProcessChief::Options options = ChiefOptions(v1::ASYNC, kMlp, /*local_steps=*/4);
+    options.config.mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+    Cluster cluster(options);
+    RunResult r = Train(cluster, {devices[0].get()}, TrainerOptions());
     EXPECT_EQ(r.status.code(), absl::StatusCode::kUnimplemented);
     EXPECT_THAT(std::string(r.status.message()), ::testing::HasSubstr("not adagrad"));
     EXPECT_EQ(r.steps, 0);
