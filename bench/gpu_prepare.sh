@@ -106,6 +106,6 @@ bash deploy/tls/make_certs.sh --out "$out/certs" --cluster gpu --chief_hosts 127
   >/dev/null
 # The main command, run there from the bundle's binaries:
 #   bash DIR/deploy/local/run.sh --device gpu:0 --bin_dir BIN --data_path DIR/data
-cp deploy/local/run.sh "$out/deploy/local/"
+cp deploy/local/run.sh deploy/local/cluster.sh "$out/deploy/local/"
 echo "==> $out: $(du -sh "$out" | cut -f1) (the device tool carries at most 64 MiB with the tree)"
 echo "    on the GPU machine: bash $out/bench/gpu_train.sh   (device run, carry [\"$out\"])"

@@ -53,27 +53,19 @@ done
 
 devices=gpu:0
 [[ $gpus -ge 2 ]] && devices=gpu:0,gpu:1
-pids=()
-names=()
-tf_config() {  # chief_address job
-  printf '{"cluster":{"chief":["%s"],"ps":["127.0.0.1:0"],"worker":["127.0.0.1:0"]},"task":{"type":"%s","index":0}}' "$1" "$2"
-}
-task() {  # job chief_address binary flags...
-  local job=$1 chief=$2 binary=$3
-  shift 3
-  TF_CONFIG=$(tf_config "$chief" "$job") "$run" "$binary" "$@" >"$work/$job.log" 2>&1 &
-  pids+=($!)
-  names+=("$job")
-}
+# Starting and waiting: the launcher every script of the repository shares.
+# shellcheck source=deploy/local/cluster.sh
+source "$bundle/deploy/local/cluster.sh"
+cl_dir=$work
+launch() { exec "$run" "$@"; }
 mkdir -p "$work/checkpoints"
-task chief 127.0.0.1:0 chief --port_file="$work/chief.port" \
+cl_start_task chief chief 0 127.0.0.1:0 1 1 \
   --model_config="$bundle/configs/mlp.pbtxt" --data_path="$bundle/data" --epochs=3 \
-  --exit_after_training --checkpoint_dir="$work/checkpoints" --eval_every_secs=5
-for _ in $(seq 200); do [[ -s $work/chief.port ]] && break; sleep 0.05; done
-chief="127.0.0.1:$(cat "$work/chief.port")"
-task ps "$chief" ps_server --checkpoint_dir="$work/checkpoints"
-task worker "$chief" worker --device="$devices" --metrics_port=0 \
-  --metrics_port_file="$work/worker.metrics"
+  --exit_after_training --checkpoint_dir="$work/checkpoints" --eval_every_secs=5 || status=1
+chief=$(cl_chief_address)
+cl_start_task ps_server ps 0 "$chief" 1 1 --checkpoint_dir="$work/checkpoints" || status=1
+cl_start_task worker worker 0 "$chief" 1 1 --device="$devices" --metrics_port=0 \
+  --metrics_port_file="$work/worker.metrics" || status=1
 for _ in $(seq 200); do [[ -s $work/worker.metrics ]] && break; sleep 0.05; done
 # Mid-run: wait until the worker has stepped (its step counter moves), then read its series.
 echo "==> the GPU worker's metrics ($devices), mid-run:"
@@ -94,10 +86,9 @@ print("\n".join("    " + l for l in lines[:12]))
 used = [l for l in lines if l.startswith("pscluster_worker_gpu_memory_used_bytes")]
 assert used and float(used[0].split()[-1]) > 0, "no GPU memory in use reported"
 PY
-for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then echo "==> ${names[$i]} exited non-zero"; status=1; fi
-done
-finished=$(grep -h "training finished" "$work/chief.log" | tail -1 | sed 's/.*training finished/training finished/')
+# Every task must end by itself (the chief's --exit_after_training), and exit 0.
+if ! cl_await_exit 600; then status=1; cl_stop quiet || true; fi
+finished=$(grep -h "training finished" "$work/chief-0.log" | tail -1 | sed 's/.*training finished/training finished/')
 if [[ -n $finished ]]; then echo "==> $finished"; else echo "==> the chief never logged training finished"; fi
 [[ -n $finished ]] || status=1
 

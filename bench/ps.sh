@@ -114,33 +114,17 @@ if [[ -n "$bench_binary" ]]; then
   cp "$bench_binary" "$work/ps_bench"
 fi
 
-pids=()
-names=()
+# Starting, stopping and TF_CONFIG: the launcher every script of the repository shares. The
+# benchmark's clients are no cluster tasks, so the worker job is empty.
+# shellcheck source=deploy/local/cluster.sh
+source deploy/local/cluster.sh
+launch() { exec "$work/$1" "${@:2}"; }
 iperf_pid=""
-
-# Stops every daemon with SIGTERM; returns 1 if one did not exit 0.
-stop_daemons() {
-  local failed=0 i rc
-  for i in "${!pids[@]}"; do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  for i in "${!pids[@]}"; do
-    rc=0
-    wait "${pids[$i]}" || rc=$?
-    if [[ $rc -eq 0 ]]; then
-      echo "    ${names[$i]} exited 0"
-    else
-      echo "ps.sh: ${names[$i]} exited $rc; see $work/${names[$i]}.log" >&2
-      failed=1
-    fi
-  done
-  pids=()
-  names=()
-  return $failed
-}
 
 cleanup() {
   local rc=$?
   if [[ -n $iperf_pid ]]; then kill "$iperf_pid" 2>/dev/null || true; wait "$iperf_pid" 2>/dev/null || true; fi
-  if [[ ${#pids[@]} -gt 0 ]]; then stop_daemons || true; fi
+  if [[ ${#cl_pids[@]} -gt 0 ]]; then cl_stop quiet || true; fi
   if [[ $rc -eq 0 && $keep_logs -eq 0 ]]; then
     rm -rf "$work"
   else
@@ -225,31 +209,6 @@ loopback_rtt_us=$(awk '$2 == "loopback_rtt_4B_p50" {print $3}' "$work/rtt.out")
   grep '^BENCH ' "$work/rtt.out"
 } >"$work/bench.txt"
 
-# TF_CONFIG of one task: the chief's address is real once it has bound; the ps tasks bind
-# port 0 and register theirs with the chief. The benchmark's clients are no cluster tasks, so
-# the worker job is empty.
-tf_config() {  # chief_address num_ps job index
-  local ps="" i
-  for ((i = 0; i < $2; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
-  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[]},"task":{"type":"%s","index":%d}}' \
-    "$1" "$ps" "$3" "$4"
-}
-
-start_task() {  # tag binary job index chief_address num_ps [flags...]
-  local tag=$1 binary=$2 job=$3 index=$4 chief=$5 num_ps=$6
-  shift 6
-  local port_file="$work/$tag-$job-$index.port" log="$work/$tag-$job-$index.log"
-  rm -f "$port_file"
-  TF_CONFIG=$(tf_config "$chief" "$num_ps" "$job" "$index") "$work/$binary" \
-    --port_file="$port_file" "$@" >"$log" 2>&1 &
-  pids+=($!)
-  names+=("$tag-$job-$index")
-  for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
-  echo "ps.sh: $job:$index did not start; see $log" >&2
-  tail -n 5 "$log" >&2
-  return 1
-}
-
 # The model: SGD dense variables of 4 B to 64 MiB (rows of 4 KiB, so that they can be split
 # along the first dimension) and three 8-float Adagrad embedding tables: a hashed one; one
 # with admission (a row at a key's second push) and eviction (a TTL and a capacity that the
@@ -305,9 +264,6 @@ if [[ $tls_modes == *tls* ]]; then
   fi
   echo "==> --tls: certificates in $work/certs"
 fi
-tls_flags() {  # holder
-  echo "--tls_ca_file=$work/certs/ca.pem --tls_cert_file=$work/certs/$1.pem --tls_key_file=$work/certs/$1.key"
-}
 
 for tls_mode in $tls_modes; do
 for transport in $transports; do
@@ -316,32 +272,26 @@ for config in $configs; do
   num_workers=${config#*x}
   tag="${num_ps}ps${num_workers}w"
   [[ $transport == grpc ]] && tag="${tag}_grpc"
-  chief_tls=() bench_tls=()
+  cl_tls_dir="" bench_tls=() ps_tls=()
   if [[ $tls_mode == tls ]]; then
     tag="${tag}_tls"
-    # shellcheck disable=SC2207
-    chief_tls=($(tls_flags chief-0))
+    cl_tls_dir="$work/certs"  # each task its own certificate
     bench_tls=(--tls_dir="$work/certs")
-    [[ $kernel_tls -eq 1 ]] && bench_tls+=(--kernel_tls)
+    [[ $kernel_tls -eq 1 ]] && bench_tls+=(--kernel_tls) && ps_tls+=(--data_plane_kernel_tls)
   fi
+  cl_dir="$work/$tag"
+  mkdir -p "$cl_dir"
   # With more than one ps, partitions of at most 8 MiB split the 16 MiB variable in 2 and the
   # 64 MiB one in 8; round-robin placement then gives every ps a share of both.
   max_partition_bytes=0
   if [[ $num_ps -gt 1 ]]; then max_partition_bytes=$((8 << 20)); fi
   echo "==> $tag: 1 chief, $num_ps ps (max_partition_bytes=$max_partition_bytes), $num_workers client(s)"
-  start_task "$tag" chief chief 0 "127.0.0.1:0" "$num_ps" \
-    --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes" \
-    ${chief_tls[@]+"${chief_tls[@]}"}
-  chief="127.0.0.1:$(cat "$work/$tag-chief-0.port")"
+  cl_start_task chief chief 0 "127.0.0.1:0" "$num_ps" 0 \
+    --model_spec="$work/model.pbtxt" --max_partition_bytes="$max_partition_bytes" || exit 1
+  chief=$(cl_chief_address)
   for ((i = 0; i < num_ps; i++)); do
-    ps_tls=()
-    if [[ $tls_mode == tls ]]; then
-      # shellcheck disable=SC2207
-      ps_tls=($(tls_flags "ps-$i"))
-      [[ $kernel_tls -eq 1 ]] && ps_tls+=(--data_plane_kernel_tls)
-    fi
-    start_task "$tag" ps_server ps "$i" "$chief" "$num_ps" ${ps_flags[@]+"${ps_flags[@]}"} \
-      ${ps_tls[@]+"${ps_tls[@]}"}
+    cl_start_task ps_server ps "$i" "$chief" "$num_ps" 0 ${ps_flags[@]+"${ps_flags[@]}"} \
+      ${ps_tls[@]+"${ps_tls[@]}"} || exit 1
   done
   await_quiet
   # This machine's loopback moves with other tenants' load (1.5 to 3.3 GB/s within an hour),
@@ -354,7 +304,7 @@ for config in $configs; do
     "$loopback_gbps" "$config_gbps")
   echo "    $tag: iperf3 $config_gbps GB/s now; the baseline for its ratios: $baseline_gbps GB/s"
   echo "BENCH loopback_iperf3_1stream_$tag $baseline_gbps GB/s ratio=1.00" >>"$work/bench.txt"
-  ps_pids=$(IFS=,; echo "${pids[*]:1}")
+  ps_pids=$(IFS=,; echo "${cl_pids[*]:1}")
   # ps_bench waits for the model (GetModel with wait_until_ready) before it measures.
   "$work/ps_bench" --chief="$chief" --workers="$num_workers" --tag="$tag" \
     --transport="$transport" --ps_pids="$ps_pids" --only="$only" \
@@ -364,7 +314,7 @@ for config in $configs; do
     ${bench_tls[@]+"${bench_tls[@]}"} 2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
   echo "==> $tag: stopping the daemons (SIGTERM)"
-  stop_daemons
+  cl_stop || exit 1
 done
 done
 done

@@ -76,76 +76,17 @@ cl_exit_trap() {
   trap 'echo; echo "$cl_script: interrupted"; exit 130' INT TERM
 }
 
-cl_pids=()
-cl_names=()
+# Starting, stopping and TF_CONFIG: the launcher every script of the repository shares.
+# shellcheck source=deploy/local/cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../deploy/local/cluster.sh"
 cl_chief=""
-cl_dir=""
 cl_num_workers=0
 cl_model=${cl_model:-configs/mlp.pbtxt}
 cl_data_path=${cl_data_path:-}
 
-cl_tls_dir=${cl_tls_dir:-}
-# A holder's TLS flags (chief-0, ps-1, worker-0, psctl-viewer, ...) with cl_tls_dir; none without.
-cl_tls_flags() {
-  [[ -n $cl_tls_dir ]] || return 0
-  echo "--tls_ca_file=$cl_tls_dir/ca.pem --tls_cert_file=$cl_tls_dir/$1.pem --tls_key_file=$cl_tls_dir/$1.key"
-}
-
 # The chief's ClusterStatus as one line of JSON (what `psctl status --json` is built on).
 # shellcheck disable=SC2046
 cl_status() { (launch cluster_probe --chief="$cl_chief" $(cl_tls_flags psctl-viewer)); }
-
-# TF_CONFIG for one task: the chief's address is fixed once it has bound; every other task
-# binds port 0 and registers its real address with the chief.
-# With cl_with_evaluator=1 (set by cl_train_to_end) the cluster also has an evaluator task.
-cl_with_evaluator=0
-cl_tf_config() {  # chief_address job index num_ps num_workers
-  local ps="" workers="" extra="" i
-  for ((i = 0; i < $4; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
-  for ((i = 0; i < $5; i++)); do workers+="${workers:+,}\"127.0.0.1:0\""; done
-  [[ $cl_with_evaluator -eq 1 ]] && extra=',"evaluator":["127.0.0.1:0"]'
-  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]%s},"task":{"type":"%s","index":%d}}' \
-    "$1" "$ps" "$workers" "$extra" "$2" "$3"
-}
-
-cl_start_task() {  # binary job index chief_address num_ps num_workers [flags...]
-  local binary=$1 job=$2 index=$3 chief=$4 num_ps=$5 num_workers=$6
-  shift 6
-  local port_file="$cl_dir/$job-$index.port" tf
-  # A port file left by an earlier run in this folder would name a task that is gone.
-  rm -f "$port_file"
-  tf=$(cl_tf_config "$chief" "$job" "$index" "$num_ps" "$num_workers")
-  # shellcheck disable=SC2046
-  (export TF_CONFIG="$tf"; launch "$binary" --port_file="$port_file" \
-    $(cl_tls_flags "$job-$index") "$@") >"$cl_dir/$job-$index.log" 2>&1 &
-  cl_pids+=($!)
-  cl_names+=("$job:$index")
-  local _
-  for _ in $(seq 600); do [[ -s $port_file ]] && return 0; sleep 0.05; done
-  echo "train_cluster: $job:$index did not start; see $cl_dir/$job-$index.log" >&2
-  tail -5 "$cl_dir/$job-$index.log" >&2
-  return 1
-}
-
-# Stops every task with SIGTERM; returns 1 if one did not exit 0.
-cl_stop() {
-  local failed=0 i rc
-  for i in "${!cl_pids[@]}"; do kill -TERM "${cl_pids[$i]}" 2>/dev/null || true; done
-  for i in "${!cl_pids[@]}"; do
-    rc=0
-    wait "${cl_pids[$i]}" || rc=$?
-    if [[ $rc -ne 0 ]]; then
-      echo "train_cluster: ${cl_names[$i]} exited $rc on SIGTERM; see $cl_dir" >&2
-      failed=1
-    fi
-  done
-  if [[ $failed -eq 0 && ${#cl_pids[@]} -gt 0 ]]; then
-    echo "    stopped with SIGTERM: ${cl_names[*]} all exited 0"
-  fi
-  cl_pids=()
-  cl_names=()
-  return $failed
-}
 
 # cl_start NAME MODE NUM_PS NUM_WORKERS BATCH EPOCHS DEVICE
 # DEVICE is every worker's --device; "{i}" in it becomes the worker's index (gpu:{i}: worker i
@@ -163,7 +104,7 @@ cl_start() {
     --model_config="$cl_model" --mode="$mode" --epochs="$epochs" --batch_size="$batch" \
     --eval_every_secs=1000000 --metrics_file="$cl_dir/metrics.jsonl" \
     ${data_flag[@]+"${data_flag[@]}"} ${cl_chief_flags[@]+"${cl_chief_flags[@]}"} || return 1
-  cl_chief="127.0.0.1:$(cat "$cl_dir/chief-0.port")"
+  cl_chief=$(cl_chief_address)
   for ((i = 0; i < num_ps; i++)); do
     cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" \
       ${cl_ps_flags[@]+"${cl_ps_flags[@]}"} || return 1
@@ -225,7 +166,7 @@ cl_train_to_end() {
     --exit_after_training --metrics_file="$cl_dir/metrics.jsonl" "${chief_eval[@]}" \
     ${data_flag[@]+"${data_flag[@]}"} ${cl_chief_flags[@]+"${cl_chief_flags[@]}"} && started=1
   if [[ $started -eq 1 ]]; then
-    cl_chief="127.0.0.1:$(cat "$cl_dir/chief-0.port")"
+    cl_chief=$(cl_chief_address)
     for ((i = 0; i < num_ps; i++)); do
       cl_start_task ps_server ps "$i" "$cl_chief" "$num_ps" "$num_workers" \
         ${cl_ps_flags[@]+"${cl_ps_flags[@]}"} || { started=0; break; }
@@ -289,17 +230,7 @@ cl_train_to_end() {
   done
   local seconds=$((SECONDS - t0))
   if [[ $finished -eq 1 && ${#cl_pids[@]} -gt 0 ]]; then
-    for i in "${!cl_pids[@]}"; do
-      rc=0
-      wait "${cl_pids[$i]}" || rc=$?
-      if [[ $rc -ne 0 ]]; then
-        echo "train_cluster: ${cl_names[$i]} exited $rc; see $cl_dir" >&2
-        failed=1
-      fi
-    done
-    [[ $failed -eq 0 ]] && echo "    every task exited 0: ${cl_names[*]}"
-    cl_pids=()
-    cl_names=()
+    cl_wait || failed=1
   elif [[ $finished -eq 0 ]]; then
     cl_stop || true
     failed=1

@@ -28,6 +28,7 @@ done
 
 if [[ -n ${TEST_SRCDIR:-} ]]; then
   root=$TEST_SRCDIR/pscluster
+  launcher=$root/deploy/local/cluster.sh
   declare -A bin=([chief]=$root/chief/chief [ps]=$root/ps_server/ps_server [worker]=$root/worker/worker)
   configs=$root/configs
   work=$TEST_TMPDIR
@@ -35,6 +36,7 @@ else
   bin_dir=${1:?usage: netns_test.sh BIN_DIR CONFIG_DIR}
   declare -A bin=([chief]=$bin_dir/chief [ps]=$bin_dir/ps_server [worker]=$bin_dir/worker)
   configs=${2:?usage: netns_test.sh BIN_DIR CONFIG_DIR}
+  launcher=$(dirname "$0")/../deploy/local/cluster.sh
   work=$(mktemp -d)
 fi
 
@@ -82,15 +84,16 @@ echo "netns_test: 5 hosts on a bridge: $(tr '\n' ' ' <"$hosts_file")"
 
 port=2222
 spec="\"chief\":[\"chief-0.hosts.test:$port\"],\"ps\":[\"ps-0.hosts.test:$port\",\"ps-1.hosts.test:$port\"],\"worker\":[\"worker-0.hosts.test:$port\",\"worker-1.hosts.test:$port\"]"
-declare -A pid_of=()
+# Starting and waiting: the launcher every script of the repository shares, each task inside
+# its host's namespace.
+# shellcheck source=deploy/local/cluster.sh
+source "$launcher"
 start() {  # task logfile flags...
   local t=$1 log=$2
   shift 2
   local job=${t%-*} index=${t##*-}
-  ip netns exec "$(ns_of "$t")" env \
-    TF_CONFIG="{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
-    "${bin[$job]}" --allow_insecure "$@" >"$log" 2>&1 &
-  pid_of[$t]=$!
+  cl_spawn "$t" "$log" "{\"cluster\":{$spec},\"task\":{\"type\":\"$job\",\"index\":$index}}" \
+    ip netns exec "$(ns_of "$t")" "${bin[$job]}" --allow_insecure "$@"
 }
 
 train() {  # name [faults]
@@ -122,32 +125,9 @@ train() {  # name [faults]
   fi
 
   # Every task must exit 0 by itself; one that fails ends the wait at once.
-  local failed=0 t running
-  local -A code_of=()
-  local deadline=$((SECONDS + 240))
-  while true; do
-    running=0
-    for t in "${tasks[@]}"; do
-      [[ -n ${code_of[$t]:-} ]] && continue
-      if kill -0 "${pid_of[$t]}" 2>/dev/null; then
-        running=1
-        continue
-      fi
-      code_of[$t]=0
-      wait "${pid_of[$t]}" || code_of[$t]=$?
-      if [[ ${code_of[$t]} -ne 0 ]]; then
-        echo "netns_test: $name: $t exited ${code_of[$t]}" >&2
-        failed=1
-      fi
-    done
-    [[ $running -eq 0 || $failed -ne 0 ]] && break
-    if [[ $SECONDS -ge $deadline ]]; then
-      echo "netns_test: $name: tasks still running after 240 s" >&2
-      failed=1
-      break
-    fi
-    sleep 0.2
-  done
+  local failed=0 t
+  cl_dir=$dir
+  cl_await_exit 240 || failed=1
   if [[ $failed -ne 0 ]] || ! grep -q "training finished" "$dir/chief-0.log"; then
     for t in "${tasks[@]}"; do echo "--- $t"; tail -15 "$dir/$t.log"; done >&2
     echo "netns_test: $name: FAILED" >&2

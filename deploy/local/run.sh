@@ -124,15 +124,16 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/pscluster.XXXXXX")
 echo "==> logs and metrics in $work"
-pids=()
-names=()
 
+# Starting, stopping and TF_CONFIG: the launcher every script of the repository shares.
+# shellcheck source=deploy/local/cluster.sh
+source deploy/local/cluster.sh
+cl_dir=$work
+cl_with_evaluator=$evaluator
+launch() { exec "${binary[$1]}" "${@:2}"; }
 # --tls: a CA and one certificate per task and per psctl level, for this run only.
-tls_flags() {  # holder (chief-0, ps-1, psctl-viewer, ...)
-  [[ $tls -eq 1 ]] || return 0
-  echo "--tls_ca_file=$work/certs/ca.pem --tls_cert_file=$work/certs/$1.pem --tls_key_file=$work/certs/$1.key"
-}
 if [[ $tls -eq 1 ]]; then
+  cl_tls_dir=$work/certs
   hosts() { local out="" i; for ((i = 0; i < $1; i++)); do out+="${out:+,}127.0.0.1:0"; done; echo "$out"; }
   eval_hosts=()
   [[ $evaluator -eq 1 ]] && eval_hosts=(--evaluator_hosts 127.0.0.1:0)
@@ -142,7 +143,7 @@ if [[ $tls -eq 1 ]]; then
   echo "==> mutual TLS on every channel: certificates in $work/certs"
 fi
 # shellcheck disable=SC2207
-psctl_tls=($(tls_flags psctl-viewer))
+psctl_tls=($(cl_tls_flags psctl-viewer))
 
 planted_auc=""
 if [[ $synthetic_criteo -eq 1 ]]; then
@@ -159,49 +160,13 @@ if [[ $synthetic_criteo -eq 1 ]]; then
                --criteo_int_columns="${input_dim:-13}")
 fi
 
-stop_all() {
-  local failed=0
-  for i in "${!pids[@]}"; do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  for i in "${!pids[@]}"; do
-    if wait "${pids[$i]}"; then
-      echo "    ${names[$i]} exited 0"
-    else
-      echo "    ${names[$i]} exited $?" >&2
-      failed=1
-    fi
-  done
-  pids=()
-  return $failed
-}
-trap 'echo; echo "==> interrupted: stopping every task"; stop_all; exit 130' INT TERM
+trap 'echo; echo "==> interrupted: stopping every task"; cl_stop; exit 130' INT TERM
 # Whatever ends the script, no task outlives it.
-trap 'if [[ ${#pids[@]} -gt 0 ]]; then echo "==> stopping every task"; stop_all || true; fi' EXIT
+trap 'if [[ ${#cl_pids[@]} -gt 0 ]]; then echo "==> stopping every task"; cl_stop || true; fi' EXIT
 
-# TF_CONFIG for one task. The chief's address is fixed once it has bound; every other task
-# binds port 0 and registers its real address with the chief.
-tf_config() {  # chief_address job index
-  local ps="" workers="" i
-  for ((i = 0; i < num_ps; i++)); do ps+="${ps:+,}\"127.0.0.1:0\""; done
-  for ((i = 0; i < num_workers; i++)); do workers+="${workers:+,}\"127.0.0.1:0\""; done
-  local extra=""
-  [[ $evaluator -eq 1 ]] && extra=',"evaluator":["127.0.0.1:0"]'
-  printf '{"cluster":{"chief":["%s"],"ps":[%s],"worker":[%s]%s},"task":{"type":"%s","index":%d}}' \
-    "$1" "$ps" "$workers" "$extra" "$2" "$3"
-}
-
-start_task() {  # name job index chief_address [flags...]
-  local name=$1 job=$2 index=$3 chief_address=$4
-  shift 4
-  local port_file="$work/$job-$index.port"
-  # shellcheck disable=SC2046
-  TF_CONFIG=$(tf_config "$chief_address" "$job" "$index") "${binary[$name]}" \
-    --port_file="$port_file" $(tls_flags "$job-$index") "$@" >"$work/$job-$index.log" 2>&1 &
-  pids+=($!)
-  names+=("$job:$index")
-  for _ in $(seq 200); do [[ -s $port_file ]] && return 0; sleep 0.05; done
-  echo "run.sh: $job:$index did not start; see $work/$job-$index.log" >&2
-  tail -5 "$work/$job-$index.log" >&2
-  stop_all || true
+start_task() {  # binary job index chief_address [flags...]: the script ends if it does not start
+  cl_start_task "$1" "$2" "$3" "$4" "$num_ps" "$num_workers" "${@:5}" && return 0
+  cl_stop quiet || true
   exit 1
 }
 
@@ -210,7 +175,7 @@ start_task chief chief 0 "127.0.0.1:0" --model_config="$model" --mode="$mode" \
   --epochs="$epochs" --batch_size="$batch_size" --metrics_file="$work/metrics.jsonl" \
   --checkpoint_dir="$work/checkpoints" --checkpoint_every_secs=20 \
   ${chief_data[@]+"${chief_data[@]}"} ${chief_extra[@]+"${chief_extra[@]}"}
-chief="127.0.0.1:$(cat "$work/chief-0.port")"
+chief=$(cl_chief_address)
 for ((i = 0; i < num_ps; i++)); do
   start_task ps_server ps "$i" "$chief" --checkpoint_dir="$work/checkpoints"
 done
@@ -239,7 +204,7 @@ if [[ $hold -eq 1 ]]; then
   while true; do sleep 1; done
 fi
 echo "==> stopping every task (SIGTERM)"
-stop_all || status=1
+cl_stop || status=1
 if [[ -n $planted_auc ]]; then
   test_auc=$(tail -1 "$work/metrics.jsonl" 2>/dev/null | sed -nE 's/.*"test_auc": ([-0-9.]+).*/\1/p')
   if [[ -n $test_auc ]]; then
