@@ -326,6 +326,8 @@ def check_overlay(overlay, entrypoint):
         fail(f"{name}/{where}", message)
     for where, message in operator_access_problems(objects, entrypoint):
         fail(f"{name}/{where}", message)
+    for where, message in gpu_image_problems(objects):
+        fail(f"{name}/{where}", message)
     services = of_kind("Service")
     if len(services) != 1:
         fail(name, f"expected one Service, found {len(services)}")
@@ -570,6 +572,17 @@ def gpu_placement_problems(pod):
     return problems
 
 
+def gpu_image_problems(objects):
+    """Pods that use no GPU but run the GPU workers' image (CUDA's libraries pulled onto every
+    node for nothing), as (where, message)."""
+    pods = [(job["metadata"]["name"], job["spec"]["template"]["spec"]["containers"][0])
+            for job in objects if job.get("kind") == "Job"]
+    gpu = lambda c: any(a.startswith("--device=gpu") for a in c.get("args", []))
+    gpu_images = {c.get("image") for _, c in pods if gpu(c)}
+    return [(name, f"uses no GPU but runs the GPU workers' image {c.get('image')}")
+            for name, c in pods if not gpu(c) and c.get("image") in gpu_images]
+
+
 def operator_access_problems(objects, entrypoint):
     """What keeps an operator from running psctl as docs/deploy.md says, as (where, message):
     `kubectl exec job/<service>-chief -- /opt/pscluster/entrypoint.sh psctl status` needs the
@@ -653,9 +666,8 @@ def pod_monitor_problems(objects):
     return problems
 
 
-def check_prometheus_operator_component(overlay):
-    """Each overlay with components/prometheus-operator added: its PodMonitor scrapes the
-    cluster's pods and only them; a PodMonitor that lost the instance label is caught."""
+def render_with_component(overlay, component):
+    """`overlay` rendered with ../../components/<component> added after the cluster's."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = os.path.join(tmp, "kubernetes")
         shutil.copytree(os.path.dirname(os.path.dirname(overlay)), tree)
@@ -665,12 +677,18 @@ def check_prometheus_operator_component(overlay):
             text = f.read()
         if "  - ../../components/cluster\n" not in text:
             fail(overlay, "does not list ../../components/cluster")
-            return
+            return []
         with open(path, "w") as f:
             f.write(text.replace("  - ../../components/cluster\n",
                                  "  - ../../components/cluster\n"
-                                 "  - ../../components/prometheus-operator\n"))
-        objects = render(copy)
+                                 f"  - ../../components/{component}\n"))
+        return render(copy)
+
+
+def check_prometheus_operator_component(overlay):
+    """Each overlay with components/prometheus-operator added: its PodMonitor scrapes the
+    cluster's pods and only them; a PodMonitor that lost the instance label is caught."""
+    objects = render_with_component(overlay, "prometheus-operator")
     name = os.path.basename(overlay) + "+prometheus-operator"
     for where, message in pod_monitor_problems(objects):
         fail(f"{name}/{where}", message)
@@ -680,6 +698,24 @@ def check_prometheus_operator_component(overlay):
             o["spec"]["selector"]["matchLabels"].pop("app.kubernetes.io/instance", None)
     if not pod_monitor_problems(planted):
         fail(name, "a PodMonitor selecting every instance's pods was not caught")
+
+
+def check_image_pull_secret_component(overlay):
+    """Each overlay with components/image-pull-secret added: every task's pod pulls with the
+    Secret pscluster-registry, and the rest renders as without it."""
+    objects = render_with_component(overlay, "image-pull-secret")
+    name = os.path.basename(overlay) + "+image-pull-secret"
+    jobs = [o for o in objects if o.get("kind") == "Job"]
+    if not jobs:
+        fail(name, "renders no Job")
+    for job in jobs:
+        secrets = job["spec"]["template"]["spec"].get("imagePullSecrets")
+        if secrets != [{"name": "pscluster-registry"}]:
+            fail(f"{name}/{job['metadata']['name']}", f"pulls with {secrets}, expected the "
+                 "Secret pscluster-registry")
+        job["spec"]["template"]["spec"].pop("imagePullSecrets", None)
+    if objects != render(overlay):
+        fail(name, "changes more than the pods' imagePullSecrets")
 
 
 def check_planted_mistakes(overlay, entrypoint):
@@ -774,6 +810,7 @@ def main():
         for overlay in overlays:
             check_overlay(overlay, entrypoint)
             check_prometheus_operator_component(overlay)
+            check_image_pull_secret_component(overlay)
         check_entrypoint_refusals(entrypoint)
         check_planted_mistakes(overlays[0], entrypoint)
         for overlay in overlays:
@@ -787,6 +824,16 @@ def main():
                 pod.pop("affinity", None)
                 if not gpu_placement_problems(pod):
                     fail(overlay, "a GPU worker without node affinity was not caught")
+            planted = render(overlay)
+            workers = [j for j in planted if j.get("kind") == "Job" and any(
+                a.startswith("--device=gpu")
+                for a in j["spec"]["template"]["spec"]["containers"][0].get("args", []))]
+            for job in planted:
+                if job.get("kind") == "Job" and workers and job not in workers:
+                    job["spec"]["template"]["spec"]["containers"][0]["image"] = (
+                        workers[0]["spec"]["template"]["spec"]["containers"][0]["image"])
+            if workers and not gpu_image_problems(planted):
+                fail(overlay, "a chief and ps on the GPU image were not caught")
         with open(os.path.join(tree, "base/model.pbtxt")) as a, \
                 open(os.path.join(root, "configs/mlp.pbtxt")) as b:
             if a.read() != b.read():
