@@ -8,22 +8,30 @@
 #      non-root user; then, as that user, every binary's --version, the entrypoint's
 #      TF_CONFIG, and a short training run (chief, ps and worker on 127.0.0.1, the chief with
 #      --exit_after_training): each task must exit 0.
+# --gpu: the GPU image's stages (Dockerfile GPU=1). NVIDIA's repositories are not reachable
+# from here, so this machine's CUDA tree (/usr/local/cuda: the toolkit, cuBLAS and NCCL) stands
+# in for NVIDIA's packages in the build root (mounted read-only); the build stage builds with
+# --config=cuda_portable and copies the CUDA libraries the binaries load, which the runtime
+# root gets in /opt/pscluster/lib as the image does. Then also: every binary's libraries
+# resolve in the runtime root (ldd), which has no CUDA tree of its own.
 # Root only (debootstrap, chroot, mounts). 296 s on this 2-core machine (2026-11-27), most of
 # it apt and Bazel in the build root.
 #
-#   bash deploy/image/test_build_stage.sh [--work DIR] [--mirror URL] [--keep]
+#   bash deploy/image/test_build_stage.sh [--gpu] [--work DIR] [--mirror URL] [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
 work=/var/tmp/pscluster-image-test
 mirror=http://deb.debian.org/debian
 keep=0
+gpu=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --gpu) gpu=1; shift ;;
     --work) work=$2; shift 2 ;;
     --mirror) mirror=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "test_build_stage.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,12 +75,24 @@ step "debootstrap bookworm (build root) from $mirror"
 debootstrap bookworm "$build" "$mirror" >"$work/debootstrap-build.log" 2>&1 ||
   { tail -20 "$work/debootstrap-build.log"; exit 1; }
 mount_system "$build"
+gpu_flag=()
+if [[ $gpu -eq 1 ]]; then
+  cuda=$(readlink -f /usr/local/cuda)
+  [[ -x $cuda/bin/nvcc ]] || { echo "test_build_stage.sh: --gpu needs the CUDA toolkit in /usr/local/cuda" >&2; exit 2; }
+  step "--gpu: this machine's $cuda (nvcc $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), NCCL: $(ls "$cuda"/lib64/libnccl.so.* 2>/dev/null | head -1 | xargs -r basename)) read-only in the build root, for NVIDIA's packages"
+  mkdir -p "$build$cuda"
+  mount --bind "$cuda" "$build$cuda"
+  mounted+=("$build$cuda")
+  mount -o remount,bind,ro "$build$cuda"
+  [[ $cuda == /usr/local/cuda ]] || ln -sfn "$(basename "$cuda")" "$build/usr/local/cuda"
+  gpu_flag=(--gpu)
+fi
 step "the committed tree ($(git rev-parse --short HEAD)) at /src"
 mkdir -p "$build/src"
 git archive HEAD | tar -x -C "$build/src"
-step "build stage: bash deploy/image/build_stage.sh /out"
+step "build stage: bash deploy/image/build_stage.sh /out ${gpu_flag[*]}"
 in_root "$build" PSCLUSTER_COMMIT="$(git rev-parse --short=12 HEAD)" \
-  bash -c 'cd /src && bash deploy/image/build_stage.sh /out' 2>&1 | tee "$work/build-stage.log" | grep -E '^(==>|setup:)' || true
+  bash -c "cd /src && bash deploy/image/build_stage.sh /out ${gpu_flag[*]}" 2>&1 | tee "$work/build-stage.log" | grep -E '^(==>|setup:)' || true
 [[ ${PIPESTATUS[0]} -eq 0 && -x $build/out/opt/pscluster/bin/chief ]] ||
   { echo "test_build_stage.sh: the build stage failed; see $work/build-stage.log" >&2; tail -30 "$work/build-stage.log"; keep=1; exit 1; }
 
@@ -85,9 +105,32 @@ cp "$build/out/runtime-packages.txt" "$runtime/tmp/"
 in_root "$runtime" bash -c 'apt-get update -q && xargs -a /tmp/runtime-packages.txt apt-get install -y -q --no-install-recommends dataset-fashion-mnist' \
   >"$work/runtime-apt.log" 2>&1 || { tail -20 "$work/runtime-apt.log"; exit 1; }
 cp -a "$build/out/opt/pscluster" "$runtime/opt/"
+if [[ -d $build/out/cuda-libs ]]; then
+  # As the Dockerfile's runtime stage: the CUDA libraries in /opt/pscluster/lib, on ld.so's path.
+  mkdir -p "$runtime/opt/pscluster/lib"
+  cp -a "$build/out/cuda-libs/." "$runtime/opt/pscluster/lib/"
+  echo /opt/pscluster/lib >"$runtime/etc/ld.so.conf.d/pscluster.conf"
+  in_root "$runtime" ldconfig
+  echo "    CUDA libraries: $(ls "$runtime/opt/pscluster/lib" | tr '\n' ' ')"
+elif [[ $gpu -eq 1 ]]; then
+  echo "test_build_stage.sh: --gpu: the build stage copied no CUDA libraries" >&2; keep=1; exit 1
+fi
 in_root "$runtime" useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin pscluster
 ln -sf /opt/pscluster/bin/psctl "$runtime/usr/local/bin/psctl"
-echo "    runtime root: $(du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" 2>/dev/null | cut -f1)"
+echo "    runtime root: $(du -sh --exclude=proc --exclude=sys --exclude=dev "$runtime" 2>/dev/null | cut -f1)" \
+  "(/opt/pscluster: $(du -sh "$runtime/opt/pscluster" | cut -f1))"
+
+step "every binary's libraries resolve in the runtime root (ldd)"
+for b in "$runtime"/opt/pscluster/bin/*; do
+  missing=$(in_root "$runtime" ldd "/opt/pscluster/bin/$(basename "$b")" | grep "not found" || true)
+  [[ -z $missing ]] || { echo "$(basename "$b"): $missing" >&2; keep=1; exit 1; }
+done
+echo "    $(ls "$runtime/opt/pscluster/bin" | tr '\n' ' '): every library found"
+if [[ $gpu -eq 1 ]]; then
+  in_root "$runtime" ldd /opt/pscluster/bin/worker | grep -E "cublas|cudart|nccl" | sed 's/^\s*/    worker: /'
+  in_root "$runtime" ldd /opt/pscluster/bin/worker | grep -q "/opt/pscluster/lib/libcublas" ||
+    { echo "test_build_stage.sh: --gpu: the worker does not load cuBLAS from /opt/pscluster/lib" >&2; keep=1; exit 1; }
+fi
 
 as_user() { chroot --userspec=10001:10001 "$runtime" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp "$@"; }
 step "each binary runs as the non-root user"
