@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "rocksdb/options.h"
+#include "rocksdb/sst_file_writer.h"
 #include "sharding/partitioner.h"
 #include "storage/rocksdb_status.h"
 
@@ -64,11 +65,17 @@ uint32_t Crc(uint32_t crc, absl::string_view bytes) {
       crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
 }
 
-std::string Record(int64_t count, const float* values, int64_t n) {
-  std::string out(sizeof(int64_t) + n * sizeof(float), '\0');
-  std::memcpy(out.data(), &count, sizeof(count));
+// A record into *out (its buffer reused call after call).
+void RecordInto(int64_t count, const float* values, int64_t n, std::string* out) {
+  out->resize(sizeof(int64_t) + n * sizeof(float));
+  std::memcpy(out->data(), &count, sizeof(count));
   // An empty shard's `values` may be null, which memcpy must not be given even for 0 bytes.
-  if (n > 0) std::memcpy(out.data() + sizeof(count), values, n * sizeof(float));
+  if (n > 0) std::memcpy(out->data() + sizeof(count), values, n * sizeof(float));
+}
+
+std::string Record(int64_t count, const float* values, int64_t n) {
+  std::string out;
+  RecordInto(count, values, n, &out);
   return out;
 }
 
@@ -132,18 +139,33 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Open(
   const std::string path = absl::StrCat(checkpoint_path, "/", file);
   PS_RETURN_IF_ERROR(CheckNotALink(path));
   rocksdb::Options options;
+  // Written once, whole, then read once: no compaction while writing (its files are left in
+  // level 0, in key order per table part), no compression (floats do not compress; it costs
+  // CPU), and memtables of the default size, at most 3 of them (the writer's memory).
+  options.PrepareForBulkLoad();
+  options.max_write_buffer_number = 3;
+  options.compression = rocksdb::kNoCompression;
   options.create_if_missing = true;
   options.error_if_exists = true;  // a checkpoint is written once
   rocksdb::DB* db = nullptr;
   PS_RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(options, path, &db), "creating " + path));
   MaybeCrash(crash_points, kCrashSaveOpened);
   return std::unique_ptr<CheckpointWriter>(
-      new CheckpointWriter(file, std::unique_ptr<rocksdb::DB>(db), crash_points));
+      new CheckpointWriter(file, path, options, std::unique_ptr<rocksdb::DB>(db), crash_points));
 }
 
-CheckpointWriter::CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db,
+CheckpointWriter::CheckpointWriter(std::string file, std::string path,
+                                   const rocksdb::Options& options, std::unique_ptr<rocksdb::DB> db,
                                    CrashPoints* crash_points)
-    : file_(std::move(file)), db_(std::move(db)), crash_points_(crash_points) {}
+    : file_(std::move(file)),
+      path_(std::move(path)),
+      options_(options),
+      db_(std::move(db)),
+      crash_points_(crash_points) {
+  // No write-ahead log: Finish flushes the memtables into synced files, and a checkpoint that
+  // crashed before it is never committed (its manifest comes last), so nothing is replayed.
+  write_options_.disableWAL = true;
+}
 
 void CheckpointWriter::Written() {
   if (++shards_written_ == 1) MaybeCrash(crash_points_, kCrashSaveMidway);
@@ -155,7 +177,7 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteDense(
     const v1::DenseShardSpec& spec, int64_t updates, const std::vector<float>& values_and_slots) {
   const std::string key = DenseKey(spec.variable().name(), spec.partition().partition());
   const std::string value = Record(updates, values_and_slots.data(), values_and_slots.size());
-  PS_RETURN_IF_ERROR(FromRocksDb(db_->Put(rocksdb::WriteOptions(), key, value),
+  PS_RETURN_IF_ERROR(FromRocksDb(db_->Put(write_options_, key, value),
                                  absl::StrCat("writing ", key, " to ", file_)));
   v1::SavedShard saved;
   saved.set_name(spec.variable().name());
@@ -179,23 +201,29 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
   const std::string prefix = TablePrefix(spec.name());
-  rocksdb::WriteBatch batch;
   uint32_t crc = 0;
   int64_t bytes = 0;
-  for (size_t i : order) {
-    const std::string key = prefix + EncodeKey(keys[i]);
-    const std::string value = Record(counts[i], rows.data() + i * stride, stride);
-    crc = Crc(Crc(crc, key), value);
-    bytes += static_cast<int64_t>(value.size());
-    batch.Put(key, value);
-    if (batch.Count() >= 4096) {
-      PS_RETURN_IF_ERROR(FromRocksDb(db_->Write(rocksdb::WriteOptions(), &batch),
-                                     absl::StrCat("writing table ", spec.name(), " to ", file_)));
-      batch.Clear();
+  if (!order.empty()) {
+    // The rows in key order straight into a table file of RocksDB's own format, which the
+    // database then takes in whole (IngestExternalFile, the file moved in): no memtable, no
+    // flush, no write-ahead log.
+    const std::string sst = absl::StrCat(path_, ".table-", shards_written_, ".sst");
+    rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options_);
+    const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
+    PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+    std::string key = prefix + EncodeKey(0), value;
+    for (size_t i : order) {
+      key.replace(prefix.size(), 8, EncodeKey(keys[i]));
+      RecordInto(counts[i], rows.data() + i * stride, stride, &value);
+      crc = Crc(Crc(crc, key), value);
+      bytes += static_cast<int64_t>(value.size());
+      PS_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
     }
+    PS_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    PS_RETURN_IF_ERROR(FromRocksDb(db_->IngestExternalFile({sst}, ingest), what));
   }
-  PS_RETURN_IF_ERROR(FromRocksDb(db_->Write(rocksdb::WriteOptions(), &batch),
-                                 absl::StrCat("writing table ", spec.name(), " to ", file_)));
   v1::SavedShard saved;
   saved.set_name(spec.name());
   saved.set_partition(-1);
@@ -218,7 +246,7 @@ absl::Status CheckpointWriter::WriteTableSketch(const std::vector<uint16_t>& cou
     value[2 * i + 1] = static_cast<char>(counters[i] >> 8);
   }
   PS_RETURN_IF_ERROR(FromRocksDb(
-      db_->Put(rocksdb::WriteOptions(), SketchKey(saved->name()), value),
+      db_->Put(write_options_, SketchKey(saved->name()), value),
       absl::StrCat("writing the admission sketch of table ", saved->name(), " to ", file_)));
   saved->set_sketch_counters(static_cast<int64_t>(counters.size()));
   saved->set_sketch_checksum(Crc(0, value));
@@ -232,7 +260,6 @@ absl::Status CheckpointWriter::Finish() {
   rocksdb::FlushOptions flush;
   flush.wait = true;
   PS_RETURN_IF_ERROR(FromRocksDb(db_->Flush(flush), "flushing " + file_));
-  PS_RETURN_IF_ERROR(FromRocksDb(db_->SyncWAL(), "syncing " + file_));
   PS_RETURN_IF_ERROR(FromRocksDb(db_->Close(), "closing " + file_));
   MaybeCrash(crash_points_, kCrashSaveDone);
   return absl::OkStatus();
@@ -279,7 +306,13 @@ absl::StatusOr<DenseRecord> DecodeDenseRecord(const std::string& path, const v1:
 }
 
 TablePartDecoder::TablePartDecoder(std::string path, const v1::SavedShard& saved)
-    : path_(std::move(path)), saved_(saved), prefix_(Prefix(saved)) {}
+    : path_(std::move(path)), saved_(saved), prefix_(Prefix(saved)) {
+  // Room for the rows the manifest counts, made once (growing three vectors row by row copied
+  // the table again and again). Bounded, as a manifest is not checked until its rows are read.
+  const int64_t rows = std::clamp<int64_t>(saved.rows(), 0, int64_t{1} << 26);
+  keys_.reserve(rows);
+  counts_.reserve(rows);
+}
 
 std::string TablePartDecoder::Prefix(const v1::SavedShard& saved) {
   return TablePrefix(saved.name());
@@ -301,7 +334,10 @@ absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view valu
         stride_ >= 0 ? absl::StrCat(stride_, " float32s (", 8 + stride_ * 4, " bytes)")
                      : std::string("whole float32s")));
   }
-  stride_ = (static_cast<int64_t>(value.size()) - 8) / 4;
+  if (stride_ < 0) {
+    stride_ = (static_cast<int64_t>(value.size()) - 8) / 4;
+    values_.reserve(keys_.capacity() * stride_);
+  }
   keys_.push_back(DecodeKey(key.substr(prefix_.size(), 8)));
   int64_t t;
   std::memcpy(&t, value.data(), 8);
@@ -382,6 +418,10 @@ absl::Status CheckpointReader::ReadTableRows(
   const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
+  // One pass in key order over a part written once: large sequential reads, and its blocks
+  // not kept in the cache.
+  read.readahead_size = 8 << 20;
+  read.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();

@@ -70,11 +70,15 @@ class CheckpointWriter {
   absl::Status Finish();
 
  private:
-  CheckpointWriter(std::string file, std::unique_ptr<rocksdb::DB> db, CrashPoints* crash_points);
+  CheckpointWriter(std::string file, std::string path, const rocksdb::Options& options,
+                   std::unique_ptr<rocksdb::DB> db, CrashPoints* crash_points);
   void Written();  // after each shard's records
 
   const std::string file_;  // "ps-3"
+  const std::string path_;  // <checkpoint>/ps-3
+  const rocksdb::Options options_;
   std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::WriteOptions write_options_;
   CrashPoints* const crash_points_;  // Not owned; may be null.
   int64_t shards_written_ = 0;
 };

@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -83,6 +86,73 @@ TEST(CheckpointTest, WrittenShardsReadBackAndVerify) {
   EXPECT_THAT(keys, ::testing::ElementsAre(-9, 5, 1LL << 40));  // sorted by key
   EXPECT_THAT(firsts, ::testing::ElementsAre(3, 1, 5));
   EXPECT_TRUE(VerifyCheckpoint(path).ok());
+}
+
+// Table parts go into the shard file as table files of their own, taken in whole: several
+// tables (one empty) beside dense records read back each as written, and the checkpoint folder
+// holds the shard file and the manifest only (no table file left beside it).
+TEST(CheckpointTest, SeveralTablesReadBackAndLeaveNothingBeside) {
+  const std::string path = Dir("tables") + "/ckpt-0000000003";
+  auto writer = CheckpointWriter::Open(path, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  v1::CheckpointManifest manifest;
+  manifest.set_step(3);
+  v1::TableSpec a, b, empty;
+  a.set_name("a");
+  b.set_name("b");
+  empty.set_name("empty");
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  for (int64_t k = 0; k < 10000; ++k) {
+    keys.push_back(k * 7919 - 40000);
+    rows.push_back(static_cast<float>(k));
+  }
+  std::vector<int64_t> counts(keys.size(), 2);
+  auto saved_a = (*writer)->WriteTable(a, keys, rows, counts, 1);
+  auto dense = (*writer)->WriteDense(Spec(), 7, {1, 2, 3, 4});
+  auto saved_b = (*writer)->WriteTable(b, {3}, {0.5f}, {9}, 1);
+  auto saved_empty = (*writer)->WriteTable(empty, {}, {}, {}, 1);
+  ASSERT_TRUE(saved_a.ok() && dense.ok() && saved_b.ok() && saved_empty.ok());
+  for (const auto* s : {&*saved_a, &*dense, &*saved_b, &*saved_empty}) *manifest.add_shards() = *s;
+  ASSERT_TRUE((*writer)->Finish().ok());
+  ASSERT_TRUE(CommitManifest(path, manifest).ok());
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(path)) {
+    entries.push_back(e.path().filename().string());
+  }
+  EXPECT_THAT(entries, ::testing::UnorderedElementsAre("ps-0", "MANIFEST.json"));
+  EXPECT_TRUE(VerifyCheckpoint(path).ok());
+
+  auto reader = CheckpointReader::Open(path + "/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::map<int64_t, float> got;
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(*saved_a,
+                              [&](int64_t key, const float* row, int64_t t) {
+                                EXPECT_EQ(t, 2);
+                                got[key] = row[0];
+                              })
+                  .ok());
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(got[keys[i]], rows[i]) << keys[i];
+  int b_rows = 0, empty_rows = 0;
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(*saved_b,
+                              [&](int64_t key, const float* row, int64_t t) {
+                                EXPECT_EQ(key, 3);
+                                EXPECT_EQ(row[0], 0.5f);
+                                EXPECT_EQ(t, 9);
+                                ++b_rows;
+                              })
+                  .ok());
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(*saved_empty, [&](int64_t, const float*, int64_t) { ++empty_rows; })
+                  .ok());
+  EXPECT_EQ(b_rows, 1);
+  EXPECT_EQ(empty_rows, 0);
+  auto d = (*reader)->ReadDense(*dense);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->values_and_slots, ::testing::ElementsAre(1, 2, 3, 4));
 }
 
 // Found by fuzz/parameter_store_fuzzer (ASan): ParameterStore::Restore copied each row with the

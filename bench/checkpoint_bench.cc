@@ -1,0 +1,220 @@
+// checkpoint_bench: how fast a ps task's checkpoint file is written and read back, against the
+// disk's own speed measured in the same run (issue 36: "save and restore at the disk's speed").
+//
+// One embedding table part of --rows rows (random distinct keys; --stride floats each: values
+// and optimizer slots, 32 = a 16-float row with Adagrad's accumulator and more), written with
+// the checkpoint's own writer (storage/checkpoint.h: CheckpointWriter::WriteTable, then Finish,
+// which flushes and syncs) into --dir, then read back with CheckpointReader::ReadTable (every
+// row's checksum verified). The baseline is dd writing the same number of bytes with
+// conv=fsync into the same folder, and reading that file back, in the same run.
+//
+//   bazel run -c opt //bench:checkpoint_bench -- [--rows N] [--stride F] [--dir DIR] [--trials N]
+//
+// Prints per trial, then the medians as
+//   BENCH checkpoint_write_<rows>x<stride> <MB/s> MB/s ratio=<over dd's write>
+//   BENCH checkpoint_read_<rows>x<stride> <MB/s> MB/s ratio=<over dd's read>
+// and the writer's peak resident memory above what the process held before it (VmHWM, reset
+// before each write), against the table's own bytes.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "proto/model.pb.h"
+#include "proto/ps_service.pb.h"
+#include "storage/checkpoint.h"
+
+DEFINE_int64(rows, 4000000, "Rows of the table part written.");
+DEFINE_int32(stride, 32, "Floats per row (values and optimizer slots).");
+DEFINE_string(dir, "", "Where to write (default: $TMPDIR or /tmp).");
+DEFINE_int32(trials, 3, "Trials of each measure; the medians are printed.");
+
+namespace pscluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A line of /proc/self/status ("VmRSS", "VmHWM") in bytes.
+int64_t StatusBytes(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kb = 0;
+  const size_t len = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
+      kb = std::strtoll(line + len + 1, nullptr, 10);
+      break;
+    }
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// Resets the peak resident size (VmHWM) to the current one.
+void ResetPeak() {
+  if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5\n", f);
+    std::fclose(f);
+  }
+}
+
+// Runs `command` (a dd) and returns the seconds dd reported ("..., 1.234 s, ..."), or -1.
+double DdSeconds(const std::string& command) {
+  const std::string full = command + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  pclose(p);
+  for (absl::string_view part : absl::StrSplit(out, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    double s = 0;
+    if (absl::ConsumeSuffix(&part, " s") && absl::SimpleAtod(part, &s)) return s;
+  }
+  std::fprintf(stderr, "checkpoint_bench: cannot read dd's time from: %s\n", out.c_str());
+  return -1;
+}
+
+void DropCaches() {
+  sync();
+  if (FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w")) {
+    std::fputs("3\n", f);
+    std::fclose(f);
+  }
+}
+
+int Main() {
+  const std::string root = !FLAGS_dir.empty()                 ? FLAGS_dir
+                           : std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR")
+                                                              : "/tmp";
+  const std::string dir = absl::StrCat(root, "/checkpoint_bench.", getpid());
+  std::filesystem::create_directories(dir);
+  const int64_t n = FLAGS_rows;
+  const int64_t stride = FLAGS_stride;
+
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> keys;
+  keys.reserve(n);
+  absl::flat_hash_set<int64_t> seen;
+  while (static_cast<int64_t>(keys.size()) < n) {
+    const int64_t k = static_cast<int64_t>(rng() >> 1);
+    if (seen.insert(k).second) keys.push_back(k);
+  }
+  seen.clear();
+  std::vector<float> rows(n * stride);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : rows) x = u(rng);
+  std::vector<int64_t> counts(n, 1);
+  v1::TableSpec spec;
+  spec.set_name("emb");
+  spec.set_dim(stride / 2);
+  // What the records hold: a key, an update count and the row (storage/checkpoint.cc's Record).
+  const double record_bytes = static_cast<double>(n) * (stride * 4 + 8 + 8);
+  std::printf("checkpoint_bench: %lld rows x %lld floats (%.0f MB of records) in %s\n",
+              static_cast<long long>(n), static_cast<long long>(stride), record_bytes / 1e6,
+              dir.c_str());
+
+  std::vector<double> write_mbs, read_mbs, dd_write_mbs, dd_read_mbs;
+  int64_t peak_over = 0;
+  for (int t = 0; t < FLAGS_trials; ++t) {
+    // The disk: the same bytes, sequentially, synced (dd conv=fsync), and read back cold.
+    const std::string file = dir + "/dd.bin";
+    const int64_t mib = static_cast<int64_t>(record_bytes / (1 << 20)) + 1;
+    const double dd_w =
+        DdSeconds(absl::StrCat("dd if=/dev/zero of=", file, " bs=1M count=", mib, " conv=fsync"));
+    DropCaches();
+    const double dd_r = DdSeconds(absl::StrCat("dd if=", file, " of=/dev/null bs=1M"));
+    std::filesystem::remove(file);
+
+    const std::string ckpt = absl::StrCat(dir, "/ckpt-", t);
+    ResetPeak();
+    const int64_t before = StatusBytes("VmRSS");
+    Clock::time_point start = Clock::now();
+    auto writer = CheckpointWriter::Open(ckpt, 0);
+    CHECK(writer.ok()) << writer.status();
+    auto saved = (*writer)->WriteTable(spec, keys, rows, counts, stride);
+    CHECK(saved.ok()) << saved.status();
+    CHECK((*writer)->Finish().ok());
+    const double w = Seconds(start);
+    peak_over = std::max(peak_over, StatusBytes("VmHWM") - before);
+    writer->reset();
+
+    DropCaches();
+    start = Clock::now();
+    auto reader = CheckpointReader::Open(ckpt + "/ps-0");
+    CHECK(reader.ok()) << reader.status();
+    int64_t got = 0;
+    double sum = 0;
+    CHECK((*reader)
+              ->ReadTable(
+                  *saved,
+                  [&](int64_t, const float* row, int64_t) {
+                    ++got;
+                    sum += row[0];
+                  },
+                  stride)
+              .ok());
+    const double r = Seconds(start);
+    CHECK_EQ(got, n);
+    reader->reset();
+    std::filesystem::remove_all(ckpt);
+
+    write_mbs.push_back(record_bytes / 1e6 / w);
+    read_mbs.push_back(record_bytes / 1e6 / r);
+    dd_write_mbs.push_back(record_bytes / 1e6 / dd_w);
+    dd_read_mbs.push_back(record_bytes / 1e6 / dd_r);
+    std::printf(
+        "trial %d: write %.2f s (%.0f MB/s), read %.2f s (%.0f MB/s); dd write %.0f MB/s, read "
+        "%.0f MB/s (checksum of the rows read %.3f)\n",
+        t + 1, w, write_mbs.back(), r, read_mbs.back(), dd_write_mbs.back(), dd_read_mbs.back(),
+        sum);
+  }
+  std::filesystem::remove_all(dir);
+  const double w = Median(write_mbs), r = Median(read_mbs);
+  const double dw = Median(dd_write_mbs), dr = Median(dd_read_mbs);
+  const std::string shape = absl::StrCat(n, "x", stride);
+  std::printf("BENCH checkpoint_dd_write %.0f MB/s ratio=1.00\n", dw);
+  std::printf("BENCH checkpoint_dd_read %.0f MB/s ratio=1.00\n", dr);
+  std::printf("BENCH checkpoint_write_%s %.0f MB/s ratio=%.2f\n", shape.c_str(), w, w / dw);
+  std::printf("BENCH checkpoint_read_%s %.0f MB/s ratio=%.2f\n", shape.c_str(), r, r / dr);
+  std::printf(
+      "BENCH checkpoint_write_peak_memory_%s %.0f MB ratio=%.2f (over the table's %.0f MB)\n",
+      shape.c_str(), peak_over / 1e6, peak_over / (n * stride * 4.0), n * stride * 4 / 1e6);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pscluster
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  return pscluster::Main();
+}
