@@ -65,17 +65,11 @@ uint32_t Crc(uint32_t crc, absl::string_view bytes) {
       crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
 }
 
-// A record into *out (its buffer reused call after call).
-void RecordInto(int64_t count, const float* values, int64_t n, std::string* out) {
-  out->resize(sizeof(int64_t) + n * sizeof(float));
-  std::memcpy(out->data(), &count, sizeof(count));
-  // An empty shard's `values` may be null, which memcpy must not be given even for 0 bytes.
-  if (n > 0) std::memcpy(out->data() + sizeof(count), values, n * sizeof(float));
-}
-
 std::string Record(int64_t count, const float* values, int64_t n) {
-  std::string out;
-  RecordInto(count, values, n, &out);
+  std::string out(sizeof(int64_t) + n * sizeof(float), '\0');
+  std::memcpy(out.data(), &count, sizeof(count));
+  // An empty shard's `values` may be null, which memcpy must not be given even for 0 bytes.
+  if (n > 0) std::memcpy(out.data() + sizeof(count), values, n * sizeof(float));
   return out;
 }
 
@@ -211,10 +205,22 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
     rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options_);
     const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
     PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+    // Blocks of kRowBlock rows in key order, each keyed by its first.
     std::string key = prefix + EncodeKey(0), value;
-    for (size_t i : order) {
-      key.replace(prefix.size(), 8, EncodeKey(keys[i]));
-      RecordInto(counts[i], rows.data() + i * stride, stride, &value);
+    for (size_t begin = 0; begin < order.size(); begin += kRowBlock) {
+      const int64_t n = static_cast<int64_t>(std::min<size_t>(kRowBlock, order.size() - begin));
+      value.resize(8 + 16 * n + 4 * n * stride);
+      char* at = value.data();
+      std::memcpy(at, &n, 8);
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t i = order[begin + j];
+        std::memcpy(at + 8 + 8 * j, &keys[i], 8);
+        std::memcpy(at + 8 + 8 * (n + j), &counts[i], 8);
+        if (stride > 0) {
+          std::memcpy(at + 8 + 16 * n + 4 * j * stride, rows.data() + i * stride, 4 * stride);
+        }
+      }
+      key.replace(prefix.size(), 8, EncodeKey(keys[order[begin]]));
       crc = Crc(Crc(crc, key), value);
       bytes += static_cast<int64_t>(value.size());
       PS_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
@@ -232,6 +238,7 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
   saved.set_checksum(crc);
   saved.set_bytes(bytes);
   saved.set_rows(static_cast<int64_t>(keys.size()));
+  saved.set_row_block(kRowBlock);
   *saved.mutable_table() = spec;
   Written();
   return saved;
@@ -305,11 +312,10 @@ absl::StatusOr<DenseRecord> DecodeDenseRecord(const std::string& path, const v1:
   return r;
 }
 
-TablePartDecoder::TablePartDecoder(std::string path, const v1::SavedShard& saved)
+TablePartDecoder::TablePartDecoder(std::string path, const v1::SavedShard& saved,
+                                   int64_t reserve_rows)
     : path_(std::move(path)), saved_(saved), prefix_(Prefix(saved)) {
-  // Room for the rows the manifest counts, made once (growing three vectors row by row copied
-  // the table again and again). Bounded, as a manifest is not checked until its rows are read.
-  const int64_t rows = std::clamp<int64_t>(saved.rows(), 0, int64_t{1} << 26);
+  const int64_t rows = std::clamp<int64_t>(saved.rows(), 0, std::max<int64_t>(reserve_rows, 0));
   keys_.reserve(rows);
   counts_.reserve(rows);
 }
@@ -321,18 +327,26 @@ std::string TablePartDecoder::Prefix(const v1::SavedShard& saved) {
 absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view value) {
   crc_ = Crc(Crc(crc_, key), value);
   if (key.size() != prefix_.size() + 8) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
-                                            " has a malformed row: its key has ", key.size(),
-                                            " bytes, expected ", prefix_.size() + 8));
+    return Malformed(
+        absl::StrCat("its key has ", key.size(), " bytes, expected ", prefix_.size() + 8));
   }
+  return saved_.row_block() > 0 ? AddBlock(key, value) : AddRow(key, value);
+}
+
+absl::Status TablePartDecoder::Malformed(const std::string& what) const {
+  return absl::DataLossError(
+      absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(), " has a malformed ",
+                   saved_.row_block() > 0 ? "block of rows" : "row", ": ", what));
+}
+
+absl::Status TablePartDecoder::AddRow(absl::string_view key, absl::string_view value) {
   // An 8-byte update count, then whole float32s; every row as long as the first.
   if (value.size() < sizeof(int64_t) || (value.size() - sizeof(int64_t)) % sizeof(float) != 0 ||
       (stride_ >= 0 && static_cast<int64_t>(value.size()) != 8 + stride_ * 4)) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint file ", path_, ": table ", saved_.name(),
-        " has a malformed row: ", value.size(), " bytes, expected an 8-byte update count and ",
-        stride_ >= 0 ? absl::StrCat(stride_, " float32s (", 8 + stride_ * 4, " bytes)")
-                     : std::string("whole float32s")));
+    return Malformed(
+        absl::StrCat(value.size(), " bytes, expected an 8-byte update count and ",
+                     stride_ >= 0 ? absl::StrCat(stride_, " float32s (", 8 + stride_ * 4, " bytes)")
+                                  : std::string("whole float32s")));
   }
   if (stride_ < 0) {
     stride_ = (static_cast<int64_t>(value.size()) - 8) / 4;
@@ -345,6 +359,49 @@ absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view valu
   const size_t at = values_.size();
   values_.resize(at + stride_);
   if (stride_ > 0) std::memcpy(values_.data() + at, value.data() + 8, stride_ * 4);
+  return absl::OkStatus();
+}
+
+absl::Status TablePartDecoder::AddBlock(absl::string_view key, absl::string_view value) {
+  int64_t n = 0;
+  if (value.size() >= 8) std::memcpy(&n, value.data(), 8);
+  if (value.size() < 8 || n < 1 || n > saved_.row_block()) {
+    return Malformed(absl::StrCat(value.size(), " bytes holding ", n, " rows, expected 1 to ",
+                                  saved_.row_block()));
+  }
+  // After the count: n keys and n update counts, then n rows of whole float32s.
+  const uint64_t heads = 8 + 16 * static_cast<uint64_t>(n);
+  const uint64_t row_bytes = value.size() >= heads ? value.size() - heads : 0;
+  if (value.size() < heads || row_bytes % (4 * static_cast<uint64_t>(n)) != 0 ||
+      (stride_ >= 0 && row_bytes != 4 * static_cast<uint64_t>(n * stride_))) {
+    return Malformed(absl::StrCat(
+        value.size(), " bytes for ", n, " rows, expected ", heads, " of keys and counts and ",
+        stride_ >= 0 ? absl::StrCat(n * stride_ * 4, " of rows of ", stride_, " float32s")
+                     : std::string("whole float32 rows")));
+  }
+  const int64_t stride = static_cast<int64_t>(row_bytes / (4 * static_cast<uint64_t>(n)));
+  const size_t first = keys_.size();
+  keys_.resize(first + n);
+  counts_.resize(first + n);
+  std::memcpy(keys_.data() + first, value.data() + 8, 8 * n);
+  std::memcpy(counts_.data() + first, value.data() + 8 + 8 * n, 8 * n);
+  if (keys_[first] != DecodeKey(key.substr(prefix_.size(), 8))) {
+    return Malformed(absl::StrCat("its first row's key ", keys_[first], " is not the record's, ",
+                                  DecodeKey(key.substr(prefix_.size(), 8))));
+  }
+  for (size_t i = first == 0 ? 1 : first; i < keys_.size(); ++i) {
+    if (keys_[i] <= keys_[i - 1]) {
+      return Malformed(
+          absl::StrCat("key ", keys_[i], " after ", keys_[i - 1], ": keys must increase"));
+    }
+  }
+  if (stride_ < 0) {
+    stride_ = stride;
+    values_.reserve(keys_.capacity() * stride_);
+  }
+  const size_t at = values_.size();
+  values_.resize(at + n * stride_);
+  if (stride_ > 0) std::memcpy(values_.data() + at, value.data() + heads, row_bytes);
   return absl::OkStatus();
 }
 
@@ -414,8 +471,21 @@ absl::Status CheckpointReader::ReadTableRows(
     const v1::SavedShard& saved,
     const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
     int64_t stride) {
-  TablePartDecoder decoder(path_, saved);
   const std::string prefix = TablePartDecoder::Prefix(saved);
+  // The part's bytes on disk bound its rows (16 bytes of key and count each, at least): room
+  // for them all at once, whatever the manifest says.
+  std::string limit = prefix;
+  limit.back() = static_cast<char>(limit.back() + 1);
+  const rocksdb::Range range(prefix, limit);
+  uint64_t on_disk = 0;
+  rocksdb::SizeApproximationOptions approximation;
+  approximation.include_files = true;
+  approximation.include_memtables = false;
+  if (!db_->GetApproximateSizes(approximation, db_->DefaultColumnFamily(), &range, 1, &on_disk)
+           .ok()) {
+    on_disk = 0;
+  }
+  TablePartDecoder decoder(path_, saved, static_cast<int64_t>(on_disk / 16) + (int64_t{1} << 16));
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
   // One pass in key order over a part written once: large sequential reads, and its blocks

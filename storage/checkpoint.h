@@ -97,18 +97,30 @@ struct DenseRecord {
 absl::StatusOr<DenseRecord> DecodeDenseRecord(const std::string& path, const v1::SavedShard& saved,
                                               absl::string_view key, absl::string_view value);
 
+// Rows per record of the table parts CheckpointWriter writes (SavedShard.row_block): a block's
+// value is its row count n (int64), then n keys (int64), n update counts (int64) and n rows of
+// `stride` floats, its key the prefix and its first row's key (EncodeKey).
+inline constexpr int kRowBlock = 1024;
+
 // A table part's records, fed one by one in key order (the keys that start with
-// TablePartDecoder::Prefix(saved)). Thread-compatible.
+// TablePartDecoder::Prefix(saved)): blocks of rows when saved.row_block() > 0, else one row per
+// record (checkpoints written before blocks). Thread-compatible.
 class TablePartDecoder {
  public:
-  TablePartDecoder(std::string path, const v1::SavedShard& saved);
+  // Makes room for min(saved.rows(), reserve_rows) rows at once (the manifest's count is not
+  // checked before the rows are read: the caller bounds it, e.g. by the bytes on disk); beyond,
+  // the buffers grow as rows come.
+  TablePartDecoder(std::string path, const v1::SavedShard& saved,
+                   int64_t reserve_rows = int64_t{1} << 16);
 
   // The key prefix of the table's rows: "t/<table>/".
   static std::string Prefix(const v1::SavedShard& saved);
 
   // One record. DATA_LOSS naming the file and table when it is malformed: a key that is not the
   // prefix and 8 bytes, a value that is not an 8-byte update count and whole float32s, or a
-  // row of another length than the first.
+  // row of another length than the first; a block of no rows or more than row_block, whose
+  // size does not match its rows, whose keys are not in increasing order (from the last
+  // block's), or whose first key is not its record's.
   // REQUIRES: key starts with Prefix(saved).
   absl::Status Add(absl::string_view key, absl::string_view value);
 
@@ -122,6 +134,10 @@ class TablePartDecoder {
   int64_t stride() const { return stride_; }
 
  private:
+  absl::Status AddRow(absl::string_view key, absl::string_view value);
+  absl::Status AddBlock(absl::string_view key, absl::string_view value);
+  absl::Status Malformed(const std::string& what) const;
+
   const std::string path_;
   const v1::SavedShard& saved_;
   const std::string prefix_;

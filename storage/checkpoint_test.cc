@@ -155,6 +155,87 @@ TEST(CheckpointTest, SeveralTablesReadBackAndLeaveNothingBeside) {
   EXPECT_THAT(d->values_and_slots, ::testing::ElementsAre(1, 2, 3, 4));
 }
 
+// A table part in blocks of rows: each malformed block is DATA_LOSS naming the file, the table
+// and what is wrong; a well-formed one decodes.
+TEST(CheckpointTest, MalformedBlocksOfRowsAreDataLoss) {
+  v1::SavedShard saved;
+  saved.set_name("emb");
+  saved.set_is_table(true);
+  saved.set_row_block(4);
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  // A block of n rows of one float each: keys, counts 1, rows = key / 10.
+  auto block = [](std::vector<int64_t> keys, int64_t n_field) {
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::string value(8 + 16 * n + 4 * n, '\0');
+    std::memcpy(value.data(), &n_field, 8);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t one = 1;
+      const float row = keys[j] / 10.0f;
+      std::memcpy(value.data() + 8 + 8 * j, &keys[j], 8);
+      std::memcpy(value.data() + 8 + 8 * (n + j), &one, 8);
+      std::memcpy(value.data() + 8 + 16 * n + 4 * j, &row, 4);
+    }
+    return value;
+  };
+  auto key = [&](int64_t first) {
+    uint64_t u = static_cast<uint64_t>(first) ^ (uint64_t{1} << 63);
+    std::string k = prefix + std::string(8, '\0');
+    for (int i = 7; i >= 0; --i, u >>= 8) k[prefix.size() + i] = static_cast<char>(u & 0xff);
+    return k;
+  };
+  struct Case {
+    std::string what, key, value, message;
+  };
+  const std::vector<Case> cases = {
+      {"no rows", key(1), block({}, 0), "holding 0 rows, expected 1 to 4"},
+      {"too many rows", key(1), block({1, 2, 3, 4, 5}, 5), "holding 5 rows, expected 1 to 4"},
+      {"a wrong count", key(1), block({1, 2}, 3), "bytes for 3 rows"},
+      {"keys not increasing", key(5), block({5, 3}, 2), "key 3 after 5: keys must increase"},
+      {"another first key", key(2), block({1, 3}, 2), "first row's key 1 is not the record's, 2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+    const absl::Status s = decoder.Add(c.key, c.value);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("checkpoint file ckpt-0000000001/ps-0: table emb has a malformed "
+                          "block of rows: "));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+  }
+  // Keys must also increase from one block to the next.
+  {
+    TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+    ASSERT_TRUE(decoder.Add(key(5), block({5, 9}, 2)).ok());
+    const absl::Status s = decoder.Add(key(7), block({7}, 1));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("key 7 after 9: keys must increase"));
+  }
+  // Two good blocks give back their rows, in order.
+  TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+  const std::string a = block({-3, 4}, 2), b = block({10}, 1);
+  ASSERT_TRUE(decoder.Add(key(-3), a).ok());
+  ASSERT_TRUE(decoder.Add(key(10), b).ok());
+  uint32_t crc = 0;
+  for (const auto& [k, v] : {std::pair{key(-3), a}, std::pair{key(10), b}}) {
+    crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(k.data()), k.size()));
+    crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(v.data()), v.size()));
+  }
+  saved.set_checksum(crc);
+  saved.set_rows(3);
+  std::vector<int64_t> keys;
+  std::vector<float> rows;
+  ASSERT_TRUE(decoder
+                  .Finish([&](int64_t k, const float* row, int64_t t, int64_t stride) {
+                    EXPECT_EQ(t, 1);
+                    EXPECT_EQ(stride, 1);
+                    keys.push_back(k);
+                    rows.push_back(row[0]);
+                  })
+                  .ok());
+  EXPECT_THAT(keys, ::testing::ElementsAre(-3, 4, 10));
+  EXPECT_THAT(rows, ::testing::ElementsAre(-0.3f, 0.4f, 1.0f));
+}
+
 // Found by fuzz/parameter_store_fuzzer (ASan): ParameterStore::Restore copied each row with the
 // live table's stride, past the end of the rows of a table saved with a smaller dim.
 TEST(CheckpointTest, TableRowsOfAnotherStrideAreDataLoss) {
