@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rocksdb/db.h"
 
 namespace pscluster {
 namespace {
@@ -483,6 +485,57 @@ TEST(CheckpointTest, ATableRowOfPartialFloatsIsDataLoss) {
   TablePartDecoder short_key("ckpt/ps-0", saved);
   EXPECT_THAT(std::string(short_key.Add(prefix + "1234567", std::string(8, '\0')).message()),
               HasSubstr("its key has 13 bytes, expected 14"));
+}
+
+// A checkpoint written before blocks of rows (one record per row, no row_block in its
+// manifest) still reads back through CheckpointReader, rows in key order.
+TEST(CheckpointTest, APartOfOneRowPerRecordStillReads) {
+  const std::string path = Dir("rows") + "/ckpt-0000000002";
+  std::filesystem::create_directories(path);
+  v1::SavedShard saved;
+  saved.set_name("emb");
+  saved.set_is_table(true);
+  saved.set_file("ps-0");
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  {
+    rocksdb::Options options;
+    options.create_if_missing = true;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(options, path + "/ps-0", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    uLong crc = 0;
+    for (int64_t key : {-7, 2, 40}) {
+      uint64_t u = static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
+      std::string k = prefix + std::string(8, '\0');
+      for (int i = 7; i >= 0; --i, u >>= 8) k[prefix.size() + i] = static_cast<char>(u & 0xff);
+      std::string v(8 + 4, '\0');
+      const int64_t count = key + 100;
+      const float row = key * 0.5f;
+      std::memcpy(v.data(), &count, 8);
+      std::memcpy(v.data() + 8, &row, 4);
+      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), k, v).ok());
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(k.data()), k.size());
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(v.data()), v.size());
+    }
+    saved.set_checksum(static_cast<uint32_t>(crc));
+    saved.set_rows(3);
+    ASSERT_TRUE(db->Close().ok());
+  }
+  auto reader = CheckpointReader::Open(path + "/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<int64_t> keys, counts;
+  std::vector<float> rows;
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(saved,
+                              [&](int64_t key, const float* row, int64_t t) {
+                                keys.push_back(key);
+                                counts.push_back(t);
+                                rows.push_back(row[0]);
+                              })
+                  .ok());
+  EXPECT_THAT(keys, ::testing::ElementsAre(-7, 2, 40));
+  EXPECT_THAT(counts, ::testing::ElementsAre(93, 102, 140));
+  EXPECT_THAT(rows, ::testing::ElementsAre(-3.5f, 1.0f, 20.0f));
 }
 
 TEST(CheckpointTest, RecordsDecodeApartFromRocksDb) {
