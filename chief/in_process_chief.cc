@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<InProcessChief>> InProcessChief::Start(const Opti
   }
   for (int i = 0; i < options.num_workers; ++i) {
     PS_RETURN_IF_ERROR(Register(coordinator, kWorkerJob, i, 6000 + i));
-    chief->clients_.push_back(std::make_unique<InProcessChiefClient>(coordinator, &chief->clock_));
+    chief->clients_.push_back(std::make_unique<InProcessChiefClient>(coordinator, o.clock));
   }
   // The chief creates the variables on its own thread; GetModel answers once they are.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);

@@ -492,7 +492,12 @@ TEST_P(TrainerTest, ACheckpointDrainsThePipelineBeforeTheCut) {
   options.step_delay = absl::Milliseconds(20);
   RunResult r;
   std::thread worker([&] { r = Train(cluster, {devices[0].get()}, options); });
-  absl::SleepFor(absl::Milliseconds(60));
+  // Training under way: a step applied everywhere (and, with staleness 1, the next one's push
+  // in flight).
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+       absl::Now() < give_up && cluster.Updates()[0] == 0;) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
   v1::CheckpointResponse saved;
   ASSERT_TRUE(cluster.chief->coordinator().Checkpoint(v1::CheckpointRequest(), &saved).ok());
   worker.join();
