@@ -103,9 +103,9 @@ planted=$(sed -nE 's/.*planted_test_auc=([0-9.]+).*/\1/p' "$work/datagen.out")
 
 run_dir=$(find "$work" -maxdepth 1 -name 'pscluster.*' | head -1)
 /usr/bin/python3 - "$run_dir/metrics.jsonl" "$work/vars.json" "$work/rss" "$train_examples" \
-  "$epochs" "$start" "$end" "$planted" <<'EOF'
-import json, sys
-metrics_path, vars_path, rss_path, examples, epochs, start, end, planted = sys.argv[1:]
+  "$epochs" "$start" "$end" "$planted" "$run_dir/chief-0.log" <<'EOF'
+import json, re, sys
+metrics_path, vars_path, rss_path, examples, epochs, start, end, planted, chief_log = sys.argv[1:]
 lines = [json.loads(l) for l in open(metrics_path) if l.strip()]
 final = lines[-1]
 seconds = float(end) - float(start)
@@ -131,6 +131,20 @@ print("BENCH ctr_keys_per_second %.2f Mkeys/s (ids per example x 2 tables, each 
 print("BENCH ctr_training_seconds %.1f s (%s examples x %s epochs; final step %d, test AUC "
       "%.4f, the planted model's %s)"
       % (seconds, examples, epochs, final["step"], final["test_auc"], planted))
+# The chief's checkpoints: how long each held the workers, and how long it took to commit.
+def seconds_of(d):  # absl::FormatDuration: "1m2.5s", "850.25ms", "40us"
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    return sum(float(v) * units[u] for v, u in re.findall(r"([0-9.]+)(h|ms|us|ns|m|s)", d))
+held = took = 0.0
+saves = 0
+for line in open(chief_log, errors="replace"):
+    m = re.search(r"the workers were held for (\S+) .*the save took (\S+)", line)
+    if m:
+        saves += 1
+        held += seconds_of(m.group(1))
+        took += seconds_of(m.group(2))
+print("BENCH ctr_checkpoints_held_seconds %.2f s (training held by %d checkpoints; they took "
+      "%.1f s from cut to commit)" % (held, saves, took))
 for i in sorted(rows):
     print("BENCH ctr_rows_ps%d %d rows (both tables, at the end)" % (i, rows[i]))
     if i in peak and rows[i]:

@@ -35,9 +35,17 @@ absl::StatusOr<std::vector<std::string>> CheckpointManager::Committed() const {
 
 absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
                                                                const std::string& reason) {
+  PS_ASSIGN_OR_RETURN(PendingCheckpoint pending, Cut(step, reason));
+  return Commit(pending);
+}
+
+absl::StatusOr<CheckpointManager::PendingCheckpoint> CheckpointManager::Cut(
+    int64_t step, const std::string& reason) {
   Clock* const clock = options_.clock;
   std::string path = absl::StrCat(options_.dir, "/", CheckpointDirName(step));
-  v1::CheckpointResponse resp;
+  PendingCheckpoint pending;
+  pending.reason = reason;
+  v1::CheckpointResponse& resp = pending.response;
   resp.set_step(step);
   // The newest committed checkpoint of this step, if any (a higher sequence is newer).
   std::string newest;
@@ -68,7 +76,8 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
       resp.set_path(newest);
       resp.set_bytes(existing->bytes());
       resp.set_micros(existing->write_micros());
-      return resp;
+      pending.committed = true;
+      return pending;
     }
     // ASYNC and SSP apply updates without moving the global step: a save captures them in a
     // checkpoint of its own, newer than any of the step, never one written before (and never
@@ -78,9 +87,25 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
   resp.set_path(path);
   std::error_code ec;
   std::filesystem::remove_all(path, ec);  // an earlier, uncommitted attempt
-  const absl::Time start = clock->Now();
+  pending.start = clock->Now();
+  int64_t unused = 0;
+  // A failed cut or write leaves its files: a ps task may still be writing them. The next
+  // save of this path removes them (above), and each ps task finishes its write under way
+  // before it cuts again.
+  PS_RETURN_IF_ERROR(client_->SaveShards(path, step, &unused, v1::SAVE_CUT).status());
+  return pending;
+}
+
+absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCheckpoint& pending) {
+  if (pending.committed) return pending.response;
+  Clock* const clock = options_.clock;
+  v1::CheckpointResponse resp = pending.response;
+  const std::string& path = resp.path();
+  const int64_t step = resp.step();
+  std::error_code ec;
   int64_t bytes = 0;
-  PS_ASSIGN_OR_RETURN(std::vector<v1::SavedShard> saved, client_->SaveShards(path, step, &bytes));
+  PS_ASSIGN_OR_RETURN(const std::vector<v1::SavedShard> saved,
+                      client_->SaveShards(path, step, &bytes, v1::SAVE_AWAIT));
   // Commit only a whole model: every partition, and every table from every ps task. A ps task
   // that restarted since its shards were created has nothing to give.
   const int num_ps = client_->num_ps();
@@ -105,7 +130,7 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
   *manifest.mutable_cluster() = options_.cluster;
   manifest.mutable_shards()->Add(saved.begin(), saved.end());
   manifest.set_bytes(bytes);
-  manifest.set_write_micros(absl::ToInt64Microseconds(clock->Now() - start));
+  manifest.set_write_micros(absl::ToInt64Microseconds(clock->Now() - pending.start));
   // A chief that was replaced while it saved must not commit: its successor may be writing
   // the same directory. Checked just before the rename that commits.
   PS_RETURN_IF_ERROR(
@@ -113,7 +138,8 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Save(int64_t step,
   resp.set_bytes(bytes);
   resp.set_micros(manifest.write_micros());
   LOG(INFO) << absl::StrFormat("checkpoint of step %d committed (%s): %.2f MiB in %.1f ms at %s",
-                               step, reason, bytes / 1048576.0, resp.micros() / 1000.0, path);
+                               step, pending.reason, bytes / 1048576.0, resp.micros() / 1000.0,
+                               path);
   absl::Status pruned = PruneCheckpoints(options_.dir, options_.keep);
   if (!pruned.ok()) LOG(WARNING) << "cannot delete old checkpoints: " << pruned;
   absl::MutexLock lock(&mu_);

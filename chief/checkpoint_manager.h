@@ -58,6 +58,19 @@ class CheckpointManager {
   // (FAILED_PRECONDITION); errors of the ps tasks and of the files as they come.
   absl::StatusOr<v1::CheckpointResponse> Save(int64_t step, const std::string& reason);
 
+  // Save in two halves, so that the workers are held only for the first: Cut has every ps
+  // task copy its shards at this moment (pushes are applied again as soon as it returns) and
+  // write them in the background; Commit waits for the writes and commits as Save. Errors as
+  // Save's; a checkpoint whose Cut or Commit failed is removed.
+  struct PendingCheckpoint {
+    v1::CheckpointResponse response;  // its step and path
+    bool committed = false;           // SYNC: this step's checkpoint exists (the response)
+    std::string reason;
+    absl::Time start;
+  };
+  absl::StatusOr<PendingCheckpoint> Cut(int64_t step, const std::string& reason);
+  absl::StatusOr<v1::CheckpointResponse> Commit(const PendingCheckpoint& pending);
+
   // The committed checkpoints, newest first; NOT_FOUND when there is none.
   absl::StatusOr<std::vector<std::string>> Committed() const;
   bool HasCheckpoint() const { return Committed().ok(); }

@@ -345,10 +345,21 @@ absl::StatusOr<v1::CheckpointResponse> Coordinator::TakeCheckpoint(const std::st
     }
   }
   absl::MutexLock operation(&operation_mu_);
+  // The workers are held only while the ps tasks copy their shards; the copies are written
+  // while training goes on, and committed once written.
+  const absl::Time hold_start = clock_->Now();
   absl::Status held = HoldWorkersAtStepBoundary(options_.checkpoint_hold_timeout);
-  absl::StatusOr<v1::CheckpointResponse> r =
-      held.ok() ? checkpoints_->Save(CurrentStep(), reason) : held;
+  absl::StatusOr<CheckpointManager::PendingCheckpoint> cut =
+      held.ok() ? checkpoints_->Cut(CurrentStep(), reason) : held;
   ResumeWorkers();
+  const absl::Duration held_for = clock_->Now() - hold_start;
+  absl::StatusOr<v1::CheckpointResponse> r = cut.ok() ? checkpoints_->Commit(*cut) : cut.status();
+  if (r.ok() && !cut->committed) {
+    r->set_held_micros(absl::ToInt64Microseconds(held_for));
+    LOG(INFO) << "checkpoint of step " << r->step() << ": the workers were held for "
+              << absl::FormatDuration(held_for) << " (to the step boundary and the cut), "
+              << "the save took " << absl::FormatDuration(absl::Microseconds(r->micros()));
+  }
   StopIfSuperseded(r.status());
   return r;
 }

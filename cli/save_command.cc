@@ -23,11 +23,18 @@ CommandOutput RunSaveCommand(ChiefClient& chief, OutputFormat format) {
     out.status = s;
     return out;
   }
-  out.text = format == OutputFormat::kJson
-                 ? ReportToJson(response)
-                 : absl::StrCat("checkpoint committed: ", response.path(), " (step ",
-                                response.step(), ", ", HumanBytes(response.bytes()), ", ",
-                                absl::FormatDuration(absl::Microseconds(response.micros())), ")\n");
+  out.text =
+      format == OutputFormat::kJson
+          ? ReportToJson(response)
+          : absl::StrCat(
+                "checkpoint committed: ", response.path(), " (step ", response.step(), ", ",
+                HumanBytes(response.bytes()), ", ",
+                absl::FormatDuration(absl::Microseconds(response.micros())),
+                response.held_micros() > 0
+                    ? absl::StrCat(", training held for ",
+                                   absl::FormatDuration(absl::Microseconds(response.held_micros())))
+                    : "",
+                ")\n");
   return out;
 }
 

@@ -212,7 +212,7 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
 }
 
 absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
-    const std::string& checkpoint_path, int64_t step, int64_t* bytes) {
+    const std::string& checkpoint_path, int64_t step, int64_t* bytes, v1::SavePhase phase) {
   std::vector<v1::SaveShardsResponse> responses(placement_.num_ps());
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
@@ -223,6 +223,7 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     req.set_step(step);
     req.set_ps_index(ps);
     req.set_chief_epoch(options_.chief_epoch);
+    req.set_phase(phase);
     responses[ps].Clear();
     return transport_->SaveShards(ps, req, &responses[ps]);
   }));

@@ -121,9 +121,12 @@ class ParameterClient {
   absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out,
                         int64_t step = -1);
   // Every ps task writes its shards under `checkpoint_path` (in parallel); returns what was
-  // saved, for the manifest. The caller commits the manifest.
+  // saved, for the manifest. The caller commits the manifest. `phase` as
+  // SaveShardsRequest.phase: SAVE_CUT returns nothing (each task writes in the background),
+  // a later SAVE_AWAIT what was written.
   absl::StatusOr<std::vector<v1::SavedShard>> SaveShards(const std::string& checkpoint_path,
-                                                         int64_t step, int64_t* bytes);
+                                                         int64_t step, int64_t* bytes,
+                                                         v1::SavePhase phase = v1::SAVE_WHOLE);
   // Every ps task (or those of `tasks`, when given) replaces its shards' values with those of
   // a checkpoint (which may have been written by another number of ps tasks).
   absl::Status RestoreShards(const std::string& checkpoint_path,

@@ -591,10 +591,55 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
         absl::StrCat("SaveShards: ps_index ", request.ps_index(), " is negative"));
   }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
+  absl::MutexLock lock(&save_mu_);
+  if (request.phase() == v1::SAVE_AWAIT) {
+    if (save_.path != checkpoint_path) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SaveShards: no save of ", checkpoint_path, " was cut on this ps task",
+                       save_.path.empty() ? "" : absl::StrCat(" (the last was ", save_.path, ")"),
+                       "; it must be cut again (SAVE_CUT)"));
+    }
+    save_mu_.Await(absl::Condition(&save_.done));
+    PS_RETURN_IF_ERROR(save_.status);
+    *response = save_.response;
+    return absl::OkStatus();
+  }
+  // One save is written at a time. A second cut of the same checkpoint (a retry) fails in
+  // the write, which finds its part there already: never two writers of one part.
+  JoinBackgroundSaveLocked();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
-  return SaveShardSet(Shards(), &apply_barrier_, checkpoint_path, request.ps_index(),
-                      options_.crash_points, response);
+  ShardCut cut = CutShardSet(Shards(), &apply_barrier_);
+  if (request.phase() != v1::SAVE_CUT) {
+    return WriteShardCut(std::move(cut), checkpoint_path, request.ps_index(), options_.crash_points,
+                         response);
+  }
+  response->set_cut_micros(absl::ToInt64Microseconds(cut.held));
+  save_ = BackgroundSave{checkpoint_path, false, absl::OkStatus(), {}};
+  save_thread_ = std::thread([this, cut = std::move(cut), checkpoint_path,
+                              ps_index = request.ps_index()]() mutable {
+    v1::SaveShardsResponse written;
+    absl::Status s =
+        WriteShardCut(std::move(cut), checkpoint_path, ps_index, options_.crash_points, &written);
+    if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
+    absl::MutexLock lock(&save_mu_);
+    save_.done = true;
+    save_.status = std::move(s);
+    save_.response = std::move(written);
+  });
+  return absl::OkStatus();
+}
+
+void ParameterStore::JoinBackgroundSaveLocked() {
+  if (!save_thread_.joinable()) return;
+  // The thread's last act is to set `done` under save_mu_; it needs nothing more once set.
+  save_mu_.Await(absl::Condition(&save_.done));
+  save_thread_.join();
+}
+
+ParameterStore::~ParameterStore() {
+  absl::MutexLock lock(&save_mu_);
+  JoinBackgroundSaveLocked();
 }
 
 absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,

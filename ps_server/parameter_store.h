@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,8 @@ struct ParameterStoreOptions {
 class ParameterStore {
  public:
   explicit ParameterStore(const ParameterStoreOptions& options);
+  // Waits for a save being written in the background.
+  ~ParameterStore();
 
   // Creates the listed shards. A shard that already exists with the same spec is counted in
   // already_present; with a different spec the whole request is refused (ALREADY_EXISTS,
@@ -116,9 +119,11 @@ class ParameterStore {
 
   // Writes every shard and table part into <checkpoint>/ps-<ps_index>, where <checkpoint> is
   // the request's name under options.checkpoint_dir (or its checkpoint_path without one); a
-  // committed checkpoint is refused (FAILED_PRECONDITION). Pushes are held
-  // while the values are copied, so every shard reflects the same moment; the copy is then
-  // written without holding anything.
+  // committed checkpoint is refused (FAILED_PRECONDITION). Pushes are held while the values
+  // are copied, so every shard reflects the same moment; the copy is then written without
+  // holding anything: before answering (SAVE_WHOLE), or in the background after answering
+  // (SAVE_CUT), its result answered by SAVE_AWAIT (see SaveShardsRequest.phase). One save is
+  // written at a time.
   absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response);
 
   // Replaces the values of the shards this task holds with a checkpoint's (see
@@ -256,7 +261,6 @@ class ParameterStore {
   // The last CreateShards asked for local steps: delta pushes are taken (a worker's key can
   // push them only where the cluster runs local steps).
   bool deltas_allowed_ ABSL_GUARDED_BY(mu_) = false;
-  // See CreateShardsRequest.hold_until_restored.
   // The highest chief epoch seen in CreateShards, SaveShards or RestoreShards (Fence).
   std::atomic<int64_t> chief_epoch_{0};
   // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
@@ -268,7 +272,21 @@ class ParameterStore {
   absl::StatusOr<std::string> CheckpointPathOf(const std::string& name,
                                                const std::string& legacy_path,
                                                absl::string_view method) const;
+  // See CreateShardsRequest.hold_until_restored.
   bool holding_for_restore_ ABSL_GUARDED_BY(mu_) = false;
+  // The save written in the background (SAVE_CUT), kept once written for SAVE_AWAIT (a retried
+  // await answers again) until the next cut. `path` is empty before the first.
+  struct BackgroundSave {
+    std::string path;
+    bool done = false;
+    absl::Status status;
+    v1::SaveShardsResponse response;
+  };
+  // Waits for the background save's write to end and joins its thread.
+  void JoinBackgroundSaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
+  absl::Mutex save_mu_;
+  BackgroundSave save_ ABSL_GUARDED_BY(save_mu_);
+  std::thread save_thread_ ABSL_GUARDED_BY(save_mu_);
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);
 };

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -824,6 +825,67 @@ TEST(ParameterStoreCheckpointDirTest, WithoutADirectoryTlsRefusesToSaveAtAll) {
 // Found by fuzz/parameter_store_fuzzer (ASan, then its restore invariant): Restore read table
 // rows with the live table's stride, past the end of rows saved with another dim; a table of
 // another dim (whatever its stride) is now refused, with nothing restored.
+// A save in two halves: SAVE_CUT copies the shards and answers; pushes applied after it are
+// not in the checkpoint, which SAVE_AWAIT answers once written. An await of a checkpoint this
+// task did not cut, and a second cut of the same checkpoint, are refused and change nothing.
+TEST_F(ParameterStoreTest, ACutSaveHoldsTheValuesOfTheCutWhilePushesGoOn) {
+  const std::string path = testing::TempDir() + "/cut_then_push";
+  std::filesystem::remove_all(path);
+  v1::PushDenseResponse pushed;
+  ASSERT_TRUE(Push(store_, {"b"}, {{1, 2, 3}}, 0, 0, &pushed).ok());
+  const std::vector<float> at_cut = Read(store_, "b");
+  v1::SaveShardsRequest save;
+  save.set_checkpoint_path(path);
+  save.set_phase(v1::SAVE_AWAIT);
+  v1::SaveShardsResponse saved;
+  absl::Status s = store_.Save(save, &saved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("no save of " + path + " was cut on this ps task"));
+
+  save.set_phase(v1::SAVE_CUT);
+  ASSERT_TRUE(store_.Save(save, &saved).ok());
+  EXPECT_EQ(saved.shards_size(), 0);  // answered before the write
+  ASSERT_TRUE(Push(store_, {"b"}, {{10, 10, 10}}, 1, 0, &pushed).ok());
+  ASSERT_NE(Read(store_, "b"), at_cut);
+
+  v1::SaveShardsRequest other = save;
+  other.set_checkpoint_path(path + "_other");
+  other.set_phase(v1::SAVE_AWAIT);
+  s = store_.Save(other, &saved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(the last was " + path + ")"));
+
+  save.set_phase(v1::SAVE_AWAIT);
+  ASSERT_TRUE(store_.Save(save, &saved).ok());
+  EXPECT_EQ(saved.shards_size(), 3);
+  // Awaited again (a retry): the same answer.
+  v1::SaveShardsResponse again;
+  ASSERT_TRUE(store_.Save(save, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), saved.SerializeAsString());
+
+  // A second cut of it would write a second time over the first: refused by the write.
+  save.set_phase(v1::SAVE_CUT);
+  ASSERT_TRUE(store_.Save(save, &again).ok());
+  save.set_phase(v1::SAVE_AWAIT);
+  EXPECT_EQ(store_.Save(save, &again).code(), absl::StatusCode::kInvalidArgument);
+
+  // The checkpoint holds the cut: restored, "b" is what it was then, not after the push.
+  ParameterStore restored{ParameterStoreOptions()};
+  v1::CreateShardsRequest create;
+  *create.add_dense() = Whole(Var("a", {2, 2}));
+  *create.add_dense() = Whole(Var("b", {3}));
+  *create.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(restored.CreateShards(create, &created).ok());
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(path);
+  *restore.mutable_saved() = saved.shards();
+  v1::RestoreShardsResponse restored_resp;
+  ASSERT_TRUE(restored.Restore(restore, &restored_resp).ok());
+  EXPECT_EQ(Read(restored, "b"), at_cut);
+}
+
 TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {
   ParameterStore saver{ParameterStoreOptions()};
   v1::CreateShardsRequest create;

@@ -156,65 +156,73 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
   return out;
 }
 
-// A table's contents taken while no push is applied.
-struct TableCopy {
-  std::vector<int64_t> keys, counts;
-  std::vector<float> rows;
-  int64_t stride = 0;
-  std::vector<uint16_t> sketch;
-};
-
-TableCopy CopyTable(const EmbeddingTable& table) {
-  TableCopy t;
-  t.stride = table.dim() * (1 + table.optimizer().num_slots());
-  table.ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
-    t.keys.push_back(key);
-    t.counts.push_back(PackRowCount(count, last));
-    t.rows.insert(t.rows.end(), row, row + t.stride);
-  });
-  t.sketch = table.AdmissionSketch();
-  return t;
-}
-
 }  // namespace
 
-absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
-                          const std::string& checkpoint_path, int32_t ps_index,
-                          CrashPoints* crash_points, v1::SaveShardsResponse* response) {
+ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier) {
+  ShardCut cut;
+  cut.dense.resize(shards.dense.size());
+  cut.tables.resize(shards.tables.size());
+  // No push is applied while the copies are taken.
+  absl::MutexLock barrier(apply_barrier);
   const absl::Time start = absl::Now();
-  std::vector<std::vector<float>> dense(shards.dense.size());
-  std::vector<int64_t> updates(shards.dense.size(), 0);
-  std::vector<TableCopy> tables;
-  {
-    // No push is applied while the copies are taken.
-    absl::MutexLock barrier(apply_barrier);
-    for (size_t i = 0; i < dense.size(); ++i) shards.dense[i]->Snapshot(&dense[i], &updates[i]);
-    for (const auto& [name, table] : shards.tables) tables.push_back(CopyTable(*table));
+  for (size_t i = 0; i < shards.dense.size(); ++i) {
+    ShardCut::Dense& d = cut.dense[i];
+    d.spec = shards.dense[i]->spec();
+    shards.dense[i]->Snapshot(&d.values_and_slots, &d.updates);
   }
+  for (size_t i = 0; i < shards.tables.size(); ++i) {
+    const EmbeddingTable& table = *shards.tables[i].second;
+    ShardCut::Table& t = cut.tables[i];
+    t.spec = table.spec();
+    t.stride = table.dim() * (1 + table.optimizer().num_slots());
+    table.ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
+      t.keys.push_back(key);
+      t.counts.push_back(PackRowCount(count, last));
+      t.rows.insert(t.rows.end(), row, row + t.stride);
+    });
+    t.sketch = table.AdmissionSketch();
+    if (!t.sketch.empty()) t.virtual_shards = table.OwnedVirtualShards();
+  }
+  cut.held = absl::Now() - start;
+  return cut;
+}
+
+absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
+                           CrashPoints* crash_points, v1::SaveShardsResponse* response) {
+  const absl::Time start = absl::Now();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       CheckpointWriter::Open(checkpoint_path, ps_index, crash_points));
   int64_t bytes = 0;
-  for (size_t i = 0; i < dense.size(); ++i) {
+  for (ShardCut::Dense& d : cut.dense) {
     PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
-                        writer->WriteDense(shards.dense[i]->spec(), updates[i], dense[i]));
+                        writer->WriteDense(d.spec, d.updates, d.values_and_slots));
+    std::vector<float>().swap(d.values_and_slots);  // written: its memory goes back now
     bytes += saved.bytes();
     *response->add_shards() = std::move(saved);
   }
-  for (size_t i = 0; i < tables.size(); ++i) {
-    const EmbeddingTable& table = *shards.tables[i].second;
-    TableCopy& t = tables[i];
-    PS_ASSIGN_OR_RETURN(v1::SavedShard saved, writer->WriteTable(table.spec(), std::move(t.keys),
-                                                                 t.rows, t.counts, t.stride));
+  for (ShardCut::Table& t : cut.tables) {
+    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
+                        writer->WriteTable(t.spec, std::move(t.keys), t.rows, t.counts, t.stride));
+    std::vector<float>().swap(t.rows);
+    std::vector<int64_t>().swap(t.counts);
     if (!t.sketch.empty()) {
-      PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, table.OwnedVirtualShards(), &saved));
+      PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, t.virtual_shards, &saved));
     }
     bytes += saved.bytes();
     *response->add_shards() = std::move(saved);
   }
   PS_RETURN_IF_ERROR(writer->Finish());
   response->set_bytes(bytes);
-  response->set_micros(absl::ToInt64Microseconds(absl::Now() - start));
+  response->set_micros(absl::ToInt64Microseconds(cut.held + (absl::Now() - start)));
+  response->set_cut_micros(absl::ToInt64Microseconds(cut.held));
   return absl::OkStatus();
+}
+
+absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
+                          const std::string& checkpoint_path, int32_t ps_index,
+                          CrashPoints* crash_points, v1::SaveShardsResponse* response) {
+  return WriteShardCut(CutShardSet(shards, apply_barrier), checkpoint_path, ps_index, crash_points,
+                       response);
 }
 
 absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/dense_shard.h"
 #include "ps_server/embedding_table.h"
@@ -26,9 +27,37 @@ struct ShardSet {
   std::vector<std::pair<std::string, std::shared_ptr<EmbeddingTable>>> tables;  // by name
 };
 
-// Copies every shard's values, slots and rows while holding `apply_barrier` (no push is applied
-// meanwhile: the copies are one consistent cut), then writes them to `checkpoint_path` as ps
-// task `ps_index`'s part, and fills `response` (shards, bytes, time).
+// Every shard's values, slots and rows at one moment, copied out of the shards: writing it
+// needs nothing of them any more, so pushes go on meanwhile.
+struct ShardCut {
+  struct Dense {
+    v1::DenseShardSpec spec;
+    int64_t updates = 0;
+    std::vector<float> values_and_slots;
+  };
+  struct Table {
+    v1::TableSpec spec;
+    int64_t stride = 0;
+    std::vector<int64_t> keys, counts;  // counts: PackRowCount (storage/checkpoint.h)
+    std::vector<float> rows;
+    std::vector<uint16_t> sketch;         // empty: no admission
+    std::vector<int32_t> virtual_shards;  // owned when cut (with a sketch)
+  };
+  std::vector<Dense> dense;
+  std::vector<Table> tables;
+  absl::Duration held;  // how long pushes waited for the copies
+};
+
+// Copies every shard while holding `apply_barrier` (no push is applied meanwhile: the copies
+// are one consistent cut).
+ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier);
+
+// Writes `cut` to `checkpoint_path` as ps task `ps_index`'s part, letting each shard's copy go
+// once written, and fills `response` (shards, bytes, time).
+absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
+                           CrashPoints* crash_points, v1::SaveShardsResponse* response);
+
+// CutShardSet, then WriteShardCut.
 absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
                           const std::string& checkpoint_path, int32_t ps_index,
                           CrashPoints* crash_points, v1::SaveShardsResponse* response);

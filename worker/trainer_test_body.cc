@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "ps_server/in_process_ps_transport.h"
 #include "storage/crash_points.h"
+#include "testing/model_snapshot.h"
 #include "worker/step_pipeline.h"
 #include "worker/step_source.h"
 #include "worker/trainer.h"
@@ -466,24 +467,29 @@ TEST_P(TrainerTest, TwoTowersEqualOneDeviceWithTheWholeBatch) {
 
 // A checkpoint requested from the chief while a pipelined async worker has pushes in flight:
 // the chief closes the gate, the worker is told to drain, and the cut comes only once its
-// pushes are applied: while the chief saves, every shard has taken the same steps and none
-// moves.
-TEST_P(TrainerTest, ACheckpointDrainsThePipelineBeforeTheCut) {
+// pushes are applied, so every shard of the checkpoint has taken the same steps. The workers
+// are held only for the cut: training goes on while the ps tasks write it, before the chief
+// commits it.
+TEST_P(TrainerTest, ACheckpointDrainsThePipelineBeforeTheCutAndTrainingGoesOnWhileItIsWritten) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/trainer_test_cut_", GetParam().name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::vector<int64_t> at_cut, after_a_while;
+  std::vector<int64_t> at_commit, a_while_later;
   Cluster* running = nullptr;
   // The chief's first manifest is the checkpoint of the initial model; the second is ours,
-  // written once every ps task has saved, with the workers still held.
-  std::unique_ptr<CrashPoints> at_commit = CrashPoints::ForTest(kCrashManifestBeforeWrite, 2, [&] {
-    at_cut = running->Updates();
-    absl::SleepFor(absl::Milliseconds(100));
-    after_a_while = running->Updates();
-  });
+  // written once every ps task has written its part.
+  std::unique_ptr<CrashPoints> before_commit =
+      CrashPoints::ForTest(kCrashManifestBeforeWrite, 2, [&] {
+        at_commit = running->Updates();
+        for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
+             absl::Now() < give_up && running->Updates() == at_commit;) {
+          absl::SleepFor(absl::Milliseconds(2));
+        }
+        a_while_later = running->Updates();
+      });
   InProcessChief::Options chief = ChiefOptions(v1::ASYNC);
   chief.checkpoint_dir = dir;
-  chief.crash_points = at_commit.get();
+  chief.crash_points = before_commit.get();
   Cluster cluster(chief);
   running = &cluster;
   std::vector<std::unique_ptr<Kernels>> devices = Devices(1);
@@ -502,13 +508,22 @@ TEST_P(TrainerTest, ACheckpointDrainsThePipelineBeforeTheCut) {
   ASSERT_TRUE(cluster.chief->coordinator().Checkpoint(v1::CheckpointRequest(), &saved).ok());
   worker.join();
   ASSERT_TRUE(r.status.ok()) << r.status;
-  ASSERT_FALSE(at_cut.empty());
-  EXPECT_GT(at_cut[0], 0);
-  EXPECT_LT(at_cut[0], kSteps);
-  EXPECT_THAT(at_cut, ::testing::Each(at_cut[0]));  // no push half applied
-  EXPECT_EQ(after_a_while, at_cut);                 // nothing moves while the gate is closed
   EXPECT_GE(cluster.source->drains(), 1);
   EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps));
+
+  absl::StatusOr<ModelSnapshot> cut = ReadModelSnapshot(saved.path());
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_FALSE(cut->dense_updates.empty());
+  const int64_t cut_updates = cut->dense_updates.begin()->second;
+  EXPECT_GT(cut_updates, 0);
+  EXPECT_LT(cut_updates, kSteps);
+  for (const auto& [shard, updates] : cut->dense_updates) {
+    EXPECT_EQ(updates, cut_updates) << shard << ": a push half applied at the cut";
+  }
+  // Pushes were applied after the cut and before the commit.
+  ASSERT_FALSE(at_commit.empty());
+  EXPECT_THAT(at_commit, ::testing::Each(::testing::Ge(cut_updates)));
+  EXPECT_NE(a_while_later, at_commit) << "training stood still while the checkpoint was written";
 }
 
 // The MLP with Adam (and a decay): the local steps must count the optimizer's updates as the
