@@ -21,7 +21,8 @@
 // Memory (--memory_rows N): pushes N distinct keys into a table of --dim with Adagrad and a
 // capacity of --memory_capacity * N rows (eviction.max_rows), and reads the process's resident
 // memory before and after: bytes per row against the row's own floats and slots
-// ((1 + 1) * dim * 4 bytes).
+// ((1 + 1) * dim * 4 bytes); then times a checkpoint's cut of the table (CopyRows) against one
+// contiguous copy of as many bytes.
 //
 //   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
@@ -42,6 +43,7 @@
 #include "gflags/gflags.h"
 #include "proto/model.pb.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/huge_page_pool.h"
 #include "ps_server/row_index.h"
 
 DEFINE_int64(keys, 100000, "Keys per push or pull (distinct unless --occurrences > 1).");
@@ -51,7 +53,7 @@ DEFINE_int32(dim, 8, "Floats per row.");
 DEFINE_int32(threads, 2, "Apply pool threads (0: the calling thread only).");
 DEFINE_int32(rounds, 30, "Timed pushes and pulls.");
 DEFINE_bool(compare, false, "Measure a plain table against one with admission and eviction.");
-DEFINE_int32(trials, 3, "--compare: interleaved trials of each table.");
+DEFINE_int32(trials, 3, "--compare: interleaved trials of each table; --memory_rows: of the cut.");
 DEFINE_int32(min_count, 2, "--compare: the admission's min_count.");
 DEFINE_bool(churn, false, "--compare: a capacity of half the key space (rows evicted always).");
 DEFINE_bool(vocabulary, false,
@@ -258,6 +260,39 @@ int RunMemory() {
       "bytes of values and slots; ListShards counts %lld)\n",
       static_cast<long long>(resident), static_cast<long long>(dim), per_row, per_row / own, own,
       static_cast<long long>((*table)->row_bytes()));
+
+  // A checkpoint's cut of the table (CopyRows: every row with its key, count and tick, what a
+  // save copies while pushes wait) against copying as many bytes from one contiguous buffer
+  // into fresh memory of the same kind, the floor of any copy. Medians of --trials.
+  const size_t stride = static_cast<size_t>(2 * dim);
+  const size_t bytes = static_cast<size_t>(resident) * (stride * sizeof(float) + 8 + 8 + 4);
+  std::vector<float, HugePageAllocator<float>> source(bytes / sizeof(float), 1.0f);
+  std::vector<double> cut_seconds, copy_seconds;
+  for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
+    {
+      EmbeddingTable::RowsCopy copy;
+      const auto t0 = std::chrono::steady_clock::now();
+      (*table)->CopyRows(&copy);
+      cut_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<float, HugePageAllocator<float>> copy(source.begin(), source.end());
+      copy_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(cut_seconds.begin(), cut_seconds.end());
+  std::sort(copy_seconds.begin(), copy_seconds.end());
+  const double cut = cut_seconds[cut_seconds.size() / 2];
+  const double copy = copy_seconds[copy_seconds.size() / 2];
+  std::printf("cut (CopyRows): %.3f s, a copy of the same %.0f MiB: %.3f s (medians of %zu)\n", cut,
+              bytes / 1048576.0, copy, cut_seconds.size());
+  std::printf(
+      "BENCH table_cut_%lldx%lld %.2f GB/s ratio=%.3f (to one contiguous copy of as many "
+      "bytes)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), bytes / cut / 1e9, copy / cut);
   return 0;
 }
 

@@ -351,6 +351,47 @@ TEST(EvictionTest, ForEachRowGivesTheLastPushStep) {
   EXPECT_EQ(last, (std::map<int64_t, uint32_t>{{1, 3}, {2, 8}, {3, 8}}));
 }
 
+// A checkpoint's cut copies the rows with CopyRows: the same rows, counts, ticks and floats as
+// ForEachRow gives, rows past their TTL left out by both, appended after what the copy held.
+TEST(EvictionTest, CopyRowsGivesWhatForEachRowGives) {
+  using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
+  for (const std::string spec : {"eviction { ttl_steps: 5 }", "", "admission { min_count: 2 }"}) {
+    std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
+    ASSERT_NE(table, nullptr);
+    for (int step = 0; step < 12; ++step) {
+      table->ObserveStep(step);
+      Push(*table, Range(step * 40, step * 40 + 300), 0.01f * step);
+    }
+    const size_t stride = 3 * (1 + table->optimizer().num_slots());
+    Rows want, got;
+    table->ForEachRow([&](int64_t key, const float* data, int64_t t, uint32_t last) {
+      want[key] = {std::vector<float>(data, data + stride), t, last};
+    });
+    EmbeddingTable::RowsCopy copy;
+    copy.keys = {-1};
+    copy.counts = {7};
+    copy.last = {9};
+    copy.rows.assign(stride, 2.0f);
+    table->CopyRows(&copy);
+    ASSERT_EQ(copy.keys.size(), want.size() + 1) << spec;
+    ASSERT_EQ(copy.counts.size(), copy.keys.size());
+    ASSERT_EQ(copy.last.size(), copy.keys.size());
+    ASSERT_EQ(copy.rows.size(), copy.keys.size() * stride);
+    EXPECT_EQ(copy.keys[0], -1);
+    EXPECT_EQ(copy.rows[stride - 1], 2.0f);
+    for (size_t i = 1; i < copy.keys.size(); ++i) {
+      const float* row = &copy.rows[i * stride];
+      got[copy.keys[i]] = {std::vector<float>(row, row + stride), copy.counts[i], copy.last[i]};
+    }
+    EXPECT_EQ(got, want) << spec;
+    EXPECT_GT(want.size(), 0u) << spec;
+    if (spec == "eviction { ttl_steps: 5 }") {
+      EXPECT_LT(static_cast<int64_t>(want.size()), table->num_rows() + 1);  // expired left out
+      EXPECT_FALSE(want.count(0));
+    }
+  }
+}
+
 TEST(AdmissionAndEvictionTest, BadSpecsAreRefusedNamingTheField) {
   const struct {
     std::string extra, message;

@@ -16,6 +16,7 @@
 #include "ps_server/admission_filter.h"
 #include "ps_server/eviction_policy.h"
 #include "ps_server/hot_key_sketch.h"
+#include "ps_server/huge_page_pool.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/row_arena.h"
 #include "ps_server/row_index.h"
@@ -247,6 +248,21 @@ class EmbeddingTable {
   // from different moments. The pointer is valid only during the call.
   void ForEachRow(const std::function<void(int64_t key, const float* values_and_slots, int64_t t,
                                            uint32_t last)>& fn) const;
+
+  // A copy of the rows for a checkpoint's cut (CopyRows): row i is keys[i], with update count
+  // counts[i], last-push tick last[i] (0 without eviction) and its (1 + num_slots) * dim floats
+  // at rows[i * stride]. The floats are on huge pages (HugePageAllocator): a cut of gigabytes
+  // faults in 2 MiB pages, not 4 KiB ones.
+  struct RowsCopy {
+    std::vector<int64_t> keys, counts;
+    std::vector<uint32_t> last;
+    std::vector<float, HugePageAllocator<float>> rows;
+  };
+  // Appends the rows ForEachRow would give to *out, each stripe under its lock, straight into
+  // vectors sized for num_rows() more rows first: one copy of each row, no regrowth (a cut
+  // holds the pushes while it copies).
+  // REQUIRES: out is non-null. Not owned.
+  void CopyRows(RowsCopy* out) const;
 
   // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
   // floats, laid out as in ForEachRow), update count t (for restore; a t past

@@ -134,6 +134,49 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
   }
 }
 
+void EmbeddingTable::CopyRows(RowsCopy* out) const {
+  const size_t stride = static_cast<size_t>(stride_);
+  const size_t expected = out->keys.size() + static_cast<size_t>(num_rows());
+  out->keys.reserve(expected);
+  out->counts.reserve(expected);
+  out->last.reserve(expected);
+  out->rows.reserve(expected * stride);
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  // The index's entries are read in order, but their rows lie anywhere in the arena: each is
+  // prefetched this many entries ahead.
+  constexpr size_t kAhead = 8;
+  std::vector<RowIndex::Entry> entries;
+  for (int s = 0; s < kNumStripes; ++s) {
+    const Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    entries.clear();
+    stripe.rows.ForEach([&entries](const RowIndex::Entry& entry) { entries.push_back(entry); });
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (i + kAhead < entries.size()) {
+        __builtin_prefetch(stripe.arena.Row(entries[i + kAhead].row));
+        if (tracks_last_) __builtin_prefetch(&stripe.last[entries[i + kAhead].row]);
+      }
+      const RowIndex::Entry& entry = entries[i];
+      const uint32_t last = tracks_last_ ? stripe.last[entry.row] : 0;
+      if (tracks_last_ && eviction_.Expired(last, now)) continue;  // as removed
+      out->keys.push_back(entry.key);
+      out->counts.push_back(entry.count);
+      out->last.push_back(last);
+      const float* row = stripe.arena.Row(entry.row);
+      out->rows.insert(out->rows.end(), row, row + stride);
+    }
+    if (vocabulary_size_ > 0) {
+      vocabulary_.ForEachCreated(s, [&](int64_t key, int64_t row) {
+        out->keys.push_back(key);
+        out->counts.push_back(vocabulary_.Count(row) - 1);
+        out->last.push_back(0);
+        const float* values = vocabulary_.Values(row);
+        out->rows.insert(out->rows.end(), values, values + stride);
+      });
+    }
+  }
+}
+
 std::vector<uint16_t> EmbeddingTable::AdmissionSketch() const {
   std::vector<uint16_t> counters;
   if (!admission_) return counters;

@@ -925,6 +925,18 @@ TEST(EmbeddingTableTest, AVocabularyTableRoundTripsThroughItsRows) {
   ASSERT_GT(all_keys.size(), 1u);
   EXPECT_EQ(source->bytes(), source->reserved_bytes());
   EXPECT_EQ(source->row_bytes(), 3 * 8 * 4 + 4);
+  // A checkpoint's cut copies the same rows, counts and floats.
+  EmbeddingTable::RowsCopy copy;
+  source->CopyRows(&copy);
+  const auto snapshot = Snapshot(*source);
+  ASSERT_EQ(copy.keys.size(), snapshot.size());
+  for (size_t i = 0; i < copy.keys.size(); ++i) {
+    const auto& want = snapshot.at(copy.keys[i]);
+    EXPECT_EQ(copy.counts[i], want.t);
+    EXPECT_EQ(copy.last[i], 0u);
+    EXPECT_EQ(std::vector<float>(&copy.rows[i * 24], &copy.rows[i * 24] + 24),
+              want.values_and_slots);
+  }
   // Counts saturate one below a hashed table's (the array stores 1 + the count).
   std::vector<float> row(24, 3.0f);
   ASSERT_TRUE(restored->InsertRow(all_keys[0], row.data(), int64_t{1} << 40).ok());

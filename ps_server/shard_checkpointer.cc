@@ -162,28 +162,34 @@ ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier) {
   ShardCut cut;
   cut.dense.resize(shards.dense.size());
   cut.tables.resize(shards.tables.size());
-  // No push is applied while the copies are taken.
-  absl::MutexLock barrier(apply_barrier);
-  const absl::Time start = absl::Now();
-  for (size_t i = 0; i < shards.dense.size(); ++i) {
-    ShardCut::Dense& d = cut.dense[i];
-    d.spec = shards.dense[i]->spec();
-    shards.dense[i]->Snapshot(&d.values_and_slots, &d.updates);
+  {
+    // No push is applied while the copies are taken.
+    absl::MutexLock barrier(apply_barrier);
+    const absl::Time start = absl::Now();
+    for (size_t i = 0; i < shards.dense.size(); ++i) {
+      ShardCut::Dense& d = cut.dense[i];
+      d.spec = shards.dense[i]->spec();
+      shards.dense[i]->Snapshot(&d.values_and_slots, &d.updates);
+    }
+    for (size_t i = 0; i < shards.tables.size(); ++i) {
+      const EmbeddingTable& table = *shards.tables[i].second;
+      ShardCut::Table& t = cut.tables[i];
+      t.spec = table.spec();
+      t.stride = table.dim() * (1 + table.optimizer().num_slots());
+      table.CopyRows(&t.rows);
+      t.sketch = table.AdmissionSketch();
+      if (!t.sketch.empty()) t.virtual_shards = table.OwnedVirtualShards();
+    }
+    cut.held = absl::Now() - start;
   }
-  for (size_t i = 0; i < shards.tables.size(); ++i) {
-    const EmbeddingTable& table = *shards.tables[i].second;
-    ShardCut::Table& t = cut.tables[i];
-    t.spec = table.spec();
-    t.stride = table.dim() * (1 + table.optimizer().num_slots());
-    table.ForEachRow([&t](int64_t key, const float* row, int64_t count, uint32_t last) {
-      t.keys.push_back(key);
-      t.counts.push_back(PackRowCount(count, last));
-      t.rows.insert(t.rows.end(), row, row + t.stride);
-    });
-    t.sketch = table.AdmissionSketch();
-    if (!t.sketch.empty()) t.virtual_shards = table.OwnedVirtualShards();
+  // Pushes go on from here.
+  for (ShardCut::Table& t : cut.tables) {
+    EmbeddingTable::RowsCopy& r = t.rows;
+    for (size_t i = 0; i < r.counts.size(); ++i) {
+      r.counts[i] = PackRowCount(r.counts[i], r.last[i]);
+    }
+    std::vector<uint32_t>().swap(r.last);
   }
-  cut.held = absl::Now() - start;
   return cut;
 }
 
@@ -201,10 +207,10 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
     *response->add_shards() = std::move(saved);
   }
   for (ShardCut::Table& t : cut.tables) {
-    PS_ASSIGN_OR_RETURN(v1::SavedShard saved,
-                        writer->WriteTable(t.spec, std::move(t.keys), t.rows, t.counts, t.stride));
-    std::vector<float>().swap(t.rows);
-    std::vector<int64_t>().swap(t.counts);
+    PS_ASSIGN_OR_RETURN(
+        v1::SavedShard saved,
+        writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows, t.rows.counts, t.stride));
+    t.rows = EmbeddingTable::RowsCopy();  // written: its memory goes back now
     if (!t.sketch.empty()) {
       PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, t.virtual_shards, &saved));
     }

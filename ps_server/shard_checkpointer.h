@@ -38,8 +38,7 @@ struct ShardCut {
   struct Table {
     v1::TableSpec spec;
     int64_t stride = 0;
-    std::vector<int64_t> keys, counts;  // counts: PackRowCount (storage/checkpoint.h)
-    std::vector<float> rows;
+    EmbeddingTable::RowsCopy rows;        // its counts PackRowCount'ed (storage/checkpoint.h)
     std::vector<uint16_t> sketch;         // empty: no admission
     std::vector<int32_t> virtual_shards;  // owned when cut (with a sketch)
   };

@@ -188,8 +188,8 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteDense(
 
 absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec& spec,
                                                             std::vector<int64_t> keys,
-                                                            const std::vector<float>& rows,
-                                                            const std::vector<int64_t>& counts,
+                                                            absl::Span<const float> rows,
+                                                            absl::Span<const int64_t> counts,
                                                             int64_t stride) {
   std::vector<size_t> order(keys.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "proto/coordinator_service.pb.h"
 #include "proto/ps_service.pb.h"
 #include "rocksdb/db.h"
@@ -60,8 +61,8 @@ class CheckpointWriter {
   // rows holds keys.size() rows of `stride` floats (values then slots); counts the update
   // count of each row.
   absl::StatusOr<v1::SavedShard> WriteTable(const v1::TableSpec& spec, std::vector<int64_t> keys,
-                                            const std::vector<float>& rows,
-                                            const std::vector<int64_t>& counts, int64_t stride);
+                                            absl::Span<const float> rows,
+                                            absl::Span<const int64_t> counts, int64_t stride);
   // Adds the admission sketch of the table part `saved` (from WriteTable) and the virtual
   // shards its writer owns to the checkpoint, recording them in *saved.
   absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
