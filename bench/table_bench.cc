@@ -21,8 +21,9 @@
 // Memory (--memory_rows N): pushes N distinct keys into a table of --dim with Adagrad and a
 // capacity of --memory_capacity * N rows (eviction.max_rows), and reads the process's resident
 // memory before and after: bytes per row against the row's own floats and slots
-// ((1 + 1) * dim * 4 bytes); then times a checkpoint's cut of the table (CopyRows) against one
-// contiguous copy of as many bytes.
+// ((1 + 1) * dim * 4 bytes); then times a checkpoint's cut of the table (CopyRows), into new
+// memory and into memory made before (SAVE_PREPARE), against one contiguous copy of as many
+// bytes into new memory.
 //
 //   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
@@ -267,7 +268,7 @@ int RunMemory() {
   const size_t stride = static_cast<size_t>(2 * dim);
   const size_t bytes = static_cast<size_t>(resident) * (stride * sizeof(float) + 8 + 8 + 4);
   std::vector<float, HugePageAllocator<float>> source(bytes / sizeof(float), 1.0f);
-  std::vector<double> cut_seconds, copy_seconds;
+  std::vector<double> cut_seconds, prepared_seconds, copy_seconds;
   for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
     {
       EmbeddingTable::RowsCopy copy;
@@ -277,22 +278,48 @@ int RunMemory() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     {
+      // Into memory made and faulted in before, as a ps task does after SAVE_PREPARE.
+      EmbeddingTable::RowsCopy copy;
+      const size_t room = static_cast<size_t>(resident);
+      copy.keys.resize(room);
+      copy.counts.resize(room);
+      copy.last.resize(room);
+      copy.rows.resize(room * stride);
+      copy.keys.clear();
+      copy.counts.clear();
+      copy.last.clear();
+      copy.rows.clear();
+      const auto t0 = std::chrono::steady_clock::now();
+      (*table)->CopyRows(&copy);
+      prepared_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    {
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<float, HugePageAllocator<float>> copy(source.begin(), source.end());
       copy_seconds.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-  std::sort(cut_seconds.begin(), cut_seconds.end());
-  std::sort(copy_seconds.begin(), copy_seconds.end());
-  const double cut = cut_seconds[cut_seconds.size() / 2];
-  const double copy = copy_seconds[copy_seconds.size() / 2];
-  std::printf("cut (CopyRows): %.3f s, a copy of the same %.0f MiB: %.3f s (medians of %zu)\n", cut,
-              bytes / 1048576.0, copy, cut_seconds.size());
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double cut = median(cut_seconds), prepared = median(prepared_seconds);
+  const double copy = median(copy_seconds);
+  std::printf(
+      "cut (CopyRows): %.3f s into new memory, %.3f s into memory made before; a contiguous "
+      "copy of the same %.0f MiB into new memory: %.3f s (medians of %zu)\n",
+      cut, prepared, bytes / 1048576.0, copy, cut_seconds.size());
   std::printf(
       "BENCH table_cut_%lldx%lld %.2f GB/s ratio=%.3f (to one contiguous copy of as many "
-      "bytes)\n",
+      "bytes into new memory)\n",
       static_cast<long long>(resident), static_cast<long long>(dim), bytes / cut / 1e9, copy / cut);
+  std::printf(
+      "BENCH table_cut_prepared_%lldx%lld %.2f GB/s ratio=%.3f (the same, into memory "
+      "made before: SAVE_PREPARE)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), bytes / prepared / 1e9,
+      copy / prepared);
   return 0;
 }
 

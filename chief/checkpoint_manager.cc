@@ -96,6 +96,11 @@ absl::StatusOr<CheckpointManager::PendingCheckpoint> CheckpointManager::Cut(
   return pending;
 }
 
+absl::Status CheckpointManager::Prepare() {
+  int64_t unused = 0;
+  return client_->SaveShards("", -1, &unused, v1::SAVE_PREPARE).status();
+}
+
 absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCheckpoint& pending) {
   if (pending.committed) return pending.response;
   Clock* const clock = options_.clock;

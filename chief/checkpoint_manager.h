@@ -69,6 +69,10 @@ class CheckpointManager {
     absl::Time start;
   };
   absl::StatusOr<PendingCheckpoint> Cut(int64_t step, const std::string& reason);
+  // Before Cut, while training goes on: every ps task makes the memory its cut will copy into
+  // (SaveShardsRequest.phase SAVE_PREPARE), so that the cut, with the workers held, only
+  // copies. Optional: a Cut without it makes that memory itself.
+  absl::Status Prepare();
   absl::StatusOr<v1::CheckpointResponse> Commit(const PendingCheckpoint& pending);
 
   // The committed checkpoints, newest first; NOT_FOUND when there is none.

@@ -345,8 +345,12 @@ absl::StatusOr<v1::CheckpointResponse> Coordinator::TakeCheckpoint(const std::st
     }
   }
   absl::MutexLock operation(&operation_mu_);
-  // The workers are held only while the ps tasks copy their shards; the copies are written
-  // while training goes on, and committed once written.
+  // The workers are held only while the ps tasks copy their shards, into memory made before;
+  // the copies are written while training goes on, and committed once written.
+  if (absl::Status prepared = checkpoints_->Prepare(); !prepared.ok()) {
+    LOG(WARNING) << "the ps tasks could not prepare the checkpoint's memory (the cut will): "
+                 << prepared;
+  }
   const absl::Time hold_start = clock_->Now();
   absl::Status held = HoldWorkersAtStepBoundary(options_.checkpoint_hold_timeout);
   absl::StatusOr<CheckpointManager::PendingCheckpoint> cut =

@@ -582,6 +582,17 @@ ShardSet ParameterStore::Shards() const {
 
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response) {
+  if (request.phase() == v1::SAVE_PREPARE) {
+    PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
+    {
+      absl::MutexLock lock(&save_mu_);
+      prepared_.clear();  // an earlier one's memory goes first
+    }
+    PreparedCut prepared = PrepareCut(Shards());  // with nothing held: pushes go on
+    absl::MutexLock lock(&save_mu_);
+    prepared_ = std::move(prepared);
+    return absl::OkStatus();
+  }
   PS_ASSIGN_OR_RETURN(
       const std::string checkpoint_path,
       CheckpointPathOf(request.checkpoint(), request.checkpoint_path(), "SaveShards"));
@@ -609,7 +620,8 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   JoinBackgroundSaveLocked();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
-  ShardCut cut = CutShardSet(Shards(), &apply_barrier_);
+  ShardCut cut = CutShardSet(Shards(), &apply_barrier_, &prepared_);
+  prepared_.clear();  // what the cut did not use (a table dropped since) goes now
   if (request.phase() != v1::SAVE_CUT) {
     return WriteShardCut(std::move(cut), checkpoint_path, request.ps_index(), options_.crash_points,
                          response);

@@ -123,7 +123,7 @@ class ParameterStore {
   // are copied, so every shard reflects the same moment; the copy is then written without
   // holding anything: before answering (SAVE_WHOLE), or in the background after answering
   // (SAVE_CUT), its result answered by SAVE_AWAIT (see SaveShardsRequest.phase). One save is
-  // written at a time.
+  // written at a time. SAVE_PREPARE makes the memory the next cut copies the tables into.
   absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response);
 
   // Replaces the values of the shards this task holds with a checkpoint's (see
@@ -286,6 +286,8 @@ class ParameterStore {
   void JoinBackgroundSaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   absl::Mutex save_mu_;
   BackgroundSave save_ ABSL_GUARDED_BY(save_mu_);
+  // Memory for the next cut (SAVE_PREPARE), until the next save.
+  PreparedCut prepared_ ABSL_GUARDED_BY(save_mu_);
   std::thread save_thread_ ABSL_GUARDED_BY(save_mu_);
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);

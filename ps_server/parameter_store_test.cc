@@ -831,9 +831,21 @@ TEST(ParameterStoreCheckpointDirTest, WithoutADirectoryTlsRefusesToSaveAtAll) {
 TEST_F(ParameterStoreTest, ACutSaveHoldsTheValuesOfTheCutWhilePushesGoOn) {
   const std::string path = testing::TempDir() + "/cut_then_push";
   std::filesystem::remove_all(path);
+  // The memory for the cut, made for the rows held now (none): the cut copies 3,000 more.
+  v1::SaveShardsRequest prepare;
+  prepare.set_phase(v1::SAVE_PREPARE);
+  v1::SaveShardsResponse prepared;
+  ASSERT_TRUE(store_.Save(prepare, &prepared).ok());
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 3000; ++k) keys.push_back(k * 7919);
+  v1::PushSparseResponse sparse;
+  ASSERT_TRUE(
+      PushSparse(store_, "emb", keys, std::vector<float>(2 * keys.size(), 0.5f), &sparse).ok());
   v1::PushDenseResponse pushed;
   ASSERT_TRUE(Push(store_, {"b"}, {{1, 2, 3}}, 0, 0, &pushed).ok());
   const std::vector<float> at_cut = Read(store_, "b");
+  std::vector<float> rows_at_cut;
+  ASSERT_TRUE(PullSparse(store_, "emb", keys, &rows_at_cut).ok());
   v1::SaveShardsRequest save;
   save.set_checkpoint_path(path);
   save.set_phase(v1::SAVE_AWAIT);
@@ -848,6 +860,8 @@ TEST_F(ParameterStoreTest, ACutSaveHoldsTheValuesOfTheCutWhilePushesGoOn) {
   EXPECT_EQ(saved.shards_size(), 0);  // answered before the write
   ASSERT_TRUE(Push(store_, {"b"}, {{10, 10, 10}}, 1, 0, &pushed).ok());
   ASSERT_NE(Read(store_, "b"), at_cut);
+  ASSERT_TRUE(
+      PushSparse(store_, "emb", keys, std::vector<float>(2 * keys.size(), 1.0f), &sparse).ok());
 
   v1::SaveShardsRequest other = save;
   other.set_checkpoint_path(path + "_other");
@@ -884,6 +898,17 @@ TEST_F(ParameterStoreTest, ACutSaveHoldsTheValuesOfTheCutWhilePushesGoOn) {
   v1::RestoreShardsResponse restored_resp;
   ASSERT_TRUE(restored.Restore(restore, &restored_resp).ok());
   EXPECT_EQ(Read(restored, "b"), at_cut);
+  std::vector<float> rows;
+  ASSERT_TRUE(PullSparse(restored, "emb", keys, &rows).ok());
+  EXPECT_EQ(rows, rows_at_cut);
+
+  // A chief replaced by a newer one prepares nothing.
+  prepare.set_chief_epoch(1);
+  restored.Save(prepare, &prepared).IgnoreError();
+  prepare.set_chief_epoch(2);
+  ASSERT_TRUE(restored.Save(prepare, &prepared).ok());
+  prepare.set_chief_epoch(1);
+  EXPECT_EQ(restored.Save(prepare, &prepared).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {

@@ -158,10 +158,38 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
 
 }  // namespace
 
-ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier) {
+PreparedCut PrepareCut(const ShardSet& shards) {
+  PreparedCut prepared;
+  for (const auto& [name, table] : shards.tables) {
+    const size_t rows = static_cast<size_t>(table->num_rows());
+    const size_t room = rows + rows / 16 + 1024;
+    const size_t stride = static_cast<size_t>(table->dim() * (1 + table->optimizer().num_slots()));
+    EmbeddingTable::RowsCopy& copy = prepared[name];
+    // Written once (the kernel's zeroed pages faulted in now), then emptied: the room stays.
+    copy.keys.resize(room);
+    copy.counts.resize(room);
+    copy.last.resize(room);
+    copy.rows.resize(room * stride);
+    copy.keys.clear();
+    copy.counts.clear();
+    copy.last.clear();
+    copy.rows.clear();
+  }
+  return prepared;
+}
+
+ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier, PreparedCut* prepared) {
   ShardCut cut;
   cut.dense.resize(shards.dense.size());
   cut.tables.resize(shards.tables.size());
+  if (prepared != nullptr) {
+    for (size_t i = 0; i < shards.tables.size(); ++i) {
+      auto it = prepared->find(shards.tables[i].first);
+      if (it == prepared->end()) continue;
+      cut.tables[i].rows = std::move(it->second);
+      prepared->erase(it);
+    }
+  }
   {
     // No push is applied while the copies are taken.
     absl::MutexLock barrier(apply_barrier);

@@ -6,6 +6,7 @@
 #ifndef PSCLUSTER_PS_SERVER_SHARD_CHECKPOINTER_H_
 #define PSCLUSTER_PS_SERVER_SHARD_CHECKPOINTER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,9 +48,16 @@ struct ShardCut {
   absl::Duration held;  // how long pushes waited for the copies
 };
 
+// Memory for the next cut of `shards`' tables, by table name: made and faulted in for the
+// rows they hold now and a sixteenth more, with nothing held, so that the cut only copies.
+using PreparedCut = std::map<std::string, EmbeddingTable::RowsCopy>;
+PreparedCut PrepareCut(const ShardSet& shards);
+
 // Copies every shard while holding `apply_barrier` (no push is applied meanwhile: the copies
-// are one consistent cut).
-ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier);
+// are one consistent cut), each table into its memory of `prepared` (may be null; what is
+// used is taken out of it).
+ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
+                     PreparedCut* prepared = nullptr);
 
 // Writes `cut` to `checkpoint_path` as ps task `ps_index`'s part, letting each shard's copy go
 // once written, and fills `response` (shards, bytes, time).
