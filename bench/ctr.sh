@@ -13,7 +13,14 @@
 # (logs, checkpoints) instead of removing it.
 #
 #   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
-#                     [--batch_size N] [--epochs N] [--keep]
+#                     [--batch_size N] [--epochs N] [--checkpoint_every_secs N]
+#                     [--vs_no_checkpoints] [--keep]
+#
+# The chief checkpoints every --checkpoint_every_secs (default 60) and before the first step and
+# at the end; the time the checkpoints held training and the time from their cuts to their
+# commits are printed too. --vs_no_checkpoints runs the cluster a second time without periodic
+# checkpoints (the first and the last are taken) and prints the ratio of the two throughputs
+# (BENCH ctr_checkpointing_vs_not).
 #
 # Defaults: 1,000,000 examples (26 ids each, 5 % missing: about 24.7 M ids, 12 M per ps task
 # and table), a capacity of 10,000,000 rows per ps task and table, 10,000,000 values per field,
@@ -28,6 +35,8 @@ ids_per_field=10000000
 batch_size=512
 epochs=1
 keep=0
+every=60
+vs_none=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --train_examples) train_examples=$2; shift 2 ;;
@@ -36,7 +45,9 @@ while [[ $# -gt 0 ]]; do
     --batch_size) batch_size=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --checkpoint_every_secs) every=$2; shift 2 ;;
+    --vs_no_checkpoints) vs_none=1; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,50 +71,57 @@ grep -q "max_rows: $rows_per_ps" "$work/model.pbtxt" || {
   exit 1
 }
 
-# Peak resident memory of each ps task of this run (their command lines name $work).
-: >"$work/rss"
-(
-  while true; do
-    for pid in $(pgrep -f "ps_server.*$work" || true); do
-      rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-      idx=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed -nE 's/.*ps-([0-9]+)\.port.*/\1/p')
-      [[ -n $rss && -n $idx ]] && echo "$idx $rss" >>"$work/rss"
+# One run of the cluster, its figures into $work/<label>.bench: every_secs is the chief's
+# --checkpoint_every_secs (0: no periodic checkpoint; the one before the first step and the
+# final one are taken either way).
+run_once() {
+  local label=$1 every_secs=$2
+  local dir="$work/$label"
+  mkdir -p "$dir"
+  # Peak resident memory of each ps task of this run (their command lines name $dir).
+  : >"$dir/rss"
+  (
+    while true; do
+      for pid in $(pgrep -f "ps_server.*$dir" || true); do
+        rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+        idx=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed -nE 's/.*ps-([0-9]+)\.port.*/\1/p' || true)
+        [[ -n $rss && -n $idx ]] && echo "$idx $rss" >>"$dir/rss"
+      done
+      sleep 1
     done
+  ) &
+  sampler=$!
+
+  # The run, held up after training (--hold) so that its tables can be read live, with every line
+  # stamped with the time it was printed: training runs from run.sh's "==> training" to its
+  # "final test AUC" (which includes one evaluation of 20,000 examples).
+  TMPDIR="$dir" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
+    --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
+    --batch_size "$batch_size" --ps 2 --workers 2 --hold -- --checkpoint_every_secs="$every_secs" \
+    > >(while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
+      >"$dir/run.out") 2>&1 &
+  runner=$!  # run.sh itself, which stops its cluster on SIGTERM
+  until grep -q "==> cluster up" "$dir/run.out" 2>/dev/null; do
+    if ! kill -0 "$runner" 2>/dev/null; then
+      echo "ctr.sh: the run ended before training did:" >&2
+      tail -20 "$dir/run.out" >&2
+      exit 1
+    fi
     sleep 1
   done
-) &
-sampler=$!
+  grep -E "==>|AUC" "$dir/run.out" | cut -d' ' -f2-
+  kill "$sampler" 2>/dev/null || true
+  chief=$(sed -nE 's/.*psctl --chief=([0-9.:]+) status.*/\1/p' "$dir/run.out" | head -1)
+  "$(bazel info bazel-bin 2>/dev/null)/cli/psctl" --chief="$chief" --json vars >"$dir/vars.json"
+  kill -TERM "$runner" 2>/dev/null || true
+  wait "$runner" 2>/dev/null || true
+  start=$(awk '/==> training/ {print $1; exit}' "$dir/run.out")
+  end=$(awk '/final test AUC/ {print $1; exit}' "$dir/run.out")
+  planted=$(sed -nE 's/.*planted_test_auc=([0-9.]+).*/\1/p' "$work/datagen.out")
 
-# The run, held up after training (--hold) so that its tables can be read live, with every line
-# stamped with the time it was printed: training runs from run.sh's "==> training" to its
-# "final test AUC" (which includes one evaluation of 20,000 examples).
-TMPDIR="$work" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
-  --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
-  --batch_size "$batch_size" --ps 2 --workers 2 --hold \
-  > >(while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
-    >"$work/run.out") 2>&1 &
-runner=$!  # run.sh itself, which stops its cluster on SIGTERM
-until grep -q "==> cluster up" "$work/run.out" 2>/dev/null; do
-  if ! kill -0 "$runner" 2>/dev/null; then
-    echo "ctr.sh: the run ended before training did:" >&2
-    tail -20 "$work/run.out" >&2
-    exit 1
-  fi
-  sleep 1
-done
-grep -E "==>|AUC" "$work/run.out" | cut -d' ' -f2-
-kill "$sampler" 2>/dev/null || true
-chief=$(sed -nE 's/.*psctl --chief=([0-9.:]+) status.*/\1/p' "$work/run.out" | head -1)
-"$(bazel info bazel-bin 2>/dev/null)/cli/psctl" --chief="$chief" --json vars >"$work/vars.json"
-kill -TERM "$runner" 2>/dev/null || true
-wait "$runner" 2>/dev/null || true
-start=$(awk '/==> training/ {print $1; exit}' "$work/run.out")
-end=$(awk '/final test AUC/ {print $1; exit}' "$work/run.out")
-planted=$(sed -nE 's/.*planted_test_auc=([0-9.]+).*/\1/p' "$work/datagen.out")
-
-run_dir=$(find "$work" -maxdepth 1 -name 'pscluster.*' | head -1)
-/usr/bin/python3 - "$run_dir/metrics.jsonl" "$work/vars.json" "$work/rss" "$train_examples" \
-  "$epochs" "$start" "$end" "$planted" "$run_dir/chief-0.log" <<'EOF'
+  run_dir=$(find "$dir" -maxdepth 1 -name 'pscluster.*' | head -1)
+  /usr/bin/python3 - "$run_dir/metrics.jsonl" "$dir/vars.json" "$dir/rss" "$train_examples" \
+    "$epochs" "$start" "$end" "$planted" "$run_dir/chief-0.log" <<'EOF' | tee "$work/$label.bench"
 import json, re, sys
 metrics_path, vars_path, rss_path, examples, epochs, start, end, planted, chief_log = sys.argv[1:]
 lines = [json.loads(l) for l in open(metrics_path) if l.strip()]
@@ -153,3 +171,12 @@ for i in sorted(rows):
               % (i, peak[i] / rows[i], peak[i] / own_bytes[i], peak[i] / 2**20,
                  own_bytes[i] / rows[i]))
 EOF
+}
+
+run_once with "$every"
+if [[ $vs_none -eq 1 ]]; then
+  run_once without 0
+  with=$(awk '/^BENCH ctr_examples_per_second/ {print $3}' "$work/with.bench")
+  without=$(awk '/^BENCH ctr_examples_per_second/ {print $3}' "$work/without.bench")
+  awk -v a="$with" -v b="$without" -v e="$every" 'BEGIN { printf "BENCH ctr_checkpointing_vs_not %.3f x (%d examples/s with a checkpoint every %d s, %d without; same script, one run each)\n", a / b, a, e, b }'
+fi
