@@ -47,7 +47,7 @@ while [[ $# -gt 0 ]]; do
     --keep) keep=1; shift ;;
     --checkpoint_every_secs) every=$2; shift 2 ;;
     --vs_no_checkpoints) vs_none=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -370,7 +370,23 @@ class Session {
     request.set_checkpoint_path(path);
     request.set_step(Field(in_, 0, 3));
     v1::SaveShardsResponse response;
-    absl::Status s = store_->Save(request, &response);
+    absl::Status s;
+    if (in_.Bool()) {
+      // In two halves, as the chief saves: the memory made first or not, the cut, the write.
+      if (in_.Bool()) {
+        v1::SaveShardsRequest prepare;
+        prepare.set_phase(v1::SAVE_PREPARE);
+        FUZZ_CHECK(store_->Save(prepare, &response).ok(), "SAVE_PREPARE failed");
+      }
+      request.set_phase(v1::SAVE_CUT);
+      s = store_->Save(request, &response);
+      if (s.ok()) {
+        request.set_phase(v1::SAVE_AWAIT);
+        s = store_->Save(request, &response);
+      }
+    } else {
+      s = store_->Save(request, &response);
+    }
     if (s.ok()) {
       v1::CheckpointManifest manifest;
       manifest.set_step(request.step());
