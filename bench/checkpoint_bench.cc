@@ -15,6 +15,12 @@
 //   BENCH checkpoint_read_<rows>x<stride> <MB/s> MB/s ratio=<over dd's read>
 // and the writer's peak resident memory above what the process held before it (VmHWM, reset
 // before each write), against the table's own bytes.
+//
+// Then the same rows through a ps task (ParameterStore: a table of dim stride / 2 with Adagrad,
+// filled by pushes), saved as the chief saves (SaveShards: the cut, then the write) and restored
+// into a second ps task as a recovery restores (RestoreShards: read, checked, inserted), each
+// against dd in the same trial:
+//   BENCH ckpt_save_vs_disk <ratio> x      BENCH ckpt_restore_vs_disk <ratio> x
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +44,7 @@
 #include "glog/logging.h"
 #include "proto/model.pb.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/parameter_store.h"
 #include "storage/checkpoint.h"
 
 DEFINE_int64(rows, 4000000, "Rows of the table part written.");
@@ -108,6 +115,83 @@ void DropCaches() {
     std::fputs("3\n", f);
     std::fclose(f);
   }
+}
+
+// Medians over the trials, in MB/s of records.
+struct PsFigures {
+  double save = 0, restore = 0, dd_write = 0, dd_read = 0;
+};
+
+v1::CreateShardsRequest TableRequest(int64_t stride) {
+  v1::CreateShardsRequest create;
+  v1::TableShardSpec* t = create.add_tables();
+  t->mutable_table()->set_name("emb");
+  t->mutable_table()->set_dim(stride / 2);
+  t->mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::CONSTANT);
+  t->mutable_table()->mutable_initializer()->set_value(0.5f);
+  t->mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+  t->set_num_virtual_shards(1);
+  t->add_virtual_shards(0);
+  return create;
+}
+
+PsFigures ThroughAPsTask(const std::string& dir, const std::vector<int64_t>& keys, int64_t stride,
+                         double record_bytes) {
+  CHECK_EQ(stride % 2, 0) << "--stride: a row of values and Adagrad's accumulator";
+  ParameterStore source{ParameterStoreOptions()};
+  v1::CreateShardsResponse created;
+  CHECK(source.CreateShards(TableRequest(stride), &created).ok());
+  constexpr size_t kBatch = 100000;
+  std::vector<float> grads(kBatch * (stride / 2), 0.25f);
+  for (size_t begin = 0; begin < keys.size(); begin += kBatch) {
+    const size_t n = std::min(kBatch, keys.size() - begin);
+    v1::PushSparseRequest push;
+    push.set_table("emb");
+    v1::PushSparseResponse pushed;
+    CHECK(source
+              .PushSparse(push, keys.data() + begin, static_cast<int64_t>(n),
+                          absl::string_view(reinterpret_cast<const char*>(grads.data()),
+                                            n * (stride / 2) * sizeof(float)),
+                          &pushed)
+              .ok());
+  }
+  std::vector<double> save, restore, dd_write, dd_read;
+  for (int t = 0; t < FLAGS_trials; ++t) {
+    const std::string file = dir + "/dd.bin";
+    const int64_t mib = static_cast<int64_t>(record_bytes / (1 << 20)) + 1;
+    dd_write.push_back(
+        record_bytes / 1e6 /
+        DdSeconds(absl::StrCat("dd if=/dev/zero of=", file, " bs=1M count=", mib, " conv=fsync")));
+    DropCaches();
+    dd_read.push_back(record_bytes / 1e6 /
+                      DdSeconds(absl::StrCat("dd if=", file, " of=/dev/null bs=1M")));
+    std::filesystem::remove(file);
+
+    v1::SaveShardsRequest request;
+    request.set_checkpoint_path(absl::StrCat(dir, "/ps-ckpt-", t));
+    v1::SaveShardsResponse saved;
+    Clock::time_point start = Clock::now();
+    CHECK(source.Save(request, &saved).ok());
+    save.push_back(record_bytes / 1e6 / Seconds(start));
+
+    DropCaches();
+    ParameterStore target{ParameterStoreOptions()};
+    CHECK(target.CreateShards(TableRequest(stride), &created).ok());
+    v1::RestoreShardsRequest restore_request;
+    restore_request.set_checkpoint_path(request.checkpoint_path());
+    *restore_request.mutable_saved() = saved.shards();
+    v1::RestoreShardsResponse restored;
+    start = Clock::now();
+    CHECK(target.Restore(restore_request, &restored).ok());
+    restore.push_back(record_bytes / 1e6 / Seconds(start));
+    CHECK_EQ(target.ListShards().shards(0).rows(), static_cast<int64_t>(keys.size()));
+    std::filesystem::remove_all(request.checkpoint_path());
+    std::printf(
+        "through a ps task, trial %d: save %.0f MB/s, restore %.0f MB/s; dd write %.0f MB/s, "
+        "read %.0f MB/s\n",
+        t + 1, save.back(), restore.back(), dd_write.back(), dd_read.back());
+  }
+  return {Median(save), Median(restore), Median(dd_write), Median(dd_read)};
 }
 
 int Main() {
@@ -196,6 +280,7 @@ int Main() {
         t + 1, w, write_mbs.back(), r, read_mbs.back(), dd_write_mbs.back(), dd_read_mbs.back(),
         sum);
   }
+  PsFigures ps = ThroughAPsTask(dir, keys, stride, record_bytes);
   std::filesystem::remove_all(dir);
   const double w = Median(write_mbs), r = Median(read_mbs);
   const double dw = Median(dd_write_mbs), dr = Median(dd_read_mbs);
@@ -207,6 +292,10 @@ int Main() {
   std::printf(
       "BENCH checkpoint_write_peak_memory_%s %.0f MB ratio=%.2f (over the table's %.0f MB)\n",
       shape.c_str(), peak_over / 1e6, peak_over / (n * stride * 4.0), n * stride * 4 / 1e6);
+  std::printf("BENCH ckpt_save_vs_disk %.2f x (a ps task's save of %s: %.0f MB/s, dd %.0f)\n",
+              ps.save / ps.dd_write, shape.c_str(), ps.save, ps.dd_write);
+  std::printf("BENCH ckpt_restore_vs_disk %.2f x (into a ps task: %.0f MB/s, dd %.0f)\n",
+              ps.restore / ps.dd_read, ps.restore, ps.dd_read);
   return 0;
 }
 

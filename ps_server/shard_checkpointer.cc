@@ -88,13 +88,10 @@ absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
 // A table's rows as the checkpoint has them (those this task owns), and the admission
 // sketches of the saved parts whose virtual shards overlap this task's.
 struct TableContents {
-  struct Row {
-    int64_t key;
-    std::vector<float> data;
-    int64_t t;
-    uint32_t last;
-  };
-  std::vector<Row> rows;
+  // Row i: keys[i], its floats at data[i * stride], update count t[i], last-push tick last[i].
+  std::vector<int64_t> keys, t;
+  std::vector<uint32_t> last;
+  std::vector<float> data;
   std::vector<std::vector<uint16_t>> sketches;
 };
 
@@ -135,8 +132,10 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
           if (!table.OwnsKey(key)) return;
           // Ticks saved by a table without eviction (0), or in another unit, mean nothing
           // here: such rows count as pushed at the checkpoint's step (or now).
-          out.rows.push_back({key, std::vector<float>(row, row + stride), UnpackRowCount(word),
-                              comparable_ticks ? UnpackRowLast(word) : restore_tick});
+          out.keys.push_back(key);
+          out.data.insert(out.data.end(), row, row + stride);
+          out.t.push_back(UnpackRowCount(word));
+          out.last.push_back(comparable_ticks ? UnpackRowLast(word) : restore_tick);
         },
         stride));
     const bool overlaps = std::any_of(
@@ -284,8 +283,11 @@ absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* app
     EmbeddingTable& table = *shards.tables[i].second;
     // The checkpoint's rows, and no others: a row created since would survive otherwise.
     table.Clear();
-    for (const TableContents::Row& r : tables[i].rows) {
-      PS_RETURN_IF_ERROR(table.InsertRow(r.key, r.data.data(), r.t, r.last));
+    const TableContents& rows = tables[i];
+    const size_t stride = static_cast<size_t>(table.dim() * (1 + table.optimizer().num_slots()));
+    for (size_t r = 0; r < rows.keys.size(); ++r) {
+      PS_RETURN_IF_ERROR(
+          table.InsertRow(rows.keys[r], rows.data.data() + r * stride, rows.t[r], rows.last[r]));
     }
     for (const std::vector<uint16_t>& sketch : tables[i].sketches) {
       PS_RETURN_IF_ERROR(table.MergeAdmissionSketch(sketch));  // sizes checked when read
