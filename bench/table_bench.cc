@@ -280,15 +280,7 @@ int RunMemory() {
     {
       // Into memory made and faulted in before, as a ps task does after SAVE_PREPARE.
       EmbeddingTable::RowsCopy copy;
-      const size_t room = static_cast<size_t>(resident);
-      copy.keys.resize(room);
-      copy.counts.resize(room);
-      copy.last.resize(room);
-      copy.rows.resize(room * stride);
-      copy.keys.clear();
-      copy.counts.clear();
-      copy.last.clear();
-      copy.rows.clear();
+      copy.MakeRoom(static_cast<size_t>(resident), stride);
       const auto t0 = std::chrono::steady_clock::now();
       (*table)->CopyRows(&copy);
       prepared_seconds.push_back(

@@ -257,6 +257,10 @@ class EmbeddingTable {
     std::vector<int64_t> keys, counts;
     std::vector<uint32_t> last;
     std::vector<float, HugePageAllocator<float>> rows;
+
+    // Makes room for `n` rows of `stride` floats and faults it in (written once, then emptied:
+    // the room stays), so that a copy into it only copies. REQUIRES: empty.
+    void MakeRoom(size_t n, size_t stride);
   };
   // Appends the rows ForEachRow would give to *out, each stripe under its lock, straight into
   // vectors sized for num_rows() more rows first: one copy of each row, no regrowth (a cut

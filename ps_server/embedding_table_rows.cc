@@ -134,6 +134,17 @@ void EmbeddingTable::ForEachRow(const std::function<void(int64_t key, const floa
   }
 }
 
+void EmbeddingTable::RowsCopy::MakeRoom(size_t n, size_t stride) {
+  keys.resize(n);
+  counts.resize(n);
+  last.resize(n);
+  rows.resize(n * stride);
+  keys.clear();
+  counts.clear();
+  last.clear();
+  rows.clear();
+}
+
 void EmbeddingTable::CopyRows(RowsCopy* out) const {
   const size_t stride = static_cast<size_t>(stride_);
   const size_t expected = out->keys.size() + static_cast<size_t>(num_rows());

@@ -161,18 +161,8 @@ PreparedCut PrepareCut(const ShardSet& shards) {
   PreparedCut prepared;
   for (const auto& [name, table] : shards.tables) {
     const size_t rows = static_cast<size_t>(table->num_rows());
-    const size_t room = rows + rows / 16 + 1024;
     const size_t stride = static_cast<size_t>(table->dim() * (1 + table->optimizer().num_slots()));
-    EmbeddingTable::RowsCopy& copy = prepared[name];
-    // Written once (the kernel's zeroed pages faulted in now), then emptied: the room stays.
-    copy.keys.resize(room);
-    copy.counts.resize(room);
-    copy.last.resize(room);
-    copy.rows.resize(room * stride);
-    copy.keys.clear();
-    copy.counts.clear();
-    copy.last.clear();
-    copy.rows.clear();
+    prepared[name].MakeRoom(rows + rows / 16 + 1024, stride);
   }
   return prepared;
 }
