@@ -213,6 +213,9 @@ void Coordinator::MaintenanceLoop() {
                           clock_->Now() >= last_time + options_.checkpoint_every &&
                           step > last_step;
     if (finished || (!due_steps && !due_time)) continue;
+    // The workers go on once the cut is taken, while it is written: the next exact cut's pause
+    // is set now, or a write longer than N steps would let them pass it.
+    if (exact && due_steps) sync_.PauseAtStep((step / every + 1) * every);
     absl::StatusOr<v1::CheckpointResponse> r =
         TakeCheckpoint(due_steps ? "every N steps" : "periodic");
     if (!r.ok()) LOG(WARNING) << "checkpoint skipped: " << r.status();
