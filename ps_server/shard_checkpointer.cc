@@ -241,13 +241,6 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
   return absl::OkStatus();
 }
 
-absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
-                          const std::string& checkpoint_path, int32_t ps_index,
-                          CrashPoints* crash_points, v1::SaveShardsResponse* response) {
-  return WriteShardCut(CutShardSet(shards, apply_barrier), checkpoint_path, ps_index, crash_points,
-                       response);
-}
-
 absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
                                         const std::string& checkpoint_path,
                                         const v1::RestoreShardsRequest& request) {

@@ -64,11 +64,6 @@ ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
 absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
                            CrashPoints* crash_points, v1::SaveShardsResponse* response);
 
-// CutShardSet, then WriteShardCut.
-absl::Status SaveShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
-                          const std::string& checkpoint_path, int32_t ps_index,
-                          CrashPoints* crash_points, v1::SaveShardsResponse* response);
-
 // Reads every saved part of `request` that overlaps `shards` from `checkpoint_path` and checks
 // it (shapes, optimizers, dims, vocabulary sizes, sizes, coverage of every dense row held
 // here); only when all of it is good, holding `apply_barrier`, replaces each dense shard's
