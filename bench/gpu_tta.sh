@@ -23,7 +23,8 @@
 #   bash .devbundle/bench/gpu_tta.sh [--repeats 1] [--modes "graph compile_graph"]
 #        [--specs "mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"]
 #        [--timeout 600] [--ours "async local8"] [--workers "1 2 4"]
-# --ours lists our runs: async (a push every step) and local<K> (the chief's --local_steps=K),
+# --ours lists our runs: async (a push every step), sync (SyncReplicas: one update a step from
+# every worker's gradient, averaged: DDP's arithmetic) and local<K> (the chief's --local_steps=K),
 # with the suffixes of bench/train_cluster.sh's cl_ours_flags (_tls, _nographs, _fp16, _bf16).
 # --workers "N ...": each run of ours with N workers, worker i on GPU i (the BENCH line says
 # <N>gpu), for each N listed (default 1); PyTorch's GPUs are in its modes.
@@ -45,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     --timeout) run_timeout=$2; shift 2 ;;
     --ours) ours_runs=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,8 +61,8 @@ for mode in "${mode_list[@]}"; do
 done
 read -r -a ours_list <<<"$ours_runs"
 for o in "${ours_list[@]}"; do
-  [[ $o =~ ^(async|local[0-9]+)(_tls|_nographs|_fp16|_bf16)*$ ]] ||
-    { echo "gpu_tta.sh: --ours takes async and local<K> (with _tls, _nographs, _fp16 or _bf16), not $o" >&2; exit 2; }
+  [[ $o =~ ^(async|sync|local[0-9]+)(_tls|_nographs|_fp16|_bf16)*$ ]] ||
+    { echo "gpu_tta.sh: --ours takes async, sync and local<K> (with _tls, _nographs, _fp16 or _bf16), not $o" >&2; exit 2; }
 done
 python=${PYTHON:-python3}
 for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
@@ -125,7 +126,7 @@ for spec in "${spec_list[@]}"; do
       cl_worker_flags+=(--report_every_secs=0.01)
       cl_target_accuracy=$target
       seconds=inf
-      if cl_train_to_end "$run" async "$num_ps" "$workers" "$batch" "$max_epochs" "$device" \
+      if cl_train_to_end "$run" "$cl_mode" "$num_ps" "$workers" "$batch" "$max_epochs" "$device" \
         "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
         if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
           seconds=$t
@@ -140,7 +141,7 @@ for spec in "${spec_list[@]}"; do
         status=1
       fi
       times[ours_$key]="${times[ours_$key]:-} $seconds"
-      unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags cl_tls_dir
+      unset cl_target_accuracy cl_evaluator_flags cl_worker_flags cl_chief_flags cl_tls_dir cl_mode
     done
     for mode in "${mode_list[@]}"; do
       run=${name}_${mode}_$r

@@ -19,14 +19,17 @@
 # test accuracy; the chief's --exit_after_training ends the run).
 
 # cl_ours_flags RUN CERTS: sets cl_chief_flags, cl_worker_flags and cl_tls_dir for one of our
-# runs named as bench/gpu_*.sh's --ours names them: plaintext, tls, local<K> (the chief's
-# --local_steps=K), with suffixes _tls (mutual TLS, the certificates in CERTS), _nographs (the
+# runs named as bench/gpu_*.sh's --ours names them: plaintext, tls, async (a push every step),
+# sync (SyncReplicas: every worker's gradient of a step averaged, then applied once; sets
+# cl_mode, async for the others), local<K> (the chief's --local_steps=K), with suffixes _tls (mutual TLS, the certificates in CERTS), _nographs (the
 # worker's --cuda_graphs=false) and _fp16 / _bf16 (its --wire_dtype), e.g. local8_fp16_tls.
 cl_ours_flags() {
   local run=$1 certs=$2
   cl_chief_flags=()
   cl_worker_flags=()
   cl_tls_dir=""
+  cl_mode=async
+  if [[ $run == sync* ]]; then cl_mode=sync; fi
   if [[ $run == tls || $run == *_tls* ]]; then cl_tls_dir=$certs; fi
   if [[ $run =~ ^local([0-9]+) ]]; then cl_chief_flags=(--local_steps="${BASH_REMATCH[1]}"); fi
   if [[ $run == *_nographs* ]]; then cl_worker_flags+=(--cuda_graphs=false); fi
