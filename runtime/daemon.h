@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace pscluster {
 
@@ -35,9 +36,20 @@ absl::Status WithExitCode(absl::Status status, int code);
 // REQUIRES: BlockTerminationSignals() was called first in main().
 int RunDaemonUntilSignal(absl::string_view name, Daemon& daemon);
 
+// How long a process may take, once its daemon has stopped, to destroy it and exit. Past it the
+// process ends at once (std::_Exit) with the daemon's exit code: gRPC's threads can wait for
+// seconds on a connection to a host that is gone (a chief that exited first), and Kubernetes
+// would kill the process at its grace period anyway. The daemon's own work is done by then
+// (Wait() returned); what is cut short is freeing memory and joining threads, and a ps's
+// checkpoint write still under way, which nobody can commit once its ps is stopping.
+inline constexpr absl::Duration kTeardownLimit = absl::Seconds(5);
+
 // For main(): if `daemon` is an error, prints "NAME: WHY" as one line to stderr and returns 2;
-// otherwise RunDaemonUntilSignal(name, **daemon).
-int RunDaemonMain(absl::string_view name, absl::StatusOr<std::unique_ptr<Daemon>> daemon);
+// otherwise RunDaemonUntilSignal(name, **daemon), then destroys the daemon, and if that and the
+// rest of the process's exit take longer than `teardown_limit`, prints a line naming the limit
+// to stderr and ends the process with the daemon's exit code.
+int RunDaemonMain(absl::string_view name, absl::StatusOr<std::unique_ptr<Daemon>> daemon,
+                  absl::Duration teardown_limit = kTeardownLimit);
 
 }  // namespace pscluster
 
