@@ -191,22 +191,52 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
                                                             absl::Span<const float> rows,
                                                             absl::Span<const int64_t> counts,
                                                             int64_t stride) {
-  std::vector<size_t> order(keys.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  return WriteTableParts(spec, stride, /*runs=*/0, [&](int) -> absl::StatusOr<TableRun> {
+    return TableRun{keys, counts, rows};
+  });
+}
+
+absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableRuns(
+    const v1::TableSpec& spec, int64_t stride, int runs,
+    const std::function<absl::StatusOr<TableRun>(int run)>& next) {
+  if (runs < 1 || runs > kMaxRuns) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(), ": written in ", runs,
+                                                   " runs, expected 1 to ", kMaxRuns));
+  }
+  return WriteTableParts(spec, stride, runs, next);
+}
+
+absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
+    const v1::TableSpec& spec, int64_t stride, int runs,
+    const std::function<absl::StatusOr<TableRun>(int run)>& next) {
   const std::string prefix = TablePrefix(spec.name());
+  const size_t key_at = prefix.size() + (runs > 0 ? 2 : 0);  // where a record's first key goes
+  const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
+  // The rows in key order straight into a table file of RocksDB's own format, which the
+  // database then takes in whole (IngestExternalFile, the file moved in): no memtable, no
+  // flush, no write-ahead log. Opened at the first row.
+  const std::string sst = absl::StrCat(path_, ".table-", shards_written_, ".sst");
+  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options_);
+  bool opened = false;
   uint32_t crc = 0;
-  int64_t bytes = 0;
-  if (!order.empty()) {
-    // The rows in key order straight into a table file of RocksDB's own format, which the
-    // database then takes in whole (IngestExternalFile, the file moved in): no memtable, no
-    // flush, no write-ahead log.
-    const std::string sst = absl::StrCat(path_, ".table-", shards_written_, ".sst");
-    rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options_);
-    const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
-    PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+  int64_t bytes = 0, total = 0;
+  std::string key = prefix + std::string(key_at - prefix.size(), '\0') + EncodeKey(0), value;
+  std::vector<size_t> order;
+  for (int r = 0; r < std::max(runs, 1); ++r) {
+    PS_ASSIGN_OR_RETURN(const TableRun run, next(r));
+    order.resize(run.keys.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const absl::Span<const int64_t> keys = run.keys;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+    if (!order.empty() && !opened) {
+      PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+      opened = true;
+    }
+    if (runs > 0) {
+      key[prefix.size()] = static_cast<char>(r >> 8);
+      key[prefix.size() + 1] = static_cast<char>(r & 0xff);
+    }
     // Blocks of kRowBlock rows in key order, each keyed by its first.
-    std::string key = prefix + EncodeKey(0), value;
     for (size_t begin = 0; begin < order.size(); begin += kRowBlock) {
       const int64_t n = static_cast<int64_t>(std::min<size_t>(kRowBlock, order.size() - begin));
       value.resize(8 + 16 * n + 4 * n * stride);
@@ -215,16 +245,19 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
       for (int64_t j = 0; j < n; ++j) {
         const size_t i = order[begin + j];
         std::memcpy(at + 8 + 8 * j, &keys[i], 8);
-        std::memcpy(at + 8 + 8 * (n + j), &counts[i], 8);
+        std::memcpy(at + 8 + 8 * (n + j), &run.counts[i], 8);
         if (stride > 0) {
-          std::memcpy(at + 8 + 16 * n + 4 * j * stride, rows.data() + i * stride, 4 * stride);
+          std::memcpy(at + 8 + 16 * n + 4 * j * stride, run.rows.data() + i * stride, 4 * stride);
         }
       }
-      key.replace(prefix.size(), 8, EncodeKey(keys[order[begin]]));
+      key.replace(key_at, 8, EncodeKey(keys[order[begin]]));
       crc = Crc(Crc(crc, key), value);
       bytes += static_cast<int64_t>(value.size());
       PS_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
     }
+    total += static_cast<int64_t>(order.size());
+  }
+  if (opened) {
     PS_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
@@ -237,8 +270,9 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
   saved.set_file(file_);
   saved.set_checksum(crc);
   saved.set_bytes(bytes);
-  saved.set_rows(static_cast<int64_t>(keys.size()));
+  saved.set_rows(total);
   saved.set_row_block(kRowBlock);
+  saved.set_runs(runs);
   *saved.mutable_table() = spec;
   Written();
   return saved;
@@ -326,11 +360,26 @@ std::string TablePartDecoder::Prefix(const v1::SavedShard& saved) {
 
 absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view value) {
   crc_ = Crc(Crc(crc_, key), value);
-  if (key.size() != prefix_.size() + 8) {
-    return Malformed(
-        absl::StrCat("its key has ", key.size(), " bytes, expected ", prefix_.size() + 8));
+  const size_t run_bytes = saved_.runs() > 0 ? 2 : 0;
+  if (key.size() != prefix_.size() + run_bytes + 8) {
+    return Malformed(absl::StrCat("its key has ", key.size(), " bytes, expected ",
+                                  prefix_.size() + run_bytes + 8));
   }
-  return saved_.row_block() > 0 ? AddBlock(key, value) : AddRow(key, value);
+  if (run_bytes == 0) return saved_.row_block() > 0 ? AddBlock(key, value) : AddRow(key, value);
+  if (saved_.row_block() <= 0) return Malformed("runs of single rows (runs need blocks)");
+  const int run = (static_cast<uint8_t>(key[prefix_.size()]) << 8) |
+                  static_cast<uint8_t>(key[prefix_.size() + 1]);
+  if (run >= saved_.runs() || run < run_) {
+    return Malformed(absl::StrCat("it is in run ", run, ", expected ", std::max(run_, 0), " to ",
+                                  saved_.runs() - 1));
+  }
+  if (run != run_) {
+    run_ = run;
+    run_begin_ = keys_.size();
+  }
+  // AddBlock reads the first key at prefix_.size(): two bytes fewer in front put it there.
+  key.remove_prefix(run_bytes);
+  return AddBlock(key, value);
 }
 
 absl::Status TablePartDecoder::Malformed(const std::string& what) const {
@@ -389,7 +438,8 @@ absl::Status TablePartDecoder::AddBlock(absl::string_view key, absl::string_view
     return Malformed(absl::StrCat("its first row's key ", keys_[first], " is not the record's, ",
                                   DecodeKey(key.substr(prefix_.size(), 8))));
   }
-  for (size_t i = first == 0 ? 1 : first; i < keys_.size(); ++i) {
+  // (In a part of runs, from the first key of the block's run.)
+  for (size_t i = std::max<size_t>(first, run_begin_ + 1); i < keys_.size(); ++i) {
     if (keys_[i] <= keys_[i - 1]) {
       return Malformed(
           absl::StrCat("key ", keys_[i], " after ", keys_[i - 1], ": keys must increase"));

@@ -63,6 +63,21 @@ class CheckpointWriter {
   absl::StatusOr<v1::SavedShard> WriteTable(const v1::TableSpec& spec, std::vector<int64_t> keys,
                                             absl::Span<const float> rows,
                                             absl::Span<const int64_t> counts, int64_t stride);
+  // One sorted run's rows for WriteTableRuns: keys.size() rows of `stride` floats, in any order
+  // (the writer sorts them).
+  struct TableRun {
+    absl::Span<const int64_t> keys;
+    absl::Span<const int64_t> counts;
+    absl::Span<const float> rows;
+  };
+  // As WriteTable, for a table given in `runs` parts (at most kMaxRuns): next(r), called for r
+  // = 0, 1, ... in turn, gives part r's rows, which are sorted and written before next(r + 1)
+  // is called, so only one part need be held at a time (SavedShard.runs). The keys of all
+  // parts must be distinct. An error of next is returned as it is.
+  static constexpr int kMaxRuns = 1 << 16;
+  absl::StatusOr<v1::SavedShard> WriteTableRuns(
+      const v1::TableSpec& spec, int64_t stride, int runs,
+      const std::function<absl::StatusOr<TableRun>(int run)>& next);
   // Adds the admission sketch of the table part `saved` (from WriteTable) and the virtual
   // shards its writer owns to the checkpoint, recording them in *saved.
   absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
@@ -74,6 +89,10 @@ class CheckpointWriter {
   CheckpointWriter(std::string file, std::string path, const rocksdb::Options& options,
                    std::unique_ptr<rocksdb::DB> db, CrashPoints* crash_points);
   void Written();  // after each shard's records
+  // WriteTable (runs == 0: one run, no run in the keys) and WriteTableRuns.
+  absl::StatusOr<v1::SavedShard> WriteTableParts(
+      const v1::TableSpec& spec, int64_t stride, int runs,
+      const std::function<absl::StatusOr<TableRun>(int run)>& next);
 
   const std::string file_;  // "ps-3"
   const std::string path_;  // <checkpoint>/ps-3
@@ -121,7 +140,8 @@ class TablePartDecoder {
   // prefix and 8 bytes, a value that is not an 8-byte update count and whole float32s, or a
   // row of another length than the first; a block of no rows or more than row_block, whose
   // size does not match its rows, whose keys are not in increasing order (from the last
-  // block's), or whose first key is not its record's.
+  // block's of its run), or whose first key is not its record's; with runs, a key without its
+  // run, or a run out of range or before the last block's.
   // REQUIRES: key starts with Prefix(saved).
   absl::Status Add(absl::string_view key, absl::string_view value);
 
@@ -144,6 +164,9 @@ class TablePartDecoder {
   const std::string prefix_;
   uint32_t crc_ = 0;
   int64_t stride_ = -1;
+  // With runs (saved.runs() > 0): the run of the last block and where its rows begin in keys_.
+  int run_ = -1;
+  size_t run_begin_ = 0;
   std::vector<int64_t> keys_, counts_;
   std::vector<float> values_;
 };

@@ -238,6 +238,124 @@ TEST(CheckpointTest, MalformedBlocksOfRowsAreDataLoss) {
   EXPECT_THAT(rows, ::testing::ElementsAre(-0.3f, 0.4f, 1.0f));
 }
 
+// A table written in runs (a ps writes its table stripe by stripe): each run's rows in any
+// order, some runs empty, the keys of the runs interleaved; read back whole, the part verified;
+// a manifest that counts fewer runs, or none, is DATA_LOSS.
+TEST(CheckpointTest, ATableWrittenInRunsReadsBack) {
+  const std::string path = Dir("runs") + "/ckpt-0000000004";
+  auto writer = CheckpointWriter::Open(path, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  v1::TableSpec table;
+  table.set_name("emb");
+  table.set_dim(1);
+  EXPECT_EQ((*writer)->WriteTableRuns(table, 2, 0, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Run r holds keys 3i + r, given in decreasing order: rows (key, -key), count key % 5.
+  const std::vector<int64_t> sizes = {2500, 0, 1500};
+  std::vector<int64_t> keys, counts;
+  std::vector<float> rows;
+  std::vector<int> asked;
+  auto saved = (*writer)->WriteTableRuns(table, 2, 3,
+                                         [&](int r) -> absl::StatusOr<CheckpointWriter::TableRun> {
+                                           asked.push_back(r);
+                                           keys.clear();
+                                           counts.clear();
+                                           rows.clear();
+                                           for (int64_t i = sizes[r] - 1; i >= 0; --i) {
+                                             const int64_t key = 3 * i + r - 2000;
+                                             keys.push_back(key);
+                                             counts.push_back((key % 5 + 5) % 5);
+                                             rows.push_back(static_cast<float>(key));
+                                             rows.push_back(static_cast<float>(-key));
+                                           }
+                                           return CheckpointWriter::TableRun{keys, counts, rows};
+                                         });
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_THAT(asked, ::testing::ElementsAre(0, 1, 2));
+  EXPECT_EQ(saved->runs(), 3);
+  EXPECT_EQ(saved->rows(), 4000);
+  v1::CheckpointManifest manifest;
+  manifest.set_step(4);
+  *manifest.add_shards() = *saved;
+  ASSERT_TRUE((*writer)->Finish().ok());
+  ASSERT_TRUE(CommitManifest(path, manifest).ok());
+  EXPECT_TRUE(VerifyCheckpoint(path).ok());
+  auto reader = CheckpointReader::Open(path + "/ps-0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::map<int64_t, std::pair<float, int64_t>> got;
+  ASSERT_TRUE((*reader)
+                  ->ReadTable(
+                      *saved,
+                      [&](int64_t key, const float* row, int64_t t) {
+                        EXPECT_EQ(row[1], -row[0]);
+                        got[key] = {row[0], t};
+                      },
+                      2)
+                  .ok());
+  ASSERT_EQ(got.size(), 4000u);
+  for (const auto& [key, row] : got) {
+    EXPECT_EQ(row.first, static_cast<float>(key));
+    EXPECT_EQ(row.second, (key % 5 + 5) % 5);
+    const int64_t r = (key + 2000) % 3;
+    EXPECT_TRUE(r == 0 || r == 2) << key;
+  }
+  v1::SavedShard fewer = *saved;
+  fewer.set_runs(2);
+  absl::Status s = (*reader)->ReadTable(fewer, [](int64_t, const float*, int64_t) {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("it is in run 2, expected 0 to 1"));
+  v1::SavedShard none = *saved;
+  none.set_runs(0);
+  s = (*reader)->ReadTable(none, [](int64_t, const float*, int64_t) {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("its key has 16 bytes, expected 14"));
+}
+
+// In a part of runs, keys increase within a run (not from one run to the next), and runs come
+// in order.
+TEST(CheckpointTest, MalformedRunsAreDataLoss) {
+  v1::SavedShard saved;
+  saved.set_name("emb");
+  saved.set_is_table(true);
+  saved.set_row_block(4);
+  saved.set_runs(3);
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  auto block = [](std::vector<int64_t> keys) {
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::string value(8 + 16 * n, '\0');  // rows of no floats
+    std::memcpy(value.data(), &n, 8);
+    for (int64_t j = 0; j < n; ++j) std::memcpy(value.data() + 8 + 8 * j, &keys[j], 8);
+    return value;
+  };
+  auto key = [&](int run, int64_t first) {
+    uint64_t u = static_cast<uint64_t>(first) ^ (uint64_t{1} << 63);
+    std::string k = prefix + std::string(10, '\0');
+    k[prefix.size()] = static_cast<char>(run >> 8);
+    k[prefix.size() + 1] = static_cast<char>(run & 0xff);
+    for (int i = 7; i >= 0; --i, u >>= 8) k[prefix.size() + 2 + i] = static_cast<char>(u & 0xff);
+    return k;
+  };
+  {
+    TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+    EXPECT_TRUE(decoder.Add(key(0, 5), block({5, 9})).ok());
+    EXPECT_TRUE(decoder.Add(key(1, 1), block({1, 2})).ok());  // a new run starts lower
+    const absl::Status s = decoder.Add(key(1, 2), block({2}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("key 2 after 2: keys must increase"));
+  }
+  {
+    TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+    EXPECT_TRUE(decoder.Add(key(1, 5), block({5})).ok());
+    const absl::Status s = decoder.Add(key(0, 7), block({7}));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("it is in run 0, expected 1 to 2"));
+  }
+  {
+    TablePartDecoder decoder("ckpt-0000000001/ps-0", saved);
+    const absl::Status s = decoder.Add(key(3, 7), block({7}));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("it is in run 3, expected 0 to 2"));
+  }
+}
+
 // Found by fuzz/parameter_store_fuzzer (ASan): ParameterStore::Restore copied each row with the
 // live table's stride, past the end of the rows of a table saved with a smaller dim.
 TEST(CheckpointTest, TableRowsOfAnotherStrideAreDataLoss) {
