@@ -9,7 +9,8 @@
 # Prints the training throughput (examples/s, and keys/s: examples/s times the ids per example,
 # each pulled and pushed, in each of the two tables), the rows each ps task holds at the end
 # (psctl vars, live), and each ps task's peak resident memory per row against the rows' own
-# floats and slots, as `BENCH <name> <value> <unit>` lines. --keep keeps the run's folder
+# floats and slots (and the worst of them against the rows' own bytes + 16: BENCH
+# ctr_bytes_per_row), as `BENCH <name> <value> <unit>` lines. --keep keeps the run's folder
 # (logs, checkpoints) instead of removing it.
 #
 #   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
@@ -170,6 +171,14 @@ for i in sorted(rows):
               "rows' own values and slots: %.1f bytes a row)"
               % (i, peak[i] / rows[i], peak[i] / own_bytes[i], peak[i] / 2**20,
                  own_bytes[i] / rows[i]))
+# Issue 36's measure: the worst ps task's peak resident bytes a row against the row's own bytes
+# and 16 (an index entry).
+measured = [(peak[i] / rows[i], i) for i in rows if i in peak and rows[i]]
+if measured:
+    per_row, i = max(measured)
+    own = own_bytes[i] / rows[i]
+    print("BENCH ctr_bytes_per_row %.1f bytes ratio=%.3f (ps %d's peak resident memory a row, "
+          "against its rows' own %.1f bytes + 16)" % (per_row, per_row / (own + 16), i, own))
 EOF
 }
 

@@ -23,7 +23,8 @@
 // memory before and after: bytes per row against the row's own floats and slots
 // ((1 + 1) * dim * 4 bytes); then times a checkpoint's cut of the table (CopyRows), into new
 // memory and into memory made before (SAVE_PREPARE), against one contiguous copy of as many
-// bytes into new memory.
+// bytes into new memory; and a marked cut (MarkCut, what a save of a hashed table does): its
+// pause, and the rows it keeps aside while its stripes are taken with pushes going on.
 //
 //   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
@@ -312,6 +313,51 @@ int RunMemory() {
       "made before: SAVE_PREPARE)\n",
       static_cast<long long>(resident), static_cast<long long>(dim), bytes / prepared / 1e9,
       copy / prepared);
+
+  // A marked cut (EmbeddingTable::MarkCut, what a save of a hashed table does): the pause is
+  // the mark; the stripes are then taken one at a time (as the save writes them) while a push
+  // of kBatch of the table's keys goes on before each, and the rows kept aside for the stripes
+  // not taken yet are the cut's memory.
+  std::vector<double> mark_seconds;
+  double take_max = 0;
+  int64_t kept_max = 0;
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (*table)->MarkCut();
+    mark_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    EmbeddingTable::RowsCopy run;
+    for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+      for (int64_t i = 0; i < kBatch; ++i) {
+        keys[i] = static_cast<int64_t>(MixKey(static_cast<int64_t>(rng() % rows)) >> 1);
+      }
+      absl::Status pushed = (*table)->Push(keys.data(), kBatch, grads.data(), false, pool.get());
+      if (!pushed.ok()) return Fail(pushed);
+      kept_max = std::max(kept_max, (*table)->cut_kept_rows());
+      run = EmbeddingTable::RowsCopy();
+      const auto t1 = std::chrono::steady_clock::now();
+      (*table)->TakeStripeCut(s, &run);
+      take_max = std::max(
+          take_max, std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+    }
+  }
+  const double mark = median(mark_seconds);
+  std::printf(
+      "marked cut (MarkCut): a pause of %.6f s against the copy's %.3f s; each stripe taken "
+      "in at most %.3f s; with a push of %lld keys before each stripe, at most %lld rows kept "
+      "aside (%.1f%% of the table)\n",
+      mark, cut, take_max, static_cast<long long>(kBatch), static_cast<long long>(kept_max),
+      100.0 * static_cast<double>(kept_max) / static_cast<double>(resident));
+  std::printf(
+      "BENCH table_cut_mark_%lldx%lld %.6f s ratio=%.1f (the pause of a marked cut; ratio: "
+      "the copying cut's, into new memory, over it)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), mark, cut / mark);
+  std::printf(
+      "BENCH table_cut_kept_%lldx%lld %.3f x (the most rows a marked cut kept aside while "
+      "written, over the table's)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim),
+      static_cast<double>(kept_max) / static_cast<double>(resident));
   return 0;
 }
 

@@ -392,6 +392,94 @@ TEST(EvictionTest, CopyRowsGivesWhatForEachRowGives) {
   }
 }
 
+// A marked cut (copy-on-write) gives, stripe by stripe, exactly what CopyRows gave at the mark,
+// however the table changes meanwhile: updates of rows, new rows, rows evicted for capacity or
+// their TTL (and their numbers reused), expired rows restarted, pulls that create rows, a
+// restore over a row, a Clear; stripes taken between the changes. Only the rows changed in
+// stripes not taken yet are kept aside.
+TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
+  using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
+  const auto rows_of = [](const EmbeddingTable::RowsCopy& copy, size_t stride, Rows* rows) {
+    for (size_t i = 0; i < copy.keys.size(); ++i) {
+      const float* row = &copy.rows[i * stride];
+      const bool fresh =
+          rows->emplace(copy.keys[i], std::make_tuple(std::vector<float>(row, row + stride),
+                                                      copy.counts[i], copy.last[i]))
+              .second;
+      EXPECT_TRUE(fresh) << "key " << copy.keys[i] << " twice";
+    }
+  };
+  for (const std::string spec :
+       {"", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
+        "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"}) {
+    SCOPED_TRACE(spec);
+    for (const bool clear : {false, true}) {
+      std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
+      ASSERT_NE(table, nullptr);
+      const size_t stride = 3 * (1 + table->optimizer().num_slots());
+      int step = 0;
+      for (; step < 8; ++step) {
+        table->ObserveStep(step);
+        Push(*table, Range(step * 60, step * 60 + 400), 0.01f * step);
+      }
+      EmbeddingTable::RowsCopy at_mark;
+      table->CopyRows(&at_mark);
+      Rows want;
+      rows_of(at_mark, stride, &want);
+      ASSERT_GT(want.size(), 0u);
+      table->MarkCut();
+      EXPECT_EQ(table->cut_kept_rows(), 0);
+      Rows got;
+      EmbeddingTable::RowsCopy taken;
+      int next_stripe = 0;
+      const auto take = [&](int stripes) {
+        for (; stripes > 0 && next_stripe < EmbeddingTable::kNumStripes; --stripes) {
+          taken = EmbeddingTable::RowsCopy();
+          table->TakeStripeCut(next_stripe++, &taken);
+          rows_of(taken, stride, &got);
+        }
+      };
+      take(5);
+      for (; step < 20; ++step) {
+        table->ObserveStep(step);
+        Push(*table, Range(step * 60 - 200, step * 60 + 300), 0.02f * step);  // old and new
+        Pull(*table, Range(5000 + step * 10, 5010 + step * 10));              // may create rows
+        if (step == 12) {
+          EXPECT_GT(table->cut_kept_rows(), 0);
+          const std::vector<float> row(stride, 7.0f);
+          ASSERT_TRUE(table->InsertRow(100, row.data(), 3, step).ok());
+          if (clear) table->Clear();
+        }
+        take(3);
+      }
+      take(EmbeddingTable::kNumStripes);
+      EXPECT_EQ(table->cut_kept_rows(), 0);
+      EXPECT_EQ(got, want) << (clear ? "cleared" : "");
+      // Each stripe is taken once: taking again gives nothing.
+      taken = EmbeddingTable::RowsCopy();
+      table->TakeStripeCut(0, &taken);
+      EXPECT_TRUE(taken.keys.empty());
+    }
+  }
+}
+
+// DropCut lets a mark go: no stripe keeps rows for it any more, and the table goes on as usual.
+TEST(EvictionTest, ADroppedCutKeepsNothing) {
+  std::unique_ptr<EmbeddingTable> table = Table("eviction { max_rows: 500 }", 2);
+  ASSERT_NE(table, nullptr);
+  Push(*table, Range(0, 400));
+  table->MarkCut();
+  Push(*table, Range(200, 600));
+  EXPECT_GT(table->cut_kept_rows(), 0);
+  table->DropCut();
+  EXPECT_EQ(table->cut_kept_rows(), 0);
+  Push(*table, Range(0, 100));
+  EXPECT_EQ(table->cut_kept_rows(), 0);
+  EmbeddingTable::RowsCopy taken;
+  table->TakeStripeCut(3, &taken);
+  EXPECT_TRUE(taken.keys.empty());
+}
+
 TEST(AdmissionAndEvictionTest, BadSpecsAreRefusedNamingTheField) {
   const struct {
     std::string extra, message;

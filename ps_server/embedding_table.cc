@@ -184,6 +184,10 @@ absl::Status EmbeddingTable::InitialRow(int64_t key, float* values, bool slots) 
 }
 
 void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) {
+  if (stripe->cut != nullptr) {
+    if (const RowIndex::Entry* entry = stripe->rows.FindEntry(key))
+      KeepForCutLocked(stripe, *entry);
+  }
   stripe->rows.Erase(key);
   stripe->free_rows.push_back(row);
 }
@@ -298,7 +302,10 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe,
       return WithTablePrefix(spec_.name(), status);
     }
   }
-  if (reuse) stripe->free_rows.pop_back();
+  if (reuse) {
+    stripe->free_rows.pop_back();
+    if (stripe->cut != nullptr) ForgetForCutLocked(stripe, static_cast<uint32_t>(new_row));
+  }
   if (tracks_last_) stripe->last[new_row] = now;
   return stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
 }
@@ -614,6 +621,7 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
       continue;
     }
     word |= bit;
+    if (!kVocabulary && stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
     distinct_keys[num_distinct] = key;
     distinct_rows[num_distinct] = row;
     ts[num_distinct] = CountPlainUpdateLocked<kVocabulary>(stripe, entry, row);
@@ -716,6 +724,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
         ++found;
       } else {
         const uint32_t row = entry->row;
+        if (stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
         PrefetchFloats(stripe->arena.Row(row), stride_);
         PrefetchFloats(distinct_grads[i], dim_);

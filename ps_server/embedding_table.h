@@ -268,6 +268,22 @@ class EmbeddingTable {
   // REQUIRES: out is non-null. Not owned.
   void CopyRows(RowsCopy* out) const;
 
+  // A checkpoint's cut without a copy (copy-on-write), for a hashed table (a vocabulary
+  // table's rows are copied at the cut: CopyRows). MarkCut records the rows as they are now,
+  // copying nothing; from then on the first change of a row (an update, a removal, a restore
+  // over it) first keeps the row's state at the mark aside in its stripe. TakeStripeCut(s, out)
+  // appends stripe s's rows as they were at the mark (what CopyRows gave then, its stripe-s
+  // part, in no particular order, rows past their TTL at the mark left out) to *out and drops
+  // what the stripe kept, so that the memory a cut holds is the rows changed in the stripes not
+  // taken yet. A stripe is taken once; rows created after the mark are not in the cut. A mark
+  // with stripes not taken is replaced by the next MarkCut; DropCut drops it (a failed save).
+  // REQUIRES: !is_vocabulary() for MarkCut; 0 <= stripe < kNumStripes; out non-null.
+  void MarkCut();
+  void TakeStripeCut(int stripe, RowsCopy* out);
+  void DropCut();
+  // Rows kept aside for the mark's stripes not taken yet.
+  int64_t cut_kept_rows() const;
+
   // Inserts, or overwrites, the row of `key` with values_and_slots ((1 + num_slots) * dim
   // floats, laid out as in ForEachRow), update count t (for restore; a t past
   // RowIndex::kMaxCount is kept as kMaxCount) and last-push tick `last` (kept with eviction
@@ -298,6 +314,15 @@ class EmbeddingTable {
   // One lock stripe: row r's stride_ floats at arena.Row(r), where the values are
   // the first dim floats and slot s the dim floats at offset (1 + s) * dim; the row's entry in
   // `rows` holds its key and t. Removed rows' numbers wait in free_rows for new ones.
+  // A stripe's part of a mark (MarkCut) not taken yet: which rows changed since, and their
+  // state at the mark.
+  struct StripeCut {
+    uint32_t rows_at_cut = 0;    // arena rows at the mark; rows numbered from here are newer
+    uint32_t now = 0;            // the clock's tick at the mark
+    std::vector<uint64_t> kept;  // bit r: row r's state at the mark is in `rows` (or it was free)
+    RowsCopy rows;               // rows that were live at the mark, as they were
+  };
+
   struct alignas(64) Stripe {
     mutable absl::Mutex mu;
     RowIndex rows ABSL_GUARDED_BY(mu);
@@ -312,7 +337,18 @@ class EmbeddingTable {
     // In a vocabulary table: how many of the stripe's rows are created. (The rows and counts
     // are in the table's arrays; the stripe's lock guards those of its keys.)
     int64_t vocabulary_rows ABSL_GUARDED_BY(mu) = 0;
+    // A mark not taken yet (MarkCut): every change of a row checks it first.
+    std::unique_ptr<StripeCut> cut ABSL_GUARDED_BY(mu);
   };
+
+  // Before the first change of `entry`'s row since the stripe's mark: keeps the row's state
+  // at the mark (if it was live then and not past its TTL). REQUIRES: stripe->cut.
+  void KeepForCutLocked(Stripe* stripe, const RowIndex::Entry& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Before a row free at the mark gets a key: marks it as not in the cut. REQUIRES: stripe->cut.
+  void ForgetForCutLocked(Stripe* stripe, uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Keeps every row of the mark not kept yet (before the stripe is cleared).
+  void KeepAllForCutLocked(Stripe* stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
   // A request's positions grouped by stripe with a stable counting sort: stripe s holds
   // begin[s + 1] - begin[s] of them, listed in increasing order in order[begin[s], begin[s + 1]).

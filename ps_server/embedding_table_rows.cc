@@ -188,6 +188,109 @@ void EmbeddingTable::CopyRows(RowsCopy* out) const {
   }
 }
 
+void EmbeddingTable::MarkCut() {
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    auto cut = std::make_unique<StripeCut>();
+    cut->rows_at_cut = static_cast<uint32_t>(stripe.arena.size());
+    cut->now = now;
+    cut->kept.assign((cut->rows_at_cut + 63) / 64, 0);
+    stripe.cut = std::move(cut);
+  }
+}
+
+void EmbeddingTable::KeepForCutLocked(Stripe* stripe, const RowIndex::Entry& entry) {
+  StripeCut& cut = *stripe->cut;
+  const uint32_t row = entry.row;
+  if (row >= cut.rows_at_cut) return;  // made after the mark
+  uint64_t& word = cut.kept[row / 64];
+  const uint64_t bit = uint64_t{1} << (row % 64);
+  if ((word & bit) != 0) return;  // kept already
+  word |= bit;
+  const uint32_t last = tracks_last_ ? stripe->last[row] : 0;
+  if (tracks_last_ && eviction_.Expired(last, cut.now)) return;  // not in the cut: as removed
+  RowsCopy& kept = cut.rows;
+  kept.keys.push_back(entry.key);
+  kept.counts.push_back(entry.count);
+  kept.last.push_back(last);
+  const float* values = stripe->arena.Row(row);
+  kept.rows.insert(kept.rows.end(), values, values + stride_);
+}
+
+void EmbeddingTable::ForgetForCutLocked(Stripe* stripe, uint32_t row) {
+  StripeCut& cut = *stripe->cut;
+  if (row < cut.rows_at_cut) cut.kept[row / 64] |= uint64_t{1} << (row % 64);
+}
+
+void EmbeddingTable::KeepAllForCutLocked(Stripe* stripe) {
+  std::vector<RowIndex::Entry> entries;
+  stripe->rows.ForEach([&entries](const RowIndex::Entry& entry) { entries.push_back(entry); });
+  for (const RowIndex::Entry& entry : entries) KeepForCutLocked(stripe, entry);
+  // Every other row number below the mark was free then: none is in the arena's part of the cut.
+  std::fill(stripe->cut->kept.begin(), stripe->cut->kept.end(), ~uint64_t{0});
+}
+
+void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out) {
+  Stripe& stripe = stripes_[s];
+  absl::MutexLock lock(&stripe.mu);
+  if (stripe.cut == nullptr) return;
+  const StripeCut& cut = *stripe.cut;
+  const size_t stride = static_cast<size_t>(stride_);
+  const size_t expected = out->keys.size() + stripe.rows.size() + cut.rows.keys.size();
+  out->keys.reserve(expected);
+  out->counts.reserve(expected);
+  out->last.reserve(expected);
+  out->rows.reserve(expected * stride);
+  // The rows unchanged since the mark, from the arena (prefetched as in CopyRows).
+  constexpr size_t kAhead = 8;
+  std::vector<RowIndex::Entry> entries;
+  entries.reserve(stripe.rows.size());
+  stripe.rows.ForEach([&entries, &cut](const RowIndex::Entry& entry) {
+    if (entry.row < cut.rows_at_cut && (cut.kept[entry.row / 64] >> (entry.row % 64) & 1) == 0) {
+      entries.push_back(entry);
+    }
+  });
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i + kAhead < entries.size()) {
+      __builtin_prefetch(stripe.arena.Row(entries[i + kAhead].row));
+      if (tracks_last_) __builtin_prefetch(&stripe.last[entries[i + kAhead].row]);
+    }
+    const RowIndex::Entry& entry = entries[i];
+    const uint32_t last = tracks_last_ ? stripe.last[entry.row] : 0;
+    if (tracks_last_ && eviction_.Expired(last, cut.now)) continue;  // as removed
+    out->keys.push_back(entry.key);
+    out->counts.push_back(entry.count);
+    out->last.push_back(last);
+    const float* row = stripe.arena.Row(entry.row);
+    out->rows.insert(out->rows.end(), row, row + stride);
+  }
+  // The rows changed since, as they were.
+  const RowsCopy& kept = cut.rows;
+  out->keys.insert(out->keys.end(), kept.keys.begin(), kept.keys.end());
+  out->counts.insert(out->counts.end(), kept.counts.begin(), kept.counts.end());
+  out->last.insert(out->last.end(), kept.last.begin(), kept.last.end());
+  out->rows.insert(out->rows.end(), kept.rows.begin(), kept.rows.end());
+  stripe.cut.reset();
+}
+
+void EmbeddingTable::DropCut() {
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::MutexLock lock(&stripes_[s].mu);
+    stripes_[s].cut.reset();
+  }
+}
+
+int64_t EmbeddingTable::cut_kept_rows() const {
+  int64_t rows = 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    if (stripes_[s].cut != nullptr) rows += static_cast<int64_t>(stripes_[s].cut->rows.keys.size());
+  }
+  return rows;
+}
+
 std::vector<uint16_t> EmbeddingTable::AdmissionSketch() const {
   std::vector<uint16_t> counters;
   if (!admission_) return counters;
@@ -227,6 +330,7 @@ void EmbeddingTable::Clear() {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
+    if (stripe.cut != nullptr) KeepAllForCutLocked(&stripe);
     stripe.rows = RowIndex();
     stripe.arena.Clear();
     std::vector<uint32_t>().swap(stripe.free_rows);
@@ -261,6 +365,7 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
     return absl::OkStatus();
   }
   RowIndex::Entry* entry = stripe.rows.FindEntry(key);
+  if (entry != nullptr && stripe.cut != nullptr) KeepForCutLocked(&stripe, *entry);
   if (entry == nullptr) {
     // Not initialized: the row is overwritten below.
     PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false, last));

@@ -160,6 +160,7 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
 PreparedCut PrepareCut(const ShardSet& shards) {
   PreparedCut prepared;
   for (const auto& [name, table] : shards.tables) {
+    if (!table->is_vocabulary()) continue;  // marked, not copied
     const size_t rows = static_cast<size_t>(table->num_rows());
     const size_t stride = static_cast<size_t>(table->dim() * (1 + table->optimizer().num_slots()));
     prepared[name].MakeRoom(rows + rows / 16 + 1024, stride);
@@ -189,13 +190,21 @@ ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier, Prepare
       shards.dense[i]->Snapshot(&d.values_and_slots, &d.updates);
     }
     for (size_t i = 0; i < shards.tables.size(); ++i) {
-      const EmbeddingTable& table = *shards.tables[i].second;
+      const std::shared_ptr<EmbeddingTable>& table = shards.tables[i].second;
       ShardCut::Table& t = cut.tables[i];
-      t.spec = table.spec();
-      t.stride = table.dim() * (1 + table.optimizer().num_slots());
-      table.CopyRows(&t.rows);
-      t.sketch = table.AdmissionSketch();
-      if (!t.sketch.empty()) t.virtual_shards = table.OwnedVirtualShards();
+      t.spec = table->spec();
+      t.stride = table->dim() * (1 + table->optimizer().num_slots());
+      if (table->is_vocabulary()) {
+        table->CopyRows(&t.rows);
+      } else {
+        table->MarkCut();
+        // The last copy of the pointer lets the mark go, written or not (an error, a cut never
+        // written): its table then keeps no rows aside for it.
+        t.marked = std::shared_ptr<EmbeddingTable>(
+            table.get(), [table](EmbeddingTable* marked) { marked->DropCut(); });
+      }
+      t.sketch = table->AdmissionSketch();
+      if (!t.sketch.empty()) t.virtual_shards = table->OwnedVirtualShards();
     }
     cut.held = absl::Now() - start;
   }
@@ -224,10 +233,30 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
     *response->add_shards() = std::move(saved);
   }
   for (ShardCut::Table& t : cut.tables) {
-    PS_ASSIGN_OR_RETURN(
-        v1::SavedShard saved,
-        writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows, t.rows.counts, t.stride));
-    t.rows = EmbeddingTable::RowsCopy();  // written: its memory goes back now
+    v1::SavedShard saved;
+    if (t.marked != nullptr) {
+      // A stripe at a time: its rows as they were at the mark, the counts packed with the ticks.
+      EmbeddingTable::RowsCopy run;
+      PS_ASSIGN_OR_RETURN(saved,
+                          writer->WriteTableRuns(
+                              t.spec, t.stride, EmbeddingTable::kNumStripes,
+                              [&](int stripe) -> absl::StatusOr<CheckpointWriter::TableRun> {
+                                run.keys.clear();
+                                run.counts.clear();
+                                run.last.clear();
+                                run.rows.clear();
+                                t.marked->TakeStripeCut(stripe, &run);
+                                for (size_t i = 0; i < run.counts.size(); ++i) {
+                                  run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
+                                }
+                                return CheckpointWriter::TableRun{run.keys, run.counts, run.rows};
+                              }));
+      t.marked = nullptr;
+    } else {
+      PS_ASSIGN_OR_RETURN(saved, writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows,
+                                                    t.rows.counts, t.stride));
+      t.rows = EmbeddingTable::RowsCopy();  // written: its memory goes back now
+    }
     if (!t.sketch.empty()) {
       PS_RETURN_IF_ERROR(writer->WriteTableSketch(t.sketch, t.virtual_shards, &saved));
     }

@@ -28,8 +28,9 @@ struct ShardSet {
   std::vector<std::pair<std::string, std::shared_ptr<EmbeddingTable>>> tables;  // by name
 };
 
-// Every shard's values, slots and rows at one moment, copied out of the shards: writing it
-// needs nothing of them any more, so pushes go on meanwhile.
+// Every shard's values, slots and rows at one moment: dense shards and vocabulary tables
+// copied out, hashed tables marked (EmbeddingTable::MarkCut: nothing copied, rows changed
+// since kept aside in the table until their stripe is written), so pushes go on meanwhile.
 struct ShardCut {
   struct Dense {
     v1::DenseShardSpec spec;
@@ -39,7 +40,11 @@ struct ShardCut {
   struct Table {
     v1::TableSpec spec;
     int64_t stride = 0;
-    EmbeddingTable::RowsCopy rows;        // its counts PackRowCount'ed (storage/checkpoint.h)
+    // A hashed table, marked: written stripe by stripe from it (one run each). Its last copy
+    // lets the mark go (EmbeddingTable::DropCut).
+    std::shared_ptr<EmbeddingTable> marked;
+    // A vocabulary table, copied: its counts PackRowCount'ed (storage/checkpoint.h).
+    EmbeddingTable::RowsCopy rows;
     std::vector<uint16_t> sketch;         // empty: no admission
     std::vector<int32_t> virtual_shards;  // owned when cut (with a sketch)
   };
@@ -48,19 +53,23 @@ struct ShardCut {
   absl::Duration held;  // how long pushes waited for the copies
 };
 
-// Memory for the next cut of `shards`' tables, by table name: made and faulted in for the
-// rows they hold now and a sixteenth more, with nothing held, so that the cut only copies.
+// Memory for the next cut of `shards`' vocabulary tables (the ones a cut copies), by table
+// name: made and faulted in for the rows they hold now and a sixteenth more, with nothing
+// held, so that the cut only copies.
 using PreparedCut = std::map<std::string, EmbeddingTable::RowsCopy>;
 PreparedCut PrepareCut(const ShardSet& shards);
 
-// Copies every shard while holding `apply_barrier` (no push is applied meanwhile: the copies
-// are one consistent cut), each table into its memory of `prepared` (may be null; what is
-// used is taken out of it).
+// Cuts every shard while holding `apply_barrier` (no push is applied meanwhile: one
+// consistent cut): copies the dense shards and vocabulary tables, each of those into its
+// memory of `prepared` (may be null; what is used is taken out of it), and marks the hashed
+// tables. The cut must then be written (WriteShardCut), which lets the marks go.
 ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
                      PreparedCut* prepared = nullptr);
 
 // Writes `cut` to `checkpoint_path` as ps task `ps_index`'s part, letting each shard's copy go
-// once written, and fills `response` (shards, bytes, time).
+// once written and taking each marked table's stripes one at a time (one run each, sorted
+// alone), and fills `response` (shards, bytes, time). Every mark is let go when `cut` goes,
+// also on an error.
 absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
                            CrashPoints* crash_points, v1::SaveShardsResponse* response);
 
