@@ -293,6 +293,16 @@ class EmbeddingTable {
   // num_slots) * dim floats. Not owned.
   absl::Status InsertRow(int64_t key, const float* values_and_slots, int64_t t, uint32_t last = 0);
 
+  // InsertRow for n rows at once (a restore): row i is keys[i] with values_and_slots[i * (1 +
+  // num_slots) * dim, ...), update count t[i] and last-push tick last[i]. Checked first, nothing
+  // changed on an error: FAILED_PRECONDITION for the first key not owned, INVALID_ARGUMENT for
+  // the first negative count. Then each stripe's rows go in under one hold of its lock, its
+  // index sized for them first; the stripes on `pool`'s threads too when it is given (not
+  // owned). A key given twice keeps its last row. (RESOURCE_EXHAUSTED if a stripe would pass
+  // 2^32 rows is found late, as in Push.)
+  absl::Status InsertRows(const int64_t* keys, const float* values_and_slots, const int64_t* t,
+                          const uint32_t* last, int64_t n, ThreadPool* pool = nullptr);
+
   // For checkpoints: the admission sketch's counters, stripe after stripe (empty without
   // admission), and the virtual shards this table owns, in increasing order.
   std::vector<uint16_t> AdmissionSketch() const;
@@ -347,6 +357,9 @@ class EmbeddingTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // Before a row free at the mark gets a key: marks it as not in the cut. REQUIRES: stripe->cut.
   void ForgetForCutLocked(Stripe* stripe, uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // InsertRow's work on its stripe, under the stripe's lock (no clock moved).
+  absl::Status InsertRowLocked(Stripe* stripe, int64_t key, const float* values_and_slots,
+                               int64_t t, uint32_t last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // Keeps every row of the mark not kept yet (before the stripe is cleared).
   void KeepAllForCutLocked(Stripe* stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 

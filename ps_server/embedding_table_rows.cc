@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/embedding_table_internal.h"
 #include "ps_server/float_stats.h"
@@ -353,10 +354,21 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
                                                    " has negative update count ", t));
   }
   Stripe& stripe = stripes_[StripeOf(key)];
-  absl::MutexLock lock(&stripe.mu);
+  {
+    absl::MutexLock lock(&stripe.mu);
+    PS_RETURN_IF_ERROR(InsertRowLocked(&stripe, key, values_and_slots, t, last));
+  }
+  // The clock resumes where the checkpoint's newest push left it.
+  if (tracks_last_ && !ttl_in_seconds_ && vocabulary_size_ == 0) ObserveStep(last);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::InsertRowLocked(Stripe* stripe, int64_t key,
+                                             const float* values_and_slots, int64_t t,
+                                             uint32_t last) {
   if (vocabulary_size_ > 0) {
     const int64_t row = vocabulary_.Row(key);
-    if (vocabulary_.Count(row) == 0) ++stripe.vocabulary_rows;
+    if (vocabulary_.Count(row) == 0) ++stripe->vocabulary_rows;
     std::memcpy(vocabulary_.Values(row), values_and_slots,
                 static_cast<size_t>(stride_) * sizeof(float));
     // Stored as 1 + the count, which saturates at 2^32 - 2.
@@ -364,19 +376,52 @@ absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slot
         static_cast<uint32_t>(std::min<int64_t>(t, std::numeric_limits<uint32_t>::max() - 1) + 1);
     return absl::OkStatus();
   }
-  RowIndex::Entry* entry = stripe.rows.FindEntry(key);
-  if (entry != nullptr && stripe.cut != nullptr) KeepForCutLocked(&stripe, *entry);
+  RowIndex::Entry* entry = stripe->rows.FindEntry(key);
+  if (entry != nullptr && stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
   if (entry == nullptr) {
     // Not initialized: the row is overwritten below.
-    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(&stripe, key, /*initialize=*/false, last));
+    PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(stripe, key, /*initialize=*/false, last));
   }
-  if (tracks_last_) stripe.last[entry->row] = last;
-  // The clock resumes where the checkpoint's newest push left it.
-  if (tracks_last_ && !ttl_in_seconds_) ObserveStep(last);
-  std::memcpy(stripe.arena.Row(entry->row), values_and_slots,
+  if (tracks_last_) stripe->last[entry->row] = last;
+  std::memcpy(stripe->arena.Row(entry->row), values_and_slots,
               static_cast<size_t>(stride_) * sizeof(float));
   entry->count = static_cast<uint32_t>(std::min<int64_t>(t, RowIndex::kMaxCount));
   return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::InsertRows(const int64_t* keys, const float* values_and_slots,
+                                        const int64_t* t, const uint32_t* last, int64_t n,
+                                        ThreadPool* pool) {
+  if (n <= 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(CheckOwned(keys, n, pool));
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", spec_.name(), ": row of key ",
+                                                     keys[i], " has negative update count ", t[i]));
+    }
+  }
+  StripeGroups groups;
+  GroupByStripe(keys, n, &groups);
+  absl::Status status[kNumStripes];
+  ForEachStripe(n, pool, [&](int s) {
+    const int64_t begin = groups.begin[s];
+    const int64_t count = groups.begin[s + 1] - begin;
+    if (count == 0) return;
+    const int64_t* order = groups.order.data() + begin;
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    if (vocabulary_size_ == 0) stripe.rows.Reserve(stripe.rows.size() + static_cast<size_t>(count));
+    for (int64_t j = 0; j < count && status[s].ok(); ++j) {
+      const int64_t i = order[j];
+      status[s] = InsertRowLocked(&stripe, keys[i], values_and_slots + i * stride_, t[i],
+                                  last == nullptr ? 0 : last[i]);
+    }
+  });
+  if (tracks_last_ && !ttl_in_seconds_ && vocabulary_size_ == 0 && last != nullptr) {
+    // The clock resumes where the checkpoint's newest push left it.
+    ObserveStep(*std::max_element(last, last + n));
+  }
+  return FirstError(status);
 }
 
 }  // namespace pscluster

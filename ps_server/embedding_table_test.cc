@@ -444,6 +444,87 @@ TEST(EmbeddingTableTest, CheckpointRoundTripThroughForEachRowAndInsertRow) {
   EXPECT_THAT(status.message(), HasSubstr("negative update count -1"));
 }
 
+// InsertRows (a restore's) holds what InsertRow row by row holds, on a pool or not, for a
+// hashed table with rows already there and for a vocabulary table; a key given twice keeps its
+// last row; an unowned key or a negative count is refused, naming it, before anything changes.
+TEST(EmbeddingTableTest, InsertRowsHoldsWhatInsertRowHolds) {
+  ThreadPool pool(2);
+  for (const char* text : {R"pb(name: "emb"
+                                dim: 4
+                                initializer { kind: CONSTANT value: 0.5 }
+                                optimizer { adagrad { learning_rate: 0.1 } })pb",
+                           R"pb(name: "emb"
+                                dim: 4
+                                vocabulary_size: 30000
+                                initializer { kind: CONSTANT value: 0.5 }
+                                optimizer { adagrad { learning_rate: 0.1 } })pb"}) {
+    const v1::TableSpec spec = ParseTable(text);
+    SCOPED_TRACE(spec.ShortDebugString());
+    for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::unique_ptr<EmbeddingTable> one = CreateOrNull(spec);
+      std::unique_ptr<EmbeddingTable> bulk = CreateOrNull(spec);
+      ASSERT_NE(one, nullptr);
+      ASSERT_NE(bulk, nullptr);
+      // Rows there before: some overwritten, some not.
+      for (EmbeddingTable* table : {one.get(), bulk.get()}) {
+        ASSERT_TRUE(Push(*table, {1, 2, 3, 20000}, std::vector<float>(16, 0.25f)).ok());
+      }
+      std::vector<int64_t> keys, t;
+      std::vector<uint32_t> last;
+      std::vector<float> rows;
+      for (int64_t i = 0; i < 20000; ++i) {
+        keys.push_back((i * 7919) % 25000);
+        t.push_back(i % 9);
+        last.push_back(0);
+        for (int f = 0; f < 8; ++f) rows.push_back(static_cast<float>(i) + 0.125f * f);
+      }
+      keys.push_back(keys[5]);  // again, later: its last row wins
+      t.push_back(77);
+      last.push_back(0);
+      rows.insert(rows.end(), 8, -1.0f);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_TRUE(one->InsertRow(keys[i], rows.data() + i * 8, t[i], last[i]).ok());
+      }
+      ASSERT_TRUE(bulk->InsertRows(keys.data(), rows.data(), t.data(), last.data(),
+                                   static_cast<int64_t>(keys.size()), threads)
+                      .ok());
+      const std::map<int64_t, Row> want = Snapshot(*one);
+      EXPECT_EQ(Snapshot(*bulk), want);
+      EXPECT_EQ(want.at(keys[5]).t, 77);
+      EXPECT_EQ(want.at(keys[5]).values_and_slots, std::vector<float>(8, -1.0f));
+
+      // Refusals change nothing.
+      std::vector<int64_t> bad_t = t;
+      bad_t[100] = -3;
+      absl::Status status = bulk->InsertRows(keys.data(), rows.data(), bad_t.data(), last.data(),
+                                             static_cast<int64_t>(keys.size()), threads);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(status.message(),
+                  HasSubstr(absl::StrCat("key ", keys[100], " has negative update count -3")));
+      // A key not held: the first of the request's.
+      std::unique_ptr<EmbeddingTable> part =
+          spec.vocabulary_size() > 0 ? CreateOrNull(spec) : CreateOrNull(spec, {0}, 2);
+      ASSERT_NE(part, nullptr);
+      std::vector<int64_t> mixed;
+      for (int64_t k = 0; mixed.size() < 4; ++k) {
+        if (part->OwnsKey(k)) mixed.push_back(k);
+      }
+      int64_t stranger = 40000;  // outside the vocabulary
+      if (spec.vocabulary_size() == 0) {
+        stranger = 0;
+        while (part->OwnsKey(stranger)) ++stranger;
+      }
+      mixed[2] = stranger;
+      status = part->InsertRows(mixed.data(), rows.data(), t.data(), last.data(), 4, threads);
+      EXPECT_EQ(status.code(), spec.vocabulary_size() > 0 ? absl::StatusCode::kInvalidArgument
+                                                          : absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("key ", stranger)));
+      EXPECT_EQ(part->num_rows(), 0);
+      EXPECT_EQ(Snapshot(*bulk), want);
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, ConcurrentPushesLoseNoUpdateAndPullsSeeWholeRows) {
   // Every element of a row starts at 100 and each update subtracts 0.5 * (sum of gradients of
   // 1.0) from every element, so a row's elements are always equal (a torn read would show two

@@ -663,8 +663,9 @@ absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
     PS_RETURN_IF_ERROR(CheckShardFileName(saved.file()));
   }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "RestoreShards"));
-  PS_ASSIGN_OR_RETURN(const int32_t restored,
-                      RestoreShardSet(Shards(), &apply_barrier_, checkpoint_path, request));
+  PS_ASSIGN_OR_RETURN(
+      const int32_t restored,
+      RestoreShardSet(Shards(), &apply_barrier_, checkpoint_path, request, &apply_pool_));
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, acc] : accumulators_) acc->SetStep(request.step());

@@ -122,6 +122,11 @@ class RowIndex {
     }
   }
 
+  // Makes room for n entries in all, so that inserting up to that many grows nothing.
+  void Reserve(size_t n) {
+    while (4 * n > 3 * slots_.size()) Grow();
+  }
+
  private:
   static constexpr size_t kMinCapacity = 16;
 

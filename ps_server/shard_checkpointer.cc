@@ -126,18 +126,35 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
     PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(saved));
     const bool comparable_ticks = saved.has_table() && table.TicksComparable(saved.table());
     // Rows of another stride (another dim or optimizer) are refused, not read past.
-    PS_RETURN_IF_ERROR(reader->ReadTable(
-        saved,
-        [&](int64_t key, const float* row, int64_t word) {
-          if (!table.OwnsKey(key)) return;
-          // Ticks saved by a table without eviction (0), or in another unit, mean nothing
-          // here: such rows count as pushed at the checkpoint's step (or now).
-          out.keys.push_back(key);
-          out.data.insert(out.data.end(), row, row + stride);
-          out.t.push_back(UnpackRowCount(word));
-          out.last.push_back(comparable_ticks ? UnpackRowLast(word) : restore_tick);
-        },
-        stride));
+    PS_ASSIGN_OR_RETURN(CheckpointReader::TableRows part, reader->ReadTableWhole(saved, stride));
+    // This task's rows of the part; ticks saved by a table without eviction (0), or in another
+    // unit, mean nothing here: such rows count as pushed at the checkpoint's step (or now).
+    const size_t n = part.keys.size();
+    const auto unpack = [&](size_t i, size_t at) {
+      const int64_t word = part.counts[i];
+      out.t[at] = UnpackRowCount(word);
+      out.last[at] = comparable_ticks ? UnpackRowLast(word) : restore_tick;
+    };
+    if (out.keys.empty() && std::all_of(part.keys.begin(), part.keys.end(),
+                                        [&table](int64_t key) { return table.OwnsKey(key); })) {
+      // The whole part (a restore into the placement it was saved from): its buffers taken.
+      out.last.resize(n);
+      out.t.resize(n);
+      for (size_t i = 0; i < n; ++i) unpack(i, i);
+      out.keys = std::move(part.keys);
+      out.data = std::move(part.values);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        if (!table.OwnsKey(part.keys[i])) continue;
+        const size_t at = out.keys.size();
+        out.keys.push_back(part.keys[i]);
+        out.t.push_back(0);
+        out.last.push_back(0);
+        unpack(i, at);
+        out.data.insert(out.data.end(), part.values.begin() + i * stride,
+                        part.values.begin() + (i + 1) * stride);
+      }
+    }
     const bool overlaps = std::any_of(
         saved.virtual_shards().begin(), saved.virtual_shards().end(),
         [&owned](int32_t v) { return std::binary_search(owned.begin(), owned.end(), v); });
@@ -272,7 +289,7 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
 
 absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
                                         const std::string& checkpoint_path,
-                                        const v1::RestoreShardsRequest& request) {
+                                        const v1::RestoreShardsRequest& request, ThreadPool* pool) {
   // Read and verify everything first; apply only when all of it is good.
   Readers readers(checkpoint_path);
   std::vector<DenseContents> dense;
@@ -296,11 +313,9 @@ absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* app
     // The checkpoint's rows, and no others: a row created since would survive otherwise.
     table.Clear();
     const TableContents& rows = tables[i];
-    const size_t stride = static_cast<size_t>(table.dim() * (1 + table.optimizer().num_slots()));
-    for (size_t r = 0; r < rows.keys.size(); ++r) {
-      PS_RETURN_IF_ERROR(
-          table.InsertRow(rows.keys[r], rows.data.data() + r * stride, rows.t[r], rows.last[r]));
-    }
+    PS_RETURN_IF_ERROR(table.InsertRows(rows.keys.data(), rows.data.data(), rows.t.data(),
+                                        rows.last.data(), static_cast<int64_t>(rows.keys.size()),
+                                        pool));
     for (const std::vector<uint16_t>& sketch : tables[i].sketches) {
       PS_RETURN_IF_ERROR(table.MergeAdmissionSketch(sketch));  // sizes checked when read
     }

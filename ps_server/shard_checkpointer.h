@@ -22,6 +22,8 @@
 
 namespace pscluster {
 
+class ThreadPool;
+
 // The shards of a ps task at one moment: what a save writes and what a restore fills.
 struct ShardSet {
   std::vector<std::shared_ptr<DenseShard>> dense;
@@ -76,11 +78,13 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
 // Reads every saved part of `request` that overlaps `shards` from `checkpoint_path` and checks
 // it (shapes, optimizers, dims, vocabulary sizes, sizes, coverage of every dense row held
 // here); only when all of it is good, holding `apply_barrier`, replaces each dense shard's
-// values and each table's rows (and merges the admission sketches). Returns how many shards it
-// restored. On an error nothing has changed, but for a failure while applying.
+// values and each table's rows (and merges the admission sketches), a table's stripes on
+// `pool`'s threads too when it is given (not owned). Returns how many shards it restored. On an
+// error nothing has changed, but for a failure while applying.
 absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
                                         const std::string& checkpoint_path,
-                                        const v1::RestoreShardsRequest& request);
+                                        const v1::RestoreShardsRequest& request,
+                                        ThreadPool* pool = nullptr);
 
 }  // namespace pscluster
 

@@ -455,14 +455,32 @@ absl::Status TablePartDecoder::AddBlock(absl::string_view key, absl::string_view
   return absl::OkStatus();
 }
 
-absl::Status TablePartDecoder::Finish(
-    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn) {
+absl::Status TablePartDecoder::Take(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
+                                    std::vector<float>* values) {
+  PS_RETURN_IF_ERROR(Check());
+  *keys = std::move(keys_);
+  *counts = std::move(counts_);
+  *values = std::move(values_);
+  keys_.clear();
+  counts_.clear();
+  values_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status TablePartDecoder::Check() const {
   const int64_t rows = static_cast<int64_t>(keys_.size());
   if (crc_ != saved_.checksum() || rows != saved_.rows()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
                                             " fails its checksum (", rows, " rows read, ",
                                             saved_.rows(), " saved)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TablePartDecoder::Finish(
+    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn) {
+  PS_RETURN_IF_ERROR(Check());
+  const int64_t rows = static_cast<int64_t>(keys_.size());
   for (int64_t i = 0; i < rows; ++i)
     fn(keys_[i], values_.data() + i * stride_, counts_[i], stride_);
   return absl::OkStatus();
@@ -517,10 +535,7 @@ absl::Status CheckpointReader::ReadTable(
       stride);
 }
 
-absl::Status CheckpointReader::ReadTableRows(
-    const v1::SavedShard& saved,
-    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
-    int64_t stride) {
+TablePartDecoder CheckpointReader::DecoderFor(const v1::SavedShard& saved) {
   const std::string prefix = TablePartDecoder::Prefix(saved);
   // The part's bytes on disk bound its rows (16 bytes of key and count each, at least): room
   // for them all at once, whatever the manifest says.
@@ -535,7 +550,12 @@ absl::Status CheckpointReader::ReadTableRows(
            .ok()) {
     on_disk = 0;
   }
-  TablePartDecoder decoder(path_, saved, static_cast<int64_t>(on_disk / 16) + (int64_t{1} << 16));
+  return TablePartDecoder(path_, saved, static_cast<int64_t>(on_disk / 16) + (int64_t{1} << 16));
+}
+
+absl::Status CheckpointReader::Decode(const v1::SavedShard& saved, int64_t stride,
+                                      TablePartDecoder* decoder) {
+  const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
   // One pass in key order over a part written once: large sequential reads, and its blocks
@@ -546,19 +566,38 @@ absl::Status CheckpointReader::ReadTableRows(
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();
     PS_RETURN_IF_ERROR(
-        decoder.Add(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
+        decoder->Add(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
   }
   if (!it->status().ok()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": reading table ",
                                             saved.name(), ": ", it->status().ToString()));
   }
-  if (stride >= 0 && decoder.stride() >= 0 && decoder.stride() != stride) {
+  if (stride >= 0 && decoder->stride() >= 0 && decoder->stride() != stride) {
     return absl::DataLossError(
         absl::StrCat("checkpoint file ", path_, ": table ", saved.name(), " has rows of ",
-                     decoder.stride(), " floats (values and optimizer slots), expected ", stride,
+                     decoder->stride(), " floats (values and optimizer slots), expected ", stride,
                      "; was it saved with another dim or optimizer?"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadTableRows(
+    const v1::SavedShard& saved,
+    const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
+    int64_t stride) {
+  TablePartDecoder decoder = DecoderFor(saved);
+  PS_RETURN_IF_ERROR(Decode(saved, stride, &decoder));
   return decoder.Finish(fn);
+}
+
+absl::StatusOr<CheckpointReader::TableRows> CheckpointReader::ReadTableWhole(
+    const v1::SavedShard& saved, int64_t stride) {
+  TablePartDecoder decoder = DecoderFor(saved);
+  PS_RETURN_IF_ERROR(Decode(saved, stride, &decoder));
+  TableRows rows;
+  rows.stride = std::max<int64_t>(decoder.stride(), 0);
+  PS_RETURN_IF_ERROR(decoder.Take(&rows.keys, &rows.counts, &rows.values));
+  return rows;
 }
 
 namespace {

@@ -154,10 +154,18 @@ class TablePartDecoder {
   // Floats per row (values then slots) of the rows added so far; -1 before the first.
   int64_t stride() const { return stride_; }
 
+  // As Finish, but hands over the rows whole instead of one by one: row i is (*keys)[i], its
+  // update count (*counts)[i] and its stride() floats at (*values)[i * stride()]. The decoder
+  // is empty afterwards.
+  absl::Status Take(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
+                    std::vector<float>* values);
+
  private:
   absl::Status AddRow(absl::string_view key, absl::string_view value);
   absl::Status AddBlock(absl::string_view key, absl::string_view value);
   absl::Status Malformed(const std::string& what) const;
+  // Finish's and Take's check: the checksum and the row count against the manifest's.
+  absl::Status Check() const;
 
   const std::string path_;
   const v1::SavedShard& saved_;
@@ -192,6 +200,14 @@ class CheckpointReader {
       const v1::SavedShard& saved,
       const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn,
       int64_t stride = -1);
+  // A table part's rows at once (TablePartDecoder::Take, the same checks as ReadTableRows):
+  // no copy beyond reading them.
+  struct TableRows {
+    std::vector<int64_t> keys, counts;
+    std::vector<float> values;
+    int64_t stride = 0;  // floats per row (values then slots); 0 when there is no row
+  };
+  absl::StatusOr<TableRows> ReadTableWhole(const v1::SavedShard& saved, int64_t stride = -1);
   // The admission sketch of a table part: empty if none was saved (sketch_counters 0); DATA_LOSS
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.
@@ -199,6 +215,10 @@ class CheckpointReader {
 
  private:
   CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);
+  // Feeds every record of the part to `decoder` and checks its stride against `stride`.
+  absl::Status Decode(const v1::SavedShard& saved, int64_t stride, TablePartDecoder* decoder);
+  // A decoder for `saved`, its buffers sized for the rows the part's bytes on disk can hold.
+  TablePartDecoder DecoderFor(const v1::SavedShard& saved);
 
   const std::string path_;
   std::unique_ptr<rocksdb::DB> db_;
