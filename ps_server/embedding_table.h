@@ -357,6 +357,10 @@ class EmbeddingTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
   // Before a row free at the mark gets a key: marks it as not in the cut. REQUIRES: stripe->cut.
   void ForgetForCutLocked(Stripe* stripe, uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
+  // Appends the rows of `entries` (the stripe's) to *out with their keys, counts and ticks,
+  // leaving out rows past their TTL at `now` (as removed). CopyRows' and TakeStripeCut's copy.
+  void AppendRowsLocked(const Stripe* stripe, const std::vector<RowIndex::Entry>& entries,
+                        uint32_t now, RowsCopy* out) const ABSL_SHARED_LOCKS_REQUIRED(stripe->mu);
   // InsertRow's work on its stripe, under the stripe's lock (no clock moved).
   absl::Status InsertRowLocked(Stripe* stripe, int64_t key, const float* values_and_slots,
                                int64_t t, uint32_t last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);

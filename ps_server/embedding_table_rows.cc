@@ -154,29 +154,13 @@ void EmbeddingTable::CopyRows(RowsCopy* out) const {
   out->last.reserve(expected);
   out->rows.reserve(expected * stride);
   const uint32_t now = tracks_last_ ? Now() : 0;
-  // The index's entries are read in order, but their rows lie anywhere in the arena: each is
-  // prefetched this many entries ahead.
-  constexpr size_t kAhead = 8;
   std::vector<RowIndex::Entry> entries;
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
     entries.clear();
     stripe.rows.ForEach([&entries](const RowIndex::Entry& entry) { entries.push_back(entry); });
-    for (size_t i = 0; i < entries.size(); ++i) {
-      if (i + kAhead < entries.size()) {
-        __builtin_prefetch(stripe.arena.Row(entries[i + kAhead].row));
-        if (tracks_last_) __builtin_prefetch(&stripe.last[entries[i + kAhead].row]);
-      }
-      const RowIndex::Entry& entry = entries[i];
-      const uint32_t last = tracks_last_ ? stripe.last[entry.row] : 0;
-      if (tracks_last_ && eviction_.Expired(last, now)) continue;  // as removed
-      out->keys.push_back(entry.key);
-      out->counts.push_back(entry.count);
-      out->last.push_back(last);
-      const float* row = stripe.arena.Row(entry.row);
-      out->rows.insert(out->rows.end(), row, row + stride);
-    }
+    AppendRowsLocked(&stripe, entries, now, out);
     if (vocabulary_size_ > 0) {
       vocabulary_.ForEachCreated(s, [&](int64_t key, int64_t row) {
         out->keys.push_back(key);
@@ -186,6 +170,29 @@ void EmbeddingTable::CopyRows(RowsCopy* out) const {
         out->rows.insert(out->rows.end(), values, values + stride);
       });
     }
+  }
+}
+
+void EmbeddingTable::AppendRowsLocked(const Stripe* stripe,
+                                      const std::vector<RowIndex::Entry>& entries, uint32_t now,
+                                      RowsCopy* out) const {
+  const size_t stride = static_cast<size_t>(stride_);
+  // The entries come in the index's order, but their rows lie anywhere in the arena: each is
+  // prefetched this many entries ahead.
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i + kAhead < entries.size()) {
+      __builtin_prefetch(stripe->arena.Row(entries[i + kAhead].row));
+      if (tracks_last_) __builtin_prefetch(&stripe->last[entries[i + kAhead].row]);
+    }
+    const RowIndex::Entry& entry = entries[i];
+    const uint32_t last = tracks_last_ ? stripe->last[entry.row] : 0;
+    if (tracks_last_ && eviction_.Expired(last, now)) continue;  // as removed
+    out->keys.push_back(entry.key);
+    out->counts.push_back(entry.count);
+    out->last.push_back(last);
+    const float* row = stripe->arena.Row(entry.row);
+    out->rows.insert(out->rows.end(), row, row + stride);
   }
 }
 
@@ -244,8 +251,7 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out) {
   out->counts.reserve(expected);
   out->last.reserve(expected);
   out->rows.reserve(expected * stride);
-  // The rows unchanged since the mark, from the arena (prefetched as in CopyRows).
-  constexpr size_t kAhead = 8;
+  // The rows unchanged since the mark, from the arena.
   std::vector<RowIndex::Entry> entries;
   entries.reserve(stripe.rows.size());
   stripe.rows.ForEach([&entries, &cut](const RowIndex::Entry& entry) {
@@ -253,20 +259,7 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out) {
       entries.push_back(entry);
     }
   });
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (i + kAhead < entries.size()) {
-      __builtin_prefetch(stripe.arena.Row(entries[i + kAhead].row));
-      if (tracks_last_) __builtin_prefetch(&stripe.last[entries[i + kAhead].row]);
-    }
-    const RowIndex::Entry& entry = entries[i];
-    const uint32_t last = tracks_last_ ? stripe.last[entry.row] : 0;
-    if (tracks_last_ && eviction_.Expired(last, cut.now)) continue;  // as removed
-    out->keys.push_back(entry.key);
-    out->counts.push_back(entry.count);
-    out->last.push_back(last);
-    const float* row = stripe.arena.Row(entry.row);
-    out->rows.insert(out->rows.end(), row, row + stride);
-  }
+  AppendRowsLocked(&stripe, entries, cut.now, out);
   // The rows changed since, as they were.
   const RowsCopy& kept = cut.rows;
   out->keys.insert(out->keys.end(), kept.keys.begin(), kept.keys.end());
