@@ -92,8 +92,42 @@ absl::StatusOr<CheckpointManager::PendingCheckpoint> CheckpointManager::Cut(
   // A failed cut or write leaves its files: a ps task may still be writing them. The next
   // save of this path removes them (above), and each ps task finishes its write under way
   // before it cuts again.
-  PS_RETURN_IF_ERROR(client_->SaveShards(path, step, &unused, v1::SAVE_CUT).status());
+  pending.chain = NextChain();
+  const bool track = options_.full_every > 1;
+  absl::Status cut = client_
+                         ->SaveShards(path, step, &unused, v1::SAVE_CUT,
+                                      pending.chain.empty() ? "" : pending.chain.back(), track)
+                         .status();
+  if (!cut.ok() && !pending.chain.empty() && cut.code() != absl::StatusCode::kCancelled &&
+      !IsSupersededChief(cut)) {
+    // A ps task cannot write a delta on the chain (it restarted, say): a full one instead,
+    // once the tasks that did cut have written theirs, which then goes.
+    LOG(WARNING) << "an incremental checkpoint on " << pending.chain.back() << " could not be cut ("
+                 << cut << "): writing a full one";
+    client_->SaveShards(path, step, &unused, v1::SAVE_AWAIT).status().IgnoreError();
+    std::filesystem::remove_all(path, ec);
+    pending.chain.clear();
+    cut = client_->SaveShards(path, step, &unused, v1::SAVE_CUT, "", track).status();
+  }
+  if (!cut.ok()) {
+    BreakChain();
+    return cut;
+  }
   return pending;
+}
+
+std::vector<std::string> CheckpointManager::NextChain() const {
+  absl::MutexLock lock(&mu_);
+  if (options_.full_every <= 1 || chain_.empty() ||
+      static_cast<int>(chain_.size()) >= options_.full_every) {
+    return {};
+  }
+  return chain_;
+}
+
+void CheckpointManager::BreakChain() {
+  absl::MutexLock lock(&mu_);
+  chain_.clear();
 }
 
 absl::Status CheckpointManager::Prepare() {
@@ -109,6 +143,8 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCh
   const int64_t step = resp.step();
   std::error_code ec;
   int64_t bytes = 0;
+  // Whatever happens below, the next checkpoint builds on this one only if it is committed.
+  BreakChain();
   PS_ASSIGN_OR_RETURN(const std::vector<v1::SavedShard> saved,
                       client_->SaveShards(path, step, &bytes, v1::SAVE_AWAIT));
   // Commit only a whole model: every partition, and every table from every ps task. A ps task
@@ -134,6 +170,7 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCh
   *manifest.mutable_sync() = options_.sync;
   *manifest.mutable_cluster() = options_.cluster;
   manifest.mutable_shards()->Add(saved.begin(), saved.end());
+  manifest.mutable_chain()->Add(pending.chain.begin(), pending.chain.end());
   manifest.set_bytes(bytes);
   manifest.set_write_micros(absl::ToInt64Microseconds(clock->Now() - pending.start));
   // A chief that was replaced while it saved must not commit: its successor may be writing
@@ -142,13 +179,20 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCh
       CommitManifest(path, manifest, options_.crash_points, [this] { return CheckStillChief(); }));
   resp.set_bytes(bytes);
   resp.set_micros(manifest.write_micros());
-  LOG(INFO) << absl::StrFormat("checkpoint of step %d committed (%s): %.2f MiB in %.1f ms at %s",
-                               step, pending.reason, bytes / 1048576.0, resp.micros() / 1000.0,
-                               path);
+  LOG(INFO) << absl::StrFormat(
+      "checkpoint of step %d committed (%s): %.2f MiB in %.1f ms at %s%s", step, pending.reason,
+      bytes / 1048576.0, resp.micros() / 1000.0, path,
+      pending.chain.empty() ? ""
+                            : absl::StrCat(" (incremental, on ", pending.chain.back(), ", ",
+                                           pending.chain.size() + 1, " in its chain)"));
   absl::Status pruned = PruneCheckpoints(options_.dir, options_.keep);
   if (!pruned.ok()) LOG(WARNING) << "cannot delete old checkpoints: " << pruned;
   absl::MutexLock lock(&mu_);
   last_ = path;
+  if (options_.full_every > 1) {
+    chain_ = pending.chain;
+    chain_.push_back(std::filesystem::path(path).filename().string());
+  }
   return resp;
 }
 
@@ -223,17 +267,28 @@ absl::StatusOr<v1::RecoveryIntent> CheckpointManager::UnfinishedRecovery() const
 absl::StatusOr<int64_t> CheckpointManager::RestoreLatest(int64_t accumulator_step,
                                                          v1::RecoveryIntent* intent) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> checkpoints, Committed());
+  // The ps tasks' tables no longer hold the changes since the last cut.
+  BreakChain();
   // With the midway crash point armed, ps:0 is restored alone first, then the crash.
   const bool one_first = options_.crash_points != nullptr &&
                          options_.crash_points->point() == kCrashRecoveryRestoreMidway;
   absl::Status last_error;
   for (const std::string& path : checkpoints) {
-    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(path);
-    if (!manifest.ok()) {
-      last_error = manifest.status();
-      LOG(ERROR) << "checkpoint " << path << " is unreadable: " << manifest.status()
+    // An incremental checkpoint comes with those it builds on.
+    absl::StatusOr<std::vector<ChainLink>> links = ReadChain(path);
+    if (!links.ok()) {
+      last_error = links.status();
+      LOG(ERROR) << "checkpoint " << path << " is unreadable: " << links.status()
                  << "; falling back to the previous one";
       continue;
+    }
+    const v1::CheckpointManifest* const manifest = &links->back().manifest;
+    std::vector<v1::CheckpointLink> chain;
+    for (size_t i = 0; i + 1 < links->size(); ++i) {
+      v1::CheckpointLink& link = chain.emplace_back();
+      link.set_checkpoint_path((*links)[i].path);
+      link.set_checkpoint(std::filesystem::path((*links)[i].path).filename().string());
+      *link.mutable_saved() = (*links)[i].manifest.shards();
     }
     if (intent != nullptr && intent->checkpoint_path() != path) {
       intent->set_checkpoint_path(path);
@@ -248,17 +303,20 @@ absl::StatusOr<int64_t> CheckpointManager::RestoreLatest(int64_t accumulator_ste
       const std::vector<int> first = {0};
       std::vector<int> rest;
       for (int ps = 1; ps < client_->num_ps(); ++ps) rest.push_back(ps);
-      s = client_->RestoreShards(path, saved, acc_step, &first);
+      s = client_->RestoreShards(path, saved, acc_step, &first, chain);
       if (s.ok()) MaybeCrash(options_.crash_points, kCrashRecoveryRestoreMidway);
-      if (s.ok() && !rest.empty()) s = client_->RestoreShards(path, saved, acc_step, &rest);
+      if (s.ok() && !rest.empty()) s = client_->RestoreShards(path, saved, acc_step, &rest, chain);
     } else {
-      s = client_->RestoreShards(path, saved, acc_step);
+      s = client_->RestoreShards(path, saved, acc_step, nullptr, chain);
     }
     if (s.ok()) {
       LOG(INFO) << "restored checkpoint " << path << " (step " << manifest->step()
                 << ", written by " << manifest->num_ps() << " ps tasks, restored into "
-                << client_->num_ps() << ") in "
-                << absl::FormatDuration(options_.clock->Now() - start);
+                << client_->num_ps() << ")"
+                << (chain.empty() ? ""
+                                  : absl::StrCat(", incremental: on ", chain.size(),
+                                                 " checkpoints from ", chain.front().checkpoint()))
+                << " in " << absl::FormatDuration(options_.clock->Now() - start);
       return manifest->step();
     }
     if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled ||

@@ -20,8 +20,14 @@ namespace pscluster {
 struct CheckpointManagerOptions {
   // Where checkpoints and the recovery record live. Required.
   std::string dir;
-  // Committed checkpoints kept; older ones are deleted after each commit.
+  // Committed checkpoints kept; older ones are deleted after each commit (but for those the
+  // kept ones build on).
   int keep = 3;
+  // A full checkpoint every this many; those in between are incremental (the table rows
+  // changed since the checkpoint before, and the keys removed: storage/checkpoint.h), each
+  // building on the ones since the last full one. 1: every checkpoint is full. The first
+  // checkpoint of a manager, and the first after a restore or a failed save, is full.
+  int full_every = 1;
   // Recorded in every manifest beside the model and the placement.
   v1::ModelConfig config;
   v1::SyncOptions sync;
@@ -67,6 +73,8 @@ class CheckpointManager {
     bool committed = false;           // SYNC: this step's checkpoint exists (the response)
     std::string reason;
     absl::Time start;
+    // An incremental checkpoint: the names of those it builds on, oldest (full) first.
+    std::vector<std::string> chain;
   };
   absl::StatusOr<PendingCheckpoint> Cut(int64_t step, const std::string& reason);
   // Before Cut, while training goes on: every ps task makes the memory its cut will copy into
@@ -112,10 +120,18 @@ class CheckpointManager {
   // Writes the recovery record, unless a newer chief has started (CheckStillChief).
   absl::Status RecordRecovery(const v1::RecoveryIntent& intent);
 
+  // The chain the next checkpoint builds on: empty when it must be full.
+  std::vector<std::string> NextChain() const;
+  // The next checkpoint is full (a save failed, or the ps tasks were restored).
+  void BreakChain();
+
   const CheckpointManagerOptions options_;
   ParameterClient* const client_;
   mutable absl::Mutex mu_;
   std::string last_ ABSL_GUARDED_BY(mu_);
+  // The chain of the last checkpoint this manager committed, itself last: the checkpoints the
+  // next incremental one builds on. Empty: the next one is full.
+  std::vector<std::string> chain_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pscluster

@@ -424,6 +424,7 @@ absl::Status Coordinator::InitializeModel() {
     CheckpointManagerOptions c;
     c.dir = options_.checkpoint_dir;
     c.keep = options_.keep_checkpoints;
+    c.full_every = options_.full_checkpoint_every;
     c.config = options_.config;
     c.sync = options_.sync;
     c.cluster = options_.cluster.cluster();

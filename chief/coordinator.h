@@ -80,6 +80,9 @@ struct CoordinatorOptions {
   absl::Duration checkpoint_every = absl::ZeroDuration();
   // Committed checkpoints kept; older ones are deleted.
   int keep_checkpoints = 3;
+  // CheckpointManagerOptions.full_every: a full checkpoint every this many, incremental ones
+  // between.
+  int full_checkpoint_every = 1;
   // The chief's calls to a ps task that fail with UNAVAILABLE are tried this many times in all,
   // with backoff up to ps_call_max_backoff (ParameterClientOptions).
   int ps_call_attempts = 20;

@@ -92,7 +92,13 @@ DEFINE_string(checkpoint_dir, "",
               "Empty: no checkpoints.");
 DEFINE_int64(checkpoint_every_steps, 0, "Checkpoint every this many global steps (0: off).");
 DEFINE_int32(checkpoint_every_secs, 60, "Checkpoint this often while training (0: off).");
-DEFINE_int32(keep_checkpoints, 3, "Committed checkpoints kept; older ones are deleted.");
+DEFINE_int32(keep_checkpoints, 3,
+             "Committed checkpoints kept; older ones are deleted (but for those the kept ones "
+             "build on: --full_checkpoint_every).");
+DEFINE_int32(full_checkpoint_every, 1,
+             "A full checkpoint every this many; those in between are incremental (only the "
+             "table rows changed since the checkpoint before, and the keys removed), restored "
+             "as the full one and each delta after it. 1: every checkpoint is full.");
 DEFINE_int32(checkpoint_timeout_secs, 600,
              "Deadline of each ps task's save or restore of its shards (tables of tens of "
              "millions of rows take tens of seconds).");
@@ -234,6 +240,11 @@ int main(int argc, char** argv) {
   options.checkpoint_every_steps = FLAGS_checkpoint_every_steps;
   options.checkpoint_every = absl::Seconds(FLAGS_checkpoint_every_secs);
   options.keep_checkpoints = FLAGS_keep_checkpoints;
+  if (FLAGS_full_checkpoint_every < 1) {
+    return Fail("--full_checkpoint_every must be >= 1 (1: every checkpoint full), not " +
+                std::to_string(FLAGS_full_checkpoint_every));
+  }
+  options.full_checkpoint_every = FLAGS_full_checkpoint_every;
   if (FLAGS_checkpoint_timeout_secs <= 0) {
     return Fail("--checkpoint_timeout_secs must be positive, not " +
                 std::to_string(FLAGS_checkpoint_timeout_secs));

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "cli/checkpoint_source.h"
 #include "cli/table.h"
@@ -39,18 +40,26 @@ psctl::CheckpointSummary Summarize(const std::string& path) {
   out.set_num_ps(m->num_ps());
   out.set_shards(m->shards_size());
   out.set_bytes(m->bytes());
+  *out.mutable_chain() = m->chain();
   return out;
 }
 
+// "full", or "delta <n> on <the full checkpoint>" for the n-th incremental one after it.
+std::string Kind(const google::protobuf::RepeatedPtrField<std::string>& chain) {
+  if (chain.empty()) return "full";
+  return absl::StrCat("delta ", chain.size(), " on ", chain[0]);
+}
+
 std::string FormatList(const psctl::CheckpointListReport& report) {
-  TextTable table({"CHECKPOINT", "STEP", "CREATED", "PS", "SHARDS", "BYTES"});
+  TextTable table({"CHECKPOINT", "STEP", "CREATED", "PS", "SHARDS", "BYTES", "KIND"});
   for (const psctl::CheckpointSummary& c : report.checkpoints()) {
     if (!c.error().empty()) {
-      table.AddRow({c.path(), "?", "?", "?", "?", "?"});
+      table.AddRow({c.path(), "?", "?", "?", "?", "?", "?"});
       continue;
     }
     table.AddRow({c.path(), absl::StrCat(c.step()), Time(c.created_unix_micros()),
-                  absl::StrCat(c.num_ps()), absl::StrCat(c.shards()), HumanBytes(c.bytes())});
+                  absl::StrCat(c.num_ps()), absl::StrCat(c.shards()), HumanBytes(c.bytes()),
+                  Kind(c.chain())});
   }
   if (report.checkpoints_size() == 0) {
     return absl::StrCat("no committed checkpoint in ", report.dir(), "\n");
@@ -63,6 +72,11 @@ std::string FormatManifest(const std::string& path, const v1::CheckpointManifest
                                  Time(m.created_unix_micros()), ", ", m.num_ps(), " ps tasks, ",
                                  HumanBytes(m.bytes()), ", written in ",
                                  absl::FormatDuration(absl::Microseconds(m.write_micros())), "\n");
+  if (!m.chain().empty()) {
+    absl::StrAppend(&out, "incremental: builds on ", absl::StrJoin(m.chain(), ", "), " (",
+                    m.chain(0), " full); its tables hold the rows changed since ",
+                    m.chain(m.chain_size() - 1), " and the keys removed\n");
+  }
   if (m.model().variables_size() > 0) {
     TextTable vars({"VARIABLE", "SHAPE", "DTYPE", "OPTIMIZER"});
     for (const v1::VariableSpec& v : m.model().variables()) {
@@ -80,10 +94,11 @@ std::string FormatManifest(const std::string& path, const v1::CheckpointManifest
   }
   TextTable shards({"SHARD", "ROWS", "FILE", "BYTES", "CHECKSUM"});
   for (const v1::SavedShard& s : m.shards()) {
-    const std::string rows = s.is_table()
-                                 ? absl::StrCat(s.rows())
-                                 : absl::StrCat("[", s.dense().partition().row_begin(), ", ",
-                                                s.dense().partition().row_end(), ")");
+    const std::string rows =
+        !s.is_table() ? absl::StrCat("[", s.dense().partition().row_begin(), ", ",
+                                     s.dense().partition().row_end(), ")")
+        : s.delta()   ? absl::StrCat(s.rows(), " changed, ", s.removed_keys(), " removed")
+                      : absl::StrCat(s.rows());
     shards.AddRow({ShardLabel(s), rows, s.file(), HumanBytes(s.bytes()),
                    absl::StrFormat("%08x", s.checksum())});
   }
@@ -92,13 +107,24 @@ std::string FormatManifest(const std::string& path, const v1::CheckpointManifest
 }
 
 std::string FormatVerify(const psctl::CheckpointVerifyReport& report) {
-  TextTable table({"SHARD", "FILE", "CHECKSUM", "RESULT"});
+  // An incremental checkpoint's shards are listed with those of the chain, each with its
+  // checkpoint.
+  const bool chain = !report.chain().empty();
+  std::vector<std::string> header = {"SHARD", "FILE", "CHECKSUM", "RESULT"};
+  if (chain) header.insert(header.begin(), "CHECKPOINT");
+  TextTable table(header);
   for (const psctl::ShardCheck& c : report.shards()) {
-    table.AddRow({c.is_table() ? c.name() : absl::StrCat(c.name(), "/", c.partition()), c.file(),
-                  absl::StrFormat("%08x", c.checksum()), c.ok() ? "ok" : c.error()});
+    std::vector<std::string> row = {
+        c.is_table() ? c.name() : absl::StrCat(c.name(), "/", c.partition()), c.file(),
+        absl::StrFormat("%08x", c.checksum()), c.ok() ? "ok" : c.error()};
+    if (chain) row.insert(row.begin(), c.checkpoint());
+    table.AddRow(row);
   }
-  return absl::StrCat("checkpoint ", report.path(), " (step ", report.step(), ")\n",
-                      table.ToString(), report.ok(), " shards ok, ", report.failed(), " failed\n");
+  return absl::StrCat(
+      "checkpoint ", report.path(), " (step ", report.step(), ")\n",
+      chain ? absl::StrCat("incremental: verified with ", absl::StrJoin(report.chain(), ", "), "\n")
+            : "",
+      table.ToString(), report.ok(), " shards ok, ", report.failed(), " failed\n");
 }
 
 }  // namespace
@@ -167,38 +193,57 @@ psctl::CheckpointVerifyReport VerifyCheckpointShards(const std::string& path,
     return report;
   }
   report.set_step(manifest->step());
+  *report.mutable_chain() = manifest->chain();
+  // The checkpoints an incremental one builds on, then itself.
+  std::vector<std::string> links;
+  const std::string dir = std::filesystem::path(*resolved).parent_path().string();
+  for (const std::string& name : manifest->chain()) links.push_back(absl::StrCat(dir, "/", name));
+  links.push_back(*resolved);
   std::map<std::string, absl::StatusOr<std::unique_ptr<CheckpointReader>>> readers;
   std::vector<absl::Status> errors;
-  for (const v1::SavedShard& saved : manifest->shards()) {
-    psctl::ShardCheck* check = report.add_shards();
-    check->set_name(saved.name());
-    check->set_partition(saved.partition());
-    check->set_is_table(saved.is_table());
-    check->set_file(saved.file());
-    check->set_checksum(saved.checksum());
-    check->set_bytes(saved.bytes());
-    auto it = readers.find(saved.file());
-    if (it == readers.end()) {
-      it = readers
-               .emplace(saved.file(),
-                        CheckpointReader::Open(absl::StrCat(*resolved, "/", saved.file())))
-               .first;
+  for (const std::string& link : links) {
+    const std::string name = std::filesystem::path(link).filename().string();
+    absl::StatusOr<v1::CheckpointManifest> m = link == *resolved ? *manifest : ReadManifest(link);
+    if (!m.ok()) {
+      psctl::ShardCheck* check = report.add_shards();
+      check->set_checkpoint(name);
+      check->set_name("MANIFEST.json");
+      check->set_error(std::string(m.status().message()));
+      errors.push_back(WithContext(m.status(), name));
+      continue;
     }
-    absl::Status s = it->second.status();
-    if (s.ok() && saved.is_table()) {
-      int64_t rows = 0;
-      s = (*it->second)->ReadTable(saved, [&rows](int64_t, const float*, int64_t) { ++rows; });
-      if (s.ok() && rows != saved.rows()) {
-        s = absl::DataLossError(absl::StrCat("table ", saved.name(), " in ", saved.file(), " has ",
-                                             rows, " rows, the manifest says ", saved.rows()));
+    for (const v1::SavedShard& saved : m->shards()) {
+      psctl::ShardCheck* check = report.add_shards();
+      check->set_checkpoint(name);
+      check->set_name(saved.name());
+      check->set_partition(saved.partition());
+      check->set_is_table(saved.is_table());
+      check->set_file(saved.file());
+      check->set_checksum(saved.checksum());
+      check->set_bytes(saved.bytes());
+      check->set_delta(saved.delta());
+      check->set_removed_keys(saved.removed_keys());
+      const std::string file = absl::StrCat(link, "/", saved.file());
+      auto it = readers.find(file);
+      if (it == readers.end()) it = readers.emplace(file, CheckpointReader::Open(file)).first;
+      absl::Status s = it->second.status();
+      if (s.ok() && saved.is_table()) {
+        int64_t rows = 0;
+        s = (*it->second)->ReadTable(saved, [&rows](int64_t, const float*, int64_t) { ++rows; });
+        if (s.ok() && rows != saved.rows()) {
+          s = absl::DataLossError(absl::StrCat("table ", saved.name(), " in ", saved.file(),
+                                               " has ", rows, " rows, the manifest says ",
+                                               saved.rows()));
+        }
+        if (s.ok()) s = (*it->second)->ReadTableRemoved(saved).status();
+      } else if (s.ok()) {
+        s = (*it->second)->ReadDense(saved).status();
       }
-    } else if (s.ok()) {
-      s = (*it->second)->ReadDense(saved).status();
-    }
-    check->set_ok(s.ok());
-    if (!s.ok()) {
-      check->set_error(std::string(s.message()));
-      errors.push_back(WithContext(s, ShardLabel(saved)));
+      check->set_ok(s.ok());
+      if (!s.ok()) {
+        check->set_error(std::string(s.message()));
+        errors.push_back(WithContext(s, ShardLabel(saved)));
+      }
     }
   }
   int failed = 0;

@@ -212,7 +212,8 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
 }
 
 absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
-    const std::string& checkpoint_path, int64_t step, int64_t* bytes, v1::SavePhase phase) {
+    const std::string& checkpoint_path, int64_t step, int64_t* bytes, v1::SavePhase phase,
+    const std::string& delta_base, bool track_changes) {
   std::vector<v1::SaveShardsResponse> responses(placement_.num_ps());
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
@@ -224,6 +225,8 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     req.set_ps_index(ps);
     req.set_chief_epoch(options_.chief_epoch);
     req.set_phase(phase);
+    req.set_delta_base(delta_base);
+    req.set_track_changes(track_changes);
     responses[ps].Clear();
     return transport_->SaveShards(ps, req, &responses[ps]);
   }));
@@ -238,8 +241,10 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
 
 absl::Status ParameterClient::RestoreShards(const std::string& checkpoint_path,
                                             const std::vector<v1::SavedShard>& saved, int64_t step,
-                                            const std::vector<int>* tasks) {
+                                            const std::vector<int>* tasks,
+                                            const std::vector<v1::CheckpointLink>& chain) {
   v1::RestoreShardsRequest req;
+  req.mutable_chain()->Add(chain.begin(), chain.end());
   req.set_checkpoint_path(checkpoint_path);
   req.set_checkpoint(CheckpointName(checkpoint_path));
   req.mutable_saved()->Add(saved.begin(), saved.end());

@@ -123,15 +123,20 @@ class ParameterClient {
   // Every ps task writes its shards under `checkpoint_path` (in parallel); returns what was
   // saved, for the manifest. The caller commits the manifest. `phase` as
   // SaveShardsRequest.phase: SAVE_CUT returns nothing (each task writes in the background),
-  // a later SAVE_AWAIT what was written.
+  // a later SAVE_AWAIT what was written. `delta_base` and `track_changes` as in
+  // SaveShardsRequest (an incremental checkpoint, and changes recorded for the next).
   absl::StatusOr<std::vector<v1::SavedShard>> SaveShards(const std::string& checkpoint_path,
                                                          int64_t step, int64_t* bytes,
-                                                         v1::SavePhase phase = v1::SAVE_WHOLE);
+                                                         v1::SavePhase phase = v1::SAVE_WHOLE,
+                                                         const std::string& delta_base = "",
+                                                         bool track_changes = false);
   // Every ps task (or those of `tasks`, when given) replaces its shards' values with those of
-  // a checkpoint (which may have been written by another number of ps tasks).
+  // a checkpoint (which may have been written by another number of ps tasks). An incremental
+  // checkpoint comes with `chain`, the checkpoints it builds on (RestoreShardsRequest.chain).
   absl::Status RestoreShards(const std::string& checkpoint_path,
                              const std::vector<v1::SavedShard>& saved, int64_t step,
-                             const std::vector<int>* tasks = nullptr);
+                             const std::vector<int>* tasks = nullptr,
+                             const std::vector<v1::CheckpointLink>& chain = {});
 
   // Makes every retry loop give up at once (CANCELLED), now and for every later call: for a
   // daemon that is stopping. Thread-safe.

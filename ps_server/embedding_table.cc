@@ -188,6 +188,7 @@ void EmbeddingTable::RemoveRowLocked(Stripe* stripe, int64_t key, uint32_t row) 
     if (const RowIndex::Entry* entry = stripe->rows.FindEntry(key))
       KeepForCutLocked(stripe, *entry);
   }
+  if (stripe->tracking) stripe->removed.push_back(key);
   stripe->rows.Erase(key);
   stripe->free_rows.push_back(row);
 }
@@ -307,6 +308,7 @@ absl::StatusOr<RowIndex::Entry*> EmbeddingTable::AppendRowLocked(Stripe* stripe,
     if (stripe->cut != nullptr) ForgetForCutLocked(stripe, static_cast<uint32_t>(new_row));
   }
   if (tracks_last_) stripe->last[new_row] = now;
+  if (stripe->tracking) NoteChangedLocked(stripe, static_cast<uint32_t>(new_row));
   return stripe->rows.Insert(key, static_cast<uint32_t>(new_row));
 }
 
@@ -622,6 +624,7 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
     }
     word |= bit;
     if (!kVocabulary && stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
+    if (!kVocabulary && stripe->tracking) NoteChangedLocked(stripe, entry->row);
     distinct_keys[num_distinct] = key;
     distinct_rows[num_distinct] = row;
     ts[num_distinct] = CountPlainUpdateLocked<kVocabulary>(stripe, entry, row);
@@ -725,6 +728,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
       } else {
         const uint32_t row = entry->row;
         if (stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
+        if (stripe->tracking) NoteChangedLocked(stripe, row);
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
         PrefetchFloats(stripe->arena.Row(row), stride_);
         PrefetchFloats(distinct_grads[i], dim_);

@@ -277,9 +277,19 @@ class EmbeddingTable {
   // what the stripe kept, so that the memory a cut holds is the rows changed in the stripes not
   // taken yet. A stripe is taken once; rows created after the mark are not in the cut. A mark
   // with stripes not taken is replaced by the next MarkCut; DropCut drops it (a failed save).
-  // REQUIRES: !is_vocabulary() for MarkCut; 0 <= stripe < kNumStripes; out non-null.
-  void MarkCut();
-  void TakeStripeCut(int stripe, RowsCopy* out);
+  //
+  // Incremental cuts: a mark with `track_changes` has the stripes record, until the next mark,
+  // which rows get a key or new values and which keys are removed. The next mark can then be
+  // a `delta`: TakeStripeCut gives only the rows changed between the two marks (as they were
+  // at the second) and appends to *removed the keys removed between them and those past their
+  // TTL at the second (a key may be both removed and given: removed, then made again).
+  // ChangesTracked() tells whether a delta mark is possible: every change since the last mark
+  // was recorded (it tracked changes and the table was not cleared since).
+  // REQUIRES: !is_vocabulary() for MarkCut; ChangesTracked() for a delta; 0 <= stripe <
+  // kNumStripes; out non-null, and removed non-null for a delta.
+  void MarkCut(bool delta = false, bool track_changes = false);
+  bool ChangesTracked() const;
+  void TakeStripeCut(int stripe, RowsCopy* out, std::vector<int64_t>* removed = nullptr);
   void DropCut();
   // Rows kept aside for the mark's stripes not taken yet.
   int64_t cut_kept_rows() const;
@@ -331,6 +341,12 @@ class EmbeddingTable {
     uint32_t now = 0;            // the clock's tick at the mark
     std::vector<uint64_t> kept;  // bit r: row r's state at the mark is in `rows` (or it was free)
     RowsCopy rows;               // rows that were live at the mark, as they were
+    // An incremental cut (MarkCut's delta): only the rows whose bit is set in `changed` (changed
+    // between the previous mark and this one) are in it; `removed` holds the keys removed
+    // then, and those found past their TTL at this mark.
+    bool delta = false;
+    std::vector<uint64_t> changed;
+    std::vector<int64_t> removed;
   };
 
   struct alignas(64) Stripe {
@@ -349,7 +365,20 @@ class EmbeddingTable {
     int64_t vocabulary_rows ABSL_GUARDED_BY(mu) = 0;
     // A mark not taken yet (MarkCut): every change of a row checks it first.
     std::unique_ptr<StripeCut> cut ABSL_GUARDED_BY(mu);
+    // Since the last mark with track_changes (until the next mark, or a Clear): bit r of
+    // `changed` is set when row r gets a key or new values; `removed` holds the keys removed.
+    bool tracking ABSL_GUARDED_BY(mu) = false;
+    std::vector<uint64_t> changed ABSL_GUARDED_BY(mu);
+    std::vector<int64_t> removed ABSL_GUARDED_BY(mu);
   };
+
+  // Records that `row` changed since the last mark. REQUIRES: stripe->tracking.
+  static void NoteChangedLocked(Stripe* stripe, uint32_t row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu) {
+    const size_t word = row / 64;
+    if (word >= stripe->changed.size()) stripe->changed.resize(word + 1 + word / 8, 0);
+    stripe->changed[word] |= uint64_t{1} << (row % 64);
+  }
 
   // Before the first change of `entry`'s row since the stripe's mark: keeps the row's state
   // at the mark (if it was live then and not past its TTL). REQUIRES: stripe->cut.

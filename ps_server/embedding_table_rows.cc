@@ -196,7 +196,15 @@ void EmbeddingTable::AppendRowsLocked(const Stripe* stripe,
   }
 }
 
-void EmbeddingTable::MarkCut() {
+namespace {
+
+bool Bit(const std::vector<uint64_t>& bits, uint32_t i) {
+  return i / 64 < bits.size() && (bits[i / 64] >> (i % 64) & 1) != 0;
+}
+
+}  // namespace
+
+void EmbeddingTable::MarkCut(bool delta, bool track_changes) {
   const uint32_t now = tracks_last_ ? Now() : 0;
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
@@ -205,8 +213,25 @@ void EmbeddingTable::MarkCut() {
     cut->rows_at_cut = static_cast<uint32_t>(stripe.arena.size());
     cut->now = now;
     cut->kept.assign((cut->rows_at_cut + 63) / 64, 0);
+    if (delta) {
+      cut->delta = true;
+      cut->changed = std::move(stripe.changed);
+      cut->removed = std::move(stripe.removed);
+    }
+    stripe.changed.clear();
+    stripe.removed.clear();
+    stripe.tracking = track_changes;
+    if (track_changes) stripe.changed.assign((cut->rows_at_cut + 63) / 64, 0);
     stripe.cut = std::move(cut);
   }
+}
+
+bool EmbeddingTable::ChangesTracked() const {
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    if (!stripes_[s].tracking) return false;
+  }
+  return true;
 }
 
 void EmbeddingTable::KeepForCutLocked(Stripe* stripe, const RowIndex::Entry& entry) {
@@ -218,7 +243,13 @@ void EmbeddingTable::KeepForCutLocked(Stripe* stripe, const RowIndex::Entry& ent
   if ((word & bit) != 0) return;  // kept already
   word |= bit;
   const uint32_t last = tracks_last_ ? stripe->last[row] : 0;
-  if (tracks_last_ && eviction_.Expired(last, cut.now)) return;  // not in the cut: as removed
+  if (tracks_last_ && eviction_.Expired(last, cut.now)) {
+    // Not in the cut: as removed.
+    if (cut.delta) cut.removed.push_back(entry.key);
+    return;
+  }
+  // Unchanged since the previous mark: the checkpoint before has it.
+  if (cut.delta && !Bit(cut.changed, row)) return;
   RowsCopy& kept = cut.rows;
   kept.keys.push_back(entry.key);
   kept.counts.push_back(entry.count);
@@ -240,24 +271,33 @@ void EmbeddingTable::KeepAllForCutLocked(Stripe* stripe) {
   std::fill(stripe->cut->kept.begin(), stripe->cut->kept.end(), ~uint64_t{0});
 }
 
-void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out) {
+void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* removed) {
   Stripe& stripe = stripes_[s];
   absl::MutexLock lock(&stripe.mu);
   if (stripe.cut == nullptr) return;
   const StripeCut& cut = *stripe.cut;
   const size_t stride = static_cast<size_t>(stride_);
-  const size_t expected = out->keys.size() + stripe.rows.size() + cut.rows.keys.size();
+  const size_t expected =
+      out->keys.size() + (cut.delta ? 0 : stripe.rows.size()) + cut.rows.keys.size();
   out->keys.reserve(expected);
   out->counts.reserve(expected);
   out->last.reserve(expected);
   out->rows.reserve(expected * stride);
-  // The rows unchanged since the mark, from the arena.
+  // The rows unchanged since the mark, from the arena: in an incremental cut, those changed
+  // before it (since the previous mark), and the keys of those past their TTL at it.
   std::vector<RowIndex::Entry> entries;
-  entries.reserve(stripe.rows.size());
-  stripe.rows.ForEach([&entries, &cut](const RowIndex::Entry& entry) {
-    if (entry.row < cut.rows_at_cut && (cut.kept[entry.row / 64] >> (entry.row % 64) & 1) == 0) {
-      entries.push_back(entry);
+  entries.reserve(cut.delta ? 1024 : stripe.rows.size());
+  const uint32_t* const last = tracks_last_ ? stripe.last.data() : nullptr;
+  stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
+    if (entry.row >= cut.rows_at_cut || Bit(cut.kept, entry.row)) return;
+    if (cut.delta) {
+      if (last != nullptr && eviction_.Expired(last[entry.row], cut.now)) {
+        removed->push_back(entry.key);
+        return;
+      }
+      if (!Bit(cut.changed, entry.row)) return;
     }
+    entries.push_back(entry);
   });
   AppendRowsLocked(&stripe, entries, cut.now, out);
   // The rows changed since, as they were.
@@ -266,6 +306,7 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out) {
   out->counts.insert(out->counts.end(), kept.counts.begin(), kept.counts.end());
   out->last.insert(out->last.end(), kept.last.begin(), kept.last.end());
   out->rows.insert(out->rows.end(), kept.rows.begin(), kept.rows.end());
+  if (cut.delta) removed->insert(removed->end(), cut.removed.begin(), cut.removed.end());
   stripe.cut.reset();
 }
 
@@ -325,6 +366,10 @@ void EmbeddingTable::Clear() {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
     if (stripe.cut != nullptr) KeepAllForCutLocked(&stripe);
+    // What changed is no longer known row by row: the next cut cannot be incremental.
+    stripe.tracking = false;
+    std::vector<uint64_t>().swap(stripe.changed);
+    std::vector<int64_t>().swap(stripe.removed);
     stripe.rows = RowIndex();
     stripe.arena.Clear();
     std::vector<uint32_t>().swap(stripe.free_rows);
@@ -374,6 +419,8 @@ absl::Status EmbeddingTable::InsertRowLocked(Stripe* stripe, int64_t key,
   if (entry == nullptr) {
     // Not initialized: the row is overwritten below.
     PS_ASSIGN_OR_RETURN(entry, AppendRowLocked(stripe, key, /*initialize=*/false, last));
+  } else if (stripe->tracking) {
+    NoteChangedLocked(stripe, entry->row);
   }
   if (tracks_last_) stripe->last[entry->row] = last;
   std::memcpy(stripe->arena.Row(entry->row), values_and_slots,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
@@ -615,13 +616,28 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
     *response = save_.response;
     return absl::OkStatus();
   }
+  CutOptions cut_options;
+  cut_options.delta = !request.delta_base().empty();
+  cut_options.track_changes = request.track_changes();
+  if (cut_options.delta && request.delta_base() != last_cut_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SaveShards: an incremental checkpoint on ", request.delta_base(),
+        ", but this ps task's last cut ",
+        last_cut_.empty() ? "did not record changes (none since it started or was restored)"
+                          : absl::StrCat("was ", last_cut_),
+        ": this checkpoint must be full"));
+  }
   // One save is written at a time. A second cut of the same checkpoint (a retry) fails in
   // the write, which finds its part there already: never two writers of one part.
   JoinBackgroundSaveLocked();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
-  ShardCut cut = CutShardSet(Shards(), &apply_barrier_, &prepared_);
+  PS_ASSIGN_OR_RETURN(ShardCut cut,
+                      CutShardSet(Shards(), &apply_barrier_, &prepared_, cut_options));
   prepared_.clear();  // what the cut did not use (a table dropped since) goes now
+  // The tables record their changes from this cut on only when asked to.
+  last_cut_ = cut_options.track_changes ? std::filesystem::path(checkpoint_path).filename().string()
+                                        : std::string();
   if (request.phase() != v1::SAVE_CUT) {
     return WriteShardCut(std::move(cut), checkpoint_path, request.ps_index(), options_.crash_points,
                          response);
@@ -656,16 +672,31 @@ ParameterStore::~ParameterStore() {
 
 absl::Status ParameterStore::Restore(const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) {
+  // The checkpoints it builds on (an incremental one), then itself.
+  std::vector<RestoreLink> chain;
+  for (const v1::CheckpointLink& link : request.chain()) {
+    PS_ASSIGN_OR_RETURN(
+        std::string path,
+        CheckpointPathOf(link.checkpoint(), link.checkpoint_path(), "RestoreShards"));
+    chain.push_back(RestoreLink{std::move(path), &link.saved()});
+  }
   PS_ASSIGN_OR_RETURN(
-      const std::string checkpoint_path,
+      std::string checkpoint_path,
       CheckpointPathOf(request.checkpoint(), request.checkpoint_path(), "RestoreShards"));
-  for (const v1::SavedShard& saved : request.saved()) {
-    PS_RETURN_IF_ERROR(CheckShardFileName(saved.file()));
+  chain.push_back(RestoreLink{std::move(checkpoint_path), &request.saved()});
+  for (const RestoreLink& link : chain) {
+    for (const v1::SavedShard& saved : *link.saved) {
+      PS_RETURN_IF_ERROR(CheckShardFileName(saved.file()));
+    }
   }
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "RestoreShards"));
-  PS_ASSIGN_OR_RETURN(
-      const int32_t restored,
-      RestoreShardSet(Shards(), &apply_barrier_, checkpoint_path, request, &apply_pool_));
+  {
+    // The tables' changes are no longer those since the last cut: the next checkpoint is full.
+    absl::MutexLock lock(&save_mu_);
+    last_cut_.clear();
+  }
+  PS_ASSIGN_OR_RETURN(const int32_t restored, RestoreShardSet(Shards(), &apply_barrier_, chain,
+                                                              request.step(), &apply_pool_));
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, acc] : accumulators_) acc->SetStep(request.step());

@@ -288,6 +288,10 @@ class ParameterStore {
   BackgroundSave save_ ABSL_GUARDED_BY(save_mu_);
   // Memory for the next cut (SAVE_PREPARE), until the next save.
   PreparedCut prepared_ ABSL_GUARDED_BY(save_mu_);
+  // The name of the checkpoint of this task's last cut, when that cut had the tables record
+  // their changes (SaveShardsRequest.track_changes): the one an incremental checkpoint may
+  // build on. Empty otherwise, and after a restore.
+  std::string last_cut_ ABSL_GUARDED_BY(save_mu_);
   std::thread save_thread_ ABSL_GUARDED_BY(save_mu_);
   mutable absl::Mutex dropped_mu_;
   std::map<int32_t, int64_t> dropped_by_worker_ ABSL_GUARDED_BY(dropped_mu_);

@@ -14,32 +14,14 @@
 namespace pscluster {
 namespace {
 
-// The checkpoint's files, each opened once by whichever saved part needs it first.
-class Readers {
- public:
-  explicit Readers(const std::string& checkpoint_path) : path_(checkpoint_path) {}
-
-  absl::StatusOr<CheckpointReader*> For(const v1::SavedShard& saved) {
-    std::unique_ptr<CheckpointReader>& r = readers_[saved.file()];
-    if (!r) {
-      PS_ASSIGN_OR_RETURN(r, CheckpointReader::Open(absl::StrCat(path_, "/", saved.file())));
-    }
-    return r.get();
-  }
-
- private:
-  const std::string path_;
-  std::map<std::string, std::unique_ptr<CheckpointReader>> readers_;
-};
-
 // A dense shard's values and slots as the checkpoint has them, re-cut to its rows.
 struct DenseContents {
   std::vector<float> values_and_slots;
   int64_t updates = 0;
 };
 
-absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
-                                        const v1::RestoreShardsRequest& request, Readers& readers) {
+absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard, const RestoreLink& link,
+                                        CheckpointReaders& readers) {
   const v1::DensePartition& mine = shard.spec().partition();
   const RowRange my_rows = RowsOf(mine);
   const int64_t row_elems = RowElements(shard.spec().variable().shape());
@@ -47,7 +29,7 @@ absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
   DenseContents out;
   out.values_and_slots.assign(shard.num_elements() * (1 + slots), 0.0f);
   int64_t covered = 0;
-  for (const v1::SavedShard& saved : request.saved()) {
+  for (const v1::SavedShard& saved : *link.saved) {
     if (saved.is_table() || saved.name() != shard.name()) continue;
     const v1::DensePartition& theirs = saved.dense().partition();
     const RowRange their_rows = RowsOf(theirs);
@@ -65,7 +47,7 @@ absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard,
                        ShapeString(shard.spec().variable().shape()), " and ",
                        shard.spec().variable().optimizer().kind_case()));
     }
-    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(saved));
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(link.checkpoint_path, saved));
     PS_ASSIGN_OR_RETURN(DenseRecord record, reader->ReadDense(saved));
     const int64_t their_n = ElementsOf(theirs, row_elems).size;
     if (static_cast<int64_t>(record.values_and_slots.size()) != their_n * (1 + slots)) {
@@ -114,59 +96,61 @@ absl::Status CheckSavedTable(const v1::SavedShard& saved, const EmbeddingTable& 
 }
 
 absl::StatusOr<TableContents> ReadTable(const std::string& name, const EmbeddingTable& table,
-                                        const v1::RestoreShardsRequest& request, Readers& readers) {
+                                        const std::vector<RestoreLink>& chain, int64_t step,
+                                        CheckpointReaders& readers) {
   TableContents out;
+  const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
+  std::vector<TableLink> links;
+  const v1::SavedShard* newest = nullptr;  // a part of the last checkpoint
+  for (const RestoreLink& link : chain) {
+    TableLink& parts = links.emplace_back();
+    parts.checkpoint_path = link.checkpoint_path;
+    for (const v1::SavedShard& saved : *link.saved) {
+      if (!saved.is_table() || saved.name() != name) continue;
+      PS_RETURN_IF_ERROR(CheckSavedTable(saved, table));
+      parts.parts.push_back(&saved);
+      newest = &saved;
+    }
+  }
+  if (newest == nullptr) return out;
+  // Rows of another stride (another dim or optimizer) are refused, not read past.
+  PS_ASSIGN_OR_RETURN(
+      CheckpointReader::TableRows rows,
+      ReadTableChain(
+          links, stride, [&table](int64_t key) { return table.OwnsKey(key); }, &readers));
+  // Ticks saved by a table without eviction (0), or in another unit, mean nothing here: such
+  // rows count as pushed at the checkpoint's step (or now). (A chain is written by one run:
+  // its parts have one spec.)
+  const bool comparable_ticks = newest->has_table() && table.TicksComparable(newest->table());
+  const uint32_t restore_tick = table.TickOf(step);
+  const size_t n = rows.keys.size();
+  out.t.resize(n);
+  out.last.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    out.t[i] = UnpackRowCount(rows.counts[i]);
+    out.last[i] = comparable_ticks ? UnpackRowLast(rows.counts[i]) : restore_tick;
+  }
+  out.keys = std::move(rows.keys);
+  out.data = std::move(rows.values);
+  // The admission sketches of the last checkpoint's parts whose virtual shards overlap this
+  // task's.
   const std::vector<int32_t> owned = table.OwnedVirtualShards();
   const size_t sketch_size = static_cast<size_t>(table.admission_sketch_size());
-  const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
-  const uint32_t restore_tick = table.TickOf(request.step());
-  for (const v1::SavedShard& saved : request.saved()) {
-    if (!saved.is_table() || saved.name() != name) continue;
-    PS_RETURN_IF_ERROR(CheckSavedTable(saved, table));
-    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(saved));
-    const bool comparable_ticks = saved.has_table() && table.TicksComparable(saved.table());
-    // Rows of another stride (another dim or optimizer) are refused, not read past.
-    PS_ASSIGN_OR_RETURN(CheckpointReader::TableRows part, reader->ReadTableWhole(saved, stride));
-    // This task's rows of the part; ticks saved by a table without eviction (0), or in another
-    // unit, mean nothing here: such rows count as pushed at the checkpoint's step (or now).
-    const size_t n = part.keys.size();
-    const auto unpack = [&](size_t i, size_t at) {
-      const int64_t word = part.counts[i];
-      out.t[at] = UnpackRowCount(word);
-      out.last[at] = comparable_ticks ? UnpackRowLast(word) : restore_tick;
-    };
-    if (out.keys.empty() && std::all_of(part.keys.begin(), part.keys.end(),
-                                        [&table](int64_t key) { return table.OwnsKey(key); })) {
-      // The whole part (a restore into the placement it was saved from): its buffers taken.
-      out.last.resize(n);
-      out.t.resize(n);
-      for (size_t i = 0; i < n; ++i) unpack(i, i);
-      out.keys = std::move(part.keys);
-      out.data = std::move(part.values);
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        if (!table.OwnsKey(part.keys[i])) continue;
-        const size_t at = out.keys.size();
-        out.keys.push_back(part.keys[i]);
-        out.t.push_back(0);
-        out.last.push_back(0);
-        unpack(i, at);
-        out.data.insert(out.data.end(), part.values.begin() + i * stride,
-                        part.values.begin() + (i + 1) * stride);
-      }
-    }
+  for (const v1::SavedShard* saved : links.back().parts) {
     const bool overlaps = std::any_of(
-        saved.virtual_shards().begin(), saved.virtual_shards().end(),
+        saved->virtual_shards().begin(), saved->virtual_shards().end(),
         [&owned](int32_t v) { return std::binary_search(owned.begin(), owned.end(), v); });
-    if (saved.sketch_counters() == 0 || sketch_size == 0 || !overlaps) continue;
-    PS_ASSIGN_OR_RETURN(std::vector<uint16_t> sketch, reader->ReadTableSketch(saved));
+    if (saved->sketch_counters() == 0 || sketch_size == 0 || !overlaps) continue;
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
+                        readers.For(links.back().checkpoint_path, *saved));
+    PS_ASSIGN_OR_RETURN(std::vector<uint16_t> sketch, reader->ReadTableSketch(*saved));
     if (sketch.size() == sketch_size) {
       out.sketches.push_back(std::move(sketch));
     } else {
-      LOG(WARNING) << "table " << name << ": the checkpoint's admission sketch in " << saved.file()
+      LOG(WARNING) << "table " << name << ": the checkpoint's admission sketch in " << saved->file()
                    << " has " << sketch.size() << " counters, this table's " << sketch_size
-                   << " (admission.sketch_width changed?): not restored, admission counts "
-                   << "start again";
+                   << " (admission.sketch_width changed?): not restored, "
+                   << "admission counts start again";
     }
   }
   return out;
@@ -185,7 +169,8 @@ PreparedCut PrepareCut(const ShardSet& shards) {
   return prepared;
 }
 
-ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier, PreparedCut* prepared) {
+absl::StatusOr<ShardCut> CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
+                                     PreparedCut* prepared, const CutOptions& options) {
   ShardCut cut;
   cut.dense.resize(shards.dense.size());
   cut.tables.resize(shards.tables.size());
@@ -201,6 +186,17 @@ ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier, Prepare
     // No push is applied while the copies are taken.
     absl::MutexLock barrier(apply_barrier);
     const absl::Time start = absl::Now();
+    if (options.delta) {
+      for (const auto& [name, table] : shards.tables) {
+        if (!table->is_vocabulary() && !table->ChangesTracked()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "table ", name,
+              " has changes not recorded since the last cut (it was created, "
+              "restored or cleared since, or that cut did not track changes): this checkpoint "
+              "must be full"));
+        }
+      }
+    }
     for (size_t i = 0; i < shards.dense.size(); ++i) {
       ShardCut::Dense& d = cut.dense[i];
       d.spec = shards.dense[i]->spec();
@@ -214,7 +210,8 @@ ShardCut CutShardSet(const ShardSet& shards, absl::Mutex* apply_barrier, Prepare
       if (table->is_vocabulary()) {
         table->CopyRows(&t.rows);
       } else {
-        table->MarkCut();
+        table->MarkCut(options.delta, options.track_changes);
+        t.delta = options.delta;
         // The last copy of the pointer lets the mark go, written or not (an error, a cut never
         // written): its table then keeps no rows aside for it.
         t.marked = std::shared_ptr<EmbeddingTable>(
@@ -252,8 +249,10 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
   for (ShardCut::Table& t : cut.tables) {
     v1::SavedShard saved;
     if (t.marked != nullptr) {
-      // A stripe at a time: its rows as they were at the mark, the counts packed with the ticks.
+      // A stripe at a time: its rows as they were at the mark, the counts packed with the ticks
+      // (of an incremental mark, the rows changed since the last, and the keys removed).
       EmbeddingTable::RowsCopy run;
+      std::vector<int64_t> removed;
       PS_ASSIGN_OR_RETURN(saved,
                           writer->WriteTableRuns(
                               t.spec, t.stride, EmbeddingTable::kNumStripes,
@@ -262,13 +261,14 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
                                 run.counts.clear();
                                 run.last.clear();
                                 run.rows.clear();
-                                t.marked->TakeStripeCut(stripe, &run);
+                                t.marked->TakeStripeCut(stripe, &run, t.delta ? &removed : nullptr);
                                 for (size_t i = 0; i < run.counts.size(); ++i) {
                                   run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
                                 }
                                 return CheckpointWriter::TableRun{run.keys, run.counts, run.rows};
                               }));
       t.marked = nullptr;
+      if (t.delta) PS_RETURN_IF_ERROR(writer->WriteTableRemoved(std::move(removed), &saved));
     } else {
       PS_ASSIGN_OR_RETURN(saved, writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows,
                                                     t.rows.counts, t.stride));
@@ -288,18 +288,20 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
 }
 
 absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* apply_barrier,
-                                        const std::string& checkpoint_path,
-                                        const v1::RestoreShardsRequest& request, ThreadPool* pool) {
+                                        const std::vector<RestoreLink>& chain, int64_t step,
+                                        ThreadPool* pool) {
+  if (chain.empty()) return absl::InvalidArgumentError("a restore of no checkpoint");
   // Read and verify everything first; apply only when all of it is good.
-  Readers readers(checkpoint_path);
+  CheckpointReaders readers;
   std::vector<DenseContents> dense;
   for (const std::shared_ptr<DenseShard>& shard : shards.dense) {
-    PS_ASSIGN_OR_RETURN(DenseContents d, ReadDense(*shard, request, readers));
+    // Dense partitions are whole in every checkpoint: the last one's.
+    PS_ASSIGN_OR_RETURN(DenseContents d, ReadDense(*shard, chain.back(), readers));
     dense.push_back(std::move(d));
   }
   std::vector<TableContents> tables;
   for (const auto& [name, table] : shards.tables) {
-    PS_ASSIGN_OR_RETURN(TableContents t, ReadTable(name, *table, request, readers));
+    PS_ASSIGN_OR_RETURN(TableContents t, ReadTable(name, *table, chain, step, readers));
     tables.push_back(std::move(t));
   }
   absl::MutexLock barrier(apply_barrier);

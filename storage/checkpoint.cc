@@ -13,13 +13,16 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "rocksdb/options.h"
@@ -42,6 +45,8 @@ std::string DenseKey(const std::string& name, int32_t partition) {
 std::string TablePrefix(const std::string& name) { return absl::StrCat("t/", name, "/"); }
 
 std::string SketchKey(const std::string& table) { return absl::StrCat("s/", table); }
+
+std::string RemovedKey(const std::string& table) { return absl::StrCat("r/", table); }
 
 // Big-endian with the sign bit flipped: byte order equals numeric order.
 std::string EncodeKey(int64_t key) {
@@ -296,6 +301,22 @@ absl::Status CheckpointWriter::WriteTableSketch(const std::vector<uint16_t>& cou
   return absl::OkStatus();
 }
 
+absl::Status CheckpointWriter::WriteTableRemoved(std::vector<int64_t> removed,
+                                                 v1::SavedShard* saved) {
+  std::sort(removed.begin(), removed.end());
+  removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
+  std::string value(removed.size() * sizeof(int64_t), '\0');
+  if (!removed.empty()) std::memcpy(value.data(), removed.data(), value.size());  // little-endian
+  PS_RETURN_IF_ERROR(FromRocksDb(
+      db_->Put(write_options_, RemovedKey(saved->name()), value),
+      absl::StrCat("writing the removed keys of table ", saved->name(), " to ", file_)));
+  saved->set_delta(true);
+  saved->set_removed_keys(static_cast<int64_t>(removed.size()));
+  saved->set_removed_checksum(Crc(0, value));
+  saved->set_bytes(saved->bytes() + static_cast<int64_t>(value.size()));
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointWriter::Finish() {
   MaybeCrash(crash_points_, kCrashSaveBeforeSync);
   rocksdb::FlushOptions flush;
@@ -526,6 +547,35 @@ absl::StatusOr<std::vector<uint16_t>> CheckpointReader::ReadTableSketch(
   return counters;
 }
 
+absl::StatusOr<std::vector<int64_t>> CheckpointReader::ReadTableRemoved(
+    const v1::SavedShard& saved) {
+  std::vector<int64_t> keys;
+  if (!saved.delta()) return keys;
+  std::string value;
+  rocksdb::ReadOptions read;
+  read.verify_checksums = true;
+  const rocksdb::Status s = db_->Get(read, RemovedKey(saved.name()), &value);
+  const auto lost = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path_, ": the removed keys of table ", saved.name(), " ", what));
+  };
+  if (!s.ok()) return lost(absl::StrCat("cannot be read: ", s.ToString()));
+  if (saved.removed_keys() < 0 || static_cast<int64_t>(value.size()) != saved.removed_keys() * 8) {
+    return lost(absl::StrCat("have ", value.size(), " bytes, the manifest says ",
+                             saved.removed_keys(), " 8-byte keys"));
+  }
+  if (Crc(0, value) != saved.removed_checksum()) return lost("fail their checksum");
+  keys.resize(static_cast<size_t>(saved.removed_keys()));
+  if (!keys.empty()) std::memcpy(keys.data(), value.data(), value.size());
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i] <= keys[i - 1]) {
+      return lost(
+          absl::StrCat("are not in increasing order (", keys[i], " after ", keys[i - 1], ")"));
+    }
+  }
+  return keys;
+}
+
 absl::Status CheckpointReader::ReadTable(
     const v1::SavedShard& saved,
     const std::function<void(int64_t key, const float* row, int64_t t)>& fn, int64_t stride) {
@@ -598,6 +648,171 @@ absl::StatusOr<CheckpointReader::TableRows> CheckpointReader::ReadTableWhole(
   rows.stride = std::max<int64_t>(decoder.stride(), 0);
   PS_RETURN_IF_ERROR(decoder.Take(&rows.keys, &rows.counts, &rows.values));
   return rows;
+}
+
+absl::StatusOr<CheckpointReader*> CheckpointReaders::For(const std::string& checkpoint_path,
+                                                         const v1::SavedShard& saved) {
+  const std::string path = absl::StrCat(checkpoint_path, "/", saved.file());
+  std::unique_ptr<CheckpointReader>& r = readers_[path];
+  if (r == nullptr) {
+    PS_ASSIGN_OR_RETURN(r, CheckpointReader::Open(path));
+  }
+  return r.get();
+}
+
+namespace {
+
+// Appends the rows of `part` that `keep` accepts to *out (whose stride, if it has rows, must
+// be part's).
+absl::Status AppendKept(CheckpointReader::TableRows part, const std::function<bool(int64_t)>& keep,
+                        CheckpointReader::TableRows* out) {
+  if (part.keys.empty()) return absl::OkStatus();
+  const size_t stride = static_cast<size_t>(part.stride);
+  if (out->keys.empty() &&
+      (keep == nullptr || std::all_of(part.keys.begin(), part.keys.end(), keep))) {
+    *out = std::move(part);  // the whole part, its buffers taken
+    return absl::OkStatus();
+  }
+  out->stride = part.stride;
+  for (size_t i = 0; i < part.keys.size(); ++i) {
+    if (keep != nullptr && !keep(part.keys[i])) continue;
+    out->keys.push_back(part.keys[i]);
+    out->counts.push_back(part.counts[i]);
+    out->values.insert(out->values.end(), part.values.begin() + i * stride,
+                       part.values.begin() + (i + 1) * stride);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
+    const std::vector<TableLink>& links, int64_t stride,
+    const std::function<bool(int64_t key)>& keep, CheckpointReaders* readers) {
+  CheckpointReader::TableRows out;
+  if (links.empty()) return out;
+  const std::string table =
+      links.back().parts.empty() ? std::string() : links.back().parts.front()->name();
+  // The last link written whole: where the rows start from.
+  int base = -1;
+  for (int i = static_cast<int>(links.size()) - 1; i >= 0 && base < 0; --i) {
+    if (std::none_of(links[i].parts.begin(), links[i].parts.end(),
+                     [](const v1::SavedShard* s) { return s->delta(); })) {
+      base = i;
+    }
+  }
+  if (base < 0) {
+    return absl::DataLossError(absl::StrCat(
+        "table ", table, ": no checkpoint of the chain ending at ", links.back().checkpoint_path,
+        " holds it whole (the full checkpoint is missing)"));
+  }
+  for (const v1::SavedShard* saved : links[base].parts) {
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
+                        readers->For(links[base].checkpoint_path, *saved));
+    PS_ASSIGN_OR_RETURN(CheckpointReader::TableRows part, reader->ReadTableWhole(*saved, stride));
+    if (stride < 0 && !part.keys.empty()) stride = part.stride;
+    PS_RETURN_IF_ERROR(AppendKept(std::move(part), keep, &out));
+  }
+  if (base + 1 == static_cast<int>(links.size())) return out;
+  // The deltas in turn, by key: a removed key goes (marked, dropped at the end), a row is put
+  // over the key's or added.
+  absl::flat_hash_map<int64_t, size_t> at;
+  at.reserve(out.keys.size());
+  for (size_t i = 0; i < out.keys.size(); ++i) at.emplace(out.keys[i], i);
+  std::vector<bool> gone(out.keys.size(), false);
+  int64_t num_gone = 0;
+  for (size_t l = static_cast<size_t>(base) + 1; l < links.size(); ++l) {
+    for (const v1::SavedShard* saved : links[l].parts) {
+      if (!saved->delta()) {
+        return absl::DataLossError(absl::StrCat(
+            "table ", saved->name(), ": ", links[l].checkpoint_path, "/", saved->file(),
+            " holds it whole, but other parts of that checkpoint are deltas"));
+      }
+      PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
+                          readers->For(links[l].checkpoint_path, *saved));
+      PS_ASSIGN_OR_RETURN(const std::vector<int64_t> removed, reader->ReadTableRemoved(*saved));
+      for (const int64_t key : removed) {
+        auto it = at.find(key);
+        if (it == at.end()) continue;
+        gone[it->second] = true;
+        ++num_gone;
+        at.erase(it);
+      }
+      PS_ASSIGN_OR_RETURN(CheckpointReader::TableRows part, reader->ReadTableWhole(*saved, stride));
+      if (part.keys.empty()) continue;
+      if (stride < 0) stride = part.stride;
+      if (out.stride == 0) out.stride = part.stride;
+      const size_t n = static_cast<size_t>(part.stride);
+      for (size_t i = 0; i < part.keys.size(); ++i) {
+        const int64_t key = part.keys[i];
+        if (keep != nullptr && !keep(key)) continue;
+        const float* row = part.values.data() + i * n;
+        auto [it, added] = at.emplace(key, out.keys.size());
+        if (added) {
+          out.keys.push_back(key);
+          out.counts.push_back(part.counts[i]);
+          out.values.insert(out.values.end(), row, row + n);
+          gone.push_back(false);
+        } else {
+          out.counts[it->second] = part.counts[i];
+          std::copy(row, row + n, out.values.begin() + it->second * n);
+        }
+      }
+    }
+  }
+  if (num_gone > 0) {
+    const size_t n = static_cast<size_t>(out.stride);
+    size_t kept = 0;
+    for (size_t i = 0; i < out.keys.size(); ++i) {
+      if (gone[i]) continue;
+      if (kept != i) {
+        out.keys[kept] = out.keys[i];
+        out.counts[kept] = out.counts[i];
+        std::copy(out.values.begin() + i * n, out.values.begin() + (i + 1) * n,
+                  out.values.begin() + kept * n);
+      }
+      ++kept;
+    }
+    out.keys.resize(kept);
+    out.counts.resize(kept);
+    out.values.resize(kept * n);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ChainLink>> ReadChain(const std::string& checkpoint_path) {
+  PS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(checkpoint_path));
+  const std::string dir = std::filesystem::path(checkpoint_path).parent_path().string();
+  std::vector<ChainLink> links;
+  for (int i = 0; i < manifest.chain_size(); ++i) {
+    const std::string& name = manifest.chain(i);
+    std::pair<int64_t, int64_t> order;
+    if (!ParseName(name, &order)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint_path, " builds on \"", name,
+                                              "\", which is not a checkpoint's name"));
+    }
+    ChainLink link;
+    link.path = absl::StrCat(dir, "/", name);
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(link.path);
+    if (!m.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint_path, " builds on ", name,
+                                              ", which cannot be read: ", m.status().message()));
+    }
+    link.manifest = *std::move(m);
+    const bool builds_on_the_rest =
+        link.manifest.chain_size() == i &&
+        std::equal(link.manifest.chain().begin(), link.manifest.chain().end(),
+                   manifest.chain().begin());
+    if (!builds_on_the_rest) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", checkpoint_path, " builds on ", name, ", which builds on [",
+                       absl::StrJoin(link.manifest.chain(), ", "), "], not on the ", i,
+                       " checkpoints before it in the chain"));
+    }
+    links.push_back(std::move(link));
+  }
+  links.push_back(ChainLink{checkpoint_path, std::move(manifest)});
+  return links;
 }
 
 namespace {
@@ -769,7 +984,15 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir)
 absl::Status PruneCheckpoints(const std::string& dir, int keep) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> committed, ListCheckpoints(dir));
   std::error_code ec;
-  for (size_t i = std::max(keep, 1); i < committed.size(); ++i) {
+  const size_t kept = std::min(static_cast<size_t>(std::max(keep, 1)), committed.size());
+  // The checkpoints the kept ones build on stay too.
+  std::set<std::string> needed;
+  for (size_t i = 0; i < kept; ++i) {
+    absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(committed[i]);
+    if (m.ok()) needed.insert(m->chain().begin(), m->chain().end());
+  }
+  for (size_t i = kept; i < committed.size(); ++i) {
+    if (needed.count(std::filesystem::path(committed[i]).filename().string()) > 0) continue;
     std::filesystem::remove_all(committed[i], ec);
   }
   if (committed.empty()) return absl::OkStatus();
@@ -786,18 +1009,17 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
 }
 
 absl::Status VerifyCheckpoint(const std::string& checkpoint_path) {
-  PS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(checkpoint_path));
-  std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
-  for (const v1::SavedShard& saved : manifest.shards()) {
-    auto& reader = readers[saved.file()];
-    if (!reader) {
-      PS_ASSIGN_OR_RETURN(reader,
-                          CheckpointReader::Open(absl::StrCat(checkpoint_path, "/", saved.file())));
-    }
-    if (saved.is_table()) {
-      PS_RETURN_IF_ERROR(reader->ReadTable(saved, [](int64_t, const float*, int64_t) {}));
-    } else {
-      PS_RETURN_IF_ERROR(reader->ReadDense(saved).status());
+  PS_ASSIGN_OR_RETURN(const std::vector<ChainLink> chain, ReadChain(checkpoint_path));
+  CheckpointReaders readers;
+  for (const ChainLink& link : chain) {
+    for (const v1::SavedShard& saved : link.manifest.shards()) {
+      PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(link.path, saved));
+      if (saved.is_table()) {
+        PS_RETURN_IF_ERROR(reader->ReadTable(saved, [](int64_t, const float*, int64_t) {}));
+        PS_RETURN_IF_ERROR(reader->ReadTableRemoved(saved).status());
+      } else {
+        PS_RETURN_IF_ERROR(reader->ReadDense(saved).status());
+      }
     }
   }
   return absl::OkStatus();

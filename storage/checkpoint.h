@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,13 @@ namespace pscluster {
 // (zlib) over its records' keys and values, in key order, is kept in the manifest and checked on
 // every read. A table with admission also has one record "s/<table>": its count-min sketch's
 // 16-bit counters, little-endian, checked against SavedShard.sketch_checksum.
+//
+// An incremental checkpoint (CheckpointManifest.chain names the checkpoints it builds on, the
+// first of them full) holds, per table part (SavedShard.delta), only the rows changed since
+// the checkpoint before it and one record "r/<table>": the keys removed since, int64
+// little-endian in increasing order, checked against SavedShard.removed_checksum. Its dense
+// partitions and vocabulary tables are whole. A reader takes the table's rows from the chain's
+// full checkpoint, then from each delta in turn (ReadTableChain).
 
 // The 8-byte word before a table row's floats, and its two halves.
 inline int64_t PackRowCount(int64_t count, uint32_t last) {
@@ -82,6 +90,10 @@ class CheckpointWriter {
   // shards its writer owns to the checkpoint, recording them in *saved.
   absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
                                 const std::vector<int32_t>& virtual_shards, v1::SavedShard* saved);
+  // Makes the table part `saved` (from WriteTable or WriteTableRuns) a delta of an incremental
+  // checkpoint: records `removed`, the keys removed since the checkpoint it builds on (any
+  // order, repeats allowed: written sorted, once each), and sets saved's delta fields.
+  absl::Status WriteTableRemoved(std::vector<int64_t> removed, v1::SavedShard* saved);
   // Flushes and syncs everything written; call once, last.
   absl::Status Finish();
 
@@ -212,6 +224,10 @@ class CheckpointReader {
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.
   absl::StatusOr<std::vector<uint16_t>> ReadTableSketch(const v1::SavedShard& saved);
+  // The keys removed of a delta table part, in increasing order (empty if it is not a delta
+  // or none were); DATA_LOSS naming the file and table when the record is missing, of another
+  // size, fails its checksum or is not in increasing order.
+  absl::StatusOr<std::vector<int64_t>> ReadTableRemoved(const v1::SavedShard& saved);
 
  private:
   CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);
@@ -223,6 +239,46 @@ class CheckpointReader {
   const std::string path_;
   std::unique_ptr<rocksdb::DB> db_;
 };
+
+// The shard files of checkpoints, each opened once (by its path) when first asked for.
+// Thread-compatible.
+class CheckpointReaders {
+ public:
+  // The reader of <checkpoint_path>/<saved.file()>; errors as CheckpointReader::Open.
+  absl::StatusOr<CheckpointReader*> For(const std::string& checkpoint_path,
+                                        const v1::SavedShard& saved);
+
+ private:
+  std::map<std::string, std::unique_ptr<CheckpointReader>> readers_;
+};
+
+// One checkpoint's parts of a table, for ReadTableChain.
+struct TableLink {
+  std::string checkpoint_path;
+  std::vector<const v1::SavedShard*> parts;
+};
+
+// A table's rows as a chain of checkpoints gives them (`links`, oldest first): the parts of
+// the last link whose parts are all whole (not SavedShard.delta), then, for each later link,
+// its removed keys taken out and its rows put over. Only the rows whose key `keep` accepts
+// (every row when it is null), in no particular order; counts as saved (PackRowCount); rows of
+// another stride than `stride` (when >= 0) are DATA_LOSS, as in ReadTableWhole. DATA_LOSS also
+// when no link is whole, or a link after it mixes whole and delta parts.
+absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
+    const std::vector<TableLink>& links, int64_t stride,
+    const std::function<bool(int64_t key)>& keep, CheckpointReaders* readers);
+
+// A committed checkpoint and its manifest.
+struct ChainLink {
+  std::string path;
+  v1::CheckpointManifest manifest;
+};
+// What a restore of the checkpoint at `checkpoint_path` reads: the checkpoints its manifest's
+// chain names (in the same directory), oldest first, then itself. A full checkpoint is a chain
+// of one. NOT_FOUND / DATA_LOSS from ReadManifest for `checkpoint_path`; DATA_LOSS naming the
+// link when one is not committed, does not parse, or does not build on the links before it
+// (its own chain must be their names).
+absl::StatusOr<std::vector<ChainLink>> ReadChain(const std::string& checkpoint_path);
 
 // Commits a checkpoint: MANIFEST.json.tmp written and fsynced, renamed to MANIFEST.json, the
 // directory fsynced. A crash at any point leaves either no manifest or the whole one.
@@ -258,12 +314,13 @@ absl::StatusOr<int64_t> ReadChiefEpoch(const std::string& dir);
 // first.
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& dir);
 
-// Deletes all but the newest `keep` committed checkpoints, and any uncommitted checkpoint
-// directory older than the newest committed one (a crashed write).
+// Deletes all but the newest `keep` committed checkpoints and those their chains build on,
+// and any uncommitted checkpoint directory older than the newest committed one (a crashed
+// write).
 absl::Status PruneCheckpoints(const std::string& dir, int keep);
 
-// Verifies every shard of a committed checkpoint against its checksum. OK, or the first
-// DATA_LOSS / NOT_FOUND.
+// Verifies every shard of a committed checkpoint, and of the checkpoints its chain builds on,
+// against its checksum. OK, or the first DATA_LOSS / NOT_FOUND.
 absl::Status VerifyCheckpoint(const std::string& checkpoint_path);
 
 }  // namespace pscluster

@@ -12,27 +12,40 @@
 namespace pscluster {
 
 absl::StatusOr<ModelSnapshot> ReadModelSnapshot(const std::string& checkpoint) {
-  PS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(checkpoint));
+  // An incremental checkpoint's tables are read through the chain it builds on.
+  PS_ASSIGN_OR_RETURN(const std::vector<ChainLink> chain, ReadChain(checkpoint));
+  const v1::CheckpointManifest& manifest = chain.back().manifest;
   ModelSnapshot m;
   m.step = manifest.step();
-  std::map<std::string, std::unique_ptr<CheckpointReader>> readers;
+  CheckpointReaders readers;
+  std::map<std::string, std::vector<TableLink>> tables;
+  for (const ChainLink& link : chain) {
+    for (const v1::SavedShard& saved : link.manifest.shards()) {
+      if (!saved.is_table()) continue;
+      std::vector<TableLink>& links = tables[saved.name()];
+      if (links.empty() || links.back().checkpoint_path != link.path) {
+        links.push_back(TableLink{link.path, {}});
+      }
+      links.back().parts.push_back(&saved);
+    }
+  }
   for (const v1::SavedShard& saved : manifest.shards()) {
-    std::unique_ptr<CheckpointReader>& reader = readers[saved.file()];
-    if (reader == nullptr) {
-      PS_ASSIGN_OR_RETURN(reader, CheckpointReader::Open(checkpoint + "/" + saved.file()));
+    if (saved.is_table()) continue;
+    PS_ASSIGN_OR_RETURN(CheckpointReader * reader, readers.For(checkpoint, saved));
+    PS_ASSIGN_OR_RETURN(DenseRecord r, reader->ReadDense(saved));
+    const std::string name = absl::StrCat(saved.name(), "/", saved.partition());
+    m.dense[name] = std::move(r.values_and_slots);
+    m.dense_updates[name] = r.updates;
+  }
+  for (const auto& [name, links] : tables) {
+    PS_ASSIGN_OR_RETURN(const CheckpointReader::TableRows rows,
+                        ReadTableChain(links, -1, nullptr, &readers));
+    const size_t stride = static_cast<size_t>(rows.stride);
+    for (size_t i = 0; i < rows.keys.size(); ++i) {
+      const float* row = rows.values.data() + i * stride;
+      m.rows[{name, rows.keys[i]}] = std::vector<float>(row, row + stride);
+      m.row_updates[{name, rows.keys[i]}] = rows.counts[i];
     }
-    if (!saved.is_table()) {
-      PS_ASSIGN_OR_RETURN(DenseRecord r, reader->ReadDense(saved));
-      const std::string name = absl::StrCat(saved.name(), "/", saved.partition());
-      m.dense[name] = std::move(r.values_and_slots);
-      m.dense_updates[name] = r.updates;
-      continue;
-    }
-    PS_RETURN_IF_ERROR(
-        reader->ReadTableRows(saved, [&](int64_t key, const float* row, int64_t t, int64_t stride) {
-          m.rows[{saved.name(), key}] = std::vector<float>(row, row + stride);
-          m.row_updates[{saved.name(), key}] = t;
-        }));
   }
   return m;
 }
