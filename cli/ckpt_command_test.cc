@@ -47,10 +47,14 @@ v1::DenseShardSpec Partition(const v1::VariableSpec& var, int partition, int64_t
 
 // "w" [4, 3] in two partitions on two ps tasks (with a momentum slot after the values), "b"
 // [3] on ps-0, and a table part on each: the value of w[r][c] is 10 r + c.
-std::string WriteCheckpoint(const std::string& dir, int64_t step) {
+// With a `chain`, an incremental checkpoint on it: its table parts are deltas that remove one
+// key each.
+std::string WriteCheckpoint(const std::string& dir, int64_t step,
+                            const std::vector<std::string>& chain = {}) {
   const std::string path = absl::StrCat(dir, "/", CheckpointDirName(step));
   v1::CheckpointManifest manifest;
   manifest.set_step(step);
+  for (const std::string& name : chain) manifest.add_chain(name);
   manifest.set_num_ps(2);
   v1::VariableSpec* w = manifest.mutable_model()->add_variables();
   w->set_name("dense/w");
@@ -82,6 +86,7 @@ std::string WriteCheckpoint(const std::string& dir, int64_t step) {
     }
     auto table = (*writer)->WriteTable(*emb, {ps * 100 + 1, ps * 100 + 2}, {1, 2, 3, 4}, {1, 1}, 2);
     EXPECT_TRUE(table.ok());
+    if (!chain.empty()) EXPECT_TRUE((*writer)->WriteTableRemoved({ps * 100 + 3}, &*table).ok());
     *manifest.add_shards() = *table;
     EXPECT_TRUE((*writer)->Finish().ok());
   }
@@ -166,6 +171,39 @@ TEST(CkptCommandTest, VerifyPassesAnIntactCheckpointAndNamesACorruptedShard) {
   ASSERT_TRUE(source.ok());
   EXPECT_EQ((*source)->Read("dense/w").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE((*source)->Read("b").ok());
+}
+
+// An incremental checkpoint is listed as a delta on its full one, shown with its chain and the
+// changed rows and removed keys of each table part, and verified with the checkpoints it builds
+// on: with its full one gone, verification fails naming it.
+TEST(CkptCommandTest, IncrementalCheckpointsShowAndVerifyTheirChain) {
+  const std::string dir = FreshDir("chain");
+  WriteCheckpoint(dir, 10);
+  WriteCheckpoint(dir, 20, {CheckpointDirName(10)});
+  const std::string last = WriteCheckpoint(dir, 30, {CheckpointDirName(10), CheckpointDirName(20)});
+  CommandOutput out = RunCheckpointListCommand(dir, OutputFormat::kTable);
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_THAT(out.text, HasSubstr("KIND"));
+  EXPECT_THAT(out.text, HasSubstr("delta 2 on ckpt-0000000010"));
+  EXPECT_THAT(out.text, HasSubstr("delta 1 on ckpt-0000000010"));
+  EXPECT_THAT(out.text, HasSubstr("full"));
+  out = RunCheckpointShowCommand(last, OutputFormat::kTable);
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_THAT(out.text, HasSubstr("incremental: builds on ckpt-0000000010, ckpt-0000000020 "
+                                  "(ckpt-0000000010 full)"));
+  EXPECT_THAT(out.text, HasSubstr("2 changed, 1 removed"));
+  out = RunCheckpointVerifyCommand(last, OutputFormat::kTable);
+  ASSERT_TRUE(out.status.ok()) << out.status << "\n" << out.text;
+  EXPECT_THAT(out.text, HasSubstr("CHECKPOINT"));
+  EXPECT_THAT(out.text, HasSubstr("15 shards ok, 0 failed"));
+
+  std::filesystem::remove_all(absl::StrCat(dir, "/", CheckpointDirName(10)));
+  absl::Status status;
+  psctl::CheckpointVerifyReport report = VerifyCheckpointShards(last, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("ckpt-0000000010"));
+  EXPECT_EQ(report.failed(), 1);
+  EXPECT_EQ(report.ok(), 10);
 }
 
 TEST(CkptCommandTest, DumpJoinsPartitionsIntoTheFullVariable) {

@@ -1,6 +1,7 @@
 // Admission and eviction of embedding-table rows (model.proto's AdmissionSpec, EvictionSpec).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -460,6 +461,108 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
       table->TakeStripeCut(0, &taken);
       EXPECT_TRUE(taken.keys.empty());
     }
+  }
+}
+
+// Incremental cuts: after a mark that tracks changes, the next mark (a delta) gives only the rows
+// changed between the two, as they were at the second, and the keys removed between them or
+// past their TTL at the second; the rows of the first cut with the removed keys taken out and
+// the delta put over are exactly what CopyRows gave at the second mark, however the table
+// changes while the stripes are taken, and so on for a second delta after it.
+TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
+  using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
+  const auto rows_of = [](const EmbeddingTable::RowsCopy& copy, size_t stride, Rows* rows) {
+    for (size_t i = 0; i < copy.keys.size(); ++i) {
+      const float* row = &copy.rows[i * stride];
+      const bool fresh =
+          rows->emplace(copy.keys[i], std::make_tuple(std::vector<float>(row, row + stride),
+                                                      copy.counts[i], copy.last[i]))
+              .second;
+      EXPECT_TRUE(fresh) << "key " << copy.keys[i] << " twice";
+    }
+  };
+  for (const std::string spec :
+       {"", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
+        "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"}) {
+    SCOPED_TRACE(spec);
+    std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
+    ASSERT_NE(table, nullptr);
+    const size_t stride = 3 * (1 + table->optimizer().num_slots());
+    EXPECT_FALSE(table->ChangesTracked()) << "before any mark";
+    int step = 0;
+    // Steps [first, last): pushes of old and new keys, pulls that may create rows, a restore
+    // over a row; the stripes of the mark under way taken three at a time meanwhile.
+    const auto train = [&](int last, const std::function<void()>& take) {
+      for (; step < last; ++step) {
+        table->ObserveStep(step);
+        Push(*table, Range(step * 60 - 200, step * 60 + 300), 0.02f * step);
+        Pull(*table, Range(5000 + step * 10, 5010 + step * 10));
+        if (step % 7 == 3) {
+          const std::vector<float> row(stride, 7.0f + step);
+          ASSERT_TRUE(table->InsertRow(100 + step, row.data(), 3, step).ok());
+        }
+        take();
+      }
+    };
+    const auto none = [] {};
+    train(8, none);
+    // The full cut, which starts the tracking.
+    EmbeddingTable::RowsCopy copy;
+    table->CopyRows(&copy);
+    Rows model;
+    rows_of(copy, stride, &model);
+    table->MarkCut(/*delta=*/false, /*track_changes=*/true);
+    Rows full;
+    for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+      EmbeddingTable::RowsCopy taken;
+      table->TakeStripeCut(s, &taken);
+      rows_of(taken, stride, &full);
+    }
+    ASSERT_EQ(full, model);
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(absl::StrCat("delta ", round + 1));
+      train(step + 8, none);
+      EXPECT_TRUE(table->ChangesTracked());
+      // The clock moves on with no push: rows past their TTL at the mark, not swept yet.
+      table->ObserveStep(step + 2);
+      EmbeddingTable::RowsCopy at_mark;
+      table->CopyRows(&at_mark);
+      Rows want;
+      rows_of(at_mark, stride, &want);
+      table->MarkCut(/*delta=*/true, /*track_changes=*/true);
+      Rows delta;
+      std::vector<int64_t> removed;
+      int next_stripe = 0;
+      const auto take = [&](int stripes) {
+        for (; stripes > 0 && next_stripe < EmbeddingTable::kNumStripes; --stripes) {
+          EmbeddingTable::RowsCopy taken;
+          table->TakeStripeCut(next_stripe++, &taken, &removed);
+          rows_of(taken, stride, &delta);
+        }
+      };
+      take(4);  // before any change: their expired rows are still there
+      train(step + 10, [&] { take(3); });
+      take(EmbeddingTable::kNumStripes);
+      // The chain so far, with this delta: removed keys out, changed rows over.
+      for (const int64_t key : removed) model.erase(key);
+      for (const auto& [key, row] : delta) model[key] = row;
+      EXPECT_EQ(model, want);
+      // Only what changed: the keys pushed before the first mark and never since are not in it.
+      EXPECT_LT(delta.size(), want.size() + removed.size());
+      if (spec.empty()) {
+        EXPECT_TRUE(removed.empty());
+        EXPECT_FALSE(delta.count(0)) << "key 0 was pushed before the first mark only";
+      } else {
+        EXPECT_FALSE(removed.empty()) << "rows went for their TTL or the capacity";
+      }
+    }
+    // A clear loses track of what changed: the next cut must be full.
+    table->Clear();
+    EXPECT_FALSE(table->ChangesTracked());
+    // A mark that does not track changes leaves none tracked either.
+    table->MarkCut(/*delta=*/false, /*track_changes=*/false);
+    table->DropCut();
+    EXPECT_FALSE(table->ChangesTracked());
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <vector>
@@ -909,6 +910,111 @@ TEST_F(ParameterStoreTest, ACutSaveHoldsTheValuesOfTheCutWhilePushesGoOn) {
   ASSERT_TRUE(restored.Save(prepare, &prepared).ok());
   prepare.set_chief_epoch(1);
   EXPECT_EQ(restored.Save(prepare, &prepared).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Incremental saves: a delta is cut only on the checkpoint this task cut last with its changes
+// tracked (otherwise FAILED_PRECONDITION, nothing written), holds only the changed rows, and a
+// full checkpoint with two deltas restores as the state at the last one, bit for bit. A task
+// that was restored since, or never cut, refuses a delta.
+TEST_F(ParameterStoreTest, IncrementalSavesRestoreThroughTheirChain) {
+  const std::string dir = testing::TempDir() + "/incremental";
+  std::filesystem::remove_all(dir);
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 3000; ++k) keys.push_back(k * 7919);
+  const auto push_rows = [&](int64_t begin, int64_t end, float grad) {
+    v1::PushSparseResponse sparse;
+    const std::vector<int64_t> some(keys.begin() + begin, keys.begin() + end);
+    ASSERT_TRUE(
+        PushSparse(store_, "emb", some, std::vector<float>(2 * some.size(), grad), &sparse).ok());
+  };
+  const auto save = [&](ParameterStore& store, const std::string& name, const std::string& base,
+                        v1::SaveShardsResponse* saved) {
+    v1::SaveShardsRequest req;
+    req.set_checkpoint_path(dir + "/" + name);
+    req.set_delta_base(base);
+    req.set_track_changes(true);
+    return store.Save(req, saved);
+  };
+  push_rows(0, 2000, 0.5f);
+  v1::SaveShardsResponse full, delta1, delta2;
+  ASSERT_TRUE(save(store_, "ckpt-1", "", &full).ok());
+  absl::Status s = save(store_, "ckpt-2", "ckpt-9", &delta1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("this ps task's last cut was ckpt-1"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt-2")) << "nothing written";
+
+  push_rows(1500, 2500, 0.25f);  // 500 old rows, 500 new
+  v1::PushDenseResponse pushed;
+  ASSERT_TRUE(Push(store_, {"b"}, {{1, 2, 3}}, 0, 0, &pushed).ok());
+  ASSERT_TRUE(save(store_, "ckpt-2", "ckpt-1", &delta1).ok());
+  push_rows(2400, 3000, 1.0f);
+  push_rows(0, 10, 2.0f);
+  ASSERT_TRUE(save(store_, "ckpt-3", "ckpt-2", &delta2).ok());
+  const auto table_part = [](const v1::SaveShardsResponse& r) {
+    for (const v1::SavedShard& s : r.shards()) {
+      if (s.is_table()) return s;
+    }
+    return v1::SavedShard();
+  };
+  EXPECT_FALSE(table_part(full).delta());
+  EXPECT_EQ(table_part(full).rows(), 2000);
+  EXPECT_TRUE(table_part(delta1).delta());
+  EXPECT_EQ(table_part(delta1).rows(), 1000);
+  EXPECT_EQ(table_part(delta2).rows(), 610);
+  EXPECT_EQ(table_part(delta2).removed_keys(), 0);
+  std::vector<float> want;
+  ASSERT_TRUE(PullSparse(store_, "emb", keys, &want).ok());  // every key has its row: no new one
+  const std::vector<float> want_b = Read(store_, "b");
+
+  ParameterStore restored{ParameterStoreOptions()};
+  v1::CreateShardsRequest create;
+  *create.add_dense() = Whole(Var("a", {2, 2}));
+  *create.add_dense() = Whole(Var("b", {3}));
+  *create.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(restored.CreateShards(create, &created).ok());
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(dir + "/ckpt-3");
+  *restore.mutable_saved() = delta2.shards();
+  v1::RestoreShardsResponse restored_resp;
+  // Without the checkpoints it builds on, the delta alone cannot be restored.
+  s = restored.Restore(restore, &restored_resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the full checkpoint is missing"));
+  for (const auto& [name, r] :
+       {std::make_pair("ckpt-1", &full), std::make_pair("ckpt-2", &delta1)}) {
+    v1::CheckpointLink* link = restore.add_chain();
+    link->set_checkpoint_path(dir + "/" + name);
+    *link->mutable_saved() = r->shards();
+  }
+  ASSERT_TRUE(restored.Restore(restore, &restored_resp).ok());
+  std::vector<float> got;
+  ASSERT_TRUE(PullSparse(restored, "emb", keys, &got).ok());
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(Read(restored, "b"), want_b);
+  v1::ListShardsResponse listed = restored.ListShards();
+  for (const v1::ShardStats& stats : listed.shards()) {
+    if (stats.is_table()) EXPECT_EQ(stats.rows(), 3000);
+  }
+
+  // Restored or never cut: no delta.
+  v1::SaveShardsResponse refused;
+  s = save(restored, "ckpt-4", "ckpt-3", &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not record changes"));
+  restore.clear_chain();
+  restore.set_checkpoint_path(dir + "/ckpt-1");
+  *restore.mutable_saved() = full.shards();
+  ASSERT_TRUE(store_.Restore(restore, &restored_resp).ok());
+  EXPECT_EQ(save(store_, "ckpt-4", "ckpt-3", &refused).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A full one is always possible, and a delta on it then.
+  v1::SaveShardsResponse full4, delta5;
+  ASSERT_TRUE(save(store_, "ckpt-4", "", &full4).ok());
+  push_rows(0, 5, 1.0f);
+  ASSERT_TRUE(save(store_, "ckpt-5", "ckpt-4", &delta5).ok());
+  EXPECT_EQ(table_part(delta5).rows(), 5);
 }
 
 TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {

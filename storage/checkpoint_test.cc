@@ -5,12 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -451,6 +453,150 @@ TEST(CheckpointTest, OnlyCommittedCheckpointsExistAndOldOnesArePruned) {
   ASSERT_EQ(listed->size(), 2u);
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(10)));
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + CheckpointDirName(25)));
+}
+
+// One checkpoint of a chain: table "emb" (dim 1, no slots) in two parts, ps-<i> holding
+// rows[i] (key -> value; update count = value + 1) and, for a delta, removed[i].
+struct ChainPart {
+  std::map<int64_t, float> rows;
+  std::vector<int64_t> removed;
+};
+v1::CheckpointManifest WriteChainLink(const std::string& dir, int64_t step,
+                                      const std::vector<std::string>& chain,
+                                      const std::vector<ChainPart>& parts, bool delta) {
+  const std::string path = absl::StrCat(dir, "/", CheckpointDirName(step));
+  v1::CheckpointManifest manifest;
+  manifest.set_step(step);
+  manifest.set_num_ps(static_cast<int32_t>(parts.size()));
+  for (const std::string& name : chain) manifest.add_chain(name);
+  v1::TableSpec table;
+  table.set_name("emb");
+  table.set_dim(1);
+  for (size_t ps = 0; ps < parts.size(); ++ps) {
+    auto writer = CheckpointWriter::Open(path, static_cast<int>(ps));
+    CHECK(writer.ok()) << writer.status();
+    std::vector<int64_t> keys, counts;
+    std::vector<float> values;
+    for (const auto& [key, value] : parts[ps].rows) {
+      keys.push_back(key);
+      counts.push_back(static_cast<int64_t>(value) + 1);
+      values.push_back(value);
+    }
+    auto saved = (*writer)->WriteTable(table, keys, values, counts, 1);
+    CHECK(saved.ok()) << saved.status();
+    if (delta) CHECK((*writer)->WriteTableRemoved(parts[ps].removed, &*saved).ok());
+    *manifest.add_shards() = *saved;
+    CHECK((*writer)->Finish().ok());
+  }
+  CHECK(CommitManifest(path, manifest).ok());
+  return manifest;
+}
+
+// The rows ReadTableChain gives for the chain ending at `path` (key -> value), checking each
+// row's count.
+absl::StatusOr<std::map<int64_t, float>> ReadChained(const std::string& path,
+                                                     const std::function<bool(int64_t)>& keep) {
+  PS_ASSIGN_OR_RETURN(const std::vector<ChainLink> chain, ReadChain(path));
+  std::vector<TableLink> links;
+  for (const ChainLink& link : chain) {
+    TableLink& l = links.emplace_back();
+    l.checkpoint_path = link.path;
+    for (const v1::SavedShard& saved : link.manifest.shards()) l.parts.push_back(&saved);
+  }
+  CheckpointReaders readers;
+  PS_ASSIGN_OR_RETURN(const CheckpointReader::TableRows rows,
+                      ReadTableChain(links, 1, keep, &readers));
+  std::map<int64_t, float> out;
+  for (size_t i = 0; i < rows.keys.size(); ++i) {
+    EXPECT_EQ(rows.counts[i], static_cast<int64_t>(rows.values[i]) + 1) << rows.keys[i];
+    EXPECT_TRUE(out.emplace(rows.keys[i], rows.values[i]).second) << "key " << rows.keys[i];
+  }
+  return out;
+}
+
+// A full checkpoint and two deltas on it read as the last one: each delta's removed keys out
+// (also keys it does not hold, and keys removed and given again), its rows over; with a filter,
+// only the keys it accepts. Pruning keeps what the kept checkpoints build on. A broken chain,
+// a removed-keys record that fails its checksum and a chain with no full checkpoint are
+// DATA_LOSS naming what is wrong.
+TEST(CheckpointTest, AChainOfDeltasReadsAsItsLastCheckpoint) {
+  const std::string dir = Dir("chain");
+  std::map<int64_t, float> full_ps0, full_ps1;
+  for (int64_t k = 0; k < 20; ++k) (k % 2 == 0 ? full_ps0 : full_ps1)[k] = static_cast<float>(k);
+  WriteChainLink(dir, 1, {}, {{full_ps0, {}}, {full_ps1, {}}}, /*delta=*/false);
+  const std::string c1 = CheckpointDirName(1), c2 = CheckpointDirName(2);
+  WriteChainLink(dir, 2, {c1}, {{{{0, 100}, {20, 120}}, {2, 4, 999}}, {{}, {1}}}, true);
+  // Key 6 removed and given again in the same delta: the row stays.
+  WriteChainLink(dir, 3, {c1, c2}, {{{{2, 202}, {6, 206}}, {0, 6}}, {{{3, 303}, {21, 321}}, {}}},
+                 true);
+  const std::string c3 = absl::StrCat(dir, "/", CheckpointDirName(3));
+  std::map<int64_t, float> want;
+  for (int64_t k = 0; k < 20; ++k) want[k] = static_cast<float>(k);
+  for (int64_t k : {2, 4, 1}) want.erase(k);
+  want[0] = 100;
+  want[20] = 120;
+  want.erase(0);
+  want[2] = 202;
+  want[6] = 206;
+  want[3] = 303;
+  want[21] = 321;
+  auto got = ReadChained(c3, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, want);
+  auto odd = ReadChained(c3, [](int64_t k) { return k % 2 != 0; });
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  std::map<int64_t, float> want_odd;
+  for (const auto& [k, v] : want) {
+    if (k % 2 != 0) want_odd[k] = v;
+  }
+  EXPECT_EQ(*odd, want_odd);
+  EXPECT_TRUE(VerifyCheckpoint(c3).ok());
+  auto manifest = ReadManifest(c3);
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_TRUE(manifest->shards(0).delta());
+  EXPECT_EQ(manifest->shards(0).removed_keys(), 2);
+
+  // The kept checkpoint's chain is kept; once a newer full one is the only one kept, it goes.
+  ASSERT_TRUE(PruneCheckpoints(dir, 1).ok());
+  EXPECT_EQ(ListCheckpoints(dir)->size(), 3u);
+  WriteChainLink(dir, 4, {}, {{full_ps0, {}}, {full_ps1, {}}}, false);
+  ASSERT_TRUE(PruneCheckpoints(dir, 1).ok());
+  ASSERT_EQ(ListCheckpoints(dir)->size(), 1u);
+  EXPECT_EQ(ReadChain(c3).status().code(), absl::StatusCode::kNotFound);
+
+  // A delta whose chain is gone, or names its links out of order.
+  const std::string broken = Dir("chain-broken");
+  WriteChainLink(broken, 1, {}, {{full_ps0, {}}}, false);
+  WriteChainLink(broken, 2, {c1}, {{{}, {0}}}, true);
+  WriteChainLink(broken, 3, {c2, c1}, {{{}, {2}}}, true);
+  absl::Status s = ReadChain(absl::StrCat(broken, "/", CheckpointDirName(3))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("not on the 0 checkpoints before it"));
+  std::filesystem::remove_all(absl::StrCat(broken, "/", c1));
+  s = ReadChain(absl::StrCat(broken, "/", c2)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("builds on " + c1 + ", which cannot be read"));
+  EXPECT_EQ(VerifyCheckpoint(absl::StrCat(broken, "/", c2)).code(), absl::StatusCode::kDataLoss);
+
+  // A removed-keys record that fails its checksum; a chain of deltas only.
+  const std::string bad = Dir("chain-bad");
+  v1::CheckpointManifest m = WriteChainLink(bad, 2, {}, {{{{5, 5}}, {7, 8}}}, true);
+  auto reader = CheckpointReader::Open(absl::StrCat(bad, "/", c2, "/ps-0"));
+  ASSERT_TRUE(reader.ok());
+  auto removed = (*reader)->ReadTableRemoved(m.shards(0));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ::testing::ElementsAre(7, 8));
+  v1::SavedShard wrong = m.shards(0);
+  wrong.set_removed_checksum(wrong.removed_checksum() ^ 1);
+  s = (*reader)->ReadTableRemoved(wrong).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("the removed keys of table emb fail their checksum"));
+  wrong.set_removed_keys(3);
+  s = (*reader)->ReadTableRemoved(wrong).status();
+  EXPECT_THAT(s.message(), HasSubstr("have 16 bytes, the manifest says 3 8-byte keys"));
+  s = ReadChained(absl::StrCat(bad, "/", c2), nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("holds it whole (the full checkpoint is missing)"));
 }
 
 TEST(CheckpointTest, EveryChiefGetsAHigherEpochThanTheOneBefore) {
