@@ -21,6 +21,12 @@
 // into a second ps task as a recovery restores (RestoreShards: read, checked, inserted), each
 // against dd in the same trial:
 //   BENCH ckpt_save_vs_disk <ratio> x      BENCH ckpt_restore_vs_disk <ratio> x
+//
+// Then incremental checkpoints (a full save, --delta_fraction of the rows pushed, a delta on
+// it), against a full save of the same state, and the restore of full + delta against the
+// restore of that full one:
+//   BENCH ckpt_delta_save_<pct>pct <s> s ratio=<full save's seconds over the delta's>
+//   BENCH ckpt_chain_restore_<pct>pct <s> s ratio=<over the full one's restore>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +57,9 @@ DEFINE_int64(rows, 4000000, "Rows of the table part written.");
 DEFINE_int32(stride, 32, "Floats per row (values and optimizer slots).");
 DEFINE_string(dir, "", "Where to write (default: $TMPDIR or /tmp).");
 DEFINE_int32(trials, 3, "Trials of each measure; the medians are printed.");
+DEFINE_double(delta_fraction, 0.1,
+              "Incremental checkpoints: the fraction of the rows pushed between a full save and "
+              "the delta on it.");
 
 namespace pscluster {
 namespace {
@@ -194,6 +203,103 @@ PsFigures ThroughAPsTask(const std::string& dir, const std::vector<int64_t>& key
   return {Median(save), Median(restore), Median(dd_write), Median(dd_read)};
 }
 
+// Incremental checkpoints through a ps task (docs/checkpoints.md): the table full of `keys`, a
+// full save that tracks changes, then pushes to `fraction` of the rows, then a delta save on
+// it, and a full save of the same state; then restores of the chain (full + delta) and of the
+// full one. Medians over the trials.
+struct DeltaFigures {
+  double full_save = 0, delta_save = 0, full_bytes = 0, delta_bytes = 0;
+  double chain_restore = 0, full_restore = 0;
+};
+
+DeltaFigures Incremental(const std::string& dir, const std::vector<int64_t>& keys, int64_t stride,
+                         double fraction) {
+  ParameterStore source{ParameterStoreOptions()};
+  v1::CreateShardsResponse created;
+  CHECK(source.CreateShards(TableRequest(stride), &created).ok());
+  constexpr size_t kBatch = 100000;
+  std::vector<float> grads(kBatch * (stride / 2), 0.25f);
+  const auto push = [&](size_t begin, size_t end) {
+    for (; begin < end; begin += kBatch) {
+      const size_t n = std::min(kBatch, end - begin);
+      v1::PushSparseRequest request;
+      request.set_table("emb");
+      v1::PushSparseResponse pushed;
+      CHECK(source
+                .PushSparse(request, keys.data() + begin, static_cast<int64_t>(n),
+                            absl::string_view(reinterpret_cast<const char*>(grads.data()),
+                                              n * (stride / 2) * sizeof(float)),
+                            &pushed)
+                .ok());
+    }
+  };
+  push(0, keys.size());
+  const auto bytes_of = [](const v1::SaveShardsResponse& r) {
+    return static_cast<double>(r.bytes());
+  };
+  std::vector<double> full_save, delta_save, chain_restore, full_restore;
+  DeltaFigures out;
+  const size_t changed = static_cast<size_t>(fraction * static_cast<double>(keys.size()));
+  for (int t = 0; t < FLAGS_trials; ++t) {
+    const std::string base = absl::StrCat(dir, "/base-", t),
+                      delta = absl::StrCat(dir, "/delta-", t),
+                      whole = absl::StrCat(dir, "/whole-", t);
+    v1::SaveShardsRequest request;
+    request.set_checkpoint_path(base);
+    request.set_track_changes(true);
+    v1::SaveShardsResponse base_saved, delta_saved, whole_saved;
+    CHECK(source.Save(request, &base_saved).ok());
+    // A different slice of the rows each trial.
+    const size_t begin = (static_cast<size_t>(t) * changed) % keys.size();
+    push(begin, std::min(keys.size(), begin + changed));
+    request.set_checkpoint_path(delta);
+    request.set_delta_base(absl::StrCat("base-", t));
+    Clock::time_point start = Clock::now();
+    CHECK(source.Save(request, &delta_saved).ok());
+    delta_save.push_back(Seconds(start));
+    request.set_checkpoint_path(whole);
+    request.clear_delta_base();
+    start = Clock::now();
+    CHECK(source.Save(request, &whole_saved).ok());
+    full_save.push_back(Seconds(start));
+    out.full_bytes = bytes_of(whole_saved);
+    out.delta_bytes = bytes_of(delta_saved);
+
+    for (const bool chain : {true, false}) {
+      DropCaches();
+      ParameterStore target{ParameterStoreOptions()};
+      CHECK(target.CreateShards(TableRequest(stride), &created).ok());
+      v1::RestoreShardsRequest restore;
+      if (chain) {
+        v1::CheckpointLink* link = restore.add_chain();
+        link->set_checkpoint_path(base);
+        *link->mutable_saved() = base_saved.shards();
+        restore.set_checkpoint_path(delta);
+        *restore.mutable_saved() = delta_saved.shards();
+      } else {
+        restore.set_checkpoint_path(whole);
+        *restore.mutable_saved() = whole_saved.shards();
+      }
+      v1::RestoreShardsResponse restored;
+      start = Clock::now();
+      CHECK(target.Restore(restore, &restored).ok());
+      (chain ? chain_restore : full_restore).push_back(Seconds(start));
+      CHECK_EQ(target.ListShards().shards(0).rows(), static_cast<int64_t>(keys.size()));
+    }
+    for (const std::string& path : {base, delta, whole}) std::filesystem::remove_all(path);
+    std::printf(
+        "incremental, trial %d: %.0f %% of the rows changed: delta save %.2f s (%.0f MB), full "
+        "save %.2f s (%.0f MB); restore of full + delta %.2f s, of the full one %.2f s\n",
+        t + 1, fraction * 100, delta_save.back(), out.delta_bytes / 1e6, full_save.back(),
+        out.full_bytes / 1e6, chain_restore.back(), full_restore.back());
+  }
+  out.full_save = Median(full_save);
+  out.delta_save = Median(delta_save);
+  out.chain_restore = Median(chain_restore);
+  out.full_restore = Median(full_restore);
+  return out;
+}
+
 int Main() {
   const std::string root = !FLAGS_dir.empty()                 ? FLAGS_dir
                            : std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR")
@@ -281,6 +387,7 @@ int Main() {
         sum);
   }
   PsFigures ps = ThroughAPsTask(dir, keys, stride, record_bytes);
+  const DeltaFigures inc = Incremental(dir, keys, stride, FLAGS_delta_fraction);
   std::filesystem::remove_all(dir);
   const double w = Median(write_mbs), r = Median(read_mbs);
   const double dw = Median(dd_write_mbs), dr = Median(dd_read_mbs);
@@ -296,6 +403,16 @@ int Main() {
               ps.save / ps.dd_write, shape.c_str(), ps.save, ps.dd_write);
   std::printf("BENCH ckpt_restore_vs_disk %.2f x (into a ps task: %.0f MB/s, dd %.0f)\n",
               ps.restore / ps.dd_read, ps.restore, ps.dd_read);
+  const int percent = static_cast<int>(FLAGS_delta_fraction * 100 + 0.5);
+  std::printf(
+      "BENCH ckpt_delta_save_%dpct %.2f s ratio=%.2f (a delta of %d %% of the rows changed, %.0f "
+      "MB, against a full save of the same state, %.2f s and %.0f MB)\n",
+      percent, inc.delta_save, inc.full_save / inc.delta_save, percent, inc.delta_bytes / 1e6,
+      inc.full_save, inc.full_bytes / 1e6);
+  std::printf(
+      "BENCH ckpt_chain_restore_%dpct %.2f s ratio=%.2f (full + that delta, against the full "
+      "checkpoint of the same state, %.2f s)\n",
+      percent, inc.chain_restore, inc.chain_restore / inc.full_restore, inc.full_restore);
   return 0;
 }
 

@@ -15,13 +15,16 @@
 #
 #   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
 #                     [--batch_size N] [--epochs N] [--checkpoint_every_secs N]
-#                     [--vs_no_checkpoints] [--keep]
+#                     [--full_checkpoint_every N] [--vs_no_checkpoints] [--keep]
 #
 # The chief checkpoints every --checkpoint_every_secs (default 60) and before the first step and
 # at the end; the time the checkpoints held training and the time from their cuts to their
 # commits are printed too. --vs_no_checkpoints runs the cluster a second time without periodic
 # checkpoints (the first and the last are taken) and prints the ratio of the two throughputs
-# (BENCH ctr_checkpointing_vs_not).
+# (BENCH ctr_checkpointing_vs_not). --full_checkpoint_every N (the chief's flag; default 1: every
+# checkpoint full) makes N - 1 incremental checkpoints after each full one; the mean size of the
+# full and of the incremental checkpoints is printed (BENCH ctr_checkpoint_full_mib,
+# ctr_checkpoint_delta_mib).
 #
 # Defaults: 1,000,000 examples (26 ids each, 5 % missing: about 24.7 M ids, 12 M per ps task
 # and table), a capacity of 10,000,000 rows per ps task and table, 10,000,000 values per field,
@@ -38,6 +41,7 @@ epochs=1
 keep=0
 every=60
 vs_none=0
+full_every=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --train_examples) train_examples=$2; shift 2 ;;
@@ -48,7 +52,8 @@ while [[ $# -gt 0 ]]; do
     --keep) keep=1; shift ;;
     --checkpoint_every_secs) every=$2; shift 2 ;;
     --vs_no_checkpoints) vs_none=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --full_checkpoint_every) full_every=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -98,7 +103,7 @@ run_once() {
   # "final test AUC" (which includes one evaluation of 20,000 examples).
   TMPDIR="$dir" bash deploy/local/run.sh --model "$work/model.pbtxt" --data criteo \
     --data_path "$work/train.txt" --test_data_path "$work/test.txt" --epochs "$epochs" \
-    --batch_size "$batch_size" --ps 2 --workers 2 --hold -- --checkpoint_every_secs="$every_secs" \
+    --batch_size "$batch_size" --ps 2 --workers 2 --hold -- --checkpoint_every_secs="$every_secs" --full_checkpoint_every="$full_every" \
     > >(while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
       >"$dir/run.out") 2>&1 &
   runner=$!  # run.sh itself, which stops its cluster on SIGTERM
@@ -164,6 +169,21 @@ for line in open(chief_log, errors="replace"):
         took += seconds_of(m.group(2))
 print("BENCH ctr_checkpoints_held_seconds %.2f s (training held by %d checkpoints; they took "
       "%.1f s from cut to commit)" % (held, saves, took))
+# Their sizes, full and incremental, from the chief's "committed" lines (the one before the first
+# step, of empty tables, left out).
+sizes = {"full": [], "delta": []}
+for line in open(chief_log, errors="replace"):
+    m = re.search(r"checkpoint of step (\d+) committed \((.*)\): ([0-9.]+) MiB in ([0-9.]+) ms",
+                  line)
+    if m and int(m.group(1)) > 0:
+        kind = "delta" if "(incremental, on " in line else "full"
+        sizes[kind].append((float(m.group(3)), float(m.group(4))))
+for kind, got in sizes.items():
+    if got:
+        print("BENCH ctr_checkpoint_%s_mib %.1f MiB (mean of %d %s checkpoints, %.1f s from cut to "
+              "commit on average)" % (kind, sum(g[0] for g in got) / len(got), len(got),
+                                      "full" if kind == "full" else "incremental",
+                                      sum(g[1] for g in got) / len(got) / 1000))
 for i in sorted(rows):
     print("BENCH ctr_rows_ps%d %d rows (both tables, at the end)" % (i, rows[i]))
     if i in peak and rows[i]:

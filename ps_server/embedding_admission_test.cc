@@ -566,6 +566,31 @@ TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
   }
 }
 
+// A delta holds the rows pushed since the last mark and no others, whichever path applies the
+// pushes (a plain table's, or the one of tables with admission or eviction).
+TEST(EvictionTest, ADeltaHoldsOnlyTheRowsPushedSinceTheLastMark) {
+  for (const std::string spec : {"", "eviction { max_rows: 100000 }",
+                                 "admission { min_count: 1 } eviction { ttl_steps: 1000 }"}) {
+    SCOPED_TRACE(spec);
+    std::unique_ptr<EmbeddingTable> table = Table(spec, 2);
+    ASSERT_NE(table, nullptr);
+    Push(*table, Range(0, 5000));
+    table->MarkCut(/*delta=*/false, /*track_changes=*/true);
+    table->DropCut();
+    Push(*table, Range(4000, 6000));  // 1,000 old rows, 1,000 new
+    table->MarkCut(/*delta=*/true, /*track_changes=*/true);
+    std::vector<int64_t> keys, removed;
+    for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+      EmbeddingTable::RowsCopy taken;
+      table->TakeStripeCut(s, &taken, &removed);
+      keys.insert(keys.end(), taken.keys.begin(), taken.keys.end());
+    }
+    std::sort(keys.begin(), keys.end());
+    EXPECT_EQ(keys, Range(4000, 6000));
+    EXPECT_TRUE(removed.empty());
+  }
+}
+
 // DropCut lets a mark go: no stripe keeps rows for it any more, and the table goes on as usual.
 TEST(EvictionTest, ADroppedCutKeepsNothing) {
   std::unique_ptr<EmbeddingTable> table = Table("eviction { max_rows: 500 }", 2);
