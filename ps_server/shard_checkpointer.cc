@@ -253,22 +253,23 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
       // (of an incremental mark, the rows changed since the last, and the keys removed).
       EmbeddingTable::RowsCopy run;
       std::vector<int64_t> removed;
-      PS_ASSIGN_OR_RETURN(saved,
-                          writer->WriteTableRuns(
-                              t.spec, t.stride, EmbeddingTable::kNumStripes,
-                              [&](int stripe) -> absl::StatusOr<CheckpointWriter::TableRun> {
-                                run.keys.clear();
-                                run.counts.clear();
-                                run.last.clear();
-                                run.rows.clear();
-                                t.marked->TakeStripeCut(stripe, &run, t.delta ? &removed : nullptr);
-                                for (size_t i = 0; i < run.counts.size(); ++i) {
-                                  run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
-                                }
-                                return CheckpointWriter::TableRun{run.keys, run.counts, run.rows};
-                              }));
+      PS_ASSIGN_OR_RETURN(
+          saved, writer->WriteTableRuns(
+                     t.spec, t.stride, EmbeddingTable::kNumStripes,
+                     [&](int stripe) -> absl::StatusOr<CheckpointWriter::TableRun> {
+                       run.keys.clear();
+                       run.counts.clear();
+                       run.last.clear();
+                       run.rows.clear();
+                       removed.clear();
+                       t.marked->TakeStripeCut(stripe, &run, t.delta ? &removed : nullptr);
+                       for (size_t i = 0; i < run.counts.size(); ++i) {
+                         run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
+                       }
+                       return CheckpointWriter::TableRun{run.keys, run.counts, run.rows, removed};
+                     },
+                     t.delta));
       t.marked = nullptr;
-      if (t.delta) PS_RETURN_IF_ERROR(writer->WriteTableRemoved(std::move(removed), &saved));
     } else {
       PS_ASSIGN_OR_RETURN(saved, writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows,
                                                     t.rows.counts, t.stride));

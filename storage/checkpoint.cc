@@ -46,7 +46,23 @@ std::string TablePrefix(const std::string& name) { return absl::StrCat("t/", nam
 
 std::string SketchKey(const std::string& table) { return absl::StrCat("s/", table); }
 
-std::string RemovedKey(const std::string& table) { return absl::StrCat("r/", table); }
+// A run's removed-keys record: "r/<table>/<run, 2 bytes big-endian>".
+std::string RemovedPrefix(const std::string& table) { return absl::StrCat("r/", table, "/"); }
+std::string RemovedKey(const std::string& table, int run) {
+  std::string key = RemovedPrefix(table);
+  key.push_back(static_cast<char>(run >> 8));
+  key.push_back(static_cast<char>(run & 0xff));
+  return key;
+}
+
+// `keys` sorted, once each, as a removed-keys record's value (int64, little-endian).
+std::string RemovedValue(std::vector<int64_t>* keys) {
+  std::sort(keys->begin(), keys->end());
+  keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+  std::string value(keys->size() * sizeof(int64_t), '\0');
+  if (!keys->empty()) std::memcpy(value.data(), keys->data(), value.size());
+  return value;
+}
 
 // Big-endian with the sign bit flipped: byte order equals numeric order.
 std::string EncodeKey(int64_t key) {
@@ -196,24 +212,27 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
                                                             absl::Span<const float> rows,
                                                             absl::Span<const int64_t> counts,
                                                             int64_t stride) {
-  return WriteTableParts(spec, stride, /*runs=*/0, [&](int) -> absl::StatusOr<TableRun> {
-    return TableRun{keys, counts, rows};
-  });
+  return WriteTableParts(
+      spec, stride, /*runs=*/0,
+      [&](int) -> absl::StatusOr<TableRun> {
+        return TableRun{keys, counts, rows, {}};
+      },
+      /*delta=*/false);
 }
 
 absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableRuns(
     const v1::TableSpec& spec, int64_t stride, int runs,
-    const std::function<absl::StatusOr<TableRun>(int run)>& next) {
+    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta) {
   if (runs < 1 || runs > kMaxRuns) {
     return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(), ": written in ", runs,
                                                    " runs, expected 1 to ", kMaxRuns));
   }
-  return WriteTableParts(spec, stride, runs, next);
+  return WriteTableParts(spec, stride, runs, next, delta);
 }
 
 absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
     const v1::TableSpec& spec, int64_t stride, int runs,
-    const std::function<absl::StatusOr<TableRun>(int run)>& next) {
+    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta) {
   const std::string prefix = TablePrefix(spec.name());
   const size_t key_at = prefix.size() + (runs > 0 ? 2 : 0);  // where a record's first key goes
   const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
@@ -227,8 +246,29 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
   int64_t bytes = 0, total = 0;
   std::string key = prefix + std::string(key_at - prefix.size(), '\0') + EncodeKey(0), value;
   std::vector<size_t> order;
+  // A delta's removed keys, run by run into a second table file ("r/..." sorts before "t/...":
+  // the two files do not overlap, and go in together).
+  const std::string removed_sst = absl::StrCat(path_, ".removed-", shards_written_, ".sst");
+  rocksdb::SstFileWriter removed_writer(rocksdb::EnvOptions(), options_);
+  bool removed_opened = false;
+  uint32_t removed_crc = 0;
+  int64_t removed_total = 0;
+  std::vector<int64_t> removed;
   for (int r = 0; r < std::max(runs, 1); ++r) {
     PS_ASSIGN_OR_RETURN(const TableRun run, next(r));
+    if (delta && !run.removed.empty()) {
+      removed.assign(run.removed.begin(), run.removed.end());
+      const std::string value = RemovedValue(&removed);
+      const std::string key = RemovedKey(spec.name(), r);
+      if (!removed_opened) {
+        PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Open(removed_sst), what));
+        removed_opened = true;
+      }
+      PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Put(key, value), what));
+      removed_crc = Crc(Crc(removed_crc, key), value);
+      removed_total += static_cast<int64_t>(removed.size());
+      bytes += static_cast<int64_t>(value.size());
+    }
     order.resize(run.keys.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     const absl::Span<const int64_t> keys = run.keys;
@@ -262,11 +302,19 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
     }
     total += static_cast<int64_t>(order.size());
   }
+  std::vector<std::string> files;
+  if (removed_opened) {
+    PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Finish(), what));
+    files.push_back(removed_sst);
+  }
   if (opened) {
     PS_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
+    files.push_back(sst);
+  }
+  if (!files.empty()) {
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
-    PS_RETURN_IF_ERROR(FromRocksDb(db_->IngestExternalFile({sst}, ingest), what));
+    PS_RETURN_IF_ERROR(FromRocksDb(db_->IngestExternalFile(files, ingest), what));
   }
   v1::SavedShard saved;
   saved.set_name(spec.name());
@@ -278,6 +326,11 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
   saved.set_rows(total);
   saved.set_row_block(kRowBlock);
   saved.set_runs(runs);
+  if (delta) {
+    saved.set_delta(true);
+    saved.set_removed_keys(removed_total);
+    saved.set_removed_checksum(removed_crc);
+  }
   *saved.mutable_table() = spec;
   Written();
   return saved;
@@ -303,16 +356,16 @@ absl::Status CheckpointWriter::WriteTableSketch(const std::vector<uint16_t>& cou
 
 absl::Status CheckpointWriter::WriteTableRemoved(std::vector<int64_t> removed,
                                                  v1::SavedShard* saved) {
-  std::sort(removed.begin(), removed.end());
-  removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
-  std::string value(removed.size() * sizeof(int64_t), '\0');
-  if (!removed.empty()) std::memcpy(value.data(), removed.data(), value.size());  // little-endian
-  PS_RETURN_IF_ERROR(FromRocksDb(
-      db_->Put(write_options_, RemovedKey(saved->name()), value),
-      absl::StrCat("writing the removed keys of table ", saved->name(), " to ", file_)));
+  const std::string value = RemovedValue(&removed);
+  const std::string key = RemovedKey(saved->name(), 0);
+  if (!removed.empty()) {
+    PS_RETURN_IF_ERROR(FromRocksDb(
+        db_->Put(write_options_, key, value),
+        absl::StrCat("writing the removed keys of table ", saved->name(), " to ", file_)));
+  }
   saved->set_delta(true);
   saved->set_removed_keys(static_cast<int64_t>(removed.size()));
-  saved->set_removed_checksum(Crc(0, value));
+  saved->set_removed_checksum(removed.empty() ? 0 : Crc(Crc(0, key), value));
   saved->set_bytes(saved->bytes() + static_cast<int64_t>(value.size()));
   return absl::OkStatus();
 }
@@ -551,28 +604,54 @@ absl::StatusOr<std::vector<int64_t>> CheckpointReader::ReadTableRemoved(
     const v1::SavedShard& saved) {
   std::vector<int64_t> keys;
   if (!saved.delta()) return keys;
-  std::string value;
-  rocksdb::ReadOptions read;
-  read.verify_checksums = true;
-  const rocksdb::Status s = db_->Get(read, RemovedKey(saved.name()), &value);
   const auto lost = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint file ", path_, ": the removed keys of table ", saved.name(), " ", what));
   };
-  if (!s.ok()) return lost(absl::StrCat("cannot be read: ", s.ToString()));
-  if (saved.removed_keys() < 0 || static_cast<int64_t>(value.size()) != saved.removed_keys() * 8) {
-    return lost(absl::StrCat("have ", value.size(), " bytes, the manifest says ",
-                             saved.removed_keys(), " 8-byte keys"));
+  if (saved.removed_keys() < 0) {
+    return lost(absl::StrCat("number ", saved.removed_keys(), " in the manifest"));
   }
-  if (Crc(0, value) != saved.removed_checksum()) return lost("fail their checksum");
-  keys.resize(static_cast<size_t>(saved.removed_keys()));
-  if (!keys.empty()) std::memcpy(keys.data(), value.data(), value.size());
-  for (size_t i = 1; i < keys.size(); ++i) {
-    if (keys[i] <= keys[i - 1]) {
-      return lost(
-          absl::StrCat("are not in increasing order (", keys[i], " after ", keys[i - 1], ")"));
+  keys.reserve(static_cast<size_t>(std::min<int64_t>(saved.removed_keys(), int64_t{1} << 24)));
+  const std::string prefix = RemovedPrefix(saved.name());
+  rocksdb::ReadOptions read;
+  read.verify_checksums = true;
+  read.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
+  uint32_t crc = 0;
+  int last_run = -1;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const absl::string_view key(it->key().data(), it->key().size());
+    const absl::string_view value(it->value().data(), it->value().size());
+    if (key.size() != prefix.size() + 2) return lost("have a record of another key's length");
+    const int run = static_cast<uint8_t>(key[prefix.size()]) << 8 |
+                    static_cast<uint8_t>(key[prefix.size() + 1]);
+    if (run <= last_run) return lost(absl::StrCat("have run ", run, " after run ", last_run));
+    last_run = run;
+    if (value.size() % 8 != 0) {
+      return lost(absl::StrCat("have a record of ", value.size(), " bytes, not whole keys"));
     }
+    const size_t n = value.size() / 8;
+    if (static_cast<int64_t>(keys.size() + n) > saved.removed_keys()) {
+      return lost(
+          absl::StrCat("are more than the ", saved.removed_keys(), " keys the manifest says"));
+    }
+    const size_t begin = keys.size();
+    keys.resize(begin + n);
+    if (n > 0) std::memcpy(keys.data() + begin, value.data(), value.size());
+    for (size_t i = begin + 1; i < keys.size(); ++i) {
+      if (keys[i] <= keys[i - 1]) {
+        return lost(absl::StrCat("are not in increasing order in run ", run, " (", keys[i],
+                                 " after ", keys[i - 1], ")"));
+      }
+    }
+    crc = Crc(Crc(crc, key), value);
   }
+  if (!it->status().ok()) return lost(absl::StrCat("cannot be read: ", it->status().ToString()));
+  if (static_cast<int64_t>(keys.size()) != saved.removed_keys()) {
+    return lost(
+        absl::StrCat("are ", keys.size(), " keys, the manifest says ", saved.removed_keys()));
+  }
+  if (crc != saved.removed_checksum()) return lost("fail their checksum");
   return keys;
 }
 

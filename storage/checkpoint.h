@@ -36,10 +36,11 @@ namespace pscluster {
 //
 // An incremental checkpoint (CheckpointManifest.chain names the checkpoints it builds on, the
 // first of them full) holds, per table part (SavedShard.delta), only the rows changed since
-// the checkpoint before it and one record "r/<table>": the keys removed since, int64
-// little-endian in increasing order, checked against SavedShard.removed_checksum. Its dense
-// partitions and vocabulary tables are whole. A reader takes the table's rows from the chain's
-// full checkpoint, then from each delta in turn (ReadTableChain).
+// the checkpoint before it and, per run, a record "r/<table>/<run, 2 bytes big-endian>": the
+// keys removed since, int64 little-endian in increasing order; their count and CRC-32 (over
+// the records' keys and values, in order) are SavedShard.removed_keys and removed_checksum. Its
+// dense partitions and vocabulary tables are whole. A reader takes the table's rows from the
+// chain's full checkpoint, then from each delta in turn (ReadTableChain).
 
 // The 8-byte word before a table row's floats, and its two halves.
 inline int64_t PackRowCount(int64_t count, uint32_t last) {
@@ -72,27 +73,30 @@ class CheckpointWriter {
                                             absl::Span<const float> rows,
                                             absl::Span<const int64_t> counts, int64_t stride);
   // One sorted run's rows for WriteTableRuns: keys.size() rows of `stride` floats, in any order
-  // (the writer sorts them).
+  // (the writer sorts them), and for a delta the keys removed (any order, repeats allowed).
   struct TableRun {
     absl::Span<const int64_t> keys;
     absl::Span<const int64_t> counts;
     absl::Span<const float> rows;
+    absl::Span<const int64_t> removed;
   };
   // As WriteTable, for a table given in `runs` parts (at most kMaxRuns): next(r), called for r
   // = 0, 1, ... in turn, gives part r's rows, which are sorted and written before next(r + 1)
   // is called, so only one part need be held at a time (SavedShard.runs). The keys of all
-  // parts must be distinct. An error of next is returned as it is.
+  // parts must be distinct. An error of next is returned as it is. With `delta`, the part is an
+  // incremental checkpoint's: each run's removed keys are written too, sorted, once each, as
+  // the run's removed-keys record (SavedShard.delta).
   static constexpr int kMaxRuns = 1 << 16;
   absl::StatusOr<v1::SavedShard> WriteTableRuns(
       const v1::TableSpec& spec, int64_t stride, int runs,
-      const std::function<absl::StatusOr<TableRun>(int run)>& next);
+      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta = false);
   // Adds the admission sketch of the table part `saved` (from WriteTable) and the virtual
   // shards its writer owns to the checkpoint, recording them in *saved.
   absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
                                 const std::vector<int32_t>& virtual_shards, v1::SavedShard* saved);
-  // Makes the table part `saved` (from WriteTable or WriteTableRuns) a delta of an incremental
-  // checkpoint: records `removed`, the keys removed since the checkpoint it builds on (any
-  // order, repeats allowed: written sorted, once each), and sets saved's delta fields.
+  // Makes the table part `saved` (from WriteTable) a delta of an incremental checkpoint:
+  // records `removed`, the keys removed since the checkpoint it builds on (any order, repeats
+  // allowed: written sorted, once each), as one run's record, and sets saved's delta fields.
   absl::Status WriteTableRemoved(std::vector<int64_t> removed, v1::SavedShard* saved);
   // Flushes and syncs everything written; call once, last.
   absl::Status Finish();
@@ -104,7 +108,7 @@ class CheckpointWriter {
   // WriteTable (runs == 0: one run, no run in the keys) and WriteTableRuns.
   absl::StatusOr<v1::SavedShard> WriteTableParts(
       const v1::TableSpec& spec, int64_t stride, int runs,
-      const std::function<absl::StatusOr<TableRun>(int run)>& next);
+      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta);
 
   const std::string file_;  // "ps-3"
   const std::string path_;  // <checkpoint>/ps-3
@@ -224,9 +228,9 @@ class CheckpointReader {
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.
   absl::StatusOr<std::vector<uint16_t>> ReadTableSketch(const v1::SavedShard& saved);
-  // The keys removed of a delta table part, in increasing order (empty if it is not a delta
-  // or none were); DATA_LOSS naming the file and table when the record is missing, of another
-  // size, fails its checksum or is not in increasing order.
+  // The keys removed of a delta table part, run after run, increasing within each (empty if it
+  // is not a delta or none were); DATA_LOSS naming the file and table when the records do not
+  // add up to removed_keys, fail their checksum, or are out of order.
   absl::StatusOr<std::vector<int64_t>> ReadTableRemoved(const v1::SavedShard& saved);
 
  private:

@@ -593,10 +593,43 @@ TEST(CheckpointTest, AChainOfDeltasReadsAsItsLastCheckpoint) {
   EXPECT_THAT(s.message(), HasSubstr("the removed keys of table emb fail their checksum"));
   wrong.set_removed_keys(3);
   s = (*reader)->ReadTableRemoved(wrong).status();
-  EXPECT_THAT(s.message(), HasSubstr("have 16 bytes, the manifest says 3 8-byte keys"));
+  EXPECT_THAT(s.message(), HasSubstr("are 2 keys, the manifest says 3"));
   s = ReadChained(absl::StrCat(bad, "/", c2), nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("holds it whole (the full checkpoint is missing)"));
+
+  // A delta written in runs, as a ps task writes one: each run's removed keys, sorted, once
+  // each, read back run after run.
+  const std::string runs = absl::StrCat(Dir("chain-runs"), "/", c2);
+  auto run_writer = CheckpointWriter::Open(runs, 0);
+  ASSERT_TRUE(run_writer.ok());
+  v1::TableSpec table;
+  table.set_name("emb");
+  table.set_dim(1);
+  const std::vector<std::vector<int64_t>> removed_of = {{9, 3, 9, 5}, {}, {-4, 1}};
+  std::vector<int64_t> keys;
+  std::vector<int64_t> counts;
+  std::vector<float> values;
+  auto delta = (*run_writer)
+                   ->WriteTableRuns(
+                       table, 1, 3,
+                       [&](int r) -> absl::StatusOr<CheckpointWriter::TableRun> {
+                         keys = {100 + r};
+                         counts = {1};
+                         values = {static_cast<float>(r)};
+                         return CheckpointWriter::TableRun{keys, counts, values, removed_of[r]};
+                       },
+                       /*delta=*/true);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  ASSERT_TRUE((*run_writer)->Finish().ok());
+  EXPECT_TRUE(delta->delta());
+  EXPECT_EQ(delta->removed_keys(), 5);
+  run_writer->reset();
+  auto run_reader = CheckpointReader::Open(runs + "/ps-0");
+  ASSERT_TRUE(run_reader.ok());
+  removed = (*run_reader)->ReadTableRemoved(*delta);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ::testing::ElementsAre(3, 5, 9, -4, 1));
 }
 
 TEST(CheckpointTest, EveryChiefGetsAHigherEpochThanTheOneBefore) {
