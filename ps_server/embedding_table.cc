@@ -623,8 +623,7 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
       continue;
     }
     word |= bit;
-    if (!kVocabulary && stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
-    if (!kVocabulary && stripe->tracking) NoteChangedLocked(stripe, entry->row);
+    if (!kVocabulary && stripe->watched) WatchRowLocked(stripe, *entry);
     distinct_keys[num_distinct] = key;
     distinct_rows[num_distinct] = row;
     ts[num_distinct] = CountPlainUpdateLocked<kVocabulary>(stripe, entry, row);
@@ -727,8 +726,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
         ++found;
       } else {
         const uint32_t row = entry->row;
-        if (stripe->cut != nullptr) KeepForCutLocked(stripe, *entry);
-        if (stripe->tracking) NoteChangedLocked(stripe, row);
+        if (stripe->watched) WatchRowLocked(stripe, *entry);
         ring[i % kRowRing] = Found{row, RowIndex::CountUpdate(entry)};
         PrefetchFloats(stripe->arena.Row(row), stride_);
         PrefetchFloats(distinct_grads[i], dim_);

@@ -370,7 +370,21 @@ class EmbeddingTable {
     bool tracking ABSL_GUARDED_BY(mu) = false;
     std::vector<uint64_t> changed ABSL_GUARDED_BY(mu);
     std::vector<int64_t> removed ABSL_GUARDED_BY(mu);
+    // cut != nullptr || tracking: the one test the apply paths make for every row they update
+    // (WatchRowLocked). Kept by SetWatchedLocked wherever either changes.
+    bool watched ABSL_GUARDED_BY(mu) = false;
   };
+
+  static void SetWatchedLocked(Stripe* stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu) {
+    stripe->watched = stripe->cut != nullptr || stripe->tracking;
+  }
+  // Before the first change of `entry`'s row since the stripe's mark, and to record it changed.
+  // REQUIRES: stripe->watched.
+  void WatchRowLocked(Stripe* stripe, const RowIndex::Entry& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu) {
+    if (stripe->cut != nullptr) KeepForCutLocked(stripe, entry);
+    if (stripe->tracking) NoteChangedLocked(stripe, entry.row);
+  }
 
   // Records that `row` changed since the last mark. REQUIRES: stripe->tracking.
   static void NoteChangedLocked(Stripe* stripe, uint32_t row)

@@ -223,6 +223,7 @@ void EmbeddingTable::MarkCut(bool delta, bool track_changes) {
     stripe.tracking = track_changes;
     if (track_changes) stripe.changed.assign((cut->rows_at_cut + 63) / 64, 0);
     stripe.cut = std::move(cut);
+    SetWatchedLocked(&stripe);
   }
 }
 
@@ -308,12 +309,14 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* r
   out->rows.insert(out->rows.end(), kept.rows.begin(), kept.rows.end());
   if (cut.delta) removed->insert(removed->end(), cut.removed.begin(), cut.removed.end());
   stripe.cut.reset();
+  SetWatchedLocked(&stripe);
 }
 
 void EmbeddingTable::DropCut() {
   for (int s = 0; s < kNumStripes; ++s) {
     absl::MutexLock lock(&stripes_[s].mu);
     stripes_[s].cut.reset();
+    SetWatchedLocked(&stripes_[s]);
   }
 }
 
@@ -368,6 +371,7 @@ void EmbeddingTable::Clear() {
     if (stripe.cut != nullptr) KeepAllForCutLocked(&stripe);
     // What changed is no longer known row by row: the next cut cannot be incremental.
     stripe.tracking = false;
+    SetWatchedLocked(&stripe);
     std::vector<uint64_t>().swap(stripe.changed);
     std::vector<int64_t>().swap(stripe.removed);
     stripe.rows = RowIndex();
