@@ -393,26 +393,34 @@ TEST(EvictionTest, CopyRowsGivesWhatForEachRowGives) {
   }
 }
 
+// A cut's rows by key: values and slots, update count, last-push tick.
+using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
+
+// Adds the rows of `copy` (of `stride` floats) to *rows; a key given twice is a failure.
+void RowsOf(const EmbeddingTable::RowsCopy& copy, size_t stride, Rows* rows) {
+  for (size_t i = 0; i < copy.keys.size(); ++i) {
+    const float* row = &copy.rows[i * stride];
+    const bool fresh =
+        rows->emplace(copy.keys[i], std::make_tuple(std::vector<float>(row, row + stride),
+                                                    copy.counts[i], copy.last[i]))
+            .second;
+    EXPECT_TRUE(fresh) << "key " << copy.keys[i] << " twice";
+  }
+}
+
+// The kinds of table the cut tests run on: plain, with a TTL, with a capacity, and with
+// admission, a TTL and a capacity.
+const std::string kCutTableSpecs[] = {
+    "", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
+    "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"};
+
 // A marked cut (copy-on-write) gives, stripe by stripe, exactly what CopyRows gave at the mark,
 // however the table changes meanwhile: updates of rows, new rows, rows evicted for capacity or
 // their TTL (and their numbers reused), expired rows restarted, pulls that create rows, a
 // restore over a row, a Clear; stripes taken between the changes. Only the rows changed in
 // stripes not taken yet are kept aside.
 TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
-  using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
-  const auto rows_of = [](const EmbeddingTable::RowsCopy& copy, size_t stride, Rows* rows) {
-    for (size_t i = 0; i < copy.keys.size(); ++i) {
-      const float* row = &copy.rows[i * stride];
-      const bool fresh =
-          rows->emplace(copy.keys[i], std::make_tuple(std::vector<float>(row, row + stride),
-                                                      copy.counts[i], copy.last[i]))
-              .second;
-      EXPECT_TRUE(fresh) << "key " << copy.keys[i] << " twice";
-    }
-  };
-  for (const std::string spec :
-       {"", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
-        "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"}) {
+  for (const std::string& spec : kCutTableSpecs) {
     SCOPED_TRACE(spec);
     for (const bool clear : {false, true}) {
       std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
@@ -426,7 +434,7 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
       EmbeddingTable::RowsCopy at_mark;
       table->CopyRows(&at_mark);
       Rows want;
-      rows_of(at_mark, stride, &want);
+      RowsOf(at_mark, stride, &want);
       ASSERT_GT(want.size(), 0u);
       table->MarkCut();
       EXPECT_EQ(table->cut_kept_rows(), 0);
@@ -437,7 +445,7 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
         for (; stripes > 0 && next_stripe < EmbeddingTable::kNumStripes; --stripes) {
           taken = EmbeddingTable::RowsCopy();
           table->TakeStripeCut(next_stripe++, &taken);
-          rows_of(taken, stride, &got);
+          RowsOf(taken, stride, &got);
         }
       };
       take(5);
@@ -470,20 +478,7 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
 // the delta put over are exactly what CopyRows gave at the second mark, however the table
 // changes while the stripes are taken, and so on for a second delta after it.
 TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
-  using Rows = std::map<int64_t, std::tuple<std::vector<float>, int64_t, uint32_t>>;
-  const auto rows_of = [](const EmbeddingTable::RowsCopy& copy, size_t stride, Rows* rows) {
-    for (size_t i = 0; i < copy.keys.size(); ++i) {
-      const float* row = &copy.rows[i * stride];
-      const bool fresh =
-          rows->emplace(copy.keys[i], std::make_tuple(std::vector<float>(row, row + stride),
-                                                      copy.counts[i], copy.last[i]))
-              .second;
-      EXPECT_TRUE(fresh) << "key " << copy.keys[i] << " twice";
-    }
-  };
-  for (const std::string spec :
-       {"", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
-        "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"}) {
+  for (const std::string& spec : kCutTableSpecs) {
     SCOPED_TRACE(spec);
     std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
     ASSERT_NE(table, nullptr);
@@ -510,13 +505,13 @@ TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
     EmbeddingTable::RowsCopy copy;
     table->CopyRows(&copy);
     Rows model;
-    rows_of(copy, stride, &model);
+    RowsOf(copy, stride, &model);
     table->MarkCut(/*delta=*/false, /*track_changes=*/true);
     Rows full;
     for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
       EmbeddingTable::RowsCopy taken;
       table->TakeStripeCut(s, &taken);
-      rows_of(taken, stride, &full);
+      RowsOf(taken, stride, &full);
     }
     ASSERT_EQ(full, model);
     for (int round = 0; round < 2; ++round) {
@@ -528,7 +523,7 @@ TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
       EmbeddingTable::RowsCopy at_mark;
       table->CopyRows(&at_mark);
       Rows want;
-      rows_of(at_mark, stride, &want);
+      RowsOf(at_mark, stride, &want);
       table->MarkCut(/*delta=*/true, /*track_changes=*/true);
       Rows delta;
       std::vector<int64_t> removed;
@@ -537,7 +532,7 @@ TEST(EvictionTest, ADeltaCutGivesWhatChangedBetweenTwoMarks) {
         for (; stripes > 0 && next_stripe < EmbeddingTable::kNumStripes; --stripes) {
           EmbeddingTable::RowsCopy taken;
           table->TakeStripeCut(next_stripe++, &taken, &removed);
-          rows_of(taken, stride, &delta);
+          RowsOf(taken, stride, &delta);
         }
       };
       take(4);  // before any change: their expired rows are still there

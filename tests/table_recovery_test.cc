@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -142,6 +143,26 @@ v1::ShardStats TableCounts(const TestCluster& cluster, int num_ps) {
   return sum;
 }
 
+// Waits (at most 120 s) until the newest committed checkpoint in `dir` is one `wanted` accepts,
+// then SIGKILLs ps:1 and starts it again.
+void KillPsOnceCommitted(TestCluster& cluster, const std::string& dir,
+                         const std::function<bool(const v1::CheckpointManifest&)>& wanted) {
+  bool committed = false;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(120);
+       !committed && absl::Now() < give_up;) {
+    absl::StatusOr<std::vector<std::string>> all = ListCheckpoints(dir);
+    if (all.ok() && !all->empty()) {
+      absl::StatusOr<v1::CheckpointManifest> newest = ReadManifest(all->front());
+      committed = newest.ok() && wanted(*newest);
+    }
+    if (!committed) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(committed) << cluster.Logs();
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.ps(1).WaitForExit(absl::Seconds(5)).ok());
+  ASSERT_TRUE(cluster.StartTask("ps", 1).ok()) << cluster.Logs();
+}
+
 // Every table row of `expected` in `actual` with the same values, slots and update count, and
 // every dense value bit for bit (testing/model_snapshot.h).
 void ExpectSameModel(const ModelSnapshot& expected, const ModelSnapshot& actual) {
@@ -220,20 +241,9 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredWithItsTablesToTheUndisturbedModel)
   auto chief = ChiefStubOf(**cluster);
   // The checkpoint of step 40 is written while training goes on: killed once it is committed
   // (and before the next one, of step 80, can be: its write takes a second at least).
-  bool committed_40 = false;
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(120);
-       !committed_40 && absl::Now() < give_up;) {
-    absl::StatusOr<std::vector<std::string>> all = ListCheckpoints(dir);
-    if (all.ok() && !all->empty()) {
-      absl::StatusOr<v1::CheckpointManifest> newest = ReadManifest(all->front());
-      committed_40 = newest.ok() && newest->step() == 40;
-    }
-    if (!committed_40) absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(committed_40) << (*cluster)->Logs();
-  ASSERT_TRUE((*cluster)->ps(1).Signal(SIGKILL).ok());
-  ASSERT_TRUE((*cluster)->ps(1).WaitForExit(absl::Seconds(5)).ok());
-  ASSERT_TRUE((*cluster)->StartTask("ps", 1).ok()) << (*cluster)->Logs();
+  KillPsOnceCommitted(**cluster, dir,
+                      [](const v1::CheckpointManifest& newest) { return newest.step() == 40; });
+  if (HasFatalFailure()) return;
   v1::ClusterStatus s = AwaitFinished(*chief);
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs(40);
   EXPECT_THAT((*cluster)->chief().LogTail(400),
@@ -287,20 +297,10 @@ TEST_P(TableRecoveryTest, AKilledPsIsRestoredFromAFullCheckpointAndItsDeltas) {
   auto cluster = TestCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto chief = ChiefStubOf(**cluster);
-  bool delta_committed = false;
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(120);
-       !delta_committed && absl::Now() < give_up;) {
-    absl::StatusOr<std::vector<std::string>> all = ListCheckpoints(dir);
-    if (all.ok() && !all->empty()) {
-      absl::StatusOr<v1::CheckpointManifest> newest = ReadManifest(all->front());
-      delta_committed = newest.ok() && newest->chain_size() == 2;
-    }
-    if (!delta_committed) absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(delta_committed) << (*cluster)->Logs();
-  ASSERT_TRUE((*cluster)->ps(1).Signal(SIGKILL).ok());
-  ASSERT_TRUE((*cluster)->ps(1).WaitForExit(absl::Seconds(5)).ok());
-  ASSERT_TRUE((*cluster)->StartTask("ps", 1).ok()) << (*cluster)->Logs();
+  KillPsOnceCommitted(**cluster, dir, [](const v1::CheckpointManifest& newest) {
+    return newest.chain_size() == 2;  // the second delta on the full checkpoint
+  });
+  if (HasFatalFailure()) return;
   v1::ClusterStatus s = AwaitFinished(*chief);
   ASSERT_TRUE(s.progress().finished()) << (*cluster)->Logs(40);
   const std::string log = (*cluster)->chief().LogTail(400);
