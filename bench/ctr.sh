@@ -15,7 +15,8 @@
 #
 #   bash bench/ctr.sh [--train_examples N] [--rows_per_ps N] [--ids_per_field N]
 #                     [--batch_size N] [--epochs N] [--checkpoint_every_secs N]
-#                     [--full_checkpoint_every N] [--vs_no_checkpoints] [--keep]
+#                     [--full_checkpoint_every N] [--zipf_exponent X] [--vs_no_checkpoints]
+#                     [--keep]
 #
 # The chief checkpoints every --checkpoint_every_secs (default 60) and before the first step and
 # at the end; the time the checkpoints held training and the time from their cuts to their
@@ -24,7 +25,9 @@
 # (BENCH ctr_checkpointing_vs_not). --full_checkpoint_every N (the chief's flag; default 1: every
 # checkpoint full) makes N - 1 incremental checkpoints after each full one; the mean size of the
 # full and of the incremental checkpoints is printed (BENCH ctr_checkpoint_full_mib,
-# ctr_checkpoint_delta_mib).
+# ctr_checkpoint_delta_mib). --zipf_exponent X (default 0: uniform) skews the categorical values'
+# popularity (ctr_datagen's flag, 1.05 there by default): pushes then come back to a working set,
+# as in real click logs, and the tables change less between checkpoints.
 #
 # Defaults: 1,000,000 examples (26 ids each, 5 % missing: about 24.7 M ids, 12 M per ps task
 # and table), a capacity of 10,000,000 rows per ps task and table, 10,000,000 values per field,
@@ -42,6 +45,7 @@ keep=0
 every=60
 vs_none=0
 full_every=1
+zipf=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --train_examples) train_examples=$2; shift 2 ;;
@@ -53,7 +57,8 @@ while [[ $# -gt 0 ]]; do
     --checkpoint_every_secs) every=$2; shift 2 ;;
     --vs_no_checkpoints) vs_none=1; shift ;;
     --full_checkpoint_every) full_every=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --zipf_exponent) zipf=$2; shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,10 +68,10 @@ bazel build -c opt //model/data:ctr_datagen >/dev/null
 work=$(mktemp -d "${TMPDIR:-/tmp}/ctr_bench.XXXXXX")
 trap 'kill "$sampler" 2>/dev/null || true; if [[ $keep -eq 0 ]]; then rm -rf "$work"; else echo "kept $work"; fi' EXIT
 
-echo "==> $train_examples training examples, 26 categorical columns of $ids_per_field uniform values"
+echo "==> $train_examples training examples, 26 categorical columns of $ids_per_field values (zipf exponent $zipf)"
 bazel-bin/model/data/ctr_datagen --train_out="$work/train.txt" --test_out="$work/test.txt" \
   --train_examples="$train_examples" --test_examples=20000 --ids_per_field="$ids_per_field" \
-  --zipf_exponent=0 | tee "$work/datagen.out"
+  --zipf_exponent="$zipf" | tee "$work/datagen.out"
 
 # The network of configs/wide_deep.pbtxt; both tables capped at --rows_per_ps rows per ps task.
 sed -e '/admission {/d' \

@@ -461,7 +461,7 @@ TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   }
 }
 
-TEST(DaemonFlagsTest, TheChiefRefusesLocalStepsItCannotRun) {
+TEST(DaemonFlagsTest, TheChiefRefusesSettingsItCannotRun) {
   const std::string tf_config =
       R"({"cluster": {"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]},
           "task": {"type": "chief", "index": 0}})";
@@ -471,6 +471,10 @@ TEST(DaemonFlagsTest, TheChiefRefusesLocalStepsItCannotRun) {
   r = RunToExit("chief/chief", {"--local_steps=4", "--mode=sync"}, tf_config);
   EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
   EXPECT_THAT(r.output, HasSubstr("--local_steps needs --mode=async or ssp"));
+  r = RunToExit("chief/chief", {"--full_checkpoint_every=0"}, tf_config);
+  EXPECT_EQ(DescribeWaitStatus(r.wait_status), "exit 2") << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--full_checkpoint_every must be >= 1 (1: every checkpoint "
+                                  "full), not 0"));
 }
 
 TEST(DaemonFlagsTest, AnUnknownCrashPointIsRefused) {
