@@ -27,7 +27,10 @@
 # every worker's gradient, averaged: DDP's arithmetic) and local<K> (the chief's --local_steps=K),
 # with the suffixes of bench/train_cluster.sh's cl_ours_flags (_tls, _nographs, _fp16, _bf16).
 # --workers "N ...": each run of ours with N workers, worker i on GPU i (the BENCH line says
-# <N>gpu), for each N listed (default 1); PyTorch's GPUs are in its modes.
+# <N>gpu), for each N listed (default 1); PyTorch's GPUs are in its modes. A run suffixed
+# _towers<T> (e.g. local16_towers2) has one worker on GPUs 0..T-1 instead (its --device lists
+# them: each step's batch of <batch> per GPU split over them, gradients all-reduced with NCCL,
+# DDP's arithmetic inside the worker); the BENCH line says <T>gpu. Only with --workers 1.
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
 # logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
 set -euo pipefail
@@ -46,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --timeout) run_timeout=$2; shift 2 ;;
     --ours) ours_runs=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,8 +64,12 @@ for mode in "${mode_list[@]}"; do
 done
 read -r -a ours_list <<<"$ours_runs"
 for o in "${ours_list[@]}"; do
-  [[ $o =~ ^(async|sync|local[0-9]+)(_tls|_nographs|_fp16|_bf16)*$ ]] ||
-    { echo "gpu_tta.sh: --ours takes async, sync and local<K> (with _tls, _nographs, _fp16 or _bf16), not $o" >&2; exit 2; }
+  [[ $o =~ ^(async|sync|local[0-9]+)(_tls|_nographs|_fp16|_bf16|_towers[0-9]+)*$ ]] ||
+    { echo "gpu_tta.sh: --ours takes async, sync and local<K> (with _tls, _nographs, _fp16, _bf16 or _towers<T>), not $o" >&2; exit 2; }
+  if [[ $o =~ _towers([0-9]+) ]] && [[ ${BASH_REMATCH[1]} -lt 1 || $num_workers != 1 ]]; then
+    echo "gpu_tta.sh: $o: towers need --workers 1 and at least one tower" >&2
+    exit 2
+  fi
 done
 python=${PYTHON:-python3}
 for f in payload.tar.gz bench/torch_cnn.py data/t10k-images-idx3-ubyte.gz; do
@@ -94,9 +101,10 @@ say "==> $(date -u +%F) $("$runner" chief --version | head -1), PyTorch" \
 
 status=0
 IFS=';' read -r -a spec_list <<<"$specs"
-ours_keys=()  # <N>gpu_<run> for every worker count and run of ours
+towers_of() { if [[ $1 =~ _towers([0-9]+) ]]; then echo "${BASH_REMATCH[1]}"; else echo 1; fi; }
+ours_keys=()  # <GPUs>gpu_<run> for every worker count and run of ours
 for w in "${worker_counts[@]}"; do
-  for o in "${ours_list[@]}"; do ours_keys+=("${w}gpu_$o"); done
+  for o in "${ours_list[@]}"; do ours_keys+=("$((w * $(towers_of "$o")))gpu_$o"); done
 done
 for spec in "${spec_list[@]}"; do
   read -r name batch num_ps target max_epochs <<<"$spec"
@@ -114,24 +122,30 @@ for spec in "${spec_list[@]}"; do
     # Ours: the evaluator reads the model each time the global step (one worker: its steps) has
     # moved half an epoch.
     for key in "${ours_keys[@]}"; do
-      workers=${key%%gpu_*}
       o=${key#*gpu_}
+      towers=$(towers_of "$o")
+      workers=$((${key%%gpu_*} / towers))
       device=${DEVICE:-gpu:0}
       [[ $workers -gt 1 ]] && device=${DEVICE:-gpu:\{i\}}
+      if [[ $towers -gt 1 ]]; then
+        device=gpu:0
+        for ((g = 1; g < towers; g++)); do device+=",gpu:$g"; done
+      fi
+      worker_batch=$((batch * towers))  # <batch> per GPU, as DDP's
       run=${name}_ours_${key}_$r
-      cl_evaluator_flags=(--eval_every_steps=$(((30000 + batch - 1) / batch)))
+      cl_evaluator_flags=(--eval_every_steps=$(((30000 + worker_batch - 1) / worker_batch)))
       # Steps reported every 10 ms (not every 2 s), so that the evaluator sees them in time
       # (at 1.4 M ex/s, 50 ms was 540 steps of 128, more than half an epoch).
       cl_ours_flags "$o" "$bundle/certs"
       cl_worker_flags+=(--report_every_secs=0.01)
       cl_target_accuracy=$target
       seconds=inf
-      if cl_train_to_end "$run" "$cl_mode" "$num_ps" "$workers" "$batch" "$max_epochs" "$device" \
+      if cl_train_to_end "$run" "$cl_mode" "$num_ps" "$workers" "$worker_batch" "$max_epochs" "$device" \
         "$run_timeout" 1 >"$work/$run.out" 2>&1 || [[ -s $cl_dir/chief-0.log ]]; then
         if read -r t step acc n < <(cl_time_to_accuracy "$target"); then
           seconds=$t
           say "    $run: $t s to test accuracy $acc (step $step, evaluation $n;" \
-            "$(awk -v s="$step" -v b="$batch" -v t="$t" \
+            "$(awk -v s="$step" -v b="$worker_batch" -v t="$t" \
               'BEGIN { printf "%.0f", (t > 0 ? s * b / t : 0) }') examples/s)"
         else
           say "    $run: not reached in $max_epochs epochs; $(cat "$cl_dir/final")"

@@ -30,36 +30,54 @@ absl::StatusOr<ElementwiseUpdate::Kind> KindOf(const Optimizer& optimizer) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
-    Model* model, ParameterClient* client, const v1::ModelSpec& spec, int local_steps,
-    int num_workers) {
+    std::vector<Model*> towers, TowerReducer* reducer, ParameterClient* client,
+    const v1::ModelSpec& spec, int local_steps, int num_workers) {
   if (local_steps < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("local steps must be >= 2 (1: push every step), got ", local_steps));
   }
-  if (!model->tables().empty()) {
+  if (towers.empty()) return absl::InvalidArgumentError("local steps need a tower");
+  for (Model* m : towers) {
+    if (m->dense_variables() != towers[0]->dense_variables() ||
+        m->max_batch() != towers[0]->max_batch()) {
+      return absl::InvalidArgumentError("the towers of a worker must hold the same model");
+    }
+  }
+  if (towers.size() > 1 && reducer == nullptr) {
+    return absl::InvalidArgumentError("towers need a TowerReducer");
+  }
+  if (!towers[0]->tables().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model ", model->config().name(),
+        absl::StrCat("model ", towers[0]->config().name(),
                      " has embedding tables; local steps keep dense variables only on the worker"));
   }
   if (num_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_workers must be >= 1, got ", num_workers));
   }
   auto p = std::unique_ptr<LocalStepPipeline>(
-      new LocalStepPipeline(model, client, local_steps, num_workers));
+      new LocalStepPipeline(std::move(towers), reducer, client, local_steps, num_workers));
   PS_RETURN_IF_ERROR(p->Allocate(spec));
   p->comm_thread_ = std::thread([raw = p.get()] { raw->CommThread(); });
   return p;
 }
 
-LocalStepPipeline::LocalStepPipeline(Model* model, ParameterClient* client, int local_steps,
-                                     int num_workers)
-    : model_(model),
+LocalStepPipeline::LocalStepPipeline(std::vector<Model*> towers, TowerReducer* reducer,
+                                     ParameterClient* client, int local_steps, int num_workers)
+    : towers_(towers.size()),
+      reducer_(reducer),
       client_(client),
-      k_(model->kernels()),
+      model_(towers[0]),
+      k_(towers[0]->kernels()),
       local_steps_(local_steps),
       num_workers_(num_workers),
       delta_scale_(1.0f / static_cast<float>(num_workers)),
-      n_(model->dense_total()) {}
+      n_(towers[0]->dense_total()),
+      stage_(static_cast<int>(towers.size()) - 1) {
+  for (size_t t = 0; t < towers.size(); ++t) {
+    towers_[t].model = towers[t];
+    towers_[t].k = towers[t]->kernels();
+  }
+}
 
 LocalStepPipeline::~LocalStepPipeline() {
   {
@@ -69,25 +87,27 @@ LocalStepPipeline::~LocalStepPipeline() {
     stopping_ = true;
   }
   if (comm_thread_.joinable()) comm_thread_.join();
-  // The device may still read or write the buffers. (A Create that failed part way made some
+  // The devices may still read or write the buffers. (A Create that failed part way made some
   // of the events, or none.)
-  auto synchronize = [this](const std::unique_ptr<Kernels::Event>& e) {
-    if (e != nullptr) k_->Synchronize(e.get());
-  };
-  for (const auto& e : outputs_ready_) synchronize(e);
-  synchronize(delta_downloaded_);
-  synchronize(fresh_uploaded_);
-  synchronize(fresh_consumed_);
+  for (Tower& t : towers_) {
+    auto synchronize = [&t](const std::unique_ptr<Kernels::Event>& e) {
+      if (e != nullptr) t.k->Synchronize(e.get());
+    };
+    for (const auto& e : t.outputs_ready) synchronize(e);
+    synchronize(t.fresh_uploaded);
+    synchronize(t.fresh_consumed);
+    if (&t == &towers_[0]) synchronize(delta_downloaded_);
+    for (Model::Outputs& o : t.outputs) {
+      for (void* p : {static_cast<void*>(o.loss), static_cast<void*>(o.predictions),
+                      static_cast<void*>(o.logits)}) {
+        if (p != nullptr) t.k->FreeHost(p);
+      }
+    }
+    for (void* p : t.owned) t.k->Free(p);
+  }
   for (void* p : {static_cast<void*>(host_delta_), static_cast<void*>(host_fresh_)}) {
     if (p != nullptr) k_->FreeHost(p);
   }
-  for (Model::Outputs& o : outputs_) {
-    for (void* p : {static_cast<void*>(o.loss), static_cast<void*>(o.predictions),
-                    static_cast<void*>(o.logits)}) {
-      if (p != nullptr) k_->FreeHost(p);
-    }
-  }
-  for (void* p : owned_) k_->Free(p);
 }
 
 absl::Status LocalStepPipeline::Allocate(const v1::ModelSpec& spec) {
@@ -117,69 +137,76 @@ absl::Status LocalStepPipeline::Allocate(const v1::ModelSpec& spec) {
     groups_.push_back(std::move(g));
     last = &var->optimizer();
   }
-  auto floats = [this](int64_t n) -> absl::StatusOr<float*> {
-    PS_ASSIGN_OR_RETURN(float* p, k_->AllocateFloats(std::max<int64_t>(n, 1)));
-    owned_.push_back(p);
-    return p;
-  };
-  for (float** b : {&local_, &base_, &snap_, &delta_, &fresh_}) {
-    PS_ASSIGN_OR_RETURN(*b, floats(n_));
-  }
-  for (UpdateGroup& g : groups_) {
-    // Every kind here starts its slots at 0.
-    const int slots = g.optimizer->num_slots();
-    if (slots >= 1) {
-      PS_ASSIGN_OR_RETURN(g.slot0, floats(g.size));
-      k_->Fill(g.slot0, g.size, 0.0f);
-    }
-    if (slots >= 2) {
-      PS_ASSIGN_OR_RETURN(g.slot1, floats(g.size));
-      k_->Fill(g.slot1, g.size, 0.0f);
-    }
-  }
+  for (Tower& t : towers_) PS_RETURN_IF_ERROR(AllocateTower(&t));
+  PS_ASSIGN_OR_RETURN(delta_, k_->AllocateFloats(std::max<int64_t>(n_, 1)));
+  towers_[0].owned.push_back(delta_);
   PS_ASSIGN_OR_RETURN(void* delta, k_->AllocateHost(std::max<int64_t>(n_, 1) * 4));
   host_delta_ = static_cast<float*>(delta);
   PS_ASSIGN_OR_RETURN(void* fresh, k_->AllocateHost(std::max<int64_t>(n_, 1) * 4));
   host_fresh_ = static_cast<float*>(fresh);
   delta_downloaded_ = k_->NewEvent();
-  fresh_uploaded_ = k_->NewEvent();
-  fresh_consumed_ = k_->NewEvent();
-  const int64_t b = model_->max_batch();
+  return absl::OkStatus();
+}
+
+absl::Status LocalStepPipeline::AllocateTower(Tower* t) {
+  Kernels* k = t->k;
+  auto floats = [t, k](int64_t n) -> absl::StatusOr<float*> {
+    PS_ASSIGN_OR_RETURN(float* p, k->AllocateFloats(std::max<int64_t>(n, 1)));
+    t->owned.push_back(p);
+    return p;
+  };
+  for (float** b : {&t->local, &t->base, &t->snap, &t->fresh}) {
+    PS_ASSIGN_OR_RETURN(*b, floats(n_));
+  }
+  t->slot0.assign(groups_.size(), nullptr);
+  t->slot1.assign(groups_.size(), nullptr);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const UpdateGroup& g = groups_[i];
+    // Every kind here starts its slots at 0.
+    const int slots = g.optimizer->num_slots();
+    if (slots >= 1) {
+      PS_ASSIGN_OR_RETURN(t->slot0[i], floats(g.size));
+      k->Fill(t->slot0[i], g.size, 0.0f);
+    }
+    if (slots >= 2) {
+      PS_ASSIGN_OR_RETURN(t->slot1[i], floats(g.size));
+      k->Fill(t->slot1[i], g.size, 0.0f);
+    }
+  }
+  t->fresh_uploaded = k->NewEvent();
+  t->fresh_consumed = k->NewEvent();
+  const int64_t b = t->model->max_batch();
   for (int s = 0; s < kOutputSlots; ++s) {
-    PS_ASSIGN_OR_RETURN(void* loss, k_->AllocateHost(b * 4));
-    PS_ASSIGN_OR_RETURN(void* pred, k_->AllocateHost(b * 4));
-    PS_ASSIGN_OR_RETURN(void* logits, k_->AllocateHost(b * 4));
-    outputs_[s].loss = static_cast<float*>(loss);
-    outputs_[s].predictions = static_cast<int32_t*>(pred);
-    outputs_[s].logits = static_cast<float*>(logits);
-    outputs_ready_[s] = k_->NewEvent();
-    outputs_[s].ready = outputs_ready_[s].get();
+    PS_ASSIGN_OR_RETURN(void* loss, k->AllocateHost(b * 4));
+    PS_ASSIGN_OR_RETURN(void* pred, k->AllocateHost(b * 4));
+    PS_ASSIGN_OR_RETURN(void* logits, k->AllocateHost(b * 4));
+    t->outputs[s].loss = static_cast<float*>(loss);
+    t->outputs[s].predictions = static_cast<int32_t*>(pred);
+    t->outputs[s].logits = static_cast<float*>(logits);
+    t->outputs_ready[s] = k->NewEvent();
+    t->outputs[s].ready = t->outputs_ready[s].get();
   }
   return absl::OkStatus();
 }
 
 absl::Status LocalStepPipeline::Stage(int64_t index, const PreparedBatch& batch) {
-  return model_->StageInputs(static_cast<int>(index % Model::kInputSlots), AsBatch(batch.data),
-                             batch.sparse);
+  std::vector<Model*> models;
+  for (const Tower& t : towers_) models.push_back(t.model);
+  return StageOverTowers(models, static_cast<int>(index % Model::kInputSlots), batch);
 }
 
 absl::Status LocalStepPipeline::StageGathered(int64_t index, const Dataset& data,
                                               const std::vector<int64_t>& positions) {
-  if (data.dense_dim != model_->config().input_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("the data has ", data.dense_dim,
-                                                   " features; model ", model_->config().name(),
-                                                   " takes ", model_->config().input_dim()));
-  }
-  return model_->StageGathered(static_cast<int>(index % Model::kInputSlots), data.dense.data(),
-                               data.labels.data(), positions.data(),
-                               static_cast<int>(positions.size()), /*augment_key=*/index + 1);
+  std::vector<Model*> models;
+  for (const Tower& t : towers_) models.push_back(t.model);
+  return StageGatheredOverTowers(models, index, data, positions, &stage_);
 }
 
 absl::Status LocalStepPipeline::PullFresh() {
   std::vector<std::vector<float>> values;
   PS_RETURN_IF_ERROR(client_->Pull(model_->dense_variables(), &values));
-  // The previous upload from host_fresh_ must be done before it is written.
-  k_->Synchronize(fresh_uploaded_.get());
+  // The previous uploads from host_fresh_ must be done before it is written.
+  for (Tower& t : towers_) t.k->Synchronize(t.fresh_uploaded.get());
   for (size_t v = 0; v < values.size(); ++v) {
     std::memcpy(host_fresh_ + model_->dense_offsets()[v], values[v].data(),
                 model_->dense_sizes()[v] * sizeof(float));
@@ -221,10 +248,12 @@ void LocalStepPipeline::CommThread() {
 }
 
 void LocalStepPipeline::StartSync(int64_t tag) {
-  // delta = (local - base) / workers, taken now; the local copy goes on changing meanwhile.
-  k_->ScaleCopy(n_, 1.0f, local_, snap_);
-  k_->ScaleCopy(n_, 1.0f, local_, delta_);
-  k_->Axpy(n_, -1.0f, base_, delta_);
+  // Every tower's snapshot (they are equal); delta = (local - base) / workers from tower 0,
+  // taken now; the local copies go on changing meanwhile.
+  for (Tower& t : towers_) t.k->ScaleCopy(n_, 1.0f, t.local, t.snap);
+  const Tower& t0 = towers_[0];
+  k_->ScaleCopy(n_, 1.0f, t0.local, delta_);
+  k_->Axpy(n_, -1.0f, t0.base, delta_);
   if (delta_scale_ != 1.0f) k_->Scale(n_, delta_scale_, delta_);
   k_->Record(delta_downloaded_.get(), kCompute);
   k_->Wait(kDownload, delta_downloaded_.get());
@@ -249,16 +278,18 @@ absl::Status LocalStepPipeline::Merge(bool wait) {
     if (sync_ == Sync::kFailed) return sync_status_;
     if (sync_ != Sync::kDone) return absl::OkStatus();
   }
-  // host_fresh_: the ps's values with the delta in. local = fresh + (local - snapshot), base =
-  // fresh.
-  k_->Wait(kUpload, fresh_consumed_.get());
-  k_->CopyToDeviceAsync(kUpload, host_fresh_, fresh_, n_ * 4);
-  k_->Record(fresh_uploaded_.get(), kUpload);
-  k_->Wait(kCompute, fresh_uploaded_.get());
-  k_->ScaleCopy(n_, 1.0f, fresh_, base_);
-  k_->Axpy(n_, -1.0f, snap_, fresh_);
-  k_->Axpy(n_, 1.0f, fresh_, local_);
-  k_->Record(fresh_consumed_.get(), kCompute);
+  // host_fresh_: the ps's values with the delta in. On every tower, local = fresh + (local -
+  // snapshot), base = fresh.
+  for (Tower& t : towers_) {
+    t.k->Wait(kUpload, t.fresh_consumed.get());
+    t.k->CopyToDeviceAsync(kUpload, host_fresh_, t.fresh, n_ * 4);
+    t.k->Record(t.fresh_uploaded.get(), kUpload);
+    t.k->Wait(kCompute, t.fresh_uploaded.get());
+    t.k->ScaleCopy(n_, 1.0f, t.fresh, t.base);
+    t.k->Axpy(n_, -1.0f, t.snap, t.fresh);
+    t.k->Axpy(n_, 1.0f, t.fresh, t.local);
+    t.k->Record(t.fresh_consumed.get(), kCompute);
+  }
   absl::MutexLock lock(&mu_);
   sync_ = Sync::kNone;
   since_refresh_ = since_sync_;
@@ -283,10 +314,10 @@ absl::Status LocalStepPipeline::RetrySync() {
 
 absl::Status LocalStepPipeline::ApplyLocalUpdate(int64_t tag) {
   ++local_updates_;
-  const float* grads = model_->device_grads();
-  for (UpdateGroup& g : groups_) {
-    // The ps's decay counts every worker's updates; the granted step counts this worker's.
-    const int64_t decay_t = std::max<int64_t>(tag, 0) * num_workers_ + 1;
+  // The ps's decay counts every worker's updates; the granted step counts this worker's.
+  const int64_t decay_t = std::max<int64_t>(tag, 0) * num_workers_ + 1;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const UpdateGroup& g = groups_[i];
     PS_ASSIGN_OR_RETURN(const Optimizer::Constants c,
                         g.optimizer->ConstantsAt(local_updates_, decay_t));
     ElementwiseUpdate u;
@@ -297,7 +328,10 @@ absl::Status LocalStepPipeline::ApplyLocalUpdate(int64_t tag) {
     u.epsilon = c.epsilon;
     u.momentum = c.momentum;
     u.nesterov = c.nesterov;
-    k_->ApplyUpdate(u, g.size, grads + g.offset, local_ + g.offset, g.slot0, g.slot1);
+    for (Tower& t : towers_) {
+      t.k->ApplyUpdate(u, g.size, t.model->device_grads() + g.offset, t.local + g.offset,
+                       t.slot0[i], t.slot1[i]);
+    }
   }
   return absl::OkStatus();
 }
@@ -307,11 +341,13 @@ absl::Status LocalStepPipeline::Run(int64_t index, int64_t tag, int64_t /*pull_s
   PS_RETURN_IF_ERROR(RetrySync());
   if (!have_params_) {
     PS_RETURN_IF_ERROR(PullFresh());
-    k_->Wait(kUpload, fresh_consumed_.get());
-    k_->CopyToDeviceAsync(kUpload, host_fresh_, base_, n_ * 4);
-    k_->Record(fresh_uploaded_.get(), kUpload);
-    k_->Wait(kCompute, fresh_uploaded_.get());
-    k_->ScaleCopy(n_, 1.0f, base_, local_);
+    for (Tower& t : towers_) {
+      t.k->Wait(kUpload, t.fresh_consumed.get());
+      t.k->CopyToDeviceAsync(kUpload, host_fresh_, t.base, n_ * 4);
+      t.k->Record(t.fresh_uploaded.get(), kUpload);
+      t.k->Wait(kCompute, t.fresh_uploaded.get());
+      t.k->ScaleCopy(n_, 1.0f, t.base, t.local);
+    }
     have_params_ = true;
     since_refresh_ = 0;
     absl::MutexLock lock(&mu_);
@@ -331,14 +367,33 @@ absl::Status LocalStepPipeline::Run(int64_t index, int64_t tag, int64_t /*pull_s
   }
 
   const int slot = static_cast<int>(index % kOutputSlots);
+  const int in_slot = static_cast<int>(index % Model::kInputSlots);
   // The outputs of the step that used this slot must be on the host first.
   CollectOutcomes(kOutputSlots - 1);
-  std::vector<const float*> params;
-  for (int64_t offset : model_->dense_offsets()) params.push_back(local_ + offset);
-  PS_RETURN_IF_ERROR(model_->Enqueue(static_cast<int>(index % Model::kInputSlots), params, {},
-                                     Model::Pass::kTraining, 1.0f, Model::Hooks(), outputs_[slot]));
-  PS_RETURN_IF_ERROR(ApplyLocalUpdate(tag));
   Pending p;
+  int whole = 0;
+  for (const Tower& t : towers_) {
+    p.tower_sizes.push_back(t.model->staged_size(in_slot));
+    whole += p.tower_sizes.back();
+  }
+  for (size_t i = 0; i < towers_.size(); ++i) {
+    Tower& t = towers_[i];
+    std::vector<const float*> params;
+    for (int64_t offset : t.model->dense_offsets()) params.push_back(t.local + offset);
+    // Each tower's gradient is scaled by its share of the batch, so their sum is the gradient
+    // of the whole batch.
+    const float scale = towers_.size() == 1 ? 1.0f
+                                            : static_cast<float>(p.tower_sizes[i]) /
+                                                  static_cast<float>(std::max(whole, 1));
+    PS_RETURN_IF_ERROR(t.model->Enqueue(in_slot, params, {}, Model::Pass::kTraining, scale,
+                                        Model::Hooks(), t.outputs[slot]));
+  }
+  if (towers_.size() > 1) {
+    std::vector<float*> grads;
+    for (Tower& t : towers_) grads.push_back(t.model->device_grads());
+    PS_RETURN_IF_ERROR(reducer_->AllReduceSum(grads, n_));
+  }
+  PS_RETURN_IF_ERROR(ApplyLocalUpdate(tag));
   p.index = index;
   p.tag = tag;
   p.slot = slot;
@@ -357,13 +412,16 @@ void LocalStepPipeline::CollectOutcomes(size_t keep) {
   const bool softmax = model_->config().loss() == v1::ModelConfig::SOFTMAX_CROSS_ENTROPY;
   while (pending_.size() > keep) {
     const Pending& p = pending_.front();
-    k_->Synchronize(outputs_ready_[p.slot].get());
     StepOutcome out;
     out.index = p.index;
     out.tag = p.tag;
     out.staleness = p.staleness;
-    CountOutputs(outputs_[p.slot], static_cast<int>(p.labels.size()), p.labels.data(), softmax,
-                 &out);
+    for (size_t i = 0; i < towers_.size(); ++i) {
+      const Tower& t = towers_[i];
+      t.k->Synchronize(t.outputs_ready[p.slot].get());
+      CountOutputs(t.outputs[p.slot], p.tower_sizes[i], p.labels.data() + out.examples, softmax,
+                   &out);
+    }
     {
       absl::MutexLock lock(&mu_);
       outcomes_.push_back(out);

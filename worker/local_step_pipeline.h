@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/parameter_client.h"
+#include "common/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "proto/model.pb.h"
@@ -35,20 +36,27 @@ namespace pscluster {
 // update count is every worker's pushes): the step the chief granted times the workers.
 //
 // Drain() pushes every local change and pulls (a checkpoint or the end of training sees all
-// of them). One device; a model without embedding tables, whose optimizers are sgd, momentum,
-// adam or moving_average (INVALID_ARGUMENT / UNIMPLEMENTED otherwise, at Create).
+// of them). A model without embedding tables, whose optimizers are sgd, momentum, adam or
+// moving_average (INVALID_ARGUMENT / UNIMPLEMENTED otherwise, at Create).
+//
+// Several towers (the GPUs of one worker): each step's batch is split over them as
+// StepPipeline splits it, their gradients are summed with the TowerReducer (each scaled by its
+// share of the batch: DistributedDataParallel's arithmetic, one gradient of the whole batch)
+// and every tower applies the same update to its own copy, so the copies stay equal, bit for
+// bit. Tower 0's change is the worker's delta; the pulled values are folded into every tower.
+// The ps sees one worker: all-reduce inside the host every step, the ps across hosts every K.
 //
 // Thread-compatible, as StepRunner; the communication thread is its own.
 class LocalStepPipeline : public StepRunner {
  public:
-  // `model`, `client` not owned; they outlive the pipeline. `spec` gives each dense
-  // variable's optimizer. Each delta is divided by `num_workers` (as PaddlePaddle's GEO-SGD
-  // divides by its trainers): a round of every worker's deltas moves the model by their mean.
-  static absl::StatusOr<std::unique_ptr<LocalStepPipeline>> Create(Model* model,
-                                                                   ParameterClient* client,
-                                                                   const v1::ModelSpec& spec,
-                                                                   int local_steps,
-                                                                   int num_workers = 1);
+  // `towers` (one model per device, same config), `reducer` (over the towers' kernels; null
+  // with one tower) and `client` are not owned; they outlive the pipeline. `spec` gives each
+  // dense variable's optimizer. Each delta is divided by `num_workers` (as PaddlePaddle's
+  // GEO-SGD divides by its trainers): a round of every worker's deltas moves the model by their
+  // mean.
+  static absl::StatusOr<std::unique_ptr<LocalStepPipeline>> Create(
+      std::vector<Model*> towers, TowerReducer* reducer, ParameterClient* client,
+      const v1::ModelSpec& spec, int local_steps, int num_workers = 1);
   ~LocalStepPipeline() override;
 
   absl::Status Stage(int64_t index, const PreparedBatch& batch) override;
@@ -76,8 +84,26 @@ class LocalStepPipeline : public StepRunner {
     int64_t size = 0;
     std::unique_ptr<Optimizer> optimizer;
     ElementwiseUpdate::Kind kind = ElementwiseUpdate::Kind::kSgd;
-    float* slot0 = nullptr;
-    float* slot1 = nullptr;
+  };
+  static constexpr int kOutputSlots = 3;
+  // One device's copy of the variables and what updates it.
+  struct Tower {
+    Model* model = nullptr;  // Not owned.
+    Kernels* k = nullptr;    // the model's
+    // Device: the local copy, the values last pulled (base), the local copy when the sync in
+    // flight took its delta (snapshot), and the pulled values being folded in.
+    float* local = nullptr;
+    float* base = nullptr;
+    float* snap = nullptr;
+    float* fresh = nullptr;
+    // Each update group's optimizer slots (null where it has fewer).
+    std::vector<float*> slot0;
+    std::vector<float*> slot1;
+    std::vector<void*> owned;
+    std::unique_ptr<Kernels::Event> fresh_uploaded;
+    std::unique_ptr<Kernels::Event> fresh_consumed;
+    Model::Outputs outputs[kOutputSlots];
+    std::unique_ptr<Kernels::Event> outputs_ready[kOutputSlots];
   };
   // A step whose outputs are being downloaded.
   struct Pending {
@@ -85,12 +111,15 @@ class LocalStepPipeline : public StepRunner {
     int64_t tag = 0;
     int slot = 0;
     std::vector<float> labels;
+    std::vector<int> tower_sizes;
     int staleness = 0;
   };
   enum class Sync { kNone, kPushing, kDone, kFailed };
 
-  LocalStepPipeline(Model* model, ParameterClient* client, int local_steps, int num_workers);
+  LocalStepPipeline(std::vector<Model*> towers, TowerReducer* reducer, ParameterClient* client,
+                    int local_steps, int num_workers);
   absl::Status Allocate(const v1::ModelSpec& spec);
+  absl::Status AllocateTower(Tower* t);
   // Pulls every variable into host_fresh_ (caller thread).
   absl::Status PullFresh();
   // The delta (snapshot - base) in host_delta_ pushed with the sync's ticket, then the values
@@ -104,38 +133,31 @@ class LocalStepPipeline : public StepRunner {
   absl::Status Merge(bool wait);
   // Sends a failed sync again, on this thread; OK when there is none.
   absl::Status RetrySync();
-  // Issues the local optimizer's update of every variable with the step's gradients.
+  // Issues the local optimizer's update of every variable of every tower with the step's
+  // gradients (summed over the towers).
   absl::Status ApplyLocalUpdate(int64_t tag);
   // Adds the outcomes of pending steps to outcomes_: all of them, or those older than `keep`
   // steps (waiting for their outputs).
   void CollectOutcomes(size_t keep);
 
-  Model* const model_;             // Not owned.
+  std::vector<Tower> towers_;
+  TowerReducer* const reducer_;    // Not owned; null with one tower.
   ParameterClient* const client_;  // Not owned.
-  Kernels* const k_;               // the model's
+  Model* const model_;             // tower 0's
+  Kernels* const k_;               // tower 0's
   const int local_steps_;
   const int num_workers_;
   const float delta_scale_;  // 1 / the number of workers
   const int64_t n_;          // dense_total
   std::vector<UpdateGroup> groups_;
+  ThreadPool stage_;  // one thread per tower beyond the first
 
-  // Device: the local copy, the values last pulled (base), the local copy when the sync in
-  // flight took its delta (snapshot), the delta, and the pulled values being folded in.
-  float* local_ = nullptr;
-  float* base_ = nullptr;
-  float* snap_ = nullptr;
+  // Tower 0's device: the delta; host (page-locked): the delta, and the pulled values every
+  // tower uploads.
   float* delta_ = nullptr;
-  float* fresh_ = nullptr;
-  std::vector<void*> owned_;
-  // Host (page-locked).
   float* host_delta_ = nullptr;
   float* host_fresh_ = nullptr;
   std::unique_ptr<Kernels::Event> delta_downloaded_;
-  std::unique_ptr<Kernels::Event> fresh_uploaded_;
-  std::unique_ptr<Kernels::Event> fresh_consumed_;
-  static constexpr int kOutputSlots = 3;
-  Model::Outputs outputs_[kOutputSlots];
-  std::unique_ptr<Kernels::Event> outputs_ready_[kOutputSlots];
 
   // Training thread only.
   bool have_params_ = false;

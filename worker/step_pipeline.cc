@@ -15,14 +15,69 @@ constexpr auto kCompute = Kernels::Stream::kCompute;
 constexpr auto kUpload = Kernels::Stream::kUpload;
 constexpr auto kDownload = Kernels::Stream::kDownload;
 
-// Splits b examples over n towers: sizes as equal as possible, the first ones larger.
-std::vector<int> Split(int b, int n) {
+}  // namespace
+
+std::vector<int> SplitOverTowers(int b, int n) {
   std::vector<int> sizes(n, b / n);
   for (int t = 0; t < b % n; ++t) ++sizes[t];
   return sizes;
 }
 
-}  // namespace
+absl::Status StageOverTowers(const std::vector<Model*>& towers, int slot,
+                             const PreparedBatch& batch) {
+  const Batch whole = AsBatch(batch.data);
+  if (towers.size() == 1) return towers[0]->StageInputs(slot, whole, batch.sparse);
+  const int input_dim = towers[0]->config().input_dim();
+  const std::vector<int> sizes = SplitOverTowers(whole.size, static_cast<int>(towers.size()));
+  int at = 0;
+  for (size_t t = 0; t < towers.size(); ++t) {
+    Batch part;
+    part.size = sizes[t];
+    part.dense = whole.dense + int64_t{at} * input_dim;
+    part.labels = whole.labels + at;
+    at += sizes[t];
+    if (part.size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a batch of ", whole.size, " examples cannot be split over ", towers.size(), " towers"));
+    }
+    PS_RETURN_IF_ERROR(towers[t]->StageInputs(slot, part, SparseInput()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageGatheredOverTowers(const std::vector<Model*>& towers, int64_t index,
+                                     const Dataset& data, const std::vector<int64_t>& positions,
+                                     ThreadPool* pool) {
+  const int slot = static_cast<int>(index % Model::kInputSlots);
+  if (data.dense_dim != towers[0]->config().input_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat("the data has ", data.dense_dim,
+                                                   " features; model ", towers[0]->config().name(),
+                                                   " takes ", towers[0]->config().input_dim()));
+  }
+  const int num_towers = static_cast<int>(towers.size());
+  const std::vector<int> sizes = SplitOverTowers(static_cast<int>(positions.size()), num_towers);
+  std::vector<int> starts(num_towers, 0);
+  for (int t = 1; t < num_towers; ++t) starts[t] = starts[t - 1] + sizes[t - 1];
+  std::vector<absl::Status> results(num_towers);
+  auto gather = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      results[t] = sizes[t] == 0
+                       ? absl::InvalidArgumentError(absl::StrCat("a batch of ", positions.size(),
+                                                                 " examples cannot be split over ",
+                                                                 num_towers, " towers"))
+                       : towers[t]->StageGathered(slot, data.dense.data(), data.labels.data(),
+                                                  positions.data() + starts[t], sizes[t],
+                                                  /*augment_key=*/index + 1);
+    }
+  };
+  if (pool == nullptr || num_towers == 1) {
+    gather(0, num_towers);
+  } else {
+    pool->ParallelFor(num_towers, 1, gather);
+  }
+  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
 
 Batch AsBatch(const Dataset& d) {
   Batch b;
@@ -180,53 +235,12 @@ absl::Status StepPipeline::Allocate() {
 }
 
 absl::Status StepPipeline::Stage(int64_t index, const PreparedBatch& batch) {
-  const int slot = static_cast<int>(index % Model::kInputSlots);
-  const Batch whole = AsBatch(batch.data);
-  if (towers_.size() == 1) return towers_[0]->StageInputs(slot, whole, batch.sparse);
-  const int input_dim = towers_[0]->config().input_dim();
-  const std::vector<int> sizes = Split(whole.size, static_cast<int>(towers_.size()));
-  int at = 0;
-  for (size_t t = 0; t < towers_.size(); ++t) {
-    Batch part;
-    part.size = sizes[t];
-    part.dense = whole.dense + int64_t{at} * input_dim;
-    part.labels = whole.labels + at;
-    at += sizes[t];
-    if (part.size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a batch of ", whole.size, " examples cannot be split over ", towers_.size(), " towers"));
-    }
-    PS_RETURN_IF_ERROR(towers_[t]->StageInputs(slot, part, SparseInput()));
-  }
-  return absl::OkStatus();
+  return StageOverTowers(towers_, static_cast<int>(index % Model::kInputSlots), batch);
 }
 
 absl::Status StepPipeline::StageGathered(int64_t index, const Dataset& data,
                                          const std::vector<int64_t>& positions) {
-  const int slot = static_cast<int>(index % Model::kInputSlots);
-  if (data.dense_dim != towers_[0]->config().input_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("the data has ", data.dense_dim,
-                                                   " features; model ", towers_[0]->config().name(),
-                                                   " takes ", towers_[0]->config().input_dim()));
-  }
-  const int num_towers = static_cast<int>(towers_.size());
-  const std::vector<int> sizes = Split(static_cast<int>(positions.size()), num_towers);
-  std::vector<int> starts(num_towers, 0);
-  for (int t = 1; t < num_towers; ++t) starts[t] = starts[t - 1] + sizes[t - 1];
-  std::vector<absl::Status> results(num_towers);
-  stage_.ParallelFor(num_towers, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      results[t] = sizes[t] == 0
-                       ? absl::InvalidArgumentError(absl::StrCat("a batch of ", positions.size(),
-                                                                 " examples cannot be split over ",
-                                                                 num_towers, " towers"))
-                       : towers_[t]->StageGathered(slot, data.dense.data(), data.labels.data(),
-                                                   positions.data() + starts[t], sizes[t],
-                                                   /*augment_key=*/index + 1);
-    }
-  });
-  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
+  return StageGatheredOverTowers(towers_, index, data, positions, &stage_);
 }
 
 void StepPipeline::StartPull(int64_t index, int64_t pull_step, std::vector<int64_t> ids) {

@@ -68,6 +68,23 @@ struct StepOutcome {
 void CountOutputs(const Model::Outputs& outputs, int n, const float* labels, bool softmax,
                   StepOutcome* out);
 
+// Splits a batch of `b` examples over `n` towers: sizes as equal as possible, the first ones
+// larger.
+std::vector<int> SplitOverTowers(int b, int n);
+
+// Stages `batch` into input slot `slot` of every tower, split by SplitOverTowers (one tower:
+// the batch whole, with its sparse part). INVALID_ARGUMENT for a bad batch, or one too small
+// to give every tower an example.
+absl::Status StageOverTowers(const std::vector<Model*>& towers, int slot,
+                             const PreparedBatch& batch);
+
+// The same for a model without tables, the batch being examples `positions` of `data`, each
+// tower gathering its part into input slot index % Model::kInputSlots (the augmentation drawn
+// for step `index`); the towers in parallel on `pool`, or in turn when it is null.
+absl::Status StageGatheredOverTowers(const std::vector<Model*>& towers, int64_t index,
+                                     const Dataset& data, const std::vector<int64_t>& positions,
+                                     ThreadPool* pool);
+
 // How the training loop (Trainer) runs its steps, whatever moves the parameters: StepPipeline
 // (pull, compute, push every step) or LocalStepPipeline (local steps, then a delta).
 // Thread-compatible, with StepPipeline's contract for each method.

@@ -212,13 +212,9 @@ absl::Status Trainer::Run(const std::function<bool()>& stop) {
     if (model_.sync().mode() == v1::SYNC) {
       return absl::InvalidArgumentError("local steps need async or ssp mode, not sync");
     }
-    if (num_towers > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("local steps run on one device, not ", num_towers));
-    }
     PS_ASSIGN_OR_RETURN(
-        pipeline, LocalStepPipeline::Create(tower_models[0], client_, model_.model(), local_steps,
-                                            options_.num_workers));
+        pipeline, LocalStepPipeline::Create(tower_models, reducer.get(), client_, model_.model(),
+                                            local_steps, options_.num_workers));
     pipeline_options.staleness = local_steps;
   } else {
     PS_ASSIGN_OR_RETURN(

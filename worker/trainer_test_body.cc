@@ -572,6 +572,29 @@ TEST_P(TrainerTest, LocalStepsOfOneWorkerTrainWhatPushingEveryStepTrains) {
   }
 }
 
+// Local steps on a worker of two towers: each step's batch split over them, their gradients
+// summed and the same update applied to each tower's copy, so the worker trains what one
+// device with the whole batch trains, and pushes one delta per K steps. A tower whose copy
+// fell behind (its update skipped) would give the sum a gradient taken at other values. (With
+// one worker the pulled values are the worker's own, so folding them in changes nothing to
+// check here. Not the CNN: its batch norm takes each tower's statistics, as
+// DistributedDataParallel's does per GPU.)
+TEST_P(TrainerTest, LocalStepsOverTwoTowersTrainWhatOneDeviceWithTheWholeBatchTrains) {
+  std::vector<std::unique_ptr<Kernels>> two = Devices(2);
+  if (two.size() < 2) GTEST_SKIP() << "needs two devices";
+  for (const char* config : {kMlp, kMlpAdam}) {
+    Cluster cluster(ChiefOptions(v1::ASYNC, config, /*local_steps=*/4));
+    SCOPED_TRACE(cluster.m().config().name());
+    RunResult r = Train(cluster, {two[0].get(), two[1].get()}, TrainerOptions());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.steps, kSteps);
+    EXPECT_LE(r.max_staleness, 7);
+    ExpectNearModel(cluster.Values(), Sequential(cluster.m(), MakeData(), two[0].get()));
+    EXPECT_THAT(cluster.Updates(), ::testing::Each(kSteps / 4));
+    ExpectFinishedAndCounted(cluster);
+  }
+}
+
 // A delta whose answer is lost fails the step that waits for it; the step is run again after
 // the delta went through with its request ids, so each is added once.
 TEST_P(TrainerTest, LocalStepDeltasWhoseAnswersAreLostAreAddedOnce) {
