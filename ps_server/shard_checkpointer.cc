@@ -73,7 +73,7 @@ struct TableContents {
   // Row i: keys[i], its floats at data[i * stride], update count t[i], last-push tick last[i].
   std::vector<int64_t> keys, t;
   std::vector<uint32_t> last;
-  std::vector<float> data;
+  UninitializedFloats data;
   std::vector<std::vector<uint16_t>> sketches;
 };
 

@@ -530,7 +530,7 @@ absl::Status TablePartDecoder::AddBlock(absl::string_view key, absl::string_view
 }
 
 absl::Status TablePartDecoder::Take(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
-                                    std::vector<float>* values) {
+                                    UninitializedFloats* values) {
   PS_RETURN_IF_ERROR(Check());
   *keys = std::move(keys_);
   *counts = std::move(counts_);

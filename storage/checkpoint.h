@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/default_init_allocator.h"
 #include "proto/coordinator_service.pb.h"
 #include "proto/ps_service.pb.h"
 #include "rocksdb/db.h"
@@ -174,7 +175,7 @@ class TablePartDecoder {
   // update count (*counts)[i] and its stride() floats at (*values)[i * stride()]. The decoder
   // is empty afterwards.
   absl::Status Take(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
-                    std::vector<float>* values);
+                    UninitializedFloats* values);
 
  private:
   absl::Status AddRow(absl::string_view key, absl::string_view value);
@@ -192,7 +193,7 @@ class TablePartDecoder {
   int run_ = -1;
   size_t run_begin_ = 0;
   std::vector<int64_t> keys_, counts_;
-  std::vector<float> values_;
+  UninitializedFloats values_;  // grown by each record, then written: not zero-filled first
 };
 
 // Reads shards from one RocksDB of a checkpoint, read-only. Thread-compatible.
@@ -220,7 +221,7 @@ class CheckpointReader {
   // no copy beyond reading them.
   struct TableRows {
     std::vector<int64_t> keys, counts;
-    std::vector<float> values;
+    UninitializedFloats values;
     int64_t stride = 0;  // floats per row (values then slots); 0 when there is no row
   };
   absl::StatusOr<TableRows> ReadTableWhole(const v1::SavedShard& saved, int64_t stride = -1);
