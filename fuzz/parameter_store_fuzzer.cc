@@ -14,7 +14,12 @@
 //   - a dense pull gives each shard's element count; a sparse pull gives n * dim values;
 //   - a save writes shards that read back and verify (CommitManifest, VerifyCheckpoint), and
 //     that restore into another ps task (shards from the input) or are refused, changing
-//     nothing.
+//     nothing;
+//   - a second save may be incremental on the first (SaveShardsRequest.delta_base, changes
+//     tracked from the first cut or not, the base named right or not): refused with
+//     FAILED_PRECONDITION, changing nothing, or written as a delta that verifies through its
+//     chain and restores (full + delta) into a ps task of the same shards exactly as a full
+//     checkpoint taken at the same moment restores into another.
 #include <unistd.h>
 
 #include <cstdint>
@@ -232,8 +237,7 @@ class Session {
       part->set_row_end(Field(in_, -1, 6));
     }
     SetSync(&request);
-    v1::CreateShardsResponse response;
-    return store_->CreateShards(request, &response);
+    return Create(request);
   }
 
   absl::Status CreateTable() {
@@ -247,8 +251,26 @@ class Session {
     const int owned = in_.Small(0, 4);
     for (int i = 0; i < owned; ++i) spec->add_virtual_shards(Field(in_, -1, 4));
     SetSync(&request);
+    return Create(request);
+  }
+
+  // Creates on the store, keeping the requests that succeed for ReplayCreates.
+  absl::Status Create(const v1::CreateShardsRequest& request) {
     v1::CreateShardsResponse response;
-    return store_->CreateShards(request, &response);
+    const absl::Status s = store_->CreateShards(request, &response);
+    if (s.ok() && !restoring_elsewhere_) creates_.push_back(request);
+    return s;
+  }
+
+  // A new ps task with the shards this session's store was given.
+  std::unique_ptr<ParameterStore> ReplayCreates() {
+    auto store = std::make_unique<ParameterStore>(store_->options());
+    for (const v1::CreateShardsRequest& request : creates_) {
+      v1::CreateShardsResponse response;
+      const absl::Status s = store->CreateShards(request, &response);
+      FUZZ_CHECK(s.ok(), "a create that succeeded once failed on a new ps task: ", s.ToString());
+    }
+    return store;
   }
 
   void SetSync(v1::CreateShardsRequest* request) {
@@ -359,16 +381,27 @@ class Session {
     return s;
   }
 
-  // At most one save per input: RocksDB makes it the slowest operation by far.
+  static constexpr char kFirst[] = "ckpt-0000000001";
+  static constexpr char kSecond[] = "ckpt-0000000002";
+  static constexpr char kWhole[] = "ckpt-0000000003";
+
+  // At most two saves per input (RocksDB makes them the slowest operations by far): the first
+  // full, the second full or incremental on the first.
   absl::Status Save() {
-    if (saved_) return absl::OkStatus();
-    saved_ = true;
-    const std::string path = absl::StrCat(scratch_, "/ckpt-0000000001");
+    if (saves_ >= 2) return absl::OkStatus();
+    const bool second = ++saves_ == 2;
+    const std::string path = absl::StrCat(scratch_, "/", second ? kSecond : kFirst);
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
     v1::SaveShardsRequest request;
     request.set_checkpoint_path(path);
     request.set_step(Field(in_, 0, 3));
+    request.set_track_changes(in_.Bool());
+    if (second) {
+      const int64_t base = Field(in_, 0, 2);
+      if (base == 1) request.set_delta_base(kFirst);
+      if (base == 2) request.set_delta_base("ckpt-0000000009");
+    }
     v1::SaveShardsResponse response;
     absl::Status s;
     if (in_.Bool()) {
@@ -387,10 +420,18 @@ class Session {
     } else {
       s = store_->Save(request, &response);
     }
-    if (s.ok()) {
+    if (!request.delta_base().empty() && !s.ok()) {
+      FUZZ_CHECK(s.code() == absl::StatusCode::kFailedPrecondition,
+                 "an incremental save refused with ", s.ToString());
+    }
+    // A delta on a first save whose cut was taken but whose write failed has no full
+    // checkpoint under it (the chief starts a new chain after such a save): not checked.
+    const bool delta = !request.delta_base().empty();
+    if (s.ok() && (!delta || first_ok_)) {
       v1::CheckpointManifest manifest;
       manifest.set_step(request.step());
       manifest.set_num_ps(1);
+      if (delta) manifest.add_chain(kFirst);
       *manifest.mutable_shards() = response.shards();
       FUZZ_CHECK(CommitManifest(path, manifest).ok(), "cannot commit a manifest");
       const absl::Status verified = VerifyCheckpoint(path);
@@ -399,11 +440,60 @@ class Session {
         absl::StrAppend(&names, " \"", absl::CHexEscape(shard.name()), "\"");
       }
       FUZZ_CHECK(verified.ok(), "a checkpoint just saved (shards", names,
+                 delta ? ", incremental" : "",
                  ") does not verify: ", absl::CHexEscape(verified.ToString()));
-      if (in_.Bool()) RestoreElsewhere(path, request.step(), response);
+      if (delta) {
+        CheckDeltaRestores(path, request.step(), response);
+      } else if (in_.Bool()) {
+        RestoreElsewhere(path, request.step(), response);
+      }
     }
-    std::filesystem::remove_all(path);
+    if (!s.ok() || second) std::filesystem::remove_all(path);
+    if (second) std::filesystem::remove_all(absl::StrCat(scratch_, "/", kFirst));
+    if (s.ok() && !second) {
+      first_ = response;
+      first_ok_ = true;
+    }
     return s;
+  }
+
+  // The incremental checkpoint at `path` (on kFirst, whose response is first_) restored into a
+  // new ps task of this store's shards holds exactly what a full checkpoint of the same moment
+  // restored into another holds.
+  void CheckDeltaRestores(const std::string& path, int64_t step,
+                          const v1::SaveShardsResponse& saved) {
+    const std::string whole_path = absl::StrCat(scratch_, "/", kWhole);
+    std::filesystem::remove_all(whole_path);
+    std::filesystem::create_directories(whole_path);
+    v1::SaveShardsRequest request;
+    request.set_checkpoint_path(whole_path);
+    request.set_step(step);
+    v1::SaveShardsResponse whole;
+    const absl::Status s = store_->Save(request, &whole);
+    FUZZ_CHECK(s.ok(), "a full save right after an incremental one failed: ", s.ToString());
+
+    v1::RestoreShardsRequest chain;
+    chain.set_checkpoint_path(path);
+    *chain.mutable_saved() = saved.shards();
+    chain.set_step(step);
+    v1::CheckpointLink* link = chain.add_chain();
+    link->set_checkpoint_path(absl::StrCat(scratch_, "/", kFirst));
+    *link->mutable_saved() = first_.shards();
+    v1::RestoreShardsRequest full;
+    full.set_checkpoint_path(whole_path);
+    *full.mutable_saved() = whole.shards();
+    full.set_step(step);
+    std::unique_ptr<ParameterStore> from_chain = ReplayCreates();
+    std::unique_ptr<ParameterStore> from_full = ReplayCreates();
+    v1::RestoreShardsResponse response;
+    const absl::Status chain_status = from_chain->Restore(chain, &response);
+    const absl::Status full_status = from_full->Restore(full, &response);
+    FUZZ_CHECK(chain_status.ok() == full_status.ok(),
+               "restores of the same moment: ", chain_status.ToString(), " from full + delta, ",
+               full_status.ToString(), " from the full checkpoint");
+    FUZZ_CHECK(Snapshot(*from_chain, keys_) == Snapshot(*from_full, keys_),
+               "full + delta restored other values than the full checkpoint of the same moment");
+    std::filesystem::remove_all(whole_path);
   }
 
   // Restores the checkpoint at `path` into a new ps task whose shards come from the input (as
@@ -413,11 +503,13 @@ class Session {
                         const v1::SaveShardsResponse& saved) {
     std::unique_ptr<ParameterStore> first = std::move(store_);
     store_ = std::make_unique<ParameterStore>(first->options());
+    restoring_elsewhere_ = true;
     const int creates = in_.Small(0, 3);
     for (int i = 0; i < creates; ++i) {
       absl::Status s = in_.Bool() ? CreateTable() : CreateDense();
       s.IgnoreError();  // refused creates are checked in Run()
     }
+    restoring_elsewhere_ = false;
     v1::RestoreShardsRequest request;
     request.set_checkpoint_path(path);
     *request.mutable_saved() = saved.shards();
@@ -458,7 +550,11 @@ class Session {
   const std::string scratch_;
   std::unique_ptr<ParameterStore> store_;
   std::set<int64_t> keys_;  // every sparse key used, for the snapshots
-  bool saved_ = false;
+  int saves_ = 0;
+  v1::SaveShardsResponse first_;  // the first save's, while kFirst is on disk
+  bool first_ok_ = false;
+  std::vector<v1::CreateShardsRequest> creates_;  // that succeeded on store_
+  bool restoring_elsewhere_ = false;              // store_ is RestoreElsewhere's
 };
 
 // A directory of this process for checkpoints, removed at exit.
