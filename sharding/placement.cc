@@ -91,7 +91,30 @@ absl::Status ValidateOptions(int32_t num_ps, const v1::PlacementOptions& options
         absl::StrCat("options.num_virtual_shards must be >= 0 (0 means ", kDefaultNumVirtualShards,
                      "), got ", options.num_virtual_shards()));
   }
+  if (options.replication() < 0 || options.replication() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.replication must be 0 or 1 (no backup) or 2 (a primary and a backup), got ",
+        options.replication()));
+  }
+  if (options.replication() == 2 && num_ps < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.replication 2 needs at least 2 ps tasks (a backup on another task), got ",
+        num_ps));
+  }
   return absl::OkStatus();
+}
+
+// With replication 2: the backup of every dense partition and virtual shard (BackupOf).
+void AssignBackups(v1::Placement& placement) {
+  const int32_t num_ps = placement.num_ps();
+  std::vector<int64_t> partitions_of(num_ps, 0), shards_of(num_ps, 0);
+  for (v1::DensePartition& partition : *placement.mutable_partitions()) {
+    const int32_t primary = partition.ps_task();
+    partition.set_backup_ps_task(BackupOf(primary, partitions_of[primary]++, num_ps));
+  }
+  for (int32_t primary : placement.virtual_shard_to_ps()) {
+    placement.add_virtual_shard_to_backup_ps(BackupOf(primary, shards_of[primary]++, num_ps));
+  }
 }
 
 // Appends the partitions of every variable to `placement`, with ps_task not yet set.
@@ -233,6 +256,7 @@ absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32
   for (int32_t ps : AssignVirtualShards(num_virtual_shards, num_ps)) {
     placement.add_virtual_shard_to_ps(ps);
   }
+  if (options.replication() == 2) AssignBackups(placement);
   placement.set_version(PlacementVersion(placement));
   return placement;
 }
@@ -265,6 +289,15 @@ int64_t PlacementVersion(const v1::Placement& placement) {
   }
   hash.AddInt(placement.virtual_shard_to_ps_size());
   for (int32_t ps : placement.virtual_shard_to_ps()) hash.AddInt(ps);
+  // Only with backups, so that placements without them keep the versions they had before.
+  if (placement.options().replication() >= 2) {
+    hash.AddInt(placement.options().replication());
+    for (const v1::DensePartition& partition : placement.partitions()) {
+      hash.AddInt(partition.backup_ps_task());
+    }
+    hash.AddInt(placement.virtual_shard_to_backup_ps_size());
+    for (int32_t ps : placement.virtual_shard_to_backup_ps()) hash.AddInt(ps);
+  }
 
   const int64_t version = static_cast<int64_t>(hash.digest() & 0x7fffffffffffffffULL);
   // 0 is what an unset version reads as; keep it free to mean "no placement".
@@ -272,23 +305,28 @@ int64_t PlacementVersion(const v1::Placement& placement) {
 }
 
 std::string PlacementDebugString(const v1::Placement& placement) {
+  const bool backups = placement.options().replication() >= 2;
   std::string out = absl::StrFormat(
       "Placement version %d: %d ps tasks, strategy %s, max_partition_bytes %d, "
-      "%d virtual shards\n",
+      "%d virtual shards%s\n",
       placement.version(), placement.num_ps(), StrategyName(placement.options().strategy()),
-      placement.options().max_partition_bytes(), placement.virtual_shard_to_ps_size());
+      placement.options().max_partition_bytes(), placement.virtual_shard_to_ps_size(),
+      backups ? ", each with a backup" : "");
 
   // Per ps task: {dense partitions, dense bytes, virtual shards}.
   struct PsLoad {
     int64_t partitions = 0;
     int64_t bytes = 0;
     int64_t virtual_shards = 0;
+    int64_t backup_bytes = 0;
+    int64_t backup_shards = 0;
   };
   std::map<int32_t, PsLoad> loads;
 
   absl::StrAppend(&out, "Dense partitions (", placement.partitions_size(), "):\n");
   std::vector<std::vector<std::string>> rows = {
       {"variable", "partition", "rows", "ps task", "bytes"}};
+  if (backups) rows[0].push_back("backup");
   for (const v1::DensePartition& partition : placement.partitions()) {
     rows.push_back({partition.variable(),
                     absl::StrCat(partition.partition(), "/", partition.num_partitions()),
@@ -297,8 +335,12 @@ std::string PlacementDebugString(const v1::Placement& placement) {
     PsLoad& load = loads[partition.ps_task()];
     ++load.partitions;
     load.bytes += partition.bytes();
+    if (backups) {
+      rows.back().push_back(absl::StrCat(partition.backup_ps_task()));
+      loads[partition.backup_ps_task()].backup_bytes += partition.bytes();
+    }
   }
-  AppendTable(rows, {3, 4}, out);
+  AppendTable(rows, backups ? std::set<size_t>{3, 4, 5} : std::set<size_t>{3, 4}, out);
 
   absl::StrAppend(&out, "Tables (", placement.tables_size(), "):\n");
   rows = {{"table", "dim", "keys"}};
@@ -310,15 +352,25 @@ std::string PlacementDebugString(const v1::Placement& placement) {
   AppendTable(rows, {1}, out);
 
   for (int32_t ps : placement.virtual_shard_to_ps()) ++loads[ps].virtual_shards;
+  for (int32_t ps : placement.virtual_shard_to_backup_ps()) ++loads[ps].backup_shards;
   absl::StrAppend(&out, "Per ps task:\n");
   rows = {{"ps task", "partitions", "dense bytes", "virtual shards"}};
+  if (backups) {
+    rows[0].push_back("backup bytes");
+    rows[0].push_back("backup shards");
+  }
   int64_t listed_in_range = 0;
   for (const auto& [ps, load] : loads) {
     rows.push_back({absl::StrCat(ps), absl::StrCat(load.partitions), absl::StrCat(load.bytes),
                     absl::StrCat(load.virtual_shards)});
+    if (backups) {
+      rows.back().push_back(absl::StrCat(load.backup_bytes));
+      rows.back().push_back(absl::StrCat(load.backup_shards));
+    }
     if (ps >= 0 && ps < placement.num_ps()) ++listed_in_range;
   }
-  AppendTable(rows, {0, 1, 2, 3}, out);
+  AppendTable(rows, backups ? std::set<size_t>{0, 1, 2, 3, 4, 5} : std::set<size_t>{0, 1, 2, 3},
+              out);
   // Listing every idle task could take millions of lines; a count says the same.
   const int64_t idle = std::max<int64_t>(0, placement.num_ps() - listed_in_range);
   if (idle > 0) absl::StrAppend(&out, "  (", idle, " other ps tasks hold nothing)\n");

@@ -30,11 +30,16 @@ namespace pscluster {
 // ps tasks by virtual shard: virtual_shard_to_ps = AssignVirtualShards(n, num_ps), with
 // n = options.num_virtual_shards, or kDefaultNumVirtualShards when that is 0.
 //
+// With options.replication 2, every dense partition and virtual shard also gets a backup ps
+// task (DensePartition.backup_ps_task, virtual_shard_to_backup_ps): BackupOf(its primary, how
+// many items of the same kind that primary held before it, num_ps).
+//
 // The result's `options` are the given options with num_virtual_shards resolved to n and
 // split_bytes to its value, and
 // `version` is PlacementVersion() of the result.
 //
-// Returns INVALID_ARGUMENT, naming the offending value, if num_ps < 1; if a variable or table
+// Returns INVALID_ARGUMENT, naming the offending value, if num_ps < 1; if replication is not 0,
+// 1 or 2, or is 2 with fewer than 2 ps tasks; if a variable or table
 // name is empty or used twice (variables and tables share one namespace); if a variable has a
 // negative dimension, a dtype other than DT_FLOAT32, or needs too many partitions (see
 // PartitionRows); if a table's dim is < 1; if max_partition_bytes or num_virtual_shards is
@@ -46,6 +51,16 @@ constexpr int64_t kDefaultSplitBytes = 256 << 10;
 
 absl::StatusOr<v1::Placement> ComputePlacement(const v1::ModelSpec& model, int32_t num_ps,
                                                const v1::PlacementOptions& options);
+
+// The backup of the `index`-th item (dense partition or virtual shard, counted per kind) whose
+// primary is ps task `primary`, among `num_ps` tasks: (primary + 1 + index % (num_ps - 1)) %
+// num_ps. Never the primary; a task's items have their backups spread in turn over every other
+// task, so that when it dies its load moves to all of them, not to one partner; and with
+// primaries spread evenly, so are the backups. REQUIRES: num_ps >= 2, 0 <= primary < num_ps,
+// index >= 0.
+inline int32_t BackupOf(int32_t primary, int64_t index, int32_t num_ps) {
+  return static_cast<int32_t>((primary + 1 + index % (num_ps - 1)) % num_ps);
+}
 
 // A fingerprint of everything in `placement` except its `version` field: FNV-1a 64 over the
 // fields, one by one, in a fixed order and encoding (integers as 8 little-endian bytes,

@@ -1,6 +1,7 @@
 #include "sharding/placement.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <set>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -415,6 +417,86 @@ TEST(ComputePlacementTest, RejectsNonFloat32Variable) {
   v1::ModelSpec model = MixedModel();
   model.mutable_variables(1)->set_dtype(v1::DT_INT64);
   ExpectInvalid(model, 2, RoundRobin(), "variable 'small' has dtype DT_INT64");
+}
+
+// With replication 2 every dense partition and virtual shard has a backup on another task; a
+// task's virtual shards have their backups on every other task in turn, so that its death
+// moves its load to all of them; each task backs up about as many virtual shards as it owns;
+// the primaries are where they were without backups. Replication 0 or 1 changes nothing, the
+// version included.
+TEST(ComputePlacementTest, ReplicationTwoGivesEveryItemABackupSpreadOverTheOtherTasks) {
+  v1::ModelSpec model = MixedModel();
+  AddVariable(model, "wide", {64, 1024});  // 256 KiB: split over every task
+  for (const int32_t num_ps : {2, 3, 4, 7}) {
+    SCOPED_TRACE(num_ps);
+    v1::PlacementOptions options = Options(v1::PlacementOptions::ROUND_ROBIN, 0, 1024);
+    const absl::StatusOr<v1::Placement> plain = ComputePlacement(model, num_ps, options);
+    options.set_replication(1);
+    const absl::StatusOr<v1::Placement> one = ComputePlacement(model, num_ps, options);
+    options.set_replication(2);
+    const absl::StatusOr<v1::Placement> two = ComputePlacement(model, num_ps, options);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_TRUE(two.ok()) << two.status();
+    EXPECT_EQ(one->version(), plain->version());
+    EXPECT_TRUE(one->virtual_shard_to_backup_ps().empty());
+    EXPECT_NE(two->version(), plain->version());
+    EXPECT_EQ(two->version(), PlacementVersion(*two));
+
+    EXPECT_THAT(two->virtual_shard_to_ps(),
+                ::testing::ElementsAreArray(plain->virtual_shard_to_ps()));
+    ASSERT_EQ(two->virtual_shard_to_backup_ps_size(), two->virtual_shard_to_ps_size());
+    std::vector<std::set<int32_t>> backed_up_on(num_ps);
+    std::vector<int64_t> owned(num_ps, 0), backups(num_ps, 0);
+    for (int v = 0; v < two->virtual_shard_to_ps_size(); ++v) {
+      const int32_t primary = two->virtual_shard_to_ps(v);
+      const int32_t backup = two->virtual_shard_to_backup_ps(v);
+      ASSERT_GE(backup, 0);
+      ASSERT_LT(backup, num_ps);
+      EXPECT_NE(backup, primary) << "virtual shard " << v;
+      backed_up_on[primary].insert(backup);
+      ++owned[primary];
+      ++backups[backup];
+    }
+    for (int32_t ps = 0; ps < num_ps; ++ps) {
+      EXPECT_EQ(backed_up_on[ps].size(), static_cast<size_t>(num_ps - 1)) << "ps " << ps;
+      EXPECT_LE(std::abs(backups[ps] - owned[ps]), num_ps) << "ps " << ps;
+    }
+
+    ASSERT_EQ(two->partitions_size(), plain->partitions_size());
+    std::set<int32_t> wide_backups;
+    for (int i = 0; i < two->partitions_size(); ++i) {
+      const v1::DensePartition& partition = two->partitions(i);
+      EXPECT_EQ(partition.ps_task(), plain->partitions(i).ps_task());
+      EXPECT_NE(partition.backup_ps_task(), partition.ps_task())
+          << partition.variable() << "/" << partition.partition();
+      EXPECT_GE(partition.backup_ps_task(), 0);
+      EXPECT_LT(partition.backup_ps_task(), num_ps);
+      if (partition.variable() == "wide") wide_backups.insert(partition.backup_ps_task());
+    }
+    // One partition of "wide" on each task; their backups on more than one task.
+    EXPECT_GT(wide_backups.size(), 1u);
+
+    const std::string listing = PlacementDebugString(*two);
+    EXPECT_THAT(listing, HasSubstr("each with a backup"));
+    EXPECT_THAT(listing, HasSubstr("backup shards"));
+    EXPECT_THAT(PlacementDebugString(*plain), ::testing::Not(HasSubstr("backup")));
+  }
+}
+
+TEST(ComputePlacementTest, RejectsReplicationItCannotPlace) {
+  v1::PlacementOptions options = RoundRobin();
+  options.set_replication(2);
+  ExpectInvalid(
+      MixedModel(), 1, options,
+      "options.replication 2 needs at least 2 ps tasks (a backup on another task), got 1");
+  for (const int32_t replication : {-1, 3}) {
+    options.set_replication(replication);
+    ExpectInvalid(MixedModel(), 3, options,
+                  absl::StrCat("options.replication must be 0 or 1 (no backup) or 2 (a primary "
+                               "and a backup), got ",
+                               replication));
+  }
 }
 
 TEST(PlacementKeysTest, EveryVirtualShardHasOneOwnerAndEveryKeyGoesToIt) {
