@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<LocalStepPipeline>> LocalStepPipeline::Create(
 LocalStepPipeline::LocalStepPipeline(std::vector<Model*> towers, TowerReducer* reducer,
                                      ParameterClient* client, int local_steps, int num_workers)
     : towers_(towers.size()),
+      models_(towers),
       reducer_(reducer),
       client_(client),
       model_(towers[0]),
@@ -190,16 +191,12 @@ absl::Status LocalStepPipeline::AllocateTower(Tower* t) {
 }
 
 absl::Status LocalStepPipeline::Stage(int64_t index, const PreparedBatch& batch) {
-  std::vector<Model*> models;
-  for (const Tower& t : towers_) models.push_back(t.model);
-  return StageOverTowers(models, static_cast<int>(index % Model::kInputSlots), batch);
+  return StageOverTowers(models_, static_cast<int>(index % Model::kInputSlots), batch);
 }
 
 absl::Status LocalStepPipeline::StageGathered(int64_t index, const Dataset& data,
                                               const std::vector<int64_t>& positions) {
-  std::vector<Model*> models;
-  for (const Tower& t : towers_) models.push_back(t.model);
-  return StageGatheredOverTowers(models, index, data, positions, &stage_);
+  return StageGatheredOverTowers(models_, index, data, positions, &stage_);
 }
 
 absl::Status LocalStepPipeline::PullFresh() {
@@ -267,6 +264,15 @@ void LocalStepPipeline::StartSync(int64_t tag) {
   since_sync_ = 0;
 }
 
+void LocalStepPipeline::UploadFresh(Tower& t, float* device) {
+  // The last fold-in must have read t.fresh (or base) before it is written again; the compute
+  // stream then waits for the copy.
+  t.k->Wait(kUpload, t.fresh_consumed.get());
+  t.k->CopyToDeviceAsync(kUpload, host_fresh_, device, n_ * 4);
+  t.k->Record(t.fresh_uploaded.get(), kUpload);
+  t.k->Wait(kCompute, t.fresh_uploaded.get());
+}
+
 absl::Status LocalStepPipeline::Merge(bool wait) {
   {
     absl::MutexLock lock(&mu_);
@@ -281,10 +287,7 @@ absl::Status LocalStepPipeline::Merge(bool wait) {
   // host_fresh_: the ps's values with the delta in. On every tower, local = fresh + (local -
   // snapshot), base = fresh.
   for (Tower& t : towers_) {
-    t.k->Wait(kUpload, t.fresh_consumed.get());
-    t.k->CopyToDeviceAsync(kUpload, host_fresh_, t.fresh, n_ * 4);
-    t.k->Record(t.fresh_uploaded.get(), kUpload);
-    t.k->Wait(kCompute, t.fresh_uploaded.get());
+    UploadFresh(t, t.fresh);
     t.k->ScaleCopy(n_, 1.0f, t.fresh, t.base);
     t.k->Axpy(n_, -1.0f, t.snap, t.fresh);
     t.k->Axpy(n_, 1.0f, t.fresh, t.local);
@@ -342,10 +345,7 @@ absl::Status LocalStepPipeline::Run(int64_t index, int64_t tag, int64_t /*pull_s
   if (!have_params_) {
     PS_RETURN_IF_ERROR(PullFresh());
     for (Tower& t : towers_) {
-      t.k->Wait(kUpload, t.fresh_consumed.get());
-      t.k->CopyToDeviceAsync(kUpload, host_fresh_, t.base, n_ * 4);
-      t.k->Record(t.fresh_uploaded.get(), kUpload);
-      t.k->Wait(kCompute, t.fresh_uploaded.get());
+      UploadFresh(t, t.base);
       t.k->ScaleCopy(n_, 1.0f, t.base, t.local);
     }
     have_params_ = true;

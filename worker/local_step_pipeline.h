@@ -120,6 +120,9 @@ class LocalStepPipeline : public StepRunner {
                     int local_steps, int num_workers);
   absl::Status Allocate(const v1::ModelSpec& spec);
   absl::Status AllocateTower(Tower* t);
+  // Issues the upload of host_fresh_ into `device` (t.fresh or t.base) on tower t, ordered
+  // after the last fold-in and before what the compute stream does next.
+  void UploadFresh(Tower& t, float* device);
   // Pulls every variable into host_fresh_ (caller thread).
   absl::Status PullFresh();
   // The delta (snapshot - base) in host_delta_ pushed with the sync's ticket, then the values
@@ -141,10 +144,11 @@ class LocalStepPipeline : public StepRunner {
   void CollectOutcomes(size_t keep);
 
   std::vector<Tower> towers_;
-  TowerReducer* const reducer_;    // Not owned; null with one tower.
-  ParameterClient* const client_;  // Not owned.
-  Model* const model_;             // tower 0's
-  Kernels* const k_;               // tower 0's
+  const std::vector<Model*> models_;  // towers_[i].model, for the staging functions
+  TowerReducer* const reducer_;       // Not owned; null with one tower.
+  ParameterClient* const client_;     // Not owned.
+  Model* const model_;                // tower 0's
+  Kernels* const k_;                  // tower 0's
   const int local_steps_;
   const int num_workers_;
   const float delta_scale_;  // 1 / the number of workers
