@@ -41,11 +41,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/huge_page_pool.h"
 #include "common/thread_pool.h"
 #include "gflags/gflags.h"
 #include "proto/model.pb.h"
 #include "ps_server/embedding_table.h"
-#include "ps_server/huge_page_pool.h"
 #include "ps_server/row_index.h"
 
 DEFINE_int64(keys, 100000, "Keys per push or pull (distinct unless --occurrences > 1).");

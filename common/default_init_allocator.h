@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/huge_page_pool.h"
+
 namespace pscluster {
 
 // An allocator that default-initializes where std::allocator value-initializes: a vector of a
@@ -39,8 +41,12 @@ class DefaultInitAllocator : public Base {
   }
 };
 
-// Floats that resize() does not zero-fill.
-using UninitializedFloats = std::vector<float, DefaultInitAllocator<float>>;
+// Floats that resize() does not zero-fill, on huge pages (HugePagePool) from 4 KiB up: the
+// buffers of hundreds of MB a checkpoint's rows are read into. Touching fresh memory a 4 KiB
+// page at a time costs more than the copy into it: on the 2-core development VM, writing
+// 576 MB of new small pages takes 2.5 s, of reused huge pages 0.06 s.
+using UninitializedFloats =
+    std::vector<float, DefaultInitAllocator<float, HugePageAllocator<float>>>;
 
 }  // namespace pscluster
 

@@ -12,12 +12,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/denormal.h"
+#include "common/huge_page_pool.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/distinct_keys.h"
 #include "ps_server/embedding_table_internal.h"
 #include "ps_server/float_stats.h"
-#include "ps_server/huge_page_pool.h"
 #include "ps_server/initializer.h"
 #include "sharding/sparse_hash.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ps_server/huge_page_pool.h"
+#include "common/huge_page_pool.h"
 
 namespace pscluster {
 namespace {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "ps_server/huge_page_pool.h"
+#include "common/huge_page_pool.h"
 
 namespace pscluster {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <new>
 
-#include "ps_server/huge_page_pool.h"
+#include "common/huge_page_pool.h"
 
 namespace pscluster {
 

@@ -1,4 +1,4 @@
-#include "ps_server/huge_page_pool.h"
+#include "common/huge_page_pool.h"
 
 #include <algorithm>
 #include <cstdint>

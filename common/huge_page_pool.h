@@ -1,5 +1,5 @@
-#ifndef PSCLUSTER_PS_SERVER_HUGE_PAGE_POOL_H_
-#define PSCLUSTER_PS_SERVER_HUGE_PAGE_POOL_H_
+#ifndef PSCLUSTER_COMMON_HUGE_PAGE_POOL_H_
+#define PSCLUSTER_COMMON_HUGE_PAGE_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -12,8 +12,10 @@
 
 namespace pscluster {
 
-// Memory for embedding tables (their row blocks and row indexes) on 2 MiB transparent huge
-// pages. A table's lookups land on random rows and index entries, so with 4 KiB pages nearly
+// Memory for embedding tables (their row blocks and row indexes), and for the buffers a
+// checkpoint's rows are read into (UninitializedFloats), on 2 MiB transparent huge pages.
+// Faulting memory in 4 KiB at a time is slow (about 17 us a page on the development VM), and
+// a table's lookups land on random rows and index entries, so with 4 KiB pages nearly
 // every key also misses the TLB (twice: index and row), and in a virtual machine each miss is a
 // two-level page walk. A table's stripes each hold well under 2 MiB of a mid-sized table, so
 // advising each allocation alone would leave them on small pages; the pool carves them all out
@@ -89,7 +91,8 @@ class HugePagePool {
   std::vector<void*> kept_slabs_ ABSL_GUARDED_BY(mu_);  // wholly free, still mapped
 };
 
-// A std allocator over HugePagePool::Default(), for containers of table memory (RowIndex).
+// A std allocator over HugePagePool::Default(), for containers of table memory (RowIndex) and
+// of checkpoint rows read (UninitializedFloats).
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
@@ -113,4 +116,4 @@ struct HugePageAllocator {
 
 }  // namespace pscluster
 
-#endif  // PSCLUSTER_PS_SERVER_HUGE_PAGE_POOL_H_
+#endif  // PSCLUSTER_COMMON_HUGE_PAGE_POOL_H_
