@@ -313,6 +313,11 @@ class EmbeddingTable {
   absl::Status InsertRows(const int64_t* keys, const float* values_and_slots, const int64_t* t,
                           const uint32_t* last, int64_t n, ThreadPool* pool = nullptr);
 
+  // Removes the rows of those of keys[0, n) that have one here (a restore of a chain: the keys
+  // a delta recorded as removed); keys not owned or without a row are passed over. Not for a
+  // vocabulary table (it does nothing there).
+  void RemoveRows(const int64_t* keys, int64_t n);
+
   // For checkpoints: the admission sketch's counters, stripe after stripe (empty without
   // admission), and the virtual shards this table owns, in increasing order.
   std::vector<uint16_t> AdmissionSketch() const;
@@ -329,6 +334,16 @@ class EmbeddingTable {
   // initial values, as in the run the checkpoint came from; InsertRow then moves the clock to
   // the restored rows' newest push). Stripe by stripe: call while no request is under way.
   void Clear();
+
+  // An empty table of the same spec and virtual shards, to restore into while this one serves
+  // (then AdoptRows). Errors as Create's (none for a table Create made).
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmptyLike() const;
+  // Clear, then takes the rows of `staged` (an EmptyLike of this table that a restore filled
+  // with InsertRows) and its step clock, leaving it empty: each stripe's rows change hands
+  // under its lock, with no copy. The admission counts are cleared as Clear clears them (the
+  // restore merges the checkpoint's after). FAILED_PRECONDITION, changing nothing, if either is
+  // a vocabulary table or `staged` has another stride or other virtual shards.
+  absl::Status AdoptRows(EmbeddingTable& staged);
 
  private:
   // One lock stripe: row r's stride_ floats at arena.Row(r), where the values are
@@ -374,6 +389,9 @@ class EmbeddingTable {
     // (WatchRowLocked). Kept by SetWatchedLocked wherever either changes.
     bool watched ABSL_GUARDED_BY(mu) = false;
   };
+
+  // Clear's work on stripe s. REQUIRES: s is the stripe's number.
+  void ClearStripeLocked(Stripe* stripe, int s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu);
 
   static void SetWatchedLocked(Stripe* stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stripe->mu) {
     stripe->watched = stripe->cut != nullptr || stripe->tracking;

@@ -368,24 +368,66 @@ void EmbeddingTable::Clear() {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
-    if (stripe.cut != nullptr) KeepAllForCutLocked(&stripe);
-    // What changed is no longer known row by row: the next cut cannot be incremental.
-    stripe.tracking = false;
-    SetWatchedLocked(&stripe);
-    std::vector<uint64_t>().swap(stripe.changed);
-    std::vector<int64_t>().swap(stripe.removed);
-    stripe.rows = RowIndex();
-    stripe.arena.Clear();
-    std::vector<uint32_t>().swap(stripe.free_rows);
-    std::vector<uint32_t>().swap(stripe.last);
-    stripe.sketch.Clear();
-    stripe.swept_at = 0;
-    if (vocabulary_size_ > 0) {
-      vocabulary_.ClearStripe(s);
-      stripe.vocabulary_rows = 0;
-    }
+    ClearStripeLocked(&stripe, s);
   }
   step_clock_.store(0, std::memory_order_relaxed);
+}
+
+void EmbeddingTable::ClearStripeLocked(Stripe* stripe, int s) {
+  if (stripe->cut != nullptr) KeepAllForCutLocked(stripe);
+  // What changed is no longer known row by row: the next cut cannot be incremental.
+  stripe->tracking = false;
+  SetWatchedLocked(stripe);
+  std::vector<uint64_t>().swap(stripe->changed);
+  std::vector<int64_t>().swap(stripe->removed);
+  stripe->rows = RowIndex();
+  stripe->arena.Clear();
+  std::vector<uint32_t>().swap(stripe->free_rows);
+  std::vector<uint32_t>().swap(stripe->last);
+  stripe->sketch.Clear();
+  stripe->swept_at = 0;
+  if (vocabulary_size_ > 0) {
+    vocabulary_.ClearStripe(s);
+    stripe->vocabulary_rows = 0;
+  }
+}
+
+void EmbeddingTable::RemoveRows(const int64_t* keys, int64_t n) {
+  if (is_vocabulary()) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!OwnsKey(keys[i])) continue;
+    Stripe& stripe = stripes_[StripeOf(keys[i])];
+    absl::MutexLock lock(&stripe.mu);
+    const RowIndex::Entry* entry = stripe.rows.FindEntry(keys[i]);
+    if (entry != nullptr) RemoveRowLocked(&stripe, keys[i], entry->row);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::EmptyLike() const {
+  return Create(spec_, OwnedVirtualShards(), num_virtual_shards_);
+}
+
+absl::Status EmbeddingTable::AdoptRows(EmbeddingTable& staged) {
+  if (is_vocabulary() || staged.is_vocabulary() || staged.stride_ != stride_ ||
+      staged.owned_ != owned_ || staged.tracks_last_ != tracks_last_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", spec_.name(), " cannot adopt the rows of table ",
+                     staged.spec_.name(), ": not a hashed table of the same rows and shards"));
+  }
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    Stripe& from = staged.stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    absl::MutexLock from_lock(&from.mu);
+    ClearStripeLocked(&stripe, s);
+    std::swap(stripe.rows, from.rows);
+    stripe.arena.Swap(from.arena);
+    stripe.free_rows.swap(from.free_rows);
+    stripe.last.swap(from.last);
+  }
+  step_clock_.store(staged.step_clock_.exchange(0, std::memory_order_relaxed),
+                    std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 absl::Status EmbeddingTable::InsertRow(int64_t key, const float* values_and_slots, int64_t t,

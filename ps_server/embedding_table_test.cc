@@ -525,6 +525,75 @@ TEST(EmbeddingTableTest, InsertRowsHoldsWhatInsertRowHolds) {
   }
 }
 
+// AdoptRows (a restore's, from a table filled beside the live one): the live table then holds
+// exactly the staged rows (its own are gone, the staged table is empty), later pushes and new
+// rows work on them, changes are no longer tracked (the next cut must be full), and a table of
+// another stride, other virtual shards or a vocabulary table is refused, changing nothing.
+TEST(EmbeddingTableTest, AdoptRowsTakesTheStagedRowsWhole) {
+  const v1::TableSpec spec = ParseTable(R"pb(name: "emb"
+                                             dim: 4
+                                             initializer { kind: CONSTANT value: 0.5 }
+                                             optimizer { adagrad { learning_rate: 0.1 } })pb");
+  ThreadPool pool(2);
+  std::unique_ptr<EmbeddingTable> live = CreateOrNull(spec, {0, 2}, 3);
+  ASSERT_NE(live, nullptr);
+  std::vector<int64_t> mine;
+  for (int64_t k = 0; mine.size() < 9000; ++k) {
+    if (live->OwnsKey(k)) mine.push_back(k);
+  }
+  // The live table's own rows: the first 3000 keys, pushed, changes tracked.
+  live->MarkCut(/*delta=*/false, /*track_changes=*/true);
+  live->DropCut();
+  ASSERT_TRUE(Push(*live, std::vector<int64_t>(mine.begin(), mine.begin() + 3000),
+                   std::vector<float>(3000 * 4, 0.25f))
+                  .ok());
+  ASSERT_TRUE(live->ChangesTracked());
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> staged = live->EmptyLike();
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ((*staged)->num_rows(), 0);
+  // The staged rows: keys 2000..9000 of them (some the live table has, most not).
+  std::vector<int64_t> keys(mine.begin() + 2000, mine.end()), t;
+  std::vector<uint32_t> last(keys.size(), 0);
+  std::vector<float> rows;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    t.push_back(static_cast<int64_t>(i % 5));
+    for (int f = 0; f < 8; ++f) rows.push_back(static_cast<float>(i) + 0.5f * f);
+  }
+  ASSERT_TRUE((*staged)
+                  ->InsertRows(keys.data(), rows.data(), t.data(), last.data(),
+                               static_cast<int64_t>(keys.size()), &pool)
+                  .ok());
+  const std::map<int64_t, Row> want = Snapshot(**staged);
+  ASSERT_EQ(want.size(), keys.size());
+
+  // Refused: another stride, other shards, a vocabulary table.
+  v1::TableSpec wider = spec;
+  wider.set_dim(5);
+  v1::TableSpec vocabulary = spec;
+  vocabulary.set_vocabulary_size(100000);
+  std::vector<std::unique_ptr<EmbeddingTable>> others;
+  others.push_back(CreateOrNull(wider, {0, 2}, 3));
+  others.push_back(CreateOrNull(spec, {0}, 3));
+  others.push_back(CreateOrNull(vocabulary, {0, 2}, 3));
+  for (const std::unique_ptr<EmbeddingTable>& other : others) {
+    ASSERT_NE(other, nullptr);
+    const absl::Status status = live->AdoptRows(*other);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_EQ(live->num_rows(), 3000);
+  }
+
+  ASSERT_TRUE(live->AdoptRows(**staged).ok());
+  EXPECT_EQ(Snapshot(*live), want);
+  EXPECT_EQ((*staged)->num_rows(), 0);
+  EXPECT_FALSE(live->ChangesTracked());
+  // It serves as any table: a push updates an adopted row, a pull of a new key creates one.
+  ASSERT_TRUE(Push(*live, {keys[0]}, std::vector<float>(4, 1.0f)).ok());
+  EXPECT_NE(Snapshot(*live).at(keys[0]).values_and_slots, want.at(keys[0]).values_and_slots);
+  EXPECT_EQ(Snapshot(*live).at(keys[0]).t, want.at(keys[0]).t + 1);
+  ASSERT_TRUE(Push(*live, {mine[0]}, std::vector<float>(4, 1.0f)).ok());
+  EXPECT_EQ(live->num_rows(), static_cast<int64_t>(keys.size()) + 1);
+}
+
 TEST(EmbeddingTableTest, ConcurrentPushesLoseNoUpdateAndPullsSeeWholeRows) {
   // Every element of a row starts at 100 and each update subtracts 0.5 * (sum of gradients of
   // 1.0) from every element, so a row's elements are always equal (a torn read would show two

@@ -1017,6 +1017,65 @@ TEST_F(ParameterStoreTest, IncrementalSavesRestoreThroughTheirChain) {
   EXPECT_EQ(table_part(delta5).rows(), 5);
 }
 
+// A full checkpoint's table is read a batch at a time into a table beside the restored one,
+// which takes its rows only once every part checked out: a part of many batches that fails
+// its checksum at its end leaves the restored table as it was, serving, and the same
+// checkpoint with its right checksum then restores every row exactly.
+TEST(ParameterStoreRestoreTest, ATablePartThatFailsItsChecksumAtItsEndChangesNothing) {
+  constexpr int64_t kRows = 100000;  // several of the restore's batches
+  v1::CreateShardsRequest create;
+  *create.add_tables() = Table("emb", 2);
+  v1::CreateShardsResponse created;
+  ParameterStore saver{ParameterStoreOptions()};
+  ASSERT_TRUE(saver.CreateShards(create, &created).ok());
+  std::vector<int64_t> keys(kRows);
+  std::vector<float> grads(2 * kRows);
+  for (int64_t i = 0; i < kRows; ++i) {
+    keys[i] = i * 7 - 3000;
+    grads[2 * i] = static_cast<float>(i);
+    grads[2 * i + 1] = -0.5f;
+  }
+  v1::PushSparseResponse pushed;
+  ASSERT_TRUE(PushSparse(saver, "emb", keys, grads, &pushed).ok());
+  v1::SaveShardsRequest save;
+  save.set_checkpoint_path(testing::TempDir() + "/late_checksum");
+  v1::SaveShardsResponse saved;
+  ASSERT_TRUE(saver.Save(save, &saved).ok());
+  std::vector<float> want;
+  ASSERT_TRUE(PullSparse(saver, "emb", keys, &want).ok());
+
+  ParameterStore store{ParameterStoreOptions()};
+  ASSERT_TRUE(store.CreateShards(create, &created).ok());
+  const std::vector<int64_t> own = {1, 5, -3000, 123456789};
+  ASSERT_TRUE(PushSparse(store, "emb", own, std::vector<float>(8, 2.0f), &pushed).ok());
+  std::vector<float> own_before;
+  ASSERT_TRUE(PullSparse(store, "emb", own, &own_before).ok());
+
+  v1::RestoreShardsRequest restore;
+  restore.set_checkpoint_path(save.checkpoint_path());
+  *restore.mutable_saved() = saved.shards();
+  ASSERT_EQ(restore.saved_size(), 1);
+  ASSERT_EQ(restore.saved(0).rows(), kRows);
+  restore.mutable_saved(0)->set_checksum(saved.shards(0).checksum() ^ 1);
+  v1::RestoreShardsResponse restored;
+  absl::Status s = store.Restore(restore, &restored);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fails its checksum"));
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 4);
+  std::vector<float> own_after;
+  ASSERT_TRUE(PullSparse(store, "emb", own, &own_after).ok());
+  EXPECT_EQ(own_after, own_before);
+  EXPECT_EQ(store.ListShards().shards(0).rows(), 4);
+
+  *restore.mutable_saved() = saved.shards();
+  ASSERT_TRUE(store.Restore(restore, &restored).ok());
+  EXPECT_EQ(store.ListShards().shards(0).rows(), kRows);
+  std::vector<float> got;
+  ASSERT_TRUE(PullSparse(store, "emb", keys, &got).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(store.ListShards().shards(0).rows(), kRows);  // 123456789 and 1, 5 are gone
+}
+
 TEST(ParameterStoreRestoreTest, ATableOfAnotherDimIsRefused) {
   ParameterStore saver{ParameterStoreOptions()};
   v1::CreateShardsRequest create;

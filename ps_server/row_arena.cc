@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/huge_page_pool.h"
 
@@ -23,6 +24,15 @@ void RowArena::Reset(int64_t stride) {
   while (2 * rows * row_bytes <= kBlockBytes) rows *= 2;
   block_shift_ = __builtin_ctzll(rows);
   block_mask_ = rows - 1;
+}
+
+void RowArena::Swap(RowArena& other) noexcept {
+  std::swap(stride_, other.stride_);
+  std::swap(block_shift_, other.block_shift_);
+  std::swap(block_mask_, other.block_mask_);
+  blocks_.swap(other.blocks_);
+  std::swap(first_block_rows_, other.first_block_rows_);
+  std::swap(size_, other.size_);
 }
 
 void RowArena::FreeBlocks() {

@@ -28,6 +28,8 @@ class RowArena {
   void Reset(int64_t stride);
   // Frees every row, keeping the stride.
   void Clear() { Reset(stride_); }
+  // Exchanges the rows (and strides) of the two arenas; rows keep their addresses.
+  void Swap(RowArena& other) noexcept;
 
   // Row r. Valid until the next AddRow while the stripe is smaller than one block, or Clear.
   // REQUIRES: r < size().

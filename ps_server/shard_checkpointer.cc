@@ -1,6 +1,7 @@
 #include "ps_server/shard_checkpointer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -68,14 +69,42 @@ absl::StatusOr<DenseContents> ReadDense(const DenseShard& shard, const RestoreLi
 }
 
 // A table's rows as the checkpoint has them (those this task owns), and the admission
-// sketches of the saved parts whose virtual shards overlap this task's.
+// sketches of the saved parts whose virtual shards overlap this task's. The rows are either in
+// `staged` (a table like the restored one, filled while it serves, adopted whole) or in the
+// arrays (inserted into the restored table).
 struct TableContents {
+  std::unique_ptr<EmbeddingTable> staged;
   // Row i: keys[i], its floats at data[i * stride], update count t[i], last-push tick last[i].
   std::vector<int64_t> keys, t;
   std::vector<uint32_t> last;
   UninitializedFloats data;
   std::vector<std::vector<uint16_t>> sketches;
 };
+
+// Rows a restore reads and inserts at a time into a staged table: a few MB, so that a table
+// part of any size passes through two batches' memory instead of being read whole first.
+constexpr int64_t kStagedBatchRows = 32768;
+
+// Keeps the rows of `batch` that `table` owns, in order. (A checkpoint of another placement
+// holds rows of other ps tasks too.)
+void KeepOwned(const EmbeddingTable& table, CheckpointReader::TableRows& batch) {
+  const size_t n = batch.keys.size();
+  const size_t stride = static_cast<size_t>(batch.stride);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!table.OwnsKey(batch.keys[i])) continue;
+    if (kept != i) {
+      batch.keys[kept] = batch.keys[i];
+      batch.counts[kept] = batch.counts[i];
+      std::memmove(batch.values.data() + kept * stride, batch.values.data() + i * stride,
+                   stride * sizeof(float));
+    }
+    ++kept;
+  }
+  batch.keys.resize(kept);
+  batch.counts.resize(kept);
+  batch.values.resize(kept * stride);
+}
 
 // A saved part of `table` that this table can take: the same dim and the same kind (a
 // vocabulary table would drop the keys of a hashed one that are outside its range).
@@ -97,7 +126,7 @@ absl::Status CheckSavedTable(const v1::SavedShard& saved, const EmbeddingTable& 
 
 absl::StatusOr<TableContents> ReadTable(const std::string& name, const EmbeddingTable& table,
                                         const std::vector<RestoreLink>& chain, int64_t step,
-                                        CheckpointReaders& readers) {
+                                        CheckpointReaders& readers, ThreadPool* pool) {
   TableContents out;
   const int64_t stride = table.dim() * (1 + table.optimizer().num_slots());
   std::vector<TableLink> links;
@@ -113,25 +142,50 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
     }
   }
   if (newest == nullptr) return out;
-  // Rows of another stride (another dim or optimizer) are refused, not read past.
-  PS_ASSIGN_OR_RETURN(
-      CheckpointReader::TableRows rows,
-      ReadTableChain(
-          links, stride, [&table](int64_t key) { return table.OwnsKey(key); }, &readers));
   // Ticks saved by a table without eviction (0), or in another unit, mean nothing here: such
   // rows count as pushed at the checkpoint's step (or now). (A chain is written by one run:
   // its parts have one spec.)
   const bool comparable_ticks = newest->has_table() && table.TicksComparable(newest->table());
   const uint32_t restore_tick = table.TickOf(step);
-  const size_t n = rows.keys.size();
-  out.t.resize(n);
-  out.last.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    out.t[i] = UnpackRowCount(rows.counts[i]);
-    out.last[i] = comparable_ticks ? UnpackRowLast(rows.counts[i]) : restore_tick;
+  const auto unpack = [&](const std::vector<int64_t>& counts, std::vector<int64_t>* t,
+                          std::vector<uint32_t>* last) {
+    const size_t n = counts.size();
+    t->resize(n);
+    last->resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      (*t)[i] = UnpackRowCount(counts[i]);
+      (*last)[i] = comparable_ticks ? UnpackRowLast(counts[i]) : restore_tick;
+    }
+  };
+  if (!table.is_vocabulary()) {
+    // A hashed table: the chain is read a batch at a time straight into a table of its own,
+    // the deltas' removed keys taken out of it and their rows put over, and the restore adopts
+    // it only once every part checked out.
+    PS_ASSIGN_OR_RETURN(out.staged, table.EmptyLike());
+    TableChainSink sink;
+    sink.put = [&](CheckpointReader::TableRows& batch) {
+      KeepOwned(table, batch);
+      unpack(batch.counts, &out.t, &out.last);
+      return out.staged->InsertRows(batch.keys.data(), batch.values.data(), out.t.data(),
+                                    out.last.data(), static_cast<int64_t>(batch.keys.size()), pool);
+    };
+    sink.remove = [&](const std::vector<int64_t>& keys) {
+      out.staged->RemoveRows(keys.data(), static_cast<int64_t>(keys.size()));
+      return absl::OkStatus();
+    };
+    PS_RETURN_IF_ERROR(ReadTableChainBatches(links, stride, kStagedBatchRows, sink, &readers));
+    std::vector<int64_t>().swap(out.t);
+    std::vector<uint32_t>().swap(out.last);
+  } else {
+    // Rows of another stride (another dim or optimizer) are refused, not read past.
+    PS_ASSIGN_OR_RETURN(
+        CheckpointReader::TableRows rows,
+        ReadTableChain(
+            links, stride, [&table](int64_t key) { return table.OwnsKey(key); }, &readers));
+    unpack(rows.counts, &out.t, &out.last);
+    out.keys = std::move(rows.keys);
+    out.data = std::move(rows.values);
   }
-  out.keys = std::move(rows.keys);
-  out.data = std::move(rows.values);
   // The admission sketches of the last checkpoint's parts whose virtual shards overlap this
   // task's.
   const std::vector<int32_t> owned = table.OwnedVirtualShards();
@@ -302,7 +356,7 @@ absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* app
   }
   std::vector<TableContents> tables;
   for (const auto& [name, table] : shards.tables) {
-    PS_ASSIGN_OR_RETURN(TableContents t, ReadTable(name, *table, chain, step, readers));
+    PS_ASSIGN_OR_RETURN(TableContents t, ReadTable(name, *table, chain, step, readers, pool));
     tables.push_back(std::move(t));
   }
   absl::MutexLock barrier(apply_barrier);
@@ -313,12 +367,16 @@ absl::StatusOr<int32_t> RestoreShardSet(const ShardSet& shards, absl::Mutex* app
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     EmbeddingTable& table = *shards.tables[i].second;
-    // The checkpoint's rows, and no others: a row created since would survive otherwise.
-    table.Clear();
     const TableContents& rows = tables[i];
-    PS_RETURN_IF_ERROR(table.InsertRows(rows.keys.data(), rows.data.data(), rows.t.data(),
-                                        rows.last.data(), static_cast<int64_t>(rows.keys.size()),
-                                        pool));
+    // The checkpoint's rows, and no others: a row created since would survive otherwise.
+    if (rows.staged != nullptr) {
+      PS_RETURN_IF_ERROR(table.AdoptRows(*rows.staged));
+    } else {
+      table.Clear();
+      PS_RETURN_IF_ERROR(table.InsertRows(rows.keys.data(), rows.data.data(), rows.t.data(),
+                                          rows.last.data(), static_cast<int64_t>(rows.keys.size()),
+                                          pool));
+    }
     for (const std::vector<uint16_t>& sketch : tables[i].sketches) {
       PS_RETURN_IF_ERROR(table.MergeAdmissionSketch(sketch));  // sizes checked when read
     }

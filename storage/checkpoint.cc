@@ -449,7 +449,7 @@ absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view valu
   }
   if (run != run_) {
     run_ = run;
-    run_begin_ = keys_.size();
+    have_last_ = false;  // keys increase within a run
   }
   // AddBlock reads the first key at prefix_.size(): two bytes fewer in front put it there.
   key.remove_prefix(run_bytes);
@@ -513,11 +513,13 @@ absl::Status TablePartDecoder::AddBlock(absl::string_view key, absl::string_view
                                   DecodeKey(key.substr(prefix_.size(), 8))));
   }
   // (In a part of runs, from the first key of the block's run.)
-  for (size_t i = std::max<size_t>(first, run_begin_ + 1); i < keys_.size(); ++i) {
-    if (keys_[i] <= keys_[i - 1]) {
+  for (size_t i = first; i < keys_.size(); ++i) {
+    if (have_last_ && keys_[i] <= last_key_) {
       return Malformed(
-          absl::StrCat("key ", keys_[i], " after ", keys_[i - 1], ": keys must increase"));
+          absl::StrCat("key ", keys_[i], " after ", last_key_, ": keys must increase"));
     }
+    have_last_ = true;
+    last_key_ = keys_[i];
   }
   if (stride_ < 0) {
     stride_ = stride;
@@ -541,8 +543,23 @@ absl::Status TablePartDecoder::Take(std::vector<int64_t>* keys, std::vector<int6
   return absl::OkStatus();
 }
 
+absl::Status TablePartDecoder::TakeDecoded(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
+                                           UninitializedFloats* values) {
+  if (rows_taken_ + static_cast<int64_t>(keys_.size()) > saved_.rows()) {
+    return Check();  // more rows than the manifest's: the checksum cannot hold either
+  }
+  rows_taken_ += static_cast<int64_t>(keys_.size());
+  keys->clear();
+  counts->clear();
+  values->clear();
+  keys_.swap(*keys);
+  counts_.swap(*counts);
+  values_.swap(*values);
+  return absl::OkStatus();
+}
+
 absl::Status TablePartDecoder::Check() const {
-  const int64_t rows = static_cast<int64_t>(keys_.size());
+  const int64_t rows = rows_taken_ + static_cast<int64_t>(keys_.size());
   if (crc_ != saved_.checksum() || rows != saved_.rows()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
                                             " fails its checksum (", rows, " rows read, ",
@@ -682,8 +699,9 @@ TablePartDecoder CheckpointReader::DecoderFor(const v1::SavedShard& saved) {
   return TablePartDecoder(path_, saved, static_cast<int64_t>(on_disk / 16) + (int64_t{1} << 16));
 }
 
-absl::Status CheckpointReader::Decode(const v1::SavedShard& saved, int64_t stride,
-                                      TablePartDecoder* decoder) {
+absl::Status CheckpointReader::ForEachRecord(
+    const v1::SavedShard& saved,
+    const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn) {
   const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
@@ -695,19 +713,31 @@ absl::Status CheckpointReader::Decode(const v1::SavedShard& saved, int64_t strid
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();
     PS_RETURN_IF_ERROR(
-        decoder->Add(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
+        fn(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
   }
   if (!it->status().ok()) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": reading table ",
                                             saved.name(), ": ", it->status().ToString()));
   }
-  if (stride >= 0 && decoder->stride() >= 0 && decoder->stride() != stride) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint file ", path_, ": table ", saved.name(), " has rows of ",
-                     decoder->stride(), " floats (values and optimizer slots), expected ", stride,
-                     "; was it saved with another dim or optimizer?"));
-  }
   return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::CheckStride(const v1::SavedShard& saved,
+                                           const TablePartDecoder& decoder, int64_t stride) const {
+  if (stride < 0 || decoder.stride() < 0 || decoder.stride() == stride) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved.name(),
+                                          " has rows of ", decoder.stride(),
+                                          " floats (values and optimizer slots), expected ", stride,
+                                          "; was it saved with another dim or optimizer?"));
+}
+
+absl::Status CheckpointReader::Decode(const v1::SavedShard& saved, int64_t stride,
+                                      TablePartDecoder* decoder) {
+  PS_RETURN_IF_ERROR(
+      ForEachRecord(saved, [decoder](absl::string_view key, absl::string_view value) {
+        return decoder->Add(key, value);
+      }));
+  return CheckStride(saved, *decoder, stride);
 }
 
 absl::Status CheckpointReader::ReadTableRows(
@@ -727,6 +757,28 @@ absl::StatusOr<CheckpointReader::TableRows> CheckpointReader::ReadTableWhole(
   rows.stride = std::max<int64_t>(decoder.stride(), 0);
   PS_RETURN_IF_ERROR(decoder.Take(&rows.keys, &rows.counts, &rows.values));
   return rows;
+}
+
+absl::Status CheckpointReader::ReadTableBatches(
+    const v1::SavedShard& saved, int64_t stride, int64_t batch_rows,
+    const std::function<absl::Status(TableRows& batch)>& fn) {
+  batch_rows = std::max<int64_t>(batch_rows, 1);
+  TablePartDecoder decoder(path_, saved, batch_rows + kRowBlock);
+  TableRows batch;
+  PS_RETURN_IF_ERROR(ForEachRecord(saved, [&](absl::string_view key, absl::string_view value) {
+    PS_RETURN_IF_ERROR(decoder.Add(key, value));
+    if (decoder.size() < batch_rows) return absl::OkStatus();
+    // Rows go out only once their length is known to be `stride`.
+    PS_RETURN_IF_ERROR(CheckStride(saved, decoder, stride));
+    batch.stride = decoder.stride();
+    PS_RETURN_IF_ERROR(decoder.TakeDecoded(&batch.keys, &batch.counts, &batch.values));
+    return fn(batch);
+  }));
+  // The last rows go out only once the whole part checked out.
+  PS_RETURN_IF_ERROR(CheckStride(saved, decoder, stride));
+  batch.stride = std::max<int64_t>(decoder.stride(), 0);
+  PS_RETURN_IF_ERROR(decoder.Take(&batch.keys, &batch.counts, &batch.values));
+  return batch.keys.empty() ? absl::OkStatus() : fn(batch);
 }
 
 absl::StatusOr<CheckpointReader*> CheckpointReaders::For(const std::string& checkpoint_path,
@@ -763,6 +815,35 @@ absl::Status AppendKept(CheckpointReader::TableRows part, const std::function<bo
   return absl::OkStatus();
 }
 
+// The link of `links` the table's rows start from: the last one whose parts are all whole.
+// DATA_LOSS when none is, or a link after it has a whole part among its deltas.
+absl::StatusOr<size_t> ChainBase(const std::vector<TableLink>& links) {
+  const auto whole = [](const TableLink& link) {
+    return std::none_of(link.parts.begin(), link.parts.end(),
+                        [](const v1::SavedShard* s) { return s->delta(); });
+  };
+  size_t base = links.size();
+  while (base > 0 && !whole(links[base - 1])) --base;
+  if (base == 0) {
+    const std::string table =
+        links.back().parts.empty() ? std::string() : links.back().parts.front()->name();
+    return absl::DataLossError(absl::StrCat(
+        "table ", table, ": no checkpoint of the chain ending at ", links.back().checkpoint_path,
+        " holds it whole (the full checkpoint is missing)"));
+  }
+  --base;
+  for (size_t l = base + 1; l < links.size(); ++l) {
+    for (const v1::SavedShard* saved : links[l].parts) {
+      if (!saved->delta()) {
+        return absl::DataLossError(absl::StrCat(
+            "table ", saved->name(), ": ", links[l].checkpoint_path, "/", saved->file(),
+            " holds it whole, but other parts of that checkpoint are deltas"));
+      }
+    }
+  }
+  return base;
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
@@ -770,21 +851,7 @@ absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
     const std::function<bool(int64_t key)>& keep, CheckpointReaders* readers) {
   CheckpointReader::TableRows out;
   if (links.empty()) return out;
-  const std::string table =
-      links.back().parts.empty() ? std::string() : links.back().parts.front()->name();
-  // The last link written whole: where the rows start from.
-  int base = -1;
-  for (int i = static_cast<int>(links.size()) - 1; i >= 0 && base < 0; --i) {
-    if (std::none_of(links[i].parts.begin(), links[i].parts.end(),
-                     [](const v1::SavedShard* s) { return s->delta(); })) {
-      base = i;
-    }
-  }
-  if (base < 0) {
-    return absl::DataLossError(absl::StrCat(
-        "table ", table, ": no checkpoint of the chain ending at ", links.back().checkpoint_path,
-        " holds it whole (the full checkpoint is missing)"));
-  }
+  PS_ASSIGN_OR_RETURN(const size_t base, ChainBase(links));
   for (const v1::SavedShard* saved : links[base].parts) {
     PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
                         readers->For(links[base].checkpoint_path, *saved));
@@ -792,7 +859,7 @@ absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
     if (stride < 0 && !part.keys.empty()) stride = part.stride;
     PS_RETURN_IF_ERROR(AppendKept(std::move(part), keep, &out));
   }
-  if (base + 1 == static_cast<int>(links.size())) return out;
+  if (base + 1 == links.size()) return out;
   // The deltas in turn, by key: a removed key goes (marked, dropped at the end), a row is put
   // over the key's or added.
   absl::flat_hash_map<int64_t, size_t> at;
@@ -800,13 +867,8 @@ absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
   for (size_t i = 0; i < out.keys.size(); ++i) at.emplace(out.keys[i], i);
   std::vector<bool> gone(out.keys.size(), false);
   int64_t num_gone = 0;
-  for (size_t l = static_cast<size_t>(base) + 1; l < links.size(); ++l) {
+  for (size_t l = base + 1; l < links.size(); ++l) {
     for (const v1::SavedShard* saved : links[l].parts) {
-      if (!saved->delta()) {
-        return absl::DataLossError(absl::StrCat(
-            "table ", saved->name(), ": ", links[l].checkpoint_path, "/", saved->file(),
-            " holds it whole, but other parts of that checkpoint are deltas"));
-      }
       PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
                           readers->For(links[l].checkpoint_path, *saved));
       PS_ASSIGN_OR_RETURN(const std::vector<int64_t> removed, reader->ReadTableRemoved(*saved));
@@ -857,6 +919,25 @@ absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
     out.values.resize(kept * n);
   }
   return out;
+}
+
+absl::Status ReadTableChainBatches(const std::vector<TableLink>& links, int64_t stride,
+                                   int64_t batch_rows, const TableChainSink& sink,
+                                   CheckpointReaders* readers) {
+  if (links.empty()) return absl::OkStatus();
+  PS_ASSIGN_OR_RETURN(const size_t base, ChainBase(links));
+  for (size_t l = base; l < links.size(); ++l) {
+    for (const v1::SavedShard* saved : links[l].parts) {
+      PS_ASSIGN_OR_RETURN(CheckpointReader * reader,
+                          readers->For(links[l].checkpoint_path, *saved));
+      if (l > base) {
+        PS_ASSIGN_OR_RETURN(const std::vector<int64_t> removed, reader->ReadTableRemoved(*saved));
+        if (!removed.empty()) PS_RETURN_IF_ERROR(sink.remove(removed));
+      }
+      PS_RETURN_IF_ERROR(reader->ReadTableBatches(*saved, stride, batch_rows, sink.put));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ChainLink>> ReadChain(const std::string& checkpoint_path) {

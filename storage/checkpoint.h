@@ -177,6 +177,16 @@ class TablePartDecoder {
   absl::Status Take(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
                     UninitializedFloats* values);
 
+  // Rows decoded and not handed out yet.
+  int64_t size() const { return static_cast<int64_t>(keys_.size()); }
+  // Hands over the rows decoded since the last call, as Take does but before the part's last
+  // record and without its checks: they are not verified until Take or Finish (which then
+  // count them) succeeds. The vectors given are emptied and kept for the next rows, so a
+  // part read a batch at a time reuses two sets of buffers. DATA_LOSS when more rows have come
+  // than the manifest's count.
+  absl::Status TakeDecoded(std::vector<int64_t>* keys, std::vector<int64_t>* counts,
+                           UninitializedFloats* values);
+
  private:
   absl::Status AddRow(absl::string_view key, absl::string_view value);
   absl::Status AddBlock(absl::string_view key, absl::string_view value);
@@ -191,7 +201,11 @@ class TablePartDecoder {
   int64_t stride_ = -1;
   // With runs (saved.runs() > 0): the run of the last block and where its rows begin in keys_.
   int run_ = -1;
-  size_t run_begin_ = 0;
+  // The last key decoded (of run_ in a part of runs), which the next must be above.
+  bool have_last_ = false;
+  int64_t last_key_ = 0;
+  // Rows handed out by TakeDecoded.
+  int64_t rows_taken_ = 0;
   std::vector<int64_t> keys_, counts_;
   UninitializedFloats values_;  // grown by each record, then written: not zero-filled first
 };
@@ -225,6 +239,16 @@ class CheckpointReader {
     int64_t stride = 0;  // floats per row (values then slots); 0 when there is no row
   };
   absl::StatusOr<TableRows> ReadTableWhole(const v1::SavedShard& saved, int64_t stride = -1);
+  // As ReadTableWhole, a batch of about `batch_rows` rows at a time, in key order (run after
+  // run), so that a part of any size is read through two batches' memory: fn gets each batch
+  // (it may change it; its buffers are reused for the next) and an error from it ends the read
+  // and is returned.
+  // The checks are ReadTableWhole's, but the checksum and the row count can only be checked
+  // after the last record: every batch but the last is handed over before it, so a caller must
+  // be able to drop what it did with them when this returns an error (a restore puts them in a
+  // table that is adopted only on success). The last batch comes once the part checked out.
+  absl::Status ReadTableBatches(const v1::SavedShard& saved, int64_t stride, int64_t batch_rows,
+                                const std::function<absl::Status(TableRows& batch)>& fn);
   // The admission sketch of a table part: empty if none was saved (sketch_counters 0); DATA_LOSS
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.
@@ -238,6 +262,15 @@ class CheckpointReader {
   CheckpointReader(std::string path, std::unique_ptr<rocksdb::DB> db);
   // Feeds every record of the part to `decoder` and checks its stride against `stride`.
   absl::Status Decode(const v1::SavedShard& saved, int64_t stride, TablePartDecoder* decoder);
+  // Calls fn(key, value) for every record of the table part, in key order; an error of fn
+  // ends it and is returned.
+  absl::Status ForEachRecord(
+      const v1::SavedShard& saved,
+      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
+  // DATA_LOSS naming both lengths when the decoder's rows are not of `stride` floats (when
+  // stride >= 0 and it has had rows).
+  absl::Status CheckStride(const v1::SavedShard& saved, const TablePartDecoder& decoder,
+                           int64_t stride) const;
   // A decoder for `saved`, its buffers sized for the rows the part's bytes on disk can hold.
   TablePartDecoder DecoderFor(const v1::SavedShard& saved);
 
@@ -272,6 +305,25 @@ struct TableLink {
 absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
     const std::vector<TableLink>& links, int64_t stride,
     const std::function<bool(int64_t key)>& keep, CheckpointReaders* readers);
+
+// What ReadTableChainBatches hands out, in order.
+struct TableChainSink {
+  // Rows to put in, over any row of the same key (ReadTableBatches's batches, unverified until
+  // their part's last batch came: see there).
+  std::function<absl::Status(CheckpointReader::TableRows& batch)> put;
+  // Keys to take out (a delta part's removed keys, increasing), before that part's rows.
+  std::function<absl::Status(const std::vector<int64_t>& keys)> remove;
+};
+
+// ReadTableChain as a stream, for a reader that holds the rows itself (a restore's table): the
+// rows of the chain's base link (the last one written whole) are put, then for each later link
+// and each of its parts, the part's removed keys are removed and its rows put. Rows of every
+// key come, `keep` being the sink's business; DATA_LOSS as ReadTableChain, and for a part that
+// fails its checks after some of its batches were put (the sink must then drop what it built).
+// An error of the sink ends it and is returned.
+absl::Status ReadTableChainBatches(const std::vector<TableLink>& links, int64_t stride,
+                                   int64_t batch_rows, const TableChainSink& sink,
+                                   CheckpointReaders* readers);
 
 // A committed checkpoint and its manifest.
 struct ChainLink {

@@ -301,9 +301,59 @@ TEST(CheckpointTest, ATableWrittenInRunsReadsBack) {
     const int64_t r = (key + 2000) % 3;
     EXPECT_TRUE(r == 0 || r == 2) << key;
   }
+
+  // A batch at a time (ReadTableBatches): the same rows in the same order as ReadTableWhole,
+  // in batches of at least the size asked (but the last) and under it plus a block.
+  auto whole = (*reader)->ReadTableWhole(*saved, 2);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  CheckpointReader::TableRows batched;
+  std::vector<size_t> batch_sizes;
+  const auto append = [&](CheckpointReader::TableRows& batch) {
+    EXPECT_EQ(batch.stride, 2);
+    batch_sizes.push_back(batch.keys.size());
+    batched.keys.insert(batched.keys.end(), batch.keys.begin(), batch.keys.end());
+    batched.counts.insert(batched.counts.end(), batch.counts.begin(), batch.counts.end());
+    batched.values.insert(batched.values.end(), batch.values.begin(), batch.values.end());
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*reader)->ReadTableBatches(*saved, 2, 700, append).ok());
+  EXPECT_EQ(batched.keys, whole->keys);
+  EXPECT_EQ(batched.counts, whole->counts);
+  EXPECT_TRUE(std::equal(batched.values.begin(), batched.values.end(), whole->values.begin(),
+                         whole->values.end()));
+  ASSERT_GE(batch_sizes.size(), 3u);
+  for (size_t i = 0; i + 1 < batch_sizes.size(); ++i) {
+    EXPECT_GE(batch_sizes[i], 700u);
+    EXPECT_LT(batch_sizes[i], 700u + kRowBlock);
+  }
+  // The checksum fails only after the last record: the batches before it were handed over,
+  // the last one is not, and the read is DATA_LOSS.
+  v1::SavedShard bad_sum = *saved;
+  bad_sum.set_checksum(saved->checksum() ^ 1);
+  batch_sizes.clear();
+  batched = CheckpointReader::TableRows();
+  absl::Status s = (*reader)->ReadTableBatches(bad_sum, 2, 700, append);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fails its checksum"));
+  EXPECT_FALSE(batch_sizes.empty());
+  EXPECT_LT(batched.keys.size(), 4000u);
+  // Rows of another length: refused before any is handed over.
+  batch_sizes.clear();
+  s = (*reader)->ReadTableBatches(*saved, 3, 700, append);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has rows of 2 floats"));
+  EXPECT_TRUE(batch_sizes.empty());
+  // More rows than the manifest says: refused once they pass its count.
+  v1::SavedShard short_count = *saved;
+  short_count.set_rows(1000);
+  batch_sizes.clear();
+  s = (*reader)->ReadTableBatches(short_count, 2, 700, append);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_LE(batch_sizes.size(), 1u);
+
   v1::SavedShard fewer = *saved;
   fewer.set_runs(2);
-  absl::Status s = (*reader)->ReadTable(fewer, [](int64_t, const float*, int64_t) {});
+  s = (*reader)->ReadTable(fewer, [](int64_t, const float*, int64_t) {});
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(s.message()), HasSubstr("it is in run 2, expected 0 to 1"));
   v1::SavedShard none = *saved;
