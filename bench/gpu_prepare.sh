@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
-# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, ps_bench and this machine's
+# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, ps_bench, checkpoint_bench
+# (there: `.devbundle/payload/run checkpoint_bench` once the payload is unpacked) and this machine's
 # iperf3 for bench/gpu_ps.sh, cuda_kernels_test,
 # cuda_trainer_test; and psctl, for looking at the cluster there, left out with a warning when
 # it does not build), packs them
@@ -35,7 +36,7 @@ data_dir=/usr/share/datasets/fashion-mnist
 
 bash tools/setup.sh >/dev/null
 targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe
-  //bench:ps_bench //bench:sealed_channel_bench)
+  //bench:ps_bench //bench:sealed_channel_bench //bench:checkpoint_bench)
 config=()
 if [[ $cuda -eq 1 ]]; then
   targets+=(//kernels:cuda_kernels_test //worker:cuda_trainer_test)
@@ -47,7 +48,7 @@ bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
 binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
   "$bin_dir/evaluator/evaluator"
   "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe" "$bin_dir/bench/ps_bench"
-  "$bin_dir/bench/sealed_channel_bench")
+  "$bin_dir/bench/sealed_channel_bench" "$bin_dir/bench/checkpoint_bench")
 # bench/gpu_ps.sh's loopback baseline: the GPU machine has no iperf3.
 iperf3=$(command -v iperf3 || true)
 if [[ -n $iperf3 ]]; then
