@@ -41,17 +41,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_block,
   }
   const int64_t block = (n + max_blocks - 1) / max_blocks;
   const int64_t blocks = (n + block - 1) / block;
-  Eigen::Barrier done(static_cast<unsigned int>(blocks - 1));
-  for (int64_t b = 1; b < blocks; ++b) {
-    const int64_t begin = b * block;
-    const int64_t end = std::min(n, begin + block);
-    impl_->pool.Schedule([&fn, &done, begin, end] {
-      fn(begin, end);
-      done.Notify();
-    });
-  }
-  fn(0, std::min(n, block));
-  done.Wait();
+  // The blocks taken by whichever thread is free, the caller included: a loop started from
+  // one of the pool's own threads, or while they are all busy, never waits for one of them.
+  ForEachIndex(blocks, [&fn, n, block](int64_t b) { fn(b * block, std::min(n, (b + 1) * block)); });
 }
 
 void ThreadPool::ForEachIndex(int64_t n, const std::function<void(int64_t)>& fn) {

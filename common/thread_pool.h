@@ -38,7 +38,10 @@ class ThreadPool {
   // Calls fn(begin, end) for consecutive blocks covering [0, n), each at least `min_block`
   // long (but the last), at most num_threads() + 1 of them, and returns when every call has
   // returned. The blocks run concurrently: fn must be safe to call from several threads on
-  // disjoint ranges. Block boundaries depend only on n, min_block and num_threads().
+  // disjoint ranges. Block boundaries depend only on n, min_block and num_threads(); which
+  // thread runs a block does not (as ForEachIndex: the caller takes what no pool thread has,
+  // so a loop inside a loop on the same pool, or one started while the pool is busy, does not
+  // wait for a pool thread to come free).
   void ParallelFor(int64_t n, int64_t min_block, const std::function<void(int64_t, int64_t)>& fn);
 
   // Calls fn(i) once for every i in [0, n), on the calling thread and on up to

@@ -95,6 +95,38 @@ TEST(ThreadPoolTest, ParallelForUsesOtherThreads) {
   EXPECT_EQ(ids.count(std::this_thread::get_id()), 1u);
 }
 
+// A ParallelFor started while the pool's one thread is busy runs every block on the caller,
+// and so does one inside a block of another on the same pool (a restore's reading ranges,
+// each inserting its rows over the pool): neither waits for a thread that will not come.
+// (When ParallelFor handed each block to a thread of its own, the nested loop never returned.)
+TEST(ThreadPoolTest, ParallelForDoesNotWaitForABusyPool) {
+  std::atomic<bool> release{false};
+  ThreadPool pool(1);
+  pool.Schedule([&release] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  int64_t covered = 0;
+  pool.ParallelFor(100, 1, [&](int64_t begin, int64_t end) {
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+    covered += end - begin;
+  });
+  EXPECT_EQ(covered, 100);
+  EXPECT_EQ(ids, std::set<std::thread::id>{std::this_thread::get_id()});
+  release = true;
+
+  ThreadPool two(2);
+  std::atomic<int64_t> inner{0};
+  two.ParallelFor(3, 1, [&](int64_t, int64_t) {
+    // Every thread of the pool is in the outer loop while the inner ones run.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    two.ParallelFor(1000, 10, [&](int64_t begin, int64_t end) { inner.fetch_add(end - begin); });
+  });
+  EXPECT_EQ(inner.load(), 3000);
+}
+
 TEST(ThreadPoolTest, ScheduleRunsEverythingBeforeTheDestructorReturns) {
   std::atomic<int> ran{0};
   {
