@@ -16,12 +16,13 @@
 // and the writer's peak resident memory above what the process held before it (VmHWM, reset
 // before each write), against the table's own bytes.
 //
-// Then the same rows through a ps task (ParameterStore: a table of dim stride / 2 with Adagrad,
-// filled by pushes), saved as the chief saves (SaveShards: the cut, then the write) and restored
-// into a second ps task as a recovery restores (RestoreShards: read, checked, inserted), each
-// against dd in the same trial; the restore twice, into a new ps task each time, the BENCH line
-// giving the second and the first in parentheses (the first takes memory the process never had,
-// which some virtual machines are slow to give):
+// Then the same rows through a ps task (ParameterStore with ps_server's apply threads, or
+// --apply_threads: a table of dim stride / 2 with Adagrad, filled by pushes), saved as the chief
+// saves (SaveShards: the cut, then the write) and restored into a second ps task as a recovery
+// restores (RestoreShards: read, checked, inserted), each against dd in the same trial; the restore
+// twice, into a new ps task each time, the BENCH line giving the second and the first in
+// parentheses (the first takes memory the process never had, which some virtual machines are slow
+// to give):
 //   BENCH ckpt_save_vs_disk <ratio> x      BENCH ckpt_restore_vs_disk <ratio> x
 //
 // Then incremental checkpoints (a full save, --delta_fraction of the rows pushed, a delta on
@@ -40,6 +41,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -62,6 +64,9 @@ DEFINE_int32(trials, 3, "Trials of each measure; the medians are printed.");
 DEFINE_double(delta_fraction, 0.1,
               "Incremental checkpoints: the fraction of the rows pushed between a full save and "
               "the delta on it.");
+DEFINE_int32(apply_threads, -1,
+             "The ps tasks' apply threads, which a restore reads and inserts on (-1: ps_server's "
+             "default, min(cores - 1, 7)).");
 
 namespace pscluster {
 namespace {
@@ -128,6 +133,15 @@ void DropCaches() {
   }
 }
 
+// A ps task's store as ps_server makes it (its apply threads).
+ParameterStoreOptions StoreOptions() {
+  ParameterStoreOptions options;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  options.apply_threads =
+      FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));
+  return options;
+}
+
 // Medians over the trials, in MB/s of records.
 struct PsFigures {
   // restore_first: the process's first restore; restore: the same again into a new ps task.
@@ -150,7 +164,7 @@ v1::CreateShardsRequest TableRequest(int64_t stride) {
 PsFigures ThroughAPsTask(const std::string& dir, const std::vector<int64_t>& keys, int64_t stride,
                          double record_bytes) {
   CHECK_EQ(stride % 2, 0) << "--stride: a row of values and Adagrad's accumulator";
-  ParameterStore source{ParameterStoreOptions()};
+  ParameterStore source{StoreOptions()};
   v1::CreateShardsResponse created;
   CHECK(source.CreateShards(TableRequest(stride), &created).ok());
   constexpr size_t kBatch = 100000;
@@ -192,7 +206,7 @@ PsFigures ThroughAPsTask(const std::string& dir, const std::vector<int64_t>& key
     // costs more than the restore's own work), the second gets the memory the first freed.
     for (std::vector<double>* figures : {&restore_first, &restore}) {
       DropCaches();
-      ParameterStore target{ParameterStoreOptions()};
+      ParameterStore target{StoreOptions()};
       CHECK(target.CreateShards(TableRequest(stride), &created).ok());
       v1::RestoreShardsRequest restore_request;
       restore_request.set_checkpoint_path(request.checkpoint_path());
@@ -223,7 +237,7 @@ struct DeltaFigures {
 
 DeltaFigures Incremental(const std::string& dir, const std::vector<int64_t>& keys, int64_t stride,
                          double fraction) {
-  ParameterStore source{ParameterStoreOptions()};
+  ParameterStore source{StoreOptions()};
   v1::CreateShardsResponse created;
   CHECK(source.CreateShards(TableRequest(stride), &created).ok());
   constexpr size_t kBatch = 100000;
@@ -279,7 +293,7 @@ DeltaFigures Incremental(const std::string& dir, const std::vector<int64_t>& key
     for (const int which : {0, 1, 2}) {
       const bool chain = which == 1;
       DropCaches();
-      ParameterStore target{ParameterStoreOptions()};
+      ParameterStore target{StoreOptions()};
       CHECK(target.CreateShards(TableRequest(stride), &created).ok());
       v1::RestoreShardsRequest restore;
       if (chain) {

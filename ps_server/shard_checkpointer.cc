@@ -163,19 +163,21 @@ absl::StatusOr<TableContents> ReadTable(const std::string& name, const Embedding
     // it only once every part checked out.
     PS_ASSIGN_OR_RETURN(out.staged, table.EmptyLike());
     TableChainSink sink;
+    // Called from the pool's threads at once when a part is read in ranges of its runs.
     sink.put = [&](CheckpointReader::TableRows& batch) {
       KeepOwned(table, batch);
-      unpack(batch.counts, &out.t, &out.last);
-      return out.staged->InsertRows(batch.keys.data(), batch.values.data(), out.t.data(),
-                                    out.last.data(), static_cast<int64_t>(batch.keys.size()), pool);
+      std::vector<int64_t> t;
+      std::vector<uint32_t> last;
+      unpack(batch.counts, &t, &last);
+      return out.staged->InsertRows(batch.keys.data(), batch.values.data(), t.data(), last.data(),
+                                    static_cast<int64_t>(batch.keys.size()), pool);
     };
     sink.remove = [&](const std::vector<int64_t>& keys) {
       out.staged->RemoveRows(keys.data(), static_cast<int64_t>(keys.size()));
       return absl::OkStatus();
     };
-    PS_RETURN_IF_ERROR(ReadTableChainBatches(links, stride, kStagedBatchRows, sink, &readers));
-    std::vector<int64_t>().swap(out.t);
-    std::vector<uint32_t>().swap(out.last);
+    PS_RETURN_IF_ERROR(
+        ReadTableChainBatches(links, stride, kStagedBatchRows, sink, &readers, pool));
   } else {
     // Rows of another stride (another dim or optimizer) are refused, not read past.
     PS_ASSIGN_OR_RETURN(

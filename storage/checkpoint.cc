@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +80,16 @@ int64_t DecodeKey(absl::string_view bytes) {
   uint64_t u = 0;
   for (int i = 0; i < 8; ++i) u = (u << 8) | static_cast<uint8_t>(bytes[i]);
   return static_cast<int64_t>(u ^ (uint64_t{1} << 63));
+}
+
+// DATA_LOSS naming the file and table unless a table part read whole has the manifest's
+// checksum and row count.
+absl::Status CheckPart(const std::string& path, const v1::SavedShard& saved, uint32_t crc,
+                       int64_t rows) {
+  if (crc == saved.checksum() && rows == saved.rows()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": table ", saved.name(),
+                                          " fails its checksum (", rows, " rows read, ",
+                                          saved.rows(), " saved)"));
 }
 
 uint32_t Crc(uint32_t crc, absl::string_view bytes) {
@@ -434,6 +445,7 @@ std::string TablePartDecoder::Prefix(const v1::SavedShard& saved) {
 
 absl::Status TablePartDecoder::Add(absl::string_view key, absl::string_view value) {
   crc_ = Crc(Crc(crc_, key), value);
+  crc_bytes_ += key.size() + value.size();
   const size_t run_bytes = saved_.runs() > 0 ? 2 : 0;
   if (key.size() != prefix_.size() + run_bytes + 8) {
     return Malformed(absl::StrCat("its key has ", key.size(), " bytes, expected ",
@@ -558,15 +570,7 @@ absl::Status TablePartDecoder::TakeDecoded(std::vector<int64_t>* keys, std::vect
   return absl::OkStatus();
 }
 
-absl::Status TablePartDecoder::Check() const {
-  const int64_t rows = rows_taken_ + static_cast<int64_t>(keys_.size());
-  if (crc_ != saved_.checksum() || rows != saved_.rows()) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path_, ": table ", saved_.name(),
-                                            " fails its checksum (", rows, " rows read, ",
-                                            saved_.rows(), " saved)"));
-  }
-  return absl::OkStatus();
-}
+absl::Status TablePartDecoder::Check() const { return CheckPart(path_, saved_, crc_, rows()); }
 
 absl::Status TablePartDecoder::Finish(
     const std::function<void(int64_t key, const float* row, int64_t t, int64_t stride)>& fn) {
@@ -701,7 +705,8 @@ TablePartDecoder CheckpointReader::DecoderFor(const v1::SavedShard& saved) {
 
 absl::Status CheckpointReader::ForEachRecord(
     const v1::SavedShard& saved,
-    const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn) {
+    const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn,
+    const std::string& from, const std::string& to) {
   const std::string prefix = TablePartDecoder::Prefix(saved);
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
@@ -710,7 +715,10 @@ absl::Status CheckpointReader::ForEachRecord(
   read.readahead_size = 8 << 20;
   read.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+  const rocksdb::Slice end(to);
+  for (it->Seek(from.empty() ? prefix : from);
+       it->Valid() && it->key().starts_with(prefix) && (to.empty() || it->key().compare(end) < 0);
+       it->Next()) {
     const rocksdb::Slice k = it->key(), v = it->value();
     PS_RETURN_IF_ERROR(
         fn(absl::string_view(k.data(), k.size()), absl::string_view(v.data(), v.size())));
@@ -761,8 +769,11 @@ absl::StatusOr<CheckpointReader::TableRows> CheckpointReader::ReadTableWhole(
 
 absl::Status CheckpointReader::ReadTableBatches(
     const v1::SavedShard& saved, int64_t stride, int64_t batch_rows,
-    const std::function<absl::Status(TableRows& batch)>& fn) {
+    const std::function<absl::Status(TableRows& batch)>& fn, ThreadPool* pool) {
   batch_rows = std::max<int64_t>(batch_rows, 1);
+  if (pool != nullptr && pool->num_threads() > 0 && saved.runs() > 1 && stride >= 0) {
+    return ReadTableBatchesInRanges(saved, stride, batch_rows, fn, pool);
+  }
   TablePartDecoder decoder(path_, saved, batch_rows + kRowBlock);
   TableRows batch;
   PS_RETURN_IF_ERROR(ForEachRecord(saved, [&](absl::string_view key, absl::string_view value) {
@@ -779,6 +790,66 @@ absl::Status CheckpointReader::ReadTableBatches(
   batch.stride = std::max<int64_t>(decoder.stride(), 0);
   PS_RETURN_IF_ERROR(decoder.Take(&batch.keys, &batch.counts, &batch.values));
   return batch.keys.empty() ? absl::OkStatus() : fn(batch);
+}
+
+absl::Status CheckpointReader::ReadTableBatchesInRanges(
+    const v1::SavedShard& saved, int64_t stride, int64_t batch_rows,
+    const std::function<absl::Status(TableRows& batch)>& fn, ThreadPool* pool) {
+  const int runs = saved.runs();
+  const int ranges = static_cast<int>(std::min<int64_t>(runs, pool->num_threads() + 1));
+  const std::string prefix = TablePartDecoder::Prefix(saved);
+  const auto run_key = [&prefix](int run) {
+    return prefix + static_cast<char>(run >> 8) + static_cast<char>(run & 0xff);
+  };
+  struct Range {
+    absl::Status status;
+    uint32_t crc = 0;
+    uint64_t crc_bytes = 0;
+    int64_t rows = 0;
+  };
+  std::vector<Range> read(ranges);
+  std::atomic<bool> failed{false};
+  pool->ForEachIndex(ranges, [&](int64_t g) {
+    // Runs [runs * g / ranges, runs * (g + 1) / ranges); the first range also gets whatever
+    // sorts before run 0 and the last whatever after the last run, for the decoder to refuse.
+    const int begin = static_cast<int>(runs * g / ranges);
+    const int end = static_cast<int>(runs * (g + 1) / ranges);
+    TablePartDecoder decoder(path_, saved, batch_rows + kRowBlock);
+    TableRows batch;
+    const auto hand_out = [&]() -> absl::Status {
+      PS_RETURN_IF_ERROR(CheckStride(saved, decoder, stride));
+      batch.stride = stride;
+      PS_RETURN_IF_ERROR(decoder.TakeDecoded(&batch.keys, &batch.counts, &batch.values));
+      return batch.keys.empty() ? absl::OkStatus() : fn(batch);
+    };
+    Range& r = read[g];
+    r.status = ForEachRecord(
+        saved,
+        [&](absl::string_view key, absl::string_view value) {
+          if (failed.load(std::memory_order_relaxed)) {
+            return absl::CancelledError("another range of the part failed");
+          }
+          PS_RETURN_IF_ERROR(decoder.Add(key, value));
+          return decoder.size() >= batch_rows ? hand_out() : absl::OkStatus();
+        },
+        g == 0 ? "" : run_key(begin), g + 1 == ranges ? "" : run_key(end));
+    if (r.status.ok()) r.status = hand_out();
+    if (!r.status.ok()) failed.store(true, std::memory_order_relaxed);
+    r.crc = decoder.crc();
+    r.crc_bytes = decoder.crc_bytes();
+    r.rows = decoder.rows();
+  });
+  for (const Range& r : read) {
+    if (!r.status.ok() && !absl::IsCancelled(r.status)) return r.status;
+  }
+  // The ranges in key order make the part: its CRC is theirs combined.
+  uLong crc = read[0].crc;
+  int64_t rows = read[0].rows;
+  for (int g = 1; g < ranges; ++g) {
+    crc = crc32_combine(crc, read[g].crc, static_cast<z_off_t>(read[g].crc_bytes));
+    rows += read[g].rows;
+  }
+  return CheckPart(path_, saved, static_cast<uint32_t>(crc), rows);
 }
 
 absl::StatusOr<CheckpointReader*> CheckpointReaders::For(const std::string& checkpoint_path,
@@ -923,7 +994,7 @@ absl::StatusOr<CheckpointReader::TableRows> ReadTableChain(
 
 absl::Status ReadTableChainBatches(const std::vector<TableLink>& links, int64_t stride,
                                    int64_t batch_rows, const TableChainSink& sink,
-                                   CheckpointReaders* readers) {
+                                   CheckpointReaders* readers, ThreadPool* pool) {
   if (links.empty()) return absl::OkStatus();
   PS_ASSIGN_OR_RETURN(const size_t base, ChainBase(links));
   for (size_t l = base; l < links.size(); ++l) {
@@ -934,7 +1005,7 @@ absl::Status ReadTableChainBatches(const std::vector<TableLink>& links, int64_t 
         PS_ASSIGN_OR_RETURN(const std::vector<int64_t> removed, reader->ReadTableRemoved(*saved));
         if (!removed.empty()) PS_RETURN_IF_ERROR(sink.remove(removed));
       }
-      PS_RETURN_IF_ERROR(reader->ReadTableBatches(*saved, stride, batch_rows, sink.put));
+      PS_RETURN_IF_ERROR(reader->ReadTableBatches(*saved, stride, batch_rows, sink.put, pool));
     }
   }
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/default_init_allocator.h"
+#include "common/thread_pool.h"
 #include "proto/coordinator_service.pb.h"
 #include "proto/ps_service.pb.h"
 #include "rocksdb/db.h"
@@ -179,6 +180,12 @@ class TablePartDecoder {
 
   // Rows decoded and not handed out yet.
   int64_t size() const { return static_cast<int64_t>(keys_.size()); }
+  // Rows decoded so far (handed out or not), and the CRC-32 of the records added so far and
+  // the bytes it covers: a part decoded in pieces by several decoders (each from a run of its
+  // own on) is checked by combining theirs (PartChecksumError).
+  int64_t rows() const { return rows_taken_ + size(); }
+  uint32_t crc() const { return crc_; }
+  uint64_t crc_bytes() const { return crc_bytes_; }
   // Hands over the rows decoded since the last call, as Take does but before the part's last
   // record and without its checks: they are not verified until Take or Finish (which then
   // count them) succeeds. The vectors given are emptied and kept for the next rows, so a
@@ -198,6 +205,7 @@ class TablePartDecoder {
   const v1::SavedShard& saved_;
   const std::string prefix_;
   uint32_t crc_ = 0;
+  uint64_t crc_bytes_ = 0;
   int64_t stride_ = -1;
   // With runs (saved.runs() > 0): the run of the last block and where its rows begin in keys_.
   int run_ = -1;
@@ -247,8 +255,15 @@ class CheckpointReader {
   // after the last record: every batch but the last is handed over before it, so a caller must
   // be able to drop what it did with them when this returns an error (a restore puts them in a
   // table that is adopted only on success). The last batch comes once the part checked out.
+  //
+  // With `pool` (not owned) and a part written in runs, a known stride (>= 0) and a pool of
+  // threads, the runs are read in as many ranges as the pool has threads and one, each on a
+  // thread of its own: fn is then called from several threads at once (with a batch of each),
+  // every batch before the part's checksum is known, and the checksum is the ranges' CRCs
+  // combined.
   absl::Status ReadTableBatches(const v1::SavedShard& saved, int64_t stride, int64_t batch_rows,
-                                const std::function<absl::Status(TableRows& batch)>& fn);
+                                const std::function<absl::Status(TableRows& batch)>& fn,
+                                ThreadPool* pool = nullptr);
   // The admission sketch of a table part: empty if none was saved (sketch_counters 0); DATA_LOSS
   // naming the file and table when the record is missing, of another size or fails its
   // checksum.
@@ -263,10 +278,17 @@ class CheckpointReader {
   // Feeds every record of the part to `decoder` and checks its stride against `stride`.
   absl::Status Decode(const v1::SavedShard& saved, int64_t stride, TablePartDecoder* decoder);
   // Calls fn(key, value) for every record of the table part, in key order; an error of fn
-  // ends it and is returned.
+  // ends it and is returned. Only the records from `from` (a key) on and before `to` (empty:
+  // to the end of the part) when they are given.
   absl::Status ForEachRecord(
       const v1::SavedShard& saved,
-      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
+      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn,
+      const std::string& from = "", const std::string& to = "");
+  // ReadTableBatches over the part's runs in ranges, one per thread of `pool`.
+  absl::Status ReadTableBatchesInRanges(const v1::SavedShard& saved, int64_t stride,
+                                        int64_t batch_rows,
+                                        const std::function<absl::Status(TableRows& batch)>& fn,
+                                        ThreadPool* pool);
   // DATA_LOSS naming both lengths when the decoder's rows are not of `stride` floats (when
   // stride >= 0 and it has had rows).
   absl::Status CheckStride(const v1::SavedShard& saved, const TablePartDecoder& decoder,
@@ -320,10 +342,11 @@ struct TableChainSink {
 // and each of its parts, the part's removed keys are removed and its rows put. Rows of every
 // key come, `keep` being the sink's business; DATA_LOSS as ReadTableChain, and for a part that
 // fails its checks after some of its batches were put (the sink must then drop what it built).
-// An error of the sink ends it and is returned.
+// An error of the sink ends it and is returned. With `pool`, each part is read as
+// CheckpointReader::ReadTableBatches reads it with a pool (sink.put called from its threads).
 absl::Status ReadTableChainBatches(const std::vector<TableLink>& links, int64_t stride,
                                    int64_t batch_rows, const TableChainSink& sink,
-                                   CheckpointReaders* readers);
+                                   CheckpointReaders* readers, ThreadPool* pool = nullptr);
 
 // A committed checkpoint and its manifest.
 struct ChainLink {

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -350,6 +352,40 @@ TEST(CheckpointTest, ATableWrittenInRunsReadsBack) {
   s = (*reader)->ReadTableBatches(short_count, 2, 700, append);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_LE(batch_sizes.size(), 1u);
+
+  // In ranges of runs on a pool's threads (here one range a run, one of them empty): the same
+  // rows, in batches from several threads, and the same refusals.
+  ThreadPool pool(2);
+  absl::Mutex mu;
+  std::map<int64_t, std::pair<int64_t, std::vector<float>>> ranged;
+  const auto collect = [&](CheckpointReader::TableRows& batch) {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(batch.stride, 2);
+    for (size_t i = 0; i < batch.keys.size(); ++i) {
+      ranged[batch.keys[i]] = {batch.counts[i], {batch.values[2 * i], batch.values[2 * i + 1]}};
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*reader)->ReadTableBatches(*saved, 2, 700, collect, &pool).ok());
+  ASSERT_EQ(ranged.size(), whole->keys.size());
+  for (size_t i = 0; i < whole->keys.size(); ++i) {
+    const auto& [count, row] = ranged.at(whole->keys[i]);
+    EXPECT_EQ(count, whole->counts[i]);
+    EXPECT_EQ(row, std::vector<float>({whole->values[2 * i], whole->values[2 * i + 1]}));
+  }
+  s = (*reader)->ReadTableBatches(bad_sum, 2, 700, collect, &pool);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fails its checksum"));
+  ranged.clear();
+  s = (*reader)->ReadTableBatches(*saved, 3, 700, collect, &pool);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has rows of 2 floats"));
+  EXPECT_TRUE(ranged.empty());
+  v1::SavedShard two_runs = *saved;
+  two_runs.set_runs(2);
+  s = (*reader)->ReadTableBatches(two_runs, 2, 700, collect, &pool);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("it is in run 2, expected 0 to 1"));
 
   v1::SavedShard fewer = *saved;
   fewer.set_runs(2);
