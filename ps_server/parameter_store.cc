@@ -640,21 +640,21 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                         : std::string();
   if (request.phase() != v1::SAVE_CUT) {
     return WriteShardCut(std::move(cut), checkpoint_path, request.ps_index(), options_.crash_points,
-                         response);
+                         response, &apply_pool_);
   }
   response->set_cut_micros(absl::ToInt64Microseconds(cut.held));
   save_ = BackgroundSave{checkpoint_path, false, absl::OkStatus(), {}};
-  save_thread_ = std::thread([this, cut = std::move(cut), checkpoint_path,
-                              ps_index = request.ps_index()]() mutable {
-    v1::SaveShardsResponse written;
-    absl::Status s =
-        WriteShardCut(std::move(cut), checkpoint_path, ps_index, options_.crash_points, &written);
-    if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
-    absl::MutexLock lock(&save_mu_);
-    save_.done = true;
-    save_.status = std::move(s);
-    save_.response = std::move(written);
-  });
+  save_thread_ = std::thread(
+      [this, cut = std::move(cut), checkpoint_path, ps_index = request.ps_index()]() mutable {
+        v1::SaveShardsResponse written;
+        absl::Status s = WriteShardCut(std::move(cut), checkpoint_path, ps_index,
+                                       options_.crash_points, &written, &apply_pool_);
+        if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
+        absl::MutexLock lock(&save_mu_);
+        save_.done = true;
+        save_.status = std::move(s);
+        save_.response = std::move(written);
+      });
   return absl::OkStatus();
 }
 

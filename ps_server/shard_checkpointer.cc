@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -290,7 +292,8 @@ absl::StatusOr<ShardCut> CutShardSet(const ShardSet& shards, absl::Mutex* apply_
 }
 
 absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
-                           CrashPoints* crash_points, v1::SaveShardsResponse* response) {
+                           CrashPoints* crash_points, v1::SaveShardsResponse* response,
+                           ThreadPool* pool) {
   const absl::Time start = absl::Now();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                       CheckpointWriter::Open(checkpoint_path, ps_index, crash_points));
@@ -306,25 +309,35 @@ absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int
     v1::SavedShard saved;
     if (t.marked != nullptr) {
       // A stripe at a time: its rows as they were at the mark, the counts packed with the ticks
-      // (of an incremental mark, the rows changed since the last, and the keys removed).
-      EmbeddingTable::RowsCopy run;
-      std::vector<int64_t> removed;
+      // (of an incremental mark, the rows changed since the last, and the keys removed). Each
+      // writing thread takes its stripes into buffers of its own.
+      struct Buffers {
+        EmbeddingTable::RowsCopy run;
+        std::vector<int64_t> removed;
+      };
+      absl::Mutex buffers_mu;
+      std::map<std::thread::id, Buffers> buffers;  // nodes stay put as others are added
+      const auto take = [&](int stripe) -> absl::StatusOr<CheckpointWriter::TableRun> {
+        Buffers* b;
+        {
+          absl::MutexLock lock(&buffers_mu);
+          b = &buffers[std::this_thread::get_id()];
+        }
+        EmbeddingTable::RowsCopy& run = b->run;
+        run.keys.clear();
+        run.counts.clear();
+        run.last.clear();
+        run.rows.clear();
+        b->removed.clear();
+        t.marked->TakeStripeCut(stripe, &run, t.delta ? &b->removed : nullptr);
+        for (size_t i = 0; i < run.counts.size(); ++i) {
+          run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
+        }
+        return CheckpointWriter::TableRun{run.keys, run.counts, run.rows, b->removed};
+      };
       PS_ASSIGN_OR_RETURN(
-          saved, writer->WriteTableRuns(
-                     t.spec, t.stride, EmbeddingTable::kNumStripes,
-                     [&](int stripe) -> absl::StatusOr<CheckpointWriter::TableRun> {
-                       run.keys.clear();
-                       run.counts.clear();
-                       run.last.clear();
-                       run.rows.clear();
-                       removed.clear();
-                       t.marked->TakeStripeCut(stripe, &run, t.delta ? &removed : nullptr);
-                       for (size_t i = 0; i < run.counts.size(); ++i) {
-                         run.counts[i] = PackRowCount(run.counts[i], run.last[i]);
-                       }
-                       return CheckpointWriter::TableRun{run.keys, run.counts, run.rows, removed};
-                     },
-                     t.delta));
+          saved, writer->WriteTableRuns(t.spec, t.stride, EmbeddingTable::kNumStripes, take,
+                                        t.delta, pool));
       t.marked = nullptr;
     } else {
       PS_ASSIGN_OR_RETURN(saved, writer->WriteTable(t.spec, std::move(t.rows.keys), t.rows.rows,

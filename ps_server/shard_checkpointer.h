@@ -84,10 +84,12 @@ absl::StatusOr<ShardCut> CutShardSet(const ShardSet& shards, absl::Mutex* apply_
 
 // Writes `cut` to `checkpoint_path` as ps task `ps_index`'s part, letting each shard's copy go
 // once written and taking each marked table's stripes one at a time (one run each, sorted
-// alone), and fills `response` (shards, bytes, time). Every mark is let go when `cut` goes,
-// also on an error.
+// alone; with `pool`, not owned, in ranges of stripes on its threads and the caller's,
+// CheckpointWriter::WriteTableRuns), and fills `response` (shards, bytes, time). Every mark is
+// let go when `cut` goes, also on an error.
 absl::Status WriteShardCut(ShardCut cut, const std::string& checkpoint_path, int32_t ps_index,
-                           CrashPoints* crash_points, v1::SaveShardsResponse* response);
+                           CrashPoints* crash_points, v1::SaveShardsResponse* response,
+                           ThreadPool* pool = nullptr);
 
 // One checkpoint of a restore: where it is and its manifest's shard list.
 struct RestoreLink {

@@ -228,64 +228,77 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTable(const v1::TableSpec&
       [&](int) -> absl::StatusOr<TableRun> {
         return TableRun{keys, counts, rows, {}};
       },
-      /*delta=*/false);
+      /*delta=*/false, /*pool=*/nullptr);
 }
 
 absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableRuns(
     const v1::TableSpec& spec, int64_t stride, int runs,
-    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta) {
+    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta, ThreadPool* pool) {
   if (runs < 1 || runs > kMaxRuns) {
     return absl::InvalidArgumentError(absl::StrCat("table ", spec.name(), ": written in ", runs,
                                                    " runs, expected 1 to ", kMaxRuns));
   }
-  return WriteTableParts(spec, stride, runs, next, delta);
+  return WriteTableParts(spec, stride, runs, next, delta, pool);
 }
 
-absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
-    const v1::TableSpec& spec, int64_t stride, int runs,
-    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta) {
+CheckpointWriter::RangeWritten CheckpointWriter::WriteRange(
+    const v1::TableSpec& spec, int64_t stride, int runs, int begin, int end,
+    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta,
+    const std::string& tag, const std::atomic<bool>& failed) {
+  RangeWritten out;
   const std::string prefix = TablePrefix(spec.name());
   const size_t key_at = prefix.size() + (runs > 0 ? 2 : 0);  // where a record's first key goes
   const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
   // The rows in key order straight into a table file of RocksDB's own format, which the
   // database then takes in whole (IngestExternalFile, the file moved in): no memtable, no
   // flush, no write-ahead log. Opened at the first row.
-  const std::string sst = absl::StrCat(path_, ".table-", shards_written_, ".sst");
+  const std::string sst = absl::StrCat(path_, ".table-", tag, ".sst");
   rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options_);
   bool opened = false;
-  uint32_t crc = 0;
-  int64_t bytes = 0, total = 0;
   std::string key = prefix + std::string(key_at - prefix.size(), '\0') + EncodeKey(0), value;
   std::vector<size_t> order;
   // A delta's removed keys, run by run into a second table file ("r/..." sorts before "t/...":
   // the two files do not overlap, and go in together).
-  const std::string removed_sst = absl::StrCat(path_, ".removed-", shards_written_, ".sst");
+  const std::string removed_sst = absl::StrCat(path_, ".removed-", tag, ".sst");
   rocksdb::SstFileWriter removed_writer(rocksdb::EnvOptions(), options_);
   bool removed_opened = false;
-  uint32_t removed_crc = 0;
-  int64_t removed_total = 0;
   std::vector<int64_t> removed;
-  for (int r = 0; r < std::max(runs, 1); ++r) {
-    PS_ASSIGN_OR_RETURN(const TableRun run, next(r));
+  const auto fail = [&out](absl::Status status) {
+    out.status = std::move(status);
+    return std::move(out);
+  };
+#define PS_RANGE_RETURN_IF_ERROR(expr)       \
+  do {                                       \
+    absl::Status _status = (expr);           \
+    if (!_status.ok()) return fail(_status); \
+  } while (0)
+  for (int r = begin; r < end; ++r) {
+    if (failed.load(std::memory_order_relaxed)) {
+      return fail(absl::CancelledError("another range of the table failed"));
+    }
+    absl::StatusOr<TableRun> got = next(r);
+    if (!got.ok()) return fail(got.status());
+    const TableRun& run = *got;
     if (delta && !run.removed.empty()) {
       removed.assign(run.removed.begin(), run.removed.end());
       const std::string value = RemovedValue(&removed);
       const std::string key = RemovedKey(spec.name(), r);
       if (!removed_opened) {
-        PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Open(removed_sst), what));
+        PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Open(removed_sst), what));
         removed_opened = true;
       }
-      PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Put(key, value), what));
-      removed_crc = Crc(Crc(removed_crc, key), value);
-      removed_total += static_cast<int64_t>(removed.size());
-      bytes += static_cast<int64_t>(value.size());
+      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Put(key, value), what));
+      out.removed_crc = Crc(Crc(out.removed_crc, key), value);
+      out.removed_crc_bytes += key.size() + value.size();
+      out.removed_total += static_cast<int64_t>(removed.size());
+      out.bytes += static_cast<int64_t>(value.size());
     }
     order.resize(run.keys.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     const absl::Span<const int64_t> keys = run.keys;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
     if (!order.empty() && !opened) {
-      PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
       opened = true;
     }
     if (runs > 0) {
@@ -293,46 +306,90 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
       key[prefix.size() + 1] = static_cast<char>(r & 0xff);
     }
     // Blocks of kRowBlock rows in key order, each keyed by its first.
-    for (size_t begin = 0; begin < order.size(); begin += kRowBlock) {
-      const int64_t n = static_cast<int64_t>(std::min<size_t>(kRowBlock, order.size() - begin));
+    for (size_t first = 0; first < order.size(); first += kRowBlock) {
+      const int64_t n = static_cast<int64_t>(std::min<size_t>(kRowBlock, order.size() - first));
       value.resize(8 + 16 * n + 4 * n * stride);
       char* at = value.data();
       std::memcpy(at, &n, 8);
       for (int64_t j = 0; j < n; ++j) {
-        const size_t i = order[begin + j];
+        const size_t i = order[first + j];
         std::memcpy(at + 8 + 8 * j, &keys[i], 8);
         std::memcpy(at + 8 + 8 * (n + j), &run.counts[i], 8);
         if (stride > 0) {
           std::memcpy(at + 8 + 16 * n + 4 * j * stride, run.rows.data() + i * stride, 4 * stride);
         }
       }
-      key.replace(key_at, 8, EncodeKey(keys[order[begin]]));
-      crc = Crc(Crc(crc, key), value);
-      bytes += static_cast<int64_t>(value.size());
-      PS_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
+      key.replace(key_at, 8, EncodeKey(keys[order[first]]));
+      out.crc = Crc(Crc(out.crc, key), value);
+      out.crc_bytes += key.size() + value.size();
+      out.bytes += static_cast<int64_t>(value.size());
+      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
     }
-    total += static_cast<int64_t>(order.size());
+    out.total += static_cast<int64_t>(order.size());
   }
-  std::vector<std::string> files;
   if (removed_opened) {
-    PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Finish(), what));
-    files.push_back(removed_sst);
+    PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Finish(), what));
+    out.removed_file = removed_sst;
   }
   if (opened) {
-    PS_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
-    files.push_back(sst);
+    PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
+    out.table_file = sst;
+  }
+#undef PS_RANGE_RETURN_IF_ERROR
+  return out;
+}
+
+absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
+    const v1::TableSpec& spec, int64_t stride, int runs,
+    const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta, ThreadPool* pool) {
+  // With a pool, the runs in ranges, one a thread (and the caller's), each range a table file
+  // of its own: the ranges' keys do not overlap (the run is in every key), so the files go in
+  // together, and the part's checksum is theirs combined in key order.
+  const int parts = std::max(runs, 1);
+  const int ranges = pool != nullptr && pool->num_threads() > 0 && runs > 1
+                         ? static_cast<int>(std::min<int64_t>(runs, pool->num_threads() + 1))
+                         : 1;
+  std::vector<RangeWritten> written(ranges);
+  std::atomic<bool> failed{false};
+  const auto write = [&](int64_t g) {
+    written[g] = WriteRange(spec, stride, runs, static_cast<int>(parts * g / ranges),
+                            static_cast<int>(parts * (g + 1) / ranges), next, delta,
+                            absl::StrCat(shards_written_, "-", g), failed);
+    if (!written[g].status.ok()) failed.store(true, std::memory_order_relaxed);
+  };
+  if (ranges == 1) {
+    write(0);
+  } else {
+    pool->ForEachIndex(ranges, write);
+  }
+  for (const RangeWritten& w : written) {
+    if (!w.status.ok() && !absl::IsCancelled(w.status)) return w.status;
+  }
+  std::vector<std::string> files;
+  uLong crc = 0, removed_crc = 0;
+  int64_t bytes = 0, total = 0, removed_total = 0;
+  for (const RangeWritten& w : written) {
+    if (!w.removed_file.empty()) files.push_back(w.removed_file);
+    if (!w.table_file.empty()) files.push_back(w.table_file);
+    crc = crc32_combine(crc, w.crc, static_cast<z_off_t>(w.crc_bytes));
+    removed_crc =
+        crc32_combine(removed_crc, w.removed_crc, static_cast<z_off_t>(w.removed_crc_bytes));
+    bytes += w.bytes;
+    total += w.total;
+    removed_total += w.removed_total;
   }
   if (!files.empty()) {
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
-    PS_RETURN_IF_ERROR(FromRocksDb(db_->IngestExternalFile(files, ingest), what));
+    PS_RETURN_IF_ERROR(FromRocksDb(db_->IngestExternalFile(files, ingest),
+                                   absl::StrCat("writing table ", spec.name(), " to ", file_)));
   }
   v1::SavedShard saved;
   saved.set_name(spec.name());
   saved.set_partition(-1);
   saved.set_is_table(true);
   saved.set_file(file_);
-  saved.set_checksum(crc);
+  saved.set_checksum(static_cast<uint32_t>(crc));
   saved.set_bytes(bytes);
   saved.set_rows(total);
   saved.set_row_block(kRowBlock);
@@ -340,7 +397,7 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
   if (delta) {
     saved.set_delta(true);
     saved.set_removed_keys(removed_total);
-    saved.set_removed_checksum(removed_crc);
+    saved.set_removed_checksum(static_cast<uint32_t>(removed_crc));
   }
   *saved.mutable_table() = spec;
   Written();

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_STORAGE_CHECKPOINT_H_
 #define PSCLUSTER_STORAGE_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -88,10 +89,18 @@ class CheckpointWriter {
   // parts must be distinct. An error of next is returned as it is. With `delta`, the part is an
   // incremental checkpoint's: each run's removed keys are written too, sorted, once each, as
   // the run's removed-keys record (SavedShard.delta).
+  //
+  // With `pool` (not owned; threads and more than one run), the runs are written in as many
+  // ranges as it has threads and one, each range on a thread of its own into a table file of
+  // its own: next is then called from several threads at once, each calling it for its runs in
+  // turn, and what it returns must stay valid until the same thread calls it again (a caller
+  // keeps a set of buffers a thread). The checkpoint is the same either way, but for how its
+  // records are spread over files.
   static constexpr int kMaxRuns = 1 << 16;
   absl::StatusOr<v1::SavedShard> WriteTableRuns(
       const v1::TableSpec& spec, int64_t stride, int runs,
-      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta = false);
+      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta = false,
+      ThreadPool* pool = nullptr);
   // Adds the admission sketch of the table part `saved` (from WriteTable) and the virtual
   // shards its writer owns to the checkpoint, recording them in *saved.
   absl::Status WriteTableSketch(const std::vector<uint16_t>& counters,
@@ -110,7 +119,20 @@ class CheckpointWriter {
   // WriteTable (runs == 0: one run, no run in the keys) and WriteTableRuns.
   absl::StatusOr<v1::SavedShard> WriteTableParts(
       const v1::TableSpec& spec, int64_t stride, int runs,
-      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta);
+      const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta, ThreadPool* pool);
+  // Runs [begin, end) of a table part (WriteTableParts with runs == 0 writes [0, 1)) into
+  // table files of their own, named after `tag`, not taken in yet; gives up (CANCELLED) at the
+  // next run once `failed` is set.
+  struct RangeWritten {
+    absl::Status status;
+    std::string table_file, removed_file;  // empty: nothing of the kind written
+    uint32_t crc = 0, removed_crc = 0;     // CRC-32 of the records, and the bytes it covers
+    uint64_t crc_bytes = 0, removed_crc_bytes = 0;
+    int64_t bytes = 0, total = 0, removed_total = 0;
+  };
+  RangeWritten WriteRange(const v1::TableSpec& spec, int64_t stride, int runs, int begin, int end,
+                          const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta,
+                          const std::string& tag, const std::atomic<bool>& failed);
 
   const std::string file_;  // "ps-3"
   const std::string path_;  // <checkpoint>/ps-3

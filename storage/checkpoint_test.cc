@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -302,6 +303,77 @@ TEST(CheckpointTest, ATableWrittenInRunsReadsBack) {
     EXPECT_EQ(row.second, (key % 5 + 5) % 5);
     const int64_t r = (key + 2000) % 3;
     EXPECT_TRUE(r == 0 || r == 2) << key;
+  }
+
+  // The same runs written in ranges on a pool's threads (one range a run, the empty one
+  // included), a delta's removed keys too: the same part, its rows read back alike.
+  {
+    ThreadPool pool(2);
+    const std::string ranged_path = Dir("runs_ranged") + "/ckpt-0000000004";
+    auto ranged_writer = CheckpointWriter::Open(ranged_path, 0);
+    ASSERT_TRUE(ranged_writer.ok()) << ranged_writer.status();
+    std::vector<std::vector<int64_t>> run_keys(3), run_counts(3), run_removed(3);
+    std::vector<std::vector<float>> run_rows(3);
+    absl::Mutex asked_mu;
+    std::set<int> asked_ranged;
+    const auto next = [&](int r) -> absl::StatusOr<CheckpointWriter::TableRun> {
+      {
+        absl::MutexLock lock(&asked_mu);
+        EXPECT_TRUE(asked_ranged.insert(r).second) << "run " << r << " asked twice";
+      }
+      for (int64_t i = sizes[r] - 1; i >= 0; --i) {
+        const int64_t key = 3 * i + r - 2000;
+        run_keys[r].push_back(key);
+        run_counts[r].push_back((key % 5 + 5) % 5);
+        run_rows[r].push_back(static_cast<float>(key));
+        run_rows[r].push_back(static_cast<float>(-key));
+      }
+      run_removed[r] = {100000 + r, 50000 + r};
+      return CheckpointWriter::TableRun{run_keys[r], run_counts[r], run_rows[r], run_removed[r]};
+    };
+    auto ranged = (*ranged_writer)->WriteTableRuns(table, 2, 3, next, /*delta=*/false, &pool);
+    ASSERT_TRUE(ranged.ok()) << ranged.status();
+    EXPECT_EQ(asked_ranged, std::set<int>({0, 1, 2}));
+    EXPECT_EQ(ranged->checksum(), saved->checksum());
+    EXPECT_EQ(ranged->rows(), saved->rows());
+    EXPECT_EQ(ranged->bytes(), saved->bytes());
+    EXPECT_EQ(ranged->runs(), 3);
+    // A delta part of the same rows, and its removed keys, sequentially and in ranges.
+    for (auto& v : run_keys) v.clear();
+    for (auto& v : run_counts) v.clear();
+    for (auto& v : run_rows) v.clear();
+    asked_ranged.clear();
+    v1::TableSpec delta_table = table;
+    delta_table.set_name("emb_delta");
+    auto delta_ranged = (*ranged_writer)->WriteTableRuns(delta_table, 2, 3, next, true, &pool);
+    ASSERT_TRUE(delta_ranged.ok()) << delta_ranged.status();
+    for (auto& v : run_keys) v.clear();
+    for (auto& v : run_counts) v.clear();
+    for (auto& v : run_rows) v.clear();
+    asked_ranged.clear();
+    delta_table.set_name("emb_delta2");
+    auto delta_one = (*ranged_writer)->WriteTableRuns(delta_table, 2, 3, next, true);
+    ASSERT_TRUE(delta_one.ok()) << delta_one.status();
+    EXPECT_EQ(delta_ranged->removed_keys(), 6);
+    EXPECT_EQ(delta_ranged->removed_keys(), delta_one->removed_keys());
+    EXPECT_EQ(delta_ranged->rows(), delta_one->rows());
+    EXPECT_EQ(delta_ranged->bytes(), delta_one->bytes());
+    ASSERT_TRUE((*ranged_writer)->Finish().ok());
+    auto ranged_reader = CheckpointReader::Open(ranged_path + "/ps-0");
+    ASSERT_TRUE(ranged_reader.ok()) << ranged_reader.status();
+    auto want = (*reader)->ReadTableWhole(*saved, 2);
+    auto got = (*ranged_reader)->ReadTableWhole(*ranged, 2);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_EQ(got->keys, want->keys);
+    EXPECT_EQ(got->counts, want->counts);
+    EXPECT_TRUE(std::equal(got->values.begin(), got->values.end(), want->values.begin(),
+                           want->values.end()));
+    auto delta_rows = (*ranged_reader)->ReadTableWhole(*delta_ranged, 2);
+    ASSERT_TRUE(delta_rows.ok()) << delta_rows.status();
+    EXPECT_EQ(delta_rows->keys, want->keys);
+    auto removed = (*ranged_reader)->ReadTableRemoved(*delta_ranged);
+    ASSERT_TRUE(removed.ok()) << removed.status();
+    EXPECT_EQ(*removed, std::vector<int64_t>({50000, 100000, 50001, 100001, 50002, 100002}));
   }
 
   // A batch at a time (ReadTableBatches): the same rows in the same order as ReadTableWhole,
