@@ -5,7 +5,7 @@
 #      daemon tests of the ps data path, psctl, the lifecycle and TLS;
 #   2. the other multi-process tests (tests/, deploy/: the real daemons, as users run them, in
 #      the default build: gcc, -O2), and the unit test of what ASan changes
-#      (ps_server:huge_page_pool_test: its pool is bypassed under ASan).
+#      (common:huge_page_pool_test: its pool is bypassed under ASan).
 # Arguments go to both `bazel test` commands (CI passes --test_env=FAULT_SEED=...). Each build
 # has its own output tree. `bazel test //...` alone runs every test in the default build.
 set -euo pipefail
@@ -16,5 +16,5 @@ sanitized=(//tests:ps_cluster_test //tests:ps_transport_test //tests:psctl_test
 echo "==> unit tests and ${sanitized[*]} under ASan + UBSan (--config=asan)"
 bazel test --config=asan "$@" -- //... -//tests/... -//deploy/... "${sanitized[@]}"
 echo "==> the other multi-process tests (default build)"
-bazel test --build_tests_only "$@" -- //tests/... //deploy/... //ps_server:huge_page_pool_test \
+bazel test --build_tests_only "$@" -- //tests/... //deploy/... //common:huge_page_pool_test \
   "${sanitized[@]/#/-}"
