@@ -241,11 +241,10 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableRuns(
   return WriteTableParts(spec, stride, runs, next, delta, pool);
 }
 
-CheckpointWriter::RangeWritten CheckpointWriter::WriteRange(
+absl::Status CheckpointWriter::WriteRange(
     const v1::TableSpec& spec, int64_t stride, int runs, int begin, int end,
     const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta,
-    const std::string& tag, const std::atomic<bool>& failed) {
-  RangeWritten out;
+    const std::string& tag, const std::atomic<bool>& failed, RangeWritten* out) {
   const std::string prefix = TablePrefix(spec.name());
   const size_t key_at = prefix.size() + (runs > 0 ? 2 : 0);  // where a record's first key goes
   const std::string what = absl::StrCat("writing table ", spec.name(), " to ", file_);
@@ -263,42 +262,31 @@ CheckpointWriter::RangeWritten CheckpointWriter::WriteRange(
   rocksdb::SstFileWriter removed_writer(rocksdb::EnvOptions(), options_);
   bool removed_opened = false;
   std::vector<int64_t> removed;
-  const auto fail = [&out](absl::Status status) {
-    out.status = std::move(status);
-    return std::move(out);
-  };
-#define PS_RANGE_RETURN_IF_ERROR(expr)       \
-  do {                                       \
-    absl::Status _status = (expr);           \
-    if (!_status.ok()) return fail(_status); \
-  } while (0)
   for (int r = begin; r < end; ++r) {
     if (failed.load(std::memory_order_relaxed)) {
-      return fail(absl::CancelledError("another range of the table failed"));
+      return absl::CancelledError("another range of the table failed");
     }
-    absl::StatusOr<TableRun> got = next(r);
-    if (!got.ok()) return fail(got.status());
-    const TableRun& run = *got;
+    PS_ASSIGN_OR_RETURN(const TableRun run, next(r));
     if (delta && !run.removed.empty()) {
       removed.assign(run.removed.begin(), run.removed.end());
       const std::string value = RemovedValue(&removed);
       const std::string key = RemovedKey(spec.name(), r);
       if (!removed_opened) {
-        PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Open(removed_sst), what));
+        PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Open(removed_sst), what));
         removed_opened = true;
       }
-      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Put(key, value), what));
-      out.removed_crc = Crc(Crc(out.removed_crc, key), value);
-      out.removed_crc_bytes += key.size() + value.size();
-      out.removed_total += static_cast<int64_t>(removed.size());
-      out.bytes += static_cast<int64_t>(value.size());
+      PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Put(key, value), what));
+      out->removed_crc = Crc(Crc(out->removed_crc, key), value);
+      out->removed_crc_bytes += key.size() + value.size();
+      out->removed_total += static_cast<int64_t>(removed.size());
+      out->bytes += static_cast<int64_t>(value.size());
     }
     order.resize(run.keys.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     const absl::Span<const int64_t> keys = run.keys;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
     if (!order.empty() && !opened) {
-      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
+      PS_RETURN_IF_ERROR(FromRocksDb(writer.Open(sst), what));
       opened = true;
     }
     if (runs > 0) {
@@ -320,23 +308,22 @@ CheckpointWriter::RangeWritten CheckpointWriter::WriteRange(
         }
       }
       key.replace(key_at, 8, EncodeKey(keys[order[first]]));
-      out.crc = Crc(Crc(out.crc, key), value);
-      out.crc_bytes += key.size() + value.size();
-      out.bytes += static_cast<int64_t>(value.size());
-      PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
+      out->crc = Crc(Crc(out->crc, key), value);
+      out->crc_bytes += key.size() + value.size();
+      out->bytes += static_cast<int64_t>(value.size());
+      PS_RETURN_IF_ERROR(FromRocksDb(writer.Put(key, value), what));
     }
-    out.total += static_cast<int64_t>(order.size());
+    out->total += static_cast<int64_t>(order.size());
   }
   if (removed_opened) {
-    PS_RANGE_RETURN_IF_ERROR(FromRocksDb(removed_writer.Finish(), what));
-    out.removed_file = removed_sst;
+    PS_RETURN_IF_ERROR(FromRocksDb(removed_writer.Finish(), what));
+    out->removed_file = removed_sst;
   }
   if (opened) {
-    PS_RANGE_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
-    out.table_file = sst;
+    PS_RETURN_IF_ERROR(FromRocksDb(writer.Finish(), what));
+    out->table_file = sst;
   }
-#undef PS_RANGE_RETURN_IF_ERROR
-  return out;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
@@ -352,9 +339,9 @@ absl::StatusOr<v1::SavedShard> CheckpointWriter::WriteTableParts(
   std::vector<RangeWritten> written(ranges);
   std::atomic<bool> failed{false};
   const auto write = [&](int64_t g) {
-    written[g] = WriteRange(spec, stride, runs, static_cast<int>(parts * g / ranges),
-                            static_cast<int>(parts * (g + 1) / ranges), next, delta,
-                            absl::StrCat(shards_written_, "-", g), failed);
+    written[g].status = WriteRange(spec, stride, runs, static_cast<int>(parts * g / ranges),
+                                   static_cast<int>(parts * (g + 1) / ranges), next, delta,
+                                   absl::StrCat(shards_written_, "-", g), failed, &written[g]);
     if (!written[g].status.ok()) failed.store(true, std::memory_order_relaxed);
   };
   if (ranges == 1) {

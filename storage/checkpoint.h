@@ -121,18 +121,19 @@ class CheckpointWriter {
       const v1::TableSpec& spec, int64_t stride, int runs,
       const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta, ThreadPool* pool);
   // Runs [begin, end) of a table part (WriteTableParts with runs == 0 writes [0, 1)) into
-  // table files of their own, named after `tag`, not taken in yet; gives up (CANCELLED) at the
-  // next run once `failed` is set.
+  // table files of their own, named after `tag`, not taken in yet, and fills *out (but its
+  // status); gives up (CANCELLED) at the next run once `failed` is set.
   struct RangeWritten {
-    absl::Status status;
+    absl::Status status;                   // WriteRange's
     std::string table_file, removed_file;  // empty: nothing of the kind written
     uint32_t crc = 0, removed_crc = 0;     // CRC-32 of the records, and the bytes it covers
     uint64_t crc_bytes = 0, removed_crc_bytes = 0;
     int64_t bytes = 0, total = 0, removed_total = 0;
   };
-  RangeWritten WriteRange(const v1::TableSpec& spec, int64_t stride, int runs, int begin, int end,
+  absl::Status WriteRange(const v1::TableSpec& spec, int64_t stride, int runs, int begin, int end,
                           const std::function<absl::StatusOr<TableRun>(int run)>& next, bool delta,
-                          const std::string& tag, const std::atomic<bool>& failed);
+                          const std::string& tag, const std::atomic<bool>& failed,
+                          RangeWritten* out);
 
   const std::string file_;  // "ps-3"
   const std::string path_;  // <checkpoint>/ps-3
