@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine): builds what bench/gpu_train.sh needs with --config=cuda
-# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, ps_bench, checkpoint_bench
+# (chief, ps_server, worker, evaluator, train_bench, cluster_probe, ps_bench, checkpoint_bench,
+# ctr_datagen and ctr_export for bench/gpu_ctr.sh
 # (there: `.devbundle/payload/run checkpoint_bench` once the payload is unpacked) and this machine's
 # iperf3 for bench/gpu_ps.sh, cuda_kernels_test,
 # cuda_trainer_test; and psctl, for looking at the cluster there, left out with a warning when
@@ -36,7 +37,8 @@ data_dir=/usr/share/datasets/fashion-mnist
 
 bash tools/setup.sh >/dev/null
 targets=(//chief //ps_server //worker //evaluator //bench:train_bench //bench:cluster_probe
-  //bench:ps_bench //bench:sealed_channel_bench //bench:checkpoint_bench)
+  //bench:ps_bench //bench:sealed_channel_bench //bench:checkpoint_bench //bench:ctr_export
+  //model/data:ctr_datagen)
 config=()
 if [[ $cuda -eq 1 ]]; then
   targets+=(//kernels:cuda_kernels_test //worker:cuda_trainer_test)
@@ -48,7 +50,8 @@ bin_dir=$(bazel info ${config[@]+"${config[@]}"} bazel-bin 2>/dev/null)
 binaries=("$bin_dir/chief/chief" "$bin_dir/ps_server/ps_server" "$bin_dir/worker/worker"
   "$bin_dir/evaluator/evaluator"
   "$bin_dir/bench/train_bench" "$bin_dir/bench/cluster_probe" "$bin_dir/bench/ps_bench"
-  "$bin_dir/bench/sealed_channel_bench" "$bin_dir/bench/checkpoint_bench")
+  "$bin_dir/bench/sealed_channel_bench" "$bin_dir/bench/checkpoint_bench"
+  "$bin_dir/bench/ctr_export" "$bin_dir/model/data/ctr_datagen")
 # bench/gpu_ps.sh's loopback baseline: the GPU machine has no iperf3.
 iperf3=$(command -v iperf3 || true)
 if [[ -n $iperf3 ]]; then
@@ -96,7 +99,8 @@ done
 cp configs/*.pbtxt "$out/configs/"
 cp bench/gpu_train.sh bench/torch_mlp.py bench/torch_ddp_mlp.py bench/torch_cnn.py \
   bench/train_rate.py bench/train_cluster.sh bench/gpu_smoke.sh bench/gpu_tls.sh \
-  bench/gpu_strongest.sh bench/gpu_tta.sh bench/gpu_ps.sh bench/ps.sh "$out/bench/"
+  bench/gpu_strongest.sh bench/gpu_tta.sh bench/gpu_ps.sh bench/ps.sh bench/gpu_ctr.sh \
+  bench/torch_ctr.py "$out/bench/"
 # Certificates for the TLS runs (bench/gpu_tls.sh; the GPU machine may have no openssl
 # command; bench/gpu_ps.sh): one CA, chief-0, ps-0 to ps-3, worker-0 and worker-1 and
 # psctl-viewer, all on 127.0.0.1.
