@@ -20,6 +20,7 @@
 #   bash .devbundle/bench/gpu_ctr.sh [--train_examples N] [--ids_per_field N] [--zipf X]
 #        [--epochs E] [--batch B] [--ps P] [--workers "1 2"] [--checkpoint_every_secs S]
 #        [--torch 0|1] [--torch_variants "sparse dense_graph"] [--data DIR]
+#        [--ps_flags "--flag=value ..."]
 # --data DIR: where the data goes; a DIR that already has it (an earlier run's) is used as it is,
 # so that runs with and without checkpoints train on the same files.
 # Defaults: 4,000,000 examples, 1,000,000 values per field (zipf 1.05), 2 epochs, batch 1024,
@@ -38,6 +39,7 @@ every=0
 torch=1
 torch_variants="sparse dense_graph"
 data=""
+cl_ps_flags=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --train_examples) train_examples=$2; shift 2 ;;
@@ -51,7 +53,8 @@ while [[ $# -gt 0 ]]; do
     --torch) torch=$2; shift 2 ;;
     --torch_variants) torch_variants=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --ps_flags) read -r -a cl_ps_flags <<<"$2"; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_ctr.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
