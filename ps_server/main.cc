@@ -43,10 +43,6 @@ DEFINE_int32(apply_threads, -1,
              "Threads that apply large dense updates in parallel blocks, beside the calling "
              "one, and large sparse requests while the requests under way leave cores free "
              "(-1: one per core beyond the first, at most 7).");
-DEFINE_int32(background_save_threads, -1,
-             "Threads that write a checkpoint taken while training goes on, beside the save's "
-             "own, apart from the apply threads so that pushes keep those (-1: a quarter of "
-             "--apply_threads, at least 1). A save that holds training uses the apply threads.");
 DEFINE_int64(memory_budget_mb, -1,
              "Memory this ps task may give to dense shards and embedding tables (values and "
              "optimizer slots; a table row's index entry), in MiB: shards beyond it are refused, "
@@ -123,15 +119,7 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   options.store.apply_threads =
       FLAGS_apply_threads >= 0 ? FLAGS_apply_threads : std::max(0, std::min(cores - 1, 7));
-  options.store.background_save_threads = FLAGS_background_save_threads;
   options.store.memory_budget_bytes = MemoryBudgetBytes();
-  if (FLAGS_background_save_threads < -1) {
-    std::fprintf(stderr,
-                 "ps_server: --background_save_threads must be >= 0, or -1 for a quarter of "
-                 "--apply_threads; got %d\n",
-                 FLAGS_background_save_threads);
-    return 2;
-  }
   if (FLAGS_max_sparse_keys < 1) {
     std::fprintf(stderr, "ps_server: --max_sparse_keys must be >= 1\n");
     return 2;

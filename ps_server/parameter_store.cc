@@ -116,8 +116,6 @@ absl::Status RequestIdTooOld(const v1::RequestId& id) {
 ParameterStore::ParameterStore(const ParameterStoreOptions& options)
     : options_(options),
       apply_pool_(options.apply_threads),
-      save_pool_(options.background_save_threads >= 0 ? options.background_save_threads
-                                                      : std::max(1, options.apply_threads / 4)),
       cores_(options.cores > 0
                  ? options.cores
                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
@@ -650,7 +648,7 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
       [this, cut = std::move(cut), checkpoint_path, ps_index = request.ps_index()]() mutable {
         v1::SaveShardsResponse written;
         absl::Status s = WriteShardCut(std::move(cut), checkpoint_path, ps_index,
-                                       options_.crash_points, &written, &save_pool_);
+                                       options_.crash_points, &written, &apply_pool_);
         if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
         absl::MutexLock lock(&save_mu_);
         save_.done = true;

@@ -46,11 +46,6 @@ struct ParameterStoreOptions {
   // Threads that apply large dense updates in parallel blocks, beside the calling thread
   // (0: the calling thread does all), and large sparse requests while few run at once.
   int apply_threads = 0;
-  // Threads that write a checkpoint taken while training goes on (a save cut with SAVE_CUT,
-  // written in the background) beside the save's own thread, in a pool of their own so that
-  // pushes keep the apply threads meanwhile. -1: a quarter of apply_threads, at least 1.
-  // A save that holds training (the other phases) writes on the apply threads.
-  int background_save_threads = -1;
   // The cores the store may keep busy (0: std::thread::hardware_concurrency()): sparse
   // requests use the apply threads only while those and the requests under way fit in them.
   int cores = 0;
@@ -242,8 +237,6 @@ class ParameterStore {
   // Applies large dense updates in parallel (options_.apply_threads), and large sparse
   // requests that run alone (SparseWork).
   ThreadPool apply_pool_;
-  // Writes background saves (options_.background_save_threads).
-  ThreadPool save_pool_;
   // Sparse pulls and pushes under way, and until when (absl::GetCurrentTimeNanos) they run on
   // the calling thread alone (SparseWork).
   static constexpr int64_t kCrowdedNanos = 100'000'000;

@@ -434,15 +434,6 @@ TEST(DaemonFlagsTest, ANegativeGiveUpOnTheChiefIsRefusedAtStart) {
   EXPECT_THAT(worker.output, HasSubstr("worker: --give_up_on_chief_secs must be >= 0, not -1"));
 }
 
-TEST(DaemonFlagsTest, ABadThreadCountForBackgroundSavesIsRefusedAtStart) {
-  const std::string ps_config = R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"]},
-                                    "task": {"type": "ps", "index": 0}})";
-  RunResult ps = RunToExit("ps_server/ps_server", {"--background_save_threads=-2"}, ps_config);
-  EXPECT_EQ(DescribeWaitStatus(ps.wait_status), "exit 2") << ps.output;
-  EXPECT_THAT(ps.output, HasSubstr("ps_server: --background_save_threads must be >= 0, or -1 for "
-                                   "a quarter of --apply_threads; got -2"));
-}
-
 TEST(DaemonFlagsTest, AWorkerAskedForAMissingGpuRefusesToStart) {
   const std::string tf_config =
       R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]},
