@@ -1,10 +1,12 @@
 // Admission and eviction of embedding-table rows (model.proto's AdmissionSpec, EvictionSpec).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -468,6 +470,57 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
       taken = EmbeddingTable::RowsCopy();
       table->TakeStripeCut(0, &taken);
       EXPECT_TRUE(taken.keys.empty());
+    }
+  }
+}
+
+// The same while the stripes are taken on another thread a row at a time (TakeStripeCut lets go
+// of the stripe's lock after each row): rows changed between two chunks of a stripe come from
+// what was kept aside, rows changed after their chunk was copied are kept nowhere, and the cut
+// is still exactly the mark's rows, each once.
+TEST(EvictionTest, AStripeTakenInChunksWhileTheTableChangesGivesTheRowsOfTheMark) {
+  for (const std::string& spec : kCutTableSpecs) {
+    SCOPED_TRACE(spec);
+    for (const bool clear : {false, true}) {
+      std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
+      ASSERT_NE(table, nullptr);
+      const size_t stride = 3 * (1 + table->optimizer().num_slots());
+      int step = 0;
+      for (; step < 8; ++step) {
+        table->ObserveStep(step);
+        Push(*table, Range(step * 60, step * 60 + 400), 0.01f * step);
+      }
+      // Enough rows (where the table has room) that a stripe takes many chunks.
+      Push(*table, Range(100000, 120000), 0.5f);
+      EmbeddingTable::RowsCopy at_mark;
+      table->CopyRows(&at_mark);
+      Rows want;
+      RowsOf(at_mark, stride, &want);
+      ASSERT_GT(want.size(), 0u);
+      table->MarkCut();
+      Rows got;
+      std::atomic<bool> changing{false};
+      std::atomic<bool> taking{true};
+      std::thread taker([&] {
+        while (!changing) std::this_thread::yield();
+        EmbeddingTable::RowsCopy taken;
+        for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+          table->TakeStripeCut(s, &taken, /*removed=*/nullptr, /*chunk_rows=*/1);
+        }
+        RowsOf(taken, stride, &got);
+        taking = false;
+      });
+      int changes = 0;
+      for (; taking || changes < 3; ++step, ++changes) {
+        table->ObserveStep(step);
+        Push(*table, Range(step * 60 - 200, step * 60 + 300), 0.02f * step);  // old and new
+        Pull(*table, Range(5000 + step * 10, 5010 + step * 10));              // may create rows
+        if (clear && changes == 2) table->Clear();
+        changing = true;
+      }
+      taker.join();
+      EXPECT_EQ(table->cut_kept_rows(), 0);
+      EXPECT_EQ(got, want) << (clear ? "cleared" : "") << " after " << changes << " changes";
     }
   }
 }

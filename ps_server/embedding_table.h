@@ -289,7 +289,15 @@ class EmbeddingTable {
   // kNumStripes; out non-null, and removed non-null for a delta.
   void MarkCut(bool delta = false, bool track_changes = false);
   bool ChangesTracked() const;
-  void TakeStripeCut(int stripe, RowsCopy* out, std::vector<int64_t>* removed = nullptr);
+  //
+  // TakeStripeCut copies the stripe's unchanged rows `chunk_rows` at a time, letting go of the
+  // stripe's lock between chunks, so that the pushes into a stripe being taken wait for one
+  // chunk's copy at most, not the stripe's: a row changed between two chunks is kept aside
+  // as any change of a marked row is, unless its chunk was copied already (then the cut has
+  // it, and nothing is kept).
+  static constexpr int64_t kCutChunkRows = 16384;
+  void TakeStripeCut(int stripe, RowsCopy* out, std::vector<int64_t>* removed = nullptr,
+                     int64_t chunk_rows = kCutChunkRows);
   void DropCut();
   // Rows kept aside for the mark's stripes not taken yet.
   int64_t cut_kept_rows() const;
@@ -355,7 +363,10 @@ class EmbeddingTable {
     uint32_t rows_at_cut = 0;    // arena rows at the mark; rows numbered from here are newer
     uint32_t now = 0;            // the clock's tick at the mark
     std::vector<uint64_t> kept;  // bit r: row r's state at the mark is in `rows` (or it was free)
-    RowsCopy rows;               // rows that were live at the mark, as they were
+    // While TakeStripeCut copies the stripe in chunks: bit r, row r's state at the mark is in
+    // the copy already (a change then keeps nothing aside).
+    std::vector<uint64_t> taken;
+    RowsCopy rows;  // rows that were live at the mark, as they were
     // An incremental cut (MarkCut's delta): only the rows whose bit is set in `changed` (changed
     // between the previous mark and this one) are in it; `removed` holds the keys removed
     // then, and those found past their TTL at this mark.

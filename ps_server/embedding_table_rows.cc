@@ -243,6 +243,7 @@ void EmbeddingTable::KeepForCutLocked(Stripe* stripe, const RowIndex::Entry& ent
   const uint64_t bit = uint64_t{1} << (row % 64);
   if ((word & bit) != 0) return;  // kept already
   word |= bit;
+  if (Bit(cut.taken, row)) return;  // in a chunk TakeStripeCut has copied already
   const uint32_t last = tracks_last_ ? stripe->last[row] : 0;
   if (tracks_last_ && eviction_.Expired(last, cut.now)) {
     // Not in the cut: as removed.
@@ -272,11 +273,13 @@ void EmbeddingTable::KeepAllForCutLocked(Stripe* stripe) {
   std::fill(stripe->cut->kept.begin(), stripe->cut->kept.end(), ~uint64_t{0});
 }
 
-void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* removed) {
+void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* removed,
+                                   int64_t chunk_rows) {
   Stripe& stripe = stripes_[s];
   absl::MutexLock lock(&stripe.mu);
   if (stripe.cut == nullptr) return;
-  const StripeCut& cut = *stripe.cut;
+  // Only TakeStripeCut, MarkCut and DropCut replace the cut, and a save calls them in turn.
+  StripeCut& cut = *stripe.cut;
   const size_t stride = static_cast<size_t>(stride_);
   const size_t expected =
       out->keys.size() + (cut.delta ? 0 : stripe.rows.size()) + cut.rows.keys.size();
@@ -300,7 +303,25 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* r
     }
     entries.push_back(entry);
   });
-  AppendRowsLocked(&stripe, entries, cut.now, out);
+  // Copied a chunk at a time; between two chunks pushes may change rows not copied yet, which
+  // keeps them aside (their bit in `kept`), and rows copied already (their bit in `taken`).
+  cut.taken.assign(cut.kept.size(), 0);
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, chunk_rows));
+  std::vector<RowIndex::Entry> unchanged;
+  for (size_t begin = 0; begin < entries.size(); begin += chunk) {
+    if (begin > 0) {
+      stripe.mu.Unlock();
+      stripe.mu.Lock();
+    }
+    unchanged.clear();
+    for (size_t i = begin; i < std::min(entries.size(), begin + chunk); ++i) {
+      const uint32_t row = entries[i].row;
+      if (Bit(cut.kept, row)) continue;  // changed since the stripe's lock was let go
+      unchanged.push_back(entries[i]);
+      cut.taken[row / 64] |= uint64_t{1} << (row % 64);
+    }
+    AppendRowsLocked(&stripe, unchanged, cut.now, out);
+  }
   // The rows changed since, as they were.
   const RowsCopy& kept = cut.rows;
   out->keys.insert(out->keys.end(), kept.keys.begin(), kept.keys.end());
