@@ -24,19 +24,25 @@
 // ((1 + 1) * dim * 4 bytes); then times a checkpoint's cut of the table (CopyRows), into new
 // memory and into memory made before (SAVE_PREPARE), against one contiguous copy of as many
 // bytes into new memory; and a marked cut (MarkCut, what a save of a hashed table does): its
-// pause, and the rows it keeps aside while its stripes are taken with pushes going on.
+// pause, and the rows it keeps aside while its stripes are taken with pushes going on; and how
+// long pushes of 4,096 keys take while another thread takes the stripes (each stripe copied
+// whole under its lock, or in chunks) against no save.
 //
 //   bazel run -c opt //bench:table_bench -- --memory_rows 10000000 --dim 16
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -358,6 +364,65 @@ int RunMemory() {
       "written, over the table's)\n",
       static_cast<long long>(resident), static_cast<long long>(dim),
       static_cast<double>(kept_max) / static_cast<double>(resident));
+
+  // Pushes while the stripes are taken (a background save): another thread takes every stripe
+  // of a fresh mark while this one pushes kSmall of the table's keys again and again, each
+  // push timed. A stripe copied whole under its lock (chunk_rows: the stripe's rows, before
+  // 2026-11-30) against the copy in chunks of EmbeddingTable::kCutChunkRows, and no take at all.
+  constexpr int64_t kSmall = 4096;
+  const auto push_waits = [&](int64_t chunk_rows) -> std::vector<double> {
+    std::vector<double> waits;
+    std::atomic<bool> taking{chunk_rows > 0};
+    std::thread taker;
+    if (chunk_rows > 0) {
+      (*table)->MarkCut();
+      taker = std::thread([&] {
+        // One buffer for every stripe, emptied and reused, as a save's writing thread does.
+        EmbeddingTable::RowsCopy run;
+        for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+          run.keys.clear();
+          run.counts.clear();
+          run.last.clear();
+          run.rows.clear();
+          (*table)->TakeStripeCut(s, &run, nullptr, chunk_rows);
+        }
+        taking = false;
+      });
+    }
+    // Without a take: as many pushes as the chunked take allowed (or 200).
+    const size_t untaken_pushes = 200;
+    while (taking || (chunk_rows == 0 && waits.size() < untaken_pushes)) {
+      for (int64_t i = 0; i < kSmall; ++i) {
+        keys[i] = static_cast<int64_t>(MixKey(static_cast<int64_t>(rng() % rows)) >> 1);
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      absl::Status pushed = (*table)->Push(keys.data(), kSmall, grads.data(), false, nullptr);
+      waits.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+      if (!pushed.ok()) break;
+    }
+    if (taker.joinable()) taker.join();
+    std::sort(waits.begin(), waits.end());
+    return waits;
+  };
+  const auto at = [](const std::vector<double>& v, double q) {
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+  };
+  const std::vector<double> none = push_waits(0);
+  const std::vector<double> whole = push_waits(std::numeric_limits<int64_t>::max());
+  const std::vector<double> chunked = push_waits(EmbeddingTable::kCutChunkRows);
+  for (const auto& [name, v] :
+       {std::pair<const char*, const std::vector<double>*>{"no save", &none},
+        {"stripes copied whole", &whole},
+        {"stripes copied in chunks", &chunked}}) {
+    std::printf("pushes of %lld keys, %s: %zu pushes, median %.3f ms, p99 %.3f ms, max %.3f ms\n",
+                static_cast<long long>(kSmall), name, v->size(), at(*v, 0.5) * 1e3,
+                at(*v, 0.99) * 1e3, v->empty() ? 0.0 : v->back() * 1e3);
+  }
+  std::printf(
+      "BENCH table_cut_push_p99_%lldx%lld %.3f ms ratio=%.2f (a push's 99th percentile while "
+      "a save takes the stripes in chunks; ratio: copied whole / in chunks)\n",
+      static_cast<long long>(resident), static_cast<long long>(dim), at(chunked, 0.99) * 1e3,
+      at(whole, 0.99) / std::max(1e-9, at(chunked, 0.99)));
   return 0;
 }
 

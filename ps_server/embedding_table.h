@@ -291,10 +291,11 @@ class EmbeddingTable {
   bool ChangesTracked() const;
   //
   // TakeStripeCut copies the stripe's unchanged rows `chunk_rows` at a time, letting go of the
-  // stripe's lock between chunks, so that the pushes into a stripe being taken wait for one
-  // chunk's copy at most, not the stripe's: a row changed between two chunks is kept aside
-  // as any change of a marked row is, unless its chunk was copied already (then the cut has
-  // it, and nothing is kept).
+  // stripe's lock for a moment between chunks, so that the pushes into a stripe being taken
+  // wait for one chunk's copy at most, not the stripe's (every push of many keys needs every
+  // stripe: with whole stripes copied under the lock it followed the writer from stripe to
+  // stripe): a row changed between two chunks is kept aside as any change of a marked row is,
+  // unless its chunk was copied already (then the cut has it, and nothing is kept).
   static constexpr int64_t kCutChunkRows = 16384;
   void TakeStripeCut(int stripe, RowsCopy* out, std::vector<int64_t>* removed = nullptr,
                      int64_t chunk_rows = kCutChunkRows);

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "ps_server/embedding_table.h"
@@ -198,6 +200,9 @@ void EmbeddingTable::AppendRowsLocked(const Stripe* stripe,
 
 namespace {
 
+// TakeStripeCut's pause between two chunks of a stripe, with its lock let go.
+constexpr absl::Duration kCutChunkPause = absl::Microseconds(20);
+
 bool Bit(const std::vector<uint64_t>& bits, uint32_t i) {
   return i / 64 < bits.size() && (bits[i / 64] >> (i % 64) & 1) != 0;
 }
@@ -310,7 +315,10 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* r
   std::vector<RowIndex::Entry> unchanged;
   for (size_t begin = 0; begin < entries.size(); begin += chunk) {
     if (begin > 0) {
+      // absl::Mutex is not fair: a thread that locks again at once usually gets the lock before
+      // the waiter its Unlock woke has run. The pause lets that push (or pull) in first.
       stripe.mu.Unlock();
+      absl::SleepFor(kCutChunkPause);
       stripe.mu.Lock();
     }
     unchanged.clear();
