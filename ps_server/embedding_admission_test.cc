@@ -416,6 +416,21 @@ const std::string kCutTableSpecs[] = {
     "", "eviction { ttl_steps: 5 }", "eviction { max_rows: 700 }",
     "admission { min_count: 2 } eviction { ttl_steps: 4 max_rows: 900 }"};
 
+// Eight steps of pushes into `table` (then `extra_keys` more rows where it has room), and the
+// rows it holds then, as CopyRows gives them; *step is the next step.
+Rows FillForCut(EmbeddingTable& table, size_t stride, int64_t extra_keys, int* step) {
+  for (*step = 0; *step < 8; ++*step) {
+    table.ObserveStep(*step);
+    Push(table, Range(*step * 60, *step * 60 + 400), 0.01f * *step);
+  }
+  if (extra_keys > 0) Push(table, Range(100000, 100000 + extra_keys), 0.5f);
+  EmbeddingTable::RowsCopy at_mark;
+  table.CopyRows(&at_mark);
+  Rows rows;
+  RowsOf(at_mark, stride, &rows);
+  return rows;
+}
+
 // A marked cut (copy-on-write) gives, stripe by stripe, exactly what CopyRows gave at the mark,
 // however the table changes meanwhile: updates of rows, new rows, rows evicted for capacity or
 // their TTL (and their numbers reused), expired rows restarted, pulls that create rows, a
@@ -429,14 +444,7 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
       ASSERT_NE(table, nullptr);
       const size_t stride = 3 * (1 + table->optimizer().num_slots());
       int step = 0;
-      for (; step < 8; ++step) {
-        table->ObserveStep(step);
-        Push(*table, Range(step * 60, step * 60 + 400), 0.01f * step);
-      }
-      EmbeddingTable::RowsCopy at_mark;
-      table->CopyRows(&at_mark);
-      Rows want;
-      RowsOf(at_mark, stride, &want);
+      const Rows want = FillForCut(*table, stride, /*extra_keys=*/0, &step);
       ASSERT_GT(want.size(), 0u);
       table->MarkCut();
       EXPECT_EQ(table->cut_kept_rows(), 0);
@@ -486,16 +494,8 @@ TEST(EvictionTest, AStripeTakenInChunksWhileTheTableChangesGivesTheRowsOfTheMark
       ASSERT_NE(table, nullptr);
       const size_t stride = 3 * (1 + table->optimizer().num_slots());
       int step = 0;
-      for (; step < 8; ++step) {
-        table->ObserveStep(step);
-        Push(*table, Range(step * 60, step * 60 + 400), 0.01f * step);
-      }
       // Enough rows (where the table has room) that a stripe takes many chunks.
-      Push(*table, Range(100000, 120000), 0.5f);
-      EmbeddingTable::RowsCopy at_mark;
-      table->CopyRows(&at_mark);
-      Rows want;
-      RowsOf(at_mark, stride, &want);
+      const Rows want = FillForCut(*table, stride, /*extra_keys=*/20000, &step);
       ASSERT_GT(want.size(), 0u);
       table->MarkCut();
       Rows got;
