@@ -389,7 +389,7 @@ int RunMemory() {
         taking = false;
       });
     }
-    // Without a take: as many pushes as the chunked take allowed (or 200).
+    // Without a take: 200 pushes.
     const size_t untaken_pushes = 200;
     while (taking || (chunk_rows == 0 && waits.size() < untaken_pushes)) {
       for (int64_t i = 0; i < kSmall; ++i) {

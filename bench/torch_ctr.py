@@ -35,8 +35,6 @@ Prints one line per epoch and
   TORCH_CTR examples_per_second=X seconds=T epochs=E test_auc=A batch=B rows=U compile=0|1
 """
 import argparse
-import math
-import os
 import sys
 import time
 
@@ -62,7 +60,6 @@ def auc(scores, labels):
     s = scores[order]
     y = labels[order]
     # Ranks 1..n, tied scores given their mean rank.
-    ranks = torch.arange(1, s.numel() + 1, device=s.device, dtype=torch.float64)
     _, inverse, counts = torch.unique_consecutive(s, return_inverse=True, return_counts=True)
     ends = torch.cumsum(counts, 0).to(torch.float64)
     mean_rank = ends - (counts.to(torch.float64) - 1) / 2
