@@ -7,8 +7,9 @@
 #      PyTorch baseline trains on: the same dense values and sparse ids our workers see;
 #   3. ours: a local cluster of 1 chief, --ps ps tasks and W workers (each --workers value),
 #      worker i on GPU i (all on GPU 0 when the machine has one), async, --epochs to the end;
-#      the chief evaluates the final model (test AUC) and says after how many seconds of
-#      training it read it; with --checkpoint_every_secs S it checkpoints every S s meanwhile;
+#      examples/s over the chief's training clock (from the first step) when the last worker
+#      finished (not counting the final checkpoint and evaluation after it), and the final
+#      model's test AUC; with --checkpoint_every_secs S it checkpoints every S s meanwhile;
 #   4. PyTorch on GPU 0 (bench/torch_ctr.py), each of --torch_variants: "sparse" (sparse
 #      gradients, the batch's rows updated, eager), "sparse_compile" (the same with the dense
 #      tower compiled) and "dense_graph" (dense gradients, every row updated, the whole step
@@ -126,7 +127,13 @@ for w in $workers; do
   # The chief's final evaluation: "... AUC X (model read at T s of training)".
   line=$(grep -h "evaluation at step" "$cl_dir/chief-0.log" | tail -1)
   auc=$(sed -nE 's/.*AUC ([0-9.]+).*/\1/p' <<<"$line")
-  secs=$(sed -nE 's/.*model read at ([0-9.]+) s of training.*/\1/p' <<<"$line")
+  read_at=$(sed -nE 's/.*model read at ([0-9.]+) s of training.*/\1/p' <<<"$line")
+  # The training time: the chief's clock (from the first step) when the last worker finished.
+  # What the chief does after (a final checkpoint, the evaluation) is not training: the model
+  # read time counts it, and it is longer with checkpoints.
+  secs=$(sed -nE 's/.* finished after [0-9]+ steps .* at ([0-9.]+) s of training.*/\1/p' \
+    "$cl_dir/chief-0.log" | sort -g | tail -1)
+  [[ -n $secs ]] || secs=$read_at
   rate=$(awk -v n="$train_examples" -v e="$epochs" -v s="$secs" 'BEGIN {printf "%.0f", n * e / s}')
   ours_rate[$w]=$rate
   ours_auc[$w]=$auc
@@ -138,10 +145,14 @@ def seconds(d):  # absl::FormatDuration: "1m2.5s", "850.25ms", "40us"
     units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
     return sum(float(v) * units[u] for v, u in re.findall(r"([0-9.]+)(h|ms|us|ns|m|s)", d))
 held, took = [], []
+periodic = set()  # the steps of the checkpoints taken during training, not before or after it
 for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"checkpoint of step (\d+) committed \(periodic", line)
+    if m:
+        periodic.add(m.group(1))
     m = re.search(r"checkpoint of step (\d+): the workers were held for (\S+) .*the save took (\S+)",
                   line)
-    if m and int(m.group(1)) > 0:
+    if m and m.group(1) in periodic:
         held.append(seconds(m.group(2)))
         took.append(seconds(m.group(3)))
 print("%d checkpoints during training, holding the workers %.2f s in all (longest %.2f s), "
@@ -149,8 +160,8 @@ print("%d checkpoints during training, holding the workers %.2f s in all (longes
                          " / ".join("%.1f" % t for t in took) or "-"))
 PY
 )
-  say "    $run: $rate examples/s over $epochs epochs ($secs s of training), test AUC $auc" \
-    "(planted $planted); $ckpts"
+  say "    $run: $rate examples/s over $epochs epochs ($secs s of training; final model read" \
+    "at $read_at s), test AUC $auc (planted $planted); $ckpts"
 done
 
 best_torch=0

@@ -960,8 +960,11 @@ absl::Status Coordinator::ReportStep(const v1::ReportStepRequest& request,
   if (req->finished() && !w.finished) {
     w.finished = true;
     progress_.set_workers_finished(progress_.workers_finished() + 1);
+    // The training clock at the finish (from the first step report): the time the workers
+    // trained, without what the chief does after (a final checkpoint, the final evaluation).
     LOG(INFO) << "worker:" << req->worker() << " finished after " << w.steps << " steps ("
-              << progress_.workers_finished() << " of " << num_workers_ << " done)";
+              << progress_.workers_finished() << " of " << num_workers_ << " done) at "
+              << absl::StrFormat("%.3f", TrainingSecondsLocked(now)) << " s of training";
   }
   total_examples_ += req->examples();
   rate_window_examples_ += req->examples();
