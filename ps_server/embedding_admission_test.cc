@@ -3,11 +3,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -483,44 +485,53 @@ TEST(EvictionTest, AMarkedCutGivesTheRowsOfTheMarkWhileTheTableChanges) {
 }
 
 // The same while the stripes are taken on another thread a row at a time (TakeStripeCut lets go
-// of the stripe's lock after each row): rows changed between two chunks of a stripe come from
-// what was kept aside, rows changed after their chunk was copied are kept nowhere, and the cut
-// is still exactly the mark's rows, each once.
+// of the stripe's lock after each row), or in one piece that makes way whenever a push or a pull
+// waits for the stripe (checked after each row): rows changed while the lock was let go come
+// from what was kept aside, rows changed after their chunk was copied are kept nowhere, and the
+// cut is still exactly the mark's rows, each once.
 TEST(EvictionTest, AStripeTakenInChunksWhileTheTableChangesGivesTheRowsOfTheMark) {
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   for (const std::string& spec : kCutTableSpecs) {
-    SCOPED_TRACE(spec);
-    for (const bool clear : {false, true}) {
-      std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
-      ASSERT_NE(table, nullptr);
-      const size_t stride = 3 * (1 + table->optimizer().num_slots());
-      int step = 0;
-      // Enough rows (where the table has room) that a stripe takes many chunks.
-      const Rows want = FillForCut(*table, stride, /*extra_keys=*/20000, &step);
-      ASSERT_GT(want.size(), 0u);
-      table->MarkCut();
-      Rows got;
-      std::atomic<bool> changing{false};
-      std::atomic<bool> taking{true};
-      std::thread taker([&] {
-        while (!changing) std::this_thread::yield();
-        EmbeddingTable::RowsCopy taken;
-        for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
-          table->TakeStripeCut(s, &taken, /*removed=*/nullptr, /*chunk_rows=*/1);
+    for (const std::pair<int64_t, int64_t>& rows :
+         {std::pair<int64_t, int64_t>{1, kNever}, std::pair<int64_t, int64_t>{kNever, 1}}) {
+      // Copies: a lambda cannot capture a structured binding in C++17.
+      const int64_t chunk_rows = rows.first;
+      const int64_t yield_rows = rows.second;
+      SCOPED_TRACE(
+          absl::StrCat(spec, ", chunks of ", chunk_rows, ", making way every ", yield_rows));
+      for (const bool clear : {false, true}) {
+        std::unique_ptr<EmbeddingTable> table = Table(spec, 3);
+        ASSERT_NE(table, nullptr);
+        const size_t stride = 3 * (1 + table->optimizer().num_slots());
+        int step = 0;
+        // Enough rows (where the table has room) that a stripe takes many chunks.
+        const Rows want = FillForCut(*table, stride, /*extra_keys=*/20000, &step);
+        ASSERT_GT(want.size(), 0u);
+        table->MarkCut();
+        Rows got;
+        std::atomic<bool> changing{false};
+        std::atomic<bool> taking{true};
+        std::thread taker([&] {
+          while (!changing) std::this_thread::yield();
+          EmbeddingTable::RowsCopy taken;
+          for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+            table->TakeStripeCut(s, &taken, /*removed=*/nullptr, chunk_rows, yield_rows);
+          }
+          RowsOf(taken, stride, &got);
+          taking = false;
+        });
+        int changes = 0;
+        for (; taking || changes < 3; ++step, ++changes) {
+          table->ObserveStep(step);
+          Push(*table, Range(step * 60 - 200, step * 60 + 300), 0.02f * step);  // old and new
+          Pull(*table, Range(5000 + step * 10, 5010 + step * 10));              // may create rows
+          if (clear && changes == 2) table->Clear();
+          changing = true;
         }
-        RowsOf(taken, stride, &got);
-        taking = false;
-      });
-      int changes = 0;
-      for (; taking || changes < 3; ++step, ++changes) {
-        table->ObserveStep(step);
-        Push(*table, Range(step * 60 - 200, step * 60 + 300), 0.02f * step);  // old and new
-        Pull(*table, Range(5000 + step * 10, 5010 + step * 10));              // may create rows
-        if (clear && changes == 2) table->Clear();
-        changing = true;
+        taker.join();
+        EXPECT_EQ(table->cut_kept_rows(), 0);
+        EXPECT_EQ(got, want) << (clear ? "cleared" : "") << " after " << changes << " changes";
       }
-      taker.join();
-      EXPECT_EQ(table->cut_kept_rows(), 0);
-      EXPECT_EQ(got, want) << (clear ? "cleared" : "") << " after " << changes << " changes";
     }
   }
 }

@@ -369,7 +369,7 @@ absl::Status EmbeddingTable::PullVocabularyStripe(Stripe* stripe, const int64_t*
   }
   if (absent.empty()) return absl::OkStatus();
   // Another thread may have created some of these rows in between.
-  absl::MutexLock lock(&stripe->mu);
+  StripeWriterLock lock(stripe);
   int64_t created = 0;
   absl::Status status;
   for (int64_t pos : absent) {
@@ -434,7 +434,7 @@ absl::Status EmbeddingTable::PullStripe(Stripe* stripe, const int64_t* keys, con
     return absl::OkStatus();
   }
   // Another thread may create some of these rows in between; FindOrCreate handles it.
-  absl::MutexLock lock(&stripe->mu);
+  StripeWriterLock lock(stripe);
   for (int64_t pos : absent) {
     PS_ASSIGN_OR_RETURN(const RowIndex::Entry* entry,
                         FindOrCreateRowLocked(stripe, keys[pos], /*now=*/0));
@@ -583,7 +583,7 @@ absl::Status EmbeddingTable::ApplyPlainStripe(Stripe* stripe, const int64_t* key
   int64_t num_created = 0;
   bool repeats = false;
   absl::Status status;
-  absl::MutexLock lock(&stripe->mu);
+  StripeWriterLock lock(stripe);
   const int s = static_cast<int>(stripe - stripes_.get());
   const int64_t first_row = kVocabulary ? vocabulary_.FirstRow(s) : 0;
   // Rows this request can create are numbered below arena.size() + count.
@@ -696,7 +696,7 @@ absl::Status EmbeddingTable::ApplyStripe(Stripe* stripe, const int64_t* keys, co
   const DistinctGradients& distinct_grads = scratch.grads;
   int64_t admitted = 0, unadmitted = 0, expired = 0;
   std::vector<AdmissionFilter::Bump> bumps;
-  absl::MutexLock lock(&stripe->mu);
+  StripeWriterLock lock(stripe);
   // A pipeline as in PullStripe: prefetch the hash slot kKeyAhead keys on, find (or create)
   // and prefetch this key's row (and its last-push tick), update the row found kRowLag keys
   // back. The update count is taken when the row is found (it shares the index entry's cache

@@ -290,15 +290,18 @@ class EmbeddingTable {
   void MarkCut(bool delta = false, bool track_changes = false);
   bool ChangesTracked() const;
   //
-  // TakeStripeCut copies the stripe's unchanged rows `chunk_rows` at a time, letting go of the
-  // stripe's lock for a moment between chunks, so that the pushes into a stripe being taken
-  // wait for one chunk's copy at most, not the stripe's (every push of many keys needs every
-  // stripe: with whole stripes copied under the lock it followed the writer from stripe to
-  // stripe): a row changed between two chunks is kept aside as any change of a marked row is,
-  // unless its chunk was copied already (then the cut has it, and nothing is kept).
+  // TakeStripeCut copies the stripe's unchanged rows under its shared lock (pulls of rows that
+  // exist go on meanwhile), `chunk_rows` at a time, letting go of the lock for a moment between
+  // chunks, and at once (every kCutYieldRows rows) when a push or a row-creating pull waits for
+  // it: a push into a stripe being taken waits for a few hundred rows' copy, not the stripe's
+  // (every push of many keys needs every stripe: with whole stripes copied under the lock it
+  // followed the writer from stripe to stripe). A row changed while the lock is let go is kept
+  // aside as any change of a marked row is, unless its chunk was copied already (then the cut
+  // has it, and nothing is kept).
   static constexpr int64_t kCutChunkRows = 16384;
+  static constexpr int64_t kCutYieldRows = 256;
   void TakeStripeCut(int stripe, RowsCopy* out, std::vector<int64_t>* removed = nullptr,
-                     int64_t chunk_rows = kCutChunkRows);
+                     int64_t chunk_rows = kCutChunkRows, int64_t yield_rows = kCutYieldRows);
   void DropCut();
   // Rows kept aside for the mark's stripes not taken yet.
   int64_t cut_kept_rows() const;
@@ -400,6 +403,27 @@ class EmbeddingTable {
     // cut != nullptr || tracking: the one test the apply paths make for every row they update
     // (WatchRowLocked). Kept by SetWatchedLocked wherever either changes.
     bool watched ABSL_GUARDED_BY(mu) = false;
+    // How many pushes and row-creating pulls are waiting for `mu` (StripeWriterLock): a hint
+    // for TakeStripeCut, which lets go of the lock when one is, not a count anything relies on.
+    std::atomic<int> writers_waiting{0};
+  };
+
+  // The exclusive lock of a stripe for a push or a pull that creates rows: it says that it waits
+  // (Stripe::writers_waiting), so that a save's take of the stripe steps aside for it.
+  class ABSL_SCOPED_LOCKABLE StripeWriterLock {
+   public:
+    explicit StripeWriterLock(Stripe* stripe) ABSL_EXCLUSIVE_LOCK_FUNCTION(stripe->mu)
+        : stripe_(stripe) {
+      stripe_->writers_waiting.fetch_add(1, std::memory_order_relaxed);
+      stripe_->mu.Lock();
+      stripe_->writers_waiting.fetch_sub(1, std::memory_order_relaxed);
+    }
+    ~StripeWriterLock() ABSL_UNLOCK_FUNCTION() { stripe_->mu.Unlock(); }
+    StripeWriterLock(const StripeWriterLock&) = delete;
+    StripeWriterLock& operator=(const StripeWriterLock&) = delete;
+
+   private:
+    Stripe* const stripe_;
   };
 
   // Clear's work on stripe s. REQUIRES: s is the stripe's number.

@@ -279,10 +279,17 @@ void EmbeddingTable::KeepAllForCutLocked(Stripe* stripe) {
 }
 
 void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* removed,
-                                   int64_t chunk_rows) {
+                                   int64_t chunk_rows, int64_t yield_rows) {
   Stripe& stripe = stripes_[s];
-  absl::MutexLock lock(&stripe.mu);
-  if (stripe.cut == nullptr) return;
+  // The copy reads the stripe under its shared lock: pulls of rows that exist go on, and the
+  // writers that could change what it reads (pushes, rows created, a sweep) wait for it. The
+  // taking thread is the only one that writes the cut's `taken` bits without the exclusive
+  // lock; a writer reads them only under it.
+  stripe.mu.ReaderLock();
+  if (stripe.cut == nullptr) {
+    stripe.mu.ReaderUnlock();
+    return;
+  }
   // Only TakeStripeCut, MarkCut and DropCut replace the cut, and a save calls them in turn.
   StripeCut& cut = *stripe.cut;
   const size_t stride = static_cast<size_t>(stride_);
@@ -308,29 +315,40 @@ void EmbeddingTable::TakeStripeCut(int s, RowsCopy* out, std::vector<int64_t>* r
     }
     entries.push_back(entry);
   });
-  // Copied a chunk at a time; between two chunks pushes may change rows not copied yet, which
-  // keeps them aside (their bit in `kept`), and rows copied already (their bit in `taken`).
+  // Copied a few rows at a time: after `chunk_rows` rows, or every `yield_rows` rows when a
+  // writer waits, the lock is let go for a moment, in which pushes may change rows not copied
+  // yet, which keeps them aside (their bit in `kept`), and rows copied already (their bit in
+  // `taken`).
   cut.taken.assign(cut.kept.size(), 0);
   const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, chunk_rows));
+  const size_t step = std::min(chunk, static_cast<size_t>(std::max<int64_t>(1, yield_rows)));
   std::vector<RowIndex::Entry> unchanged;
-  for (size_t begin = 0; begin < entries.size(); begin += chunk) {
-    if (begin > 0) {
+  size_t since_pause = 0;
+  for (size_t begin = 0; begin < entries.size(); begin += step) {
+    if (since_pause >= chunk ||
+        (since_pause > 0 && stripe.writers_waiting.load(std::memory_order_relaxed) > 0)) {
       // absl::Mutex is not fair: a thread that locks again at once usually gets the lock before
-      // the waiter its Unlock woke has run. The pause lets that push (or pull) in first.
-      stripe.mu.Unlock();
+      // the waiter its unlock woke has run. The pause lets that push (or pull) in first.
+      stripe.mu.ReaderUnlock();
       absl::SleepFor(kCutChunkPause);
-      stripe.mu.Lock();
+      stripe.mu.ReaderLock();
+      since_pause = 0;
     }
+    const size_t end = std::min(entries.size(), begin + step);
     unchanged.clear();
-    for (size_t i = begin; i < std::min(entries.size(), begin + chunk); ++i) {
+    for (size_t i = begin; i < end; ++i) {
       const uint32_t row = entries[i].row;
       if (Bit(cut.kept, row)) continue;  // changed since the stripe's lock was let go
       unchanged.push_back(entries[i]);
       cut.taken[row / 64] |= uint64_t{1} << (row % 64);
     }
     AppendRowsLocked(&stripe, unchanged, cut.now, out);
+    since_pause += end - begin;
   }
-  // The rows changed since, as they were.
+  stripe.mu.ReaderUnlock();
+  // The rows changed since, as they were; every row of the mark is in the copy or kept now, so a
+  // change from here on keeps nothing more.
+  absl::MutexLock lock(&stripe.mu);
   const RowsCopy& kept = cut.rows;
   out->keys.insert(out->keys.end(), kept.keys.begin(), kept.keys.end());
   out->counts.insert(out->counts.end(), kept.counts.begin(), kept.counts.end());
