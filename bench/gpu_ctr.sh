@@ -165,6 +165,12 @@ PY
 done
 
 best_torch=0
+# The config's FTRL learning rate, for the same hyperparameters on both sides.
+ftrl_lr=$(sed -nE 's/^[^#]*ftrl \{ learning_rate: ([0-9.]+).*/\1/p' "$cl_model")
+if [[ $torch -eq 1 && -z $ftrl_lr ]]; then
+  echo "gpu_ctr.sh: no FTRL learning rate found in $cl_model" >&2
+  exit 1
+fi
 if [[ $torch -eq 1 ]]; then
   for variant in $torch_variants; do
     tables=${variant%_compile}
@@ -172,6 +178,7 @@ if [[ $torch -eq 1 ]]; then
     [[ $variant == *_compile ]] && compile=1
     if python3 "$bundle/bench/torch_ctr.py" --train "$data/train" --test "$data/test" \
       --batch "$batch" --epochs "$epochs" --tables "$tables" --dense_compile "$compile" \
+      --ftrl_lr "$ftrl_lr" \
       >"$work/torch_$variant.out" 2>&1
     then
       line=$(grep '^TORCH_CTR' "$work/torch_$variant.out")

@@ -11,8 +11,9 @@ see identical inputs. The model, as ours builds it (model/model_plan.cc, ps_serv
   wide:  nn.EmbeddingBag(ids, 1, mode="sum"), zeros, added to the logit
   loss:  sigmoid cross-entropy, mean over the batch
   optimizers: Adam (lr 1e-3, fused) on the dense layers; Adagrad (lr 0.05, initial accumulator
-         0.1, eps 1e-7) on the deep table; FTRL-proximal (lr 0.05, power -0.5, initial
-         accumulator 0.1, l1 0.001, l2 0) on the wide table, as TensorFlow's and ours.
+         0.1, eps 1e-7) on the deep table; FTRL-proximal (lr --ftrl_lr, the config's 0.5;
+         power -0.5, initial accumulator 0.1, l1 0.001, l2 0) on the wide table, as
+         TensorFlow's and ours.
 
 Tables live on the GPU with one row per distinct id of the data (train and test together: an
 exact vocabulary, no hash collisions, like our tables without eviction) and one padding row;
@@ -100,6 +101,8 @@ def main():
                    "dense gradients, every row updated (a zero gradient changes nothing), the "
                    "whole step captured in one CUDA graph")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ftrl_lr", type=float, default=0.5,
+                   help="the wide table's FTRL learning rate (gpu_ctr.sh passes the config's)")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -151,7 +154,7 @@ def main():
     adagrad = torch.optim.Adagrad([deep.weight], lr=0.05, initial_accumulator_value=0.1, eps=1e-7)
     deep_accum = torch.full_like(deep.weight, 0.1) if graph else None
     # FTRL-proximal state of the wide table (TensorFlow's formulation, as ps_server's).
-    ftrl_lr, ftrl_l1 = 0.05, 0.001
+    ftrl_lr, ftrl_l1 = args.ftrl_lr, 0.001
     ftrl_accum = torch.full((rows + 1,), 0.1, device=dev)
     ftrl_linear = torch.zeros(rows + 1, device=dev)
     loss_fn = torch.nn.BCEWithLogitsLoss()
