@@ -218,7 +218,8 @@ class CoordinatorTest : public ::testing::Test {
   // Whether every ps task holds its shards, restored (not held waiting for a restore).
   bool PsServing(ParameterClient* client) {
     for (int ps = 0; ps < kNumPs; ++ps) {
-      absl::StatusOr<v1::ListShardsResponse> shards = ps_.Share()->ListShards(ps);
+      absl::StatusOr<v1::ListShardsResponse> shards =
+          ps_.Share()->ListShards(ps, v1::ListShardsRequest());
       if (!shards.ok() || shards->shards_size() == 0) return false;
     }
     std::vector<std::vector<float>> out;

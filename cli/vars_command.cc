@@ -2,6 +2,7 @@
 
 #include <future>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,13 +18,16 @@ using ShardKey = std::pair<std::string, int32_t>;  // (name, partition); -1 for 
 struct PsListing {
   absl::Status status;
   std::map<ShardKey, v1::ShardStats> shards;
+  // The task's backups of other tasks' shards, by (primary task, shard).
+  std::map<std::pair<int, ShardKey>, v1::ShardStats> backups;
 };
 
 std::vector<PsListing> ListEveryPs(LiveCluster& cluster) {
   std::vector<std::future<absl::StatusOr<v1::ListShardsResponse>>> pending;
   for (int ps = 0; ps < cluster.num_ps(); ++ps) {
-    pending.push_back(
-        std::async(std::launch::async, [&cluster, ps] { return cluster.client->ListShards(ps); }));
+    pending.push_back(std::async(std::launch::async, [&cluster, ps] {
+      return cluster.client->ListShards(ps, /*include_backups=*/true);
+    }));
   }
   std::vector<PsListing> out(pending.size());
   for (size_t ps = 0; ps < pending.size(); ++ps) {
@@ -33,7 +37,12 @@ std::vector<PsListing> ListEveryPs(LiveCluster& cluster) {
       continue;
     }
     for (const v1::ShardStats& s : list->shards()) {
-      out[ps].shards[{s.name(), s.is_table() ? -1 : s.partition()}] = s;
+      const ShardKey key{s.name(), s.is_table() ? -1 : s.partition()};
+      if (s.backup()) {
+        out[ps].backups[{s.primary_ps_task(), key}] = s;
+      } else {
+        out[ps].shards[key] = s;
+      }
     }
   }
   return out;
@@ -82,6 +91,10 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
     }
     info->set_shards(static_cast<int32_t>(listings[ps].shards.size()));
     for (const auto& [key, s] : listings[ps].shards) info->set_bytes(info->bytes() + s.bytes());
+    info->set_backup_shards(static_cast<int32_t>(listings[ps].backups.size()));
+    for (const auto& [key, s] : listings[ps].backups) {
+      info->set_backup_bytes(info->backup_bytes() + s.bytes());
+    }
   }
   const std::vector<std::vector<int32_t>> owned = VirtualShardsByPs(placement);
   for (int ps = 0; ps < report.ps_tasks_size() && ps < static_cast<int>(owned.size()); ++ps) {
@@ -108,6 +121,18 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
       info->set_row_end(p->row_end());
       info->set_ps_task(p->ps_task());
       info->set_ps_address(Address(cluster, p->ps_task()));
+      if (placement.options().replication() >= 2) {
+        info->set_has_backup(true);
+        info->set_backup_ps_task(p->backup_ps_task());
+        const int b = p->backup_ps_task();
+        if (b >= 0 && b < static_cast<int>(listings.size())) {
+          auto it = listings[b].backups.find({p->ps_task(), {spec.name(), p->partition()}});
+          if (it != listings[b].backups.end()) {
+            info->set_backup_held(true);
+            info->set_backup_updates(it->second.applied_step());
+          }
+        }
+      }
       if (p->ps_task() < 0 || p->ps_task() >= static_cast<int>(listings.size()) ||
           !listings[p->ps_task()].status.ok()) {
         continue;
@@ -157,7 +182,13 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
   std::string out;
   if (report.variables_size() > 0) {
     TextTable vars({"VARIABLE", "SHAPE", "DTYPE", "PARTITIONS", "BYTES", "OPTIMIZER"});
-    TextTable parts({"PARTITION", "ROWS", "PS", "ADDRESS", "BYTES", "UPDATES"});
+    bool replicated = false;
+    for (const psctl::VariableInfo& v : report.variables()) {
+      for (const psctl::PartitionInfo& p : v.partitions()) replicated |= p.has_backup();
+    }
+    std::vector<std::string> columns = {"PARTITION", "ROWS", "PS", "ADDRESS", "BYTES", "UPDATES"};
+    if (replicated) columns.push_back("BACKUP");
+    TextTable parts(columns);
     for (const psctl::VariableInfo& v : report.variables()) {
       v1::TensorShape shape;
       shape.mutable_dims()->CopyFrom(v.shape());
@@ -166,10 +197,20 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
       vars.AddRow({v.name(), ShapeString(shape), v.dtype(), absl::StrCat(v.partitions_size()),
                    AtLeast(HumanBytes(v.bytes()), complete), v.optimizer()});
       for (const psctl::PartitionInfo& p : v.partitions()) {
-        parts.AddRow({absl::StrCat(v.name(), "/", p.partition()),
-                      absl::StrCat("[", p.row_begin(), ", ", p.row_end(), ")"),
-                      ps_name(p.ps_task()), p.ps_address(), p.held() ? HumanBytes(p.bytes()) : "?",
-                      p.held() ? absl::StrCat(p.updates()) : "?"});
+        std::vector<std::string> row = {absl::StrCat(v.name(), "/", p.partition()),
+                                        absl::StrCat("[", p.row_begin(), ", ", p.row_end(), ")"),
+                                        ps_name(p.ps_task()),
+                                        p.ps_address(),
+                                        p.held() ? HumanBytes(p.bytes()) : "?",
+                                        p.held() ? absl::StrCat(p.updates()) : "?"};
+        if (replicated) {
+          row.push_back(
+              !p.has_backup() ? "-"
+              : p.backup_held()
+                  ? absl::StrCat(ps_name(p.backup_ps_task()), " (", p.backup_updates(), " updates)")
+                  : absl::StrCat(ps_name(p.backup_ps_task()), " (missing)"));
+        }
+        parts.AddRow(row);
       }
     }
     absl::StrAppend(&out, vars.ToString(), "\n", parts.ToString());
@@ -196,11 +237,24 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
     if (!out.empty()) out += "\n";
     absl::StrAppend(&out, tables.ToString(), "\n", parts.ToString());
   }
-  TextTable ps({"PS", "ADDRESS", "SHARDS", "BYTES", "VIRTUAL SHARDS", "STATUS"});
+  // Backups held (issue 37) get a column of their own where any task holds one.
+  bool backups = false;
+  for (const psctl::PsTaskInfo& p : report.ps_tasks()) backups |= p.backup_shards() > 0;
+  std::vector<std::string> columns = {"PS", "ADDRESS", "SHARDS", "BYTES", "VIRTUAL SHARDS"};
+  if (backups) columns.push_back("BACKUPS");
+  columns.push_back("STATUS");
+  TextTable ps(columns);
   for (const psctl::PsTaskInfo& p : report.ps_tasks()) {
-    ps.AddRow({ps_name(p.index()), p.address(), p.reachable() ? absl::StrCat(p.shards()) : "?",
-               p.reachable() ? HumanBytes(p.bytes()) : "?", absl::StrCat(p.virtual_shards()),
-               p.reachable() ? "ok" : "unreachable"});
+    std::vector<std::string> row = {
+        ps_name(p.index()), p.address(), p.reachable() ? absl::StrCat(p.shards()) : "?",
+        p.reachable() ? HumanBytes(p.bytes()) : "?", absl::StrCat(p.virtual_shards())};
+    if (backups) {
+      row.push_back(p.reachable()
+                        ? absl::StrCat(p.backup_shards(), " (", HumanBytes(p.backup_bytes()), ")")
+                        : "?");
+    }
+    row.push_back(p.reachable() ? "ok" : "unreachable");
+    ps.AddRow(row);
   }
   if (!out.empty()) out += "\n";
   absl::StrAppend(&out, ps.ToString(), "\nplacement: ", report.placement_strategy(), ", ",

@@ -211,11 +211,12 @@ absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const
   return Annotate(ps, Stub(ps)->PushSparse(&ctx, req, response));
 }
 
-absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(int ps) {
+absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(
+    int ps, const v1::ListShardsRequest& request) {
   v1::ListShardsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->ListShards(&ctx, v1::ListShardsRequest(), &resp)));
+  PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->ListShards(&ctx, request, &resp)));
   return resp;
 }
 

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/row_length.h"
@@ -193,6 +195,7 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
       specs[ps]->mutable_virtual_shards()->Add(owned[ps].begin(), owned[ps].end());
     }
   }
+  if (placement_.options().replication() >= 2) AddBackups(&requests);
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
   std::vector<v1::CreateShardsResponse> responses(placement_.num_ps());
@@ -209,6 +212,41 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
     }
   }
   return absl::OkStatus();
+}
+
+void ParameterClient::AddBackups(std::vector<v1::CreateShardsRequest>* requests) const {
+  // (backup task, primary task) -> the entry of the backup task's request for that primary.
+  std::map<std::pair<int, int>, v1::BackupShards*> entries;
+  auto entry = [&](int backup, int primary) {
+    v1::BackupShards*& e = entries[{backup, primary}];
+    if (e == nullptr) {
+      e = (*requests)[backup].add_backups();
+      e->set_primary_ps_task(primary);
+    }
+    return e;
+  };
+  std::map<std::string, const v1::VariableSpec*> vars;
+  for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
+  for (const v1::DensePartition& p : placement_.partitions()) {
+    v1::DenseShardSpec* spec = entry(p.backup_ps_task(), p.ps_task())->add_dense();
+    *spec->mutable_variable() = *vars.at(p.variable());
+    *spec->mutable_partition() = p;
+  }
+  const int num_virtual = placement_.virtual_shard_to_ps_size();
+  for (const v1::TableSpec& t : model_.tables()) {
+    std::map<std::pair<int, int>, v1::TableShardSpec*> specs;
+    for (int v = 0; v < num_virtual && v < placement_.virtual_shard_to_backup_ps_size(); ++v) {
+      const std::pair<int, int> key{placement_.virtual_shard_to_backup_ps(v),
+                                    placement_.virtual_shard_to_ps(v)};
+      v1::TableShardSpec*& spec = specs[key];
+      if (spec == nullptr) {
+        spec = entry(key.first, key.second)->add_tables();
+        *spec->mutable_table() = t;
+        spec->set_num_virtual_shards(num_virtual);
+      }
+      spec->add_virtual_shards(v);
+    }
+  }
 }
 
 absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
@@ -545,10 +583,12 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
       /*push=*/true);
 }
 
-absl::StatusOr<v1::ListShardsResponse> ParameterClient::ListShards(int ps) {
+absl::StatusOr<v1::ListShardsResponse> ParameterClient::ListShards(int ps, bool include_backups) {
+  v1::ListShardsRequest request;
+  request.set_include_backups(include_backups);
   absl::StatusOr<v1::ListShardsResponse> out;
   PS_RETURN_IF_ERROR(WithRetries(ps, [&] {
-    out = transport_->ListShards(ps);
+    out = transport_->ListShards(ps, request);
     return out.status();
   }));
   return out;

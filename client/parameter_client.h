@@ -91,7 +91,9 @@ class ParameterClient {
   // Creates every variable partition and table shard on its ps task. Harmless when repeated.
   // `*created` (optional) receives how many shards were new (0: the ps tasks already held
   // everything, e.g. after a chief restart); `*awaiting_restore` (optional) the ps tasks that
-  // still wait for a restore of shards created with hold_until_restored.
+  // still wait for a restore of shards created with hold_until_restored. With a placement of
+  // replication 2, each task is also sent the backups it holds (CreateShardsRequest.backups;
+  // not counted in `*created`).
   absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr,
                          const CreateShardsOptions& create = CreateShardsOptions(),
                          std::vector<int>* awaiting_restore = nullptr);
@@ -153,8 +155,9 @@ class ParameterClient {
                         const float* grads, int64_t step, PushTicket* ticket = nullptr);
 
   // One ps task's shard list, a shard's statistics, and task status (for the chief and
-  // psctl), with the same retries.
-  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps);
+  // psctl), with the same retries. With include_backups, the task's backup shards too
+  // (ShardStats.backup).
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps, bool include_backups = false);
   absl::StatusOr<v1::InspectShardResponse> InspectShard(int ps,
                                                         const v1::InspectShardRequest& request);
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps);
@@ -164,6 +167,10 @@ class ParameterClient {
   int64_t duplicate_pushes() const { return duplicate_pushes_.load(); }
 
  private:
+  // Adds to requests[t] the backups task t holds (placement_.options().replication() >= 2):
+  // one CreateShardsRequest.backups entry per primary task, with its dense partitions and the
+  // virtual shards of each table that t backs up.
+  void AddBackups(std::vector<v1::CreateShardsRequest>* requests) const;
   struct Part {
     v1::ShardRef ref;
     int ps = 0;

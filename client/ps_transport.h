@@ -76,7 +76,8 @@ class PsTransport {
                                         const int64_t* positions, int64_t n, int64_t dim,
                                         const float* grads, const PushMeta& meta,
                                         v1::PushSparseResponse* response);
-  virtual absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) = 0;
+  virtual absl::StatusOr<v1::ListShardsResponse> ListShards(
+      int ps, const v1::ListShardsRequest& request) = 0;
   virtual absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) = 0;
   virtual absl::Status SaveShards(int ps, const v1::SaveShardsRequest& request,

@@ -217,7 +217,7 @@ TEST_P(PsTransportConformanceTest, LargeSparseRequestsAreSplitAndOversizeOnesCha
   for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = -1000000 - static_cast<int64_t>(i);
   int64_t rows_before = 0;
   for (int ps = 0; ps < 2; ++ps) {
-    auto list = t->ListShards(ps);
+    auto list = t->ListShards(ps, v1::ListShardsRequest());
     ASSERT_TRUE(list.ok());
     for (const v1::ShardStats& s : list->shards()) rows_before += s.rows();
   }
@@ -229,7 +229,7 @@ TEST_P(PsTransportConformanceTest, LargeSparseRequestsAreSplitAndOversizeOnesCha
   EXPECT_THAT(std::string(s.message()), HasSubstr("over this ps task's limit of 1000 keys"));
   int64_t rows_after = 0;
   for (int ps = 0; ps < 2; ++ps) {
-    auto list = t->ListShards(ps);
+    auto list = t->ListShards(ps, v1::ListShardsRequest());
     ASSERT_TRUE(list.ok());
     for (const v1::ShardStats& st : list->shards()) rows_after += st.rows();
   }

@@ -439,8 +439,9 @@ absl::Status TcpPsTransport::CreateShards(int ps, const v1::CreateShardsRequest&
   return grpc_->CreateShards(ps, request, response);
 }
 
-absl::StatusOr<v1::ListShardsResponse> TcpPsTransport::ListShards(int ps) {
-  return grpc_->ListShards(ps);
+absl::StatusOr<v1::ListShardsResponse> TcpPsTransport::ListShards(
+    int ps, const v1::ListShardsRequest& request) {
+  return grpc_->ListShards(ps, request);
 }
 
 absl::StatusOr<v1::InspectShardResponse> TcpPsTransport::InspectShard(

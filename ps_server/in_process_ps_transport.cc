@@ -187,7 +187,10 @@ absl::Status InProcessPsTransport::PushSparse(int ps, const std::string& table, 
                            response);
 }
 
-absl::StatusOr<v1::ListShardsResponse> InProcessPsTransport::ListShards(int ps) {
+absl::StatusOr<v1::ListShardsResponse> InProcessPsTransport::ListShards(
+    int ps, const v1::ListShardsRequest& request) {
+  // An in-process store holds no backups (CreateShardsRequest.backups is for ps_server).
+  (void)request;
   PS_ASSIGN_OR_RETURN(std::shared_ptr<ParameterStore> store, Enter(ps));
   return store->ListShards();
 }

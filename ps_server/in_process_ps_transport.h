@@ -47,7 +47,8 @@ class InProcessPsTransport : public PsTransport {
   absl::Status PushSparse(int ps, const std::string& table, const int64_t* keys, int64_t n,
                           int64_t dim, const float* grads, const PushMeta& meta,
                           v1::PushSparseResponse* response) override;
-  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override;
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps,
+                                                    const v1::ListShardsRequest& request) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
       int ps, const v1::InspectShardRequest& request) override;
   absl::Status SaveShards(int ps, const v1::SaveShardsRequest& request,

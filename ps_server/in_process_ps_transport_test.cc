@@ -33,16 +33,16 @@ TEST(InProcessPsTransportTest, ARestartedTaskIsEmptyForEveryTransportSharingIt) 
                                         ParameterClientOptions());
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->CreateAll(v1::SyncOptions()).ok());
-  ASSERT_GT(other->ListShards(0)->shards_size(), 0);
-  const int on_ps1 = other->ListShards(1)->shards_size();
+  ASSERT_GT(other->ListShards(0, v1::ListShardsRequest())->shards_size(), 0);
+  const int on_ps1 = other->ListShards(1, v1::ListShardsRequest())->shards_size();
 
   root.RestartTask(0);
-  EXPECT_EQ(other->ListShards(0)->shards_size(), 0);
+  EXPECT_EQ(other->ListShards(0, v1::ListShardsRequest())->shards_size(), 0);
   EXPECT_EQ(root.store(0).ListShards().shards_size(), 0);
-  EXPECT_EQ(other->ListShards(1)->shards_size(), on_ps1);
+  EXPECT_EQ(other->ListShards(1, v1::ListShardsRequest())->shards_size(), on_ps1);
   // The client's creation goes to the new store.
   ASSERT_TRUE((*client)->CreateAll(v1::SyncOptions()).ok());
-  EXPECT_GT(other->ListShards(0)->shards_size(), 0);
+  EXPECT_GT(other->ListShards(0, v1::ListShardsRequest())->shards_size(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(InProcess, PsTransportConformanceTest,

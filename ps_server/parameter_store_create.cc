@@ -48,6 +48,15 @@ absl::Status CheckCreateRequest(const v1::CreateShardsRequest& request) {
   return absl::OkStatus();
 }
 
+// Whether a dense shard held with `held` is the one `requested` asks for. Where its backup is
+// (DensePartition.backup_ps_task) is not part of a shard's identity: a placement that adds or
+// moves backups asks for the same shards.
+bool SameDenseShard(const v1::DenseShardSpec& held, const v1::DenseShardSpec& requested) {
+  google::protobuf::util::MessageDifferencer same;
+  same.IgnoreField(v1::DensePartition::descriptor()->FindFieldByName("backup_ps_task"));
+  return same.Compare(held, requested);
+}
+
 }  // namespace
 
 absl::Status ParameterStore::CheckMemoryBudget(const v1::CreateShardsRequest& request) const {
@@ -115,7 +124,7 @@ absl::Status ParameterStore::FindPresentLocked(NewShards& shards) const {
     auto it = dense_.find({mine.name(), mine.partition()});
     if (it == dense_.end()) continue;
     const DenseShard& held = *it->second;
-    if (!google::protobuf::util::MessageDifferencer::Equals(held.spec(), mine.spec())) {
+    if (!SameDenseShard(held.spec(), mine.spec())) {
       return absl::AlreadyExistsError(absl::StrCat(
           "variable ", DenseName(mine.name(), mine.partition()), " already exists with shape ",
           ShapeString(held.spec().variable().shape()), ", rows [",
@@ -181,6 +190,11 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   MaybeCrash(options_.crash_points, kCrashPsCreateShards);
   PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "CreateShards"));
   PS_RETURN_IF_ERROR(CheckCreateRequest(request));
+  if (!request.backups().empty()) {
+    return absl::InvalidArgumentError(
+        "this store holds no backups: backup shards are created by ps_server's service "
+        "(ps_server/backup_stores.h), not by an in-process store");
+  }
   PS_RETURN_IF_ERROR(CheckMemoryBudget(request));
   // Build everything first, outside the lock (initializing a large shard takes time), then
   // check for conflicts and insert under the lock: all or nothing.

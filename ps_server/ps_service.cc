@@ -93,7 +93,12 @@ absl::StatusOr<const int64_t*> RequestKeys(const google::protobuf::RepeatedField
 }  // namespace
 
 PsService::PsService(ParameterStore* store, const PsServiceOptions& options)
-    : store_(store), options_(options), start_time_(absl::Now()) {}
+    : store_(store), options_(options), backups_(store->options()), start_time_(absl::Now()) {}
+
+int PsService::SelfIndex() {
+  absl::MutexLock lock(&mu_);
+  return task_.job() == "ps" ? task_.index() : -1;
+}
 
 void PsService::SetIdentity(const v1::TaskId& task, const std::string& address, int data_port) {
   absl::MutexLock lock(&mu_);
@@ -105,7 +110,15 @@ void PsService::SetIdentity(const v1::TaskId& task, const std::string& address, 
 grpc::Status PsService::CreateShards(grpc::ServerContext* ctx, const v1::CreateShardsRequest* req,
                                      v1::CreateShardsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.CreateShards"));
-  return ToGrpcStatus(store_->CreateShards(*req, resp));
+  if (req->backups().empty()) return ToGrpcStatus(store_->CreateShards(*req, resp));
+  // The backups' own checks first, so that a bad entry changes nothing; then the task's own
+  // shards (which also check the chief's epoch), then the backups.
+  const int self = SelfIndex();
+  if (absl::Status s = BackupStores::Check(self, *req); !s.ok()) return ToGrpcStatus(s);
+  v1::CreateShardsRequest own = *req;
+  own.clear_backups();
+  if (absl::Status s = store_->CreateShards(own, resp); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(backups_.Create(self, *req, resp));
 }
 
 grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseRequest* req,
@@ -182,17 +195,19 @@ grpc::Status PsService::PushSparse(grpc::ServerContext* ctx, const v1::PushSpars
   return ToGrpcStatus(store_->PushSparse(*req, *keys, n, req->gradients(), resp));
 }
 
-grpc::Status PsService::ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest*,
+grpc::Status PsService::ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest* req,
                                    v1::ListShardsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.ListShards"));
   *resp = store_->ListShards();
+  if (req->include_backups()) backups_.AppendShards(resp);
   return grpc::Status::OK;
 }
 
 grpc::Status PsService::InspectShard(grpc::ServerContext* ctx, const v1::InspectShardRequest* req,
                                      v1::InspectShardResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.InspectShard"));
-  absl::StatusOr<v1::InspectShardResponse> r = store_->Inspect(*req);
+  absl::StatusOr<v1::InspectShardResponse> r =
+      req->backup() ? backups_.Inspect(*req) : store_->Inspect(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;

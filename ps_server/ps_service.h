@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/ps_service.grpc.pb.h"
+#include "ps_server/backup_stores.h"
 #include "ps_server/parameter_store.h"
 #include "security/authz.h"
 
@@ -23,7 +24,9 @@ struct PsServiceOptions {
 
 // Adapts a ParameterStore to the ParameterServer gRPC service: marshals requests into the
 // store's operations (which validate and decode), streams dense tensors in chunks, and turns
-// Status into gRPC status. Thread-safe.
+// Status into gRPC status. Also holds the task's backups of other tasks' shards
+// (CreateShardsRequest.backups: BackupStores), which only CreateShards, ListShards and
+// InspectShard reach. Thread-safe.
 class PsService : public v1::ParameterServer::Service {
  public:
   // `store` is not owned and must outlive the service.
@@ -54,8 +57,12 @@ class PsService : public v1::ParameterServer::Service {
                              v1::RestoreShardsResponse* resp) override;
 
  private:
+  // This task's index once SetIdentity named a ps task, else -1.
+  int SelfIndex() ABSL_LOCKS_EXCLUDED(mu_);
+
   ParameterStore* const store_;  // Not owned.
   const PsServiceOptions options_;
+  BackupStores backups_;
   DensePushPool pushes_;
   const absl::Time start_time_;
   absl::Mutex mu_;

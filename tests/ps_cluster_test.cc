@@ -1,14 +1,20 @@
 // The parameter server through the real daemons: 2 ps tasks and a chief on 127.0.0.1, with
 // clients in this process.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <set>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/live_cluster.h"
+#include "cli/vars_command.h"
+#include "client/grpc_chief_client.h"
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
 #include "glog/logging.h"
@@ -35,11 +41,12 @@ v1::ModelSpec Model() {
 }
 
 std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {},
-                                          const std::string& model_text = kSmallModelText) {
+                                          const std::string& model_text = kSmallModelText,
+                                          int num_ps = 2) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
   std::ofstream(model_path) << model_text;
   TestClusterOptions options;
-  options.num_ps = 2;
+  options.num_ps = num_ps;
   options.num_workers = 0;
   // w is 64 rows of 64 bytes: four partitions of 16 rows, spread over both ps tasks.
   options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024"};
@@ -254,6 +261,217 @@ TEST(PsClusterTest, AVocabularyTableThroughTheDaemonsMatchesASingleProcess) {
   }
   ASSERT_TRUE(client->PullRows("emb", keys.data(), keys.size(), got.data()).ok());
   EXPECT_EQ(got, want);
+}
+
+// Issue 37's first step (docs/replication.md): with a placement of replication 2, CreateAll
+// also sends each ps task the backups it holds of the other tasks' shards. Here the chief has
+// created the primaries (replication 1, which is what it runs) and a client then creates the
+// same model with the replicated placement, as a chief that adds backups would: the primaries
+// are found as they are (where a backup lives is not part of a shard's identity), every backup
+// lands on the task the placement names, starts as its primary's values, is listed only when
+// asked for (so that readers of a task's own shards never mistake one), and is left out of a
+// save. A bad backup entry is refused with a message naming it, changes nothing (not even the
+// request's own shards), and the task goes on serving.
+TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
+  std::unique_ptr<TestCluster> cluster = StartCluster({}, kSmallModelText, /*num_ps=*/3);
+  const v1::GetModelResponse m = GetModel(*cluster);
+  ASSERT_EQ(m.ps_addresses_size(), 3);
+  v1::PlacementOptions options = m.placement().options();
+  options.set_replication(2);
+  absl::StatusOr<v1::Placement> replicated = ComputePlacement(m.model(), 3, options);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  ASSERT_EQ(replicated->partitions_size(), m.placement().partitions_size());
+  for (int i = 0; i < replicated->partitions_size(); ++i) {
+    ASSERT_EQ(replicated->partitions(i).ps_task(), m.placement().partitions(i).ps_task());
+  }
+  ASSERT_THAT(replicated->virtual_shard_to_ps(),
+              ::testing::ElementsAreArray(m.placement().virtual_shard_to_ps()));
+
+  std::unique_ptr<ParameterClient> plain = ClientFor(m, -1);
+  std::vector<int> own_before(3);
+  for (int ps = 0; ps < 3; ++ps) {
+    absl::StatusOr<v1::ListShardsResponse> list = plain->ListShards(ps, true);
+    ASSERT_TRUE(list.ok()) << list.status();
+    own_before[ps] = list->shards_size();
+    for (const v1::ShardStats& s : list->shards()) EXPECT_FALSE(s.backup()) << s.name();
+  }
+
+  v1::GetModelResponse with_backups = m;
+  *with_backups.mutable_placement() = *replicated;
+  std::unique_ptr<ParameterClient> client = ClientFor(with_backups, -1);
+  int64_t created = -1;
+  ASSERT_TRUE(client->CreateAll(m.sync(), &created).ok()) << cluster->Logs();
+  EXPECT_EQ(created, 0) << "the primaries were there already";
+  ASSERT_TRUE(client->CreateAll(m.sync(), &created).ok()) << "a repeat is harmless";
+
+  // Where the placement says: each dense partition on its backup task, and on each task a part
+  // of the table per primary it backs up virtual shards of.
+  std::set<std::tuple<int, int, std::string, int>> expected;  // task, primary, name, partition
+  for (const v1::DensePartition& p : replicated->partitions()) {
+    ASSERT_NE(p.backup_ps_task(), p.ps_task());
+    expected.insert({p.backup_ps_task(), p.ps_task(), p.variable(), p.partition()});
+  }
+  for (int v = 0; v < replicated->virtual_shard_to_backup_ps_size(); ++v) {
+    expected.insert(
+        {replicated->virtual_shard_to_backup_ps(v), replicated->virtual_shard_to_ps(v), "emb", -1});
+  }
+  std::set<std::tuple<int, int, std::string, int>> listed;
+  for (int ps = 0; ps < 3; ++ps) {
+    absl::StatusOr<v1::ListShardsResponse> own = client->ListShards(ps);
+    ASSERT_TRUE(own.ok());
+    EXPECT_EQ(own->shards_size(), own_before[ps]) << "ps:" << ps << " lists backups unasked";
+    absl::StatusOr<v1::ListShardsResponse> all = client->ListShards(ps, true);
+    ASSERT_TRUE(all.ok());
+    for (const v1::ShardStats& s : all->shards()) {
+      if (!s.backup()) continue;
+      EXPECT_NE(s.primary_ps_task(), ps);
+      listed.insert({ps, s.primary_ps_task(), s.name(), s.is_table() ? -1 : s.partition()});
+      EXPECT_EQ(s.rows(), 0) << "no table row exists before a pull";
+    }
+    EXPECT_EQ(all->shards_size() - own_before[ps],
+              static_cast<int>(std::count_if(expected.begin(), expected.end(),
+                                             [&](const auto& e) { return std::get<0>(e) == ps; })));
+  }
+  EXPECT_EQ(listed, expected);
+
+  // A backup starts as its primary: the same initial values, bit for bit.
+  for (const v1::DensePartition& p : replicated->partitions()) {
+    v1::InspectShardRequest ask;
+    ask.mutable_shard()->set_variable(p.variable());
+    ask.mutable_shard()->set_partition(p.partition());
+    ask.set_values_count(1 << 20);
+    absl::StatusOr<v1::InspectShardResponse> primary = client->InspectShard(p.ps_task(), ask);
+    ask.set_backup(true);
+    ask.set_primary_ps_task(p.ps_task());
+    absl::StatusOr<v1::InspectShardResponse> backup = client->InspectShard(p.backup_ps_task(), ask);
+    ASSERT_TRUE(primary.ok() && backup.ok()) << primary.status() << " " << backup.status();
+    EXPECT_FALSE(primary->slice().empty());
+    EXPECT_EQ(backup->slice(), primary->slice()) << p.variable() << "/" << p.partition();
+    EXPECT_TRUE(backup->shard().backup());
+  }
+
+  // A save writes each task's own shards only: 5 dense partitions and a table part per task.
+  int64_t bytes = 0;
+  absl::StatusOr<std::vector<v1::SavedShard>> saved =
+      client->SaveShards(absl::StrCat(getenv("TEST_TMPDIR"), "/backups-ckpt"), /*step=*/0, &bytes);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->size(), 5u + 3u);
+  std::set<std::pair<std::string, int>> saved_dense;
+  for (const v1::SavedShard& s : *saved) {
+    if (!s.is_table()) EXPECT_TRUE(saved_dense.insert({s.name(), s.partition()}).second);
+  }
+  EXPECT_EQ(saved_dense.size(), 5u);
+
+  // psctl vars: each task's backups beside its own shards, and, read with the replicated
+  // placement (as from a chief that runs it), each partition's backup task and whether it
+  // holds it.
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster->chief_address());
+  absl::StatusOr<LiveCluster> live = ConnectToCluster(*chief, LiveClusterOptions());
+  ASSERT_TRUE(live.ok()) << live.status();
+  absl::Status report_status;
+  psctl::VarsReport report = BuildVarsReport(*live, &report_status);
+  ASSERT_TRUE(report_status.ok()) << report_status;
+  ASSERT_EQ(report.ps_tasks_size(), 3);
+  for (const psctl::PsTaskInfo& t : report.ps_tasks()) {
+    EXPECT_EQ(t.shards(), own_before[t.index()]);
+    EXPECT_EQ(t.backup_shards(),
+              std::count_if(expected.begin(), expected.end(),
+                            [&](const auto& e) { return std::get<0>(e) == t.index(); }));
+    EXPECT_GT(t.backup_bytes(), 0);
+  }
+  EXPECT_THAT(FormatVarsReport(report), HasSubstr("BACKUPS"));
+  *live->model.mutable_placement() = *replicated;
+  report = BuildVarsReport(*live, &report_status);
+  ASSERT_TRUE(report_status.ok()) << report_status;
+  for (const psctl::VariableInfo& v : report.variables()) {
+    for (const psctl::PartitionInfo& p : v.partitions()) {
+      EXPECT_TRUE(p.has_backup() && p.backup_held()) << v.name() << "/" << p.partition();
+      EXPECT_NE(p.backup_ps_task(), p.ps_task());
+    }
+  }
+  const std::string text = FormatVarsReport(report);
+  EXPECT_THAT(text, HasSubstr("BACKUP"));
+  EXPECT_THAT(text, HasSubstr(" (0 updates)"));
+
+  // Bad entries, each with a new shard of the task's own beside it: refused, nothing created.
+  const int target = 0;
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(m.ps_addresses(target), grpc::InsecureChannelCredentials()));
+  auto count_all = [&] {
+    absl::StatusOr<v1::ListShardsResponse> all = client->ListShards(target, true);
+    CHECK(all.ok()) << all.status();
+    return all->shards_size();
+  };
+  const int before = count_all();
+  auto create = [&](const v1::CreateShardsRequest& req) {
+    grpc::ClientContext ctx;
+    v1::CreateShardsResponse resp;
+    return stub->CreateShards(&ctx, req, &resp);
+  };
+  auto with_new_shard = [&] {
+    v1::CreateShardsRequest req;
+    *req.mutable_sync() = m.sync();
+    v1::DenseShardSpec* spec = req.add_dense();
+    spec->mutable_variable()->set_name("extra");
+    spec->mutable_variable()->mutable_shape()->add_dims(4);
+    spec->mutable_variable()->mutable_optimizer()->mutable_sgd()->set_learning_rate(0.1f);
+    spec->mutable_partition()->set_variable("extra");
+    spec->mutable_partition()->set_row_end(4);
+    return req;
+  };
+  struct BadCase {
+    std::vector<int> primaries;
+    std::string message;
+  };
+  for (const BadCase& c : std::vector<BadCase>{
+           {{-1}, "backups[0].primary_ps_task is -1; expected a ps task index >= 0"},
+           {{target}, "backups[0] names ps:0, the task it was sent to"},
+           {{1, 2, 1}, "backups[2] names ps:1 again; send one entry per primary task"}}) {
+    v1::CreateShardsRequest req = with_new_shard();
+    for (int primary : c.primaries) {
+      v1::BackupShards* b = req.add_backups();
+      b->set_primary_ps_task(primary);
+      *b->add_dense() = req.dense(0);
+    }
+    grpc::Status s = create(req);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+    EXPECT_EQ(count_all(), before) << c.message;
+  }
+  // A backup whose spec differs from the one held: ALREADY_EXISTS, naming whose backup.
+  v1::CreateShardsRequest conflict;
+  *conflict.mutable_sync() = m.sync();
+  for (const v1::DensePartition& p : replicated->partitions()) {
+    if (p.backup_ps_task() != target) continue;
+    v1::BackupShards* b = conflict.add_backups();
+    b->set_primary_ps_task(p.ps_task());
+    v1::DenseShardSpec* spec = b->add_dense();
+    for (const v1::VariableSpec& v : m.model().variables()) {
+      if (v.name() == p.variable()) *spec->mutable_variable() = v;
+    }
+    spec->mutable_variable()->mutable_optimizer()->mutable_sgd()->set_learning_rate(0.25f);
+    *spec->mutable_partition() = p;
+    break;
+  }
+  ASSERT_EQ(conflict.backups_size(), 1) << "ps:0 backs up no dense partition";
+  grpc::Status s = create(conflict);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr(absl::StrCat("the backup of ps:", conflict.backups(0).primary_ps_task(),
+                                     "'s shards: variable ")));
+  EXPECT_EQ(count_all(), before);
+  // Inspecting a backup the task does not hold.
+  v1::InspectShardRequest ask;
+  ask.mutable_shard()->set_variable("b");
+  ask.set_backup(true);
+  ask.set_primary_ps_task(7);
+  absl::StatusOr<v1::InspectShardResponse> none = client->InspectShard(target, ask);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("this ps task holds no backup of ps:7's shards"));
+  // Still serving, backups and all.
+  EXPECT_TRUE(client->GetStatus(target).ok());
+  EXPECT_EQ(count_all(), before);
 }
 
 class PsBadInputTest : public ::testing::Test {

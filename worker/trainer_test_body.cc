@@ -136,7 +136,7 @@ std::vector<std::vector<float>> PullAll(ParameterClient* client) {
 std::vector<int64_t> AppliedSteps(PsTransport* ps) {
   std::vector<int64_t> out;
   for (int i = 0; i < ps->num_ps(); ++i) {
-    auto list = ps->ListShards(i);
+    auto list = ps->ListShards(i, v1::ListShardsRequest());
     CHECK(list.ok());
     for (const v1::ShardStats& s : list->shards()) out.push_back(s.applied_step());
   }
@@ -391,8 +391,9 @@ class LosingTransport : public PsTransport {
                           v1::PushSparseResponse* o) override {
     return inner_->PushSparse(ps, t, k, n, d, g, meta, o);
   }
-  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps) override {
-    return inner_->ListShards(ps);
+  absl::StatusOr<v1::ListShardsResponse> ListShards(int ps,
+                                                    const v1::ListShardsRequest& r) override {
+    return inner_->ListShards(ps, r);
   }
   absl::StatusOr<v1::InspectShardResponse> InspectShard(int ps,
                                                         const v1::InspectShardRequest& r) override {

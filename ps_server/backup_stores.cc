@@ -1,0 +1,97 @@
+#include "ps_server/backup_stores.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pscluster {
+
+BackupStores::BackupStores(const ParameterStoreOptions& options) : options_(options) {
+  options_.crash_points = nullptr;
+}
+
+absl::Status BackupStores::Check(int self, const v1::CreateShardsRequest& request) {
+  std::set<int> seen;
+  for (int i = 0; i < request.backups_size(); ++i) {
+    const int primary = request.backups(i).primary_ps_task();
+    if (primary < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("backups[", i, "].primary_ps_task is ",
+                                                     primary, "; expected a ps task index >= 0"));
+    }
+    if (primary == self) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backups[", i, "] names ps:", primary,
+                       ", the task it was sent to; a task never backs up its own shards"));
+    }
+    if (!seen.insert(primary).second) {
+      return absl::InvalidArgumentError(absl::StrCat("backups[", i, "] names ps:", primary,
+                                                     " again; send one entry per primary task"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BackupStores::Create(int self, const v1::CreateShardsRequest& request,
+                                  v1::CreateShardsResponse* response) {
+  PS_RETURN_IF_ERROR(Check(self, request));
+  for (const v1::BackupShards& backup : request.backups()) {
+    ParameterStore* store = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      std::unique_ptr<ParameterStore>& slot = stores_[backup.primary_ps_task()];
+      if (slot == nullptr) slot = std::make_unique<ParameterStore>(options_);
+      store = slot.get();
+    }
+    v1::CreateShardsRequest one;
+    *one.mutable_dense() = backup.dense();
+    *one.mutable_tables() = backup.tables();
+    *one.mutable_sync() = request.sync();
+    one.set_start_step(request.start_step());
+    one.set_chief_epoch(request.chief_epoch());
+    v1::CreateShardsResponse created;
+    absl::Status s = store->CreateShards(one, &created);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the backup of ps:", backup.primary_ps_task(),
+                                                 "'s shards: ", s.message()));
+    }
+    response->set_backups_created(response->backups_created() + created.created());
+    response->set_backups_already_present(response->backups_already_present() +
+                                          created.already_present());
+  }
+  return absl::OkStatus();
+}
+
+void BackupStores::AppendShards(v1::ListShardsResponse* response) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [primary, store] : stores_) {
+    v1::ListShardsResponse listed = store->ListShards();
+    for (v1::ShardStats& s : *listed.mutable_shards()) {
+      s.set_backup(true);
+      s.set_primary_ps_task(primary);
+      *response->add_shards() = std::move(s);
+    }
+  }
+}
+
+absl::StatusOr<v1::InspectShardResponse> BackupStores::Inspect(
+    const v1::InspectShardRequest& request) {
+  ParameterStore* store = Find(request.primary_ps_task());
+  if (store == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "this ps task holds no backup of ps:", request.primary_ps_task(), "'s shards"));
+  }
+  PS_ASSIGN_OR_RETURN(v1::InspectShardResponse out, store->Inspect(request));
+  out.mutable_shard()->set_backup(true);
+  out.mutable_shard()->set_primary_ps_task(request.primary_ps_task());
+  return out;
+}
+
+ParameterStore* BackupStores::Find(int primary) const {
+  absl::MutexLock lock(&mu_);
+  auto it = stores_.find(primary);
+  return it == stores_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,64 @@
+#ifndef PSCLUSTER_PS_SERVER_BACKUP_STORES_H_
+#define PSCLUSTER_PS_SERVER_BACKUP_STORES_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/parameter_store.h"
+
+namespace pscluster {
+
+// The shards a ps task holds as the backup of other tasks' shards (issue 37,
+// docs/replication.md): one ParameterStore per primary task, apart from the task's own store.
+// Apart, because a table part is more than its rows: its sync accumulator, admission sketch,
+// eviction order and push ledger belong to the primary's part as a whole, and a task backs up
+// pieces of several primaries' parts (sharding/placement.h's BackupOf spreads them). Saves
+// never see them: the task's own store is what SaveShards writes.
+//
+// Thread-safe. A store, once created, lives as long as this object.
+class BackupStores {
+ public:
+  // Each primary's store is made with `options`, less the crash points (faults are injected
+  // into the task's own store).
+  explicit BackupStores(const ParameterStoreOptions& options);
+
+  // `self`: this task's index (-1 while unknown: no entry is refused for naming it).
+  // INVALID_ARGUMENT, before anything is created, for an entry whose primary_ps_task is
+  // negative, is `self`, or appears twice. Then each primary's shards are created in its store
+  // as ParameterStore::CreateShards creates a task's own (with the request's sync, start_step
+  // and chief_epoch; never held for a restore), counted into backups_created and
+  // backups_already_present. A spec that conflicts with a backup already held is refused
+  // (ALREADY_EXISTS) as for the task's own shards; the entries before it stay created, as a
+  // retry of the same request finds them (already present).
+  absl::Status Create(int self, const v1::CreateShardsRequest& request,
+                      v1::CreateShardsResponse* response);
+  // The same checks alone (nothing created), for callers that create the task's own shards
+  // between them and Create.
+  static absl::Status Check(int self, const v1::CreateShardsRequest& request);
+
+  // Appends every backup shard's statistics, ShardStats.backup set and primary_ps_task naming
+  // its primary, by primary task.
+  void AppendShards(v1::ListShardsResponse* response) const;
+
+  // ParameterStore::Inspect on the backup of request.primary_ps_task(); NOT_FOUND when this
+  // task backs up nothing of that task.
+  absl::StatusOr<v1::InspectShardResponse> Inspect(const v1::InspectShardRequest& request);
+
+  // The store of `primary`'s backups, or null.
+  ParameterStore* Find(int primary) const;
+
+ private:
+  ParameterStoreOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<int, std::unique_ptr<ParameterStore>> stores_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_BACKUP_STORES_H_
