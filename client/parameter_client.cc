@@ -174,6 +174,8 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
     r.set_start_step(create.start_step);
     r.set_hold_until_restored(create.hold_until_restored);
     r.set_chief_epoch(options_.chief_epoch);
+    r.set_replication(placement_.options().replication());
+    r.mutable_ps_addresses()->Add(create.ps_addresses.begin(), create.ps_addresses.end());
   }
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;

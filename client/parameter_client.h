@@ -52,6 +52,9 @@ struct CreateShardsOptions {
   // Newly created shards refuse pulls and pushes until RestoreShards (or CreateAll without
   // this) succeeds; see CreateShardsRequest.hold_until_restored.
   bool hold_until_restored = false;
+  // With a placement of replication 2: the ps tasks' addresses, by index, where each primary
+  // forwards its updates to its backups (CreateShardsRequest.ps_addresses).
+  std::vector<std::string> ps_addresses;
 };
 
 // The identity of one push across its attempts: the request ids it carries, per ps task (and

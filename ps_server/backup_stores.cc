@@ -10,6 +10,7 @@ namespace pscluster {
 
 BackupStores::BackupStores(const ParameterStoreOptions& options) : options_(options) {
   options_.crash_points = nullptr;
+  options_.forwarder = nullptr;  // a backup forwards nothing (no chains longer than two)
 }
 
 absl::Status BackupStores::Check(int self, const v1::CreateShardsRequest& request) {

@@ -178,9 +178,10 @@ void DenseShard::Apply(const float* grad, ThreadPool* pool) { ApplyAll({this}, {
 // The locks are taken and released in loops, which the thread-safety analysis cannot follow;
 // ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.
 void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
-                          const std::vector<const float*>& grads, ThreadPool* pool,
-                          bool delta) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          const std::vector<const float*>& grads, ThreadPool* pool, bool delta,
+                          std::vector<int64_t>* updates_after) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const size_t n = shards.size();
+  if (updates_after != nullptr) updates_after->clear();
   if (n == 0) return;
   std::vector<DenseShard*> lock_order = shards;
   std::sort(lock_order.begin(), lock_order.end(), std::less<DenseShard*>());
@@ -192,6 +193,7 @@ void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
     start[i + 1] = start[i] + shards[i]->num_elements_;
     t[i] = ++shards[i]->updates_;
   }
+  if (updates_after != nullptr) *updates_after = t;
   const auto apply = [&](int64_t begin, int64_t end) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // The shards overlapping [begin, end), each over its part of the range.
     size_t i = std::upper_bound(start.begin(), start.end(), begin) - start.begin() - 1;

@@ -81,9 +81,12 @@ class DenseShard {
   //
   // With `delta`, grads[i] is a change to add to the values (a worker's local steps): value +=
   // delta, the slots are left as they are (the update count counts it, as any push).
+  //
+  // `updates_after` (optional) receives each shard's update count right after this update:
+  // the update's place in the shard's order (a backup applies it at the same place).
   static void ApplyAll(const std::vector<DenseShard*>& shards,
                        const std::vector<const float*>& grads, ThreadPool* pool = nullptr,
-                       bool delta = false);
+                       bool delta = false, std::vector<int64_t>* updates_after = nullptr);
 
   // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
   // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.
@@ -94,6 +97,11 @@ class DenseShard {
   }
 
   int64_t updates() const;
+
+  // Replication (issue 37): the ps task that holds this shard's backup, where the store
+  // forwards its updates; -1: none (CreateShardsRequest.replication below 2).
+  int backup_ps_task() const { return backup_ps_task_.load(std::memory_order_relaxed); }
+  void set_backup_ps_task(int task) { backup_ps_task_.store(task, std::memory_order_relaxed); }
 
   // Statistics of the values (not the slots).
   void ComputeValueStats(v1::ValueStats* stats) const;
@@ -120,6 +128,7 @@ class DenseShard {
   const int64_t num_elements_;
   const std::unique_ptr<Optimizer> optimizer_;
   mutable ShardCounters counters_;
+  std::atomic<int> backup_ps_task_{-1};
 
   mutable absl::Mutex mu_;
   // Values at [0, n), slot s at [(1 + s) * n, (2 + s) * n).

@@ -360,8 +360,14 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
   if (header.delta()) PS_RETURN_IF_ERROR(CheckDeltaPush(*push, accumulators));
   PushOutcome outcome;
-  switch (ledger_.Begin(header.request_id(), &outcome)) {
+  std::shared_ptr<const ForwardList> owed;
+  switch (ledger_.Begin(header.request_id(), &outcome, &owed)) {
     case PushLedger::Claim::kDuplicate:
+      // A retry of a push whose forwards to its backups failed: they go again first.
+      if (owed != nullptr) {
+        PS_RETURN_IF_ERROR(SendForwards(*owed));
+        ledger_.MarkReplicated(header.request_id());
+      }
       response->set_accepted(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
       response->set_duplicate(true);
@@ -371,10 +377,141 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     case PushLedger::Claim::kNew:
       break;
   }
-  ApplyDensePush(*push, accumulators, &outcome);
-  ledger_.Record(header.request_id(), outcome);
+  std::vector<int64_t> versions;
+  ApplyDensePush(*push, accumulators, &outcome, &versions);
+  owed = ForwardsOf(*push, versions, outcome);
+  // Answered only once the backups applied it too (chain replication: docs/replication.md).
+  const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
+  ledger_.Record(header.request_id(), outcome, forwarded.ok() ? nullptr : owed);
+  PS_RETURN_IF_ERROR(forwarded);
   response->set_accepted(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(const DensePush& push,
+                                                              const std::vector<int64_t>& versions,
+                                                              const PushOutcome& outcome) const {
+  if (options_.forwarder == nullptr) return nullptr;
+  std::map<int, DenseForward> by_backup;
+  for (int i = 0; i < push.num_shards(); ++i) {
+    const DenseShard& shard = *push.shards_[i];
+    const int backup = shard.backup_ps_task();
+    if (backup < 0 || versions[i] == 0) continue;
+    DenseForward& f = by_backup[backup];
+    if (f.backup < 0) {
+      f.backup = backup;
+      v1::PushDenseHeader* h = f.header.mutable_push();
+      h->set_step(push.header_.step());
+      h->set_worker(push.header_.worker());
+      *h->mutable_request_id() = push.header_.request_id();
+      h->set_delta(push.header_.delta());
+      h->set_wire_dtype(v1::DT_FLOAT32);
+      f.header.set_accepted(outcome.accepted);
+      f.header.set_dropped_stale(outcome.dropped_stale);
+    }
+    v1::ShardRef* ref = f.header.mutable_push()->add_shards();
+    ref->set_variable(shard.name());
+    ref->set_partition(shard.partition());
+    f.header.mutable_push()->add_num_elements(shard.num_elements());
+    f.header.add_versions(versions[i]);
+    const float* grad = push.grads_[i].values();
+    f.grads.emplace_back(grad, grad + shard.num_elements());
+  }
+  if (by_backup.empty()) return nullptr;
+  auto list = std::make_shared<ForwardList>();
+  for (auto& [backup, f] : by_backup) list->forwards.push_back(std::move(f));
+  return list;
+}
+
+absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
+  absl::Status s = options_.forwarder->Forward(forwards);
+  if (s.ok()) return s;
+  return absl::UnavailableError(
+      absl::StrCat("the push was applied on this ps task but not yet on its backup (", s.message(),
+                   "); send it again with the same request id"));
+}
+
+absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& header,
+                                                  DensePush* push,
+                                                  v1::ReplicateResponse* response) {
+  const int n = push->num_shards();
+  if (header.versions_size() != n || n != header.push().shards_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a replicated push names ", header.push().shards_size(), " shards but gives ",
+                     header.versions_size(), " versions"));
+  }
+  for (int i = 0; i < n; ++i) {
+    const DensePush::Buffer& b = push->grads_[i];
+    const DenseShard& s = *push->shards_[i];
+    if (b.received != b.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": received ", b.received,
+                       " of ", b.size, " replicated gradient elements"));
+    }
+    if (header.versions(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", DenseName(s.name(), s.partition()), ": replicated version ",
+                       header.versions(i), "; expected >= 1"));
+    }
+  }
+  PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
+  // Where each backup shard is against the forward: -1 behind it (wait), 0 at it (apply),
+  // 1 past it (already applied).
+  auto place = [&](int i) {
+    const int64_t have = push->shards_[i]->updates();
+    const int64_t want = header.versions(i) - 1;
+    return have < want ? -1 : have == want ? 0 : 1;
+  };
+  std::vector<DenseShard*> shards(n);
+  std::vector<const float*> grads(n);
+  for (int i = 0; i < n; ++i) {
+    shards[i] = push->shards_[i].get();
+    grads[i] = push->grads_[i].values();
+  }
+  const absl::Time deadline = absl::Now() + options_.replica_wait;
+  absl::MutexLock lock(&replica_mu_);
+  while (true) {
+    int behind = 0, at = 0, past = 0;
+    for (int i = 0; i < n; ++i) {
+      const int p = place(i);
+      behind += p < 0;
+      at += p == 0;
+      past += p > 0;
+    }
+    if (past == n) {
+      response->set_already_applied(n);
+      return absl::OkStatus();
+    }
+    if (past > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a replicated push is already applied to ", past, " of its ", n,
+                       " shards but not to the others: this backup has diverged from its primary"));
+    }
+    if (at == n) break;
+    if (replica_cv_.WaitWithDeadline(&replica_mu_, deadline)) {
+      const DenseShard& s = *shards[0];
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(options_.replica_wait), " for the updates before ",
+          header.versions(0), " of backup ", DenseName(s.name(), s.partition()),
+          " (and the push's other shards), which have ", s.updates(), "; ", behind,
+          " shards behind"));
+    }
+  }
+  PushOutcome outcome;
+  (void)ledger_.Begin(header.push().request_id(), &outcome);
+  {
+    ApplyTimer timer(apply_totals_, n);
+    DenseShard::ApplyAll(shards, grads, &apply_pool_, header.push().delta());
+  }
+  for (int i = 0; i < n; ++i) {
+    Touch(shards[i]->counters(), /*push=*/true, push->grads_[i].size * push->elem_bytes_);
+  }
+  outcome.accepted = header.accepted();
+  outcome.dropped_stale = header.dropped_stale();
+  ledger_.Record(header.push().request_id(), outcome);
+  replica_cv_.SignalAll();
+  response->set_applied(n);
   return absl::OkStatus();
 }
 
@@ -402,22 +539,27 @@ absl::Status ParameterStore::CheckDeltaPush(
 
 void ParameterStore::ApplyDensePush(
     const DensePush& push, const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
-    PushOutcome* outcome) {
+    PushOutcome* outcome, std::vector<int64_t>* versions) {
   const v1::PushDenseHeader& header = push.header_;
   const int n = push.num_shards();
+  versions->assign(n, 0);
   absl::ReaderMutexLock barrier(&apply_barrier_);
   // Shards updated at once (async) are applied together: one parallel loop for the push.
   std::vector<DenseShard*> now;
   std::vector<const float*> now_grads;
+  std::vector<int> now_index;
   for (int i = 0; i < n; ++i) {
     if (accumulators[i] != nullptr) continue;
     now.push_back(push.shards_[i].get());
     now_grads.push_back(push.grads_[i].values());
+    now_index.push_back(i);
   }
+  std::vector<int64_t> after;
   {
     ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta());
+    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after);
   }
+  for (size_t j = 0; j < after.size(); ++j) (*versions)[now_index[j]] = after[j];
   for (int i = 0; i < n; ++i) {
     DenseShard& shard = *push.shards_[i];
     const float* grad = push.grads_[i].values();

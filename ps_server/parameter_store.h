@@ -14,11 +14,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/thread_pool.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/dense_push.h"
 #include "ps_server/dense_shard.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/push_forwarder.h"
 #include "ps_server/push_ledger.h"
 #include "ps_server/shard_checkpointer.h"
 #include "ps_server/sync_accumulator.h"
@@ -63,6 +65,12 @@ struct ParameterStoreOptions {
   // Push ids remembered per client, and clients remembered (see PushLedger).
   int push_ids_per_client = 4096;
   int max_push_clients = 4096;
+  // Replication (issue 37): where the dense updates applied to shards with a backup
+  // (DenseShard::backup_ps_task) are forwarded before the push is answered. Not owned; null:
+  // none are (a store that serves no primary with backups, or one holding backups itself).
+  PushForwarder* forwarder = nullptr;
+  // How long a backup waits for the updates a forward comes after (ApplyReplicatedDense).
+  absl::Duration replica_wait = absl::Seconds(30);
 };
 
 // A ps task's shards of every dense variable and sparse table, and every operation on them:
@@ -101,6 +109,16 @@ class ParameterStore {
   // answered with the first outcome (`duplicate`), applying nothing.
   absl::Status StartPushDense(const v1::PushDenseHeader& header, DensePush* push);
   absl::Status FinishPushDense(DensePush* push, v1::PushDenseResponse* response);
+
+  // A backup's side of replication (issue 37): `push` was started (StartPushDense with
+  // header.push()) and filled as a worker's push is; its updates are applied to this store's
+  // shards at the places header.versions() give, each after the updates before it (waiting up
+  // to options.replica_wait for them: DEADLINE_EXCEEDED), never twice. INVALID_ARGUMENT for a
+  // header whose versions do not match its shards, or a shard that is ahead on some shards of
+  // the push and behind on others (the copies have diverged). The request id is remembered
+  // with the primary's outcome, as for a push applied here.
+  absl::Status ApplyReplicatedDense(const v1::ReplicateHeader& header, DensePush* push,
+                                    v1::ReplicateResponse* response);
 
   // The dim of a table's rows. NOT_FOUND / UNAVAILABLE as PullDense.
   absl::StatusOr<int64_t> TableDim(const std::string& table) const;
@@ -199,9 +217,19 @@ class ParameterStore {
   absl::Status CheckDeltaPush(const DensePush& push,
                               const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators)
       const ABSL_LOCKS_EXCLUDED(mu_);
+  // versions[i]: shard i's update count right after this push's update, 0 where it was not
+  // applied at once (accumulated for a sync step, or dropped).
   void ApplyDensePush(const DensePush& push,
                       const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
-                      PushOutcome* outcome);
+                      PushOutcome* outcome, std::vector<int64_t>* versions);
+  // The forwards a push applied with `versions` owes its shards' backups; null when it owes
+  // none (no forwarder, no shard with a backup, nothing applied at once).
+  std::shared_ptr<const ForwardList> ForwardsOf(const DensePush& push,
+                                                const std::vector<int64_t>& versions,
+                                                const PushOutcome& outcome) const;
+  // Sends `forwards` (options_.forwarder); UNAVAILABLE naming the failure, for the worker to
+  // retry (the ledger keeps them for the retry).
+  absl::Status SendForwards(const ForwardList& forwards);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.
@@ -246,6 +274,9 @@ class ParameterStore {
   // apply_totals(): dense then sparse, count then nanoseconds.
   mutable std::atomic<int64_t> apply_totals_[4] = {};
   PushLedger ledger_;
+  // A backup's forwarded updates wait here for those before them (ApplyReplicatedDense).
+  absl::Mutex replica_mu_;
+  absl::CondVar replica_cv_;
   // Pushes hold it shared; Save holds it exclusively while copying: a consistent cut.
   absl::Mutex apply_barrier_;
   mutable absl::Mutex mu_;

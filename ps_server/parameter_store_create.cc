@@ -41,6 +41,12 @@ absl::Status CheckCreateRequest(const v1::CreateShardsRequest& request) {
   }
   for (const v1::DenseShardSpec& spec : request.dense()) {
     PS_RETURN_IF_ERROR(CheckName("variable", spec.variable().name()));
+    if (request.replication() >= 2 && spec.partition().backup_ps_task() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", DenseName(spec.variable().name(), spec.partition().partition()),
+                       ": replication ", request.replication(),
+                       " needs a backup_ps_task >= 0, got ", spec.partition().backup_ps_task()));
+    }
   }
   for (const v1::TableShardSpec& spec : request.tables()) {
     PS_RETURN_IF_ERROR(CheckName("table", spec.table().name()));
@@ -216,6 +222,14 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   deltas_allowed_ = request.sync().local_steps() > 1;
   PS_RETURN_IF_ERROR(FindPresentLocked(shards));
   const int created = InsertLocked(shards, request.start_step());
+  // Where each dense shard's updates are forwarded: as this request says, for shards created
+  // now and those already held alike (a placement that adds or moves backups).
+  for (const v1::DenseShardSpec& spec : request.dense()) {
+    auto it = dense_.find({spec.variable().name(), spec.partition().partition()});
+    if (it == dense_.end()) continue;
+    it->second->set_backup_ps_task(request.replication() >= 2 ? spec.partition().backup_ps_task()
+                                                              : -1);
+  }
   const int present = static_cast<int>(shards.dense.size() + shards.tables.size()) - created;
   if (!request.hold_until_restored()) {
     holding_for_restore_ = false;

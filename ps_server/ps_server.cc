@@ -1,5 +1,9 @@
 #include "ps_server/ps_server.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
@@ -20,11 +24,34 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(const PsServerOptions
   PsServerOptions with_authz = options;
   PS_ASSIGN_OR_RETURN(with_authz.service.authorizer,
                       AuthorizerForTask(options.host.tls, options.cluster.task()));
-  return std::unique_ptr<PsServer>(new PsServer(with_authz));
+  GrpcChannelOptions channel;
+  channel.tls = options.host.tls;
+  channel.fast_reconnect = true;
+  auto forwarder = std::make_unique<GrpcPushForwarder>(options.cluster.task().index(), channel);
+  return std::unique_ptr<PsServer>(new PsServer(with_authz, std::move(forwarder)));
 }
 
-PsServer::PsServer(const PsServerOptions& options)
-    : options_(options), store_(options.store), service_(&store_, options.service) {}
+namespace {
+
+ParameterStoreOptions WithForwarder(ParameterStoreOptions options, PushForwarder* forwarder) {
+  options.forwarder = forwarder;
+  return options;
+}
+
+PsServiceOptions WithAddressesTo(PsServiceOptions options, GrpcPushForwarder* forwarder) {
+  options.ps_addresses_changed = [forwarder](const std::vector<std::string>& addresses) {
+    forwarder->SetAddresses(addresses);
+  };
+  return options;
+}
+
+}  // namespace
+
+PsServer::PsServer(const PsServerOptions& options, std::unique_ptr<GrpcPushForwarder> forwarder)
+    : options_(options),
+      forwarder_(std::move(forwarder)),
+      store_(WithForwarder(options.store, forwarder_.get())),
+      service_(&store_, WithAddressesTo(options.service, forwarder_.get())) {}
 
 PsServer::~PsServer() {
   if (options_.host.metrics != nullptr) options_.host.metrics->RemoveCollectors();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/wire_codec.h"
 
 namespace pscluster {
@@ -90,6 +91,21 @@ absl::StatusOr<const int64_t*> RequestKeys(const google::protobuf::RepeatedField
   return copy->data();
 }
 
+// Feeds the chunks that follow a stream's header (PushDense, Replicate) into `push`, until the
+// stream ends; INVALID_ARGUMENT for a second header, or AddChunk's refusal.
+template <typename Request>
+absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const char* stream, DensePush* push) {
+  Request msg;
+  while (reader->Read(&msg)) {
+    if (!msg.has_chunk()) {
+      return absl::InvalidArgumentError(absl::StrCat("a ", stream, " stream has a second header"));
+    }
+    const v1::TensorChunk& c = msg.chunk();
+    PS_RETURN_IF_ERROR(push->AddChunk(c.index(), c.offset(), c.data()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 PsService::PsService(ParameterStore* store, const PsServiceOptions& options)
@@ -110,6 +126,9 @@ void PsService::SetIdentity(const v1::TaskId& task, const std::string& address, 
 grpc::Status PsService::CreateShards(grpc::ServerContext* ctx, const v1::CreateShardsRequest* req,
                                      v1::CreateShardsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.CreateShards"));
+  if (!req->ps_addresses().empty() && options_.ps_addresses_changed) {
+    options_.ps_addresses_changed({req->ps_addresses().begin(), req->ps_addresses().end()});
+  }
   if (req->backups().empty()) return ToGrpcStatus(store_->CreateShards(*req, resp));
   // The backups' own checks first, so that a bad entry changes nothing; then the task's own
   // shards (which also check the chief's epoch), then the backups.
@@ -153,15 +172,37 @@ grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
   }
   std::unique_ptr<DensePush> push = pushes_.Take();
   absl::Status s = store_->StartPushDense(msg.header(), push.get());
-  while (s.ok() && reader->Read(&msg)) {
-    if (!msg.has_chunk()) {
-      s = absl::InvalidArgumentError("a PushDense stream has a second header");
-      break;
-    }
-    const v1::TensorChunk& c = msg.chunk();
-    s = push->AddChunk(c.index(), c.offset(), c.data());
-  }
+  if (s.ok()) s = ReadChunks(reader, "PushDense", push.get());
   if (s.ok()) s = store_->FinishPushDense(push.get(), resp);
+  pushes_.Return(std::move(push));
+  return ToGrpcStatus(s);
+}
+
+grpc::Status PsService::Replicate(grpc::ServerContext* ctx,
+                                  grpc::ServerReader<v1::ReplicateRequest>* reader,
+                                  v1::ReplicateResponse* resp) {
+  v1::ReplicateRequest msg;
+  const bool has_header = reader->Read(&msg) && msg.has_header();
+  // A primary forwards its own updates only.
+  v1::TaskId primary;
+  primary.set_job("ps");
+  primary.set_index(msg.header().primary_ps_task());
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.Replicate", &primary));
+  if (!has_header) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a Replicate stream must start with a header");
+  }
+  const v1::ReplicateHeader header = msg.header();
+  ParameterStore* store = backups_.Find(header.primary_ps_task());
+  if (store == nullptr) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards"));
+  }
+  std::unique_ptr<DensePush> push = pushes_.Take();
+  absl::Status s = store->StartPushDense(header.push(), push.get());
+  if (s.ok()) s = ReadChunks(reader, "Replicate", push.get());
+  if (s.ok()) s = store->ApplyReplicatedDense(header, push.get(), resp);
   pushes_.Return(std::move(push));
   return ToGrpcStatus(s);
 }

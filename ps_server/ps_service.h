@@ -2,6 +2,9 @@
 #define PSCLUSTER_PS_SERVER_PS_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -20,6 +23,9 @@ struct PsServiceOptions {
   int64_t max_chunk_bytes = 16 << 20;
   // Who may call what (security/authz.h); every call is allowed without TLS.
   Authorizer authorizer = Authorizer::AllowAll();
+  // Called with CreateShardsRequest.ps_addresses when a request names them (the forwards to
+  // backups go there). May be null.
+  std::function<void(const std::vector<std::string>&)> ps_addresses_changed;
 };
 
 // Adapts a ParameterStore to the ParameterServer gRPC service: marshals requests into the
@@ -55,6 +61,8 @@ class PsService : public v1::ParameterServer::Service {
                           v1::SaveShardsResponse* resp) override;
   grpc::Status RestoreShards(grpc::ServerContext* ctx, const v1::RestoreShardsRequest* req,
                              v1::RestoreShardsResponse* resp) override;
+  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicateRequest>* reader,
+                         v1::ReplicateResponse* resp) override;
 
  private:
   // This task's index once SetIdentity named a ps task, else -1.

@@ -1,13 +1,18 @@
 #include "ps_server/push_ledger.h"
 
 #include <algorithm>
+#include <utility>
+
+#include "ps_server/push_forwarder.h"
 
 namespace pscluster {
 
 PushLedger::PushLedger(int ids_per_client, int max_clients)
     : ids_per_client_(std::max(1, ids_per_client)), max_clients_(std::max(1, max_clients)) {}
 
-PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcome) {
+PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcome,
+                                    std::shared_ptr<const ForwardList>* unreplicated) {
+  if (unreplicated != nullptr) unreplicated->reset();
   if (id.client() == 0) return Claim::kNew;
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -37,6 +42,7 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
     }
     if (it->second.done) {
       *outcome = it->second.outcome;
+      if (unreplicated != nullptr) *unreplicated = it->second.unreplicated;
       return Claim::kDuplicate;
     }
     // The first attempt is being applied: wait for its outcome (or its release).
@@ -51,7 +57,8 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
   }
 }
 
-void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome) {
+void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome,
+                        std::shared_ptr<const ForwardList> unreplicated) {
   if (id.client() == 0) return;
   absl::MutexLock lock(&mu_);
   auto cit = clients_.find(id.client());
@@ -60,6 +67,16 @@ void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome) {
   if (it == cit->second.ids.end()) return;
   it->second.done = true;
   it->second.outcome = outcome;
+  it->second.unreplicated = std::move(unreplicated);
+}
+
+void PushLedger::MarkReplicated(const v1::RequestId& id) {
+  if (id.client() == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto cit = clients_.find(id.client());
+  if (cit == clients_.end()) return;
+  auto it = cit->second.ids.find(id.seq());
+  if (it != cit->second.ids.end()) it->second.unreplicated.reset();
 }
 
 void PushLedger::Release(const v1::RequestId& id) {

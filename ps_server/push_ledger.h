@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -10,6 +11,8 @@
 #include "proto/ps_service.pb.h"
 
 namespace pscluster {
+
+struct ForwardList;  // ps_server/push_forwarder.h
 
 // What a push did, remembered so that a retry of it can be told.
 struct PushOutcome {
@@ -36,10 +39,17 @@ class PushLedger {
     kDuplicate,  // seen and done: *outcome is what it did
     kTooOld,     // older than every id kept for its client
   };
-  // An id with client 0 is always kNew and never remembered.
-  Claim Begin(const v1::RequestId& id, PushOutcome* outcome);
-  // The push claimed by Begin() was applied (or dropped as stale): remember what it did.
-  void Record(const v1::RequestId& id, const PushOutcome& outcome);
+  // An id with client 0 is always kNew and never remembered. For kDuplicate, `*unreplicated`
+  // (optional) receives the forwards to backups that the push still owes (Record), or null.
+  Claim Begin(const v1::RequestId& id, PushOutcome* outcome,
+              std::shared_ptr<const ForwardList>* unreplicated = nullptr);
+  // The push claimed by Begin() was applied (or dropped as stale): remember what it did, and,
+  // where its forwards to backup tasks did not all go through (issue 37), those forwards: a
+  // retry of the push sends them again instead of answering at once.
+  void Record(const v1::RequestId& id, const PushOutcome& outcome,
+              std::shared_ptr<const ForwardList> unreplicated = nullptr);
+  // The forwards a recorded push owed went through.
+  void MarkReplicated(const v1::RequestId& id);
   // The push claimed by Begin() was refused before anything changed: forget the claim, so a
   // retry is applied.
   void Release(const v1::RequestId& id);
@@ -51,6 +61,7 @@ class PushLedger {
   struct Entry {
     bool done = false;
     PushOutcome outcome;
+    std::shared_ptr<const ForwardList> unreplicated;
   };
   struct Client {
     std::map<uint64_t, Entry> ids;

@@ -474,6 +474,67 @@ TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
   EXPECT_EQ(count_all(), before);
 }
 
+// Issue 37's second step: with backups created by a placement of replication 2 (and the ps
+// tasks' addresses), each primary forwards the async dense updates it applies to the task that
+// backs the shard up, over ParameterServer.Replicate, before it answers the worker. After two
+// workers' concurrent pushes, every backup is its primary bit for bit (values of an Adam
+// variable, whose result depends on the order of its updates), with the same update count.
+TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
+  std::string model_text = kSmallModelText;
+  const std::string sgd = "optimizer { sgd { learning_rate: 0.5 } }";
+  ASSERT_NE(model_text.find(sgd), std::string::npos);
+  model_text.replace(model_text.find(sgd), sgd.size(),
+                     "optimizer { adam { learning_rate: 0.01 } }");
+  std::unique_ptr<TestCluster> cluster = StartCluster({}, model_text, /*num_ps=*/3);
+  const v1::GetModelResponse m = GetModel(*cluster);
+  ASSERT_NE(m.sync().mode(), v1::SYNC) << "sync steps are not forwarded yet";
+  v1::PlacementOptions options = m.placement().options();
+  options.set_replication(2);
+  absl::StatusOr<v1::Placement> replicated = ComputePlacement(m.model(), 3, options);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  v1::GetModelResponse with_backups = m;
+  *with_backups.mutable_placement() = *replicated;
+  CreateShardsOptions create;
+  create.ps_addresses.assign(m.ps_addresses().begin(), m.ps_addresses().end());
+  ASSERT_TRUE(ClientFor(with_backups, -1)->CreateAll(m.sync(), nullptr, create).ok())
+      << cluster->Logs();
+
+  constexpr int kClients = 2, kIterations = 20;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<ParameterClient> client = ClientFor(with_backups, c);
+      std::vector<float> gw, gb, grows;
+      std::vector<int64_t> keys;
+      for (int i = 0; i < kIterations && errors[c].ok(); ++i) {
+        Gradients(c, i, &gw, &gb, &keys, &grows);
+        errors[c] = client->Push({"w", "b"}, {gw.data(), gb.data()}, i);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster->Logs();
+
+  std::unique_ptr<ParameterClient> client = ClientFor(with_backups, -1);
+  for (const v1::DensePartition& p : replicated->partitions()) {
+    v1::InspectShardRequest ask;
+    ask.mutable_shard()->set_variable(p.variable());
+    ask.mutable_shard()->set_partition(p.partition());
+    ask.set_values_count(1 << 20);
+    absl::StatusOr<v1::InspectShardResponse> primary = client->InspectShard(p.ps_task(), ask);
+    ask.set_backup(true);
+    ask.set_primary_ps_task(p.ps_task());
+    absl::StatusOr<v1::InspectShardResponse> backup = client->InspectShard(p.backup_ps_task(), ask);
+    ASSERT_TRUE(primary.ok() && backup.ok()) << primary.status() << " " << backup.status();
+    const std::string name = absl::StrCat(p.variable(), "/", p.partition());
+    EXPECT_EQ(primary->shard().applied_step(), kClients * kIterations) << name;
+    EXPECT_EQ(backup->shard().applied_step(), kClients * kIterations) << name;
+    EXPECT_EQ(backup->slice(), primary->slice()) << name;
+    EXPECT_EQ(backup->shard().pushes(), kClients * kIterations) << name;
+  }
+}
+
 class PsBadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {

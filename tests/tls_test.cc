@@ -457,6 +457,34 @@ TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
                 HasSubstr("worker:0 may not call ParameterServer.PushDense for worker:1"));
   }
   {
+    // Replication's forwards (issue 37): for ps tasks only, each for its own shards. A
+    // worker's key, and a ps task's key speaking for another ps task, are refused before the
+    // stream is read further.
+    struct Forger {
+      std::string holder;
+      int primary;
+      std::string message;
+    };
+    for (const Forger& f : std::vector<Forger>{
+             {"worker-0", 0, "role worker (worker:0) may not call ParameterServer.Replicate"},
+             {"ps-0", 1, "ps:0 may not call ParameterServer.Replicate for ps:1"}}) {
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      v1::ReplicateResponse replicated;
+      auto writer = PsStub(Files("main", f.holder))->Replicate(&ctx, &replicated);
+      v1::ReplicateRequest header;
+      header.mutable_header()->set_primary_ps_task(f.primary);
+      header.mutable_header()->mutable_push()->add_shards()->set_variable("layer/kernel");
+      header.mutable_header()->mutable_push()->add_num_elements(1);
+      header.mutable_header()->add_versions(1);
+      writer->Write(header);
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr(f.message));
+    }
+  }
+  {
     // ReportStep for a worker index that is not the caller's.
     grpc::ClientContext ctx;
     Deadline(&ctx);

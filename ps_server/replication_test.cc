@@ -1,0 +1,308 @@
+// Replication of dense updates (issue 37, docs/replication.md), one component at a time: a
+// primary store forwards what it applied, in its order, and answers only once the forward went
+// through; a backup store applies forwards in the primary's order, whatever order they arrive
+// in, and never twice. The forwarder here hands forwards to the backup store directly; the
+// real one (gRPC between ps daemons) is tested in tests/ps_cluster_test.cc.
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ps_server/parameter_store.h"
+#include "ps_server/push_forwarder.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A variable of Adam (whose result depends on the order of its updates), all of it.
+v1::DenseShardSpec AdamShard(const std::string& name, int64_t n, int backup) {
+  v1::DenseShardSpec s;
+  s.mutable_variable()->set_name(name);
+  s.mutable_variable()->mutable_shape()->add_dims(n);
+  s.mutable_variable()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  s.mutable_variable()->mutable_initializer()->set_min(-1);
+  s.mutable_variable()->mutable_initializer()->set_max(1);
+  s.mutable_variable()->mutable_optimizer()->mutable_adam()->set_learning_rate(0.01f);
+  s.mutable_partition()->set_variable(name);
+  s.mutable_partition()->set_num_partitions(1);
+  s.mutable_partition()->set_row_end(n);
+  s.mutable_partition()->set_backup_ps_task(backup);
+  return s;
+}
+
+// The primary (ps:0, replication 2, backups on ps:1) and the backup of its shards.
+void CreateBoth(ParameterStore& primary, ParameterStore& backup) {
+  v1::CreateShardsRequest req;
+  *req.add_dense() = AdamShard("a", 6, 1);
+  *req.add_dense() = AdamShard("b", 3, 1);
+  v1::CreateShardsResponse resp;
+  v1::CreateShardsRequest as_primary = req;
+  as_primary.set_replication(2);
+  ASSERT_TRUE(primary.CreateShards(as_primary, &resp).ok());
+  ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
+}
+
+std::vector<float> Values(ParameterStore& store, const std::string& name) {
+  v1::InspectShardRequest req;
+  req.mutable_shard()->set_variable(name);
+  req.set_values_count(1 << 10);
+  absl::StatusOr<v1::InspectShardResponse> r = store.Inspect(req);
+  CHECK(r.ok()) << r.status();
+  std::vector<float> out(r->slice().size() / sizeof(float));
+  memcpy(out.data(), r->slice().data(), r->slice().size());
+  return out;
+}
+
+int64_t Updates(ParameterStore& store, const std::string& name) {
+  v1::InspectShardRequest req;
+  req.mutable_shard()->set_variable(name);
+  absl::StatusOr<v1::InspectShardResponse> r = store.Inspect(req);
+  CHECK(r.ok()) << r.status();
+  return r->shard().applied_step();
+}
+
+// Applies one forward to `backup` as ParameterServer.Replicate does.
+absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
+                          v1::ReplicateResponse* resp) {
+  DensePush push;
+  PS_RETURN_IF_ERROR(backup.StartPushDense(f.header.push(), &push));
+  for (size_t i = 0; i < f.grads.size(); ++i) {
+    PS_RETURN_IF_ERROR(
+        push.AddChunk(static_cast<int>(i), 0,
+                      absl::string_view(reinterpret_cast<const char*>(f.grads[i].data()),
+                                        f.grads[i].size() * sizeof(float))));
+  }
+  return backup.ApplyReplicatedDense(f.header, &push, resp);
+}
+
+// Hands forwards to a backup store (or keeps them), failing when told to.
+class DirectForwarder : public PushForwarder {
+ public:
+  absl::Status Forward(const ForwardList& list) override {
+    ParameterStore* backup = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      if (fail_next_ > 0) {
+        --fail_next_;
+        return absl::UnavailableError("ps:1 is not answering");
+      }
+      backup = backup_;
+      if (backup == nullptr) {
+        kept_.insert(kept_.end(), list.forwards.begin(), list.forwards.end());
+        return absl::OkStatus();
+      }
+    }
+    // Outside the lock: a forward may wait for another push's, as over the network.
+    for (const DenseForward& f : list.forwards) {
+      EXPECT_EQ(f.backup, 1);
+      v1::ReplicateResponse resp;
+      PS_RETURN_IF_ERROR(ApplyForward(*backup, f, &resp));
+    }
+    return absl::OkStatus();
+  }
+  void ApplyTo(ParameterStore* backup) {
+    absl::MutexLock lock(&mu_);
+    backup_ = backup;
+  }
+  void FailNext(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_next_ = n;
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  std::vector<DenseForward> kept() {
+    absl::MutexLock lock(&mu_);
+    return kept_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  ParameterStore* backup_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
+};
+
+ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
+  ParameterStoreOptions options;
+  options.forwarder = forwarder;
+  return options;
+}
+
+// A push of `names` with gradients that differ per push (`i`), as client 7's push number i.
+absl::Status Push(ParameterStore& store, const std::vector<std::string>& names, int i,
+                  v1::PushDenseResponse* resp) {
+  v1::PushDenseHeader header;
+  std::vector<std::vector<float>> grads;
+  for (const std::string& name : names) {
+    header.add_shards()->set_variable(name);
+    const int64_t n = name == "a" ? 6 : 3;
+    header.add_num_elements(n);
+    std::vector<float> g(n);
+    for (int64_t j = 0; j < n; ++j) g[j] = 0.25f * static_cast<float>((i * 5 + j * 3) % 7) - 0.7f;
+    grads.push_back(g);
+  }
+  header.mutable_request_id()->set_client(7);
+  header.mutable_request_id()->set_seq(i);
+  DensePush push;
+  PS_RETURN_IF_ERROR(store.StartPushDense(header, &push));
+  for (size_t k = 0; k < grads.size(); ++k) {
+    PS_RETURN_IF_ERROR(push.AddChunk(
+        static_cast<int>(k), 0,
+        absl::string_view(reinterpret_cast<const char*>(grads[k].data()), grads[k].size() * 4)));
+  }
+  return store.FinishPushDense(&push, resp);
+}
+
+void ExpectSameAs(ParameterStore& backup, ParameterStore& primary) {
+  for (const char* name : {"a", "b"}) {
+    EXPECT_EQ(Values(backup, name), Values(primary, name)) << name;  // bit for bit
+    EXPECT_EQ(Updates(backup, name), Updates(primary, name)) << name;
+  }
+}
+
+TEST(ReplicationTest, ABackupAppliesWhatItsPrimaryAppliedBitForBit) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  // Pushes from several threads at once, of one or both variables.
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        v1::PushDenseResponse resp;
+        const std::vector<std::string> names =
+            i % 3 == 0 ? std::vector<std::string>{"a"} : std::vector<std::string>{"a", "b"};
+        if (!Push(primary, names, 1 + t * 100 + i, &resp).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(Updates(primary, "a"), 100);
+  ExpectSameAs(backup, primary);
+}
+
+TEST(ReplicationTest, ForwardsThatArriveOutOfOrderAreAppliedInThePrimarysOrder) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  for (int i = 1; i <= 6; ++i) {
+    v1::PushDenseResponse resp;
+    ASSERT_TRUE(Push(primary,
+                     i % 2 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b"}, i,
+                     &resp)
+                    .ok());
+  }
+  std::vector<DenseForward> kept = forwarder.kept();
+  ASSERT_EQ(kept.size(), 6u);
+  // Newest first, each on a thread of its own: each waits for those before it.
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kept.size());
+  for (int k = static_cast<int>(kept.size()) - 1; k >= 0; --k) {
+    threads.emplace_back([&, k] {
+      v1::ReplicateResponse resp;
+      results[k] = ApplyForward(backup, kept[k], &resp);
+      if (results[k].ok()) EXPECT_EQ(resp.applied(), kept[k].header.versions_size());
+    });
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  ExpectSameAs(backup, primary);
+
+  // A forward sent again is not applied again.
+  v1::ReplicateResponse again;
+  ASSERT_TRUE(ApplyForward(backup, kept[2], &again).ok());
+  EXPECT_EQ(again.applied(), 0);
+  EXPECT_EQ(again.already_applied(), kept[2].header.versions_size());
+  ExpectSameAs(backup, primary);
+}
+
+TEST(ReplicationTest, APushWhoseForwardFailedIsForwardedAgainByItsRetryAndAppliedOnce) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  const std::vector<float> before = Values(primary, "a");
+  forwarder.FailNext(1);
+  v1::PushDenseResponse resp;
+  absl::Status s = Push(primary, {"a", "b"}, 1, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("applied on this ps task but not yet on its backup"));
+  EXPECT_THAT(s.message(), HasSubstr("ps:1 is not answering"));
+  EXPECT_NE(Values(primary, "a"), before);  // applied here
+  EXPECT_EQ(Values(backup, "a"), before);   // not there
+
+  // The worker's retry, same request id: forwarded again, answered as a duplicate, applied
+  // once on both.
+  v1::PushDenseResponse retry;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(retry.accepted(), 2);
+  EXPECT_EQ(forwarder.calls(), 2);
+  EXPECT_EQ(Updates(primary, "a"), 1);
+  ExpectSameAs(backup, primary);
+  // A further retry owes nothing: answered without forwarding.
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &retry).ok());
+  EXPECT_EQ(forwarder.calls(), 2);
+}
+
+TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStoreOptions options;
+  options.replica_wait = absl::Milliseconds(100);
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup(options);
+  CreateBoth(primary, backup);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a"}, 1, &resp).ok());
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp).ok());
+  std::vector<DenseForward> kept = forwarder.kept();
+  ASSERT_EQ(kept.size(), 2u);
+
+  // The second alone: its update before never comes.
+  v1::ReplicateResponse r;
+  absl::Status s = ApplyForward(backup, kept[1], &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(), HasSubstr("for the updates before 2 of backup a/0"));
+  // Both in order; then one that the backup had on one shard and not on the other.
+  ASSERT_TRUE(ApplyForward(backup, kept[0], &r).ok());
+  ASSERT_TRUE(ApplyForward(backup, kept[1], &r).ok());
+  v1::ReplicateResponse none;
+  DenseForward diverged = kept[1];
+  diverged.header.set_versions(0, 1);  // applied
+  diverged.header.set_versions(1, 2);  // not yet: b has had 1
+  s = ApplyForward(backup, diverged, &none);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("this backup has diverged from its primary"));
+  // A header whose versions do not match its shards.
+  DenseForward short_header = kept[1];
+  short_header.header.mutable_versions()->RemoveLast();
+  s = ApplyForward(backup, short_header, &none);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("names 2 shards but gives 1 versions"));
+  // Nothing of those changed the backup: still the primary's copy.
+  ExpectSameAs(backup, primary);
+}
+
+}  // namespace
+}  // namespace pscluster
