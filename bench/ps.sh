@@ -16,8 +16,8 @@
 #   bash bench/ps.sh [--min_seconds S] [--repeats N] [--chunk_bytes B]
 #                    [--pull_chunk_bytes B] [--configs "1x1 2x2"] [--transports "tensor_wire"]
 #                    [--only d_1MiB,emb] [--sparse_key_space N] [--ps_binary PATH]
-#                    [--bench_binary PATH] [--tls] [--kernel_tls] [--keep_logs]
-#                    [--bin_dir DIR] [--certs DIR]
+#                    [--bench_binary PATH] [--tls] [--kernel_tls] [--replication]
+#                    [--keep_logs] [--bin_dir DIR] [--certs DIR]
 #
 # Each figure is measured --repeats times (default 3), each trial at least --min_seconds
 # (default 1.5): throughput is the median trial's, latency percentiles pool every trial.
@@ -38,6 +38,11 @@
 # also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls has the
 # data plane use TLS records, encrypted by the kernel (kTLS) where it has it (the ps log says
 # which), instead of sealed chunks (common/sealed_channel.h).
+# --replication measures every configuration of 2 ps tasks or more twice in the same run (in
+# plaintext): as the chief creates it, and with every dense partition backed up on another ps
+# task, each push forwarded there before it is answered (issue 37, docs/replication.md);
+# replicated figures' names end in _r2, and each also gets `BENCH replicated_<figure> <value>
+# <unit> ratio=<R = 2 / R = 1>`. Sparse pushes are not forwarded yet: their ratios say nothing.
 # --bin_dir runs the chief, ps_server and ps_bench found in DIR instead of building them (on
 # a machine without Bazel: bench/gpu_ps.sh runs this script from the GPU machine's bundle);
 # --certs DIR gives --tls the certificates of DIR (deploy/tls/make_certs.sh's, with chief-0,
@@ -57,6 +62,7 @@ only=""
 sparse_key_space=""
 keep_logs=0
 tls_modes="plain"
+replications="1"
 kernel_tls=0
 ps_binary=""
 bench_binary=""
@@ -79,7 +85,8 @@ while [[ $# -gt 0 ]]; do
     --certs) certs_dir=$2; shift 2 ;;
     --tls) tls_modes="plain tls"; shift ;;
     --kernel_tls) kernel_tls=1; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    --replication) replications="1 2"; shift ;;
+    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
     *) echo "ps.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -268,10 +275,13 @@ fi
 for tls_mode in $tls_modes; do
 for transport in $transports; do
 for config in $configs; do
+for replication in $replications; do
   num_ps=${config%x*}
   num_workers=${config#*x}
+  if [[ $replication -gt 1 && ( $num_ps -lt 2 || $tls_mode == tls ) ]]; then continue; fi
   tag="${num_ps}ps${num_workers}w"
   [[ $transport == grpc ]] && tag="${tag}_grpc"
+  [[ $replication -gt 1 ]] && tag="${tag}_r${replication}"
   cl_tls_dir="" bench_tls=() ps_tls=()
   if [[ $tls_mode == tls ]]; then
     tag="${tag}_tls"
@@ -310,6 +320,7 @@ for config in $configs; do
     --transport="$transport" --ps_pids="$ps_pids" --only="$only" \
     --loopback_gbps="$baseline_gbps" --loopback_rtt_us="$loopback_rtt_us" \
     --min_seconds="$min_seconds" --repeats="$repeats" --chunk_bytes="$chunk_bytes" \
+    --replication="$replication" \
     ${sparse_key_space:+--sparse_key_space="$sparse_key_space"} \
     ${bench_tls[@]+"${bench_tls[@]}"} 2>&1 | tee "$work/$tag.out"
   grep '^BENCH ' "$work/$tag.out" >>"$work/bench.txt"
@@ -318,6 +329,25 @@ for config in $configs; do
 done
 done
 done
+done
+
+# --replication: each replicated figure against the same figure unreplicated, from this run.
+if [[ $replications == *2* ]]; then
+  python3 - "$work/bench.txt" >>"$work/bench.txt" <<'PY'
+import sys
+figures = {}
+for line in open(sys.argv[1]):
+    _, name, value, unit, _ = line.split()
+    figures[name] = (float(value), unit)
+for name, (value, unit) in figures.items():
+    if "_r2" not in name or name.startswith("loopback"):
+        continue
+    plain = name.replace("_r2", "", 1)
+    if plain not in figures or figures[plain][0] == 0:
+        continue
+    print("BENCH replicated_%s %g %s ratio=%.2f" % (plain, value, unit, value / figures[plain][0]))
+PY
+fi
 
 # --tls: each TLS figure against the same figure in plaintext, from this run.
 if [[ $tls_modes == *tls* ]]; then

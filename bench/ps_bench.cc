@@ -76,6 +76,7 @@
 #include "proto/ps_service.grpc.pb.h"
 #include "security/tls.h"
 #include "security/wire_tls.h"
+#include "sharding/placement.h"
 
 DEFINE_string(chief, "", "host:port of the chief, which gives the model and the ps addresses.");
 DEFINE_int32(workers, 1, "Concurrent clients (threads), each with its own connections.");
@@ -125,6 +126,11 @@ DEFINE_string(ps_pids, "",
 DEFINE_string(only, "",
               "Comma-separated variables and tables to measure (e.g. d_64MiB,emb). Empty: all.");
 DEFINE_double(model_timeout_seconds, 120, "How long to wait for the chief's model, in seconds.");
+DEFINE_int32(replication, 1,
+             "2: before measuring, give every dense partition a backup on another ps task "
+             "(issue 37: the chief's placement with replication 2, created as a chief that runs "
+             "it would) so that each push is forwarded to its backup before it is answered. "
+             "Plaintext only (creating shards takes the chief's role).");
 DEFINE_string(tls_dir, "",
               "Mutual TLS on both planes, as a deployed cluster runs: a deploy/tls/make_certs.sh "
               "folder; client w uses worker-w's certificate (ca.pem, worker-<w>.pem and .key), "
@@ -905,6 +911,29 @@ int Main() {
   absl::StatusOr<v1::GetModelResponse> model =
       FetchModel(FLAGS_chief, absl::Seconds(FLAGS_model_timeout_seconds));
   if (!model.ok()) return Fail(std::string(model.status().message()), 1);
+  if (FLAGS_replication >= 2) {
+    if (!FLAGS_tls_dir.empty()) return Fail("--replication 2 needs plaintext (no --tls_dir)", 2);
+    v1::PlacementOptions options = model->placement().options();
+    options.set_replication(FLAGS_replication);
+    absl::StatusOr<v1::Placement> replicated =
+        ComputePlacement(model->model(), model->placement().num_ps(), options);
+    if (!replicated.ok()) return Fail(std::string(replicated.status().message()), 2);
+    *model->mutable_placement() = *std::move(replicated);
+    absl::StatusOr<std::unique_ptr<ParameterClient>> creator = ParameterClient::Create(
+        model->model(), model->placement(),
+        std::make_unique<GrpcPsTransport>(
+            std::vector<std::string>(model->ps_addresses().begin(), model->ps_addresses().end()),
+            GrpcPsTransportOptions()),
+        ParameterClientOptions());
+    if (!creator.ok()) return Fail(std::string(creator.status().message()), 1);
+    CreateShardsOptions create;
+    create.ps_addresses.assign(model->ps_addresses().begin(), model->ps_addresses().end());
+    absl::Status created = (*creator)->CreateAll(model->sync(), nullptr, create);
+    if (!created.ok()) {
+      return Fail(absl::StrCat("creating the backups: ", created.message()), 1);
+    }
+    std::printf("replication 2: every dense partition forwarded to its backup before answering\n");
+  }
   const std::string tag = FLAGS_tag.empty()
                               ? absl::StrCat(model->placement().num_ps(), "ps", FLAGS_workers, "w")
                               : FLAGS_tag;
