@@ -317,6 +317,24 @@ absl::Status TcpPsTransport::PushDense(int ps, const std::vector<DenseSlice>& sl
   return absl::OkStatus();
 }
 
+absl::Status TcpPsTransport::Replicate(int ps, const v1::ReplicateHeader& header,
+                                       const std::vector<absl::Span<const float>>& grads,
+                                       v1::ReplicateResponse* response, bool* no_data_plane) {
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kReplicate);
+  x.meta = header.SerializeAsString();
+  for (absl::Span<const float> g : grads) {
+    x.payload.push_back(Bytes(g.data(), static_cast<int64_t>(g.size() * sizeof(float))));
+  }
+  absl::Status s = Call(ps, &x, no_data_plane);
+  if (*no_data_plane) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(s);
+  if (!response->ParseFromString(x.response_meta)) {
+    return Annotate(ps, absl::DataLossError("the forward's answer is not a ReplicateResponse"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TcpPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,
                                         int64_t n, int64_t dim, v1::DataType wire_dtype,
                                         int64_t step, float* out) {

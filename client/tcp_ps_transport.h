@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/grpc_ps_transport.h"
 #include "client/ps_transport.h"
 #include "common/tensor_wire.h"
@@ -72,6 +73,12 @@ class TcpPsTransport : public PsTransport {
                                 const int64_t* positions, int64_t n, int64_t dim,
                                 const float* grads, const PushMeta& meta,
                                 v1::PushSparseResponse* response) override;
+  // A primary ps task's forward to the backup task `ps` (issue 37, docs/replication.md):
+  // `header` and the float32 gradients of its shards, sent from the caller's memory. Sets
+  // *no_data_plane (sending nothing) when `ps` has no data plane.
+  absl::Status Replicate(int ps, const v1::ReplicateHeader& header,
+                         const std::vector<absl::Span<const float>>& grads,
+                         v1::ReplicateResponse* response, bool* no_data_plane);
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps,
                                                     const v1::ListShardsRequest& request) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(

@@ -64,6 +64,8 @@ std::string WireOpName(uint16_t op) {
       return "PullSparse";
     case WireOp::kPushSparse:
       return "PushSparse";
+    case WireOp::kReplicate:
+      return "Replicate";
   }
   return absl::StrCat("op ", op & ~kResponseBit);
 }

@@ -43,11 +43,14 @@ namespace pscluster {
 //   kPullSparse   PullSparseRequest (no keys); the keys, int64 each
 //   kPushSparse   PushSparseRequest (no keys or gradients, num_keys set); the keys, int64 each,
 //                 then num_keys * dim gradient elements in wire dtype
+//   kReplicate    ReplicateHeader (a primary ps task's forward to the backup of its shards,
+//                 issue 37); each shard's gradient, in order, float32
 // Responses with status 0 (meta; payload):
 //   kPullDense    none;                the shards' values, in order, in wire dtype
 //   kPushDense    PushDenseResponse;   none
 //   kPullSparse   none;                the rows, in the order of the keys, in wire dtype
 //   kPushSparse   PushSparseResponse;  none
+//   kReplicate    ReplicateResponse;   none
 // A response with a non-zero status has the error message (UTF-8) as meta and no payload. A
 // request the server cannot frame (bad magic, sizes over its limits) gets such a response and
 // the connection is closed; any other refused request leaves the connection usable.
@@ -56,6 +59,7 @@ enum class WireOp : uint16_t {
   kPushDense = 2,
   kPullSparse = 3,
   kPushSparse = 4,
+  kReplicate = 5,
 };
 constexpr uint16_t kResponseBit = 0x8000;
 constexpr uint32_t kFrameMagic = 0x31575350;  // "PSW1" read as a little-endian uint32

@@ -382,7 +382,9 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   owed = ForwardsOf(*push, versions, outcome);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
-  ledger_.Record(header.request_id(), outcome, forwarded.ok() ? nullptr : owed);
+  // Kept for the retry: a copy that owns its gradients (the push's buffers are reused).
+  ledger_.Record(header.request_id(), outcome,
+                 forwarded.ok() ? nullptr : std::make_shared<const ForwardList>(*owed));
   PS_RETURN_IF_ERROR(forwarded);
   response->set_accepted(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
@@ -415,8 +417,7 @@ std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(const DensePush& p
     ref->set_partition(shard.partition());
     f.header.mutable_push()->add_num_elements(shard.num_elements());
     f.header.add_versions(versions[i]);
-    const float* grad = push.grads_[i].values();
-    f.grads.emplace_back(grad, grad + shard.num_elements());
+    f.grads.emplace_back(push.grads_[i].values(), shard.num_elements());
   }
   if (by_backup.empty()) return nullptr;
   auto list = std::make_shared<ForwardList>();

@@ -24,10 +24,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(const PsServerOptions
   PsServerOptions with_authz = options;
   PS_ASSIGN_OR_RETURN(with_authz.service.authorizer,
                       AuthorizerForTask(options.host.tls, options.cluster.task()));
-  GrpcChannelOptions channel;
-  channel.tls = options.host.tls;
-  channel.fast_reconnect = true;
-  auto forwarder = std::make_unique<GrpcPushForwarder>(options.cluster.task().index(), channel);
+  auto forwarder =
+      std::make_unique<RemotePushForwarder>(options.cluster.task().index(), options.host.tls);
   return std::unique_ptr<PsServer>(new PsServer(with_authz, std::move(forwarder)));
 }
 
@@ -38,7 +36,7 @@ ParameterStoreOptions WithForwarder(ParameterStoreOptions options, PushForwarder
   return options;
 }
 
-PsServiceOptions WithAddressesTo(PsServiceOptions options, GrpcPushForwarder* forwarder) {
+PsServiceOptions WithAddressesTo(PsServiceOptions options, RemotePushForwarder* forwarder) {
   options.ps_addresses_changed = [forwarder](const std::vector<std::string>& addresses) {
     forwarder->SetAddresses(addresses);
   };
@@ -47,7 +45,7 @@ PsServiceOptions WithAddressesTo(PsServiceOptions options, GrpcPushForwarder* fo
 
 }  // namespace
 
-PsServer::PsServer(const PsServerOptions& options, std::unique_ptr<GrpcPushForwarder> forwarder)
+PsServer::PsServer(const PsServerOptions& options, std::unique_ptr<RemotePushForwarder> forwarder)
     : options_(options),
       forwarder_(std::move(forwarder)),
       store_(WithForwarder(options.store, forwarder_.get())),
@@ -98,6 +96,7 @@ absl::Status PsServer::Start() {
       data.cluster = own.cluster;
       data.kernel_tls_wanted = options_.data_plane_kernel_tls;
     }
+    data.backups = service_.backups();
     PS_ASSIGN_OR_RETURN(data_plane_, TensorServer::Start(&store_, data));
     data_port = data_plane_->port();
   }

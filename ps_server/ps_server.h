@@ -5,9 +5,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "ps_server/grpc_push_forwarder.h"
 #include "ps_server/parameter_store.h"
 #include "ps_server/ps_service.h"
+#include "ps_server/remote_push_forwarder.h"
 #include "ps_server/tensor_server.h"
 #include "runtime/daemon.h"
 #include "runtime/serving_task.h"
@@ -48,11 +48,11 @@ class PsServer : public Daemon {
   absl::Status Wait() override;
 
  private:
-  PsServer(const PsServerOptions& options, std::unique_ptr<GrpcPushForwarder> forwarder);
+  PsServer(const PsServerOptions& options, std::unique_ptr<RemotePushForwarder> forwarder);
 
   const PsServerOptions options_;
   // Forwards the updates of shards with a backup (issue 37); before store_, which uses it.
-  const std::unique_ptr<GrpcPushForwarder> forwarder_;
+  const std::unique_ptr<RemotePushForwarder> forwarder_;
   ParameterStore store_;
   PsService service_;
   std::unique_ptr<TensorServer> data_plane_;

@@ -38,6 +38,9 @@ class PsService : public v1::ParameterServer::Service {
   // `store` is not owned and must outlive the service.
   PsService(ParameterStore* store, const PsServiceOptions& options);
 
+  // The task's backups of other tasks' shards (for the tensor data plane's Replicate).
+  BackupStores* backups() { return &backups_; }
+
   // Filled into GetStatus answers; data_port is the tensor data plane's (0: none).
   void SetIdentity(const v1::TaskId& task, const std::string& address, int data_port);
 

@@ -4,19 +4,39 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "proto/ps_service.pb.h"
 
 namespace pscluster {
 
 // The dense updates of one push that one backup task must apply (issue 37,
 // docs/replication.md): what the primary applied, in its order (ReplicateHeader.versions), and
-// the gradients, owned (a forward that failed is kept for the push's retry, which outlives the
-// push's buffers).
+// the gradients. As made by the store they are views of the push's own buffers, sent from
+// there with no copy; a copy of a forward owns copies of them (a forward that failed is kept
+// for the push's retry, which outlives the push's buffers). Moving keeps what it views.
 struct DenseForward {
+  DenseForward() = default;
+  DenseForward(DenseForward&&) = default;
+  DenseForward& operator=(DenseForward&&) = default;
+  // Copies the gradients into the new forward's own memory.
+  DenseForward(const DenseForward& other) : backup(other.backup), header(other.header) {
+    owned.reserve(other.grads.size());
+    for (absl::Span<const float> g : other.grads) {
+      owned.emplace_back(g.begin(), g.end());
+      grads.emplace_back(owned.back());
+    }
+  }
+  DenseForward& operator=(const DenseForward& other) {
+    if (this != &other) *this = DenseForward(other);
+    return *this;
+  }
+
   int backup = -1;
   v1::ReplicateHeader header;
   // grads[i]: header.push().num_elements(i) floats for header.push().shards(i).
-  std::vector<std::vector<float>> grads;
+  std::vector<absl::Span<const float>> grads;
+  // What grads views in a copy.
+  std::vector<std::vector<float>> owned;
 };
 
 // The forwards of one push, one per backup task.
@@ -24,7 +44,7 @@ struct ForwardList {
   std::vector<DenseForward> forwards;
 };
 
-// Sends a primary's forwards to its backups (ps_server's GrpcPushForwarder; fakes in tests).
+// Sends a primary's forwards to its backups (ps_server's RemotePushForwarder; fakes in tests).
 class PushForwarder {
  public:
   virtual ~PushForwarder() = default;

@@ -109,6 +109,11 @@ class TensorServer::Connection {
     const v1::TaskId task = WorkerTask(*worker);
     return Authorize(*peer_, method, &task);
   }
+  // The same, for a call made for `task`.
+  absl::Status AllowedFor(const char* method, const v1::TaskId& task) const {
+    if (!peer_.has_value()) return absl::OkStatus();
+    return Authorize(*peer_, method, &task);
+  }
 
   // Serves one request; false when the connection must close.
   bool Handle(const FrameHeader& request) {
@@ -130,11 +135,14 @@ class TensorServer::Connection {
         return PullSparse(request);
       case WireOp::kPushSparse:
         return PushSparse(request);
+      case WireOp::kReplicate:
+        return Replicate(request);
     }
     return Refuse(request, request.payload_bytes,
                   absl::UnimplementedError(absl::StrCat(
                       "unknown tensor wire op ", request.op,
-                      " (this ps serves PullDense 1, PushDense 2, PullSparse 3, PushSparse 4)")));
+                      " (this ps serves PullDense 1, PushDense 2, PullSparse 3, PushSparse 4, "
+                      "Replicate 5)")));
   }
 
   bool PullDense(const FrameHeader& request) {
@@ -173,43 +181,89 @@ class TensorServer::Connection {
     if (absl::Status s = store_->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
-    if (request.payload_bytes != static_cast<uint64_t>(push_.payload_bytes())) {
+    uint64_t left = request.payload_bytes;
+    absl::Status bad;
+    if (!ReadPushPayload(request, &left, &bad)) return false;
+    if (!bad.ok()) return Refuse(request, left, bad);
+    v1::PushDenseResponse resp;
+    absl::Status s = store_->FinishPushDense(&push_, &resp);
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  // A primary ps task's forward of the dense updates it applied, to the backups this task
+  // holds of its shards (issue 37): as a push, into the backup store of primary_ps_task.
+  bool Replicate(const FrameHeader& request) {
+    v1::ReplicateHeader header;
+    if (!header.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("ReplicateHeader"));
+    }
+    v1::TaskId primary;
+    primary.set_job("ps");
+    primary.set_index(header.primary_ps_task());
+    if (absl::Status s = AllowedFor("ParameterServer.Replicate", primary); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
+    ParameterStore* store =
+        options_.backups == nullptr ? nullptr : options_.backups->Find(header.primary_ps_task());
+    if (store == nullptr) {
+      return Refuse(
+          request, request.payload_bytes,
+          absl::FailedPreconditionError(absl::StrCat(
+              "this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards")));
+    }
+    if (header.push().wire_dtype() != v1::DT_FLOAT32 &&
+        header.push().wire_dtype() != v1::DT_INVALID) {
       return Refuse(request, request.payload_bytes,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "the push carries ", request.payload_bytes,
-                        " payload bytes; the shards of its header need ", push_.payload_bytes())));
+                    absl::InvalidArgumentError("a Replicate request carries float32 gradients"));
+    }
+    if (absl::Status s = store->StartPushDense(header.push(), &push_); !s.ok()) {
+      return Refuse(request, request.payload_bytes, s);
+    }
+    uint64_t left = request.payload_bytes;
+    absl::Status bad;
+    if (!ReadPushPayload(request, &left, &bad)) return false;
+    if (!bad.ok()) return Refuse(request, left, bad);
+    v1::ReplicateResponse resp;
+    absl::Status s = store->ApplyReplicatedDense(header, &push_, &resp);
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  // Reads a started push's payload (push_) from the socket into its gradient buffers. False
+  // when the connection broke; otherwise *bad is what the push refused (the payload not
+  // matching its shards, a chunk out of place), with *left the bytes still to drain.
+  bool ReadPushPayload(const FrameHeader& request, uint64_t* left, absl::Status* bad) {
+    if (request.payload_bytes != static_cast<uint64_t>(push_.payload_bytes())) {
+      *bad = absl::InvalidArgumentError(
+          absl::StrCat("the push carries ", request.payload_bytes,
+                       " payload bytes; the shards of its header need ", push_.payload_bytes()));
+      return true;
     }
     const int elem = push_.wire_bytes_per_element();
     const int64_t piece = kPieceBytes / elem;
-    uint64_t left = request.payload_bytes;
-    absl::Status bad;
-    for (int i = 0; i < push_.num_shards() && bad.ok(); ++i) {
-      for (int64_t offset = 0; offset < push_.num_elements(i) && bad.ok(); offset += piece) {
+    for (int i = 0; i < push_.num_shards() && bad->ok(); ++i) {
+      for (int64_t offset = 0; offset < push_.num_elements(i) && bad->ok(); offset += piece) {
         const int64_t count = std::min(piece, push_.num_elements(i) - offset);
         if (push_.wire_dtype() == v1::DT_FLOAT32) {
           // Straight into the gradient buffer.
           absl::StatusOr<float*> dst = push_.Destination(i, offset, count);
           if (!dst.ok()) {
-            bad = dst.status();
+            *bad = dst.status();
             break;
           }
           if (!socket_.ReadExact(*dst, count * elem, options_.io_timeout).ok()) return false;
-          left -= count * elem;
-          bad = push_.Received(i, offset, count);
+          *left -= count * elem;
+          *bad = push_.Received(i, offset, count);
         } else {
           scratch_.resize(count * elem);
           if (!socket_.ReadExact(scratch_.data(), count * elem, options_.io_timeout).ok()) {
             return false;
           }
-          left -= count * elem;
-          bad = push_.AddChunk(i, offset, scratch_);
+          *left -= count * elem;
+          *bad = push_.AddChunk(i, offset, scratch_);
         }
       }
     }
-    if (!bad.ok()) return Refuse(request, left, bad);
-    v1::PushDenseResponse resp;
-    absl::Status s = store_->FinishPushDense(&push_, &resp);
-    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+    return true;
   }
 
   bool PullSparse(const FrameHeader& request) {

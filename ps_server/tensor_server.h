@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tensor_wire.h"
+#include "ps_server/backup_stores.h"
 #include "ps_server/parameter_store.h"
 #include "security/wire_tls.h"
 
@@ -48,6 +49,9 @@ struct TensorServerOptions {
   // idle longest; when none is idle (every one in the middle of a request, which ends within
   // io_timeout), the new one is closed at once.
   int max_connections = 1024;
+  // The task's backups of other tasks' shards, which Replicate requests update (issue 37);
+  // not owned; null: Replicate is refused.
+  BackupStores* backups = nullptr;
 };
 
 // The ps side of the tensor data plane (common/tensor_wire.h): accepts TCP connections and

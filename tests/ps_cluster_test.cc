@@ -479,13 +479,15 @@ TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
 // backs the shard up, over ParameterServer.Replicate, before it answers the worker. After two
 // workers' concurrent pushes, every backup is its primary bit for bit (values of an Adam
 // variable, whose result depends on the order of its updates), with the same update count.
-TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
+// Over the backups' tensor data plane, or over gRPC where the ps tasks serve none.
+void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
+                                       const std::string& forwarded_over) {
   std::string model_text = kSmallModelText;
   const std::string sgd = "optimizer { sgd { learning_rate: 0.5 } }";
   ASSERT_NE(model_text.find(sgd), std::string::npos);
   model_text.replace(model_text.find(sgd), sgd.size(),
                      "optimizer { adam { learning_rate: 0.01 } }");
-  std::unique_ptr<TestCluster> cluster = StartCluster({}, model_text, /*num_ps=*/3);
+  std::unique_ptr<TestCluster> cluster = StartCluster(ps_flags, model_text, /*num_ps=*/3);
   const v1::GetModelResponse m = GetModel(*cluster);
   ASSERT_NE(m.sync().mode(), v1::SYNC) << "sync steps are not forwarded yet";
   v1::PlacementOptions options = m.placement().options();
@@ -533,6 +535,18 @@ TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
     EXPECT_EQ(backup->slice(), primary->slice()) << name;
     EXPECT_EQ(backup->shard().pushes(), kClients * kIterations) << name;
   }
+  for (int ps = 0; ps < 3; ++ps) {
+    EXPECT_THAT(cluster->ps(ps).LogTail(200), HasSubstr(forwarded_over)) << "ps:" << ps;
+  }
+}
+
+TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
+  ExpectBackupsFollowTheirPrimaries({}, "over their tensor data plane");
+}
+
+TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsOverGrpcWithoutADataPlane) {
+  ExpectBackupsFollowTheirPrimaries({"--data_plane=false"},
+                                    "over gRPC (it has no tensor data plane)");
 }
 
 class PsBadInputTest : public ::testing::Test {

@@ -1,0 +1,137 @@
+#include "ps_server/remote_push_forwarder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/grpc_ps_transport.h"
+#include "common/grpc_status.h"
+#include "glog/logging.h"
+#include "security/wire_tls.h"
+
+namespace pscluster {
+
+RemotePushForwarder::RemotePushForwarder(int self, TlsConfig tls, absl::Duration timeout)
+    : self_(self), tls_(std::move(tls)), timeout_(timeout) {}
+
+void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses) {
+  absl::MutexLock lock(&mu_);
+  if (peers_ != nullptr && peers_->addresses == addresses) return;
+  auto peers = std::make_shared<Peers>();
+  peers->addresses = addresses;
+  GrpcPsTransportOptions grpc;
+  grpc.tls = tls_;
+  grpc.rpc_timeout = timeout_;
+  TcpPsTransportOptions wire;
+  wire.io_timeout = timeout_;
+  if (tls_.enabled() && wire_tls_ == nullptr) {
+    absl::StatusOr<std::shared_ptr<WireTlsContext>> context =
+        WireTlsContext::Create(tls_, WireTlsContext::Side::kClient);
+    if (context.ok()) {
+      wire_tls_ = *std::move(context);
+    } else {
+      LOG(ERROR) << "forwards to backups: no TLS context for the data plane (" << context.status()
+                 << "); they go over gRPC";
+    }
+  }
+  wire.tls = wire_tls_;
+  if (!tls_.enabled() || wire_tls_ != nullptr) {
+    peers->wire = std::make_unique<TcpPsTransport>(
+        std::make_unique<GrpcPsTransport>(addresses, grpc), addresses, wire);
+  }
+  peers_ = std::move(peers);
+}
+
+absl::Status RemotePushForwarder::ForwardOne(const DenseForward& forward) {
+  std::shared_ptr<Peers> peers = this->peers();
+  if (peers == nullptr || forward.backup < 0 ||
+      forward.backup >= static_cast<int>(peers->addresses.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no address for backup ps:", forward.backup,
+                     " (CreateShardsRequest.ps_addresses did not name it)"));
+  }
+  v1::ReplicateHeader header = forward.header;
+  header.set_primary_ps_task(self_);
+  if (peers->wire != nullptr) {
+    v1::ReplicateResponse response;
+    bool no_data_plane = false;
+    absl::Status s =
+        peers->wire->Replicate(forward.backup, header, forward.grads, &response, &no_data_plane);
+    if (!no_data_plane) {
+      LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane";
+      return s;
+    }
+  }
+  LOG_FIRST_N(INFO, 1) << "forwarding updates to backup ps:" << forward.backup
+                       << " over gRPC (it has no tensor data plane)";
+  return ForwardOverGrpc(forward, header);
+}
+
+absl::Status RemotePushForwarder::ForwardOverGrpc(const DenseForward& forward,
+                                                  const v1::ReplicateHeader& header) {
+  std::shared_ptr<Peers> peers = this->peers();
+  std::shared_ptr<v1::ParameterServer::Stub> stub;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<v1::ParameterServer::Stub>& slot = peers->stubs[forward.backup];
+    if (slot == nullptr) {
+      GrpcChannelOptions channel;
+      channel.tls = tls_;
+      channel.fast_reconnect = true;
+      slot =
+          v1::ParameterServer::NewStub(NewGrpcChannel(peers->addresses[forward.backup], channel));
+    }
+    stub = slot;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  v1::ReplicateResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::ReplicateRequest>> writer =
+      stub->Replicate(&ctx, &response);
+  v1::ReplicateRequest msg;
+  *msg.mutable_header() = header;
+  bool sent = writer->Write(msg);
+  const int64_t per_chunk = kChunkBytes / static_cast<int64_t>(sizeof(float));
+  for (size_t i = 0; sent && i < forward.grads.size(); ++i) {
+    const absl::Span<const float> grad = forward.grads[i];
+    const int64_t n = static_cast<int64_t>(grad.size());
+    for (int64_t offset = 0; sent && offset < n; offset += per_chunk) {
+      const int64_t count = std::min(per_chunk, n - offset);
+      v1::TensorChunk* chunk = msg.mutable_chunk();
+      chunk->set_index(static_cast<int32_t>(i));
+      chunk->set_offset(offset);
+      chunk->set_data(reinterpret_cast<const char*>(grad.data() + offset),
+                      static_cast<size_t>(count) * sizeof(float));
+      sent = writer->Write(msg);
+    }
+  }
+  if (sent) writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    return absl::Status(
+        FromGrpcStatus(s).code(),
+        absl::StrCat("forward to backup ps:", forward.backup, ": ", s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemotePushForwarder::Forward(const ForwardList& list) {
+  const size_t n = list.forwards.size();
+  if (n == 1) return ForwardOne(list.forwards[0]);
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> others;
+  for (size_t i = 1; i < n; ++i) {
+    others.emplace_back([&, i] { results[i] = ForwardOne(list.forwards[i]); });
+  }
+  results[0] = ForwardOne(list.forwards[0]);
+  for (std::thread& t : others) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pscluster

@@ -1,0 +1,64 @@
+#ifndef PSCLUSTER_PS_SERVER_REMOTE_PUSH_FORWARDER_H_
+#define PSCLUSTER_PS_SERVER_REMOTE_PUSH_FORWARDER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/grpc_channel.h"
+#include "client/tcp_ps_transport.h"
+#include "proto/ps_service.grpc.pb.h"
+#include "ps_server/push_forwarder.h"
+#include "security/tls.h"
+
+namespace pscluster {
+
+// A primary ps task's forwards to its backups, one per backup task, all backups at once:
+// over the backup's tensor data plane (common/tensor_wire.h's Replicate: the gradients go from
+// the forward's memory into the backup's push buffers, as a worker's push does), or over gRPC
+// (ParameterServer.Replicate, in chunks) to a task without a data plane. Thread-safe.
+class RemotePushForwarder : public PushForwarder {
+ public:
+  // `self`: this task's index, sent as ReplicateHeader.primary_ps_task (with TLS, the backup
+  // checks it against this task's certificate, `tls`).
+  RemotePushForwarder(int self, TlsConfig tls, absl::Duration timeout = absl::Seconds(60));
+
+  // Where the ps tasks are (gRPC addresses: CreateShardsRequest.ps_addresses); the data ports
+  // are asked of them. A changed list gets new connections.
+  void SetAddresses(const std::vector<std::string>& addresses);
+
+  absl::Status Forward(const ForwardList& list) override;
+
+ private:
+  struct Peers {
+    std::vector<std::string> addresses;
+    std::unique_ptr<TcpPsTransport> wire;
+    std::map<int, std::shared_ptr<v1::ParameterServer::Stub>> stubs;
+  };
+  // Sends one forward and waits for its answer.
+  absl::Status ForwardOne(const DenseForward& forward);
+  absl::Status ForwardOverGrpc(const DenseForward& forward, const v1::ReplicateHeader& header);
+  std::shared_ptr<Peers> peers() {
+    absl::MutexLock lock(&mu_);
+    return peers_;
+  }
+
+  static constexpr int64_t kChunkBytes = 1 << 20;
+  const int self_;
+  const TlsConfig tls_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::shared_ptr<Peers> peers_ ABSL_GUARDED_BY(mu_);
+  // The data plane's TLS client context (made once; null: plaintext or not made yet).
+  std::shared_ptr<WireTlsContext> wire_tls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_PS_SERVER_REMOTE_PUSH_FORWARDER_H_
