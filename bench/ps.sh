@@ -331,41 +331,29 @@ done
 done
 done
 
-# --replication: each replicated figure against the same figure unreplicated, from this run.
-if [[ $replications == *2* ]]; then
-  python3 - "$work/bench.txt" >>"$work/bench.txt" <<'PY'
+# Each figure whose name has `suffix` (_r2, _tls) against the same figure without it, from this
+# run: `BENCH <prefix>_<figure> <value> <unit> ratio=<with / without>`.
+same_run_ratios() {
+  python3 - "$work/bench.txt" "$1" "$2" >>"$work/bench.txt" <<'PY'
 import sys
+path, suffix, prefix = sys.argv[1:4]
 figures = {}
-for line in open(sys.argv[1]):
+for line in open(path):
     _, name, value, unit, _ = line.split()
     figures[name] = (float(value), unit)
 for name, (value, unit) in figures.items():
-    if "_r2" not in name or name.startswith("loopback"):
+    if suffix not in name or name.startswith("loopback"):
         continue
-    plain = name.replace("_r2", "", 1)
+    plain = name.replace(suffix, "", 1)
     if plain not in figures or figures[plain][0] == 0:
         continue
-    print("BENCH replicated_%s %g %s ratio=%.2f" % (plain, value, unit, value / figures[plain][0]))
+    print("BENCH %s_%s %g %s ratio=%.2f" % (prefix, plain, value, unit, value / figures[plain][0]))
 PY
-fi
-
-# --tls: each TLS figure against the same figure in plaintext, from this run.
-if [[ $tls_modes == *tls* ]]; then
-  python3 - "$work/bench.txt" >>"$work/bench.txt" <<'PY'
-import sys
-figures = {}
-for line in open(sys.argv[1]):
-    _, name, value, unit, _ = line.split()
-    figures[name] = (float(value), unit)
-for name, (value, unit) in figures.items():
-    if "_tls" not in name:
-        continue
-    plain = name.replace("_tls", "", 1)
-    if plain not in figures or figures[plain][0] == 0:
-        continue
-    print("BENCH tls_%s %g %s ratio=%.2f" % (plain, value, unit, value / figures[plain][0]))
-PY
-fi
+}
+# --replication: each replicated figure against the same figure unreplicated.
+if [[ $replications == *2* ]]; then same_run_ratios _r2 replicated; fi
+# --tls: each TLS figure against the same figure in plaintext.
+if [[ $tls_modes == *tls* ]]; then same_run_ratios _tls tls; fi
 
 echo
 echo "==> every figure (ratio = value / loopback figure of this run: iperf3 GB/s for"

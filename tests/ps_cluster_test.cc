@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,22 @@ std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> ps_flags = {}
   auto cluster = TestCluster::Start(options);
   CHECK(cluster.ok()) << cluster.status();
   return *std::move(cluster);
+}
+
+// What ps task p.ps_task() and the task holding its backup report of dense partition `p`, its
+// values included (InspectShard).
+std::pair<v1::InspectShardResponse, v1::InspectShardResponse> PrimaryAndBackup(
+    ParameterClient& client, const v1::DensePartition& p) {
+  v1::InspectShardRequest ask;
+  ask.mutable_shard()->set_variable(p.variable());
+  ask.mutable_shard()->set_partition(p.partition());
+  ask.set_values_count(1 << 20);
+  absl::StatusOr<v1::InspectShardResponse> primary = client.InspectShard(p.ps_task(), ask);
+  ask.set_backup(true);
+  ask.set_primary_ps_task(p.ps_task());
+  absl::StatusOr<v1::InspectShardResponse> backup = client.InspectShard(p.backup_ps_task(), ask);
+  CHECK(primary.ok() && backup.ok()) << primary.status() << " " << backup.status();
+  return {*std::move(primary), *std::move(backup)};
 }
 
 v1::GetModelResponse GetModel(TestCluster& cluster) {
@@ -336,18 +353,10 @@ TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
 
   // A backup starts as its primary: the same initial values, bit for bit.
   for (const v1::DensePartition& p : replicated->partitions()) {
-    v1::InspectShardRequest ask;
-    ask.mutable_shard()->set_variable(p.variable());
-    ask.mutable_shard()->set_partition(p.partition());
-    ask.set_values_count(1 << 20);
-    absl::StatusOr<v1::InspectShardResponse> primary = client->InspectShard(p.ps_task(), ask);
-    ask.set_backup(true);
-    ask.set_primary_ps_task(p.ps_task());
-    absl::StatusOr<v1::InspectShardResponse> backup = client->InspectShard(p.backup_ps_task(), ask);
-    ASSERT_TRUE(primary.ok() && backup.ok()) << primary.status() << " " << backup.status();
-    EXPECT_FALSE(primary->slice().empty());
-    EXPECT_EQ(backup->slice(), primary->slice()) << p.variable() << "/" << p.partition();
-    EXPECT_TRUE(backup->shard().backup());
+    const auto [primary, backup] = PrimaryAndBackup(*client, p);
+    EXPECT_FALSE(primary.slice().empty());
+    EXPECT_EQ(backup.slice(), primary.slice()) << p.variable() << "/" << p.partition();
+    EXPECT_TRUE(backup.shard().backup());
   }
 
   // A save writes each task's own shards only: 5 dense partitions and a table part per task.
@@ -520,20 +529,12 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
 
   std::unique_ptr<ParameterClient> client = ClientFor(with_backups, -1);
   for (const v1::DensePartition& p : replicated->partitions()) {
-    v1::InspectShardRequest ask;
-    ask.mutable_shard()->set_variable(p.variable());
-    ask.mutable_shard()->set_partition(p.partition());
-    ask.set_values_count(1 << 20);
-    absl::StatusOr<v1::InspectShardResponse> primary = client->InspectShard(p.ps_task(), ask);
-    ask.set_backup(true);
-    ask.set_primary_ps_task(p.ps_task());
-    absl::StatusOr<v1::InspectShardResponse> backup = client->InspectShard(p.backup_ps_task(), ask);
-    ASSERT_TRUE(primary.ok() && backup.ok()) << primary.status() << " " << backup.status();
+    const auto [primary, backup] = PrimaryAndBackup(*client, p);
     const std::string name = absl::StrCat(p.variable(), "/", p.partition());
-    EXPECT_EQ(primary->shard().applied_step(), kClients * kIterations) << name;
-    EXPECT_EQ(backup->shard().applied_step(), kClients * kIterations) << name;
-    EXPECT_EQ(backup->slice(), primary->slice()) << name;
-    EXPECT_EQ(backup->shard().pushes(), kClients * kIterations) << name;
+    EXPECT_EQ(primary.shard().applied_step(), kClients * kIterations) << name;
+    EXPECT_EQ(backup.shard().applied_step(), kClients * kIterations) << name;
+    EXPECT_EQ(backup.slice(), primary.slice()) << name;
+    EXPECT_EQ(backup.shard().pushes(), kClients * kIterations) << name;
   }
   for (int ps = 0; ps < 3; ++ps) {
     EXPECT_THAT(cluster->ps(ps).LogTail(200), HasSubstr(forwarded_over)) << "ps:" << ps;
