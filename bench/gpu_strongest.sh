@@ -15,7 +15,8 @@
 #         ratio=<ours / the faster of graph and compile_graph's medians>
 # where the runs of ours are plaintext (and tls with --tls), or those --ours lists: plaintext,
 # tls, local<K> (the chief's --local_steps=K) and the suffixes of bench/train_cluster.sh's
-# cl_ours_flags: _tls, _nographs (kernels launched one by one), _fp16 / _bf16 (on the wire).
+# cl_ours_flags: _tls, _nographs (kernels launched one by one), _fp16 / _bf16 (on the wire),
+# _r2 (--replication=2).
 # From the device bundle (bench/gpu_prepare.sh), on the device machine:
 #   bash .devbundle/bench/gpu_strongest.sh [--seconds 10] [--warmup 3] [--repeats 3]
 #        [--specs "mlp 1024;cnn 128;resnet20 128"] [--modes "none graph compile_graph"]

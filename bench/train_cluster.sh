@@ -22,7 +22,8 @@
 # runs named as bench/gpu_*.sh's --ours names them: plaintext, tls, async (a push every step),
 # sync (SyncReplicas: every worker's gradient of a step averaged, then applied once; sets
 # cl_mode, async for the others), local<K> (the chief's --local_steps=K), with suffixes _tls (mutual TLS, the certificates in CERTS), _nographs (the
-# worker's --cuda_graphs=false) and _fp16 / _bf16 (its --wire_dtype), e.g. local8_fp16_tls.
+# worker's --cuda_graphs=false), _fp16 / _bf16 (its --wire_dtype) and _r2 (the chief's
+# --replication=2: every dense partition also on a backup ps task), e.g. local8_fp16_tls.
 cl_ours_flags() {
   local run=$1 certs=$2
   cl_chief_flags=()
@@ -35,6 +36,7 @@ cl_ours_flags() {
   if [[ $run == *_nographs* ]]; then cl_worker_flags+=(--cuda_graphs=false); fi
   if [[ $run == *_fp16* ]]; then cl_worker_flags+=(--wire_dtype=float16); fi
   if [[ $run == *_bf16* ]]; then cl_worker_flags+=(--wire_dtype=bfloat16); fi
+  if [[ $run == *_r2* ]]; then cl_chief_flags+=(--replication=2); fi
   return 0
 }
 

@@ -33,6 +33,35 @@ SyncCoordinatorOptions SyncOptionsFor(const CoordinatorOptions& o, int num_worke
   return s;
 }
 
+// What replication 2 covers so far (docs/replication.md): async (and ssp) updates of dense
+// variables. A sync step or a table's rows would leave their backups behind, and a failover
+// onto such a backup would lose updates, so the chief refuses them up front.
+absl::Status CheckReplication(const CoordinatorOptions& options, int num_ps) {
+  const int r = options.placement.replication();
+  if (r < 0 || r > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replication must be 1 (no backup) or 2 (a primary and a backup), not ", r));
+  }
+  if (r < 2) return absl::OkStatus();
+  if (num_ps < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replication 2 needs at least 2 ps tasks (a backup on another task), the cluster has ",
+        num_ps));
+  }
+  if (options.sync.mode() == v1::SYNC) {
+    return absl::InvalidArgumentError(
+        "replication 2 needs --mode=async or ssp: sync steps are not forwarded to the backups "
+        "yet (docs/replication.md)");
+  }
+  if (options.model.tables_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replication 2 covers dense variables only so far: the model has ",
+        options.model.tables_size(), " embedding table(s) (", options.model.tables(0).name(),
+        ", ...), whose rows are not forwarded to backups yet (docs/replication.md)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -54,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
                                                    options.sync.replicas_to_aggregate(),
                                                    " but the cluster has ", workers, " workers"));
   }
+  PS_RETURN_IF_ERROR(CheckReplication(resolved, NumTasks(options.cluster.cluster(), kPsJob)));
   if (resolved.sync.mode() == v1::SYNC && resolved.sync.replicas_to_aggregate() == 0) {
     resolved.sync.set_replicas_to_aggregate(workers);
   }
@@ -450,6 +480,8 @@ absl::Status Coordinator::InitializeModel() {
   const bool have_checkpoint = checkpoints_ != nullptr && checkpoints_->HasCheckpoint();
   CreateShardsOptions create;
   create.hold_until_restored = have_checkpoint;
+  // Where each primary forwards its updates to its backups (replication 2).
+  if (placement->options().replication() >= 2) create.ps_addresses = addresses;
   int64_t fresh = 0;
   std::vector<int> awaiting;
   absl::Status created = client_->CreateAll(options_.sync, &fresh, create, &awaiting);

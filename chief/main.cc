@@ -85,6 +85,11 @@ DEFINE_int64(max_partition_bytes, 0,
 DEFINE_int64(split_bytes, 0,
              "Variables of at least this many bytes are split into one partition per ps task, "
              "so that every ps serves a share of them (0: 256 KiB; negative: never).");
+DEFINE_int32(replication, 1,
+             "Copies of every dense partition on the ps tasks: 1, one; 2, a primary and a backup "
+             "on another task, which applies each push before the worker gets its answer and "
+             "takes over when the primary dies (docs/replication.md; async or ssp mode, dense "
+             "variables only so far).");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 DEFINE_string(checkpoint_dir, "",
               "Directory the checkpoints go to (created if missing; shared with every ps task's "
@@ -228,6 +233,11 @@ int main(int argc, char** argv) {
   options.placement.set_max_partition_bytes(FLAGS_max_partition_bytes);
   options.placement.set_split_bytes(FLAGS_split_bytes);
   options.placement.set_num_virtual_shards(FLAGS_num_virtual_shards);
+  if (FLAGS_replication != 1 && FLAGS_replication != 2) {
+    return Fail("--replication must be 1 (no backup) or 2 (a primary and a backup), not " +
+                std::to_string(FLAGS_replication));
+  }
+  options.placement.set_replication(FLAGS_replication);
   options.checkpoint_dir = FLAGS_checkpoint_dir;
   using pscluster::PathKind;
   pscluster::CheckPathFlagOrExit("chief", "data_path", FLAGS_data_path, PathKind::kExisting);
