@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -225,6 +226,7 @@ void Coordinator::MaintenanceLoop() {
       const uint64_t now = registry_.IncarnationOf(MakeTaskId(kPsJob, i));
       if (now != 0 && now != ps_incarnations_[i]) restarted.push_back(i);
     }
+    if (options_.placement.replication() >= 2) restarted = FailOverLostPs(restarted);
     if (!restarted.empty()) {
       RecoverRestartedPs(restarted);
       schedule(CurrentStep());  // the step may have gone back
@@ -309,6 +311,120 @@ void Coordinator::RecoverRestartedPs(const std::vector<int>& restarted) {
   SetPhase(finished ? v1::FINISHED : ServingPhase(), "");
 }
 
+std::vector<int> Coordinator::FailedOver() const {
+  absl::MutexLock lock(&mu_);
+  return {model_.placement().failed_over_ps().begin(), model_.placement().failed_over_ps().end()};
+}
+
+std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) {
+  std::vector<char> lost(num_ps_, 0), gone(num_ps_, 0), was_failed_over;
+  for (int ps : restarted) lost[ps] = 1;
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
+    lost[t.index()] = 1;
+    gone[t.index()] = 1;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    was_failed_over = failed_over_;
+  }
+  std::vector<int> left;
+  for (int ps : restarted) {
+    if (!was_failed_over[ps]) continue;
+    // It serves nothing now: its partitions stay with the tasks that took them over.
+    ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+    FollowPs(ps);
+    LOG(WARNING) << "ps:" << ps << " came back after its failover: it holds nothing until "
+                 << "backups are rebuilt onto it (not built yet: docs/replication.md)";
+  }
+  for (int ps = 0; ps < num_ps_; ++ps) {
+    if (!lost[ps] || was_failed_over[ps]) continue;
+    // Both copies of a partition lost: the checkpoint's restore, as without replication.
+    std::string missing;
+    for (const v1::DensePartition& p : client_->placement().partitions()) {
+      if (p.ps_task() == ps && (gone[p.backup_ps_task()] || lost[p.backup_ps_task()] ||
+                                was_failed_over[p.backup_ps_task()])) {
+        missing = absl::StrCat("ps:", p.backup_ps_task(), ", which backs up partition ",
+                               p.partition(), " of ", p.variable());
+      }
+    }
+    const bool restarted_now = !gone[ps];
+    if (!missing.empty()) {
+      LOG(WARNING) << "ps:" << ps << " is lost and so is " << missing << ": it cannot fail over; "
+                   << (restarted_now ? "restoring from the checkpoint"
+                                     : "waiting for it to come back");
+      if (restarted_now) left.push_back(ps);
+      continue;
+    }
+    absl::MutexLock operation(&operation_mu_);
+    if (FailOver(ps)) {
+      ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+    } else if (restarted_now) {
+      // Tried again on the next round, as a lost task (its incarnation is not taken).
+    }
+  }
+  return left;
+}
+
+bool Coordinator::FailOver(int ps) {
+  const absl::Time start = clock_->Now();
+  const absl::Time heard = registry_.LastHeardOf(MakeTaskId(kPsJob, ps));
+  std::set<int> backups;
+  for (const v1::DensePartition& p : client_->placement().partitions()) {
+    if (p.ps_task() == ps) backups.insert(p.backup_ps_task());
+  }
+  std::vector<char> failed_before;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_before = failed_over_;
+  }
+  SetPhase(v1::RECOVERING, absl::StrCat("ps:", ps, " failing over to its backups"));
+  // Every live task: those backing up its partitions promote them, those it backed up stop
+  // forwarding to it. Its backups first, so that the primaries keep waiting for a forward
+  // (and answer no push) until nobody will take one from the dead task any more.
+  std::vector<int> order(backups.begin(), backups.end());
+  for (int t = 0; t < num_ps_; ++t) {
+    if (t != ps && !failed_before[t] && backups.count(t) == 0) order.push_back(t);
+  }
+  int promoted = 0, unreplicated = 0;
+  for (int task : order) {
+    v1::FailOverPsResponse r;
+    absl::Status s = client_->FailOverPs(task, ps, &r);
+    if (StopIfSuperseded(s)) return false;
+    if (!s.ok()) {
+      LOG(WARNING) << "failover of ps:" << ps << ": ps:" << task
+                   << " did not take it (tried again): " << s;
+      SetPhase(ServingPhase(), "");
+      return false;
+    }
+    promoted += r.dense_promoted();
+    unreplicated += r.dense_unreplicated();
+  }
+  std::vector<int> failed_over;
+  {
+    absl::MutexLock lock(&mu_);
+    model_.mutable_placement()->add_failed_over_ps(ps);
+    failed_over_[ps] = 1;
+    failed_over.assign(model_.placement().failed_over_ps().begin(),
+                       model_.placement().failed_over_ps().end());
+  }
+  client_->SetFailedOver(failed_over).IgnoreError();  // validated: every partition has a backup
+  std::vector<std::string> names;
+  for (int b : backups) names.push_back(absl::StrCat("ps:", b));
+  LOG(WARNING) << "ps:" << ps << " failed over: " << promoted << " dense shards promoted on "
+               << absl::StrJoin(names, ", ") << ", " << unreplicated
+               << " shards it backed up left without a backup, in "
+               << absl::FormatDuration(clock_->Now() - start) << " ("
+               << absl::FormatDuration(clock_->Now() - heard)
+               << " after its last heartbeat); no checkpoint restored, nothing rolled back";
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = progress_.finished();
+  }
+  SetPhase(finished ? v1::FINISHED : ServingPhase(), "");
+  return true;
+}
+
 void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
   for (int ps : restarted) FollowPs(ps);
 }
@@ -370,6 +486,14 @@ absl::StatusOr<v1::CheckpointResponse> Coordinator::TakeCheckpoint(const std::st
                                                                    bool require_ready) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the chief has no --checkpoint_dir: checkpoints are off");
+  }
+  if (const std::vector<int> failed = FailedOver(); !failed.empty()) {
+    // A save goes to each task's own shards: those promoted from a failed-over task would be
+    // missing from it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no checkpoints since ps:", failed[0],
+        " failed over: its shards are served by their backups, which saves do not cover yet "
+        "(docs/replication.md)"));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -535,6 +659,7 @@ absl::Status Coordinator::InitializeModel() {
   absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;
   *model_.mutable_placement() = *placement;
+  failed_over_.assign(num_ps_, 0);
   for (const std::string& a : ps_addresses_) model_.add_ps_addresses(a);
   *model_.mutable_sync() = options_.sync;
   *model_.mutable_config() = options_.config;

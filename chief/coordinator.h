@@ -187,6 +187,19 @@ class Coordinator {
   // background_ after initialization.
   void MaintenanceLoop();
   void RecoverRestartedPs(const std::vector<int>& restarted) ABSL_LOCKS_EXCLUDED(operation_mu_);
+  // Replication 2 (issue 37, docs/replication.md): fails over every ps task that stopped
+  // heartbeating or is in `restarted` (came back empty) and has not failed over yet, where the
+  // backups of all its partitions are on live tasks. Returns the tasks of `restarted` it could
+  // not fail over (both copies lost): those are restored from the checkpoint as without
+  // replication. Restarted tasks that had failed over before are left empty.
+  std::vector<int> FailOverLostPs(const std::vector<int>& restarted)
+      ABSL_LOCKS_EXCLUDED(operation_mu_);
+  // Promotes the backups of `ps`'s partitions on their tasks and publishes the new routes
+  // (Placement.failed_over_ps) to the chief's client and to GetModel. False, with nothing
+  // published, when a backup task could not be promoted (tried again later).
+  bool FailOver(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // The tasks failed over so far, in order (empty: none). A copy.
+  std::vector<int> FailedOver() const ABSL_LOCKS_EXCLUDED(mu_);
   // When `s` says that a newer chief has replaced this one (common/chief_epoch.h): the phase
   // becomes FAILED, the chief stops, and true is returned.
   bool StopIfSuperseded(const absl::Status& s);
@@ -267,6 +280,8 @@ class Coordinator {
   absl::Time phase_since_ ABSL_GUARDED_BY(mu_);
   std::string init_state_ ABSL_GUARDED_BY(mu_) = "waiting for the ps tasks";
   v1::GetModelResponse model_ ABSL_GUARDED_BY(mu_);
+  // model_.placement().failed_over_ps() as flags by task (issue 37 failover).
+  std::vector<char> failed_over_ ABSL_GUARDED_BY(mu_);
   std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);
   v1::TrainingProgress progress_ ABSL_GUARDED_BY(mu_);
   int64_t total_examples_ ABSL_GUARDED_BY(mu_) = 0;

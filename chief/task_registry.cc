@@ -139,6 +139,14 @@ uint64_t TaskRegistry::IncarnationOf(const v1::TaskId& task) const {
   return it == index_.end() ? 0 : entries_[it->second].incarnation;
 }
 
+absl::Time TaskRegistry::LastHeardOf(const v1::TaskId& task) const {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(Key(task));
+  if (it == index_.end() || !entries_[it->second].registered) return absl::InfinitePast();
+  const Entry& e = entries_[it->second];
+  return std::max(e.registered_at, e.last_heartbeat);
+}
+
 absl::StatusOr<std::string> TaskRegistry::AddressOf(const v1::TaskId& task) const {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(Key(task));

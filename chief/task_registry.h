@@ -49,6 +49,8 @@ class TaskRegistry {
 
   // The incarnation a task registered with (0 before it has).
   uint64_t IncarnationOf(const v1::TaskId& task) const;
+  // When the task last registered or sent a heartbeat (InfinitePast before it has).
+  absl::Time LastHeardOf(const v1::TaskId& task) const;
 
   // The registered address of a task, or the spec's address if it has not registered.
   absl::StatusOr<std::string> AddressOf(const v1::TaskId& task) const;

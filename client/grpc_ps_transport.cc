@@ -243,6 +243,13 @@ absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsReque
   return Annotate(ps, Stub(ps)->RestoreShards(&ctx, request, response));
 }
 
+absl::Status GrpcPsTransport::FailOverPs(int ps, const v1::FailOverPsRequest& request,
+                                         v1::FailOverPsResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return Annotate(ps, Stub(ps)->FailOverPs(&ctx, request, response));
+}
+
 absl::StatusOr<v1::TaskStatus> GrpcPsTransport::GetStatus(int ps) {
   v1::TaskStatus resp;
   grpc::ClientContext ctx;

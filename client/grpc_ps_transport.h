@@ -58,6 +58,8 @@ class GrpcPsTransport : public PsTransport {
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
+  absl::Status FailOverPs(int ps, const v1::FailOverPsRequest& request,
+                          v1::FailOverPsResponse* response) override;
   absl::Status SetAddress(int ps, const std::string& address) override;
 
   // The address calls to task `ps` go to now.

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(
     part.ref.set_variable(p.variable());
     part.ref.set_partition(p.partition());
     part.ps = p.ps_task();
+    part.backup = placement.options().replication() >= 2 ? p.backup_ps_task() : -1;
     part.offset = elements.begin;
     part.num_elements = elements.size;
     if (part.ps < 0 || part.ps >= placement.num_ps()) {
@@ -120,7 +121,7 @@ v1::RequestId ParameterClient::NextRequestId() {
 }
 
 absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Status()>& fn,
-                                          bool push) {
+                                          bool push, int64_t routes) {
   absl::Duration backoff = options_.initial_backoff;
   auto retryable = [push](const absl::Status& s) {
     return s.code() == absl::StatusCode::kUnavailable ||
@@ -144,6 +145,10 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
     cancelled_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
     if (options_.before_retry && !cancelled_.HasBeenNotified()) options_.before_retry(ps);
+    if (routes >= 0 && RoutesChanged(routes)) {
+      return absl::AbortedError(absl::StrCat(
+          "ps:", ps, " failed over while a call to it waited: planned again (", s.message(), ")"));
+    }
   }
 }
 
@@ -152,13 +157,14 @@ void ParameterClient::Cancel() {
 }
 
 absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,
-                                        const std::function<absl::Status(int)>& fn, bool push) {
+                                        const std::function<absl::Status(int)>& fn, bool push,
+                                        int64_t routes) {
   std::vector<absl::Status> results(tasks.size());
   // The first task runs on the calling thread: a call that touches one ps hands nothing off.
   fan_out_->ParallelFor(static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       results[i] = WithRetries(
-          tasks[i], [&] { return fn(tasks[i]); }, push);
+          TaskOf(tasks[i]), [&] { return fn(tasks[i]); }, push, routes);
     }
   });
   for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
@@ -312,26 +318,86 @@ absl::StatusOr<int64_t> ParameterClient::NumElements(const std::string& variable
   return var->num_elements;
 }
 
+int64_t ParameterClient::RoutesSnapshot(std::vector<char>* failed) const {
+  if (routes_generation_.load() == 0) {  // never failed over: nothing to copy
+    failed->clear();
+    return 0;
+  }
+  absl::MutexLock lock(&routes_mu_);
+  *failed = failed_over_;
+  return routes_generation_.load();
+}
+
+absl::Status ParameterClient::SetFailedOver(const std::vector<int>& failed_over) {
+  std::vector<char> failed(num_ps(), 0);
+  for (int ps : failed_over) {
+    if (ps < 0 || ps >= num_ps()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failed-over task ps:", ps, " is not one of the ", num_ps(), " ps tasks"));
+    }
+    if (placement_.options().replication() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps:", ps, " failed over, but the placement has no backups (replication ",
+                       placement_.options().replication(), ")"));
+    }
+    failed[ps] = 1;
+  }
+  if (failed_over.empty()) failed.clear();
+  absl::MutexLock lock(&routes_mu_);
+  if (failed == failed_over_) return absl::OkStatus();
+  failed_over_ = std::move(failed);
+  routes_generation_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+std::vector<int> ParameterClient::failed_over() const {
+  absl::MutexLock lock(&routes_mu_);
+  std::vector<int> out;
+  for (size_t ps = 0; ps < failed_over_.size(); ++ps) {
+    if (failed_over_[ps]) out.push_back(static_cast<int>(ps));
+  }
+  return out;
+}
+
+absl::Status ParameterClient::FailOverPs(int ps, int failed, v1::FailOverPsResponse* response) {
+  v1::FailOverPsRequest request;
+  request.set_failed_ps_task(failed);
+  request.set_chief_epoch(options_.chief_epoch);
+  return WithRetries(ps, [&] { return transport_->FailOverPs(ps, request, response); });
+}
+
 absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,
                                    std::vector<std::vector<float>>* out, int64_t step) {
   out->resize(variables.size());
-  std::map<int, std::vector<DenseSlice>> by_ps;
+  std::vector<const DenseVar*> vars(variables.size());
   for (size_t i = 0; i < variables.size(); ++i) {
-    PS_ASSIGN_OR_RETURN(const DenseVar* var, FindVar(variables[i]));
-    (*out)[i].resize(var->num_elements);
-    for (const Part& p : var->parts) {
-      DenseSlice s;
-      s.ref = p.ref;
-      s.num_elements = p.num_elements;
-      s.pull_into = (*out)[i].data() + p.offset;
-      by_ps[p.ps].push_back(s);
-    }
+    PS_ASSIGN_OR_RETURN(vars[i], FindVar(variables[i]));
+    (*out)[i].resize(vars[i]->num_elements);
   }
-  std::vector<int> tasks;
-  for (const auto& [ps, slices] : by_ps) tasks.push_back(ps);
-  return ForEachPs(tasks, [&](int ps) {
-    return transport_->PullDense(ps, by_ps.at(ps), options_.wire_dtype, step);
-  });
+  // Planned again when a task fails over while the pull waits for it.
+  std::vector<char> failed;
+  for (;;) {
+    const int64_t routes = RoutesSnapshot(&failed);
+    std::map<int, std::vector<DenseSlice>> by_ps;
+    for (size_t i = 0; i < vars.size(); ++i) {
+      for (const Part& p : vars[i]->parts) {
+        DenseSlice s;
+        s.ref = p.ref;
+        s.num_elements = p.num_elements;
+        s.pull_into = (*out)[i].data() + p.offset;
+        by_ps[RouteKey(p, failed)].push_back(s);
+      }
+    }
+    std::vector<int> tasks;
+    for (const auto& [key, slices] : by_ps) tasks.push_back(key);
+    absl::Status s = ForEachPs(
+        tasks,
+        [&](int key) {
+          return transport_->PullDense(TaskOf(key), by_ps.at(key), options_.wire_dtype, step);
+        },
+        /*push=*/false, routes);
+    if (s.code() != absl::StatusCode::kAborted || !RoutesChanged(routes)) return s;
+  }
 }
 
 absl::Status ParameterClient::PushDense(const std::vector<std::string>& variables,
@@ -341,51 +407,64 @@ absl::Status ParameterClient::PushDense(const std::vector<std::string>& variable
     return absl::InvalidArgumentError(
         absl::StrCat("push of ", variables.size(), " variables with ", grads.size(), " gradients"));
   }
-  std::map<int, std::vector<DenseSlice>> by_ps;
+  std::vector<const DenseVar*> vars(variables.size());
   for (size_t i = 0; i < variables.size(); ++i) {
-    PS_ASSIGN_OR_RETURN(const DenseVar* var, FindVar(variables[i]));
-    for (const Part& p : var->parts) {
-      DenseSlice s;
-      s.ref = p.ref;
-      s.num_elements = p.num_elements;
-      s.push_from = grads[i] + p.offset;
-      by_ps[p.ps].push_back(s);
-    }
+    PS_ASSIGN_OR_RETURN(vars[i], FindVar(variables[i]));
   }
-  // One id per ps request, kept across its retries (and the ticket's later attempts); a ps task
+  // One id per store (a partition's primary), kept across its retries (and the ticket's later
+  // attempts), also where a failover sends the store's partitions to their backups; a route
   // that answered an earlier attempt is not sent the push again.
   PushTicket local;
   if (ticket == nullptr) ticket = &local;
-  std::vector<int> tasks;
-  for (const auto& [ps, slices] : by_ps) {
-    if (ticket->done.count(ps) == 0) tasks.push_back(ps);
+  std::vector<char> failed;
+  for (;;) {
+    const int64_t routes = RoutesSnapshot(&failed);
+    std::map<int, std::vector<DenseSlice>> by_route;
+    std::map<int, int> store_of;  // route key -> the partitions' primary
+    for (size_t i = 0; i < vars.size(); ++i) {
+      for (const Part& p : vars[i]->parts) {
+        DenseSlice s;
+        s.ref = p.ref;
+        s.num_elements = p.num_elements;
+        s.push_from = grads[i] + p.offset;
+        const int key = RouteKey(p, failed);
+        by_route[key].push_back(s);
+        store_of[key] = p.ps;
+      }
+    }
+    std::vector<int> keys;
+    for (const auto& [key, slices] : by_route) {
+      if (ticket->done.count(key) == 0) keys.push_back(key);
+    }
+    std::map<int, PushMeta> meta;
+    for (int key : keys) {
+      std::vector<v1::RequestId>& ids = ticket->ids[store_of.at(key)];
+      if (ids.empty()) ids.push_back(NextRequestId());
+      PushMeta& m = meta[key];
+      m.wire_dtype = options_.wire_dtype;
+      m.step = step;
+      m.worker = options_.worker;
+      m.request_id = ids[0];
+      m.delta = delta;
+    }
+    std::map<int, std::atomic<bool>> answered;
+    for (int key : keys) answered[key] = false;
+    absl::Status s = ForEachPs(
+        keys,
+        [&](int key) {
+          v1::PushDenseResponse resp;
+          PS_RETURN_IF_ERROR(
+              transport_->PushDense(TaskOf(key), by_route.at(key), meta.at(key), &resp));
+          if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+          answered.at(key) = true;
+          return absl::OkStatus();
+        },
+        /*push=*/true, routes);
+    for (int key : keys) {
+      if (answered.at(key)) ticket->done.insert(key);
+    }
+    if (s.code() != absl::StatusCode::kAborted || !RoutesChanged(routes)) return s;
   }
-  std::map<int, PushMeta> meta;
-  for (int ps : tasks) {
-    std::vector<v1::RequestId>& ids = ticket->ids[ps];
-    if (ids.empty()) ids.push_back(NextRequestId());
-    PushMeta& m = meta[ps];
-    m.wire_dtype = options_.wire_dtype;
-    m.step = step;
-    m.worker = options_.worker;
-    m.request_id = ids[0];
-    m.delta = delta;
-  }
-  std::vector<char> answered(placement_.num_ps(), 0);
-  absl::Status s = ForEachPs(
-      tasks,
-      [&](int ps) {
-        v1::PushDenseResponse resp;
-        PS_RETURN_IF_ERROR(transport_->PushDense(ps, by_ps.at(ps), meta.at(ps), &resp));
-        if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
-        answered[ps] = 1;
-        return absl::OkStatus();
-      },
-      /*push=*/true);
-  for (int ps : tasks) {
-    if (answered[ps]) ticket->done.insert(ps);
-  }
-  return s;
 }
 
 absl::StatusOr<const v1::TableSpec*> ParameterClient::FindTable(const std::string& table) const {

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/ps_transport.h"
@@ -153,6 +155,19 @@ class ParameterClient {
     return transport_->SetAddress(ps, address);
   }
 
+  // Failover (issue 37, docs/replication.md). The ps tasks whose dense partitions their
+  // backups serve now (Placement.failed_over_ps, as the chief publishes it): later pulls and
+  // pushes of those partitions go to each one's backup_ps_task, one request per store (a
+  // partition's ps_task), a push with the request id its first attempt had, so that the backup
+  // recognises a push its primary forwarded before it died. Calls under way give up waiting on
+  // a dead task and are planned again. INVALID_ARGUMENT, changing nothing, for a task index out
+  // of range or a placement without backups. Thread-safe.
+  absl::Status SetFailedOver(const std::vector<int>& failed_over);
+  std::vector<int> failed_over() const;
+  // Tells task `ps` that task `failed` died (the chief's part of a failover: see
+  // ParameterServer.FailOverPs), with the same retries.
+  absl::Status FailOverPs(int ps, int failed, v1::FailOverPsResponse* response);
+
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,
                         const float* grads, int64_t step, PushTicket* ticket = nullptr);
@@ -176,7 +191,9 @@ class ParameterClient {
   void AddBackups(std::vector<v1::CreateShardsRequest>* requests) const;
   struct Part {
     v1::ShardRef ref;
-    int ps = 0;
+    int ps = 0;          // its primary: the task whose store (and push ledger) holds it
+    int backup = -1;     // the task holding its backup (replication 2), which serves it once
+                         // `ps` failed over
     int64_t offset = 0;  // first element of the partition in the whole variable
     int64_t num_elements = 0;
   };
@@ -194,13 +211,28 @@ class ParameterClient {
                          PushTicket* ticket);
   absl::StatusOr<const v1::TableSpec*> FindTable(const std::string& table) const;
   // Runs fn(ps) for each listed task in parallel, each with retries; returns the first error.
+  // With `routes`, the listed values are route keys (RouteKey) and their retries give up
+  // (ABORTED) once the failed-over tasks change from those of generation `routes`.
   absl::Status ForEachPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn,
-                         bool push = false);
+                         bool push = false, int64_t routes = -1);
+  // Where a dense partition's requests go: its own store's task, or its backup's once its
+  // primary failed over (`failed`: a snapshot of failed_over_, empty when none).
+  int RouteKey(const Part& part, const std::vector<char>& failed) const {
+    if (failed.empty() || !failed[part.ps] || part.backup < 0) return part.ps;
+    return num_ps() * (1 + part.ps) + part.backup;
+  }
+  // The task a route key's requests go to.
+  int TaskOf(int key) const { return key < num_ps() ? key : key % num_ps(); }
+  // The failed-over tasks (empty: none) and their generation, read together.
+  int64_t RoutesSnapshot(std::vector<char>* failed) const;
+  // Whether the failed-over tasks changed since generation `routes`.
+  bool RoutesChanged(int64_t routes) const { return routes_generation_.load() != routes; }
   // Keys of one sparse request of rows of `dim` floats.
   int64_t KeysPerPart(int64_t dim) const;
   // Retries UNAVAILABLE; with `push`, also DEADLINE_EXCEEDED and CANCELLED (the push's id
   // makes a retry safe).
-  absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false);
+  absl::Status WithRetries(int ps, const std::function<absl::Status()>& fn, bool push = false,
+                           int64_t routes = -1);
   v1::RequestId NextRequestId();
   // A request's keys by owning ps task (PsOfKey): task ps has begin[ps + 1] - begin[ps] of
   // them; with GroupPositions, their positions in increasing order are
@@ -227,6 +259,9 @@ class ParameterClient {
   std::atomic<int64_t> duplicate_pushes_{0};
   std::map<std::string, DenseVar> dense_;
   std::unique_ptr<ThreadPool> fan_out_;
+  mutable absl::Mutex routes_mu_;
+  std::vector<char> failed_over_ ABSL_GUARDED_BY(routes_mu_);  // by task; empty: none
+  std::atomic<int64_t> routes_generation_{0};                  // raised by each change
 };
 
 }  // namespace pscluster

@@ -85,6 +85,12 @@ class PsTransport {
   virtual absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                      v1::RestoreShardsResponse* response) = 0;
   virtual absl::StatusOr<v1::TaskStatus> GetStatus(int ps) = 0;
+  // Failover (issue 37): tells task `ps` that task request.failed_ps_task() died.
+  // UNIMPLEMENTED for a transport whose tasks hold no backups (in-process).
+  virtual absl::Status FailOverPs(int ps, const v1::FailOverPsRequest& request,
+                                  v1::FailOverPsResponse* response) {
+    return absl::UnimplementedError("this transport's ps tasks hold no backups");
+  }
   // Points later calls for task `ps` at `address` (host:port): the task was restarted
   // elsewhere. Calls under way finish on the old address. UNIMPLEMENTED for a transport
   // without addresses (in-process).

@@ -479,4 +479,9 @@ absl::Status TcpPsTransport::RestoreShards(int ps, const v1::RestoreShardsReques
 
 absl::StatusOr<v1::TaskStatus> TcpPsTransport::GetStatus(int ps) { return grpc_->GetStatus(ps); }
 
+absl::Status TcpPsTransport::FailOverPs(int ps, const v1::FailOverPsRequest& request,
+                                        v1::FailOverPsResponse* response) {
+  return grpc_->FailOverPs(ps, request, response);
+}
+
 }  // namespace pscluster

@@ -88,6 +88,8 @@ class TcpPsTransport : public PsTransport {
   absl::Status RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                              v1::RestoreShardsResponse* response) override;
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
+  absl::Status FailOverPs(int ps, const v1::FailOverPsRequest& request,
+                          v1::FailOverPsResponse* response) override;
   // Both planes: the gRPC channel, and the data port looked up again on the new host; idle
   // connections to the old address are closed, and those in use are not pooled again.
   absl::Status SetAddress(int ps, const std::string& address) override;

@@ -68,9 +68,11 @@ void BackupStores::AppendShards(v1::ListShardsResponse* response) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [primary, store] : stores_) {
     v1::ListShardsResponse listed = store->ListShards();
+    const bool promoted = promoted_.count(primary) > 0;
     for (v1::ShardStats& s : *listed.mutable_shards()) {
       s.set_backup(true);
       s.set_primary_ps_task(primary);
+      s.set_promoted(promoted);
       *response->add_shards() = std::move(s);
     }
   }
@@ -87,6 +89,44 @@ absl::StatusOr<v1::InspectShardResponse> BackupStores::Inspect(
   out.mutable_shard()->set_backup(true);
   out.mutable_shard()->set_primary_ps_task(request.primary_ps_task());
   return out;
+}
+
+void BackupStores::Promote(int primary, int* dense_shards, bool* already) {
+  absl::MutexLock lock(&mu_);
+  *already = !promoted_.insert(primary).second;
+  *dense_shards = 0;
+  auto it = stores_.find(primary);
+  if (it == stores_.end()) return;
+  const v1::ListShardsResponse listed = it->second->ListShards();
+  for (const v1::ShardStats& s : listed.shards()) {
+    if (!s.is_table()) ++*dense_shards;
+  }
+  any_promoted_.store(true);
+}
+
+absl::StatusOr<ParameterStore*> BackupStores::ForForward(int primary) const {
+  absl::MutexLock lock(&mu_);
+  auto it = stores_.find(primary);
+  if (promoted_.count(primary) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this ps task took over ps:", primary,
+                     "'s shards when the chief failed it over: its forwards are refused"));
+  }
+  if (it == stores_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this ps task holds no backup of ps:", primary, "'s shards"));
+  }
+  return it->second.get();
+}
+
+ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
+  if (!any_promoted_.load(std::memory_order_relaxed)) return nullptr;
+  absl::MutexLock lock(&mu_);
+  for (int primary : promoted_) {
+    auto it = stores_.find(primary);
+    if (it != stores_.end() && it->second->HoldsDense(ref)) return it->second.get();
+  }
+  return nullptr;
 }
 
 ParameterStore* BackupStores::Find(int primary) const {

@@ -1,9 +1,11 @@
 #ifndef PSCLUSTER_PS_SERVER_BACKUP_STORES_H_
 #define PSCLUSTER_PS_SERVER_BACKUP_STORES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -53,10 +55,33 @@ class BackupStores {
   // The store of `primary`'s backups, or null.
   ParameterStore* Find(int primary) const;
 
+  // Failover (issue 37): from now on this task serves the backups it holds of `primary` as
+  // their primary (ServingDense finds them), if any, and refuses that task's forwards
+  // (ForForward). `*dense_shards`: how many dense shards that is; `*already`: promoted before
+  // (a retry).
+  void Promote(int primary, int* dense_shards, bool* already);
+  // The store a forward from `primary` is applied to. FAILED_PRECONDITION when this task backs
+  // up nothing of it, or took its shards over (the primary is fenced: it cannot have a push
+  // acknowledged any more).
+  absl::StatusOr<ParameterStore*> ForForward(int primary) const;
+  // The promoted store that holds dense shard `ref`, or null. One atomic load while nothing
+  // is promoted.
+  ParameterStore* ServingDense(const v1::ShardRef& ref) const;
+  // Where a worker's dense pull or push of `shards` goes: the promoted store holding the first
+  // of them, else `own` (the task's own store). Clients send one request per store (per
+  // DensePartition.ps_task), so the rest are in the same one.
+  ParameterStore* DenseStore(ParameterStore* own,
+                             const google::protobuf::RepeatedPtrField<v1::ShardRef>& shards) const {
+    ParameterStore* promoted = shards.empty() ? nullptr : ServingDense(shards[0]);
+    return promoted != nullptr ? promoted : own;
+  }
+
  private:
   ParameterStoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<int, std::unique_ptr<ParameterStore>> stores_ ABSL_GUARDED_BY(mu_);
+  std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> any_promoted_{false};
 };
 
 }  // namespace pscluster

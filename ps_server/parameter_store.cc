@@ -150,6 +150,11 @@ absl::StatusOr<std::vector<std::shared_ptr<DenseShard>>> ParameterStore::FindDen
   return out;
 }
 
+bool ParameterStore::HoldsDense(const v1::ShardRef& ref) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return dense_.count({ref.variable(), ref.partition()}) > 0;
+}
+
 absl::StatusOr<ParameterStore::Table> ParameterStore::FindTable(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(CheckNotHeldLocked());
@@ -425,8 +430,38 @@ std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(const DensePush& p
   return list;
 }
 
+int ParameterStore::DropBackup(int backup) {
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    lost_backups_.insert(backup);
+  }
+  int dropped = 0;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [key, shard] : dense_) {
+    if (shard->backup_ps_task() == backup) {
+      shard->set_backup_ps_task(-1);
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
 absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
-  absl::Status s = options_.forwarder->Forward(forwards);
+  // Forwards to a backup that died are left out (copied only then: it owns its gradients).
+  const ForwardList* send = &forwards;
+  ForwardList live;
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    const auto dropped = [&](const DenseForward& f) { return lost_backups_.count(f.backup) > 0; };
+    if (std::any_of(forwards.forwards.begin(), forwards.forwards.end(), dropped)) {
+      for (const DenseForward& f : forwards.forwards) {
+        if (!dropped(f)) live.forwards.push_back(f);
+      }
+      send = &live;
+    }
+  }
+  if (send->forwards.empty()) return absl::OkStatus();
+  absl::Status s = options_.forwarder->Forward(*send);
   if (s.ok()) return s;
   return absl::UnavailableError(
       absl::StrCat("the push was applied on this ps task but not yet on its backup (", s.message(),

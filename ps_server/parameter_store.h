@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -152,6 +153,16 @@ class ParameterStore {
 
   // Every shard and table with its counters.
   v1::ListShardsResponse ListShards() const;
+  // Whether this store holds dense shard `ref` (held for a restore or not).
+  bool HoldsDense(const v1::ShardRef& ref) const;
+  // Failover (issue 37): ps task `backup` died. The dense shards backed up there are forwarded
+  // no more, nor are forwards to it that earlier pushes still owe (their retries are answered
+  // without them). Returns how many shards had their backup there.
+  int DropBackup(int backup);
+  // OK, and the highest chief epoch seen raised to `epoch`, unless a newer chief has been seen
+  // (FAILED_PRECONDITION naming both); epoch 0 (not a chief) always passes. For a chief's
+  // request that the store does not take itself (FailOverPs).
+  absl::Status CheckChiefEpoch(int64_t epoch, const char* what) { return Fence(epoch, what); }
 
   // Statistics and a slice of one shard (partition -1, or a table's name, selects a table),
   // with every complete sync step applied first: an operator sees the newest values.
@@ -294,6 +305,9 @@ class ParameterStore {
   bool deltas_allowed_ ABSL_GUARDED_BY(mu_) = false;
   // The highest chief epoch seen in CreateShards, SaveShards or RestoreShards (Fence).
   std::atomic<int64_t> chief_epoch_{0};
+  // DropBackup's tasks: forwards to them are skipped.
+  mutable absl::Mutex lost_backups_mu_;
+  std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
   // naming both); epoch 0 (not a chief) always passes.
   absl::Status Fence(int64_t epoch, const char* what);

@@ -7,6 +7,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 namespace {
@@ -151,7 +152,7 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
     one.clear_shards();
     *one.add_shards() = req->shards(i);
     ChunkStreamSink sink(ctx, writer, WireOrFloat(req->wire_dtype()), chunk_bytes, i);
-    absl::Status s = store_->PullDense(one, &sink);
+    absl::Status s = backups_.DenseStore(store_, one.shards())->PullDense(one, &sink);
     if (s.ok()) s = sink.Flush();
     if (!s.ok()) return ToGrpcStatus(s);
   }
@@ -171,9 +172,10 @@ grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
                         "a PushDense stream must start with a header");
   }
   std::unique_ptr<DensePush> push = pushes_.Take();
-  absl::Status s = store_->StartPushDense(msg.header(), push.get());
+  ParameterStore* store = backups_.DenseStore(store_, msg.header().shards());
+  absl::Status s = store->StartPushDense(msg.header(), push.get());
   if (s.ok()) s = ReadChunks(reader, "PushDense", push.get());
-  if (s.ok()) s = store_->FinishPushDense(push.get(), resp);
+  if (s.ok()) s = store->FinishPushDense(push.get(), resp);
   pushes_.Return(std::move(push));
   return ToGrpcStatus(s);
 }
@@ -193,18 +195,43 @@ grpc::Status PsService::Replicate(grpc::ServerContext* ctx,
                         "a Replicate stream must start with a header");
   }
   const v1::ReplicateHeader header = msg.header();
-  ParameterStore* store = backups_.Find(header.primary_ps_task());
-  if (store == nullptr) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards"));
-  }
+  absl::StatusOr<ParameterStore*> store = backups_.ForForward(header.primary_ps_task());
+  if (!store.ok()) return ToGrpcStatus(store.status());
   std::unique_ptr<DensePush> push = pushes_.Take();
-  absl::Status s = store->StartPushDense(header.push(), push.get());
+  absl::Status s = (*store)->StartPushDense(header.push(), push.get());
   if (s.ok()) s = ReadChunks(reader, "Replicate", push.get());
-  if (s.ok()) s = store->ApplyReplicatedDense(header, push.get(), resp);
+  if (s.ok()) s = (*store)->ApplyReplicatedDense(header, push.get(), resp);
   pushes_.Return(std::move(push));
   return ToGrpcStatus(s);
+}
+
+grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverPsRequest* req,
+                                   v1::FailOverPsResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.FailOverPs"));
+  if (absl::Status s = store_->CheckChiefEpoch(req->chief_epoch(), "FailOverPs"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const int failed = req->failed_ps_task();
+  if (failed < 0 || failed == SelfIndex()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("FailOverPs names ps:", failed,
+                                     "; expected another ps task's index (the one that died)"));
+  }
+  int promoted = 0;
+  bool already = false;
+  backups_.Promote(failed, &promoted, &already);
+  const int unreplicated = store_->DropBackup(failed);
+  resp->set_dense_promoted(promoted);
+  resp->set_dense_unreplicated(unreplicated);
+  resp->set_already(already);
+  if (!already) {
+    LOG(WARNING) << "ps:" << failed << " failed over: serving the " << promoted
+                 << " dense shards this task backs up of it as their primary (its forwards are "
+                    "refused); "
+                 << unreplicated << " of this task's own shards it backed up are not forwarded "
+                 << "any more";
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSparseRequest* req,

@@ -31,8 +31,9 @@ struct PsServiceOptions {
 // Adapts a ParameterStore to the ParameterServer gRPC service: marshals requests into the
 // store's operations (which validate and decode), streams dense tensors in chunks, and turns
 // Status into gRPC status. Also holds the task's backups of other tasks' shards
-// (CreateShardsRequest.backups: BackupStores), which only CreateShards, ListShards and
-// InspectShard reach. Thread-safe.
+// (CreateShardsRequest.backups: BackupStores), which CreateShards, ListShards, InspectShard and
+// Replicate reach, and, once FailOverPs made them primaries, the dense pulls and pushes.
+// Thread-safe.
 class PsService : public v1::ParameterServer::Service {
  public:
   // `store` is not owned and must outlive the service.
@@ -66,6 +67,8 @@ class PsService : public v1::ParameterServer::Service {
                              v1::RestoreShardsResponse* resp) override;
   grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicateRequest>* reader,
                          v1::ReplicateResponse* resp) override;
+  grpc::Status FailOverPs(grpc::ServerContext* ctx, const v1::FailOverPsRequest* req,
+                          v1::FailOverPsResponse* resp) override;
 
  private:
   // This task's index once SetIdentity named a ps task, else -1.

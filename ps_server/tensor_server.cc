@@ -103,6 +103,11 @@ class TensorServer::Connection {
 
   // With TLS: OK when the peer may make this call (acting for worker `worker`, for a push), as
   // over gRPC. Without: OK.
+  // The store a dense pull or push of `shards` goes to (BackupStores::DenseStore).
+  ParameterStore* DenseStore(const google::protobuf::RepeatedPtrField<v1::ShardRef>& shards) const {
+    return options_.backups == nullptr ? store_ : options_.backups->DenseStore(store_, shards);
+  }
+
   absl::Status Allowed(const char* method, const int32_t* worker = nullptr) const {
     if (!peer_.has_value()) return absl::OkStatus();
     if (worker == nullptr) return Authorize(*peer_, method);
@@ -159,7 +164,7 @@ class TensorServer::Connection {
     }
     const v1::DataType wire = WireOrFloat(req.wire_dtype());
     Sink sink(this, request, wire);
-    absl::Status s = store_->PullDense(req, &sink);
+    absl::Status s = DenseStore(req.shards())->PullDense(req, &sink);
     if (sink.streaming()) {
       // A broken stream cannot be answered.
       return s.ok() && sink.io().ok() && socket_.Flush(options_.io_timeout).ok();
@@ -178,7 +183,8 @@ class TensorServer::Connection {
     if (absl::Status s = Allowed("ParameterServer.PushDense", &worker); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
-    if (absl::Status s = store_->StartPushDense(header, &push_); !s.ok()) {
+    ParameterStore* store = DenseStore(header.shards());
+    if (absl::Status s = store->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
     uint64_t left = request.payload_bytes;
@@ -186,7 +192,7 @@ class TensorServer::Connection {
     if (!ReadPushPayload(request, &left, &bad)) return false;
     if (!bad.ok()) return Refuse(request, left, bad);
     v1::PushDenseResponse resp;
-    absl::Status s = store_->FinishPushDense(&push_, &resp);
+    absl::Status s = store->FinishPushDense(&push_, &resp);
     return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
   }
 
@@ -203,14 +209,13 @@ class TensorServer::Connection {
     if (absl::Status s = AllowedFor("ParameterServer.Replicate", primary); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
-    ParameterStore* store =
-        options_.backups == nullptr ? nullptr : options_.backups->Find(header.primary_ps_task());
-    if (store == nullptr) {
-      return Refuse(
-          request, request.payload_bytes,
-          absl::FailedPreconditionError(absl::StrCat(
-              "this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards")));
-    }
+    absl::StatusOr<ParameterStore*> found =
+        options_.backups == nullptr
+            ? absl::FailedPreconditionError(absl::StrCat(
+                  "this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards"))
+            : options_.backups->ForForward(header.primary_ps_task());
+    if (!found.ok()) return Refuse(request, request.payload_bytes, found.status());
+    ParameterStore* store = *found;
     if (header.push().wire_dtype() != v1::DT_FLOAT32 &&
         header.push().wire_dtype() != v1::DT_INVALID) {
       return Refuse(request, request.payload_bytes,

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/chief_client.h"
 #include "client/cluster_client.h"
@@ -233,6 +234,16 @@ absl::Status WorkerServer::TrainOnce() {
       LOG(WARNING) << TaskName(options_.cluster.task()) << ": ps:" << ps << " moved from "
                    << addresses[ps] << " to " << now.ps_addresses(ps);
       if (client->SetPsAddress(ps, now.ps_addresses(ps)).ok()) addresses[ps] = now.ps_addresses(ps);
+    }
+    // A dead ps task's partitions served by their backups since the chief failed it over.
+    const std::vector<int> failed_over(now.placement().failed_over_ps().begin(),
+                                       now.placement().failed_over_ps().end());
+    if (failed_over != client->failed_over()) {
+      absl::Status s = client->SetFailedOver(failed_over);
+      LOG(WARNING) << TaskName(options_.cluster.task())
+                   << ": ps tasks failed over to their backups: "
+                   << absl::StrJoin(failed_over, ", ")
+                   << (s.ok() ? "" : absl::StrCat(" (not followed: ", s.message(), ")"));
     }
   };
   trainer_options.worker = index;

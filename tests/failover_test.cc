@@ -1,0 +1,209 @@
+// Issue 37's failover through the real daemons: a chief with --replication=2, three ps tasks
+// and clients in this process pushing as workers do. ps:1 is killed with SIGKILL while they
+// push; the chief promotes its partitions' backups, the clients follow the new routes, and
+// every push a client got an answer for is in the final model exactly once.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cluster_client.h"
+#include "client/parameter_client.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/coordinator_service.grpc.pb.h"
+#include "testing/test_cluster.h"
+
+namespace pscluster {
+namespace {
+
+using ::testing::HasSubstr;
+
+// SGD at rate 1 from zero: a variable's final value is minus the sum of the gradients applied
+// to it, exactly (small integers in float). "w" is 64 rows of 64 bytes, cut into four
+// partitions of 16 rows (--max_partition_bytes=1024) over the three tasks.
+constexpr char kModel[] = R"pb(
+  variables {
+    name: "w"
+    shape { dims: 64 dims: 16 }
+    initializer { kind: CONSTANT value: 0 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+  variables {
+    name: "b"
+    shape { dims: 16 }
+    initializer { kind: CONSTANT value: 0 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+)pb";
+
+constexpr int kNumPs = 3;
+constexpr int kClients = 2;
+constexpr int kPushesPerClient = 150;
+
+v1::GetModelResponse GetModel(TestCluster& cluster) {
+  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetModelRequest req;
+  req.set_wait_until_ready(true);
+  v1::GetModelResponse resp;
+  grpc::Status s = chief->GetModel(&ctx, req, &resp);
+  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
+  return resp;
+}
+
+// A client as a worker has one: the tensor data plane, few attempts before the caller looks
+// up the routes again.
+std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker) {
+  std::vector<std::string> addresses(m.ps_addresses().begin(), m.ps_addresses().end());
+  ParameterClientOptions options;
+  options.worker = worker;
+  options.max_attempts = 3;
+  options.initial_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  auto client = ParameterClient::Create(m.model(), m.placement(),
+                                        NewPsTransport(addresses, /*tensor_wire=*/true), options);
+  CHECK(client.ok()) << client.status();
+  return *std::move(client);
+}
+
+// What a worker's before_retry does: the failed-over tasks as the chief publishes them.
+void FollowFailovers(TestCluster& cluster, ParameterClient& client) {
+  const v1::GetModelResponse now = GetModel(cluster);
+  const std::vector<int> failed(now.placement().failed_over_ps().begin(),
+                                now.placement().failed_over_ps().end());
+  CHECK(client.SetFailedOver(failed).ok());
+}
+
+TEST(FailoverTest, AKilledPrimaryFailsOverAndEveryAnsweredPushIsInTheModelOnce) {
+  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
+  std::ofstream(model_path) << kModel;
+  TestClusterOptions options;
+  options.num_ps = kNumPs;
+  options.num_workers = 0;
+  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
+                            "--replication=2", "--heartbeat_interval_ms=100",
+                            "--heartbeat_timeout_ms=1000"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
+  const v1::GetModelResponse m = GetModel(cluster);
+  ASSERT_EQ(m.placement().options().replication(), 2);
+  int on_ps1 = 0;
+  for (const v1::DensePartition& p : m.placement().partitions()) {
+    ASSERT_NE(p.backup_ps_task(), p.ps_task());
+    on_ps1 += p.ps_task() == 1;
+  }
+  ASSERT_GT(on_ps1, 0) << "ps:1 holds no partition: nothing to fail over";
+
+  // Bad input first: a task told that it died itself, or a task index below 0, changes nothing.
+  {
+    std::unique_ptr<ParameterClient> admin = ClientFor(m, -1);
+    for (int failed : {0, -2}) {
+      v1::FailOverPsResponse r;
+      absl::Status s = admin->FailOverPs(0, failed, &r);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr(absl::StrCat("FailOverPs names ps:", failed,
+                                         "; expected another ps task's index")));
+    }
+    EXPECT_TRUE(admin->GetStatus(0).ok());
+  }
+
+  // Client c pushes c + 1 into every element, kPushesPerClient times, each push until it is
+  // answered (its ticket keeps its request ids across attempts).
+  std::atomic<int> answered{0};
+  absl::Mutex times_mu;
+  std::vector<absl::Time> answered_at;  // every answer, for the pause the failover made
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<ParameterClient> client = ClientFor(m, c);
+      const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
+      for (int i = 0; i < kPushesPerClient; ++i) {
+        PushTicket ticket;
+        const absl::Time deadline = absl::Now() + absl::Seconds(60);
+        absl::Status s;
+        while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
+          if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+          FollowFailovers(cluster, *client);
+        }
+        if (!s.ok()) {
+          errors[c] = s;
+          return;
+        }
+        {
+          absl::MutexLock lock(&times_mu);
+          answered_at.push_back(absl::Now());
+        }
+        answered.fetch_add(1);
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    });
+  }
+  while (answered.load() < kClients * kPushesPerClient / 3) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGKILL).ok());
+  const absl::Time killed_at = absl::Now();
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+
+  const v1::GetModelResponse after = GetModel(cluster);
+  ASSERT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
+                               after.placement().failed_over_ps().end()),
+              ::testing::ElementsAre(1));
+  // Every push answered, each applied once: -(1 + 2) * kPushesPerClient everywhere.
+  const float expected = -3.0f * kPushesPerClient;
+  auto expect_exact = [&](const std::string& when) {
+    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
+    ASSERT_TRUE(reader->SetFailedOver({1}).ok());
+    std::vector<std::vector<float>> values;
+    ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
+    for (int v = 0; v < 2; ++v) {
+      for (size_t j = 0; j < values[v].size(); ++j) {
+        ASSERT_EQ(values[v][j], expected)
+            << when << ": " << (v == 0 ? "w" : "b") << "[" << j << "]\n"
+            << cluster.Logs(40);
+      }
+    }
+  };
+  expect_exact("after the failover");
+  const std::string chief_log = cluster.chief().LogTail(400);
+  EXPECT_THAT(chief_log, HasSubstr("ps:1 failed over"));
+  EXPECT_THAT(chief_log, HasSubstr("no checkpoint restored, nothing rolled back"));
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restoring every ps task")));
+  // The longest time without an answered push after the kill: detection (the chief's heartbeat
+  // timeout, 1 s here) plus the failover plus the clients finding the new routes.
+  std::sort(answered_at.begin(), answered_at.end());
+  absl::Duration pause;
+  for (size_t i = 1; i < answered_at.size(); ++i) {
+    if (answered_at[i] > killed_at) pause = std::max(pause, answered_at[i] - answered_at[i - 1]);
+  }
+  LOG(INFO) << "longest time without an answered push after the SIGKILL: " << pause
+            << " (heartbeat timeout 1 s)";
+  EXPECT_LT(pause, absl::Seconds(30));
+
+  // ps:1 comes back empty: it takes nothing back, and nothing is rolled back.
+  ASSERT_TRUE(cluster.StartTask("ps", 1).ok()) << cluster.Logs();
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (cluster.chief().LogTail(400).find("ps:1 came back after its failover") ==
+             std::string::npos &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_THAT(cluster.chief().LogTail(400), HasSubstr("ps:1 came back after its failover"))
+      << cluster.Logs(40);
+  expect_exact("after ps:1 came back");
+  EXPECT_THAT(cluster.chief().LogTail(400), ::testing::Not(HasSubstr("restoring every ps task")));
+}
+
+}  // namespace
+}  // namespace pscluster
