@@ -39,6 +39,9 @@ std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& cor
       MetricType::Gauge, static_cast<double>(p.max_lead()));
   one("pscluster_recoveries_total", "Recoveries begun (a ps task restarted)", MetricType::Counter,
       static_cast<double>(core.recoveries()));
+  one("pscluster_failovers_total",
+      "ps tasks failed over to their backups (--replication=2), restoring nothing",
+      MetricType::Counter, static_cast<double>(core.FailedOver().size()));
   one("pscluster_training_finished", "1 once training is over", MetricType::Gauge,
       p.finished() ? 1 : 0);
 

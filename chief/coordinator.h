@@ -146,6 +146,8 @@ class Coordinator {
   void GetClusterStatus(v1::ClusterStatus* resp) const;
   // Recoveries begun since this chief started (for metrics).
   int64_t recoveries() const;
+  // The ps tasks failed over to their backups so far (replication 2), in order. A copy.
+  std::vector<int> FailedOver() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status GetModel(const v1::GetModelRequest& req, const CallContext& call,
                         v1::GetModelResponse* resp);
   absl::Status AcquireToken(const v1::AcquireTokenRequest& req, const CallContext& call,
@@ -198,8 +200,6 @@ class Coordinator {
   // (Placement.failed_over_ps) to the chief's client and to GetModel. False, with nothing
   // published, when a backup task could not be promoted (tried again later).
   bool FailOver(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
-  // The tasks failed over so far, in order (empty: none). A copy.
-  std::vector<int> FailedOver() const ABSL_LOCKS_EXCLUDED(mu_);
   // When `s` says that a newer chief has replaced this one (common/chief_epoch.h): the phase
   // becomes FAILED, the chief stops, and true is returned.
   bool StopIfSuperseded(const absl::Status& s);

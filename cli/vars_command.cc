@@ -2,6 +2,7 @@
 
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,8 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
     report.mutable_ps_tasks(ps)->set_virtual_shards(static_cast<int32_t>(owned[ps].size()));
   }
 
+  // Tasks the chief failed over (replication 2): their partitions are served by their backups.
+  const std::set<int> failed(placement.failed_over_ps().begin(), placement.failed_over_ps().end());
   for (const v1::VariableSpec& spec : cluster.model.model().variables()) {
     psctl::VariableInfo* var = report.add_variables();
     var->set_name(spec.name());
@@ -121,7 +124,29 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
       info->set_row_end(p->row_end());
       info->set_ps_task(p->ps_task());
       info->set_ps_address(Address(cluster, p->ps_task()));
-      if (placement.options().replication() >= 2) {
+      if (failed.count(p->ps_task()) > 0) {
+        // Served by the task that backed it up, from the store it took over.
+        const int b = p->backup_ps_task();
+        info->set_failed_over(true);
+        info->set_failed_primary(p->ps_task());
+        info->set_ps_task(b);
+        info->set_ps_address(Address(cluster, b));
+        if (b >= 0 && b < static_cast<int>(listings.size())) {
+          auto it = listings[b].backups.find({p->ps_task(), {spec.name(), p->partition()}});
+          if (it != listings[b].backups.end()) {
+            info->set_held(true);
+            info->set_bytes(it->second.bytes());
+            info->set_updates(it->second.applied_step());
+            var->set_bytes(var->bytes() + it->second.bytes());
+          }
+        }
+        continue;
+      }
+      if (placement.options().replication() >= 2 && failed.count(p->backup_ps_task()) > 0) {
+        info->set_has_backup(true);
+        info->set_backup_ps_task(p->backup_ps_task());
+        info->set_backup_lost(true);
+      } else if (placement.options().replication() >= 2) {
         info->set_has_backup(true);
         info->set_backup_ps_task(p->backup_ps_task());
         const int b = p->backup_ps_task();
@@ -184,7 +209,9 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
     TextTable vars({"VARIABLE", "SHAPE", "DTYPE", "PARTITIONS", "BYTES", "OPTIMIZER"});
     bool replicated = false;
     for (const psctl::VariableInfo& v : report.variables()) {
-      for (const psctl::PartitionInfo& p : v.partitions()) replicated |= p.has_backup();
+      for (const psctl::PartitionInfo& p : v.partitions()) {
+        replicated |= p.has_backup() || p.failed_over();
+      }
     }
     std::vector<std::string> columns = {"PARTITION", "ROWS", "PS", "ADDRESS", "BYTES", "UPDATES"};
     if (replicated) columns.push_back("BACKUP");
@@ -197,15 +224,20 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
       vars.AddRow({v.name(), ShapeString(shape), v.dtype(), absl::StrCat(v.partitions_size()),
                    AtLeast(HumanBytes(v.bytes()), complete), v.optimizer()});
       for (const psctl::PartitionInfo& p : v.partitions()) {
-        std::vector<std::string> row = {absl::StrCat(v.name(), "/", p.partition()),
-                                        absl::StrCat("[", p.row_begin(), ", ", p.row_end(), ")"),
-                                        ps_name(p.ps_task()),
-                                        p.ps_address(),
-                                        p.held() ? HumanBytes(p.bytes()) : "?",
-                                        p.held() ? absl::StrCat(p.updates()) : "?"};
+        std::vector<std::string> row = {
+            absl::StrCat(v.name(), "/", p.partition()),
+            absl::StrCat("[", p.row_begin(), ", ", p.row_end(), ")"),
+            p.failed_over() ? absl::StrCat(ps_name(p.ps_task()), " (took over from ",
+                                           ps_name(p.failed_primary()), ")")
+                            : ps_name(p.ps_task()),
+            p.ps_address(),
+            p.held() ? HumanBytes(p.bytes()) : "?",
+            p.held() ? absl::StrCat(p.updates()) : "?"};
         if (replicated) {
           row.push_back(
-              !p.has_backup() ? "-"
+              p.failed_over()   ? absl::StrCat("- (lost with ", ps_name(p.failed_primary()), ")")
+              : !p.has_backup() ? "-"
+              : p.backup_lost() ? absl::StrCat(ps_name(p.backup_ps_task()), " (lost)")
               : p.backup_held()
                   ? absl::StrCat(ps_name(p.backup_ps_task()), " (", p.backup_updates(), " updates)")
                   : absl::StrCat(ps_name(p.backup_ps_task()), " (missing)"));

@@ -10,6 +10,7 @@
 #include "client/cluster_client.h"
 #include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
+#include "client/ps_follower.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "evaluator/evaluation.h"
@@ -131,7 +132,11 @@ absl::Status EvaluatorServer::EvaluateOnce() {
   if (!options_.data_path.empty()) data.set_path(options_.data_path);
   PS_ASSIGN_OR_RETURN(Dataset test, LoadDataset(data, model.config(), /*train=*/false));
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
+  // Where the ps tasks are now (moved, or failed over to their backups), looked up while a
+  // pull is retried.
+  PsFollower follower(chief.get(), addresses, "evaluator:0");
   ParameterClientOptions client_options;  // a reader: worker -1, as tools
+  client_options.before_retry = [&follower](int) { follower.Follow(); };
   // On a GPU, as few batches as fit in 1 GiB (at least 1,000 examples): each batch uploads the
   // parameters again, and evaluations every half epoch must keep up with a fast worker.
   int batch_size = 1000;
@@ -148,6 +153,7 @@ absl::Status EvaluatorServer::EvaluateOnce() {
       ParameterClient::Create(model.model(), model.placement(),
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
+  follower.Attach(client.get());
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test), batch_size,
                                         gpu_kernels_.get()));

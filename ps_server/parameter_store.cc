@@ -452,10 +452,11 @@ absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
   ForwardList live;
   {
     absl::MutexLock lock(&lost_backups_mu_);
-    const auto dropped = [&](const DenseForward& f) { return lost_backups_.count(f.backup) > 0; };
-    if (std::any_of(forwards.forwards.begin(), forwards.forwards.end(), dropped)) {
+    bool any_lost = false;
+    for (const DenseForward& f : forwards.forwards) any_lost |= lost_backups_.count(f.backup) > 0;
+    if (any_lost) {
       for (const DenseForward& f : forwards.forwards) {
-        if (!dropped(f)) live.forwards.push_back(f);
+        if (lost_backups_.count(f.backup) == 0) live.forwards.push_back(f);
       }
       send = &live;
     }

@@ -14,7 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "cli/live_cluster.h"
+#include "cli/vars_command.h"
 #include "client/cluster_client.h"
+#include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
@@ -187,6 +190,40 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
     }
   };
   expect_exact("after the failover");
+
+  // psctl vars: each of the dead task's partitions on the task that took it over, with its
+  // updates there; each partition it backed up, its backup lost.
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+    absl::StatusOr<LiveCluster> live = ConnectToCluster(*chief, LiveClusterOptions());
+    ASSERT_TRUE(live.ok()) << live.status();
+    absl::Status unreachable;  // the dead task's own listing
+    const psctl::VarsReport report = BuildVarsReport(*live, &unreachable);
+    int took_over = 0, lost = 0;
+    for (const psctl::VariableInfo& v : report.variables()) {
+      for (const psctl::PartitionInfo& p : v.partitions()) {
+        const std::string part = absl::StrCat(v.name(), "/", p.partition());
+        if (p.failed_over()) {
+          ++took_over;
+          EXPECT_EQ(p.failed_primary(), killed) << part;
+          EXPECT_NE(p.ps_task(), killed) << part;
+          EXPECT_TRUE(p.held()) << part;
+          EXPECT_GE(p.updates(), kClients * kPushesPerClient) << part;
+        } else {
+          EXPECT_NE(p.ps_task(), killed) << part;
+          if (p.backup_ps_task() == killed) {
+            ++lost;
+            EXPECT_TRUE(p.backup_lost()) << part;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(took_over, on_killed);
+    EXPECT_GT(lost, 0);
+    const std::string text = FormatVarsReport(report);
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("(took over from ", name, ")"))) << text;
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(name, " (lost)"))) << text;
+  }
   const std::string chief_log = cluster.chief().LogTail(400);
   EXPECT_THAT(chief_log, HasSubstr(name + " failed over"));
   EXPECT_THAT(chief_log, HasSubstr("no checkpoint restored, nothing rolled back"));

@@ -5,13 +5,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "client/chief_client.h"
 #include "client/cluster_client.h"
 #include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
+#include "client/ps_follower.h"
 #include "common/cluster_spec.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -212,54 +211,21 @@ absl::Status WorkerServer::TrainOnce() {
             << all.num_examples << " training examples are this worker's shard";
 
   std::vector<std::string> addresses(model.ps_addresses().begin(), model.ps_addresses().end());
-  // Where the ps tasks are now, from the chief, which serves the address each registered with
-  // last (a ps task restarted elsewhere: a new port, or a rescheduled pod's new IP) and the
-  // tasks it failed over to their backups (replication 2). Looked up while a call to a ps
-  // task is retried and when a step fails, at most every 200 ms; from any thread.
-  absl::Mutex follow_mu;
-  absl::Time last_lookup = absl::InfinitePast();
-  ParameterClient* followed = nullptr;  // set once the client exists
-  auto follow_ps_tasks = [&] {
-    absl::MutexLock lock(&follow_mu);
-    if (followed == nullptr || absl::Now() - last_lookup < absl::Milliseconds(200)) return;
-    last_lookup = absl::Now();
-    v1::GetModelResponse now;
-    if (!chief->GetModel(&now).ok()) return;
-    for (int ps = 0; ps < now.ps_addresses_size() && ps < static_cast<int>(addresses.size());
-         ++ps) {
-      if (now.ps_addresses(ps) == addresses[ps]) continue;
-      LOG(WARNING) << TaskName(options_.cluster.task()) << ": ps:" << ps << " moved from "
-                   << addresses[ps] << " to " << now.ps_addresses(ps);
-      if (followed->SetPsAddress(ps, now.ps_addresses(ps)).ok()) {
-        addresses[ps] = now.ps_addresses(ps);
-      }
-    }
-    // A dead ps task's partitions served by their backups since the chief failed it over.
-    const std::vector<int> failed_over(now.placement().failed_over_ps().begin(),
-                                       now.placement().failed_over_ps().end());
-    if (failed_over != followed->failed_over()) {
-      absl::Status s = followed->SetFailedOver(failed_over);
-      LOG(WARNING) << TaskName(options_.cluster.task())
-                   << ": ps tasks failed over to their backups: "
-                   << absl::StrJoin(failed_over, ", ")
-                   << (s.ok() ? "" : absl::StrCat(" (not followed: ", s.message(), ")"));
-    }
-  };
+  // Where the ps tasks are now (moved, or failed over to their backups), looked up while a
+  // call to a ps task is retried and when a step fails.
+  PsFollower follower(chief.get(), addresses, TaskName(options_.cluster.task()));
   ParameterClientOptions client_options;
   client_options.wire_dtype = options_.wire_dtype;
   client_options.worker = index;
-  client_options.before_retry = [&](int) { follow_ps_tasks(); };
+  client_options.before_retry = [&follower](int) { follower.Follow(); };
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       ParameterClient::Create(model.model(), model.placement(),
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
-  {
-    absl::MutexLock lock(&follow_mu);
-    followed = client.get();
-  }
+  follower.Attach(client.get());
   TrainerOptions trainer_options;
-  trainer_options.before_retry = follow_ps_tasks;
+  trainer_options.before_retry = [&follower] { follower.Follow(); };
   trainer_options.worker = index;
   trainer_options.num_workers = count;
   trainer_options.step_delay = options_.step_delay;

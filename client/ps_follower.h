@@ -1,0 +1,44 @@
+#ifndef PSCLUSTER_CLIENT_PS_FOLLOWER_H_
+#define PSCLUSTER_CLIENT_PS_FOLLOWER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/chief_client.h"
+#include "client/parameter_client.h"
+
+namespace pscluster {
+
+// Keeps a worker's or the evaluator's ParameterClient pointed where the ps tasks are now, as
+// the chief serves it (GetModel): the address each ps task registered with last (one restarted
+// elsewhere: a new port, or a rescheduled pod's new IP) and the tasks failed over to their
+// backups (Placement.failed_over_ps, replication 2: docs/replication.md). Follow() looks them
+// up at most every `min_interval` and is meant for the moments a call to a ps task is retried
+// (ParameterClientOptions.before_retry) or a step failed. Thread-safe.
+class PsFollower {
+ public:
+  // `chief` must outlive the follower; `who` names the task in the log ("worker:0").
+  PsFollower(ChiefClient* chief, std::vector<std::string> addresses, std::string who,
+             absl::Duration min_interval = absl::Milliseconds(200));
+
+  // The client to keep pointed; Follow() does nothing before it is set. It must outlive the
+  // follower's use.
+  void Attach(ParameterClient* client) ABSL_LOCKS_EXCLUDED(mu_);
+  void Follow() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  ChiefClient* const chief_;
+  const std::string who_;
+  const absl::Duration min_interval_;
+  absl::Mutex mu_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  ParameterClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Time last_lookup_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace pscluster
+
+#endif  // PSCLUSTER_CLIENT_PS_FOLLOWER_H_
