@@ -862,6 +862,7 @@ absl::Status Coordinator::RegisterTask(const v1::RegisterTaskRequest& req,
                                        v1::RegisterTaskResponse* resp) {
   PS_RETURN_IF_ERROR(registry_.Register(req.task(), req.address(), req.incarnation()));
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   return absl::OkStatus();
 }
 
@@ -874,6 +875,11 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
   }
   if (known) {
     absl::MutexLock lock(&mu_);
+    const int index = req.task().index();
+    if (req.task().job() == kPsJob && index >= 0 && index < static_cast<int>(failed_over_.size()) &&
+        failed_over_[index]) {
+      resp->set_failed_over(true);
+    }
     if (telling_tasks_to_stop_) {
       resp->set_stop(true);
       told_to_stop_.insert(TaskName(req.task()));

@@ -50,6 +50,7 @@ bool TaskRegistrar::RegisterOnce() {
   req.set_address(options_.address);
   req.set_incarnation(incarnation_);
   v1::RegisterTaskResponse resp;
+  const absl::Time sent = absl::Now();
   absl::Status s = chief_->RegisterTask(req, &resp);
   if (!s.ok()) {
     LOG_EVERY_N(WARNING, 10) << TaskName(options_.task)
@@ -64,7 +65,9 @@ bool TaskRegistrar::RegisterOnce() {
     }
     registered_ = true;
   }
+  heartbeat_timeout_ = absl::Milliseconds(resp.heartbeat_timeout_ms());
   LOG(INFO) << TaskName(options_.task) << ": registered with the chief as " << options_.address;
+  if (options_.on_answer) options_.on_answer({sent, heartbeat_timeout_, false});
   if (options_.on_registered) options_.on_registered();
   return true;
 }
@@ -96,8 +99,12 @@ void TaskRegistrar::Run() {
       *req.mutable_task() = options_.task;
       req.set_incarnation(incarnation_);
       v1::HeartbeatResponse resp;
+      const absl::Time sent = absl::Now();
       absl::Status s = chief_->Heartbeat(req, &resp);
       if (s.ok()) last_answer = absl::Now();
+      if (s.ok() && !resp.reregister() && options_.on_answer) {
+        options_.on_answer({sent, heartbeat_timeout_, resp.failed_over()});
+      }
       if (s.ok() && resp.reregister()) {
         LOG(INFO) << TaskName(options_.task) << ": the chief does not know us; registering again";
         need_register = true;

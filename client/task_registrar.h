@@ -31,6 +31,16 @@ struct TaskRegistrarOptions {
   // is gone for good (its Job failed). Infinite: never.
   absl::Duration give_up_after = absl::InfiniteDuration();
   std::function<void()> on_chief_gone;
+  // Called (on the registrar's thread, no lock held) after every registration or heartbeat the
+  // chief answered: when the request was sent, the chief's heartbeat timeout (from its last
+  // registration answer; zero when it gave none) and whether it says the task was failed over
+  // (HeartbeatResponse.failed_over).
+  struct Answer {
+    absl::Time sent;
+    absl::Duration heartbeat_timeout;
+    bool failed_over = false;
+  };
+  std::function<void(const Answer&)> on_answer;
 };
 
 // Announces a task to the chief and keeps it known: registers (retrying while the chief is
@@ -68,7 +78,8 @@ class TaskRegistrar {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
-  bool told_to_stop_ = false;  // only the registrar's thread uses it
+  bool told_to_stop_ = false;         // only the registrar's thread uses it
+  absl::Duration heartbeat_timeout_;  // the chief's; only the registrar's thread uses it
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
 };
 

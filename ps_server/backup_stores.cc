@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 
@@ -127,6 +128,39 @@ ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
     if (it != stores_.end() && it->second->HoldsDense(ref)) return it->second.get();
   }
   return nullptr;
+}
+
+void BackupStores::RenewLease(absl::Time until) {
+  const int64_t nanos = absl::ToUnixNanos(until);
+  int64_t seen = lease_until_nanos_.load();
+  while (nanos > seen && !lease_until_nanos_.compare_exchange_weak(seen, nanos)) {
+  }
+}
+
+void BackupStores::Fence() {
+  if (!fenced_.exchange(true)) {
+    LOG(WARNING) << "the chief failed this ps task over: its shards are served by their backups; "
+                    "refusing dense pulls and pushes from now on";
+  }
+}
+
+absl::Status BackupStores::CheckLease() const {
+  if (!replicated_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  if (fenced_.load(std::memory_order_relaxed)) {
+    return absl::UnavailableError(
+        "this ps task was failed over: its shards are served by their backups (look up the "
+        "placement's failed_over_ps)");
+  }
+  const int64_t until = lease_until_nanos_.load(std::memory_order_relaxed);
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (until != 0 && now > until) {
+    return absl::UnavailableError(absl::StrCat(
+        "this ps task has not heard from the chief for ",
+        absl::FormatDuration(absl::Nanoseconds(now - until)),
+        " past its lease: it may have been failed over, so it serves no dense pull or push until "
+        "the chief answers again"));
+  }
+  return absl::OkStatus();
 }
 
 ParameterStore* BackupStores::Find(int primary) const {

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/parameter_store.h"
 
@@ -76,12 +77,26 @@ class BackupStores {
     return promoted != nullptr ? promoted : own;
   }
 
+  // Fencing (docs/replication.md). Once a CreateShards asked for replication 2 (SetReplicated),
+  // the task serves dense pulls and pushes only while its lease from the chief runs: until
+  // three quarters of the chief's heartbeat timeout after the last answered heartbeat was sent
+  // (RenewLease), so that it has stopped before the chief can count it lost and fail it over;
+  // and never again once the chief said it was failed over (Fence). CheckLease: OK, or
+  // UNAVAILABLE naming why (the caller retries, and looks up where the shards are now).
+  void SetReplicated() { replicated_.store(true); }
+  void RenewLease(absl::Time until);
+  void Fence();
+  absl::Status CheckLease() const;
+
  private:
   ParameterStoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<int, std::unique_ptr<ParameterStore>> stores_ ABSL_GUARDED_BY(mu_);
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> any_promoted_{false};
+  std::atomic<bool> replicated_{false};
+  std::atomic<bool> fenced_{false};
+  std::atomic<int64_t> lease_until_nanos_{0};  // 0: no answer from the chief yet
 };
 
 }  // namespace pscluster

@@ -102,6 +102,14 @@ absl::Status PsServer::Start() {
   }
   // The data port is known before the first call can ask for it.
   service_.SetIdentity(options_.cluster.task(), "", data_port);
+  // Replication's fencing: the chief's answers renew the lease on serving the task's shards.
+  BackupStores* backups = service_.backups();
+  serving.on_chief_answer = [backups](const TaskRegistrarOptions::Answer& a) {
+    if (a.failed_over) backups->Fence();
+    if (a.heartbeat_timeout > absl::ZeroDuration()) {
+      backups->RenewLease(a.sent + a.heartbeat_timeout * 3 / 4);
+    }
+  };
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {&service_}));
   service_.SetIdentity(options_.cluster.task(), task_->address(), data_port);
   if (data_plane_) {

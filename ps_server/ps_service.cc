@@ -130,6 +130,7 @@ grpc::Status PsService::CreateShards(grpc::ServerContext* ctx, const v1::CreateS
   if (!req->ps_addresses().empty() && options_.ps_addresses_changed) {
     options_.ps_addresses_changed({req->ps_addresses().begin(), req->ps_addresses().end()});
   }
+  if (req->replication() >= 2) backups_.SetReplicated();
   if (req->backups().empty()) return ToGrpcStatus(store_->CreateShards(*req, resp));
   // The backups' own checks first, so that a bad entry changes nothing; then the task's own
   // shards (which also check the chief's epoch), then the backups.
@@ -146,6 +147,7 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PullDense"));
   int64_t chunk_bytes = req->chunk_bytes() > 0 ? req->chunk_bytes() : options_.default_chunk_bytes;
   chunk_bytes = std::min(chunk_bytes, options_.max_chunk_bytes);
+  if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
   // One shard at a time: encoded under its lock by the store, streamed after.
   for (int i = 0; i < req->shards_size(); ++i) {
     v1::PullDenseRequest one = *req;
@@ -171,6 +173,7 @@ grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a PushDense stream must start with a header");
   }
+  if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
   std::unique_ptr<DensePush> push = pushes_.Take();
   ParameterStore* store = backups_.DenseStore(store_, msg.header().shards());
   absl::Status s = store->StartPushDense(msg.header(), push.get());

@@ -103,6 +103,11 @@ class TensorServer::Connection {
 
   // With TLS: OK when the peer may make this call (acting for worker `worker`, for a push), as
   // over gRPC. Without: OK.
+  // Whether this task may serve dense pulls and pushes now (BackupStores::CheckLease).
+  absl::Status Lease() const {
+    return options_.backups == nullptr ? absl::OkStatus() : options_.backups->CheckLease();
+  }
+
   // The store a dense pull or push of `shards` goes to (BackupStores::DenseStore).
   ParameterStore* DenseStore(const google::protobuf::RepeatedPtrField<v1::ShardRef>& shards) const {
     return options_.backups == nullptr ? store_ : options_.backups->DenseStore(store_, shards);
@@ -162,6 +167,7 @@ class TensorServer::Connection {
       return Refuse(request, request.payload_bytes,
                     absl::InvalidArgumentError("a PullDense request carries no payload"));
     }
+    if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
     const v1::DataType wire = WireOrFloat(req.wire_dtype());
     Sink sink(this, request, wire);
     absl::Status s = DenseStore(req.shards())->PullDense(req, &sink);
@@ -183,6 +189,7 @@ class TensorServer::Connection {
     if (absl::Status s = Allowed("ParameterServer.PushDense", &worker); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
+    if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
     ParameterStore* store = DenseStore(header.shards());
     if (absl::Status s = store->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);

@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<ServingTask>> ServingTask::Start(
   ServingTask* task_ptr = st.get();
   reg.on_stop = [task_ptr] { task_ptr->RequestStop(); };
   reg.give_up_after = options.give_up_on_chief_after;
+  reg.on_answer = options.on_chief_answer;
   reg.on_chief_gone = [task_ptr] {
     {
       absl::MutexLock lock(&task_ptr->mu_);

@@ -26,6 +26,8 @@ struct ServingTaskOptions {
   // Give up on a chief that has not answered for this long: the task stops and exit_status()
   // says why (kExitChiefGone). Infinite: wait for ever.
   absl::Duration give_up_on_chief_after = absl::InfiniteDuration();
+  // Called after every registration or heartbeat the chief answered (TaskRegistrarOptions).
+  std::function<void(const TaskRegistrarOptions::Answer&)> on_chief_answer;
 };
 
 // The part every non-chief daemon shares: serve its gRPC services on the task's address, then

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -258,6 +259,84 @@ INSTANTIATE_TEST_SUITE_P(EveryTaskAtSeveralPoints, FailoverTest,
                          [](const ::testing::TestParamInfo<KillPoint>& info) {
                            return absl::StrCat("ps", info.param.ps, "_after", info.param.after);
                          });
+
+// Fencing: a primary cut off from everyone (frozen with SIGSTOP: it sends no heartbeat and
+// answers nothing) is failed over; when it runs again, a client that still routes to it gets
+// no dense pull or push served there, and the shards it held do not change, while the tasks that
+// took them over serve on. First its lease from the chief has run out; then the chief's answer
+// to its next heartbeat says it was failed over, and it stays fenced.
+TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
+  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
+  std::ofstream(model_path) << kModel;
+  TestClusterOptions options;
+  options.num_ps = kNumPs;
+  options.num_workers = 0;
+  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
+                            "--replication=2", "--heartbeat_interval_ms=100",
+                            "--heartbeat_timeout_ms=1000"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
+  const v1::GetModelResponse m = GetModel(cluster);
+  std::unique_ptr<ParameterClient> stale = ClientFor(m, 0);  // never follows a failover
+  const std::vector<float> gw(64 * 16, 1.0f), gb(16, 1.0f);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(stale->Push({"w", "b"}, {gw.data(), gb.data()}, i).ok()) << cluster.Logs(40);
+  }
+  // The updates each of ps:1's shards has had, as ps:1 reports them.
+  auto ps1_updates = [&] {
+    std::map<std::string, int64_t> updates;
+    for (const v1::DensePartition& p : m.placement().partitions()) {
+      if (p.ps_task() != 1) continue;
+      v1::InspectShardRequest ask;
+      ask.mutable_shard()->set_variable(p.variable());
+      ask.mutable_shard()->set_partition(p.partition());
+      absl::StatusOr<v1::InspectShardResponse> r = stale->InspectShard(1, ask);
+      CHECK(r.ok()) << r.status();
+      updates[absl::StrCat(p.variable(), "/", p.partition())] = r->shard().applied_step();
+    }
+    return updates;
+  };
+  const std::map<std::string, int64_t> before = ps1_updates();
+  ASSERT_FALSE(before.empty()) << "ps:1 holds no partition";
+
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGSTOP).ok());
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (GetModel(cluster).placement().failed_over_ps_size() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(GetModel(cluster).placement().failed_over_ps_size(), 1) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGCONT).ok());
+
+  // At once, then after its next heartbeats: nothing served, nothing applied.
+  for (int round = 0; round < 2; ++round) {
+    absl::Status pushed = stale->Push({"w", "b"}, {gw.data(), gb.data()}, 100 + round);
+    EXPECT_EQ(pushed.code(), absl::StatusCode::kUnavailable) << pushed;
+    std::vector<std::vector<float>> values;
+    absl::Status pulled = stale->Pull({"w", "b"}, &values);
+    EXPECT_EQ(pulled.code(), absl::StatusCode::kUnavailable) << pulled;
+    EXPECT_EQ(ps1_updates(), before) << "round " << round;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_THAT(cluster.ps(1).LogTail(100), HasSubstr("the chief failed this ps task over"));
+
+  // The tasks that took its shards over serve them, with the 10 pushes answered before and
+  // none of the two refused there (the other tasks' parts of those pushes were applied: a push
+  // is applied per task, as each answers it).
+  std::unique_ptr<ParameterClient> fresh = ClientFor(m, 1);
+  FollowFailovers(cluster, *fresh);
+  ASSERT_TRUE(fresh->Push({"w", "b"}, {gw.data(), gb.data()}, 200).ok()) << cluster.Logs(40);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(fresh->Pull({"w", "b"}, &values).ok());
+  for (const v1::DensePartition& p : m.placement().partitions()) {
+    const int v = p.variable() == "w" ? 0 : 1;
+    const int64_t row = v == 0 ? 16 : 1;
+    const float expected = p.ps_task() == 1 ? -11.0f : -13.0f;
+    for (int64_t j = p.row_begin() * row; j < p.row_end() * row; ++j) {
+      ASSERT_EQ(values[v][j], expected) << p.variable() << "/" << p.partition() << " [" << j << "]";
+    }
+  }
+}
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training
