@@ -135,12 +135,17 @@ void BackupStores::RenewLease(absl::Time until) {
   int64_t seen = lease_until_nanos_.load();
   while (nanos > seen && !lease_until_nanos_.compare_exchange_weak(seen, nanos)) {
   }
+  if (nanos > absl::GetCurrentTimeNanos() && lapse_logged_.exchange(false)) {
+    LOG(WARNING) << "the chief answers again: serving dense pulls and pushes";
+  }
 }
 
 void BackupStores::Fence() {
   if (!fenced_.exchange(true)) {
     LOG(WARNING) << "the chief failed this ps task over: its shards are served by their backups; "
-                    "refusing dense pulls and pushes from now on";
+                    "refusing dense pulls and pushes from now on ("
+                 << (pushes_applied_ ? pushes_applied_() : -1)
+                 << " pushes applied to its own shards)";
   }
 }
 
@@ -154,6 +159,13 @@ absl::Status BackupStores::CheckLease() const {
   const int64_t until = lease_until_nanos_.load(std::memory_order_relaxed);
   const int64_t now = absl::GetCurrentTimeNanos();
   if (until != 0 && now > until) {
+    if (!lapse_logged_.exchange(true)) {
+      LOG(WARNING) << "the lease from the chief ran out "
+                   << absl::FormatDuration(absl::Nanoseconds(now - until))
+                   << " ago: refusing dense pulls and pushes until it answers ("
+                   << (pushes_applied_ ? pushes_applied_() : -1)
+                   << " pushes applied to this task's own shards)";
+    }
     return absl::UnavailableError(absl::StrCat(
         "this ps task has not heard from the chief for ",
         absl::FormatDuration(absl::Nanoseconds(now - until)),

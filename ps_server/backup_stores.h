@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -87,6 +88,11 @@ class BackupStores {
   void RenewLease(absl::Time until);
   void Fence();
   absl::Status CheckLease() const;
+  // What the lease's and the fence's log lines report: the pushes applied to the task's own
+  // shards so far (set once, before serving).
+  void SetPushCounter(std::function<int64_t()> pushes_applied) {
+    pushes_applied_ = std::move(pushes_applied);
+  }
 
  private:
   ParameterStoreOptions options_;
@@ -96,7 +102,9 @@ class BackupStores {
   std::atomic<bool> any_promoted_{false};
   std::atomic<bool> replicated_{false};
   std::atomic<bool> fenced_{false};
-  std::atomic<int64_t> lease_until_nanos_{0};  // 0: no answer from the chief yet
+  std::atomic<int64_t> lease_until_nanos_{0};      // 0: no answer from the chief yet
+  mutable std::atomic<bool> lapse_logged_{false};  // since the lease last ran out
+  std::function<int64_t()> pushes_applied_;
 };
 
 }  // namespace pscluster

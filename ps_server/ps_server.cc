@@ -128,6 +128,8 @@ absl::Status PsServer::Wait() {
   task_->AwaitStopRequested();
   task_->Shutdown();
   if (data_plane_) data_plane_->Shutdown();
+  LOG(INFO) << TaskName(options_.cluster.task()) << " stopped: " << store_.total_pushes()
+            << " pushes applied to its own shards";
   return task_->exit_status();
 }
 

@@ -110,7 +110,9 @@ absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const char* stream,
 }  // namespace
 
 PsService::PsService(ParameterStore* store, const PsServiceOptions& options)
-    : store_(store), options_(options), backups_(store->options()), start_time_(absl::Now()) {}
+    : store_(store), options_(options), backups_(store->options()), start_time_(absl::Now()) {
+  backups_.SetPushCounter([store] { return store->total_pushes(); });
+}
 
 int PsService::SelfIndex() {
   absl::MutexLock lock(&mu_);
