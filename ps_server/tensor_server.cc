@@ -101,8 +101,6 @@ class TensorServer::Connection {
     return true;
   }
 
-  // With TLS: OK when the peer may make this call (acting for worker `worker`, for a push), as
-  // over gRPC. Without: OK.
   // Whether this task may serve dense pulls and pushes now (BackupStores::CheckLease).
   absl::Status Lease() const {
     return options_.backups == nullptr ? absl::OkStatus() : options_.backups->CheckLease();
@@ -113,6 +111,8 @@ class TensorServer::Connection {
     return options_.backups == nullptr ? store_ : options_.backups->DenseStore(store_, shards);
   }
 
+  // With TLS: OK when the peer may make this call (acting for worker `worker`, for a push), as
+  // over gRPC. Without: OK.
   absl::Status Allowed(const char* method, const int32_t* worker = nullptr) const {
     if (!peer_.has_value()) return absl::OkStatus();
     if (worker == nullptr) return Authorize(*peer_, method);
