@@ -183,6 +183,12 @@ absl::Status TcpPsTransport::CallOn(Connection& c, Exchange* x, bool* in_step) {
     PS_RETURN_IF_ERROR(
         c.socket->WriteAll(iov.data(), static_cast<int>(iov.size()), options_.io_timeout));
   }
+  return ReadAnswer(c, x, in_step);
+}
+
+absl::Status TcpPsTransport::ReadAnswer(Connection& c, Exchange* x, bool* in_step) {
+  *in_step = false;
+  char raw[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(c.socket->ReadExact(raw, kFrameHeaderBytes, options_.io_timeout));
   PS_ASSIGN_OR_RETURN(FrameHeader response, DecodeFrameHeader(raw));
   if (response.op != (x->request.op | kResponseBit) || response.tag != x->request.tag) {
@@ -333,6 +339,75 @@ absl::Status TcpPsTransport::Replicate(int ps, const v1::ReplicateHeader& header
     return Annotate(ps, absl::DataLossError("the forward's answer is not a ReplicateResponse"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TcpPsTransport::ReplicateStream>>
+TcpPsTransport::OpenReplicateStream(int ps, const v1::ReplicateHeader& header, int64_t values) {
+  bool pooled = false;
+  absl::StatusOr<std::unique_ptr<Connection>> c = Acquire(ps, &pooled);
+  if (!c.ok()) {
+    Forget(ps);
+    return Annotate(ps, c.status());
+  }
+  if (*c == nullptr) return nullptr;
+  std::unique_ptr<ReplicateStream> stream(new ReplicateStream(this, ps));
+  stream->connection_ = *std::move(c);
+  FrameHeader request;
+  request.op = static_cast<uint16_t>(WireOp::kReplicateStream);
+  request.tag = next_tag_.fetch_add(1, std::memory_order_relaxed);
+  const std::string meta = header.SerializeAsString();
+  request.meta_bytes = static_cast<uint32_t>(meta.size());
+  request.payload_bytes = static_cast<uint64_t>(values) * sizeof(float);
+  char raw[kFrameHeaderBytes];
+  EncodeFrameHeader(request, raw);
+  iovec iov[2] = {Bytes(raw, sizeof(raw)), Bytes(meta.data(), static_cast<int64_t>(meta.size()))};
+  absl::Status s = stream->connection_->socket->WriteAll(iov, 2, options_.io_timeout);
+  if (!s.ok()) {
+    Forget(ps);
+    return Annotate(ps, s);
+  }
+  return stream;
+}
+
+TcpPsTransport::ReplicateStream::~ReplicateStream() {
+  // Unanswered: the backup is mid-request; closing the connection abandons it there.
+  if (!answered_ && connection_ != nullptr) connection_->socket->Shutdown();
+}
+
+absl::Status TcpPsTransport::ReplicateStream::Write(const float* values, int64_t n) {
+  iovec iov = Bytes(values, n * static_cast<int64_t>(sizeof(float)));
+  return transport_->Annotate(
+      ps_, connection_->socket->WriteAll(&iov, 1, transport_->options_.io_timeout));
+}
+
+absl::Status TcpPsTransport::ReplicateStream::Commit(const v1::ReplicateHeader& header) {
+  FrameHeader request;
+  request.op = static_cast<uint16_t>(WireOp::kReplicateCommit);
+  tag_ = transport_->next_tag_.fetch_add(1, std::memory_order_relaxed);
+  request.tag = tag_;
+  const std::string meta = header.SerializeAsString();
+  request.meta_bytes = static_cast<uint32_t>(meta.size());
+  char raw[kFrameHeaderBytes];
+  EncodeFrameHeader(request, raw);
+  iovec iov[2] = {Bytes(raw, sizeof(raw)), Bytes(meta.data(), static_cast<int64_t>(meta.size()))};
+  return transport_->Annotate(
+      ps_, connection_->socket->WriteAll(iov, 2, transport_->options_.io_timeout));
+}
+
+absl::Status TcpPsTransport::ReplicateStream::Await(v1::ReplicateResponse* response) {
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kReplicateCommit);
+  x.request.tag = tag_;
+  bool in_step = false;
+  absl::Status s = transport_->ReadAnswer(*connection_, &x, &in_step);
+  if (s.ok() && !response->ParseFromString(x.response_meta)) {
+    s = absl::DataLossError("the forward's answer is not a ReplicateResponse");
+  }
+  if (in_step && s.ok()) {
+    answered_ = true;
+    transport_->Release(ps_, std::move(connection_));
+  }
+  return transport_->Annotate(ps_, s);
 }
 
 absl::Status TcpPsTransport::PullSparse(int ps, const std::string& table, const int64_t* keys,

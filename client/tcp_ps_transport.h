@@ -47,6 +47,8 @@ struct TcpPsTransportOptions {
 // Errors: UNAVAILABLE (no connection, the ps went away), DEADLINE_EXCEEDED, or the ps's own
 // status, each naming the ps task. Thread-safe.
 class TcpPsTransport : public PsTransport {
+  struct Connection;
+
  public:
   // `grpc` carries the control plane and the data-port lookups; owned. `addresses` are the ps
   // tasks' gRPC addresses (host:port), whose hosts the data ports are on.
@@ -79,6 +81,30 @@ class TcpPsTransport : public PsTransport {
   absl::Status Replicate(int ps, const v1::ReplicateHeader& header,
                          const std::vector<absl::Span<const float>>& grads,
                          v1::ReplicateResponse* response, bool* no_data_plane);
+  // The same forward sent while the primary is still receiving the push (wire ops
+  // ReplicateStream and ReplicateCommit, docs/wire.md): Write() the gradients as they come,
+  // Commit() the versions and outcome, Await() the answer. Destroyed before an answer, it
+  // closes its connection: the backup abandons the forward.
+  class ReplicateStream {
+   public:
+    ~ReplicateStream();
+    absl::Status Write(const float* values, int64_t n);
+    absl::Status Commit(const v1::ReplicateHeader& header);
+    absl::Status Await(v1::ReplicateResponse* response);
+
+   private:
+    friend class TcpPsTransport;
+    ReplicateStream(TcpPsTransport* transport, int ps) : transport_(transport), ps_(ps) {}
+    TcpPsTransport* const transport_;
+    const int ps_;
+    std::unique_ptr<Connection> connection_;
+    uint64_t tag_ = 0;
+    bool answered_ = false;
+  };
+  // Opens one to task `ps` with `header` (ReplicateHeader less versions and outcome) for
+  // `values` floats. Null with OK when `ps` has no data plane.
+  absl::StatusOr<std::unique_ptr<ReplicateStream>> OpenReplicateStream(
+      int ps, const v1::ReplicateHeader& header, int64_t values);
   absl::StatusOr<v1::ListShardsResponse> ListShards(int ps,
                                                     const v1::ListShardsRequest& request) override;
   absl::StatusOr<v1::InspectShardResponse> InspectShard(
@@ -142,6 +168,8 @@ class TcpPsTransport : public PsTransport {
   absl::Status Call(int ps, Exchange* exchange, bool* no_data_plane);
   // One exchange on one connection. *in_step: the connection can carry the next call.
   absl::Status CallOn(Connection& c, Exchange* exchange, bool* in_step);
+  // Reads the answer to the request `exchange` sent on `c` (the second half of CallOn).
+  absl::Status ReadAnswer(Connection& c, Exchange* exchange, bool* in_step);
   absl::Status Annotate(int ps, const absl::Status& status) const;
 
   const std::unique_ptr<GrpcPsTransport> grpc_;

@@ -66,6 +66,10 @@ std::string WireOpName(uint16_t op) {
       return "PushSparse";
     case WireOp::kReplicate:
       return "Replicate";
+    case WireOp::kReplicateStream:
+      return "ReplicateStream";
+    case WireOp::kReplicateCommit:
+      return "ReplicateCommit";
   }
   return absl::StrCat("op ", op & ~kResponseBit);
 }

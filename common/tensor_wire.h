@@ -45,12 +45,19 @@ namespace pscluster {
 //                 then num_keys * dim gradient elements in wire dtype
 //   kReplicate    ReplicateHeader (a primary ps task's forward to the backup of its shards,
 //                 issue 37); each shard's gradient, in order, float32
+//   kReplicateStream  ReplicateHeader without versions or outcome (a forward sent while the
+//                 primary still receives the push); the gradients as kReplicate's. No answer:
+//                 the next frame on the connection must be its kReplicateCommit
+//   kReplicateCommit  ReplicateHeader (versions, accepted, dropped_stale: the rest is the
+//                 stream's); none. Answered as kReplicate. A connection closed before it
+//                 abandons the stream's forward (nothing applied)
 // Responses with status 0 (meta; payload):
 //   kPullDense    none;                the shards' values, in order, in wire dtype
 //   kPushDense    PushDenseResponse;   none
 //   kPullSparse   none;                the rows, in the order of the keys, in wire dtype
 //   kPushSparse   PushSparseResponse;  none
 //   kReplicate    ReplicateResponse;   none
+//   kReplicateCommit  ReplicateResponse; none
 // A response with a non-zero status has the error message (UTF-8) as meta and no payload. A
 // request the server cannot frame (bad magic, sizes over its limits) gets such a response and
 // the connection is closed; any other refused request leaves the connection usable.
@@ -60,6 +67,8 @@ enum class WireOp : uint16_t {
   kPullSparse = 3,
   kPushSparse = 4,
   kReplicate = 5,
+  kReplicateStream = 6,
+  kReplicateCommit = 7,
 };
 constexpr uint16_t kResponseBit = 0x8000;
 constexpr uint32_t kFrameMagic = 0x31575350;  // "PSW1" read as a little-endian uint32

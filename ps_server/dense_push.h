@@ -46,6 +46,8 @@ class DensePush {
   int64_t payload_bytes() const { return payload_bytes_; }
   v1::DataType wire_dtype() const { return wire_; }
   int wire_bytes_per_element() const { return elem_bytes_; }
+  // Shard `index`'s gradient as received so far (float32, whatever the wire dtype).
+  const float* values(int index) const { return grads_[index].values(); }
 
   // Elements [offset, offset + bytes / element size) of shard `index`'s gradient, in the wire
   // dtype. Chunks of a shard must come in order, without gaps or overlaps. INVALID_ARGUMENT

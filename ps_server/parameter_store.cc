@@ -346,7 +346,79 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
   return absl::OkStatus();
 }
 
-absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseResponse* response) {
+void PushStreams::Piece(int index, const float* values, int64_t n) {
+  if (failed_ || stream_of_[index] < 0) return;
+  absl::Status s = streams_[stream_of_[index]]->Write(values, n);
+  if (!s.ok()) {
+    failed_ = true;
+    LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrives failed (" << s
+                              << "); the push is forwarded after its apply";
+  }
+}
+
+std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush& push) const {
+  if (options_.forwarder == nullptr) return nullptr;
+  std::map<int, std::vector<int>> by_backup;
+  for (int i = 0; i < push.num_shards(); ++i) {
+    const int backup = push.shards_[i]->backup_ps_task();
+    if (backup >= 0) by_backup[backup].push_back(i);
+  }
+  if (by_backup.empty()) return nullptr;
+  auto streams = std::make_unique<PushStreams>();
+  streams->stream_of_.assign(push.num_shards(), -1);
+  for (const auto& [backup, shards] : by_backup) {
+    v1::ReplicateHeader header;
+    v1::PushDenseHeader* h = header.mutable_push();
+    h->set_step(push.header_.step());
+    h->set_worker(push.header_.worker());
+    *h->mutable_request_id() = push.header_.request_id();
+    h->set_delta(push.header_.delta());
+    h->set_wire_dtype(v1::DT_FLOAT32);
+    int64_t values = 0;
+    for (int i : shards) {
+      const DenseShard& shard = *push.shards_[i];
+      v1::ShardRef* ref = h->add_shards();
+      ref->set_variable(shard.name());
+      ref->set_partition(shard.partition());
+      h->add_num_elements(shard.num_elements());
+      values += shard.num_elements();
+    }
+    std::unique_ptr<ForwardStream> stream = options_.forwarder->OpenStream(backup, header, values);
+    if (stream == nullptr) return nullptr;  // that backup takes forwards after the apply only
+    for (int i : shards) streams->stream_of_[i] = static_cast<int>(streams->streams_.size());
+    streams->streams_.push_back(std::move(stream));
+    streams->headers_.push_back(std::move(header));
+    streams->shards_.push_back(shards);
+  }
+  return streams;
+}
+
+absl::Status ParameterStore::CommitStreams(PushStreams* streams,
+                                           const std::vector<int64_t>& versions,
+                                           const PushOutcome& outcome) {
+  std::vector<v1::ReplicateHeader> commits(streams->streams_.size());
+  for (size_t k = 0; k < streams->streams_.size(); ++k) {
+    for (int i : streams->shards_[k]) {
+      // Not applied at once (a sync accumulator): a stream cannot say so.
+      if (versions[i] == 0) return absl::FailedPreconditionError("a shard was not applied");
+      commits[k].add_versions(versions[i]);
+    }
+    commits[k].set_accepted(outcome.accepted);
+    commits[k].set_dropped_stale(outcome.dropped_stale);
+  }
+  // Every commit goes out before any answer is awaited: the backups apply at once.
+  for (size_t k = 0; k < streams->streams_.size(); ++k) {
+    PS_RETURN_IF_ERROR(streams->streams_[k]->Commit(commits[k]));
+  }
+  for (size_t k = 0; k < streams->streams_.size(); ++k) {
+    v1::ReplicateResponse answer;
+    PS_RETURN_IF_ERROR(streams->streams_[k]->Await(&answer));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseResponse* response,
+                                             PushStreams* streams) {
   const v1::PushDenseHeader& header = push->header_;
   const int n = push->num_shards();
   if (n == 0 && header.shards_size() > 0) {
@@ -384,6 +456,18 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   }
   std::vector<int64_t> versions;
   ApplyDensePush(*push, accumulators, &outcome, &versions);
+  if (streams != nullptr && !streams->failed()) {
+    // The backups have the gradients already: the versions complete the forwards.
+    absl::Status committed = CommitStreams(streams, versions, outcome);
+    if (committed.ok()) {
+      ledger_.Record(header.request_id(), outcome);
+      response->set_accepted(outcome.accepted);
+      response->set_dropped_stale(outcome.dropped_stale);
+      return absl::OkStatus();
+    }
+    LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
+                              << committed << "); forwarding the push again after its apply";
+  }
   owed = ForwardsOf(*push, versions, outcome);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);

@@ -29,6 +29,23 @@
 
 namespace pscluster {
 
+// A push's pipelined forwards, one stream per backup task (ParameterStore::OpenForwardStreams).
+class PushStreams {
+ public:
+  // Elements [.., + n) of shard `index` of the push arrived (as float32 at `values`): sent on
+  // to the shard's backup. A failure marks every stream failed (the forwards go after the apply).
+  void Piece(int index, const float* values, int64_t n);
+  bool failed() const { return failed_; }
+
+ private:
+  friend class ParameterStore;
+  std::vector<int> stream_of_;  // per shard of the push: its stream, or -1
+  std::vector<std::unique_ptr<ForwardStream>> streams_;
+  std::vector<v1::ReplicateHeader> headers_;  // as opened
+  std::vector<std::vector<int>> shards_;      // per stream: the push's shards it carries
+  bool failed_ = false;
+};
+
 struct ParameterStoreOptions {
   // Accept gradients that contain NaN or Inf (--nan_policy=allow). By default they are refused.
   bool allow_non_finite = false;
@@ -109,7 +126,15 @@ class ParameterStore {
   // gradients of other steps are dropped and counted per worker). A request id seen before is
   // answered with the first outcome (`duplicate`), applying nothing.
   absl::Status StartPushDense(const v1::PushDenseHeader& header, DensePush* push);
-  absl::Status FinishPushDense(DensePush* push, v1::PushDenseResponse* response);
+  absl::Status FinishPushDense(DensePush* push, v1::PushDenseResponse* response,
+                               PushStreams* streams = nullptr);
+
+  // Pipelined forwards (replication 2, docs/replication.md): after StartPushDense, a stream to
+  // each backup task of the push's shards (null when none, or when a backup cannot take one:
+  // then FinishPushDense forwards after the apply). The transport hands it each piece of a
+  // gradient as it arrives (PushStreams::Piece); FinishPushDense commits the versions once
+  // the push is applied, and forwards after the apply instead when a stream failed.
+  std::unique_ptr<PushStreams> OpenForwardStreams(const DensePush& push) const;
 
   // A backup's side of replication (issue 37): `push` was started (StartPushDense with
   // header.push()) and filled as a worker's push is; its updates are applied to this store's
@@ -241,6 +266,11 @@ class ParameterStore {
   // Sends `forwards` (options_.forwarder); UNAVAILABLE naming the failure, for the worker to
   // retry (the ledger keeps them for the retry).
   absl::Status SendForwards(const ForwardList& forwards);
+  // Completes a push's pipelined forwards with what its apply gave; an error when any did not
+  // go through (the caller then forwards after the apply, which a backup that applied one
+  // answers as already applied).
+  absl::Status CommitStreams(PushStreams* streams, const std::vector<int64_t>& versions,
+                             const PushOutcome& outcome);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.

@@ -1,6 +1,8 @@
 #ifndef PSCLUSTER_PS_SERVER_PUSH_FORWARDER_H_
 #define PSCLUSTER_PS_SERVER_PUSH_FORWARDER_H_
 
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,6 +46,21 @@ struct ForwardList {
   std::vector<DenseForward> forwards;
 };
 
+// A forward whose gradients go to the backup while the primary is still receiving the push
+// (the data plane's ReplicateStream op: docs/wire.md, docs/replication.md): Write() each piece as
+// it arrives, in order, then Commit() the versions and outcome once the primary applied the push,
+// then Await() the backup's answer. Destroyed before Commit(), it abandons the forward: the
+// backup applies nothing of it.
+class ForwardStream {
+ public:
+  virtual ~ForwardStream() = default;
+  // The next `n` gradient values of the stream's shards (header.push().shards, in order).
+  virtual absl::Status Write(const float* values, int64_t n) = 0;
+  // `header` is the whole forward's (ReplicateHeader with versions and outcome).
+  virtual absl::Status Commit(const v1::ReplicateHeader& header) = 0;
+  virtual absl::Status Await(v1::ReplicateResponse* response) = 0;
+};
+
 // Sends a primary's forwards to its backups (ps_server's RemotePushForwarder; fakes in tests).
 class PushForwarder {
  public:
@@ -51,6 +68,13 @@ class PushForwarder {
   // Sends every forward to its backup task and returns once each has applied it (or had it
   // already). An error names the backup task; what the others did stands.
   virtual absl::Status Forward(const ForwardList& list) = 0;
+  // A stream to task `backup` for a forward of header.push()'s shards, whose gradients total
+  // `values` floats (versions and outcome come at Commit), or null where the backup cannot
+  // take one now (no data plane, or not reachable): the store then forwards after the apply.
+  virtual std::unique_ptr<ForwardStream> OpenStream(int backup, const v1::ReplicateHeader& header,
+                                                    int64_t values) {
+    return nullptr;
+  }
 };
 
 }  // namespace pscluster

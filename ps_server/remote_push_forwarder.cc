@@ -44,6 +44,46 @@ void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses
   peers_ = std::move(peers);
 }
 
+namespace {
+
+// A ForwardStream over TcpPsTransport's ReplicateStream.
+class WireForwardStream : public ForwardStream {
+ public:
+  WireForwardStream(std::shared_ptr<void> keep,
+                    std::unique_ptr<TcpPsTransport::ReplicateStream> stream)
+      : keep_(std::move(keep)), stream_(std::move(stream)) {}
+  ~WireForwardStream() override { stream_.reset(); }  // before what keeps its transport
+  absl::Status Write(const float* values, int64_t n) override { return stream_->Write(values, n); }
+  absl::Status Commit(const v1::ReplicateHeader& header) override {
+    return stream_->Commit(header);
+  }
+  absl::Status Await(v1::ReplicateResponse* response) override { return stream_->Await(response); }
+
+ private:
+  std::shared_ptr<void> keep_;  // the peers whose transport the stream uses
+  std::unique_ptr<TcpPsTransport::ReplicateStream> stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<ForwardStream> RemotePushForwarder::OpenStream(int backup,
+                                                               const v1::ReplicateHeader& header,
+                                                               int64_t values) {
+  std::shared_ptr<Peers> peers = this->peers();
+  if (peers == nullptr || peers->wire == nullptr || backup < 0 ||
+      backup >= static_cast<int>(peers->addresses.size())) {
+    return nullptr;
+  }
+  v1::ReplicateHeader h = header;
+  h.set_primary_ps_task(self_);
+  absl::StatusOr<std::unique_ptr<TcpPsTransport::ReplicateStream>> stream =
+      peers->wire->OpenReplicateStream(backup, h, values);
+  if (!stream.ok() || *stream == nullptr) return nullptr;
+  LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane, "
+                          "while the pushes arrive";
+  return std::make_unique<WireForwardStream>(peers, *std::move(stream));
+}
+
 absl::Status RemotePushForwarder::ForwardOne(const DenseForward& forward) {
   std::shared_ptr<Peers> peers = this->peers();
   if (peers == nullptr || forward.backup < 0 ||

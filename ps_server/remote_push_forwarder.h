@@ -34,6 +34,9 @@ class RemotePushForwarder : public PushForwarder {
   void SetAddresses(const std::vector<std::string>& addresses);
 
   absl::Status Forward(const ForwardList& list) override;
+  // Over the backup's tensor data plane (ReplicateStream); null where it has none.
+  std::unique_ptr<ForwardStream> OpenStream(int backup, const v1::ReplicateHeader& header,
+                                            int64_t values) override;
 
  private:
   struct Peers {

@@ -147,12 +147,17 @@ class TensorServer::Connection {
         return PushSparse(request);
       case WireOp::kReplicate:
         return Replicate(request);
+      case WireOp::kReplicateStream:
+        return ReplicateStream(request);
+      case WireOp::kReplicateCommit:
+        return Fatal(request, absl::InvalidArgumentError(
+                                  "a ReplicateCommit without the ReplicateStream it commits"));
     }
     return Refuse(request, request.payload_bytes,
                   absl::UnimplementedError(absl::StrCat(
                       "unknown tensor wire op ", request.op,
                       " (this ps serves PullDense 1, PushDense 2, PullSparse 3, PushSparse 4, "
-                      "Replicate 5)")));
+                      "Replicate 5, ReplicateStream 6 with its ReplicateCommit 7)")));
   }
 
   bool PullDense(const FrameHeader& request) {
@@ -194,40 +199,84 @@ class TensorServer::Connection {
     if (absl::Status s = store->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
+    // Replicated shards: their backups get the gradients as they arrive here.
+    std::unique_ptr<PushStreams> streams = store->OpenForwardStreams(push_);
+    uint64_t left = request.payload_bytes;
+    absl::Status bad;
+    if (!ReadPushPayload(request, &left, &bad, streams.get())) return false;
+    if (!bad.ok()) return Refuse(request, left, bad);
+    v1::PushDenseResponse resp;
+    absl::Status s = store->FinishPushDense(&push_, &resp, streams.get());
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  // A forward sent while the primary receives the push (ReplicateStream): its gradients, then
+  // the frame that commits it (ReplicateCommit, with the versions), answered as Replicate. Any
+  // refusal closes the connection: the primary, which waits for the commit's answer, sees it
+  // fail and forwards after its apply instead.
+  bool ReplicateStream(const FrameHeader& request) {
+    v1::ReplicateHeader header;
+    absl::StatusOr<ParameterStore*> store = ForwardTarget(request, &header);
+    if (!store.ok()) return Fatal(request, store.status());
+    if (absl::Status s = (*store)->StartPushDense(header.push(), &push_); !s.ok()) {
+      return Fatal(request, s);
+    }
     uint64_t left = request.payload_bytes;
     absl::Status bad;
     if (!ReadPushPayload(request, &left, &bad)) return false;
-    if (!bad.ok()) return Refuse(request, left, bad);
-    v1::PushDenseResponse resp;
-    absl::Status s = store->FinishPushDense(&push_, &resp);
-    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+    if (!bad.ok()) return Fatal(request, bad);
+    char raw[kFrameHeaderBytes];
+    if (!socket_.ReadExact(raw, kFrameHeaderBytes, options_.io_timeout).ok()) return false;
+    absl::StatusOr<FrameHeader> commit = DecodeFrameHeader(raw);
+    if (!commit.ok() || commit->op != static_cast<uint16_t>(WireOp::kReplicateCommit) ||
+        commit->payload_bytes != 0 || commit->meta_bytes > options_.max_meta_bytes) {
+      return Fatal(
+          commit.ok() ? *commit : request,
+          absl::InvalidArgumentError("a ReplicateStream must be followed by its ReplicateCommit"));
+    }
+    meta_.resize(commit->meta_bytes);
+    if (!socket_.ReadExact(meta_.data(), commit->meta_bytes, options_.io_timeout).ok()) {
+      return false;
+    }
+    v1::ReplicateHeader versions;
+    if (!versions.ParseFromString(meta_)) return Fatal(*commit, BadMeta("ReplicateHeader"));
+    *header.mutable_versions() = versions.versions();
+    header.set_accepted(versions.accepted());
+    header.set_dropped_stale(versions.dropped_stale());
+    v1::ReplicateResponse resp;
+    absl::Status s = (*store)->ApplyReplicatedDense(header, &push_, &resp);
+    return Respond(*commit, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
+  }
+
+  // A forward's header (meta_) checked: the caller is the primary it names (with TLS), this
+  // task backs it up, float32 gradients. The store of that primary's backups.
+  absl::StatusOr<ParameterStore*> ForwardTarget(const FrameHeader& request,
+                                                v1::ReplicateHeader* header) {
+    if (!header->ParseFromString(meta_)) return BadMeta("ReplicateHeader");
+    v1::TaskId primary;
+    primary.set_job("ps");
+    primary.set_index(header->primary_ps_task());
+    PS_RETURN_IF_ERROR(AllowedFor("ParameterServer.Replicate", primary));
+    if (options_.backups == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this ps task holds no backup of ps:", header->primary_ps_task(), "'s shards"));
+    }
+    PS_ASSIGN_OR_RETURN(ParameterStore * store,
+                        options_.backups->ForForward(header->primary_ps_task()));
+    if (header->push().wire_dtype() != v1::DT_FLOAT32 &&
+        header->push().wire_dtype() != v1::DT_INVALID) {
+      return absl::InvalidArgumentError("a Replicate request carries float32 gradients");
+    }
+    return store;
   }
 
   // A primary ps task's forward of the dense updates it applied, to the backups this task
   // holds of its shards (issue 37): as a push, into the backup store of primary_ps_task.
   bool Replicate(const FrameHeader& request) {
     v1::ReplicateHeader header;
-    if (!header.ParseFromString(meta_)) {
-      return Refuse(request, request.payload_bytes, BadMeta("ReplicateHeader"));
-    }
-    v1::TaskId primary;
-    primary.set_job("ps");
-    primary.set_index(header.primary_ps_task());
-    if (absl::Status s = AllowedFor("ParameterServer.Replicate", primary); !s.ok()) {
-      return Refuse(request, request.payload_bytes, s);
-    }
-    absl::StatusOr<ParameterStore*> found =
-        options_.backups == nullptr
-            ? absl::FailedPreconditionError(absl::StrCat(
-                  "this ps task holds no backup of ps:", header.primary_ps_task(), "'s shards"))
-            : options_.backups->ForForward(header.primary_ps_task());
+    absl::StatusOr<ParameterStore*> found = ForwardTarget(request, &header);
     if (!found.ok()) return Refuse(request, request.payload_bytes, found.status());
     ParameterStore* store = *found;
-    if (header.push().wire_dtype() != v1::DT_FLOAT32 &&
-        header.push().wire_dtype() != v1::DT_INVALID) {
-      return Refuse(request, request.payload_bytes,
-                    absl::InvalidArgumentError("a Replicate request carries float32 gradients"));
-    }
     if (absl::Status s = store->StartPushDense(header.push(), &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
@@ -243,7 +292,8 @@ class TensorServer::Connection {
   // Reads a started push's payload (push_) from the socket into its gradient buffers. False
   // when the connection broke; otherwise *bad is what the push refused (the payload not
   // matching its shards, a chunk out of place), with *left the bytes still to drain.
-  bool ReadPushPayload(const FrameHeader& request, uint64_t* left, absl::Status* bad) {
+  bool ReadPushPayload(const FrameHeader& request, uint64_t* left, absl::Status* bad,
+                       PushStreams* streams = nullptr) {
     if (request.payload_bytes != static_cast<uint64_t>(push_.payload_bytes())) {
       *bad = absl::InvalidArgumentError(
           absl::StrCat("the push carries ", request.payload_bytes,
@@ -273,6 +323,7 @@ class TensorServer::Connection {
           *left -= count * elem;
           *bad = push_.AddChunk(i, offset, scratch_);
         }
+        if (streams != nullptr && bad->ok()) streams->Piece(i, push_.values(i) + offset, count);
       }
     }
     return true;

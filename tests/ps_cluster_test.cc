@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/live_cluster.h"
 #include "cli/vars_command.h"
+#include "client/cluster_client.h"
 #include "client/grpc_chief_client.h"
 #include "client/grpc_ps_transport.h"
 #include "client/parameter_client.h"
@@ -86,13 +87,17 @@ v1::GetModelResponse GetModel(TestCluster& cluster) {
   return resp;
 }
 
-std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker) {
+// Over gRPC, or with `data_plane` over the ps tasks' tensor data plane as workers call them.
+std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker,
+                                           bool data_plane = false) {
   std::vector<std::string> addresses(m.ps_addresses().begin(), m.ps_addresses().end());
   ParameterClientOptions options;
   options.worker = worker;
   auto client = ParameterClient::Create(
       m.model(), m.placement(),
-      std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()), options);
+      data_plane ? NewPsTransport(addresses, /*tensor_wire=*/true)
+                 : std::make_unique<GrpcPsTransport>(addresses, GrpcPsTransportOptions()),
+      options);
   CHECK(client.ok()) << client.status();
   return *std::move(client);
 }
@@ -490,7 +495,8 @@ TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
 // variable, whose result depends on the order of its updates), with the same update count.
 // Over the backups' tensor data plane, or over gRPC where the ps tasks serve none.
 void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
-                                       const std::string& forwarded_over) {
+                                       const std::string& forwarded_over,
+                                       bool data_plane_clients = false) {
   std::string model_text = kSmallModelText;
   const std::string sgd = "optimizer { sgd { learning_rate: 0.5 } }";
   ASSERT_NE(model_text.find(sgd), std::string::npos);
@@ -515,7 +521,7 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
   std::vector<absl::Status> errors(kClients);
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
-      std::unique_ptr<ParameterClient> client = ClientFor(with_backups, c);
+      std::unique_ptr<ParameterClient> client = ClientFor(with_backups, c, data_plane_clients);
       std::vector<float> gw, gb, grows;
       std::vector<int64_t> keys;
       for (int i = 0; i < kIterations && errors[c].ok(); ++i) {
@@ -543,6 +549,13 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
 
 TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
   ExpectBackupsFollowTheirPrimaries({}, "over their tensor data plane");
+}
+
+// Workers pushing over the data plane: each primary sends the gradients on to the backups while
+// they arrive, and the versions once applied (ReplicateStream, ReplicateCommit).
+TEST(PsClusterTest, AsyncDensePushesOverTheDataPlaneReachTheirBackupsWhileTheyArrive) {
+  ExpectBackupsFollowTheirPrimaries({}, "over their tensor data plane, while the pushes arrive",
+                                    /*data_plane_clients=*/true);
 }
 
 TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsOverGrpcWithoutADataPlane) {
