@@ -374,6 +374,8 @@ TcpPsTransport::ReplicateStream::~ReplicateStream() {
   if (!answered_ && connection_ != nullptr) connection_->socket->Shutdown();
 }
 
+void TcpPsTransport::ReplicateStream::Abort() { connection_->socket->Shutdown(); }
+
 absl::Status TcpPsTransport::ReplicateStream::Write(const float* values, int64_t n) {
   iovec iov = Bytes(values, n * static_cast<int64_t>(sizeof(float)));
   return transport_->Annotate(

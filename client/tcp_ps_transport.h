@@ -91,6 +91,9 @@ class TcpPsTransport : public PsTransport {
     absl::Status Write(const float* values, int64_t n);
     absl::Status Commit(const v1::ReplicateHeader& header);
     absl::Status Await(v1::ReplicateResponse* response);
+    // Makes a Write blocked on another thread, and every later call, fail at once (the
+    // forward is abandoned). Thread-safe.
+    void Abort();
 
    private:
     friend class TcpPsTransport;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -14,7 +15,7 @@
 namespace pscluster {
 
 RemotePushForwarder::RemotePushForwarder(int self, TlsConfig tls, absl::Duration timeout)
-    : self_(self), tls_(std::move(tls)), timeout_(timeout) {}
+    : self_(self), tls_(std::move(tls)), timeout_(timeout), writers_(kStreamWriters) {}
 
 void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses) {
   absl::MutexLock lock(&mu_);
@@ -46,22 +47,71 @@ void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses
 
 namespace {
 
-// A ForwardStream over TcpPsTransport's ReplicateStream.
+// A ForwardStream over TcpPsTransport's ReplicateStream whose writes are made by a writer
+// thread (of `writers`), in order, so that the thread receiving the push does not also send it:
+// Write() queues the piece (the push's buffer stays put until FinishPushDense returns), Commit()
+// waits for the queue to drain first.
 class WireForwardStream : public ForwardStream {
  public:
   WireForwardStream(std::shared_ptr<void> keep,
-                    std::unique_ptr<TcpPsTransport::ReplicateStream> stream)
-      : keep_(std::move(keep)), stream_(std::move(stream)) {}
-  ~WireForwardStream() override { stream_.reset(); }  // before what keeps its transport
-  absl::Status Write(const float* values, int64_t n) override { return stream_->Write(values, n); }
+                    std::unique_ptr<TcpPsTransport::ReplicateStream> stream, ThreadPool* writers)
+      : keep_(std::move(keep)), stream_(std::move(stream)), writers_(writers) {}
+  ~WireForwardStream() override {
+    absl::MutexLock lock(&mu_);
+    if (writing_) {
+      queue_.clear();
+      stream_->Abort();  // a write blocked on the backup returns at once
+      mu_.Await(absl::Condition(
+          +[](bool* writing) { return !*writing; }, &writing_));
+    }
+  }
+  absl::Status Write(const float* values, int64_t n) override {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    queue_.push_back({values, n});
+    if (!writing_) {
+      writing_ = true;
+      writers_->Schedule([this] { Drain(); });
+    }
+    return absl::OkStatus();
+  }
   absl::Status Commit(const v1::ReplicateHeader& header) override {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](bool* writing) { return !*writing; }, &writing_));
+      if (!error_.ok()) return error_;
+    }
     return stream_->Commit(header);
   }
   absl::Status Await(v1::ReplicateResponse* response) override { return stream_->Await(response); }
 
  private:
+  struct Piece {
+    const float* values;
+    int64_t n;
+  };
+  void Drain() {
+    mu_.Lock();
+    while (!queue_.empty() && error_.ok()) {
+      const Piece piece = queue_.front();
+      mu_.Unlock();
+      absl::Status s = stream_->Write(piece.values, piece.n);
+      mu_.Lock();
+      if (!s.ok() && error_.ok()) error_ = s;
+      if (!queue_.empty()) queue_.pop_front();
+    }
+    writing_ = false;
+    mu_.Unlock();
+  }
+
   std::shared_ptr<void> keep_;  // the peers whose transport the stream uses
   std::unique_ptr<TcpPsTransport::ReplicateStream> stream_;
+  ThreadPool* const writers_;
+  absl::Mutex mu_;
+  std::deque<Piece> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a Drain is scheduled or running
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -81,7 +131,7 @@ std::unique_ptr<ForwardStream> RemotePushForwarder::OpenStream(int backup,
   if (!stream.ok() || *stream == nullptr) return nullptr;
   LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane, "
                           "while the pushes arrive";
-  return std::make_unique<WireForwardStream>(peers, *std::move(stream));
+  return std::make_unique<WireForwardStream>(peers, *std::move(stream), &writers_);
 }
 
 absl::Status RemotePushForwarder::ForwardOne(const DenseForward& forward) {

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "client/grpc_channel.h"
 #include "client/tcp_ps_transport.h"
+#include "common/thread_pool.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/push_forwarder.h"
 #include "security/tls.h"
@@ -53,6 +54,8 @@ class RemotePushForwarder : public PushForwarder {
   }
 
   static constexpr int64_t kChunkBytes = 1 << 20;
+  // Threads that write the pipelined forwards (OpenStream's), each stream's pieces in order.
+  static constexpr int kStreamWriters = 4;
   const int self_;
   const TlsConfig tls_;
   const absl::Duration timeout_;
@@ -60,6 +63,7 @@ class RemotePushForwarder : public PushForwarder {
   std::shared_ptr<Peers> peers_ ABSL_GUARDED_BY(mu_);
   // The data plane's TLS client context (made once; null: plaintext or not made yet).
   std::shared_ptr<WireTlsContext> wire_tls_ ABSL_GUARDED_BY(mu_);
+  ThreadPool writers_;  // last: its threads end before the rest goes
 };
 
 }  // namespace pscluster
