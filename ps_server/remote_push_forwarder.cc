@@ -15,7 +15,10 @@
 namespace pscluster {
 
 RemotePushForwarder::RemotePushForwarder(int self, TlsConfig tls, absl::Duration timeout)
-    : self_(self), tls_(std::move(tls)), timeout_(timeout), writers_(kStreamWriters) {}
+    : self_(self),
+      tls_(std::move(tls)),
+      timeout_(timeout),
+      writers_(std::thread::hardware_concurrency() >= 8 ? kStreamWriters : 0) {}
 
 void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses) {
   absl::MutexLock lock(&mu_);
@@ -66,13 +69,16 @@ class WireForwardStream : public ForwardStream {
     }
   }
   absl::Status Write(const float* values, int64_t n) override {
-    absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return error_;
-    queue_.push_back({values, n});
-    if (!writing_) {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!error_.ok()) return error_;
+      queue_.push_back({values, n});
+      start = !writing_;
       writing_ = true;
-      writers_->Schedule([this] { Drain(); });
     }
+    // Without writer threads (a small machine) the piece is written here, at once.
+    if (start) writers_->Schedule([this] { Drain(); });
     return absl::OkStatus();
   }
   absl::Status Commit(const v1::ReplicateHeader& header) override {

@@ -87,6 +87,18 @@ std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster) {
   return v1::Coordinator::NewStub(NewGrpcChannel(cluster.chief_address(), channel));
 }
 
+v1::GetModelResponse ModelOf(TestCluster& cluster) {
+  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetModelRequest req;
+  req.set_wait_until_ready(true);
+  v1::GetModelResponse resp;
+  grpc::Status s = chief->GetModel(&ctx, req, &resp);
+  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
+  return resp;
+}
+
 v1::ClusterStatus AwaitStatus(v1::Coordinator::StubInterface& chief,
                               const std::function<bool(const v1::ClusterStatus&)>& done,
                               absl::Duration timeout) {

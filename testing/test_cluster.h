@@ -128,6 +128,10 @@ v1::ClusterStatus ClusterStatusOf(v1::Coordinator::StubInterface& chief);
 // A Coordinator stub for the cluster's chief (loopback; TLS as client_tls()).
 std::unique_ptr<v1::Coordinator::Stub> ChiefStubOf(const TestCluster& cluster);
 
+// The chief's GetModel once the model is ready (30 s deadline); CHECK-fails, with the
+// cluster's logs, when it does not come.
+v1::GetModelResponse ModelOf(TestCluster& cluster);
+
 // Polls the chief's status until `done(status)` or `timeout`; returns the last status, which a
 // test checks (the predicate's condition is false in it after a timeout).
 v1::ClusterStatus AwaitStatus(v1::Coordinator::StubInterface& chief,

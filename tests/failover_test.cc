@@ -53,16 +53,20 @@ constexpr int kNumPs = 3;
 constexpr int kClients = 2;
 constexpr int kPushesPerClient = 150;
 
-v1::GetModelResponse GetModel(TestCluster& cluster) {
-  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::GetModelRequest req;
-  req.set_wait_until_ready(true);
-  v1::GetModelResponse resp;
-  grpc::Status s = chief->GetModel(&ctx, req, &resp);
-  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
-  return resp;
+// Three ps tasks with --replication=2 under a chief serving kModel, with heartbeats every
+// 100 ms and a task lost after 1 s without one.
+std::unique_ptr<TestCluster> StartReplicated() {
+  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
+  std::ofstream(model_path) << kModel;
+  TestClusterOptions options;
+  options.num_ps = kNumPs;
+  options.num_workers = 0;
+  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
+                            "--replication=2", "--heartbeat_interval_ms=100",
+                            "--heartbeat_timeout_ms=1000"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
+  CHECK(started.ok()) << started.status();
+  return *std::move(started);
 }
 
 // A client as a worker has one: the tensor data plane, few attempts before the caller looks
@@ -82,7 +86,7 @@ std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int wo
 
 // What a worker's before_retry does: the failed-over tasks as the chief publishes them.
 void FollowFailovers(TestCluster& cluster, ParameterClient& client) {
-  const v1::GetModelResponse now = GetModel(cluster);
+  const v1::GetModelResponse now = ModelOf(cluster);
   const std::vector<int> failed(now.placement().failed_over_ps().begin(),
                                 now.placement().failed_over_ps().end());
   CHECK(client.SetFailedOver(failed).ok());
@@ -99,18 +103,9 @@ class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
 TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce) {
   const int killed = GetParam().ps;
   const std::string name = absl::StrCat("ps:", killed);
-  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << kModel;
-  TestClusterOptions options;
-  options.num_ps = kNumPs;
-  options.num_workers = 0;
-  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
-                            "--replication=2", "--heartbeat_interval_ms=100",
-                            "--heartbeat_timeout_ms=1000"};
-  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  TestCluster& cluster = **started;
-  const v1::GetModelResponse m = GetModel(cluster);
+  std::unique_ptr<TestCluster> started = StartReplicated();
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
   ASSERT_EQ(m.placement().options().replication(), 2);
   int on_killed = 0;
   for (const v1::DensePartition& p : m.placement().partitions()) {
@@ -171,7 +166,7 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
   for (std::thread& t : threads) t.join();
   for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
 
-  const v1::GetModelResponse after = GetModel(cluster);
+  const v1::GetModelResponse after = ModelOf(cluster);
   ASSERT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
                                after.placement().failed_over_ps().end()),
               ::testing::ElementsAre(killed));
@@ -266,18 +261,9 @@ INSTANTIATE_TEST_SUITE_P(EveryTaskAtSeveralPoints, FailoverTest,
 // took them over serve on. First its lease from the chief has run out; then the chief's answer
 // to its next heartbeat says it was failed over, and it stays fenced.
 TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
-  const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << kModel;
-  TestClusterOptions options;
-  options.num_ps = kNumPs;
-  options.num_workers = 0;
-  options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
-                            "--replication=2", "--heartbeat_interval_ms=100",
-                            "--heartbeat_timeout_ms=1000"};
-  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  TestCluster& cluster = **started;
-  const v1::GetModelResponse m = GetModel(cluster);
+  std::unique_ptr<TestCluster> started = StartReplicated();
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
   std::unique_ptr<ParameterClient> stale = ClientFor(m, 0);  // never follows a failover
   const std::vector<float> gw(64 * 16, 1.0f), gb(16, 1.0f);
   for (int i = 0; i < 10; ++i) {
@@ -302,10 +288,10 @@ TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
 
   ASSERT_TRUE(cluster.ps(1).Signal(SIGSTOP).ok());
   const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (GetModel(cluster).placement().failed_over_ps_size() == 0 && absl::Now() < until) {
+  while (ModelOf(cluster).placement().failed_over_ps_size() == 0 && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  ASSERT_EQ(GetModel(cluster).placement().failed_over_ps_size(), 1) << cluster.Logs(40);
+  ASSERT_EQ(ModelOf(cluster).placement().failed_over_ps_size(), 1) << cluster.Logs(40);
   ASSERT_TRUE(cluster.ps(1).Signal(SIGCONT).ok());
 
   // At once, then after its next heartbeats: nothing served, nothing applied.

@@ -74,19 +74,6 @@ std::pair<v1::InspectShardResponse, v1::InspectShardResponse> PrimaryAndBackup(
   return {*std::move(primary), *std::move(backup)};
 }
 
-v1::GetModelResponse GetModel(TestCluster& cluster) {
-  auto chief = v1::Coordinator::NewStub(
-      grpc::CreateChannel(cluster.chief_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::GetModelRequest req;
-  req.set_wait_until_ready(true);
-  v1::GetModelResponse resp;
-  grpc::Status s = chief->GetModel(&ctx, req, &resp);
-  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
-  return resp;
-}
-
 // Over gRPC, or with `data_plane` over the ps tasks' tensor data plane as workers call them.
 std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker,
                                            bool data_plane = false) {
@@ -119,7 +106,7 @@ void Gradients(int c, int i, std::vector<float>* gw, std::vector<float>* gb,
 
 TEST(PsClusterTest, TwoClientsThroughTheDaemonsMatchASingleProcess) {
   std::unique_ptr<TestCluster> cluster = StartCluster();
-  v1::GetModelResponse m = GetModel(*cluster);
+  v1::GetModelResponse m = ModelOf(*cluster);
   ASSERT_EQ(m.ps_addresses_size(), 2);
   ASSERT_EQ(m.placement().partitions_size(), 5);  // w: 4 partitions, b: 1
   std::set<int> ps_used;
@@ -224,7 +211,7 @@ std::string VocabularyModelText() {
 // the ps with a message naming it and the range, changes nothing, and the ps goes on serving.
 TEST(PsClusterTest, AVocabularyTableThroughTheDaemonsMatchesASingleProcess) {
   std::unique_ptr<TestCluster> cluster = StartCluster({}, VocabularyModelText());
-  v1::GetModelResponse m = GetModel(*cluster);
+  v1::GetModelResponse m = ModelOf(*cluster);
   ASSERT_EQ(m.model().tables(0).vocabulary_size(), 5000);
   v1::ModelSpec model;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(VocabularyModelText(), &model));
@@ -296,7 +283,7 @@ TEST(PsClusterTest, AVocabularyTableThroughTheDaemonsMatchesASingleProcess) {
 // request's own shards), and the task goes on serving.
 TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
   std::unique_ptr<TestCluster> cluster = StartCluster({}, kSmallModelText, /*num_ps=*/3);
-  const v1::GetModelResponse m = GetModel(*cluster);
+  const v1::GetModelResponse m = ModelOf(*cluster);
   ASSERT_EQ(m.ps_addresses_size(), 3);
   v1::PlacementOptions options = m.placement().options();
   options.set_replication(2);
@@ -503,7 +490,7 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
   model_text.replace(model_text.find(sgd), sgd.size(),
                      "optimizer { adam { learning_rate: 0.01 } }");
   std::unique_ptr<TestCluster> cluster = StartCluster(ps_flags, model_text, /*num_ps=*/3);
-  const v1::GetModelResponse m = GetModel(*cluster);
+  const v1::GetModelResponse m = ModelOf(*cluster);
   ASSERT_NE(m.sync().mode(), v1::SYNC) << "sync steps are not forwarded yet";
   v1::PlacementOptions options = m.placement().options();
   options.set_replication(2);
@@ -567,7 +554,7 @@ class PsBadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
     cluster_ = StartCluster({"--max_message_bytes=1048576", "--memory_budget_mb=64"});
-    model_ = GetModel(*cluster_);
+    model_ = ModelOf(*cluster_);
     for (const v1::DensePartition& p : model_.placement().partitions()) {
       if (p.variable() == "b") b_ps_ = p.ps_task();
     }

@@ -83,22 +83,6 @@ std::unique_ptr<TestCluster> StartCluster(const std::string& checkpoint_dir) {
   return *std::move(cluster);
 }
 
-std::unique_ptr<v1::Coordinator::Stub> ChiefStub(const std::string& address) {
-  return v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
-
-v1::GetModelResponse GetModel(TestCluster& cluster) {
-  auto chief = ChiefStub(cluster.chief_address());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::GetModelRequest req;
-  req.set_wait_until_ready(true);
-  v1::GetModelResponse resp;
-  grpc::Status s = chief->GetModel(&ctx, req, &resp);
-  CHECK(s.ok()) << s.error_message() << "\n" << cluster.Logs();
-  return resp;
-}
-
 std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m) {
   std::vector<std::string> addresses(m.ps_addresses().begin(), m.ps_addresses().end());
   auto client = ParameterClient::Create(
@@ -200,7 +184,7 @@ class PsctlTest : public ::testing::Test {
   static void SetUpTestSuite() {
     checkpoint_dir_ = new std::string(TmpDir() + "/checkpoints");
     cluster_ = StartCluster(*checkpoint_dir_).release();
-    model_ = new v1::GetModelResponse(GetModel(*cluster_));
+    model_ = new v1::GetModelResponse(ModelOf(*cluster_));
     std::unique_ptr<ParameterClient> client = ClientFor(*model_);
     std::vector<float> gw(64 * 16), gb(16);
     for (int step = 0; step < 3; ++step) {
@@ -592,7 +576,7 @@ TEST_F(PsctlTest, EverySaveCapturesEveryAppliedUpdate) {
 
 TEST(PsctlUnreachableTest, ADeadPsOrChiefIsNamedAndTheRestStillShows) {
   std::unique_ptr<TestCluster> cluster = StartCluster(TmpDir() + "/unreachable-ckpt");
-  const v1::GetModelResponse model = GetModel(*cluster);
+  const v1::GetModelResponse model = ModelOf(*cluster);
   const std::string chief = "--chief=" + cluster->chief_address();
   const std::string ps1 = cluster->address("ps:1");
   ASSERT_TRUE(cluster->ps(1).Signal(SIGKILL).ok());
