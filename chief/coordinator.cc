@@ -349,18 +349,28 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     }
     const bool restarted_now = !gone[ps];
     if (!missing.empty()) {
+      const bool after_a_failover =
+          std::find(was_failed_over.begin(), was_failed_over.end(), 1) != was_failed_over.end();
+      if (after_a_failover) {
+        // The checkpoints predate the failover (none is taken after one) and a restore would
+        // not reach the shards that tasks took over: it would roll back part of the model.
+        if (restarted_now) ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+        LOG_EVERY_N(ERROR, 20) << "ps:" << ps << " is lost and so is " << missing
+                               << ", after an earlier failover: the partitions they held have no "
+                                  "copy left and the checkpoints predate the failover; restart "
+                                  "the job from its newest checkpoint (docs/replication.md)";
+        continue;
+      }
       LOG(WARNING) << "ps:" << ps << " is lost and so is " << missing << ": it cannot fail over; "
                    << (restarted_now ? "restoring from the checkpoint"
                                      : "waiting for it to come back");
       if (restarted_now) left.push_back(ps);
       continue;
     }
+    // When a task does not take the failover, it is tried again on the next round (a restarted
+    // task's incarnation is taken only once it failed over).
     absl::MutexLock operation(&operation_mu_);
-    if (FailOver(ps)) {
-      ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
-    } else if (restarted_now) {
-      // Tried again on the next round, as a lost task (its incarnation is not taken).
-    }
+    if (FailOver(ps)) ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
   }
   return left;
 }

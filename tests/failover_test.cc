@@ -324,6 +324,41 @@ TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
   }
 }
 
+// A second loss after a failover that leaves a partition with no copy: the chief neither fails
+// over nor restores a checkpoint that predates the first failover (which would roll back part
+// of the model); it says what happened and what to do.
+TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
+  std::unique_ptr<TestCluster> started = StartReplicated();
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
+  // A task whose own partition is backed up on ps:1: once ps:1 is gone, it is the last copy.
+  int second = -1;
+  for (const v1::DensePartition& p : m.placement().partitions()) {
+    if (p.backup_ps_task() == 1) second = p.ps_task();
+  }
+  ASSERT_GE(second, 0) << "ps:1 backs up nothing";
+  auto await_log = [&](const std::string& text) {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (cluster.chief().LogTail(400).find(text) == std::string::npos && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return cluster.chief().LogTail(400).find(text) != std::string::npos;
+  };
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log("ps:1 failed over")) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(second).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", second, " is lost and so is ps:1")))
+      << cluster.Logs(40);
+  // Back, empty: still nothing restored or created again from initial values.
+  ASSERT_TRUE(cluster.StartTask("ps", second).ok()) << cluster.Logs();
+  absl::SleepFor(absl::Seconds(2));
+  const std::string log = cluster.chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr("restart the job from its newest checkpoint"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr(absl::StrCat("ps:", second, " failed over"))));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("lost its shards: holding the workers")));
+  EXPECT_EQ(ModelOf(cluster).placement().failed_over_ps_size(), 1);
+}
+
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training
 // goes on through the failover to the end, no checkpoint is restored (there is none), and the
