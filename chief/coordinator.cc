@@ -317,16 +317,13 @@ std::vector<int> Coordinator::FailedOver() const {
 }
 
 std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) {
-  std::vector<char> lost(num_ps_, 0), gone(num_ps_, 0), was_failed_over;
+  std::vector<char> lost(num_ps_, 0), gone(num_ps_, 0), was_failed_over(num_ps_, 0);
   for (int ps : restarted) lost[ps] = 1;
   for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
     lost[t.index()] = 1;
     gone[t.index()] = 1;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    was_failed_over = failed_over_;
-  }
+  for (int ps : FailedOver()) was_failed_over[ps] = 1;
   std::vector<int> left;
   for (int ps : restarted) {
     if (!was_failed_over[ps]) continue;
@@ -341,8 +338,7 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     // Both copies of a partition lost: the checkpoint's restore, as without replication.
     std::string missing;
     for (const v1::DensePartition& p : client_->placement().partitions()) {
-      if (p.ps_task() == ps && (gone[p.backup_ps_task()] || lost[p.backup_ps_task()] ||
-                                was_failed_over[p.backup_ps_task()])) {
+      if (p.ps_task() == ps && (lost[p.backup_ps_task()] || was_failed_over[p.backup_ps_task()])) {
         missing = absl::StrCat("ps:", p.backup_ps_task(), ", which backs up partition ",
                                p.partition(), " of ", p.variable());
       }
@@ -382,11 +378,8 @@ bool Coordinator::FailOver(int ps) {
   for (const v1::DensePartition& p : client_->placement().partitions()) {
     if (p.ps_task() == ps) backups.insert(p.backup_ps_task());
   }
-  std::vector<char> failed_before;
-  {
-    absl::MutexLock lock(&mu_);
-    failed_before = failed_over_;
-  }
+  std::vector<char> failed_before(num_ps_, 0);
+  for (int t : FailedOver()) failed_before[t] = 1;
   SetPhase(v1::RECOVERING, absl::StrCat("ps:", ps, " failing over to its backups"));
   // Every live task: those backing up its partitions promote them, those it backed up stop
   // forwarding to it. Its backups first, so that the primaries keep waiting for a forward
@@ -413,7 +406,6 @@ bool Coordinator::FailOver(int ps) {
   {
     absl::MutexLock lock(&mu_);
     model_.mutable_placement()->add_failed_over_ps(ps);
-    failed_over_[ps] = 1;
     failed_over.assign(model_.placement().failed_over_ps().begin(),
                        model_.placement().failed_over_ps().end());
   }
@@ -669,7 +661,6 @@ absl::Status Coordinator::InitializeModel() {
   absl::MutexLock lock(&mu_);
   *model_.mutable_model() = options_.model;
   *model_.mutable_placement() = *placement;
-  failed_over_.assign(num_ps_, 0);
   for (const std::string& a : ps_addresses_) model_.add_ps_addresses(a);
   *model_.mutable_sync() = options_.sync;
   *model_.mutable_config() = options_.config;
@@ -885,9 +876,9 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
   }
   if (known) {
     absl::MutexLock lock(&mu_);
-    const int index = req.task().index();
-    if (req.task().job() == kPsJob && index >= 0 && index < static_cast<int>(failed_over_.size()) &&
-        failed_over_[index]) {
+    const auto& failed = model_.placement().failed_over_ps();
+    if (req.task().job() == kPsJob &&
+        std::find(failed.begin(), failed.end(), req.task().index()) != failed.end()) {
       resp->set_failed_over(true);
     }
     if (telling_tasks_to_stop_) {

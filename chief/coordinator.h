@@ -280,8 +280,6 @@ class Coordinator {
   absl::Time phase_since_ ABSL_GUARDED_BY(mu_);
   std::string init_state_ ABSL_GUARDED_BY(mu_) = "waiting for the ps tasks";
   v1::GetModelResponse model_ ABSL_GUARDED_BY(mu_);
-  // model_.placement().failed_over_ps() as flags by task (issue 37 failover).
-  std::vector<char> failed_over_ ABSL_GUARDED_BY(mu_);
   std::map<int, WorkerProgress> workers_ ABSL_GUARDED_BY(mu_);
   v1::TrainingProgress progress_ ABSL_GUARDED_BY(mu_);
   int64_t total_examples_ ABSL_GUARDED_BY(mu_) = 0;
