@@ -34,9 +34,9 @@ SyncCoordinatorOptions SyncOptionsFor(const CoordinatorOptions& o, int num_worke
   return s;
 }
 
-// What replication 2 covers so far (docs/replication.md): async (and ssp) updates of dense
-// variables. A sync step or a table's rows would leave their backups behind, and a failover
-// onto such a backup would lose updates, so the chief refuses them up front.
+// What replication 2 covers so far (docs/replication.md): dense variables, in every mode. A
+// table's rows would leave their backups behind, and a failover onto such a backup would lose
+// updates, so the chief refuses models with tables up front.
 absl::Status CheckReplication(const CoordinatorOptions& options, int num_ps) {
   const int r = options.placement.replication();
   if (r < 0 || r > 2) {
@@ -48,11 +48,6 @@ absl::Status CheckReplication(const CoordinatorOptions& options, int num_ps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "replication 2 needs at least 2 ps tasks (a backup on another task), the cluster has ",
         num_ps));
-  }
-  if (options.sync.mode() == v1::SYNC) {
-    return absl::InvalidArgumentError(
-        "replication 2 needs --mode=async or ssp: sync steps are not forwarded to the backups "
-        "yet (docs/replication.md)");
   }
   if (options.model.tables_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -348,13 +343,15 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
       const bool after_a_failover =
           std::find(was_failed_over.begin(), was_failed_over.end(), 1) != was_failed_over.end();
       if (after_a_failover) {
-        // The checkpoints predate the failover (none is taken after one) and a restore would
-        // not reach the shards that tasks took over: it would roll back part of the model.
+        // A restore re-creates each task's shards as first placed, not as the failover moved
+        // them (a restarted task does not know which backups it had taken over): it would
+        // leave part of the model behind or roll it back. The job restarts from its newest
+        // checkpoint instead, which covers the shards taken over when taken after the failover.
         if (restarted_now) ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
         LOG_EVERY_N(ERROR, 20) << "ps:" << ps << " is lost and so is " << missing
                                << ", after an earlier failover: the partitions they held have no "
-                                  "copy left and the checkpoints predate the failover; restart "
-                                  "the job from its newest checkpoint (docs/replication.md)";
+                                  "copy left; restart the job from its newest checkpoint "
+                                  "(docs/replication.md)";
         continue;
       }
       LOG(WARNING) << "ps:" << ps << " is lost and so is " << missing << ": it cannot fail over; "
@@ -488,14 +485,6 @@ absl::StatusOr<v1::CheckpointResponse> Coordinator::TakeCheckpoint(const std::st
                                                                    bool require_ready) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the chief has no --checkpoint_dir: checkpoints are off");
-  }
-  if (const std::vector<int> failed = FailedOver(); !failed.empty()) {
-    // A save goes to each task's own shards: those promoted from a failed-over task would be
-    // missing from it.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no checkpoints since ps:", failed[0],
-        " failed over: its shards are served by their backups, which saves do not cover yet "
-        "(docs/replication.md)"));
   }
   {
     absl::MutexLock lock(&mu_);

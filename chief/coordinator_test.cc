@@ -442,7 +442,7 @@ TEST_F(CoordinatorTest, ARestartedChiefBeforeThePsTasksRegisteredStartsNormally)
   EXPECT_EQ(second->CurrentStep(), 0);
 }
 
-// Replication 2 covers async dense variables so far: what it does not cover is refused before
+// Replication 2 covers dense variables so far: what it does not cover is refused before
 // the chief starts, naming why, rather than left without backups that a failover would trust.
 TEST_F(CoordinatorTest, ReplicationTwoIsRefusedWhereBackupsWouldFallBehind) {
   CoordinatorOptions with_table = Options(v1::ASYNC);
@@ -454,19 +454,17 @@ TEST_F(CoordinatorTest, ReplicationTwoIsRefusedWhereBackupsWouldFallBehind) {
 
   CoordinatorOptions dense_only = Options(v1::SYNC);
   dense_only.model.clear_tables();
-  dense_only.placement.set_replication(2);
-  chief = Coordinator::Create(dense_only);
-  ASSERT_EQ(chief.status().code(), absl::StatusCode::kInvalidArgument) << chief.status();
-  EXPECT_THAT(std::string(chief.status().message()), ::testing::HasSubstr("--mode=async or ssp"));
-
   dense_only.placement.set_replication(3);
   chief = Coordinator::Create(dense_only);
   ASSERT_EQ(chief.status().code(), absl::StatusCode::kInvalidArgument) << chief.status();
   EXPECT_THAT(std::string(chief.status().message()), ::testing::HasSubstr("not 3"));
 
-  dense_only.sync.set_mode(v1::ASYNC);
-  dense_only.placement.set_replication(2);
-  EXPECT_TRUE(Coordinator::Create(dense_only).ok());
+  // Dense variables are replicated in every mode: sync steps' gradients are forwarded too.
+  for (v1::UpdateMode mode : {v1::SYNC, v1::ASYNC, v1::SSP}) {
+    dense_only.sync.set_mode(mode);
+    dense_only.placement.set_replication(2);
+    EXPECT_TRUE(Coordinator::Create(dense_only).ok()) << v1::UpdateMode_Name(mode);
+  }
 }
 
 // The ChiefClient's loops and the registrar, against the real chief logic through the

@@ -88,8 +88,8 @@ DEFINE_int64(split_bytes, 0,
 DEFINE_int32(replication, 1,
              "Copies of every dense partition on the ps tasks: 1, one; 2, a primary and a backup "
              "on another task, which applies each push before the worker gets its answer and "
-             "takes over when the primary dies (docs/replication.md; async or ssp mode, dense "
-             "variables only so far).");
+             "takes over when the primary dies (docs/replication.md; any mode, models without "
+             "embedding tables so far).");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 DEFINE_string(checkpoint_dir, "",
               "Directory the checkpoints go to (created if missing; shared with every ps task's "

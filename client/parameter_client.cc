@@ -261,8 +261,13 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     const std::string& checkpoint_path, int64_t step, int64_t* bytes, v1::SavePhase phase,
     const std::string& delta_base, bool track_changes) {
   std::vector<v1::SaveShardsResponse> responses(placement_.num_ps());
+  // A failed-over task holds nothing; the tasks that took its shards over save them.
+  std::vector<char> failed;
+  RoutesSnapshot(&failed);
   std::vector<int> all;
-  for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+    if (failed.empty() || !failed[ps]) all.push_back(ps);
+  }
   PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
     v1::SaveShardsRequest req;
     req.set_checkpoint_path(checkpoint_path);

@@ -128,7 +128,8 @@ class ParameterClient {
   absl::Status PullRows(const std::string& table, const int64_t* keys, int64_t n, float* out,
                         int64_t step = -1);
   // Every ps task writes its shards under `checkpoint_path` (in parallel); returns what was
-  // saved, for the manifest. The caller commits the manifest. `phase` as
+  // saved, for the manifest. A failed-over task (SetFailedOver) is not asked: the tasks that
+  // took its shards over save them with their own. The caller commits the manifest. `phase` as
   // SaveShardsRequest.phase: SAVE_CUT returns nothing (each task writes in the background),
   // a later SAVE_AWAIT what was written. `delta_base` and `track_changes` as in
   // SaveShardsRequest (an incremental checkpoint, and changes recorded for the next).

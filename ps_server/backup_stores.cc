@@ -175,6 +175,35 @@ absl::Status BackupStores::CheckLease() const {
   return absl::OkStatus();
 }
 
+absl::Status BackupStores::Restore(const v1::RestoreShardsRequest& request) {
+  std::vector<std::pair<int, ParameterStore*>> stores;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [primary, store] : stores_) stores.emplace_back(primary, store.get());
+  }
+  // (A store lives as long as this object: restored without holding mu_.)
+  for (const auto& [primary, store] : stores) {
+    v1::RestoreShardsResponse restored;
+    absl::Status s = store->Restore(request, &restored);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("the backup of ps:", primary, "'s shards: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ParameterStore*> BackupStores::Promoted() const {
+  std::vector<ParameterStore*> out;
+  if (!any_promoted_.load(std::memory_order_relaxed)) return out;
+  absl::MutexLock lock(&mu_);
+  for (int primary : promoted_) {
+    auto it = stores_.find(primary);
+    if (it != stores_.end()) out.push_back(it->second.get());
+  }
+  return out;
+}
+
 ParameterStore* BackupStores::Find(int primary) const {
   absl::MutexLock lock(&mu_);
   auto it = stores_.find(primary);

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -56,6 +57,15 @@ class BackupStores {
 
   // The store of `primary`'s backups, or null.
   ParameterStore* Find(int primary) const;
+
+  // ParameterStore::Restore on every store, promoted or not: after a restore a backup holds
+  // what its primary was restored to, so the forwards that follow land on the same values
+  // (and a store promoted since a failover is restored with the task's own shards). The first
+  // error, naming the primary.
+  absl::Status Restore(const v1::RestoreShardsRequest& request);
+  // The stores this task serves as their primary since a failover (Promote): what its saves
+  // cover beside its own shards.
+  std::vector<ParameterStore*> Promoted() const;
 
   // Failover (issue 37): from now on this task serves the backups it holds of `primary` as
   // their primary (ServingDense finds them), if any, and refuses that task's forwards

@@ -399,7 +399,8 @@ absl::Status ParameterStore::CommitStreams(PushStreams* streams,
   std::vector<v1::ReplicateHeader> commits(streams->streams_.size());
   for (size_t k = 0; k < streams->streams_.size(); ++k) {
     for (int i : streams->shards_[k]) {
-      // Not applied at once (a sync accumulator): a stream cannot say so.
+      // Dropped (a sync gradient of another step, or a second one of its worker): a stream
+      // cannot leave a shard out.
       if (versions[i] == 0) return absl::FailedPreconditionError("a shard was not applied");
       commits[k].add_versions(versions[i]);
     }
@@ -577,62 +578,121 @@ absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& hea
     }
   }
   PS_RETURN_IF_ERROR(push->ScanDeferred(&apply_pool_));
+  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(push->shards_);
   // Where each backup shard is against the forward: -1 behind it (wait), 0 at it (apply),
-  // 1 past it (already applied).
+  // 1 past it (already applied). A sync shard's place is its accumulator's order.
   auto place = [&](int i) {
-    const int64_t have = push->shards_[i]->updates();
+    const int64_t have =
+        accumulators[i] != nullptr ? accumulators[i]->adds() : push->shards_[i]->updates();
     const int64_t want = header.versions(i) - 1;
     return have < want ? -1 : have == want ? 0 : 1;
   };
-  std::vector<DenseShard*> shards(n);
-  std::vector<const float*> grads(n);
+  // Async shards go all at once (as ApplyAll took them on the primary); sync shards one by one,
+  // each as soon as its accumulator is at the gradient's place.
+  std::vector<DenseShard*> now;
+  std::vector<const float*> now_grads;
+  std::vector<int> one_by_one;
   for (int i = 0; i < n; ++i) {
-    shards[i] = push->shards_[i].get();
-    grads[i] = push->grads_[i].values();
+    if (accumulators[i] != nullptr) {
+      one_by_one.push_back(i);
+    } else {
+      now.push_back(push->shards_[i].get());
+      now_grads.push_back(push->grads_[i].values());
+    }
   }
+  const int64_t step = header.push().step();
+  const int32_t worker = header.push().worker();
+  std::vector<char> done(n, 0);
+  bool now_done = now.empty();
+  int applied = 0, already = 0;
   const absl::Time deadline = absl::Now() + options_.replica_wait;
   absl::MutexLock lock(&replica_mu_);
   while (true) {
-    int behind = 0, at = 0, past = 0;
-    for (int i = 0; i < n; ++i) {
+    bool progressed = false;
+    int behind = 0;
+    if (!now_done) {
+      int at = 0, past = 0, waiting = 0;
+      for (int i = 0; i < n; ++i) {
+        if (accumulators[i] != nullptr) continue;
+        const int p = place(i);
+        waiting += p < 0;
+        at += p == 0;
+        past += p > 0;
+      }
+      const int k = static_cast<int>(now.size());
+      if (past == k) {
+        already += k;
+        now_done = true;
+      } else if (past > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a replicated push is already applied to ", past, " of its ", k,
+            " shards but not to the others: this backup has diverged from its primary"));
+      } else if (at == k) {
+        absl::ReaderMutexLock barrier(&apply_barrier_);
+        ApplyTimer timer(apply_totals_, k);
+        DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.push().delta());
+        applied += k;
+        now_done = progressed = true;
+      }
+      behind += waiting;
+    }
+    for (int i : one_by_one) {
+      if (done[i]) continue;
       const int p = place(i);
-      behind += p < 0;
-      at += p == 0;
-      past += p > 0;
+      if (p < 0) {
+        ++behind;
+        continue;
+      }
+      done[i] = 1;
+      if (p > 0) {
+        ++already;
+        continue;
+      }
+      DenseShard& shard = *push->shards_[i];
+      int64_t order = 0;
+      AccumulateOutcome outcome;
+      {
+        absl::ReaderMutexLock barrier(&apply_barrier_);
+        outcome = accumulators[i]->Add(step, worker, push->grads_[i].values(),
+                                       ApplyTo(&shard, &apply_pool_, apply_totals_), &order);
+      }
+      if (order != header.versions(i)) {
+        return absl::InternalError(absl::StrCat(
+            "backup ", DenseName(shard.name(), shard.partition()), " did not take the gradient of ",
+            "worker ", worker, " for step ", step, " that its primary took as number ",
+            header.versions(i), " (here: outcome ", static_cast<int>(outcome), ", step ",
+            accumulators[i]->step(), "): this backup has diverged from its primary"));
+      }
+      ++applied;
+      progressed = true;
     }
-    if (past == n) {
-      response->set_already_applied(n);
-      return absl::OkStatus();
-    }
-    if (past > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a replicated push is already applied to ", past, " of its ", n,
-                       " shards but not to the others: this backup has diverged from its primary"));
-    }
-    if (at == n) break;
+    if (progressed) replica_cv_.SignalAll();
+    if (now_done && behind == 0) break;
+    if (progressed) continue;
     if (replica_cv_.WaitWithDeadline(&replica_mu_, deadline)) {
-      const DenseShard& s = *shards[0];
+      const DenseShard& s = *push->shards_[0];
       return absl::DeadlineExceededError(absl::StrCat(
           "waited ", absl::FormatDuration(options_.replica_wait), " for the updates before ",
           header.versions(0), " of backup ", DenseName(s.name(), s.partition()),
-          " (and the push's other shards), which have ", s.updates(), "; ", behind,
+          " (and the push's other shards), which have ",
+          accumulators[0] != nullptr ? accumulators[0]->adds() : s.updates(), "; ", behind,
           " shards behind"));
     }
   }
+  if (applied == 0) {
+    response->set_already_applied(already);
+    return absl::OkStatus();
+  }
   PushOutcome outcome;
   (void)ledger_.Begin(header.push().request_id(), &outcome);
-  {
-    ApplyTimer timer(apply_totals_, n);
-    DenseShard::ApplyAll(shards, grads, &apply_pool_, header.push().delta());
-  }
   for (int i = 0; i < n; ++i) {
-    Touch(shards[i]->counters(), /*push=*/true, push->grads_[i].size * push->elem_bytes_);
+    Touch(push->shards_[i]->counters(), /*push=*/true, push->grads_[i].size * push->elem_bytes_);
   }
   outcome.accepted = header.accepted();
   outcome.dropped_stale = header.dropped_stale();
   ledger_.Record(header.push().request_id(), outcome);
-  replica_cv_.SignalAll();
-  response->set_applied(n);
+  response->set_applied(applied);
+  response->set_already_applied(already);
   return absl::OkStatus();
 }
 
@@ -690,8 +750,9 @@ void ParameterStore::ApplyDensePush(
       ++outcome->accepted;
       continue;
     }
+    // A gradient taken has its place in the accumulator's order, which its backup follows.
     switch (accumulators[i]->Add(header.step(), header.worker(), grad,
-                                 ApplyTo(&shard, &apply_pool_, apply_totals_))) {
+                                 ApplyTo(&shard, &apply_pool_, apply_totals_), &(*versions)[i])) {
       case AccumulateOutcome::kComplete:  // pending until the next step needs it
       case AccumulateOutcome::kAccumulated:
         ++outcome->accepted;
@@ -845,7 +906,8 @@ ShardSet ParameterStore::Shards() const {
 }
 
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
-                                  v1::SaveShardsResponse* response) {
+                                  v1::SaveShardsResponse* response,
+                                  const std::vector<ParameterStore*>& adopted) {
   if (request.phase() == v1::SAVE_PREPARE) {
     PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
     {
@@ -895,8 +957,19 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   JoinBackgroundSaveLocked();
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
-  PS_ASSIGN_OR_RETURN(ShardCut cut,
-                      CutShardSet(Shards(), &apply_barrier_, &prepared_, cut_options));
+  ShardSet shards = Shards();
+  // The adopted stores' pushes are held too (theirs before this store's, the only place that
+  // holds two barriers), so the cut is one moment of every shard this task serves.
+  std::vector<std::unique_ptr<absl::MutexLock>> adopted_held;
+  for (ParameterStore* store : adopted) {
+    store->SettleAll();
+    const ShardSet theirs = store->Shards();
+    shards.dense.insert(shards.dense.end(), theirs.dense.begin(), theirs.dense.end());
+    adopted_held.push_back(std::make_unique<absl::MutexLock>(&store->apply_barrier_));
+  }
+  absl::StatusOr<ShardCut> cut_or = CutShardSet(shards, &apply_barrier_, &prepared_, cut_options);
+  adopted_held.clear();
+  PS_ASSIGN_OR_RETURN(ShardCut cut, std::move(cut_or));
   prepared_.clear();  // what the cut did not use (a table dropped since) goes now
   // The tables record their changes from this cut on only when asked to.
   last_cut_ = cut_options.track_changes ? std::filesystem::path(checkpoint_path).filename().string()

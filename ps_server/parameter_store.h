@@ -139,10 +139,13 @@ class ParameterStore {
   // A backup's side of replication (issue 37): `push` was started (StartPushDense with
   // header.push()) and filled as a worker's push is; its updates are applied to this store's
   // shards at the places header.versions() give, each after the updates before it (waiting up
-  // to options.replica_wait for them: DEADLINE_EXCEEDED), never twice. INVALID_ARGUMENT for a
-  // header whose versions do not match its shards, or a shard that is ahead on some shards of
-  // the push and behind on others (the copies have diverged). The request id is remembered
-  // with the primary's outcome, as for a push applied here.
+  // to options.replica_wait for them: DEADLINE_EXCEEDED), never twice. Async shards are
+  // applied all at once, as on the primary; shards that accumulate sync steps take the
+  // gradient each at its place in its accumulator's order, one by one (the primary took them
+  // one by one too), so that each sums its gradients as the primary did. INVALID_ARGUMENT for
+  // a header whose versions do not match its shards, or a push already applied to some of its
+  // async shards and not to the others (the copies have diverged). The request id is
+  // remembered with the primary's outcome, as for a push applied here.
   absl::Status ApplyReplicatedDense(const v1::ReplicateHeader& header, DensePush* push,
                                     v1::ReplicateResponse* response);
 
@@ -168,7 +171,11 @@ class ParameterStore {
   // holding anything: before answering (SAVE_WHOLE), or in the background after answering
   // (SAVE_CUT), its result answered by SAVE_AWAIT (see SaveShardsRequest.phase). One save is
   // written at a time. SAVE_PREPARE makes the memory the next cut copies the tables into.
-  absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response);
+  // `adopted`: other stores whose dense shards this task serves as their primary since a
+  // failover (replication 2, BackupStores::Promoted); theirs join the cut and the part, their
+  // pushes held with this store's.
+  absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response,
+                    const std::vector<ParameterStore*>& adopted = {});
 
   // Replaces the values of the shards this task holds with a checkpoint's (see
   // RestoreShardsRequest): dense rows from the overlapping saved partitions, table rows whose
@@ -253,13 +260,13 @@ class ParameterStore {
   absl::Status CheckDeltaPush(const DensePush& push,
                               const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators)
       const ABSL_LOCKS_EXCLUDED(mu_);
-  // versions[i]: shard i's update count right after this push's update, 0 where it was not
-  // applied at once (accumulated for a sync step, or dropped).
+  // versions[i]: shard i's update count right after this push's update, or its place in the
+  // shard's accumulator's order (a sync step's gradient); 0 where it was dropped.
   void ApplyDensePush(const DensePush& push,
                       const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
                       PushOutcome* outcome, std::vector<int64_t>* versions);
   // The forwards a push applied with `versions` owes its shards' backups; null when it owes
-  // none (no forwarder, no shard with a backup, nothing applied at once).
+  // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(const DensePush& push,
                                                 const std::vector<int64_t>& versions,
                                                 const PushOutcome& outcome) const;

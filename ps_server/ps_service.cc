@@ -289,13 +289,16 @@ grpc::Status PsService::InspectShard(grpc::ServerContext* ctx, const v1::Inspect
 grpc::Status PsService::SaveShards(grpc::ServerContext* ctx, const v1::SaveShardsRequest* req,
                                    v1::SaveShardsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.SaveShards"));
-  return ToGrpcStatus(store_->Save(*req, resp));
+  // With the shards this task took over in failovers: a checkpoint after one is whole.
+  return ToGrpcStatus(store_->Save(*req, resp, backups_.Promoted()));
 }
 
 grpc::Status PsService::RestoreShards(grpc::ServerContext* ctx, const v1::RestoreShardsRequest* req,
                                       v1::RestoreShardsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.RestoreShards"));
-  return ToGrpcStatus(store_->Restore(*req, resp));
+  if (absl::Status s = store_->Restore(*req, resp); !s.ok()) return ToGrpcStatus(s);
+  // The backups (and shards taken over) go back to the same checkpoint as their primaries.
+  return ToGrpcStatus(backups_.Restore(*req));
 }
 
 grpc::Status PsService::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,

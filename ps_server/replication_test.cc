@@ -304,5 +304,114 @@ TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
   ExpectSameAs(backup, primary);
 }
 
+// Sync steps: the backup's accumulators take the gradients in the primary's order, so that
+// they sum them as the primary did. Three workers whose gradients' sum in doubles depends on
+// the order (1e30 + 1 - 1e30 is 0 one way and 1 another), forwards applied newest first.
+TEST(ReplicationTest, SyncGradientsAreSummedOnTheBackupInThePrimarysOrder) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  *req.add_dense() = AdamShard("a", 6, 1);
+  *req.add_dense() = AdamShard("b", 3, 1);
+  req.mutable_sync()->set_mode(v1::SYNC);
+  req.mutable_sync()->set_replicas_to_aggregate(3);
+  v1::CreateShardsResponse created;
+  v1::CreateShardsRequest as_primary = req;
+  as_primary.set_replication(2);
+  ASSERT_TRUE(primary.CreateShards(as_primary, &created).ok());
+  ASSERT_TRUE(backup.CreateShards(req, &created).ok());
+
+  const float big[3] = {1e30f, 1.0f, -1e30f};
+  // Each step's workers in another order on the primary: step 0 sums 1e30 - 1e30 + 1 (1),
+  // step 1 2 + 2e30 - 2e30 (0); arrival order newest first would give 0 and 2.
+  const int order[2][3] = {{0, 2, 1}, {1, 0, 2}};
+  for (int step = 0; step < 2; ++step) {
+    for (int k = 0; k < 3; ++k) {
+      const int worker = order[step][k];
+      v1::PushDenseHeader header;
+      header.set_step(step);
+      header.set_worker(worker);
+      header.mutable_request_id()->set_client(100 + worker);
+      header.mutable_request_id()->set_seq(1 + step);
+      std::vector<std::vector<float>> grads;
+      for (const char* name : {"a", "b"}) {
+        header.add_shards()->set_variable(name);
+        const int64_t n = name[0] == 'a' ? 6 : 3;
+        header.add_num_elements(n);
+        grads.emplace_back(n, big[worker] * (step + 1));
+      }
+      DensePush push;
+      ASSERT_TRUE(primary.StartPushDense(header, &push).ok());
+      for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE(push.AddChunk(i, 0,
+                                  absl::string_view(reinterpret_cast<const char*>(grads[i].data()),
+                                                    grads[i].size() * sizeof(float)))
+                        .ok());
+      }
+      v1::PushDenseResponse resp;
+      ASSERT_TRUE(primary.FinishPushDense(&push, &resp).ok());
+      EXPECT_EQ(resp.accepted(), 2);
+    }
+  }
+  // A gradient for a step already complete is dropped and owes the backup nothing.
+  const size_t before_stale = forwarder.kept().size();
+  {
+    v1::PushDenseHeader header;
+    header.set_step(0);
+    header.set_worker(0);
+    header.mutable_request_id()->set_client(100);
+    header.mutable_request_id()->set_seq(9);
+    header.add_shards()->set_variable("b");
+    header.add_num_elements(3);
+    const std::vector<float> g(3, 5.0f);
+    DensePush push;
+    ASSERT_TRUE(primary.StartPushDense(header, &push).ok());
+    ASSERT_TRUE(
+        push.AddChunk(0, 0, absl::string_view(reinterpret_cast<const char*>(g.data()), 12)).ok());
+    v1::PushDenseResponse resp;
+    ASSERT_TRUE(primary.FinishPushDense(&push, &resp).ok());
+    EXPECT_EQ(resp.dropped_stale(), 1);
+  }
+  EXPECT_EQ(forwarder.kept().size(), before_stale);
+
+  std::vector<DenseForward> kept = forwarder.kept();
+  ASSERT_EQ(kept.size(), 6u);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kept.size());
+  for (int k = static_cast<int>(kept.size()) - 1; k >= 0; --k) {
+    threads.emplace_back([&, k] {
+      v1::ReplicateResponse resp;
+      results[k] = ApplyForward(backup, kept[k], &resp);
+      if (results[k].ok()) EXPECT_EQ(resp.applied(), 2);
+    });
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  // A forward sent again is not taken again.
+  v1::ReplicateResponse again;
+  ASSERT_TRUE(ApplyForward(backup, kept[4], &again).ok());
+  EXPECT_EQ(again.applied(), 0);
+  EXPECT_EQ(again.already_applied(), 2);
+
+  // Both settle step 1's mean as a pull for step 2 would: the same bytes.
+  class Discard : public DensePullSink {
+    absl::Status Begin(const std::vector<int64_t>&) override { return absl::OkStatus(); }
+    absl::Status Values(int, const float*, int64_t) override { return absl::OkStatus(); }
+  };
+  for (ParameterStore* store : {&primary, &backup}) {
+    v1::PullDenseRequest pull;
+    pull.add_shards()->set_variable("a");
+    pull.add_shards()->set_variable("b");
+    pull.set_step(2);
+    Discard sink;
+    ASSERT_TRUE(store->PullDense(pull, &sink).ok());
+  }
+  for (const char* name : {"a", "b"}) {
+    EXPECT_EQ(Values(backup, name), Values(primary, name)) << name;  // bit for bit
+  }
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -18,13 +18,15 @@ void DenseAccumulator::SettleLocked(int64_t before_step, const ApplyFn& apply) {
 }
 
 AccumulateOutcome DenseAccumulator::Add(int64_t step, int worker, const float* grad,
-                                        const ApplyFn& apply) {
+                                        const ApplyFn& apply, int64_t* order) {
   absl::MutexLock lock(&mu_);
   if (step < step_) return AccumulateOutcome::kStale;
   if (step > step_) return AccumulateOutcome::kAhead;
   if (workers_.count(worker)) return AccumulateOutcome::kDuplicate;
   SettleLocked(step, apply);
   workers_.insert(worker);
+  ++adds_;
+  if (order != nullptr) *order = adds_;
   for (int64_t i = 0; i < n_; ++i) sum_[i] += grad[i];
   if (static_cast<int>(workers_.size()) < replicas_) return AccumulateOutcome::kAccumulated;
   mean_.resize(n_);
@@ -48,9 +50,15 @@ int64_t DenseAccumulator::step() const {
   return step_;
 }
 
+int64_t DenseAccumulator::adds() const {
+  absl::MutexLock lock(&mu_);
+  return adds_;
+}
+
 void DenseAccumulator::SetStep(int64_t step) {
   absl::MutexLock lock(&mu_);
   step_ = step;
+  adds_ = 0;
   workers_.clear();
   std::fill(sum_.begin(), sum_.end(), 0.0);
   pending_ = false;

@@ -45,14 +45,20 @@ class DenseAccumulator {
 
   DenseAccumulator(int64_t num_elements, int replicas);
 
-  // Applies a pending update first if `step` is past it.
-  AccumulateOutcome Add(int64_t step, int worker, const float* grad, const ApplyFn& apply);
+  // Applies a pending update first if `step` is past it. A gradient taken (kAccumulated,
+  // kComplete) gets the next number of the accumulator's order in *order when given (1, 2, ...:
+  // adds() right after it): a backup takes the same gradients in the same order, so that it
+  // sums them as its primary did (replication, docs/replication.md).
+  AccumulateOutcome Add(int64_t step, int worker, const float* grad, const ApplyFn& apply,
+                        int64_t* order = nullptr);
   // Applies the pending update if it belongs to a step before `before_step` (any step when
   // before_step < 0). Returns whether it applied one.
   bool Settle(int64_t before_step, const ApplyFn& apply);
   // Steps completed so far (applied or pending).
   int64_t step() const;
-  // Starts over at `step`, dropping any partial or pending step.
+  // Gradients taken so far (since creation or the last SetStep).
+  int64_t adds() const;
+  // Starts over at `step`, dropping any partial or pending step; adds() starts again at 0.
   void SetStep(int64_t step);
 
  private:
@@ -62,6 +68,7 @@ class DenseAccumulator {
   const int replicas_;
   mutable absl::Mutex mu_;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t adds_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<double> sum_ ABSL_GUARDED_BY(mu_);
   bool pending_ ABSL_GUARDED_BY(mu_) = false;  // the mean of step step_ - 1, not yet applied

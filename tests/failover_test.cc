@@ -325,8 +325,8 @@ TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
 }
 
 // A second loss after a failover that leaves a partition with no copy: the chief neither fails
-// over nor restores a checkpoint that predates the first failover (which would roll back part
-// of the model); it says what happened and what to do.
+// over nor restores a checkpoint into the tasks as first placed (which would leave the shards
+// taken over behind, or roll part of the model back); it says what happened and what to do.
 TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
   std::unique_ptr<TestCluster> started = StartReplicated();
   TestCluster& cluster = *started;

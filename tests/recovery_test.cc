@@ -12,8 +12,10 @@
 #include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -410,6 +412,47 @@ TEST_F(RecoveryTest, WorkersThatExitAfterTrainingWaitForTheChiefsFinalCheckpoint
                 HasSubstr("exiting once the chief has the final model"));
   }
 }
+
+// (g) Replication 2 (issue 37): a ps task killed with SIGKILL at a random step of the sync run
+// fails over to its backups instead of a restore. No checkpoint is restored and no step is
+// computed again, and the run ends with the undisturbed run's model bit for bit (R = 1's:
+// every step's gradients were forwarded to the backups, which summed them in their primaries'
+// order), checkpoints after the failover included (the final one is what is compared). Each
+// case draws its task, its global step (10 to 230 of 240) and whether the task is started
+// again (it then holds nothing) from its seed; PSCLUSTER_FAILOVER_SEED, when set, is mixed
+// into the seeds (tests/failover_campaign.sh runs many).
+class SyncFailoverTest : public RecoveryTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(SyncFailoverTest, APsKilledAtAnyStepFailsOverAndTheRunEndsAsUndisturbed) {
+  uint64_t seed = static_cast<uint64_t>(GetParam());
+  if (const char* env = getenv("PSCLUSTER_FAILOVER_SEED"); env != nullptr && *env != '\0') {
+    seed = seed * 1000003 + std::strtoull(env, nullptr, 10);
+  }
+  std::mt19937_64 rng(seed);
+  const int ps = static_cast<int>(rng() % 2);
+  const int64_t step = 10 + static_cast<int64_t>(rng() % 221);
+  const bool restart = rng() % 2 == 0;
+  // Up to one step's time past the step's start (a step takes 5-10 ms here): pushes in flight.
+  const absl::Duration into_step = absl::Microseconds(static_cast<int64_t>(rng() % 10000));
+  LOG(INFO) << "seed " << seed << ": SIGKILL of ps:" << ps << " at global step " << step << " + "
+            << into_step << (restart ? ", started again" : ", left dead");
+  StartCluster(absl::StrCat("failover-", GetParam()), {{"chief:0", {"--replication=2"}}});
+  ASSERT_TRUE(AwaitGlobalStep(*chief_, step, absl::Seconds(120))) << cluster_->Logs();
+  absl::SleepFor(into_step);
+  if (restart) {
+    KillAndRestart("ps", ps);
+  } else {
+    Kill(cluster_->ps(ps));
+  }
+  ExpectFinishedAsUndisturbed();
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("ps:", ps, " failed over: ")));
+  EXPECT_THAT(log, HasSubstr("no checkpoint restored, nothing rolled back"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("restored every ps task")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("computed again")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SyncFailoverTest, ::testing::Values(1, 2, 3));
 
 // A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
 // chief restores the previous one instead, saying so.
