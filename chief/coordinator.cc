@@ -347,7 +347,11 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
         // them (a restarted task does not know which backups it had taken over): it would
         // leave part of the model behind or roll it back. The job restarts from its newest
         // checkpoint instead, which covers the shards taken over when taken after the failover.
-        if (restarted_now) ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+        if (restarted_now) {
+          ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+          LOG(ERROR) << "ps:" << ps << " came back, empty: nothing is restored into it or "
+                     << "created again (its partitions have no copy left after the failover)";
+        }
         LOG_EVERY_N(ERROR, 20) << "ps:" << ps << " is lost and so is " << missing
                                << ", after an earlier failover: the partitions they held have no "
                                   "copy left; restart the job from its newest checkpoint "

@@ -349,9 +349,11 @@ TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
   ASSERT_TRUE(cluster.ps(second).Signal(SIGKILL).ok());
   ASSERT_TRUE(await_log(absl::StrCat("ps:", second, " is lost and so is ps:1")))
       << cluster.Logs(40);
-  // Back, empty: still nothing restored or created again from initial values.
+  // Back, empty: the chief sees it come back (it says so) and still restores nothing and
+  // creates nothing again from initial values.
   ASSERT_TRUE(cluster.StartTask("ps", second).ok()) << cluster.Logs();
-  absl::SleepFor(absl::Seconds(2));
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", second, " came back, empty: nothing is restored")))
+      << cluster.Logs(40);
   const std::string log = cluster.chief().LogTail(400);
   EXPECT_THAT(log, HasSubstr("restart the job from its newest checkpoint"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr(absl::StrCat("ps:", second, " failed over"))));

@@ -316,23 +316,38 @@ TEST_F(TlsClusterTest, TheDataPortRefusesCallersAndCallsOutsideTheirRole) {
                 HasSubstr("worker:0 may not call ParameterServer.PushDense for worker:1"));
   }
   // Replication's forwards (issue 37) are for ps tasks, each for its own shards: a worker's
-  // key and a ps task's key speaking for another are refused here as over gRPC.
-  for (const auto& [holder, message] : std::vector<std::pair<std::string, std::string>>{
-           {"worker-0", "role worker (worker:0) may not call ParameterServer.Replicate"},
-           {"ps-0", "ps:0 may not call ParameterServer.Replicate for ps:1"}}) {
-    auto socket = DataPlaneSocket(port, Files("main", holder));
+  // key and a ps task's key speaking for another are refused here as over gRPC, whole (op 5)
+  // or streamed while the push arrives (op 6).
+  for (const WireOp op : {WireOp::kReplicate, WireOp::kReplicateStream}) {
+    for (const auto& [holder, message] : std::vector<std::pair<std::string, std::string>>{
+             {"worker-0", "role worker (worker:0) may not call ParameterServer.Replicate"},
+             {"ps-0", "ps:0 may not call ParameterServer.Replicate for ps:1"}}) {
+      auto socket = DataPlaneSocket(port, Files("main", holder));
+      ASSERT_TRUE(socket.ok()) << socket.status();
+      v1::ReplicateHeader header;
+      header.set_primary_ps_task(1);
+      if (holder == "worker-0") header.set_primary_ps_task(0);
+      header.mutable_push()->add_shards()->set_variable("layer/kernel");
+      header.mutable_push()->add_num_elements(1);
+      if (op == WireOp::kReplicate) header.add_versions(1);  // a stream's come with its commit
+      const float one = 1;
+      absl::Status s = Exchange(**socket, op, header.SerializeAsString(),
+                                std::string(reinterpret_cast<const char*>(&one), sizeof(one)));
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied)
+          << "op " << static_cast<int>(op) << ": " << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr(message)) << static_cast<int>(op);
+    }
+  }
+  // A commit (op 7) with no stream before it, even from a ps task's key, is refused.
+  {
+    auto socket = DataPlaneSocket(port, Files("main", "ps-0"));
     ASSERT_TRUE(socket.ok()) << socket.status();
-    v1::ReplicateHeader header;
-    header.set_primary_ps_task(1);
-    if (holder == "worker-0") header.set_primary_ps_task(0);
-    header.mutable_push()->add_shards()->set_variable("layer/kernel");
-    header.mutable_push()->add_num_elements(1);
-    header.add_versions(1);
-    const float one = 1;
-    absl::Status s = Exchange(**socket, WireOp::kReplicate, header.SerializeAsString(),
-                              std::string(reinterpret_cast<const char*>(&one), sizeof(one)));
-    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+    v1::ReplicateHeader versions;
+    versions.add_versions(1);
+    absl::Status s = Exchange(**socket, WireOp::kReplicateCommit, versions.SerializeAsString(), "");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("a ReplicateCommit without the ReplicateStream it commits"));
   }
   EXPECT_EQ(Shards(), before);
   // The ps serves on: training goes on, over the data plane.
