@@ -14,20 +14,25 @@
 #   bash .devbundle/bench/gpu_train.sh [--model configs/resnet20.pbtxt] [--epochs_accuracy N]
 # (bench/torch_cnn.py there is the PyTorch baseline of models other than the MLP.)
 #
-#   bash bench/gpu_prepare.sh [--out DIR] [--cpu]
+#   bash bench/gpu_prepare.sh [--out DIR] [--cpu] [--extra PATH]...
 # --out: the bundle folder (default .devbundle, which .git/info/exclude keeps out of git).
 # --cpu: build the default (CPU-only) configuration instead, to try gpu_train.sh's logic on a
 #        machine without a GPU: DEVICE=cpu bash DIR/bench/gpu_train.sh
+# --extra: one more binary for the bundle, under its own file name (for example a ps_server of
+#        another commit copied aside as ps_server_old, for gpu_ps.sh --ps_binary ps_server_old).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=.devbundle
 cuda=1
+extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --cpu) cuda=0; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --extra) [[ -x $2 ]] || { echo "gpu_prepare.sh: --extra $2 is not an executable" >&2; exit 2; }
+      extra+=("$(realpath "$2")"); shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_prepare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -69,6 +74,7 @@ else
 fi
 [[ $cuda -eq 1 ]] && binaries+=("$bin_dir/kernels/cuda_kernels_test"
   "$bin_dir/worker/cuda_trainer_test")
+binaries+=(${extra[@]+"${extra[@]}"})
 rm -rf "${out:?}"
 "$bundler" "$out" "${binaries[@]}"
 if [[ $cuda -eq 1 ]]; then

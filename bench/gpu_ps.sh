@@ -5,7 +5,8 @@
 # Every argument goes to ps.sh, e.g.
 #   bash .devbundle/bench/gpu_ps.sh --tls --configs 1x1 --only d_1MiB,d_16MiB,d_64MiB,emb
 # The bundle's certificates name 4 ps tasks and 2 workers: configurations up to 4x2. The bundle's binaries are the --config=cuda build (-O2, assertions on), not ps.sh's
-# -c opt. With $OUT set, ps.sh's output is also written there (gpu_ps.txt).
+# -c opt. With $OUT set, ps.sh's output is also written there (gpu_ps.txt). --ps_binary NAME
+# (no slash) runs the bundle's binary of that name (gpu_prepare.sh --extra) as the ps.
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 [[ -f $bundle/payload.tar.gz ]] ||
@@ -19,10 +20,28 @@ for b in chief ps_server ps_bench iperf3; do
   printf '#!/usr/bin/env bash\nexec %q %s "$@"\n' "$work/payload/run" "$b" >"$work/bin/$b"
   chmod +x "$work/bin/$b"
 done
+# Anything else the bundle carries (gpu_prepare.sh --extra), by its name.
+for b in "$work"/payload/bin/*; do
+  name=$(basename "$b")
+  [[ -e $work/bin/$name ]] && continue
+  printf '#!/usr/bin/env bash\nexec %q %s "$@"\n' "$work/payload/run" "$name" >"$work/bin/$name"
+  chmod +x "$work/bin/$name"
+done
 export PATH="$work/bin:$PATH"
+args=()
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == --ps_binary && $# -gt 1 && $2 != */* ]]; then
+    [[ -x $work/bin/$2 ]] || { echo "gpu_ps.sh: the bundle has no $2" >&2; exit 1; }
+    args+=(--ps_binary "$work/bin/$2")
+    shift 2
+  else
+    args+=("$1")
+    shift
+  fi
+done
 log=$work/gpu_ps.txt
 rc=0
-bash "$bundle/bench/ps.sh" --bin_dir "$work/bin" --certs "$bundle/certs" "$@" 2>&1 |
+bash "$bundle/bench/ps.sh" --bin_dir "$work/bin" --certs "$bundle/certs" ${args[@]+"${args[@]}"} 2>&1 |
   tee "$log" || rc=$?
 [[ -n ${OUT:-} && -d ${OUT:-} ]] && cp "$log" "$OUT/"
 exit "$rc"

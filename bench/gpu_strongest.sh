@@ -104,8 +104,9 @@ for spec in "${spec_list[@]}"; do
       run=${name}_b${batch}_${num_ps}ps_ours_${ours}_$r
       cl_model=$model
       cl_ours_flags "$ours" "$bundle/certs"
-      if ! cl_start "$run" async "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||
-        ! cl_measure "$warmup" "$seconds" "$batch" async >/dev/null; then
+      # (cl_ours_flags sets cl_mode: sync for the sync runs, async for the others.)
+      if ! cl_start "$run" "$cl_mode" "$num_ps" 1 "$batch" 1000 "${DEVICE:-gpu:0}" >/dev/null ||
+        ! cl_measure "$warmup" "$seconds" "$batch" "$cl_mode" >/dev/null; then
         say "    $run: FAILED; logs in $cl_dir"
         status=1
         cl_stop >/dev/null || true
@@ -114,7 +115,7 @@ for spec in "${spec_list[@]}"; do
       cl_stop >/dev/null || status=1
       rate=$(kv examples_per_second "$cl_dir/rate")
       rates[ours_$ours]="${rates[ours_$ours]:-} $rate"
-      say "    $run: $rate examples/s (1 worker on ${DEVICE:-gpu:0}, $num_ps ps, async)"
+      say "    $run: $rate examples/s (1 worker on ${DEVICE:-gpu:0}, $num_ps ps, $cl_mode)"
     done
     for mode in "${mode_list[@]}"; do
       run=${name}_b${batch}_${mode}_$r
