@@ -441,10 +441,18 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   std::shared_ptr<const ForwardList> owed;
   switch (ledger_.Begin(header.request_id(), &outcome, &owed)) {
     case PushLedger::Claim::kDuplicate:
-      // A retry of a push whose forwards to its backups failed: they go again first.
+      // A retry of a push whose forwards to its backups failed: the forwards the store owes
+      // go again first, this push's among them (unless another push's forward took them
+      // meanwhile); answered once none is owed.
       if (owed != nullptr) {
-        PS_RETURN_IF_ERROR(SendForwards(*owed));
-        ledger_.MarkReplicated(header.request_id());
+        ResendOwed();
+        PushOutcome again;
+        (void)ledger_.Begin(header.request_id(), &again, &owed);
+        if (owed != nullptr) {
+          return absl::UnavailableError(
+              "the push was applied on this ps task but its forward to the backup failed again; "
+              "send it again with the same request id");
+        }
       }
       response->set_accepted(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
@@ -461,21 +469,28 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     // The backups have the gradients already: the versions complete the forwards.
     absl::Status committed = CommitStreams(streams, versions, outcome);
     if (committed.ok()) {
+      forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
       ledger_.Record(header.request_id(), outcome);
       response->set_accepted(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
       return absl::OkStatus();
     }
+    streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
     LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
                               << committed << "); forwarding the push again after its apply";
   }
   owed = ForwardsOf(*push, versions, outcome);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
-  // Kept for the retry: a copy that owns its gradients (the push's buffers are reused).
-  ledger_.Record(header.request_id(), outcome,
-                 forwarded.ok() ? nullptr : std::make_shared<const ForwardList>(*owed));
-  PS_RETURN_IF_ERROR(forwarded);
+  if (!forwarded.ok()) {
+    // Kept for the retry and for the next forward: a copy that owns its gradients (the push's
+    // buffers are reused).
+    auto kept = std::make_shared<const ForwardList>(*owed);
+    ledger_.Record(header.request_id(), outcome, kept);
+    OweForwards(header.request_id(), std::move(kept));
+    return forwarded;
+  }
+  ledger_.Record(header.request_id(), outcome);
   response->set_accepted(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
@@ -532,6 +547,57 @@ int ParameterStore::DropBackup(int backup) {
 }
 
 absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
+  if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+  absl::Status s = SendForwardsNow(forwards);
+  if (s.ok()) {
+    forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+    return s;
+  }
+  forwards_failed_.fetch_add(1, std::memory_order_relaxed);
+  return absl::UnavailableError(
+      absl::StrCat("the push was applied on this ps task but not yet on its backup (", s.message(),
+                   "); send it again with the same request id"));
+}
+
+void ParameterStore::OweForwards(const v1::RequestId& id,
+                                 std::shared_ptr<const ForwardList> forwards) {
+  absl::MutexLock lock(&owed_mu_);
+  owed_.push_back(OwedForwards{id, std::move(forwards)});
+  owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
+}
+
+void ParameterStore::ResendOwed() {
+  std::deque<OwedForwards> owed;
+  {
+    absl::MutexLock lock(&owed_mu_);
+    owed.swap(owed_);
+  }
+  // In the order they were owed; those that fail again stay owed, before any owed meanwhile.
+  std::deque<OwedForwards> still;
+  for (OwedForwards& o : owed) {
+    if (SendForwardsNow(*o.forwards).ok()) {
+      ledger_.MarkReplicated(o.id);
+      forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      still.push_back(std::move(o));
+    }
+  }
+  absl::MutexLock lock(&owed_mu_);
+  owed_.insert(owed_.begin(), std::make_move_iterator(still.begin()),
+               std::make_move_iterator(still.end()));
+  owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
+}
+
+ParameterStore::ForwardTotals ParameterStore::forward_totals() const {
+  ForwardTotals t;
+  t.acknowledged = forwards_acknowledged_.load(std::memory_order_relaxed);
+  t.failed = forwards_failed_.load(std::memory_order_relaxed);
+  t.streams_fell_back = streams_fell_back_.load(std::memory_order_relaxed);
+  t.owed = owed_count_.load(std::memory_order_relaxed);
+  return t;
+}
+
+absl::Status ParameterStore::SendForwardsNow(const ForwardList& forwards) {
   // Forwards to a backup that died are left out (copied only then: it owns its gradients).
   const ForwardList* send = &forwards;
   ForwardList live;
@@ -547,11 +613,7 @@ absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
     }
   }
   if (send->forwards.empty()) return absl::OkStatus();
-  absl::Status s = options_.forwarder->Forward(*send);
-  if (s.ok()) return s;
-  return absl::UnavailableError(
-      absl::StrCat("the push was applied on this ps task but not yet on its backup (", s.message(),
-                   "); send it again with the same request id"));
+  return options_.forwarder->Forward(*send);
 }
 
 absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& header,

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -217,6 +218,19 @@ class ParameterStore {
   };
   ApplyTotals apply_totals() const;
 
+  // Replication 2's forwards from this store to its shards' backups (docs/replication.md), by
+  // what became of them: acknowledged by the backup; failed (the push answered UNAVAILABLE and
+  // its forwards owed); sent while the push arrived but sent again after the apply (a stream
+  // that failed). `owed`: pushes applied here whose forwards have not gone through yet, the
+  // updates the backups lag behind by.
+  struct ForwardTotals {
+    int64_t acknowledged = 0;
+    int64_t failed = 0;
+    int64_t streams_fell_back = 0;
+    int64_t owed = 0;
+  };
+  ForwardTotals forward_totals() const;
+
   const ParameterStoreOptions& options() const { return options_; }
 
  private:
@@ -272,7 +286,16 @@ class ParameterStore {
                                                 const PushOutcome& outcome) const;
   // Sends `forwards` (options_.forwarder); UNAVAILABLE naming the failure, for the worker to
   // retry (the ledger keeps them for the retry).
+  // Owed forwards (OweForwards) go first, in the order they were owed.
   absl::Status SendForwards(const ForwardList& forwards);
+  // SendForwards' send, without the owed ones: to the backups not lost, as they are.
+  absl::Status SendForwardsNow(const ForwardList& forwards);
+  // A push applied here whose forwards failed owes them (its ledger entry too, for the worker's
+  // retry): the next forward of any push sends them first, so that a backup is not left
+  // waiting for an update whose pusher never retries (it died, or gave up). Each one that goes
+  // through is marked replicated in the ledger.
+  void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards);
+  void ResendOwed();
   // Completes a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
   // answers as already applied).
@@ -345,6 +368,17 @@ class ParameterStore {
   // DropBackup's tasks: forwards to them are skipped.
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
+  struct OwedForwards {
+    v1::RequestId id;
+    std::shared_ptr<const ForwardList> forwards;
+  };
+  mutable absl::Mutex owed_mu_;
+  std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);
+  std::atomic<int64_t> owed_count_{0};  // owed_.size(), read without the lock
+  // Forwards by what became of them (ForwardTotals).
+  std::atomic<int64_t> forwards_acknowledged_{0};
+  std::atomic<int64_t> forwards_failed_{0};
+  std::atomic<int64_t> streams_fell_back_{0};
   // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
   // naming both); epoch 0 (not a chief) always passes.
   absl::Status Fence(int64_t epoch, const char* what);

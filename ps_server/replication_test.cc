@@ -266,6 +266,41 @@ TEST(ReplicationTest, APushWhoseForwardFailedIsForwardedAgainByItsRetryAndApplie
   EXPECT_EQ(forwarder.calls(), 2);
 }
 
+// A push whose forward failed and whose worker never retries (it died) must not leave its
+// backup behind for good: the next push's forward sends the owed one first, so the backup
+// never waits for it, and a late retry is answered without forwarding again.
+TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(2);
+  ParameterStore backup(waits_briefly);
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  forwarder.FailNext(1);
+  v1::PushDenseResponse resp;
+  EXPECT_EQ(Push(primary, {"a", "b"}, 1, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(primary.forward_totals().owed, 1);
+  EXPECT_EQ(primary.forward_totals().failed, 1);
+
+  // Another push, of "a" alone: its forward waits for nothing.
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(Push(primary, {"a"}, 2, &resp).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Updates(backup, "a"), 2);
+  EXPECT_EQ(Updates(backup, "b"), 1);
+  ExpectSameAs(backup, primary);
+
+  // The first push's retry, late: a duplicate that owes nothing any more.
+  const int calls = forwarder.calls();
+  v1::PushDenseResponse retry;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(forwarder.calls(), calls);
+  ExpectSameAs(backup, primary);
+}
+
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
   DirectForwarder forwarder;  // keeps the forwards
   ParameterStoreOptions options;
