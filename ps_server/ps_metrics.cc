@@ -2,13 +2,15 @@
 
 #include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/metrics.h"
 
 namespace pscluster {
 
-std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& store) {
+std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& store,
+                                                       const BackupStores* backups) {
   using prometheus::MetricType;
   const v1::ListShardsResponse shards = store.ListShards();
   struct Sums {
@@ -77,6 +79,40 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
   std::vector<prometheus::MetricFamily> families;
   for (FamilyBuilder* b :
        {&bytes, &pushes, &pulls, &in, &out, &rows, &churn, &dropped, &applies, &apply_seconds}) {
+    families.push_back(std::move(*b).Build());
+  }
+  if (backups == nullptr) return families;
+
+  const ParameterStore::ForwardTotals f = store.forward_totals();
+  FamilyBuilder forwards("pscluster_ps_forwards_total",
+                         "Replication: this task's updates forwarded to their backups, by "
+                         "outcome (acknowledged; failed, the push answered UNAVAILABLE; sent "
+                         "while the push arrived but sent again after its apply)",
+                         MetricType::Counter);
+  forwards.Add(static_cast<double>(f.acknowledged), {{"outcome", "acknowledged"}})
+      .Add(static_cast<double>(f.failed), {{"outcome", "failed"}})
+      .Add(static_cast<double>(f.streams_fell_back), {{"outcome", "stream_fell_back"}});
+  FamilyBuilder owed("pscluster_ps_forwards_owed",
+                     "Replication: pushes applied on this task whose forwards to a backup have "
+                     "not gone through yet (what its backups lag behind by)",
+                     MetricType::Gauge);
+  owed.Add(static_cast<double>(f.owed), {});
+  v1::ListShardsResponse held;
+  backups->AppendShards(&held);
+  std::map<std::pair<int, bool>, double> by_primary;
+  for (const v1::ShardStats& s : held.shards()) {
+    if (!s.is_table()) by_primary[{s.primary_ps_task(), s.promoted()}] += 1;
+  }
+  FamilyBuilder backup_shards("pscluster_ps_backup_shards",
+                              "Replication: dense shards this task holds of other tasks, by "
+                              "primary task and state (backup; promoted: served as the primary "
+                              "since that task failed over)",
+                              MetricType::Gauge);
+  for (const auto& [key, count] : by_primary) {
+    backup_shards.Add(count, {{"primary", absl::StrCat("ps:", key.first)},
+                              {"state", key.second ? "promoted" : "backup"}});
+  }
+  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

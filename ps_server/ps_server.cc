@@ -72,7 +72,8 @@ std::string DataPlaneHost(const std::string& address) {
 
 absl::Status PsServer::Start() {
   if (options_.host.metrics != nullptr) {
-    options_.host.metrics->AddCollector([this] { return PsMetricFamilies(store_); });
+    options_.host.metrics->AddCollector(
+        [this] { return PsMetricFamilies(store_, service_.backups()); });
   }
   ServingTaskOptions serving;
   serving.cluster = options_.cluster;

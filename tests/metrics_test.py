@@ -119,7 +119,8 @@ def main():
               f"--model_config={config_dir}/softmax_regression.pbtxt", "--mode=async",
               "--max_train_examples=20000", "--max_test_examples=1000", "--epochs=2",
               "--batch_size=20", "--eval_every_secs=2", "--exit_after_training",
-              f"--checkpoint_dir={work}/checkpoints", "--checkpoint_every_secs=2")
+              f"--checkpoint_dir={work}/checkpoints", "--checkpoint_every_secs=2",
+              "--replication=2")
         chief_port = wait_for_file(f"{work}/chief.port", procs["chief"])
         cluster["chief"] = [f"127.0.0.1:{chief_port}"]
         for i in range(2):
@@ -156,6 +157,9 @@ def main():
             "pscluster_examples_per_second",
             'pscluster_ps_applies_total{kind="sparse"}',
             "pscluster_rpc_sent_bytes_total",
+            # Replication 2: each ps task backs up the other's shards.
+            'pscluster_ps_backup_shards{primary=~"ps:[01]",state="backup"}',
+            "pscluster_ps_forwards_owed",
         ]
         for expr in present:
             prom.await_value(f"count({expr})", lambda v: v > 0, timeout=20)
@@ -183,6 +187,7 @@ def main():
             ("pscluster_worker_steps_total", 'max(pscluster_worker_steps_total{task="worker0"})'),
             ("pscluster_ps_pushes_total", "sum(pscluster_ps_pushes_total)"),
             ("pscluster_ps_apply_seconds_total", 'sum(pscluster_ps_apply_seconds_total{kind="dense"})'),
+            ("pscluster_ps_forwards_total", 'sum(pscluster_ps_forwards_total{outcome="acknowledged"})'),
             ("Heartbeat calls", 'sum(pscluster_rpc_requests_total{method="Coordinator.Heartbeat",code="OK"})'),
             ("ReportStep latency samples", 'sum(pscluster_rpc_duration_seconds_count{method="Coordinator.ReportStep"})'),
         ]
