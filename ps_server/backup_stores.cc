@@ -42,8 +42,16 @@ absl::Status BackupStores::Create(int self, const v1::CreateShardsRequest& reque
     ParameterStore* store = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      std::unique_ptr<ParameterStore>& slot = stores_[backup.primary_ps_task()];
-      if (slot == nullptr) slot = std::make_unique<ParameterStore>(options_);
+      const int primary = backup.primary_ps_task();
+      std::unique_ptr<ParameterStore>& slot = stores_[primary];
+      if (slot == nullptr) {
+        slot = std::make_unique<ParameterStore>(options_);
+        if (own_ != nullptr) {
+          ParameterStore* const own = own_;
+          slot->SetBytesElsewhere(
+              [this, own, primary] { return own->held_bytes() + HeldBytes(primary); });
+        }
+      }
       store = slot.get();
     }
     v1::CreateShardsRequest one;
@@ -191,6 +199,24 @@ absl::Status BackupStores::Restore(const v1::RestoreShardsRequest& request) {
     }
   }
   return absl::OkStatus();
+}
+
+void BackupStores::ShareBudget(ParameterStore* own) {
+  own_ = own;
+  own->SetBytesElsewhere([this] { return HeldBytes(); });
+}
+
+int64_t BackupStores::HeldBytes(int except_primary) const {
+  std::vector<ParameterStore*> stores;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [primary, store] : stores_) {
+      if (primary != except_primary) stores.push_back(store.get());
+    }
+  }
+  int64_t held = 0;
+  for (ParameterStore* store : stores) held += store->held_bytes();
+  return held;
 }
 
 std::vector<ParameterStore*> BackupStores::Promoted() const {

@@ -67,6 +67,14 @@ class BackupStores {
   // cover beside its own shards.
   std::vector<ParameterStore*> Promoted() const;
 
+  // One memory budget (ParameterStoreOptions::memory_budget_bytes) for the task: `own` (the
+  // task's own store, which must outlive this object) and every backup store count what the
+  // others hold against it (ParameterStore::SetBytesElsewhere), so backups cannot take a task
+  // past its budget. Call once, before anything is created.
+  void ShareBudget(ParameterStore* own);
+  // Bytes every store holds (ParameterStore::held_bytes), but `except_primary`'s.
+  int64_t HeldBytes(int except_primary = -1) const;
+
   // Failover (issue 37): from now on this task serves the backups it holds of `primary` as
   // their primary (ServingDense finds them), if any, and refuses that task's forwards
   // (ForForward). `*dense_shards`: how many dense shards that is; `*already`: promoted before
@@ -115,6 +123,7 @@ class BackupStores {
   std::atomic<int64_t> lease_until_nanos_{0};      // 0: no answer from the chief yet
   mutable std::atomic<bool> lapse_logged_{false};  // since the lease last ran out
   std::function<int64_t()> pushes_applied_;
+  ParameterStore* own_ = nullptr;  // ShareBudget's
 };
 
 }  // namespace pscluster

@@ -45,7 +45,8 @@ DEFINE_int32(apply_threads, -1,
              "(-1: one per core beyond the first, at most 7).");
 DEFINE_int64(memory_budget_mb, -1,
              "Memory this ps task may give to dense shards and embedding tables (values and "
-             "optimizer slots; a table row's index entry), in MiB: shards beyond it are refused, "
+             "optimizer slots; a table row's index entry), its own and the backups it holds "
+             "together (--replication=2 on the chief), in MiB: shards beyond it are refused, "
              "and so are pulls and pushes whose new table rows would pass it (-1: 90% of what the "
              "process may use, the machine's memory or its cgroup's cap, a pod's memory limit; "
              "0: no limit).");

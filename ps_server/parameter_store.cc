@@ -246,14 +246,7 @@ absl::Status ParameterStore::CheckTableRows(const std::string& table, const Embe
   if (by_memory) {
     // What the budget has left after the dense shards, vocabulary tables and every hashed
     // table's rows, in rows of this table.
-    int64_t held = 0;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      held = budgeted_bytes_;
-      for (const auto& [name, other] : tables_) {
-        if (!other.table->is_vocabulary()) held += other.table->bytes();
-      }
-    }
+    const int64_t held = held_bytes() + BytesElsewhere();
     free_bytes = std::max<int64_t>(0, options_.memory_budget_bytes - held);
     limit = std::min(limit, rows + free_bytes / t.row_bytes());
   }
@@ -275,6 +268,15 @@ absl::Status ParameterStore::CheckTableRows(const std::string& table, const Embe
       "task's memory budget of ", options_.memory_budget_bytes, " bytes, of which ", free_bytes,
       " are left (ps_server --memory_budget_mb); nothing was done. Give the table admission or "
       "eviction (docs/embeddings.md), or place it on more ps tasks"));
+}
+
+int64_t ParameterStore::held_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  int64_t held = budgeted_bytes_;
+  for (const auto& [name, t] : tables_) {
+    if (!t.table->is_vocabulary()) held += t.table->bytes();
+  }
+  return held;
 }
 
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -233,6 +234,13 @@ class ParameterStore {
 
   const ParameterStoreOptions& options() const { return options_; }
 
+  // What this store holds against the memory budget: dense shards and vocabulary tables as
+  // created, hashed tables' rows as they are.
+  int64_t held_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Bytes the task holds in other stores (replication's backups: BackupStores::ShareBudget),
+  // counted against options.memory_budget_bytes with this store's own. Call before serving.
+  void SetBytesElsewhere(std::function<int64_t()> bytes) { bytes_elsewhere_ = std::move(bytes); }
+
  private:
   using DenseKey = std::pair<std::string, int32_t>;
   struct Table {
@@ -357,6 +365,8 @@ class ParameterStore {
   // Bytes of values and slots held by dense shards, and reserved by vocabulary tables (the
   // memory budget's measure).
   int64_t budgeted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<int64_t()> bytes_elsewhere_;  // null: none
+  int64_t BytesElsewhere() const { return bytes_elsewhere_ ? bytes_elsewhere_() : 0; }
   // Set by the first CreateShards; later ones must agree.
   v1::SyncOptions sync_ ABSL_GUARDED_BY(mu_);
   bool sync_set_ ABSL_GUARDED_BY(mu_) = false;

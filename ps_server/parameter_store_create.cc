@@ -95,13 +95,19 @@ absl::Status ParameterStore::CheckMemoryBudget(const v1::CreateShardsRequest& re
       if (tables_.count(request.tables(i).table().name()) == 0) needed += table_bytes[i];
     }
   }
+  const int64_t elsewhere = BytesElsewhere();
+  held += elsewhere;
   if (needed > options_.memory_budget_bytes - held) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the shards requested need ", needed,
         " bytes (values and optimizer slots; a vocabulary table's rows) but this ps "
         "task's memory budget is ",
-        options_.memory_budget_bytes, " bytes, of which ", held,
-        " are in use (ps_server --memory_budget_mb); place the model on more ps tasks"));
+        options_.memory_budget_bytes, " bytes, of which ", held, " are in use",
+        elsewhere > 0 ? absl::StrCat(" (", elsewhere,
+                                     " of them in its other stores: its own shards and the "
+                                     "backups it holds)")
+                      : "",
+        " (ps_server --memory_budget_mb); place the model on more ps tasks"));
   }
   return absl::OkStatus();
 }

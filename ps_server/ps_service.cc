@@ -112,6 +112,8 @@ absl::Status ReadChunks(grpc::ServerReader<Request>* reader, const char* stream,
 PsService::PsService(ParameterStore* store, const PsServiceOptions& options)
     : store_(store), options_(options), backups_(store->options()), start_time_(absl::Now()) {
   backups_.SetPushCounter([store] { return store->total_pushes(); });
+  // One memory budget for the task's own shards and the backups it holds.
+  backups_.ShareBudget(store);
 }
 
 int PsService::SelfIndex() {

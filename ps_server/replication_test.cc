@@ -16,6 +16,7 @@
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ps_server/backup_stores.h"
 #include "ps_server/parameter_store.h"
 #include "ps_server/push_forwarder.h"
 
@@ -299,6 +300,42 @@ TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(forwarder.calls(), calls);
   ExpectSameAs(backup, primary);
+}
+
+// A task's own shards and the backups it holds share its memory budget: neither side can take
+// the task past it, whichever is created first.
+TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
+  ParameterStoreOptions options;
+  options.memory_budget_bytes = 20000;  // an Adam shard of n floats holds 12 n bytes
+  ParameterStore own(options);
+  BackupStores backups(options);
+  backups.ShareBudget(&own);
+  v1::CreateShardsResponse resp;
+  v1::CreateShardsRequest mine;
+  *mine.add_dense() = AdamShard("a", 1000, 1);
+  ASSERT_TRUE(own.CreateShards(mine, &resp).ok());
+  auto backup_of = [](const std::string& name, int64_t n) {
+    v1::CreateShardsRequest req;
+    v1::BackupShards* b = req.add_backups();
+    b->set_primary_ps_task(1);
+    *b->add_dense() = AdamShard(name, n, 0);
+    return req;
+  };
+  // 12,000 here and 12,000 of backups would pass 20,000: refused, naming the other stores.
+  absl::Status s = backups.Create(0, backup_of("b", 1000), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("12000 of them in its other stores"));
+  ASSERT_TRUE(backups.Create(0, backup_of("c", 300), &resp).ok());
+  EXPECT_EQ(backups.HeldBytes(), own.held_bytes() - 12000 + 3600);
+  // And the task's own shards now find the backups' 3,600 bytes taken.
+  v1::CreateShardsRequest more;
+  *more.add_dense() = AdamShard("d", 500, 1);
+  s = own.CreateShards(more, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("3600 of them in its other stores"));
+  more.mutable_dense(0)->mutable_variable()->mutable_shape()->set_dims(0, 300);
+  more.mutable_dense(0)->mutable_partition()->set_row_end(300);
+  EXPECT_TRUE(own.CreateShards(more, &resp).ok());
 }
 
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
