@@ -199,8 +199,14 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
       specs.push_back(spec);
     }
     const std::vector<std::vector<int32_t>> owned = VirtualShardsByPs(placement_);
+    const bool backed_up = placement_.virtual_shard_to_backup_ps_size() > 0;
     for (int ps = 0; ps < placement_.num_ps(); ++ps) {
       specs[ps]->mutable_virtual_shards()->Add(owned[ps].begin(), owned[ps].end());
+      // Where the primary forwards each shard's updates (replication 2).
+      for (int32_t v : owned[ps]) {
+        if (backed_up)
+          specs[ps]->add_virtual_shard_backups(placement_.virtual_shard_to_backup_ps(v));
+      }
     }
   }
   if (placement_.options().replication() >= 2) AddBackups(&requests);

@@ -216,6 +216,11 @@ class EmbeddingTable {
   // Number of rows the table holds (resident).
   int64_t num_rows() const;
 
+  // The stripe of a key: of a hashed table, the top bits of MixKey (independent of the virtual
+  // shard); of a vocabulary table, its shard's (VocabularyRows::StripeOf). A row's updates are
+  // ordered by its stripe's lock (replication numbers a push's parts by it).
+  int StripeOf(int64_t key) const;
+
   // Memory estimate, in bytes, of what the rows hold: num_rows() * row_bytes(). The index's
   // empty entries (it is at most 3/4 full), freed rows and vector slack are not counted. A
   // vocabulary table holds every row of its shards from the start: reserved_bytes().
@@ -472,10 +477,6 @@ class EmbeddingTable {
     std::vector<int64_t> order;
   };
   void GroupByStripe(const int64_t* keys, int64_t n, StripeGroups* groups) const;
-
-  // The stripe of a key: of a hashed table, the top bits of MixKey (independent of the virtual
-  // shard); of a vocabulary table, its shard's (VocabularyRows::StripeOf).
-  int StripeOf(int64_t key) const;
 
   // The lookahead of the pipelines that find rows (PullStripe, ApplyStripe): the hash slot of
   // the key kKeyAhead positions on is prefetched, and a row is used kRowLag positions after it

@@ -16,6 +16,7 @@
 #include "ps_server/float_stats.h"
 #include "ps_server/shard_checkpointer.h"
 #include "sharding/partitioner.h"
+#include "sharding/sparse_hash.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_path.h"
 
@@ -562,9 +563,10 @@ absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
 }
 
 void ParameterStore::OweForwards(const v1::RequestId& id,
-                                 std::shared_ptr<const ForwardList> forwards) {
+                                 std::shared_ptr<const ForwardList> forwards,
+                                 std::shared_ptr<const SparseForwards> sparse) {
   absl::MutexLock lock(&owed_mu_);
-  owed_.push_back(OwedForwards{id, std::move(forwards)});
+  owed_.push_back(OwedForwards{id, std::move(forwards), std::move(sparse)});
   owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
 }
 
@@ -577,8 +579,10 @@ void ParameterStore::ResendOwed() {
   // In the order they were owed; those that fail again stay owed, before any owed meanwhile.
   std::deque<OwedForwards> still;
   for (OwedForwards& o : owed) {
-    if (SendForwardsNow(*o.forwards).ok()) {
-      ledger_.MarkReplicated(o.id);
+    const bool sent =
+        o.sparse != nullptr ? SendSparseNow(*o.sparse).ok() : SendForwardsNow(*o.forwards).ok();
+    if (sent) {
+      if (o.forwards != nullptr) ledger_.MarkReplicated(o.id);
       forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
     } else {
       still.push_back(std::move(o));
@@ -899,6 +903,15 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   PushOutcome outcome;
   switch (ledger_.Begin(request.request_id(), &outcome)) {
     case PushLedger::Claim::kDuplicate:
+      // A retry of a push whose forwards to its backups failed: they go again first.
+      if (owed_count_.load(std::memory_order_relaxed) > 0) {
+        ResendOwed();
+        if (Owes(request.request_id())) {
+          return absl::UnavailableError(
+              "the push was applied on this ps task but its forward to the backup failed again; "
+              "send it again with the same request id");
+        }
+      }
       response->set_accepted_rows(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
       response->set_duplicate(true);
@@ -909,6 +922,11 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       break;
   }
   absl::Status applied;
+  // With backups (replication 2): what each backup task must apply of it.
+  const std::shared_ptr<const std::vector<int32_t>> backups =
+      t.order != nullptr && options_.forwarder != nullptr ? t.order->Backups() : nullptr;
+  const bool replicated = backups != nullptr;
+  SparseForwards forwards;
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
@@ -916,7 +934,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       ApplyTimer timer(apply_totals_ + 2, 1);
       // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
       t.table->ObserveStep(request.step());
-      applied = t.table->ApplyPush(keys, n, grads, work.pool());
+      applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads, &forwards)
+                           : t.table->ApplyPush(keys, n, grads, work.pool());
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
@@ -940,8 +959,184 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     return applied;
   }
   ledger_.Record(request.request_id(), outcome);
+  if (!forwards.empty()) {
+    for (auto& [backup, f] : forwards) f.set_accepted_rows(outcome.accepted);
+    // Answered only once the backups applied it too; owed (and sent before the next forward,
+    // or by the worker's retry) when they did not.
+    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+    absl::Status forwarded = SendSparseNow(forwards);
+    if (!forwarded.ok()) {
+      forwards_failed_.fetch_add(1, std::memory_order_relaxed);
+      OweForwards(request.request_id(), nullptr,
+                  std::make_shared<const SparseForwards>(std::move(forwards)));
+      return absl::UnavailableError(
+          absl::StrCat("the push was applied on this ps task but not yet on its backup (",
+                       forwarded.message(), "); send it again with the same request id"));
+    }
+    forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+  }
   response->set_accepted_rows(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
+                                                    const std::vector<int32_t>& backups,
+                                                    const v1::PushSparseRequest& request,
+                                                    const int64_t* keys, int64_t n,
+                                                    const float* grads, SparseForwards* forwards) {
+  EmbeddingTable& table = *t.table;
+  TableOrder& order = *t.order;
+  const int64_t dim = table.dim();
+  std::vector<std::vector<int64_t>> by_stripe(EmbeddingTable::kNumStripes);
+  for (int64_t i = 0; i < n; ++i) by_stripe[table.StripeOf(keys[i])].push_back(i);
+  std::vector<int64_t> part_keys;
+  std::vector<float> part_grads;
+  std::map<int, std::vector<int64_t>> to;  // backup task -> positions in the stripe's part
+  for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+    const std::vector<int64_t>& at = by_stripe[s];
+    if (at.empty()) continue;
+    const int64_t m = static_cast<int64_t>(at.size());
+    part_keys.resize(m);
+    part_grads.resize(m * dim);
+    for (int64_t j = 0; j < m; ++j) {
+      part_keys[j] = keys[at[j]];
+      std::memcpy(part_grads.data() + j * dim, grads + at[j] * dim, dim * sizeof(float));
+    }
+    to.clear();
+    for (int64_t j = 0; j < m; ++j) {
+      const int32_t v =
+          VirtualShardOfTableKey(part_keys[j], order.vocabulary_size, order.num_virtual_shards);
+      const int32_t backup = backups[v];
+      if (backup >= 0) to[backup].push_back(j);
+    }
+    TableOrder::Stripe& stripe = order.stripes[s];
+    absl::MutexLock lock(&stripe.mu);
+    PS_RETURN_IF_ERROR(table.ApplyPush(part_keys.data(), m, part_grads.data()));
+    for (const auto& [backup, positions] : to) {
+      v1::ReplicateSparseRequest& f = (*forwards)[backup];
+      if (f.table().empty()) {
+        f.set_table(request.table());
+        *f.mutable_request_id() = request.request_id();
+      }
+      v1::SparseStripeGroup* g = f.add_groups();
+      g->set_stripe(s);
+      g->set_sequence(++stripe.sent[backup]);
+      g->set_count(static_cast<int64_t>(positions.size()));
+      std::string* k = f.mutable_keys();
+      std::string* r = f.mutable_gradients();
+      for (int64_t j : positions) {
+        k->append(reinterpret_cast<const char*>(&part_keys[j]), sizeof(int64_t));
+        r->append(reinterpret_cast<const char*>(part_grads.data() + j * dim), dim * sizeof(float));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::SendSparseNow(const SparseForwards& forwards) {
+  for (const auto& [backup, f] : forwards) {
+    {
+      absl::MutexLock lock(&lost_backups_mu_);
+      if (lost_backups_.count(backup) > 0) continue;  // it died: its rows have no backup now
+    }
+    PS_RETURN_IF_ERROR(options_.forwarder->ForwardSparse(backup, f));
+  }
+  return absl::OkStatus();
+}
+
+bool ParameterStore::Owes(const v1::RequestId& id) const {
+  absl::MutexLock lock(&owed_mu_);
+  for (const OwedForwards& o : owed_) {
+    if (o.id.client() == id.client() && o.id.seq() == id.seq()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+struct GroupReady {
+  const int64_t* applied;
+  int64_t sequence;
+};
+bool GroupIsNext(GroupReady* g) { return *g->applied >= g->sequence - 1; }
+
+}  // namespace
+
+absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequest& request,
+                                                   v1::ReplicateSparseResponse* response) {
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(request.table()));
+  const int64_t dim = t.table->dim();
+  if (request.keys().size() % sizeof(int64_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a replicated push of table ", request.table(),
+                                                   " has ", request.keys().size(),
+                                                   " bytes of keys; expected 8 per key"));
+  }
+  const int64_t n = static_cast<int64_t>(request.keys().size() / sizeof(int64_t));
+  int64_t counted = 0;
+  for (const v1::SparseStripeGroup& g : request.groups()) {
+    if (g.stripe() < 0 || g.stripe() >= EmbeddingTable::kNumStripes || g.count() < 0 ||
+        g.sequence() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a replicated push of table ", request.table(), " has a group of stripe ", g.stripe(),
+          ", number ", g.sequence(), " and ", g.count(), " keys; expected a stripe 0 to ",
+          EmbeddingTable::kNumStripes - 1, ", a number >= 1 and a count >= 0"));
+    }
+    counted += g.count();
+  }
+  if (counted != n || static_cast<int64_t>(request.gradients().size()) !=
+                          n * dim * static_cast<int64_t>(sizeof(float))) {
+    return absl::InvalidArgumentError(absl::StrCat("a replicated push of table ", request.table(),
+                                                   " has ", n, " keys, groups of ", counted,
+                                                   " and ", request.gradients().size(),
+                                                   " gradient bytes; expected as many keys as the "
+                                                   "groups count and ",
+                                                   n * dim * 4, " bytes (dim ", dim, ", float32)"));
+  }
+  std::vector<int64_t> keys(n);
+  std::vector<float> grads(n * dim);
+  std::memcpy(keys.data(), request.keys().data(), request.keys().size());
+  std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
+  PS_RETURN_IF_ERROR(
+      t.table->CheckPush(keys.data(), n, grads.data(), options_.allow_non_finite, nullptr));
+  PushOutcome outcome;
+  (void)ledger_.Begin(request.request_id(), &outcome);
+  const absl::Time deadline = absl::Now() + options_.replica_wait;
+  int applied = 0, already = 0;
+  int64_t offset = 0;
+  absl::Status status;
+  for (const v1::SparseStripeGroup& g : request.groups()) {
+    TableOrder::Stripe& stripe = t.order->stripes[g.stripe()];
+    absl::MutexLock lock(&stripe.mu);
+    GroupReady ready{&stripe.applied, g.sequence()};
+    if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait), " for group ",
+                       g.sequence() - 1, " of stripe ", g.stripe(), " of backup table ",
+                       request.table(), " (it has applied ", stripe.applied, ")"));
+      break;
+    }
+    if (stripe.applied >= g.sequence()) {
+      ++already;
+    } else {
+      status = t.table->ApplyPush(keys.data() + offset, g.count(), grads.data() + offset * dim);
+      if (!status.ok()) break;
+      stripe.applied = g.sequence();
+      ++applied;
+    }
+    offset += g.count();
+  }
+  if (applied > 0) {
+    Touch(*t.counters, /*push=*/true, static_cast<int64_t>(request.gradients().size()));
+  }
+  if (!status.ok()) {
+    ledger_.Release(request.request_id());
+    return status;
+  }
+  outcome.accepted = request.accepted_rows();
+  ledger_.Record(request.request_id(), outcome);
+  response->set_applied(applied);
+  response->set_already_applied(already);
   return absl::OkStatus();
 }
 

@@ -151,6 +151,13 @@ class ParameterStore {
   absl::Status ApplyReplicatedDense(const v1::ReplicateHeader& header, DensePush* push,
                                     v1::ReplicateResponse* response);
 
+  // The same for a table's async push (ReplicateSparse): each stripe group applied once the
+  // group before it in that stripe was (waiting up to options.replica_wait: DEADLINE_EXCEEDED),
+  // never twice; the keys checked as a push's are (this task must back them up).
+  // INVALID_ARGUMENT for groups that do not add up to the keys, or gradients that do not fit.
+  absl::Status ApplyReplicatedSparse(const v1::ReplicateSparseRequest& request,
+                                     v1::ReplicateSparseResponse* response);
+
   // The dim of a table's rows. NOT_FOUND / UNAVAILABLE as PullDense.
   absl::StatusOr<int64_t> TableDim(const std::string& table) const;
 
@@ -243,11 +250,48 @@ class ParameterStore {
 
  private:
   using DenseKey = std::pair<std::string, int32_t>;
+  // The order of a table's replicated async pushes (docs/replication.md, "Tables"): on a
+  // primary, the task backing up each virtual shard and, per stripe, the number of the last
+  // group sent to each backup task; on a backup, per primary stripe, the number of the last
+  // group applied. A stripe's lock orders its groups: the primary applies and numbers a stripe's
+  // part of a push under it, the backup waits under it for the group before.
+  struct TableOrder {
+    int32_t num_virtual_shards = 0;
+    int64_t vocabulary_size = 0;
+    // The backup task of each virtual shard (-1: none); null: no backups. Replaced whole by a
+    // CreateShards that adds or moves backups, while pushes read it.
+    std::shared_ptr<const std::vector<int32_t>> Backups() const {
+      return std::atomic_load(&backup_of_vshard);
+    }
+    void SetBackups(std::shared_ptr<const std::vector<int32_t>> backups) {
+      std::atomic_store(&backup_of_vshard, std::move(backups));
+    }
+    std::shared_ptr<const std::vector<int32_t>> backup_of_vshard;
+    struct Stripe {
+      absl::Mutex mu;
+      std::map<int, int64_t> sent ABSL_GUARDED_BY(mu);
+      int64_t applied ABSL_GUARDED_BY(mu) = 0;
+    };
+    Stripe stripes[EmbeddingTable::kNumStripes];
+  };
   struct Table {
     std::shared_ptr<EmbeddingTable> table;
     std::shared_ptr<ShardCounters> counters;
     std::shared_ptr<SparseAccumulator> accumulator;  // SYNC mode only
+    std::shared_ptr<TableOrder> order;
   };
+  // Sparse forwards of one push, by backup task.
+  using SparseForwards = std::map<int, v1::ReplicateSparseRequest>;
+  // An async push to a table with backups: applied stripe by stripe, each stripe's part under
+  // its order lock, numbered for each backup task that holds some of its keys; *forwards gets
+  // those parts. Errors as EmbeddingTable::ApplyPush.
+  absl::Status ApplyPushInStripeOrder(const Table& t, const std::vector<int32_t>& backups,
+                                      const v1::PushSparseRequest& request, const int64_t* keys,
+                                      int64_t n, const float* grads, SparseForwards* forwards);
+  // Sends sparse forwards (the backups lost left out); the first error.
+  absl::Status SendSparseNow(const SparseForwards& forwards);
+  // Whether the store still owes forwards of the push `id` (OweForwards).
+  bool Owes(const v1::RequestId& id) const;
 
   // CreateShards' steps: the request's shards against the memory budget; the shards built
   // (outside the lock); those of them already held (ALREADY_EXISTS when held with another
@@ -255,6 +299,7 @@ class ParameterStore {
   struct NewShards {
     std::vector<std::unique_ptr<DenseShard>> dense;
     std::vector<std::unique_ptr<EmbeddingTable>> tables;
+    std::vector<std::shared_ptr<TableOrder>> table_orders;
     std::vector<bool> present_dense, present_table;
   };
   absl::Status CheckMemoryBudget(const v1::CreateShardsRequest& request) const
@@ -302,7 +347,8 @@ class ParameterStore {
   // retry): the next forward of any push sends them first, so that a backup is not left
   // waiting for an update whose pusher never retries (it died, or gave up). Each one that goes
   // through is marked replicated in the ledger.
-  void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards);
+  void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
+                   std::shared_ptr<const SparseForwards> sparse = nullptr);
   void ResendOwed();
   // Completes a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
@@ -380,7 +426,8 @@ class ParameterStore {
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   struct OwedForwards {
     v1::RequestId id;
-    std::shared_ptr<const ForwardList> forwards;
+    std::shared_ptr<const ForwardList> forwards;  // or
+    std::shared_ptr<const SparseForwards> sparse;
   };
   mutable absl::Mutex owed_mu_;
   std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);

@@ -50,6 +50,20 @@ absl::Status CheckCreateRequest(const v1::CreateShardsRequest& request) {
   }
   for (const v1::TableShardSpec& spec : request.tables()) {
     PS_RETURN_IF_ERROR(CheckName("table", spec.table().name()));
+    if (spec.virtual_shard_backups_size() != 0 &&
+        spec.virtual_shard_backups_size() != spec.virtual_shards_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", spec.table().name(), ": ", spec.virtual_shard_backups_size(),
+                       " virtual_shard_backups for ", spec.virtual_shards_size(),
+                       " virtual shards; expected one backup task per shard, or none"));
+    }
+    for (int32_t backup : spec.virtual_shard_backups()) {
+      if (backup < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("table ", spec.table().name(),
+                                                       ": a virtual shard's backup task is ",
+                                                       backup, "; expected a ps task index"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -124,6 +138,10 @@ absl::StatusOr<ParameterStore::NewShards> ParameterStore::BuildShards(
     PS_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> table,
                         EmbeddingTable::Create(spec.table(), owned, spec.num_virtual_shards()));
     built.tables.push_back(std::move(table));
+    auto order = std::make_shared<TableOrder>();
+    order->num_virtual_shards = spec.num_virtual_shards();
+    order->vocabulary_size = spec.table().vocabulary_size();
+    built.table_orders.push_back(std::move(order));
   }
   built.present_dense.assign(built.dense.size(), false);
   built.present_table.assign(built.tables.size(), false);
@@ -191,7 +209,8 @@ int ParameterStore::InsertLocked(NewShards& shards, int64_t start_step) {
       acc->SetStep(start_step);
     }
     budgeted_bytes_ += table->reserved_bytes();
-    tables_[name] = Table{std::move(table), std::make_shared<ShardCounters>(), acc};
+    tables_[name] =
+        Table{std::move(table), std::make_shared<ShardCounters>(), acc, shards.table_orders[i]};
     ++created;
   }
   return created;
@@ -235,6 +254,22 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
     if (it == dense_.end()) continue;
     it->second->set_backup_ps_task(request.replication() >= 2 ? spec.partition().backup_ps_task()
                                                               : -1);
+  }
+  // And each table's rows, by virtual shard.
+  for (const v1::TableShardSpec& spec : request.tables()) {
+    auto it = tables_.find(spec.table().name());
+    if (it == tables_.end() || it->second.order == nullptr) continue;
+    std::shared_ptr<std::vector<int32_t>> backups;
+    if (request.replication() >= 2 && spec.virtual_shard_backups_size() > 0) {
+      backups = std::make_shared<std::vector<int32_t>>(it->second.order->num_virtual_shards, -1);
+      for (int i = 0; i < spec.virtual_shards_size(); ++i) {
+        const int32_t v = spec.virtual_shards(i);
+        if (v >= 0 && v < static_cast<int32_t>(backups->size())) {
+          (*backups)[v] = spec.virtual_shard_backups(i);
+        }
+      }
+    }
+    it->second.order->SetBackups(std::move(backups));
   }
   const int present = static_cast<int>(shards.dense.size() + shards.tables.size()) - created;
   if (!request.hold_until_restored()) {

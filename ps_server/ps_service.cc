@@ -212,6 +212,19 @@ grpc::Status PsService::Replicate(grpc::ServerContext* ctx,
   return ToGrpcStatus(s);
 }
 
+grpc::Status PsService::ReplicateSparse(grpc::ServerContext* ctx,
+                                        const v1::ReplicateSparseRequest* req,
+                                        v1::ReplicateSparseResponse* resp) {
+  // A primary forwards its own updates only.
+  v1::TaskId primary;
+  primary.set_job("ps");
+  primary.set_index(req->primary_ps_task());
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.ReplicateSparse", &primary));
+  absl::StatusOr<ParameterStore*> store = backups_.ForForward(req->primary_ps_task());
+  if (!store.ok()) return ToGrpcStatus(store.status());
+  return ToGrpcStatus((*store)->ApplyReplicatedSparse(*req, resp));
+}
+
 grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverPsRequest* req,
                                    v1::FailOverPsResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.FailOverPs"));

@@ -67,6 +67,8 @@ class PsService : public v1::ParameterServer::Service {
                              v1::RestoreShardsResponse* resp) override;
   grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicateRequest>* reader,
                          v1::ReplicateResponse* resp) override;
+  grpc::Status ReplicateSparse(grpc::ServerContext* ctx, const v1::ReplicateSparseRequest* req,
+                               v1::ReplicateSparseResponse* resp) override;
   grpc::Status FailOverPs(grpc::ServerContext* ctx, const v1::FailOverPsRequest* req,
                           v1::FailOverPsResponse* resp) override;
 

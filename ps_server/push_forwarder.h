@@ -75,6 +75,10 @@ class PushForwarder {
                                                     int64_t values) {
     return nullptr;
   }
+  // A table's async push to task `backup` (ParameterServer.ReplicateSparse), once it applied it.
+  virtual absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) {
+    return absl::UnimplementedError("this forwarder does not forward table updates");
+  }
 };
 
 }  // namespace pscluster

@@ -165,22 +165,48 @@ absl::Status RemotePushForwarder::ForwardOne(const DenseForward& forward) {
   return ForwardOverGrpc(forward, header);
 }
 
+std::shared_ptr<v1::ParameterServer::Stub> RemotePushForwarder::StubFor(
+    const std::shared_ptr<Peers>& peers, int backup) {
+  if (peers == nullptr || backup < 0 || backup >= static_cast<int>(peers->addresses.size())) {
+    return nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<v1::ParameterServer::Stub>& slot = peers->stubs[backup];
+  if (slot == nullptr) {
+    GrpcChannelOptions channel;
+    channel.tls = tls_;
+    channel.fast_reconnect = true;
+    slot = v1::ParameterServer::NewStub(NewGrpcChannel(peers->addresses[backup], channel));
+  }
+  return slot;
+}
+
+absl::Status RemotePushForwarder::ForwardSparse(int backup,
+                                                const v1::ReplicateSparseRequest& request) {
+  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), backup);
+  if (stub == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no address for backup ps:", backup,
+                     " (CreateShardsRequest.ps_addresses did not name it)"));
+  }
+  v1::ReplicateSparseRequest req = request;
+  req.set_primary_ps_task(self_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  v1::ReplicateSparseResponse response;
+  const grpc::Status s = stub->ReplicateSparse(&ctx, req, &response);
+  LOG_FIRST_N(INFO, 1) << "forwarding table updates to the backups over gRPC";
+  if (!s.ok()) {
+    return absl::Status(FromGrpcStatus(s).code(),
+                        absl::StrCat("forward to backup ps:", backup, ": ", s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RemotePushForwarder::ForwardOverGrpc(const DenseForward& forward,
                                                   const v1::ReplicateHeader& header) {
-  std::shared_ptr<Peers> peers = this->peers();
-  std::shared_ptr<v1::ParameterServer::Stub> stub;
-  {
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<v1::ParameterServer::Stub>& slot = peers->stubs[forward.backup];
-    if (slot == nullptr) {
-      GrpcChannelOptions channel;
-      channel.tls = tls_;
-      channel.fast_reconnect = true;
-      slot =
-          v1::ParameterServer::NewStub(NewGrpcChannel(peers->addresses[forward.backup], channel));
-    }
-    stub = slot;
-  }
+  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), forward.backup);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));

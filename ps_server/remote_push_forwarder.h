@@ -38,6 +38,8 @@ class RemotePushForwarder : public PushForwarder {
   // Over the backup's tensor data plane (ReplicateStream); null where it has none.
   std::unique_ptr<ForwardStream> OpenStream(int backup, const v1::ReplicateHeader& header,
                                             int64_t values) override;
+  // Over gRPC (ParameterServer.ReplicateSparse).
+  absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override;
 
  private:
   struct Peers {
@@ -48,6 +50,9 @@ class RemotePushForwarder : public PushForwarder {
   // Sends one forward and waits for its answer.
   absl::Status ForwardOne(const DenseForward& forward);
   absl::Status ForwardOverGrpc(const DenseForward& forward, const v1::ReplicateHeader& header);
+  // The gRPC stub of task `backup` (made on first use), or null without its address.
+  std::shared_ptr<v1::ParameterServer::Stub> StubFor(const std::shared_ptr<Peers>& peers,
+                                                     int backup);
   std::shared_ptr<Peers> peers() {
     absl::MutexLock lock(&mu_);
     return peers_;

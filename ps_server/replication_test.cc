@@ -89,6 +89,29 @@ absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
 // Hands forwards to a backup store (or keeps them), failing when told to.
 class DirectForwarder : public PushForwarder {
  public:
+  absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override {
+    ParameterStore* to = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      ++calls_;
+      if (fail_next_ > 0) {
+        --fail_next_;
+        return absl::UnavailableError("ps:1 is not answering");
+      }
+      to = backup_;
+      if (to == nullptr) {
+        kept_sparse_.push_back(request);
+        return absl::OkStatus();
+      }
+    }
+    EXPECT_EQ(backup, 1);
+    v1::ReplicateSparseResponse resp;
+    return to->ApplyReplicatedSparse(request, &resp);
+  }
+  std::vector<v1::ReplicateSparseRequest> kept_sparse() {
+    absl::MutexLock lock(&mu_);
+    return kept_sparse_;
+  }
   absl::Status Forward(const ForwardList& list) override {
     ParameterStore* backup = nullptr;
     {
@@ -135,6 +158,7 @@ class DirectForwarder : public PushForwarder {
   int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
 };
 
 ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
@@ -336,6 +360,119 @@ TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
   more.mutable_dense(0)->mutable_variable()->mutable_shape()->set_dims(0, 300);
   more.mutable_dense(0)->mutable_partition()->set_row_end(300);
   EXPECT_TRUE(own.CreateShards(more, &resp).ok());
+}
+
+// Tables (async): a table of Adagrad rows (whose result depends on the order of a row's
+// updates), every virtual shard backed up on ps:1.
+void CreateTables(ParameterStore& primary, ParameterStore& backup) {
+  v1::CreateShardsRequest req;
+  v1::TableShardSpec* t = req.add_tables();
+  t->mutable_table()->set_name("emb");
+  t->mutable_table()->set_dim(4);
+  t->mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  t->mutable_table()->mutable_initializer()->set_min(-1);
+  t->mutable_table()->mutable_initializer()->set_max(1);
+  t->mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+  t->set_num_virtual_shards(4);
+  for (int v = 0; v < 4; ++v) t->add_virtual_shards(v);
+  v1::CreateShardsResponse resp;
+  ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
+  for (int v = 0; v < 4; ++v) t->add_virtual_shard_backups(1);
+  req.set_replication(2);
+  ASSERT_TRUE(primary.CreateShards(req, &resp).ok());
+}
+
+// Push i of client c: 30 keys of 0..99 (one repeated), gradients that differ per push.
+absl::Status PushRows(ParameterStore& store, int c, int i, v1::PushSparseResponse* resp) {
+  v1::PushSparseRequest req;
+  req.set_table("emb");
+  req.set_worker(c);
+  req.mutable_request_id()->set_client(100 + c);
+  req.mutable_request_id()->set_seq(i);
+  std::vector<int64_t> keys;
+  for (int k = 0; k < 30; ++k) keys.push_back((k * 7 + i * 13 + c * 3) % 100);
+  keys.push_back(keys.front());
+  std::vector<float> grads(keys.size() * 4);
+  for (size_t j = 0; j < grads.size(); ++j) {
+    grads[j] = 0.125f * static_cast<float>((j * 5 + i * 3 + c) % 9) - 0.5f;
+  }
+  req.set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  return store.PushSparse(req, keys.data(), static_cast<int64_t>(keys.size()), req.gradients(),
+                          resp);
+}
+
+// The rows of keys 0..99 (those that exist) and the table's row count, as Inspect gives them.
+std::pair<std::string, int64_t> Rows(ParameterStore& store) {
+  v1::InspectShardRequest req;
+  req.mutable_shard()->set_variable("emb");
+  req.mutable_shard()->set_partition(-1);  // a table
+  for (int64_t k = 0; k < 100; ++k) req.add_keys(k);
+  absl::StatusOr<v1::InspectShardResponse> r = store.Inspect(req);
+  CHECK(r.ok()) << r.status();
+  return {r->found_rows(), r->shard().rows()};
+}
+
+TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateTables(primary, backup);
+  forwarder.ApplyTo(&backup);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < 4; ++c) {
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < 25; ++i) {
+        v1::PushSparseResponse resp;
+        if (!PushRows(primary, c, i, &resp).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const auto [rows, count] = Rows(primary);
+  EXPECT_EQ(count, 100);
+  EXPECT_EQ(Rows(backup).first, rows);  // bit for bit
+  EXPECT_EQ(Rows(backup).second, count);
+}
+
+TEST(ReplicationTest, TableForwardsThatArriveOutOfOrderAreAppliedInEachStripesOrder) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(5);
+  ParameterStore backup(waits_briefly);
+  CreateTables(primary, backup);
+  for (int i = 0; i < 8; ++i) {
+    v1::PushSparseResponse resp;
+    ASSERT_TRUE(PushRows(primary, i % 2, i, &resp).ok());
+  }
+  std::vector<v1::ReplicateSparseRequest> kept = forwarder.kept_sparse();
+  ASSERT_EQ(kept.size(), 8u);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kept.size());
+  for (int k = static_cast<int>(kept.size()) - 1; k >= 0; --k) {
+    threads.emplace_back([&, k] {
+      v1::ReplicateSparseResponse resp;
+      results[k] = backup.ApplyReplicatedSparse(kept[k], &resp);
+      if (results[k].ok()) EXPECT_EQ(resp.applied(), kept[k].groups_size());
+    });
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+  // A forward sent again is not applied again; one whose groups do not add up is refused.
+  v1::ReplicateSparseResponse again;
+  ASSERT_TRUE(backup.ApplyReplicatedSparse(kept[3], &again).ok());
+  EXPECT_EQ(again.applied(), 0);
+  EXPECT_EQ(again.already_applied(), kept[3].groups_size());
+  v1::ReplicateSparseRequest bad = kept[3];
+  bad.mutable_groups(0)->set_count(bad.groups(0).count() + 1);
+  absl::Status s = backup.ApplyReplicatedSparse(bad, &again);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("expected as many keys as the groups count"));
+  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
 }
 
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {

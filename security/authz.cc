@@ -50,6 +50,7 @@ const std::vector<MethodRule>& MethodRules() {
       {"ParameterServer.GetStatus", {kChief, kPs, kWorker, kEvaluator, kViewer, kAdmin}},
       // A primary forwards its own updates to its backups.
       {"ParameterServer.Replicate", {kPs}, /*own_task_only=*/true},
+      {"ParameterServer.ReplicateSparse", {kPs}, /*own_task_only=*/true},
       {"ParameterServer.FailOverPs", {kChief}},
       // The chief: tasks speak only for themselves; operators read, and admins checkpoint.
       {"Coordinator.RegisterTask", {kPs, kWorker, kEvaluator}, /*own_task_only=*/true},

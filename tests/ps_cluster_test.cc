@@ -516,6 +516,9 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
       for (int i = 0; i < kIterations && errors[c].ok(); ++i) {
         Gradients(c, i, &gw, &gb, &keys, &grows);
         errors[c] = client->Push({"w", "b"}, {gw.data(), gb.data()}, i);
+        if (errors[c].ok()) {
+          errors[c] = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i);
+        }
       }
     });
   }
@@ -523,6 +526,58 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
   for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster->Logs();
 
   std::unique_ptr<ParameterClient> client = ClientFor(with_backups, -1);
+  // Every row a primary holds of the table is on one backup task, bit for bit (Adagrad's
+  // values follow from its slot: the same values, the same order of updates).
+  // The keys pushed by client c in its iterations [0, iterations).
+  auto keys_of = [](int c, int iterations, std::set<int64_t>* out) {
+    std::vector<float> gw, gb, grows;
+    std::vector<int64_t> keys;
+    for (int i = 0; i < iterations; ++i) {
+      Gradients(c, i, &gw, &gb, &keys, &grows);
+      out->insert(keys.begin(), keys.end());
+    }
+  };
+  std::set<int64_t> in_checkpoint, after;
+  for (int c = 0; c < kClients; ++c) keys_of(c, kIterations, &in_checkpoint);
+  after = in_checkpoint;
+  keys_of(0, kIterations + 1, &after);
+  keys_of(1, kIterations + 1, &after);
+  const std::vector<int64_t> pushed_keys(after.begin(), after.end());
+  auto expect_table_backups = [&](const std::string& when, size_t expected_rows) {
+    int64_t rows = 0;
+    for (int p = 0; p < 3; ++p) {
+      v1::InspectShardRequest ask;
+      ask.mutable_shard()->set_variable("emb");
+      ask.mutable_shard()->set_partition(-1);
+      ask.mutable_keys()->Add(pushed_keys.begin(), pushed_keys.end());
+      absl::StatusOr<v1::InspectShardResponse> primary = client->InspectShard(p, ask);
+      ASSERT_TRUE(primary.ok()) << primary.status();
+      std::map<int64_t, std::string> row_of;
+      for (int j = 0; j < primary->found_keys_size(); ++j) {
+        row_of[primary->found_keys(j)] = primary->found_rows().substr(j * 8 * 4, 8 * 4);
+      }
+      rows += static_cast<int64_t>(row_of.size());
+      int64_t backed_up = 0;
+      for (int q = 0; q < 3; ++q) {
+        if (q == p) continue;
+        ask.set_backup(true);
+        ask.set_primary_ps_task(p);
+        absl::StatusOr<v1::InspectShardResponse> backup = client->InspectShard(q, ask);
+        ASSERT_TRUE(backup.ok()) << backup.status();
+        for (int j = 0; j < backup->found_keys_size(); ++j) {
+          const int64_t key = backup->found_keys(j);
+          ASSERT_EQ(row_of.count(key), 1u) << when << ": ps:" << q << " backs up key " << key
+                                           << " that ps:" << p << " does not hold";
+          EXPECT_EQ(backup->found_rows().substr(j * 8 * 4, 8 * 4), row_of[key])
+              << when << ": key " << key << " on ps:" << q << ", the backup of ps:" << p;
+          ++backed_up;
+        }
+      }
+      EXPECT_EQ(backed_up, static_cast<int64_t>(row_of.size())) << when << ": ps:" << p;
+    }
+    EXPECT_EQ(rows, static_cast<int64_t>(expected_rows)) << when;
+  };
+  expect_table_backups("after the pushes", in_checkpoint.size());
   for (const v1::DensePartition& p : replicated->partitions()) {
     const auto [primary, backup] = PrimaryAndBackup(*client, p);
     const std::string name = absl::StrCat(p.variable(), "/", p.partition());
@@ -553,7 +608,9 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
   std::vector<int64_t> keys;
   Gradients(0, kIterations, &gw, &gb, &keys, &grows);
   ASSERT_TRUE(worker->Push({"w", "b"}, {gw.data(), gb.data()}, kIterations).ok());
+  ASSERT_TRUE(worker->PushRows("emb", keys.data(), keys.size(), grows.data(), kIterations).ok());
   ASSERT_TRUE(client->RestoreShards(checkpoint, *saved, 1).ok()) << cluster->Logs();
+  expect_table_backups("after the restore", in_checkpoint.size());
   for (const v1::DensePartition& p : replicated->partitions()) {
     const auto [primary, backup] = PrimaryAndBackup(*client, p);
     const std::string name = absl::StrCat(p.variable(), "/", p.partition());
@@ -564,6 +621,12 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
   Gradients(1, kIterations, &gw, &gb, &keys, &grows);
   ASSERT_TRUE(worker->Push({"w", "b"}, {gw.data(), gb.data()}, kIterations + 1).ok())
       << cluster->Logs();
+  ASSERT_TRUE(
+      worker->PushRows("emb", keys.data(), keys.size(), grows.data(), kIterations + 1).ok());
+  std::set<int64_t> then = in_checkpoint;
+  Gradients(1, kIterations, &gw, &gb, &keys, &grows);
+  then.insert(keys.begin(), keys.end());
+  expect_table_backups("after a push that followed the restore", then.size());
   for (const v1::DensePartition& p : replicated->partitions()) {
     const auto [primary, backup] = PrimaryAndBackup(*client, p);
     const std::string name = absl::StrCat(p.variable(), "/", p.partition());
