@@ -261,11 +261,16 @@ class ParameterStore {
     // The backup task of each virtual shard (-1: none); null: no backups. Replaced whole by a
     // CreateShards that adds or moves backups, while pushes read it.
     std::shared_ptr<const std::vector<int32_t>> Backups() const {
+      // (One relaxed load on the path of a table without backups.)
+      if (!has_backups.load(std::memory_order_acquire)) return nullptr;
       return std::atomic_load(&backup_of_vshard);
     }
     void SetBackups(std::shared_ptr<const std::vector<int32_t>> backups) {
+      const bool any = backups != nullptr;
       std::atomic_store(&backup_of_vshard, std::move(backups));
+      has_backups.store(any, std::memory_order_release);
     }
+    std::atomic<bool> has_backups{false};
     std::shared_ptr<const std::vector<int32_t>> backup_of_vshard;
     struct Stripe {
       absl::Mutex mu;
