@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "client/grpc_channel.h"
 #include "common/status_macros.h"
@@ -516,6 +517,17 @@ TEST_F(TlsClusterTest, AWorkerMayNotCreateSaveOrSpeakForAnotherTask) {
       grpc::Status s = writer->Finish();
       EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
       EXPECT_THAT(s.error_message(), HasSubstr(f.message));
+      // A table's forwards alike.
+      grpc::ClientContext sparse_ctx;
+      Deadline(&sparse_ctx);
+      v1::ReplicateSparseRequest rows;
+      rows.set_primary_ps_task(f.primary);
+      rows.set_table("emb");
+      v1::ReplicateSparseResponse rows_replicated;
+      s = PsStub(Files("main", f.holder))->ReplicateSparse(&sparse_ctx, rows, &rows_replicated);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+      EXPECT_THAT(s.error_message(),
+                  HasSubstr(absl::StrReplaceAll(f.message, {{"Replicate", "ReplicateSparse"}})));
     }
   }
   {
