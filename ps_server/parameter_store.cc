@@ -469,6 +469,8 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   std::vector<int64_t> versions;
   ApplyDensePush(*push, accumulators, &outcome, &versions);
   if (streams != nullptr && !streams->failed()) {
+    // What the store owes goes first, or the backups would wait for it before applying this.
+    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
     // The backups have the gradients already: the versions complete the forwards.
     absl::Status committed = CommitStreams(streams, versions, outcome);
     if (committed.ok()) {
