@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/aes_gcm.h"
+#include "common/log_once.h"
 #include "common/socket_io.h"
 #include "common/thread_pool.h"
 #include "glog/logging.h"
@@ -254,8 +255,8 @@ int SealedChannel::ParallelThreads() {
   if (const char* env = std::getenv("PSCLUSTER_SEAL_THREADS"); env != nullptr && *env != '\0') {
     int threads = 0;
     if (absl::SimpleAtoi(env, &threads) && threads >= 0 && threads <= 64) return threads;
-    LOG_FIRST_N(ERROR, 1) << "PSCLUSTER_SEAL_THREADS is \"" << env
-                          << "\"; expected 0 to 64 helper threads; choosing by the cores";
+    PS_LOG_FIRST_N(ERROR, 1) << "PSCLUSTER_SEAL_THREADS is \"" << env
+                             << "\"; expected 0 to 64 helper threads; choosing by the cores";
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores < 8) return 0;
@@ -286,9 +287,9 @@ absl::StatusOr<std::unique_ptr<SealedChannel>> SealedChannel::Create(int fd, ssl
   if (!aes_gcm::Available(aes_gcm::DefaultEngine())) {
     return absl::InternalError("no AES-128-GCM engine (OpenSSL has none?)");
   }
-  LOG_FIRST_N(INFO, 1) << "tensor data plane: sealed chunks in AES-128-GCM from "
-                       << aes_gcm::EngineName(aes_gcm::DefaultEngine()) << ", " << ParallelThreads()
-                       << " helper threads";
+  PS_LOG_FIRST_N(INFO, 1) << "tensor data plane: sealed chunks in AES-128-GCM from "
+                          << aes_gcm::EngineName(aes_gcm::DefaultEngine()) << ", "
+                          << ParallelThreads() << " helper threads";
   std::unique_ptr<SealedChannel> channel(
       new SealedChannel(fd, ssl, SSL_is_server(ssl) == 1, epoch_chunks_log2));
   // The first epoch's keys now, so that a failure shows at connect.

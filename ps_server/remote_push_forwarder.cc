@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/grpc_ps_transport.h"
 #include "common/grpc_status.h"
+#include "common/log_once.h"
 #include "glog/logging.h"
 #include "security/wire_tls.h"
 
@@ -135,8 +136,8 @@ std::unique_ptr<ForwardStream> RemotePushForwarder::OpenStream(int backup,
   absl::StatusOr<std::unique_ptr<TcpPsTransport::ReplicateStream>> stream =
       peers->wire->OpenReplicateStream(backup, h, values);
   if (!stream.ok() || *stream == nullptr) return nullptr;
-  LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane, "
-                          "while the pushes arrive";
+  PS_LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane, "
+                             "while the pushes arrive";
   return std::make_unique<WireForwardStream>(peers, *std::move(stream), &writers_);
 }
 
@@ -156,12 +157,12 @@ absl::Status RemotePushForwarder::ForwardOne(const DenseForward& forward) {
     absl::Status s =
         peers->wire->Replicate(forward.backup, header, forward.grads, &response, &no_data_plane);
     if (!no_data_plane) {
-      LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane";
+      PS_LOG_FIRST_N(INFO, 1) << "forwarding updates to the backups over their tensor data plane";
       return s;
     }
   }
-  LOG_FIRST_N(INFO, 1) << "forwarding updates to backup ps:" << forward.backup
-                       << " over gRPC (it has no tensor data plane)";
+  PS_LOG_FIRST_N(INFO, 1) << "forwarding updates to backup ps:" << forward.backup
+                          << " over gRPC (it has no tensor data plane)";
   return ForwardOverGrpc(forward, header);
 }
 
@@ -196,7 +197,7 @@ absl::Status RemotePushForwarder::ForwardSparse(int backup,
                    std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
   v1::ReplicateSparseResponse response;
   const grpc::Status s = stub->ReplicateSparse(&ctx, req, &response);
-  LOG_FIRST_N(INFO, 1) << "forwarding table updates to the backups over gRPC";
+  PS_LOG_FIRST_N(INFO, 1) << "forwarding table updates to the backups over gRPC";
   if (!s.ok()) {
     return absl::Status(FromGrpcStatus(s).code(),
                         absl::StrCat("forward to backup ps:", backup, ": ", s.error_message()));

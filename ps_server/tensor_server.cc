@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_once.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "glog/logging.h"
@@ -86,10 +87,10 @@ class TensorServer::Connection {
     // records, which the kernel encrypts where it can.
     const bool sealed = !options_.kernel_tls_wanted;
     if (options_.kernel_tls_wanted && KernelTlsSend(ssl->get())) {
-      LOG_FIRST_N(INFO, 1) << "tensor data plane: kernel TLS (kTLS) encrypts this ps's sends";
+      PS_LOG_FIRST_N(INFO, 1) << "tensor data plane: kernel TLS (kTLS) encrypts this ps's sends";
     } else if (options_.kernel_tls_wanted) {
-      LOG_FIRST_N(WARNING, 1) << "tensor data plane: kernel TLS was asked for but is not "
-                                 "available (kernel or OpenSSL): OpenSSL encrypts TLS records";
+      PS_LOG_FIRST_N(WARNING, 1) << "tensor data plane: kernel TLS was asked for but is not "
+                                    "available (kernel or OpenSSL): OpenSSL encrypts TLS records";
     }
     absl::Status admitted = options_.tls->Admit(ssl->get(), sealed, options_.io_timeout);
     if (admitted.ok()) admitted = socket_.AttachTls(ssl->release(), sealed);

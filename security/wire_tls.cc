@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log_once.h"
 #include "glog/logging.h"
 
 namespace pscluster {
@@ -132,7 +133,7 @@ std::shared_ptr<SSL_CTX> WireTlsContext::Current() {
       // A rotation in progress may leave a key that does not match its certificate for a
       // moment: the old context serves until the files agree again.
       if (absl::Status reloaded = Load(); !reloaded.ok()) {
-        LOG_FIRST_N(WARNING, 10) << "tensor data plane: keeping the old TLS files: " << reloaded;
+        PS_LOG_FIRST_N(WARNING, 10) << "tensor data plane: keeping the old TLS files: " << reloaded;
       }
     }
   }
