@@ -152,13 +152,15 @@ absl::StatusOr<v1::CheckpointResponse> CheckpointManager::Commit(const PendingCh
   const int num_ps = client_->num_ps();
   int64_t dense = 0, tables = 0;
   for (const v1::SavedShard& shard : saved) (shard.is_table() ? tables : dense) += 1;
-  if (dense != client_->placement().partitions_size() ||
-      tables != static_cast<int64_t>(client_->model().tables_size()) * num_ps) {
+  // After a failover, the tasks that took a table part's virtual shards over write one each.
+  const int64_t table_parts =
+      static_cast<int64_t>(client_->model().tables_size()) * client_->TablePartsPerTable();
+  if (dense != client_->placement().partitions_size() || tables != table_parts) {
     std::filesystem::remove_all(path, ec);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ps tasks gave ", dense, " of ", client_->placement().partitions_size(),
-        " dense partitions and ", tables, " of ", client_->model().tables_size() * num_ps,
-        " table parts (did a ps task restart?); not committed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ps tasks gave ", dense, " of ", client_->placement().partitions_size(),
+                     " dense partitions and ", tables, " of ", table_parts,
+                     " table parts (did a ps task restart?); not committed"));
   }
   v1::CheckpointManifest manifest;
   manifest.set_step(step);

@@ -34,9 +34,11 @@ SyncCoordinatorOptions SyncOptionsFor(const CoordinatorOptions& o, int num_worke
   return s;
 }
 
-// What replication 2 covers so far (docs/replication.md): dense variables, in every mode. A
-// table's rows would leave their backups behind, and a failover onto such a backup would lose
-// updates, so the chief refuses models with tables up front.
+// What replication 2 covers so far (docs/replication.md): dense variables in every mode, and
+// tables in async and SSP mode, without admission or eviction. A sync step's table gradients,
+// and the rows admission and eviction create and drop, are not forwarded yet: such a table's
+// backup would fall behind, and a failover onto it would lose updates, so the chief refuses
+// those models up front.
 absl::Status CheckReplication(const CoordinatorOptions& options, int num_ps) {
   const int r = options.placement.replication();
   if (r < 0 || r > 2) {
@@ -49,11 +51,19 @@ absl::Status CheckReplication(const CoordinatorOptions& options, int num_ps) {
         "replication 2 needs at least 2 ps tasks (a backup on another task), the cluster has ",
         num_ps));
   }
-  if (options.model.tables_size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "replication 2 covers dense variables only so far: the model has ",
-        options.model.tables_size(), " embedding table(s) (", options.model.tables(0).name(),
-        ", ...), whose rows are not forwarded to backups yet (docs/replication.md)"));
+  for (const v1::TableSpec& t : options.model.tables()) {
+    if (options.sync.mode() == v1::SYNC) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replication 2 covers embedding tables in async and SSP mode only so far: table ",
+          t.name(), "'s sync steps are not forwarded to backups yet (docs/replication.md)"));
+    }
+    if (t.has_admission() || t.has_eviction()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replication 2 covers embedding tables without admission or eviction only so far: "
+          "table ",
+          t.name(), " has ", t.has_admission() ? "admission" : "eviction",
+          ", whose decisions are not forwarded to backups yet (docs/replication.md)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -338,6 +348,12 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
                                p.partition(), " of ", p.variable());
       }
     }
+    for (const auto& [v, backup] : TableBackupsOf(ps)) {
+      if (lost[backup] || was_failed_over[backup]) {
+        missing =
+            absl::StrCat("ps:", backup, ", which backs up virtual shard ", v, " of the tables");
+      }
+    }
     const bool restarted_now = !gone[ps];
     if (!missing.empty()) {
       const bool after_a_failover =
@@ -372,6 +388,20 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
   return left;
 }
 
+std::vector<std::pair<int, int>> Coordinator::TableBackupsOf(int ps) const {
+  std::vector<std::pair<int, int>> out;
+  if (client_->model().tables_size() == 0) return out;
+  const v1::Placement& placement = client_->placement();
+  for (int v = 0;
+       v < placement.virtual_shard_to_ps_size() && v < placement.virtual_shard_to_backup_ps_size();
+       ++v) {
+    if (placement.virtual_shard_to_ps(v) == ps) {
+      out.emplace_back(v, placement.virtual_shard_to_backup_ps(v));
+    }
+  }
+  return out;
+}
+
 bool Coordinator::FailOver(int ps) {
   const absl::Time start = clock_->Now();
   const absl::Time heard = registry_.LastHeardOf(MakeTaskId(kPsJob, ps));
@@ -379,6 +409,7 @@ bool Coordinator::FailOver(int ps) {
   for (const v1::DensePartition& p : client_->placement().partitions()) {
     if (p.ps_task() == ps) backups.insert(p.backup_ps_task());
   }
+  for (const auto& [v, backup] : TableBackupsOf(ps)) backups.insert(backup);
   std::vector<char> failed_before(num_ps_, 0);
   for (int t : FailedOver()) failed_before[t] = 1;
   SetPhase(v1::RECOVERING, absl::StrCat("ps:", ps, " failing over to its backups"));

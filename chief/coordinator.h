@@ -200,6 +200,9 @@ class Coordinator {
   // (Placement.failed_over_ps) to the chief's client and to GetModel. False, with nothing
   // published, when a backup task could not be promoted (tried again later).
   bool FailOver(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // The virtual shards of the tables whose primary is `ps`, each with the task backing it up
+  // (none for a model without tables).
+  std::vector<std::pair<int, int>> TableBackupsOf(int ps) const;
   // When `s` says that a newer chief has replaced this one (common/chief_epoch.h): the phase
   // becomes FAILED, the chief stops, and true is returned.
   bool StopIfSuperseded(const absl::Status& s);

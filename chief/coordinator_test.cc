@@ -442,15 +442,33 @@ TEST_F(CoordinatorTest, ARestartedChiefBeforeThePsTasksRegisteredStartsNormally)
   EXPECT_EQ(second->CurrentStep(), 0);
 }
 
-// Replication 2 covers dense variables so far: what it does not cover is refused before
-// the chief starts, naming why, rather than left without backups that a failover would trust.
+// What replication 2 does not cover yet (tables in sync mode, tables with admission or
+// eviction) is refused before the chief starts, naming why, rather than left without backups
+// that a failover would trust.
 TEST_F(CoordinatorTest, ReplicationTwoIsRefusedWhereBackupsWouldFallBehind) {
-  CoordinatorOptions with_table = Options(v1::ASYNC);
+  CoordinatorOptions with_table = Options(v1::SYNC);
   with_table.placement.set_replication(2);
   absl::StatusOr<std::unique_ptr<Coordinator>> chief = Coordinator::Create(with_table);
   ASSERT_EQ(chief.status().code(), absl::StatusCode::kInvalidArgument) << chief.status();
   EXPECT_THAT(std::string(chief.status().message()),
-              ::testing::HasSubstr("1 embedding table(s) (emb, ...)"));
+              ::testing::HasSubstr("table emb's sync steps are not forwarded"));
+  // Async tables are replicated, but not their admission or eviction decisions.
+  for (v1::UpdateMode mode : {v1::ASYNC, v1::SSP}) {
+    CoordinatorOptions async_table = Options(mode);
+    async_table.placement.set_replication(2);
+    EXPECT_TRUE(Coordinator::Create(async_table).ok()) << v1::UpdateMode_Name(mode);
+    async_table.model.mutable_tables(0)->mutable_admission()->set_min_count(2);
+    chief = Coordinator::Create(async_table);
+    ASSERT_EQ(chief.status().code(), absl::StatusCode::kInvalidArgument) << chief.status();
+    EXPECT_THAT(std::string(chief.status().message()),
+                ::testing::HasSubstr("table emb has admission"));
+    async_table.model.mutable_tables(0)->clear_admission();
+    async_table.model.mutable_tables(0)->mutable_eviction();
+    chief = Coordinator::Create(async_table);
+    ASSERT_EQ(chief.status().code(), absl::StatusCode::kInvalidArgument) << chief.status();
+    EXPECT_THAT(std::string(chief.status().message()),
+                ::testing::HasSubstr("table emb has eviction"));
+  }
 
   CoordinatorOptions dense_only = Options(v1::SYNC);
   dense_only.model.clear_tables();

@@ -284,6 +284,7 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     req.set_phase(phase);
     req.set_delta_base(delta_base);
     req.set_track_changes(track_changes);
+    req.set_num_ps(placement_.num_ps());
     responses[ps].Clear();
     return transport_->SaveShards(ps, req, &responses[ps]);
   }));
@@ -359,6 +360,22 @@ absl::Status ParameterClient::SetFailedOver(const std::vector<int>& failed_over)
   failed_over_ = std::move(failed);
   routes_generation_.fetch_add(1);
   return absl::OkStatus();
+}
+
+int64_t ParameterClient::TablePartsPerTable() const {
+  std::vector<char> failed;
+  RoutesSnapshot(&failed);
+  if (failed.empty()) return num_ps();
+  std::set<std::pair<int, int>> taken_over;  // (failed-over primary, the task that took over)
+  int64_t live = 0;
+  for (int ps = 0; ps < num_ps(); ++ps) live += failed[ps] ? 0 : 1;
+  for (int v = 0; v < placement_.virtual_shard_to_ps_size() &&
+                  v < placement_.virtual_shard_to_backup_ps_size();
+       ++v) {
+    const int primary = placement_.virtual_shard_to_ps(v);
+    if (failed[primary]) taken_over.insert({primary, placement_.virtual_shard_to_backup_ps(v)});
+  }
+  return live + static_cast<int64_t>(taken_over.size());
 }
 
 std::vector<int> ParameterClient::failed_over() const {
@@ -562,40 +579,169 @@ int64_t ParameterClient::KeysPerPart(int64_t dim) const {
 absl::Status ParameterClient::PullRows(const std::string& table, const int64_t* keys, int64_t n,
                                        float* out, int64_t step) {
   PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
-  const int64_t dim = spec->dim();
-  KeyRoutes routes = RouteKeys(*spec, keys, n);
+  // Planned again when a task fails over while the pull waits for it.
+  std::vector<char> failed;
+  for (;;) {
+    const int64_t routes = RoutesSnapshot(&failed);
+    absl::Status s = failed.empty() ? PullRowsOwned(*spec, keys, n, out, step, routes)
+                                    : PullRowsRouted(*spec, keys, n, out, step, failed, routes);
+    if (s.code() != absl::StatusCode::kAborted || !RoutesChanged(routes)) return s;
+  }
+}
+
+absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* keys, int64_t n,
+                                       const float* grads, int64_t step, PushTicket* ticket) {
+  PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
+  // The ids of every part of every primary's request, kept across attempts and replans.
+  PushTicket local;
+  if (ticket == nullptr) ticket = &local;
+  std::vector<char> failed;
+  for (;;) {
+    const int64_t routes = RoutesSnapshot(&failed);
+    absl::Status s = failed.empty()
+                         ? PushRowsOwned(*spec, keys, n, grads, step, ticket, routes)
+                         : PushRowsRouted(*spec, keys, n, grads, step, ticket, failed, routes);
+    if (s.code() != absl::StatusCode::kAborted || !RoutesChanged(routes)) return s;
+  }
+}
+
+ParameterClient::SparsePlan ParameterClient::PlanSparse(const v1::TableSpec& table,
+                                                        const int64_t* keys, int64_t n,
+                                                        const std::vector<char>& failed) const {
+  SparsePlan plan;
+  const int32_t num_virtual_shards = placement_.virtual_shard_to_ps_size();
+  const int64_t per_part = KeysPerPart(table.dim());
+  std::vector<int64_t> rank(static_cast<size_t>(num_ps()), 0);  // keys of each primary so far
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t v = VirtualShardOfTableKey(keys[i], table.vocabulary_size(), num_virtual_shards);
+    const int primary = placement_.virtual_shard_to_ps(v);
+    const int backup = v < placement_.virtual_shard_to_backup_ps_size()
+                           ? placement_.virtual_shard_to_backup_ps(v)
+                           : -1;
+    const int route = failed[primary] && backup >= 0 ? num_ps() * (1 + primary) + backup : primary;
+    const int part = static_cast<int>(rank[primary]++ / per_part);
+    std::vector<SparsePart>& parts = plan.parts[route];
+    if (parts.empty() || parts.back().part != part) parts.push_back(SparsePart{part, {}});
+    parts.back().positions.push_back(i);
+  }
+  for (int ps = 0; ps < num_ps(); ++ps) {
+    if (rank[ps] > 0) plan.num_parts[ps] = static_cast<int>((rank[ps] + per_part - 1) / per_part);
+  }
+  return plan;
+}
+
+absl::Status ParameterClient::PullRowsRouted(const v1::TableSpec& table, const int64_t* keys,
+                                             int64_t n, float* out, int64_t step,
+                                             const std::vector<char>& failed, int64_t routes) {
+  const int64_t dim = table.dim();
+  const SparsePlan plan = PlanSparse(table, keys, n, failed);
+  std::vector<int> route_keys;
+  for (const auto& [route, parts] : plan.parts) route_keys.push_back(route);
+  return ForEachPs(
+      route_keys,
+      [&](int route) -> absl::Status {
+        const int ps = TaskOf(route);
+        for (const SparsePart& part : plan.parts.at(route)) {
+          const int64_t count = static_cast<int64_t>(part.positions.size());
+          std::vector<int64_t> my_keys(count);
+          std::vector<float> rows(count * dim);
+          GatherKeys(keys, part.positions.data(), count, my_keys.data());
+          PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table.name(), my_keys.data(), count, dim,
+                                                    options_.wire_dtype, step, rows.data()));
+          ScatterRows(rows.data(), part.positions.data(), count, dim, out);
+        }
+        return absl::OkStatus();
+      },
+      /*push=*/false, routes);
+}
+
+absl::Status ParameterClient::PushRowsRouted(const v1::TableSpec& table, const int64_t* keys,
+                                             int64_t n, const float* grads, int64_t step,
+                                             PushTicket* ticket, const std::vector<char>& failed,
+                                             int64_t routes) {
+  const int64_t dim = table.dim();
+  const SparsePlan plan = PlanSparse(table, keys, n, failed);
+  // Each primary's part ids as its first attempt drew them (or drawn now): a task that took
+  // a failed-over primary's keys over recognises the parts that primary forwarded before it
+  // died, and applies the others once.
+  for (const auto& [primary, parts] : plan.num_parts) {
+    std::vector<v1::RequestId>& ids = ticket->ids[primary];
+    while (static_cast<int>(ids.size()) < parts) ids.push_back(NextRequestId());
+  }
+  std::vector<int> route_keys;
+  for (const auto& [route, parts] : plan.parts) route_keys.push_back(route);
+  return ForEachPs(
+      route_keys,
+      [&](int route) -> absl::Status {
+        const int ps = TaskOf(route);
+        const std::vector<v1::RequestId>& ids = ticket->ids.at(PrimaryOf(route));
+        PushMeta meta;
+        meta.wire_dtype = options_.wire_dtype;
+        meta.step = step;
+        meta.worker = options_.worker;
+        meta.num_parts = static_cast<int32_t>(ids.size());
+        for (const SparsePart& part : plan.parts.at(route)) {
+          meta.part = part.part;
+          meta.request_id = ids[part.part];
+          v1::PushSparseResponse resp;
+          PS_RETURN_IF_ERROR(WithRetries(
+              ps,
+              [&] {
+                resp.Clear();
+                return transport_->PushSparseGather(ps, table.name(), keys, part.positions.data(),
+                                                    static_cast<int64_t>(part.positions.size()),
+                                                    dim, grads, meta, &resp);
+              },
+              /*push=*/true, routes));
+          if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
+        }
+        return absl::OkStatus();
+      },
+      /*push=*/true, routes);
+}
+
+absl::Status ParameterClient::PullRowsOwned(const v1::TableSpec& spec, const int64_t* keys,
+                                            int64_t n, float* out, int64_t step,
+                                            int64_t generation) {
+  const std::string& table = spec.name();
+  const int64_t dim = spec.dim();
+  KeyRoutes routes = RouteKeys(spec, keys, n);
   GroupPositions(n, &routes);
   std::vector<int> tasks;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
     if (routes.size(ps) > 0) tasks.push_back(ps);
   }
   const int64_t per_part = KeysPerPart(dim);
-  return ForEachPs(tasks, [&](int ps) -> absl::Status {
-    const int64_t* pos = routes.of(ps);
-    const int64_t m = routes.size(ps);
-    if (m == n && m <= per_part) {
-      return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
-    }
-    // Not value-initialized: every element is written before it is read.
-    const int64_t most = std::min(m, per_part);
-    std::unique_ptr<int64_t[]> my_keys(new int64_t[static_cast<size_t>(most)]);
-    std::unique_ptr<float[]> rows(new float[static_cast<size_t>(most * dim)]);
-    for (int64_t begin = 0; begin < m; begin += per_part) {
-      const int64_t count = std::min(per_part, m - begin);
-      GatherKeys(keys, pos + begin, count, my_keys.get());
-      PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.get(), count, dim,
-                                                options_.wire_dtype, step, rows.get()));
-      ScatterRows(rows.get(), pos + begin, count, dim, out);
-    }
-    return absl::OkStatus();
-  });
+  return ForEachPs(
+      tasks,
+      [&](int ps) -> absl::Status {
+        const int64_t* pos = routes.of(ps);
+        const int64_t m = routes.size(ps);
+        if (m == n && m <= per_part) {
+          return transport_->PullSparse(ps, table, keys, n, dim, options_.wire_dtype, step, out);
+        }
+        // Not value-initialized: every element is written before it is read.
+        const int64_t most = std::min(m, per_part);
+        std::unique_ptr<int64_t[]> my_keys(new int64_t[static_cast<size_t>(most)]);
+        std::unique_ptr<float[]> rows(new float[static_cast<size_t>(most * dim)]);
+        for (int64_t begin = 0; begin < m; begin += per_part) {
+          const int64_t count = std::min(per_part, m - begin);
+          GatherKeys(keys, pos + begin, count, my_keys.get());
+          PS_RETURN_IF_ERROR(transport_->PullSparse(ps, table, my_keys.get(), count, dim,
+                                                    options_.wire_dtype, step, rows.get()));
+          ScatterRows(rows.get(), pos + begin, count, dim, out);
+        }
+        return absl::OkStatus();
+      },
+      /*push=*/false, generation);
 }
 
-absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* keys, int64_t n,
-                                       const float* grads, int64_t step, PushTicket* ticket) {
-  PS_ASSIGN_OR_RETURN(const v1::TableSpec* spec, FindTable(table));
-  const int64_t dim = spec->dim();
-  KeyRoutes routes = RouteKeys(*spec, keys, n);
+absl::Status ParameterClient::PushRowsOwned(const v1::TableSpec& spec, const int64_t* keys,
+                                            int64_t n, const float* grads, int64_t step,
+                                            PushTicket* ticket, int64_t generation) {
+  const std::string& table = spec.name();
+  const int64_t dim = spec.dim();
+  KeyRoutes routes = RouteKeys(spec, keys, n);
   std::vector<int> tasks;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
     if (routes.size(ps) > 0) tasks.push_back(ps);
@@ -603,8 +749,6 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
   const int64_t per_part = KeysPerPart(dim);
   // The ids of every part of every ps request, drawn before anything is sent (or taken from
   // the ticket of an earlier attempt).
-  PushTicket local;
-  if (ticket == nullptr) ticket = &local;
   std::map<int, std::vector<v1::RequestId>>& ids = ticket->ids;
   bool one_part_each = true;
   for (int ps : tasks) {
@@ -667,12 +811,12 @@ absl::Status ParameterClient::PushRows(const std::string& table, const int64_t* 
                 return transport_->PushSparseGather(ps, table, keys, routes.of(ps) + begin, count,
                                                     dim, grads, meta, &resp);
               },
-              /*push=*/true));
+              /*push=*/true, generation));
           if (resp.duplicate()) duplicate_pushes_.fetch_add(1);
         }
         return absl::OkStatus();
       },
-      /*push=*/true);
+      /*push=*/true, generation);
 }
 
 absl::StatusOr<v1::ListShardsResponse> ParameterClient::ListShards(int ps, bool include_backups) {

@@ -165,6 +165,9 @@ class ParameterClient {
   // of range or a placement without backups. Thread-safe.
   absl::Status SetFailedOver(const std::vector<int>& failed_over);
   std::vector<int> failed_over() const;
+  // How many parts of each table a whole checkpoint has (SaveShards): one per ps task, but a
+  // failed-over task's is written by the tasks that took its virtual shards over, one each.
+  int64_t TablePartsPerTable() const;
   // Tells task `ps` that task `failed` died (the chief's part of a failover: see
   // ParameterServer.FailOverPs), with the same retries.
   absl::Status FailOverPs(int ps, int failed, v1::FailOverPsResponse* response);
@@ -247,6 +250,36 @@ class ParameterClient {
   };
   KeyRoutes RouteKeys(const v1::TableSpec& table, const int64_t* keys, int64_t n) const;
   static void GroupPositions(int64_t n, KeyRoutes* routes);
+  // The sparse calls while no task is failed over (`routes`: RoutesSnapshot's generation; a
+  // call waiting on a task gives up with ABORTED once that changes).
+  absl::Status PullRowsOwned(const v1::TableSpec& table, const int64_t* keys, int64_t n, float* out,
+                             int64_t step, int64_t routes);
+  absl::Status PushRowsOwned(const v1::TableSpec& table, const int64_t* keys, int64_t n,
+                             const float* grads, int64_t step, PushTicket* ticket, int64_t routes);
+  // A sparse call planned around failed-over tasks: a key of a failed-over primary goes to the
+  // task backing up its virtual shard. `parts[route key]`: the requests of that route (a
+  // RouteKey as for dense partitions: the primary's index, or the pair primary and backup),
+  // each the positions of its keys in the caller's order and the part of the primary's
+  // request those keys belong to (the parts as PushRowsOwned cuts them: the primary's keys in
+  // order, KeysPerPart at a time), so that each carries its part's request id.
+  struct SparsePart {
+    int part = 0;
+    std::vector<int64_t> positions;
+  };
+  struct SparsePlan {
+    std::map<int, std::vector<SparsePart>> parts;
+    std::map<int, int> num_parts;  // by primary
+  };
+  SparsePlan PlanSparse(const v1::TableSpec& table, const int64_t* keys, int64_t n,
+                        const std::vector<char>& failed) const;
+  absl::Status PullRowsRouted(const v1::TableSpec& table, const int64_t* keys, int64_t n,
+                              float* out, int64_t step, const std::vector<char>& failed,
+                              int64_t routes);
+  absl::Status PushRowsRouted(const v1::TableSpec& table, const int64_t* keys, int64_t n,
+                              const float* grads, int64_t step, PushTicket* ticket,
+                              const std::vector<char>& failed, int64_t routes);
+  // The primary whose store a route key's requests reach.
+  int PrimaryOf(int key) const { return key < num_ps() ? key : key / num_ps() - 1; }
 
   const v1::ModelSpec model_;
   const v1::Placement placement_;

@@ -138,20 +138,30 @@ ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
   return nullptr;
 }
 
+ParameterStore* BackupStores::ServingSparse(const std::string& table, int64_t key) const {
+  if (!any_promoted_.load(std::memory_order_relaxed)) return nullptr;
+  absl::MutexLock lock(&mu_);
+  for (int primary : promoted_) {
+    auto it = stores_.find(primary);
+    if (it != stores_.end() && it->second->HoldsTableKey(table, key)) return it->second.get();
+  }
+  return nullptr;
+}
+
 void BackupStores::RenewLease(absl::Time until) {
   const int64_t nanos = absl::ToUnixNanos(until);
   int64_t seen = lease_until_nanos_.load();
   while (nanos > seen && !lease_until_nanos_.compare_exchange_weak(seen, nanos)) {
   }
   if (nanos > absl::GetCurrentTimeNanos() && lapse_logged_.exchange(false)) {
-    LOG(WARNING) << "the chief answers again: serving dense pulls and pushes";
+    LOG(WARNING) << "the chief answers again: serving pulls and pushes";
   }
 }
 
 void BackupStores::Fence() {
   if (!fenced_.exchange(true)) {
     LOG(WARNING) << "the chief failed this ps task over: its shards are served by their backups; "
-                    "refusing dense pulls and pushes from now on ("
+                    "refusing pulls and pushes from now on ("
                  << (pushes_applied_ ? pushes_applied_() : -1)
                  << " pushes applied to its own shards)";
   }
@@ -170,14 +180,14 @@ absl::Status BackupStores::CheckLease() const {
     if (!lapse_logged_.exchange(true)) {
       LOG(WARNING) << "the lease from the chief ran out "
                    << absl::FormatDuration(absl::Nanoseconds(now - until))
-                   << " ago: refusing dense pulls and pushes until it answers ("
+                   << " ago: refusing pulls and pushes until it answers ("
                    << (pushes_applied_ ? pushes_applied_() : -1)
                    << " pushes applied to this task's own shards)";
     }
     return absl::UnavailableError(absl::StrCat(
         "this ps task has not heard from the chief for ",
         absl::FormatDuration(absl::Nanoseconds(now - until)),
-        " past its lease: it may have been failed over, so it serves no dense pull or push until "
+        " past its lease: it may have been failed over, so it serves no pull or push until "
         "the chief answers again"));
   }
   return absl::OkStatus();
@@ -219,13 +229,13 @@ int64_t BackupStores::HeldBytes(int except_primary) const {
   return held;
 }
 
-std::vector<ParameterStore*> BackupStores::Promoted() const {
-  std::vector<ParameterStore*> out;
+std::vector<AdoptedStore> BackupStores::Promoted() const {
+  std::vector<AdoptedStore> out;
   if (!any_promoted_.load(std::memory_order_relaxed)) return out;
   absl::MutexLock lock(&mu_);
   for (int primary : promoted_) {
     auto it = stores_.find(primary);
-    if (it != stores_.end()) out.push_back(it->second.get());
+    if (it != stores_.end()) out.push_back(AdoptedStore{primary, it->second.get()});
   }
   return out;
 }

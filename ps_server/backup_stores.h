@@ -65,7 +65,7 @@ class BackupStores {
   absl::Status Restore(const v1::RestoreShardsRequest& request);
   // The stores this task serves as their primary since a failover (Promote): what its saves
   // cover beside its own shards.
-  std::vector<ParameterStore*> Promoted() const;
+  std::vector<AdoptedStore> Promoted() const;
 
   // One memory budget (ParameterStoreOptions::memory_budget_bytes) for the task: `own` (the
   // task's own store, which must outlive this object) and every backup store count what the
@@ -96,10 +96,22 @@ class BackupStores {
     return promoted != nullptr ? promoted : own;
   }
 
+  // The promoted store whose part of `table` owns `key`, or null. One atomic load while nothing
+  // is promoted.
+  ParameterStore* ServingSparse(const std::string& table, int64_t key) const;
+  // Where a worker's sparse pull or push of `keys` goes: the promoted store owning the first
+  // key, else `own`. Clients send the keys of a failed-over primary's virtual shards in
+  // requests of their own, one per task that took them over.
+  ParameterStore* SparseStore(ParameterStore* own, const std::string& table, const int64_t* keys,
+                              int64_t n) const {
+    ParameterStore* promoted = n == 0 ? nullptr : ServingSparse(table, keys[0]);
+    return promoted != nullptr ? promoted : own;
+  }
+
   // Fencing (docs/replication.md). Once a CreateShards asked for replication 2 (SetReplicated),
-  // the task serves dense pulls and pushes only while its lease from the chief runs: until
-  // three quarters of the chief's heartbeat timeout after the last answered heartbeat was sent
-  // (RenewLease), so that it has stopped before the chief can count it lost and fail it over;
+  // the task serves pulls and pushes (dense and sparse) only while its lease from the chief runs:
+  // until three quarters of the chief's heartbeat timeout after the last answered heartbeat was
+  // sent (RenewLease), so that it has stopped before the chief can count it lost and fail it over;
   // and never again once the chief said it was failed over (Fence). CheckLease: OK, or
   // UNAVAILABLE naming why (the caller retries, and looks up where the shards are now).
   void SetReplicated() { replicated_.store(true); }

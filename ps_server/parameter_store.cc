@@ -156,6 +156,12 @@ bool ParameterStore::HoldsDense(const v1::ShardRef& ref) const {
   return dense_.count({ref.variable(), ref.partition()}) > 0;
 }
 
+bool ParameterStore::HoldsTableKey(const std::string& table, int64_t key) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tables_.find(table);
+  return it != tables_.end() && it->second.table->OwnsKey(key);
+}
+
 absl::StatusOr<ParameterStore::Table> ParameterStore::FindTable(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
   PS_RETURN_IF_ERROR(CheckNotHeldLocked());
@@ -1168,7 +1174,7 @@ ShardSet ParameterStore::Shards() const {
 
 absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
                                   v1::SaveShardsResponse* response,
-                                  const std::vector<ParameterStore*>& adopted) {
+                                  const std::vector<AdoptedStore>& adopted) {
   if (request.phase() == v1::SAVE_PREPARE) {
     PS_RETURN_IF_ERROR(Fence(request.chief_epoch(), "SaveShards"));
     {
@@ -1219,14 +1225,33 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   // The checkpoint holds every complete step (the workers are held at a step boundary).
   SettleAll();
   ShardSet shards = Shards();
-  // The adopted stores' pushes are held too (theirs before this store's, the only place that
-  // holds two barriers), so the cut is one moment of every shard this task serves.
+  // The adopted stores' table parts first, each cut on its own (an incremental cut they cannot
+  // make fails here, before anything of this store is marked), to be written to a part of
+  // their own: their tables have the names of this store's.
+  std::vector<std::pair<int32_t, ShardCut>> adopted_cuts;  // (part index, cut)
+  for (const AdoptedStore& a : adopted) {
+    a.store->SettleAll();
+    ShardSet tables;
+    tables.tables = a.store->Shards().tables;
+    if (tables.tables.empty()) continue;
+    if (request.num_ps() <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SaveShards: this ps task serves table parts of ps:", a.primary,
+          " since a failover, and the request does not say how many ps tasks the cluster has "
+          "(num_ps), which names their part"));
+    }
+    PS_ASSIGN_OR_RETURN(ShardCut c,
+                        CutShardSet(tables, &a.store->apply_barrier_, nullptr, cut_options));
+    adopted_cuts.emplace_back(request.num_ps() * (1 + a.primary) + request.ps_index(),
+                              std::move(c));
+  }
+  // The adopted stores' dense pushes are held too (theirs before this store's, the only place
+  // that holds two barriers), so the cut is one moment of every dense shard this task serves.
   std::vector<std::unique_ptr<absl::MutexLock>> adopted_held;
-  for (ParameterStore* store : adopted) {
-    store->SettleAll();
-    const ShardSet theirs = store->Shards();
+  for (const AdoptedStore& a : adopted) {
+    const ShardSet theirs = a.store->Shards();
     shards.dense.insert(shards.dense.end(), theirs.dense.begin(), theirs.dense.end());
-    adopted_held.push_back(std::make_unique<absl::MutexLock>(&store->apply_barrier_));
+    adopted_held.push_back(std::make_unique<absl::MutexLock>(&a.store->apply_barrier_));
   }
   absl::StatusOr<ShardCut> cut_or = CutShardSet(shards, &apply_barrier_, &prepared_, cut_options);
   adopted_held.clear();
@@ -1235,23 +1260,38 @@ absl::Status ParameterStore::Save(const v1::SaveShardsRequest& request,
   // The tables record their changes from this cut on only when asked to.
   last_cut_ = cut_options.track_changes ? std::filesystem::path(checkpoint_path).filename().string()
                                         : std::string();
+  // This task's part, then the adopted table parts, each a part of its own.
+  auto write = [this, checkpoint_path, ps_index = request.ps_index()](
+                   ShardCut own, std::vector<std::pair<int32_t, ShardCut>> others,
+                   v1::SaveShardsResponse* written) -> absl::Status {
+    PS_RETURN_IF_ERROR(WriteShardCut(std::move(own), checkpoint_path, ps_index,
+                                     options_.crash_points, written, &apply_pool_));
+    for (auto& [index, other] : others) {
+      v1::SaveShardsResponse part;
+      PS_RETURN_IF_ERROR(
+          WriteShardCut(std::move(other), checkpoint_path, index, nullptr, &part, &apply_pool_));
+      written->mutable_shards()->MergeFrom(part.shards());
+      written->set_bytes(written->bytes() + part.bytes());
+      written->set_micros(written->micros() + part.micros());
+      written->set_cut_micros(written->cut_micros() + part.cut_micros());
+    }
+    return absl::OkStatus();
+  };
   if (request.phase() != v1::SAVE_CUT) {
-    return WriteShardCut(std::move(cut), checkpoint_path, request.ps_index(), options_.crash_points,
-                         response, &apply_pool_);
+    return write(std::move(cut), std::move(adopted_cuts), response);
   }
   response->set_cut_micros(absl::ToInt64Microseconds(cut.held));
   save_ = BackgroundSave{checkpoint_path, false, absl::OkStatus(), {}};
-  save_thread_ = std::thread(
-      [this, cut = std::move(cut), checkpoint_path, ps_index = request.ps_index()]() mutable {
-        v1::SaveShardsResponse written;
-        absl::Status s = WriteShardCut(std::move(cut), checkpoint_path, ps_index,
-                                       options_.crash_points, &written, &apply_pool_);
-        if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
-        absl::MutexLock lock(&save_mu_);
-        save_.done = true;
-        save_.status = std::move(s);
-        save_.response = std::move(written);
-      });
+  save_thread_ = std::thread([this, write, cut = std::move(cut),
+                              adopted_cuts = std::move(adopted_cuts), checkpoint_path]() mutable {
+    v1::SaveShardsResponse written;
+    absl::Status s = write(std::move(cut), std::move(adopted_cuts), &written);
+    if (!s.ok()) LOG(WARNING) << "the save of " << checkpoint_path << " failed: " << s;
+    absl::MutexLock lock(&save_mu_);
+    save_.done = true;
+    save_.status = std::move(s);
+    save_.response = std::move(written);
+  });
   return absl::OkStatus();
 }
 

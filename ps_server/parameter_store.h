@@ -31,6 +31,15 @@
 
 namespace pscluster {
 
+class ParameterStore;
+
+// A store of another task's shards that this task serves as their primary since that task
+// failed over (replication 2): what its saves cover beside its own.
+struct AdoptedStore {
+  int primary = -1;  // the failed-over task
+  ParameterStore* store = nullptr;
+};
+
 // A push's pipelined forwards, one stream per backup task (ParameterStore::OpenForwardStreams).
 class PushStreams {
  public:
@@ -180,11 +189,12 @@ class ParameterStore {
   // holding anything: before answering (SAVE_WHOLE), or in the background after answering
   // (SAVE_CUT), its result answered by SAVE_AWAIT (see SaveShardsRequest.phase). One save is
   // written at a time. SAVE_PREPARE makes the memory the next cut copies the tables into.
-  // `adopted`: other stores whose dense shards this task serves as their primary since a
-  // failover (replication 2, BackupStores::Promoted); theirs join the cut and the part, their
-  // pushes held with this store's.
+  // `adopted`: other stores whose shards this task serves as their primary since a failover
+  // (replication 2, BackupStores::Promoted). Their dense shards join the cut and the part,
+  // their pushes held with this store's; their table parts are cut each on its own (before
+  // this store's) and written as parts of their own (SaveShardsRequest.num_ps).
   absl::Status Save(const v1::SaveShardsRequest& request, v1::SaveShardsResponse* response,
-                    const std::vector<ParameterStore*>& adopted = {});
+                    const std::vector<AdoptedStore>& adopted = {});
 
   // Replaces the values of the shards this task holds with a checkpoint's (see
   // RestoreShardsRequest): dense rows from the overlapping saved partitions, table rows whose
@@ -196,6 +206,9 @@ class ParameterStore {
   v1::ListShardsResponse ListShards() const;
   // Whether this store holds dense shard `ref` (held for a restore or not).
   bool HoldsDense(const v1::ShardRef& ref) const;
+  // Whether this store's part of `table` owns `key` (EmbeddingTable::OwnsKey); false for a
+  // table it does not hold.
+  bool HoldsTableKey(const std::string& table, int64_t key) const;
   // Failover (issue 37): ps task `backup` died. The dense shards backed up there are forwarded
   // no more, nor are forwards to it that earlier pushes still owe (their retries are answered
   // without them). Returns how many shards had their backup there.

@@ -257,12 +257,14 @@ grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverP
 grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSparseRequest* req,
                                    v1::PullSparseResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PullSparse"));
+  if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
   std::vector<int64_t> key_copy;
   int64_t n = 0;
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
   if (!keys.ok()) return ToGrpcStatus(keys.status());
   std::vector<float> rows;
-  if (absl::Status s = store_->PullSparse(*req, *keys, n, &rows); !s.ok()) return ToGrpcStatus(s);
+  ParameterStore* store = backups_.SparseStore(store_, req->table(), *keys, n);
+  if (absl::Status s = store->PullSparse(*req, *keys, n, &rows); !s.ok()) return ToGrpcStatus(s);
   const v1::DataType wire = WireOrFloat(req->wire_dtype());
   // The store already checked the dtype.
   const int elem_bytes = WireBytesPerElement(wire).value_or(4);
@@ -276,11 +278,13 @@ grpc::Status PsService::PushSparse(grpc::ServerContext* ctx, const v1::PushSpars
                                    v1::PushSparseResponse* resp) {
   const v1::TaskId pusher = WorkerTask(req->worker());
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PushSparse", &pusher));
+  if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
   std::vector<int64_t> key_copy;
   int64_t n = 0;
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
   if (!keys.ok()) return ToGrpcStatus(keys.status());
-  return ToGrpcStatus(store_->PushSparse(*req, *keys, n, req->gradients(), resp));
+  ParameterStore* store = backups_.SparseStore(store_, req->table(), *keys, n);
+  return ToGrpcStatus(store->PushSparse(*req, *keys, n, req->gradients(), resp));
 }
 
 grpc::Status PsService::ListShards(grpc::ServerContext* ctx, const v1::ListShardsRequest* req,

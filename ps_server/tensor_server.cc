@@ -102,11 +102,18 @@ class TensorServer::Connection {
     return true;
   }
 
-  // Whether this task may serve dense pulls and pushes now (BackupStores::CheckLease).
+  // Whether this task may serve pulls and pushes now (BackupStores::CheckLease).
   absl::Status Lease() const {
     return options_.backups == nullptr ? absl::OkStatus() : options_.backups->CheckLease();
   }
 
+  // The store a sparse pull or push of the n keys read into keys_ goes to
+  // (BackupStores::SparseStore).
+  ParameterStore* SparseStore(const std::string& table, int64_t n) const {
+    return options_.backups == nullptr
+               ? store_
+               : options_.backups->SparseStore(store_, table, keys_.data(), n);
+  }
   // The store a dense pull or push of `shards` goes to (BackupStores::DenseStore).
   ParameterStore* DenseStore(const google::protobuf::RepeatedPtrField<v1::ShardRef>& shards) const {
     return options_.backups == nullptr ? store_ : options_.backups->DenseStore(store_, shards);
@@ -338,6 +345,7 @@ class TensorServer::Connection {
     if (absl::Status s = Allowed("ParameterServer.PullSparse"); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
+    if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
     if (absl::Status s = CheckSparsePayload(request, request.payload_bytes); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
@@ -346,7 +354,7 @@ class TensorServer::Connection {
     if (!socket_.ReadExact(keys_.data(), n * sizeof(int64_t), options_.io_timeout).ok()) {
       return false;
     }
-    absl::Status s = store_->PullSparse(req, keys_.data(), n, &rows_);
+    absl::Status s = SparseStore(req.table(), n)->PullSparse(req, keys_.data(), n, &rows_);
     if (!s.ok()) return Respond(request, s, "", nullptr, 0);
     const v1::DataType wire = WireOrFloat(req.wire_dtype());
     const int64_t count = static_cast<int64_t>(rows_.size());
@@ -369,6 +377,7 @@ class TensorServer::Connection {
     if (absl::Status s = Allowed("ParameterServer.PushSparse", &worker); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
+    if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
     const int64_t n = req.num_keys();
     absl::Status s = CheckSparsePayload(request, 0);
     if (s.ok() && (n < 0 || static_cast<uint64_t>(n) > request.payload_bytes / sizeof(int64_t))) {
@@ -385,9 +394,10 @@ class TensorServer::Connection {
     grads_.resize((grad_bytes + sizeof(float) - 1) / sizeof(float));
     if (!socket_.ReadExact(grads_.data(), grad_bytes, options_.io_timeout).ok()) return false;
     v1::PushSparseResponse resp;
-    s = store_->PushSparse(
-        req, keys_.data(), n,
-        absl::string_view(reinterpret_cast<const char*>(grads_.data()), grad_bytes), &resp);
+    s = SparseStore(req.table(), n)
+            ->PushSparse(
+                req, keys_.data(), n,
+                absl::string_view(reinterpret_cast<const char*>(grads_.data()), grad_bytes), &resp);
     return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
   }
 

@@ -2,12 +2,13 @@
 // and clients in this process pushing as workers do. One ps task is killed with SIGKILL while
 // they push, at a point that varies from run to run; the chief promotes its partitions'
 // backups, the clients follow the new routes, and every push a client got an answer for is in
-// the final model exactly once.
+// the final model exactly once: in its dense variables and in its embedding table's rows.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "sharding/sparse_hash.h"
+#include "testing/model_snapshot.h"
 #include "testing/test_cluster.h"
 
 namespace pscluster {
@@ -31,9 +34,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// SGD at rate 1 from zero: a variable's final value is minus the sum of the gradients applied
-// to it, exactly (small integers in float). "w" is 64 rows of 64 bytes, cut into four
-// partitions of 16 rows (--max_partition_bytes=1024) over the three tasks.
+// SGD at rate 1 from zero: a variable's (or a row's) final value is minus the sum of the
+// gradients applied to it, exactly (small integers in float). "w" is 64 rows of 64 bytes, cut
+// into four partitions of 16 rows (--max_partition_bytes=1024) over the three tasks; the
+// table's virtual shards are spread over them too, each backed up on another task.
 constexpr char kModel[] = R"pb(
   variables {
     name: "w"
@@ -47,15 +51,29 @@ constexpr char kModel[] = R"pb(
     initializer { kind: CONSTANT value: 0 }
     optimizer { sgd { learning_rate: 1 } }
   }
+  tables {
+    name: "emb"
+    dim: 4
+    initializer { kind: CONSTANT value: 0 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
 )pb";
+
+// The rows every push names: spread over every virtual shard, so over every task.
+std::vector<int64_t> TableKeys() {
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < 300; ++i) keys.push_back(i * 7919 + 3);
+  return keys;
+}
 
 constexpr int kNumPs = 3;
 constexpr int kClients = 2;
 constexpr int kPushesPerClient = 150;
 
 // Three ps tasks with --replication=2 under a chief serving kModel, with heartbeats every
-// 100 ms and a task lost after 1 s without one.
-std::unique_ptr<TestCluster> StartReplicated() {
+// 100 ms and a task lost after 1 s without one. Checkpoints (under `checkpoint_dir`, when
+// given) only when asked for.
+std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "") {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
   std::ofstream(model_path) << kModel;
   TestClusterOptions options;
@@ -64,6 +82,10 @@ std::unique_ptr<TestCluster> StartReplicated() {
   options.flags["chief"] = {"--model_spec=" + model_path, "--max_partition_bytes=1024",
                             "--replication=2", "--heartbeat_interval_ms=100",
                             "--heartbeat_timeout_ms=1000"};
+  if (!checkpoint_dir.empty()) {
+    options.flags["chief"].push_back("--checkpoint_dir=" + checkpoint_dir);
+    options.flags["chief"].push_back("--checkpoint_every_secs=0");
+  }
   absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
   CHECK(started.ok()) << started.status();
   return *std::move(started);
@@ -103,7 +125,9 @@ class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
 TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce) {
   const int killed = GetParam().ps;
   const std::string name = absl::StrCat("ps:", killed);
-  std::unique_ptr<TestCluster> started = StartReplicated();
+  const std::string checkpoint_dir =
+      absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-", killed, "-", GetParam().after);
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
   ASSERT_EQ(m.placement().options().replication(), 2);
@@ -113,6 +137,15 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
     on_killed += p.ps_task() == killed;
   }
   ASSERT_GT(on_killed, 0) << name << " holds no partition: nothing to fail over";
+  const std::vector<int64_t> keys = TableKeys();
+  {
+    std::set<int> tasks;  // the primaries of the rows pushed
+    const int32_t shards = m.placement().virtual_shard_to_ps_size();
+    for (int64_t key : keys) {
+      tasks.insert(m.placement().virtual_shard_to_ps(VirtualShardOfTableKey(key, 0, shards)));
+    }
+    ASSERT_EQ(tasks.size(), static_cast<size_t>(kNumPs)) << "the rows do not reach every task";
+  }
 
   // Bad input first: a task told that it died itself, or a task index below 0, changes nothing.
   {
@@ -128,8 +161,8 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
     EXPECT_TRUE(admin->GetStatus(0).ok());
   }
 
-  // Client c pushes c + 1 into every element, kPushesPerClient times, each push until it is
-  // answered (its ticket keeps its request ids across attempts).
+  // Client c pushes c + 1 into every element and every row, kPushesPerClient times, each push
+  // until it is answered (its ticket keeps its request ids across attempts).
   std::atomic<int> answered{0};
   absl::Mutex times_mu;
   std::vector<absl::Time> answered_at;  // every answer, for the pause the failover made
@@ -139,12 +172,19 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
     threads.emplace_back([&, c] {
       std::unique_ptr<ParameterClient> client = ClientFor(m, c);
       const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
+      const std::vector<float> grows(keys.size() * 4, c + 1.0f);
       for (int i = 0; i < kPushesPerClient; ++i) {
-        PushTicket ticket;
+        PushTicket ticket, rows_ticket;
         const absl::Time deadline = absl::Now() + absl::Seconds(60);
         absl::Status s;
         while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
           if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+          FollowFailovers(cluster, *client);
+        }
+        while (s.ok()) {
+          s = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i, &rows_ticket);
+          if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+          s = absl::OkStatus();  // again, after a look at the routes
           FollowFailovers(cluster, *client);
         }
         if (!s.ok()) {
@@ -184,8 +224,36 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
             << cluster.Logs(40);
       }
     }
+    std::vector<float> rows(keys.size() * 4);
+    ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), rows.data()).ok())
+        << cluster.Logs(40);
+    for (size_t j = 0; j < rows.size(); ++j) {
+      ASSERT_EQ(rows[j], expected) << when << ": row of key " << keys[j / 4] << "\n"
+                                   << cluster.Logs(40);
+    }
   };
   expect_exact("after the failover");
+
+  // A checkpoint after the failover is whole: the tasks that took the dead task's partitions
+  // and virtual shards over save them, and it holds every push once.
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+    v1::CheckpointResponse saved;
+    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
+    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
+    for (const auto& [part, values] : snapshot->dense) {  // values (SGD keeps no slots)
+      for (size_t j = 0; j < values.size(); ++j) {
+        ASSERT_EQ(values[j], expected) << part << "[" << j << "]";
+      }
+    }
+    for (int64_t key : keys) {
+      auto row = snapshot->rows.find({"emb", key});
+      ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
+      for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
+    }
+  }
 
   // psctl vars: each of the dead task's partitions on the task that took it over, with its
   // updates there; each partition it backed up, its backup lost.
