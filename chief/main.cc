@@ -86,10 +86,11 @@ DEFINE_int64(split_bytes, 0,
              "Variables of at least this many bytes are split into one partition per ps task, "
              "so that every ps serves a share of them (0: 256 KiB; negative: never).");
 DEFINE_int32(replication, 1,
-             "Copies of every dense partition on the ps tasks: 1, one; 2, a primary and a backup "
-             "on another task, which applies each push before the worker gets its answer and "
-             "takes over when the primary dies (docs/replication.md; any mode, models without "
-             "embedding tables so far).");
+             "Copies of every dense partition and table row on the ps tasks: 1, one; 2, a "
+             "primary and a backup on another task, which applies each push before the worker "
+             "gets its answer and takes over when the primary dies (docs/replication.md; dense "
+             "variables in any mode, embedding tables in async and SSP mode without admission or "
+             "eviction so far).");
 DEFINE_int32(num_virtual_shards, 1024, "Sparse keys hash into this many virtual shards.");
 DEFINE_string(checkpoint_dir, "",
               "Directory the checkpoints go to (created if missing; shared with every ps task's "
