@@ -942,7 +942,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       ApplyTimer timer(apply_totals_ + 2, 1);
       // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
       t.table->ObserveStep(request.step());
-      applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads, &forwards)
+      applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads,
+                                                    work.pool(), &forwards)
                            : t.table->ApplyPush(keys, n, grads, work.pool());
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
@@ -992,26 +993,39 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
                                                     const std::vector<int32_t>& backups,
                                                     const v1::PushSparseRequest& request,
                                                     const int64_t* keys, int64_t n,
-                                                    const float* grads, SparseForwards* forwards) {
+                                                    const float* grads, ThreadPool* pool,
+                                                    SparseForwards* forwards) {
   EmbeddingTable& table = *t.table;
   TableOrder& order = *t.order;
   const int64_t dim = table.dim();
   std::vector<std::vector<int64_t>> by_stripe(EmbeddingTable::kNumStripes);
   for (int64_t i = 0; i < n; ++i) by_stripe[table.StripeOf(keys[i])].push_back(i);
-  std::vector<int64_t> part_keys;
-  std::vector<float> part_grads;
-  std::map<int, std::vector<int64_t>> to;  // backup task -> positions in the stripe's part
+  std::vector<int> stripes;
   for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+    if (!by_stripe[s].empty()) stripes.push_back(s);
+  }
+  // What one stripe's part sends each backup task: its number in the stripe's order for that
+  // task, and its keys and gradients.
+  struct Group {
+    int backup = -1;
+    int64_t sequence = 0;
+    std::string keys, grads;
+  };
+  std::vector<std::vector<Group>> groups(stripes.size());
+  std::vector<absl::Status> status(stripes.size());
+  // The stripes apart from each other: each is applied and numbered under its own order lock
+  // (on the pool's threads, as an unreplicated push's stripes are).
+  const auto apply = [&](int64_t index) {
+    const int s = stripes[index];
     const std::vector<int64_t>& at = by_stripe[s];
-    if (at.empty()) continue;
     const int64_t m = static_cast<int64_t>(at.size());
-    part_keys.resize(m);
-    part_grads.resize(m * dim);
+    std::vector<int64_t> part_keys(m);
+    std::vector<float> part_grads(m * dim);
     for (int64_t j = 0; j < m; ++j) {
       part_keys[j] = keys[at[j]];
       std::memcpy(part_grads.data() + j * dim, grads + at[j] * dim, dim * sizeof(float));
     }
-    to.clear();
+    std::map<int, std::vector<int64_t>> to;  // backup task -> positions in the stripe's part
     for (int64_t j = 0; j < m; ++j) {
       const int32_t v =
           VirtualShardOfTableKey(part_keys[j], order.vocabulary_size, order.num_virtual_shards);
@@ -1020,36 +1034,68 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
     }
     TableOrder::Stripe& stripe = order.stripes[s];
     absl::MutexLock lock(&stripe.mu);
-    PS_RETURN_IF_ERROR(table.ApplyPush(part_keys.data(), m, part_grads.data()));
+    status[index] = table.ApplyPush(part_keys.data(), m, part_grads.data());
+    if (!status[index].ok()) return;
     for (const auto& [backup, positions] : to) {
-      v1::ReplicateSparseRequest& f = (*forwards)[backup];
+      Group& g = groups[index].emplace_back();
+      g.backup = backup;
+      g.sequence = ++stripe.sent[backup];
+      g.keys.resize(positions.size() * sizeof(int64_t));
+      g.grads.resize(positions.size() * dim * sizeof(float));
+      for (size_t j = 0; j < positions.size(); ++j) {
+        std::memcpy(g.keys.data() + j * sizeof(int64_t), &part_keys[positions[j]], sizeof(int64_t));
+        std::memcpy(g.grads.data() + j * dim * sizeof(float),
+                    part_grads.data() + positions[j] * dim, dim * sizeof(float));
+      }
+    }
+  };
+  if (pool != nullptr && stripes.size() > 1) {
+    pool->ForEachIndex(static_cast<int64_t>(stripes.size()), apply);
+  } else {
+    for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i));
+  }
+  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
+  // Each backup's groups in increasing stripe order, as every forward lists them: a backup
+  // waiting in one forward for a group of another never closes a cycle.
+  for (size_t index = 0; index < stripes.size(); ++index) {
+    for (Group& g : groups[index]) {
+      v1::ReplicateSparseRequest& f = (*forwards)[g.backup];
       if (f.table().empty()) {
         f.set_table(request.table());
         *f.mutable_request_id() = request.request_id();
       }
-      v1::SparseStripeGroup* g = f.add_groups();
-      g->set_stripe(s);
-      g->set_sequence(++stripe.sent[backup]);
-      g->set_count(static_cast<int64_t>(positions.size()));
-      std::string* k = f.mutable_keys();
-      std::string* r = f.mutable_gradients();
-      for (int64_t j : positions) {
-        k->append(reinterpret_cast<const char*>(&part_keys[j]), sizeof(int64_t));
-        r->append(reinterpret_cast<const char*>(part_grads.data() + j * dim), dim * sizeof(float));
-      }
+      v1::SparseStripeGroup* group = f.add_groups();
+      group->set_stripe(stripes[index]);
+      group->set_sequence(g.sequence);
+      group->set_count(static_cast<int64_t>(g.keys.size() / sizeof(int64_t)));
+      f.mutable_keys()->append(g.keys);
+      f.mutable_gradients()->append(g.grads);
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status ParameterStore::SendSparseNow(const SparseForwards& forwards) {
-  for (const auto& [backup, f] : forwards) {
-    {
-      absl::MutexLock lock(&lost_backups_mu_);
-      if (lost_backups_.count(backup) > 0) continue;  // it died: its rows have no backup now
+  std::vector<const std::pair<const int, v1::ReplicateSparseRequest>*> to_send;
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    for (const auto& entry : forwards) {
+      // A backup that died: its rows have no backup now.
+      if (lost_backups_.count(entry.first) == 0) to_send.push_back(&entry);
     }
-    PS_RETURN_IF_ERROR(options_.forwarder->ForwardSparse(backup, f));
   }
+  std::vector<absl::Status> sent(to_send.size());
+  std::vector<std::thread> others;
+  for (size_t i = 1; i < to_send.size(); ++i) {
+    others.emplace_back([&, i] {
+      sent[i] = options_.forwarder->ForwardSparse(to_send[i]->first, to_send[i]->second);
+    });
+  }
+  if (!to_send.empty()) {
+    sent[0] = options_.forwarder->ForwardSparse(to_send[0]->first, to_send[0]->second);
+  }
+  for (std::thread& t : others) t.join();
+  for (const absl::Status& s : sent) PS_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
 

@@ -300,13 +300,16 @@ class ParameterStore {
   };
   // Sparse forwards of one push, by backup task.
   using SparseForwards = std::map<int, v1::ReplicateSparseRequest>;
-  // An async push to a table with backups: applied stripe by stripe, each stripe's part under
-  // its order lock, numbered for each backup task that holds some of its keys; *forwards gets
-  // those parts. Errors as EmbeddingTable::ApplyPush.
+  // An async push to a table with backups: applied stripe by stripe (on `pool`'s threads when
+  // given), each stripe's part under its order lock, numbered for each backup task that holds
+  // some of its keys; *forwards gets those parts, in increasing stripe order. Errors as
+  // EmbeddingTable::ApplyPush.
   absl::Status ApplyPushInStripeOrder(const Table& t, const std::vector<int32_t>& backups,
                                       const v1::PushSparseRequest& request, const int64_t* keys,
-                                      int64_t n, const float* grads, SparseForwards* forwards);
-  // Sends sparse forwards (the backups lost left out); the first error.
+                                      int64_t n, const float* grads, ThreadPool* pool,
+                                      SparseForwards* forwards);
+  // Sends sparse forwards (the backups lost left out), to every backup task at once; the
+  // first error.
   absl::Status SendSparseNow(const SparseForwards& forwards);
   // Whether the store still owes forwards of the push `id` (OweForwards).
   bool Owes(const v1::RequestId& id) const;
