@@ -341,6 +341,32 @@ absl::Status TcpPsTransport::Replicate(int ps, const v1::ReplicateHeader& header
   return absl::OkStatus();
 }
 
+absl::Status TcpPsTransport::ReplicateSparse(int ps, int32_t primary_ps_task,
+                                             const v1::ReplicateSparseRequest& request,
+                                             v1::ReplicateSparseResponse* response,
+                                             bool* no_data_plane) {
+  Exchange x;
+  x.request.op = static_cast<uint16_t>(WireOp::kReplicateSparse);
+  v1::ReplicateSparseRequest meta;
+  meta.set_table(request.table());
+  *meta.mutable_request_id() = request.request_id();
+  *meta.mutable_groups() = request.groups();
+  meta.set_accepted_rows(request.accepted_rows());
+  meta.set_primary_ps_task(primary_ps_task);
+  x.meta = meta.SerializeAsString();
+  x.payload.push_back(Bytes(request.keys().data(), static_cast<int64_t>(request.keys().size())));
+  x.payload.push_back(
+      Bytes(request.gradients().data(), static_cast<int64_t>(request.gradients().size())));
+  absl::Status s = Call(ps, &x, no_data_plane);
+  if (*no_data_plane) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(s);
+  if (!response->ParseFromString(x.response_meta)) {
+    return Annotate(ps,
+                    absl::DataLossError("the forward's answer is not a ReplicateSparseResponse"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TcpPsTransport::ReplicateStream>>
 TcpPsTransport::OpenReplicateStream(int ps, const v1::ReplicateHeader& header, int64_t values) {
   bool pooled = false;

@@ -81,6 +81,12 @@ class TcpPsTransport : public PsTransport {
   absl::Status Replicate(int ps, const v1::ReplicateHeader& header,
                          const std::vector<absl::Span<const float>>& grads,
                          v1::ReplicateResponse* response, bool* no_data_plane);
+  // A primary's forward of a table push (ReplicateSparse), as from task `primary_ps_task`:
+  // `request`'s keys and gradients are sent as the payload, from its memory. *no_data_plane as
+  // for Replicate.
+  absl::Status ReplicateSparse(int ps, int32_t primary_ps_task,
+                               const v1::ReplicateSparseRequest& request,
+                               v1::ReplicateSparseResponse* response, bool* no_data_plane);
   // The same forward sent while the primary is still receiving the push (wire ops
   // ReplicateStream and ReplicateCommit, docs/wire.md): Write() the gradients as they come,
   // Commit() the versions and outcome, Await() the answer. Destroyed before an answer, it

@@ -70,6 +70,8 @@ std::string WireOpName(uint16_t op) {
       return "ReplicateStream";
     case WireOp::kReplicateCommit:
       return "ReplicateCommit";
+    case WireOp::kReplicateSparse:
+      return "ReplicateSparse";
   }
   return absl::StrCat("op ", op & ~kResponseBit);
 }

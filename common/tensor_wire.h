@@ -51,6 +51,9 @@ namespace pscluster {
 //   kReplicateCommit  ReplicateHeader (versions, accepted, dropped_stale: the rest is the
 //                 stream's); none. Answered as kReplicate. A connection closed before it
 //                 abandons the stream's forward (nothing applied)
+//   kReplicateSparse  ReplicateSparseRequest without keys or gradients (a primary's forward of
+//                 a table push to a backup task); the keys (as many as its groups count),
+//                 int64 each, then their gradients, float32
 // Responses with status 0 (meta; payload):
 //   kPullDense    none;                the shards' values, in order, in wire dtype
 //   kPushDense    PushDenseResponse;   none
@@ -58,6 +61,7 @@ namespace pscluster {
 //   kPushSparse   PushSparseResponse;  none
 //   kReplicate    ReplicateResponse;   none
 //   kReplicateCommit  ReplicateResponse; none
+//   kReplicateSparse  ReplicateSparseResponse; none
 // A response with a non-zero status has the error message (UTF-8) as meta and no payload. A
 // request the server cannot frame (bad magic, sizes over its limits) gets such a response and
 // the connection is closed; any other refused request leaves the connection usable.
@@ -69,6 +73,7 @@ enum class WireOp : uint16_t {
   kReplicate = 5,
   kReplicateStream = 6,
   kReplicateCommit = 7,
+  kReplicateSparse = 8,
 };
 constexpr uint16_t kResponseBit = 0x8000;
 constexpr uint32_t kFrameMagic = 0x31575350;  // "PSW1" read as a little-endian uint32

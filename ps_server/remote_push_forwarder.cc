@@ -184,7 +184,20 @@ std::shared_ptr<v1::ParameterServer::Stub> RemotePushForwarder::StubFor(
 
 absl::Status RemotePushForwarder::ForwardSparse(int backup,
                                                 const v1::ReplicateSparseRequest& request) {
-  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), backup);
+  std::shared_ptr<Peers> peers = this->peers();
+  if (peers != nullptr && peers->wire != nullptr && backup >= 0 &&
+      backup < static_cast<int>(peers->addresses.size())) {
+    v1::ReplicateSparseResponse response;
+    bool no_data_plane = false;
+    absl::Status s =
+        peers->wire->ReplicateSparse(backup, self_, request, &response, &no_data_plane);
+    if (!no_data_plane) {
+      PS_LOG_FIRST_N(INFO, 1) << "forwarding table updates to the backups over their tensor "
+                                 "data plane";
+      return s;
+    }
+  }
+  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers, backup);
   if (stub == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no address for backup ps:", backup,

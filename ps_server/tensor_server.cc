@@ -160,12 +160,15 @@ class TensorServer::Connection {
       case WireOp::kReplicateCommit:
         return Fatal(request, absl::InvalidArgumentError(
                                   "a ReplicateCommit without the ReplicateStream it commits"));
+      case WireOp::kReplicateSparse:
+        return ReplicateSparse(request);
     }
     return Refuse(request, request.payload_bytes,
                   absl::UnimplementedError(absl::StrCat(
                       "unknown tensor wire op ", request.op,
                       " (this ps serves PullDense 1, PushDense 2, PullSparse 3, PushSparse 4, "
-                      "Replicate 5, ReplicateStream 6 with its ReplicateCommit 7)")));
+                      "Replicate 5, ReplicateStream 6 with its ReplicateCommit 7, "
+                      "ReplicateSparse 8)")));
   }
 
   bool PullDense(const FrameHeader& request) {
@@ -276,6 +279,55 @@ class TensorServer::Connection {
       return absl::InvalidArgumentError("a Replicate request carries float32 gradients");
     }
     return store;
+  }
+
+  // A primary ps task's forward of a table push it applied, to the backups this task holds of
+  // its virtual shards (as ParameterServer.ReplicateSparse): the keys and gradients read into
+  // the request, applied by the backup store of primary_ps_task.
+  bool ReplicateSparse(const FrameHeader& request) {
+    v1::ReplicateSparseRequest req;
+    if (!req.ParseFromString(meta_)) {
+      return Refuse(request, request.payload_bytes, BadMeta("ReplicateSparseRequest"));
+    }
+    v1::TaskId primary;
+    primary.set_job("ps");
+    primary.set_index(req.primary_ps_task());
+    absl::Status s = AllowedFor("ParameterServer.ReplicateSparse", primary);
+    absl::StatusOr<ParameterStore*> store = absl::FailedPreconditionError(
+        absl::StrCat("this ps task holds no backup of ps:", req.primary_ps_task(), "'s shards"));
+    if (s.ok() && options_.backups != nullptr) {
+      store = options_.backups->ForForward(req.primary_ps_task());
+    }
+    if (s.ok()) s = store.status();
+    // Float32 gradients of (a part of) a push the primary took, perhaps in 16-bit floats.
+    const uint64_t most = 2 * static_cast<uint64_t>(options_.max_sparse_payload_bytes);
+    if (s.ok() && request.payload_bytes > most) {
+      s = absl::InvalidArgumentError(absl::StrCat("a ReplicateSparse request of ",
+                                                  request.payload_bytes, " payload bytes; at most ",
+                                                  most, " (twice a push's)"));
+    }
+    if (s.ok() && (!req.keys().empty() || !req.gradients().empty())) {
+      s = absl::InvalidArgumentError(
+          "a ReplicateSparse frame carries its keys and gradients as the payload, not in its meta");
+    }
+    int64_t n = 0;
+    for (const v1::SparseStripeGroup& g : req.groups()) n += std::max<int64_t>(g.count(), 0);
+    if (s.ok() && static_cast<uint64_t>(n) * sizeof(int64_t) > request.payload_bytes) {
+      s = absl::InvalidArgumentError(absl::StrCat("a ReplicateSparse of ", n, " keys carries only ",
+                                                  request.payload_bytes, " payload bytes"));
+    }
+    if (!s.ok()) return Refuse(request, request.payload_bytes, s);
+    std::string* keys = req.mutable_keys();
+    std::string* grads = req.mutable_gradients();
+    keys->resize(n * sizeof(int64_t));
+    grads->resize(request.payload_bytes - keys->size());
+    if (!socket_.ReadExact(keys->data(), keys->size(), options_.io_timeout).ok() ||
+        !socket_.ReadExact(grads->data(), grads->size(), options_.io_timeout).ok()) {
+      return false;
+    }
+    v1::ReplicateSparseResponse resp;
+    s = (*store)->ApplyReplicatedSparse(req, &resp);
+    return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
   }
 
   // A primary ps task's forward of the dense updates it applied, to the backups this task

@@ -586,8 +586,15 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
     EXPECT_EQ(backup.slice(), primary.slice()) << name;
     EXPECT_EQ(backup.shard().pushes(), kClients * kIterations) << name;
   }
+  // Table forwards go over the data plane where the backups serve one.
+  const bool data_plane =
+      std::find(ps_flags.begin(), ps_flags.end(), "--data_plane=false") == ps_flags.end();
   for (int ps = 0; ps < 3; ++ps) {
     EXPECT_THAT(cluster->ps(ps).LogTail(200), HasSubstr(forwarded_over)) << "ps:" << ps;
+    EXPECT_THAT(cluster->ps(ps).LogTail(200),
+                HasSubstr(data_plane ? "table updates to the backups over their tensor data plane"
+                                     : "table updates to the backups over gRPC"))
+        << "ps:" << ps;
   }
 
   // A restore takes every backup back to the checkpoint with its primary, so the forwards that

@@ -339,6 +339,27 @@ TEST_F(TlsClusterTest, TheDataPortRefusesCallersAndCallsOutsideTheirRole) {
       EXPECT_THAT(std::string(s.message()), HasSubstr(message)) << static_cast<int>(op);
     }
   }
+  // A table push's forward (op 8) likewise.
+  for (const auto& [holder, message] : std::vector<std::pair<std::string, std::string>>{
+           {"worker-0", "role worker (worker:0) may not call ParameterServer.ReplicateSparse"},
+           {"ps-0", "ps:0 may not call ParameterServer.ReplicateSparse for ps:1"}}) {
+    auto socket = DataPlaneSocket(port, Files("main", holder));
+    ASSERT_TRUE(socket.ok()) << socket.status();
+    v1::ReplicateSparseRequest forward;
+    forward.set_primary_ps_task(holder == "worker-0" ? 0 : 1);
+    forward.set_table("emb");
+    v1::SparseStripeGroup* g = forward.add_groups();
+    g->set_stripe(0);
+    g->set_sequence(1);
+    g->set_count(1);
+    const int64_t key = 7;
+    std::string payload(reinterpret_cast<const char*>(&key), sizeof(key));
+    payload.append(std::string(4 * sizeof(float), '\0'));
+    absl::Status s =
+        Exchange(**socket, WireOp::kReplicateSparse, forward.SerializeAsString(), payload);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
   // A commit (op 7) with no stream before it, even from a ps task's key, is refused.
   {
     auto socket = DataPlaneSocket(port, Files("main", "ps-0"));
