@@ -1156,29 +1156,58 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
   PushOutcome outcome;
   (void)ledger_.Begin(request.request_id(), &outcome);
   const absl::Time deadline = absl::Now() + options_.replica_wait;
-  int applied = 0, already = 0;
-  int64_t offset = 0;
-  absl::Status status;
-  for (const v1::SparseStripeGroup& g : request.groups()) {
+  const int num_groups = request.groups_size();
+  std::vector<int64_t> offsets(num_groups + 1, 0);
+  for (int i = 0; i < num_groups; ++i) offsets[i + 1] = offsets[i] + request.groups(i).count();
+  // Each group's fate: 0 not yet taken, 1 applied, 2 applied before (a forward sent again).
+  std::vector<char> done(num_groups, 0);
+  std::vector<absl::Status> failed(num_groups);
+  // A group whose turn has come (its stripe applied the one before it, which nobody but this
+  // forward can move past) is applied at once; `wait` waits for its turn first.
+  const auto take = [&](int i, bool wait) {
+    const v1::SparseStripeGroup& g = request.groups(i);
     TableOrder::Stripe& stripe = t.order->stripes[g.stripe()];
     absl::MutexLock lock(&stripe.mu);
     GroupReady ready{&stripe.applied, g.sequence()};
-    if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
-      status = absl::DeadlineExceededError(
-          absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait), " for group ",
-                       g.sequence() - 1, " of stripe ", g.stripe(), " of backup table ",
-                       request.table(), " (it has applied ", stripe.applied, ")"));
-      break;
+    if (!GroupIsNext(&ready)) {
+      if (!wait) return;
+      if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
+        failed[i] = absl::DeadlineExceededError(
+            absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait), " for group ",
+                         g.sequence() - 1, " of stripe ", g.stripe(), " of backup table ",
+                         request.table(), " (it has applied ", stripe.applied, ")"));
+        return;
+      }
     }
     if (stripe.applied >= g.sequence()) {
-      ++already;
-    } else {
-      status = t.table->ApplyPush(keys.data() + offset, g.count(), grads.data() + offset * dim);
-      if (!status.ok()) break;
-      stripe.applied = g.sequence();
-      ++applied;
+      done[i] = 2;
+      return;
     }
-    offset += g.count();
+    failed[i] =
+        t.table->ApplyPush(keys.data() + offsets[i], g.count(), grads.data() + offsets[i] * dim);
+    if (!failed[i].ok()) return;
+    stripe.applied = g.sequence();
+    done[i] = 1;
+  };
+  // First every group whose turn has come, on the apply pool's threads (a single worker's
+  // pushes: all of them); then the rest one by one in the forward's order, waiting for each
+  // one's turn. Groups are in increasing stripe order and those of the first pass wait for
+  // nothing, so forwards waiting for each other never close a cycle.
+  const SparseWork work(this);
+  if (work.pool() != nullptr && num_groups > 1) {
+    work.pool()->ForEachIndex(num_groups, [&](int64_t i) { take(static_cast<int>(i), false); });
+  } else {
+    for (int i = 0; i < num_groups; ++i) take(i, false);
+  }
+  absl::Status status;
+  for (int i = 0; i < num_groups && status.ok(); ++i) {
+    if (done[i] == 0 && failed[i].ok()) take(i, true);
+    status = failed[i];
+  }
+  int applied = 0, already = 0;
+  for (char d : done) {
+    applied += d == 1;
+    already += d == 2;
   }
   if (applied > 0) {
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(request.gradients().size()));
