@@ -496,7 +496,7 @@ absl::Status EmbeddingTable::Push(const int64_t* keys, int64_t n, const float* g
 }
 
 absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const float* grads,
-                                       ThreadPool* pool, int64_t step) {
+                                       ThreadPool* pool, int64_t step, bool sample_hot_keys) {
   if (n == 0) return absl::OkStatus();
   StripeGroups groups;
   GroupByStripe(keys, n, &groups);
@@ -516,7 +516,7 @@ absl::Status EmbeddingTable::ApplyPush(const int64_t* keys, int64_t n, const flo
       status[s] = ApplyStripe(&stripes_[s], keys, grads, order, count, now);
     }
   });
-  hot_keys_.SamplePush(keys, n);
+  if (sample_hot_keys) hot_keys_.SamplePush(keys, n);
   return FirstError(status);
 }
 

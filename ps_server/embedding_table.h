@@ -202,9 +202,14 @@ class EmbeddingTable {
   // `step`, when not negative, is the tick at which a TTL is judged and which the pushed rows
   // are stamped with (with ttl_steps; ignored with ttl_seconds), instead of the clock: a sync
   // step's mean, applied whenever it is settled.
+  // Samples the keys for HotKeys, unless `sample_hot_keys` is false (a part of a push applied
+  // in pieces, whose caller samples it once, whole: SampleHotKeys).
   // REQUIRES: CheckPush(keys, n, grads, ...) returned OK.
   absl::Status ApplyPush(const int64_t* keys, int64_t n, const float* grads,
-                         ThreadPool* pool = nullptr, int64_t step = -1);
+                         ThreadPool* pool = nullptr, int64_t step = -1,
+                         bool sample_hot_keys = true);
+  // Counts a push's keys into the hot-key sketch (a bounded sample of them, per call).
+  void SampleHotKeys(const int64_t* keys, int64_t n) { hot_keys_.SamplePush(keys, n); }
 
   // Reads without creating. For each keys[i], in order: if its row exists (on this table; an
   // unowned key never does), appends the key to *found and its dim() values to *rows; otherwise

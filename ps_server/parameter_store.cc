@@ -1034,7 +1034,8 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
     }
     TableOrder::Stripe& stripe = order.stripes[s];
     absl::MutexLock lock(&stripe.mu);
-    status[index] = table.ApplyPush(part_keys.data(), m, part_grads.data());
+    status[index] = table.ApplyPush(part_keys.data(), m, part_grads.data(), nullptr, -1,
+                                    /*sample_hot_keys=*/false);
     if (!status[index].ok()) return;
     for (const auto& [backup, positions] : to) {
       Group& g = groups[index].emplace_back();
@@ -1054,6 +1055,7 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
   } else {
     for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i));
   }
+  table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
   for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
   // Each backup's groups in increasing stripe order, as every forward lists them: a backup
   // waiting in one forward for a group of another never closes a cycle.
@@ -1184,7 +1186,8 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
       return;
     }
     failed[i] =
-        t.table->ApplyPush(keys.data() + offsets[i], g.count(), grads.data() + offsets[i] * dim);
+        t.table->ApplyPush(keys.data() + offsets[i], g.count(), grads.data() + offsets[i] * dim,
+                           nullptr, -1, /*sample_hot_keys=*/false);
     if (!failed[i].ok()) return;
     stripe.applied = g.sequence();
     done[i] = 1;
@@ -1204,6 +1207,7 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     if (done[i] == 0 && failed[i].ok()) take(i, true);
     status = failed[i];
   }
+  t.table->SampleHotKeys(keys.data(), n);
   int applied = 0, already = 0;
   for (char d : done) {
     applied += d == 1;
