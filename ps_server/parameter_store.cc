@@ -1149,12 +1149,24 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
                                                    "groups count and ",
                                                    n * dim * 4, " bytes (dim ", dim, ", float32)"));
   }
-  std::vector<int64_t> keys(n);
-  std::vector<float> grads(n * dim);
-  std::memcpy(keys.data(), request.keys().data(), request.keys().size());
-  std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
-  PS_RETURN_IF_ERROR(
-      t.table->CheckPush(keys.data(), n, grads.data(), options_.allow_non_finite, nullptr));
+  // The request's bytes are used where they lie when aligned (a forward read off the data plane
+  // always is), copied otherwise.
+  const int64_t* keys = reinterpret_cast<const int64_t*>(request.keys().data());
+  const float* grads = reinterpret_cast<const float*>(request.gradients().data());
+  std::vector<int64_t> key_copy;
+  std::vector<float> grad_copy;
+  if (reinterpret_cast<uintptr_t>(keys) % alignof(int64_t) != 0) {
+    key_copy.resize(n);
+    std::memcpy(key_copy.data(), request.keys().data(), request.keys().size());
+    keys = key_copy.data();
+  }
+  if (reinterpret_cast<uintptr_t>(grads) % alignof(float) != 0) {
+    grad_copy.resize(n * dim);
+    std::memcpy(grad_copy.data(), request.gradients().data(), request.gradients().size());
+    grads = grad_copy.data();
+  }
+  const SparseWork work(this);
+  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, work.pool()));
   PushOutcome outcome;
   (void)ledger_.Begin(request.request_id(), &outcome);
   const absl::Time deadline = absl::Now() + options_.replica_wait;
@@ -1186,8 +1198,8 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
       return;
     }
     failed[i] =
-        t.table->ApplyPush(keys.data() + offsets[i], g.count(), grads.data() + offsets[i] * dim,
-                           nullptr, -1, /*sample_hot_keys=*/false);
+        t.table->ApplyPush(keys + offsets[i], g.count(), grads + offsets[i] * dim, nullptr, -1,
+                           /*sample_hot_keys=*/false);
     if (!failed[i].ok()) return;
     stripe.applied = g.sequence();
     done[i] = 1;
@@ -1196,7 +1208,6 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
   // pushes: all of them); then the rest one by one in the forward's order, waiting for each
   // one's turn. Groups are in increasing stripe order and those of the first pass wait for
   // nothing, so forwards waiting for each other never close a cycle.
-  const SparseWork work(this);
   if (work.pool() != nullptr && num_groups > 1) {
     work.pool()->ForEachIndex(num_groups, [&](int64_t i) { take(static_cast<int>(i), false); });
   } else {
@@ -1207,7 +1218,7 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     if (done[i] == 0 && failed[i].ok()) take(i, true);
     status = failed[i];
   }
-  t.table->SampleHotKeys(keys.data(), n);
+  t.table->SampleHotKeys(keys, n);
   int applied = 0, already = 0;
   for (char d : done) {
     applied += d == 1;
