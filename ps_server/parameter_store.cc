@@ -1058,7 +1058,20 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
   table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
   for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
   // Each backup's groups in increasing stripe order, as every forward lists them: a backup
-  // waiting in one forward for a group of another never closes a cycle.
+  // waiting in one forward for a group of another never closes a cycle. (Each forward's bytes
+  // reserved first: appended whole, without growing as they come.)
+  std::map<int, std::pair<size_t, size_t>> bytes;  // backup -> key bytes, gradient bytes
+  for (const std::vector<Group>& stripe_groups : groups) {
+    for (const Group& g : stripe_groups) {
+      bytes[g.backup].first += g.keys.size();
+      bytes[g.backup].second += g.grads.size();
+    }
+  }
+  for (const auto& [backup, sizes] : bytes) {
+    v1::ReplicateSparseRequest& f = (*forwards)[backup];
+    f.mutable_keys()->reserve(sizes.first);
+    f.mutable_gradients()->reserve(sizes.second);
+  }
   for (size_t index = 0; index < stripes.size(); ++index) {
     for (Group& g : groups[index]) {
       v1::ReplicateSparseRequest& f = (*forwards)[g.backup];
