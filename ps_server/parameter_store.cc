@@ -935,7 +935,6 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       t.order != nullptr && options_.forwarder != nullptr ? t.order->Backups() : nullptr;
   const bool replicated = backups != nullptr;
   SparseForwards forwards;
-  absl::Status forwarded;  // sent while this task applies it
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
@@ -944,7 +943,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
       t.table->ObserveStep(request.step());
       applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads,
-                                                    work.pool(), &forwards, &forwarded)
+                                                    work.pool(), &forwards)
                            : t.table->ApplyPush(keys, n, grads, work.pool());
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
     } else {
@@ -970,8 +969,11 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   }
   ledger_.Record(request.request_id(), outcome);
   if (!forwards.empty()) {
+    for (auto& [backup, f] : forwards) f.set_accepted_rows(outcome.accepted);
     // Answered only once the backups applied it too; owed (and sent before the next forward,
     // or by the worker's retry) when they did not.
+    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+    absl::Status forwarded = SendSparseNow(forwards);
     if (!forwarded.ok()) {
       forwards_failed_.fetch_add(1, std::memory_order_relaxed);
       OweForwards(request.request_id(), nullptr,
@@ -987,20 +989,12 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   return absl::OkStatus();
 }
 
-namespace {
-
-struct GroupReady {
-  const int64_t* applied;
-  int64_t sequence;
-};
-bool GroupIsNext(GroupReady* g) { return *g->applied >= g->sequence - 1; }
-
-}  // namespace
-
-absl::Status ParameterStore::ApplyPushInStripeOrder(
-    const Table& t, const std::vector<int32_t>& backups, const v1::PushSparseRequest& request,
-    const int64_t* keys, int64_t n, const float* grads, ThreadPool* pool, SparseForwards* forwards,
-    absl::Status* forwarded) {
+absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
+                                                    const std::vector<int32_t>& backups,
+                                                    const v1::PushSparseRequest& request,
+                                                    const int64_t* keys, int64_t n,
+                                                    const float* grads, ThreadPool* pool,
+                                                    SparseForwards* forwards) {
   EmbeddingTable& table = *t.table;
   TableOrder& order = *t.order;
   const int64_t dim = table.dim();
@@ -1010,143 +1004,89 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(
   for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
     if (!by_stripe[s].empty()) stripes.push_back(s);
   }
-  // What one stripe's part is: its place in the stripe's order here, its keys and gradients,
-  // and what it sends each backup task (its number in the stripe's order for that task, its
-  // keys and gradients).
+  // What one stripe's part sends each backup task: its number in the stripe's order for that
+  // task, and its keys and gradients.
   struct Group {
     int backup = -1;
     int64_t sequence = 0;
     std::string keys, grads;
   };
-  struct Part {
-    int64_t place = 0;
-    std::vector<int64_t> keys;
-    std::vector<float> grads;
-    std::vector<Group> groups;
-  };
-  std::vector<Part> parts(stripes.size());
-  // First each stripe's part is numbered, under the stripe's order lock, here and for its
-  // backups: the order in which this task applies it below and the backups apply it.
-  const auto number = [&](int64_t index) {
+  std::vector<std::vector<Group>> groups(stripes.size());
+  std::vector<absl::Status> status(stripes.size());
+  // The stripes apart from each other: each is applied and numbered under its own order lock
+  // (on the pool's threads, as an unreplicated push's stripes are).
+  const auto apply = [&](int64_t index) {
     const int s = stripes[index];
     const std::vector<int64_t>& at = by_stripe[s];
     const int64_t m = static_cast<int64_t>(at.size());
-    Part& part = parts[index];
-    part.keys.resize(m);
-    part.grads.resize(m * dim);
+    std::vector<int64_t> part_keys(m);
+    std::vector<float> part_grads(m * dim);
     for (int64_t j = 0; j < m; ++j) {
-      part.keys[j] = keys[at[j]];
-      std::memcpy(part.grads.data() + j * dim, grads + at[j] * dim, dim * sizeof(float));
+      part_keys[j] = keys[at[j]];
+      std::memcpy(part_grads.data() + j * dim, grads + at[j] * dim, dim * sizeof(float));
     }
     std::map<int, std::vector<int64_t>> to;  // backup task -> positions in the stripe's part
     for (int64_t j = 0; j < m; ++j) {
       const int32_t v =
-          VirtualShardOfTableKey(part.keys[j], order.vocabulary_size, order.num_virtual_shards);
+          VirtualShardOfTableKey(part_keys[j], order.vocabulary_size, order.num_virtual_shards);
       const int32_t backup = backups[v];
       if (backup >= 0) to[backup].push_back(j);
     }
     TableOrder::Stripe& stripe = order.stripes[s];
     absl::MutexLock lock(&stripe.mu);
-    part.place = ++stripe.local_sent;
+    status[index] = table.ApplyPush(part_keys.data(), m, part_grads.data(), nullptr, -1,
+                                    /*sample_hot_keys=*/false);
+    if (!status[index].ok()) return;
     for (const auto& [backup, positions] : to) {
-      Group& g = part.groups.emplace_back();
+      Group& g = groups[index].emplace_back();
       g.backup = backup;
       g.sequence = ++stripe.sent[backup];
       g.keys.resize(positions.size() * sizeof(int64_t));
       g.grads.resize(positions.size() * dim * sizeof(float));
       for (size_t j = 0; j < positions.size(); ++j) {
-        std::memcpy(g.keys.data() + j * sizeof(int64_t), &part.keys[positions[j]], sizeof(int64_t));
+        std::memcpy(g.keys.data() + j * sizeof(int64_t), &part_keys[positions[j]], sizeof(int64_t));
         std::memcpy(g.grads.data() + j * dim * sizeof(float),
-                    part.grads.data() + positions[j] * dim, dim * sizeof(float));
+                    part_grads.data() + positions[j] * dim, dim * sizeof(float));
       }
     }
   };
-  const bool parallel = pool != nullptr && stripes.size() > 1;
-  if (parallel) {
-    pool->ForEachIndex(static_cast<int64_t>(stripes.size()), number);
+  if (pool != nullptr && stripes.size() > 1) {
+    pool->ForEachIndex(static_cast<int64_t>(stripes.size()), apply);
   } else {
-    for (size_t i = 0; i < stripes.size(); ++i) number(static_cast<int64_t>(i));
+    for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i));
   }
+  table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
+  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
   // Each backup's groups in increasing stripe order, as every forward lists them: a backup
   // waiting in one forward for a group of another never closes a cycle. (Each forward's bytes
   // reserved first: appended whole, without growing as they come.)
   std::map<int, std::pair<size_t, size_t>> bytes;  // backup -> key bytes, gradient bytes
-  for (const Part& part : parts) {
-    for (const Group& g : part.groups) {
+  for (const std::vector<Group>& stripe_groups : groups) {
+    for (const Group& g : stripe_groups) {
       bytes[g.backup].first += g.keys.size();
       bytes[g.backup].second += g.grads.size();
     }
   }
   for (const auto& [backup, sizes] : bytes) {
     v1::ReplicateSparseRequest& f = (*forwards)[backup];
-    f.set_table(request.table());
-    *f.mutable_request_id() = request.request_id();
-    f.set_accepted_rows(static_cast<int32_t>(n));
     f.mutable_keys()->reserve(sizes.first);
     f.mutable_gradients()->reserve(sizes.second);
   }
   for (size_t index = 0; index < stripes.size(); ++index) {
-    for (Group& g : parts[index].groups) {
+    for (Group& g : groups[index]) {
       v1::ReplicateSparseRequest& f = (*forwards)[g.backup];
+      if (f.table().empty()) {
+        f.set_table(request.table());
+        *f.mutable_request_id() = request.request_id();
+      }
       v1::SparseStripeGroup* group = f.add_groups();
       group->set_stripe(stripes[index]);
       group->set_sequence(g.sequence);
       group->set_count(static_cast<int64_t>(g.keys.size() / sizeof(int64_t)));
       f.mutable_keys()->append(g.keys);
       f.mutable_gradients()->append(g.grads);
-      std::string().swap(g.keys);
-      std::string().swap(g.grads);
     }
   }
-  // The backups apply it while this task does (owed forwards first: they come before it in
-  // the backups' order).
-  std::thread sender;
-  if (!forwards->empty()) {
-    sender = std::thread([this, forwards, forwarded] {
-      if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
-      *forwarded = SendSparseNow(*forwards);
-    });
-  }
-  // Then each part is applied here in its stripe's order: first those whose turn has come (on
-  // the pool's threads), then the rest in increasing stripe order, each waiting for its turn
-  // (the first pass waits for nothing: pushes waiting for each other never close a cycle).
-  const absl::Time deadline = absl::Now() + options_.replica_wait;
-  std::vector<char> done(stripes.size(), 0);
-  std::vector<absl::Status> status(stripes.size());
-  const auto apply = [&](int64_t index, bool wait) {
-    Part& part = parts[index];
-    TableOrder::Stripe& stripe = order.stripes[stripes[index]];
-    absl::MutexLock lock(&stripe.mu);
-    GroupReady ready{&stripe.local_applied, part.place};
-    if (!GroupIsNext(&ready)) {
-      if (!wait) return;
-      if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
-        status[index] = absl::DeadlineExceededError(
-            absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait),
-                         " for the push before this "
-                         "one in stripe ",
-                         stripes[index], " of table ", request.table()));
-        return;
-      }
-    }
-    status[index] = table.ApplyPush(part.keys.data(), static_cast<int64_t>(part.keys.size()),
-                                    part.grads.data(), nullptr, -1, /*sample_hot_keys=*/false);
-    // The next part of the stripe goes on either way: its place is taken.
-    stripe.local_applied = part.place;
-    done[index] = 1;
-  };
-  if (parallel) {
-    pool->ForEachIndex(static_cast<int64_t>(stripes.size()),
-                       [&](int64_t index) { apply(index, false); });
-  } else {
-    for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i), false);
-  }
-  for (size_t i = 0; i < stripes.size(); ++i) {
-    if (!done[i] && status[i].ok()) apply(static_cast<int64_t>(i), true);
-  }
-  table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
-  if (sender.joinable()) sender.join();
-  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
 
@@ -1181,6 +1121,16 @@ bool ParameterStore::Owes(const v1::RequestId& id) const {
   }
   return false;
 }
+
+namespace {
+
+struct GroupReady {
+  const int64_t* applied;
+  int64_t sequence;
+};
+bool GroupIsNext(GroupReady* g) { return *g->applied >= g->sequence - 1; }
+
+}  // namespace
 
 absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequest& request,
                                                    v1::ReplicateSparseResponse* response) {

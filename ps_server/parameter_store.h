@@ -287,11 +287,8 @@ class ParameterStore {
     std::shared_ptr<const std::vector<int32_t>> backup_of_vshard;
     struct Stripe {
       absl::Mutex mu;
-      std::map<int, int64_t> sent ABSL_GUARDED_BY(mu);  // numbered for each backup task
-      int64_t applied ABSL_GUARDED_BY(mu) = 0;          // a backup's: the last applied
-      // A primary's own order of the stripe's parts: the last numbered and the last applied.
-      int64_t local_sent ABSL_GUARDED_BY(mu) = 0;
-      int64_t local_applied ABSL_GUARDED_BY(mu) = 0;
+      std::map<int, int64_t> sent ABSL_GUARDED_BY(mu);
+      int64_t applied ABSL_GUARDED_BY(mu) = 0;
     };
     Stripe stripes[EmbeddingTable::kNumStripes];
   };
@@ -303,15 +300,14 @@ class ParameterStore {
   };
   // Sparse forwards of one push, by backup task.
   using SparseForwards = std::map<int, v1::ReplicateSparseRequest>;
-  // An async push to a table with backups, stripe by stripe (on `pool`'s threads when given):
-  // each stripe's part is numbered under its order lock, in the stripe's order here and for
-  // each backup task that holds some of its keys; *forwards gets those parts, in increasing
-  // stripe order, and is sent (owed forwards first) while this task applies each part in its
-  // stripe's order. *forwarded: how the sending went. Errors as EmbeddingTable::ApplyPush.
+  // An async push to a table with backups: applied stripe by stripe (on `pool`'s threads when
+  // given), each stripe's part under its order lock, numbered for each backup task that holds
+  // some of its keys; *forwards gets those parts, in increasing stripe order. Errors as
+  // EmbeddingTable::ApplyPush.
   absl::Status ApplyPushInStripeOrder(const Table& t, const std::vector<int32_t>& backups,
                                       const v1::PushSparseRequest& request, const int64_t* keys,
                                       int64_t n, const float* grads, ThreadPool* pool,
-                                      SparseForwards* forwards, absl::Status* forwarded);
+                                      SparseForwards* forwards);
   // Sends sparse forwards (the backups lost left out), to every backup task at once; the
   // first error.
   absl::Status SendSparseNow(const SparseForwards& forwards);
