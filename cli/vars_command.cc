@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/table.h"
 #include "sharding/placement.h"
 
@@ -194,6 +195,16 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
       part->set_bytes(it->second.bytes());
       part->set_pushes(it->second.pushes());
       part->set_pulls(it->second.pulls());
+      for (const auto& [b, sent] : it->second.table_groups_sent()) {
+        psctl::TableBackup* backup = part->add_backups();
+        backup->set_ps_task(b);
+        backup->set_groups_sent(sent);
+        if (b < 0 || b >= static_cast<int>(listings.size())) continue;
+        auto held = listings[b].backups.find({ps, {spec.name(), -1}});
+        if (held == listings[b].backups.end()) continue;
+        backup->set_held(true);
+        backup->set_groups_applied(held->second.table_groups_applied());
+      }
       table->set_rows(table->rows() + part->rows());
       table->set_bytes(table->bytes() + part->bytes());
     }
@@ -201,6 +212,18 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
   *status = MergeErrors(errors);
   return report;
 }
+
+namespace {
+
+// How far a backup is behind its primary: "" when it is not known, ", in step", or ", 3
+// updates behind".
+std::string BehindBy(bool known, int64_t lag, const char* unit) {
+  if (!known) return "";
+  if (lag <= 0) return ", in step";
+  return absl::StrCat(", ", lag, " ", unit, lag == 1 ? "" : "s", " behind");
+}
+
+}  // namespace
 
 std::string FormatVarsReport(const psctl::VarsReport& report) {
   auto ps_name = [](int ps) { return absl::StrCat("ps:", ps); };
@@ -239,7 +262,9 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
               : !p.has_backup() ? "-"
               : p.backup_lost() ? absl::StrCat(ps_name(p.backup_ps_task()), " (lost)")
               : p.backup_held()
-                  ? absl::StrCat(ps_name(p.backup_ps_task()), " (", p.backup_updates(), " updates)")
+                  ? absl::StrCat(ps_name(p.backup_ps_task()), " (", p.backup_updates(), " updates",
+                                 BehindBy(p.held(), p.updates() - p.backup_updates(), "update"),
+                                 ")")
                   : absl::StrCat(ps_name(p.backup_ps_task()), " (missing)"));
         }
         parts.AddRow(row);
@@ -249,7 +274,14 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
   }
   if (report.tables_size() > 0) {
     TextTable tables({"TABLE", "DIM", "KEYS", "ROWS", "BYTES", "OPTIMIZER"});
-    TextTable parts({"TABLE", "PS", "ADDRESS", "ROWS", "BYTES", "PUSHES", "PULLS"});
+    bool table_backups = false;
+    for (const psctl::TableInfo& t : report.tables()) {
+      for (const psctl::TablePart& p : t.parts()) table_backups |= p.backups_size() > 0;
+    }
+    std::vector<std::string> part_columns = {"TABLE", "PS",     "ADDRESS", "ROWS",
+                                             "BYTES", "PUSHES", "PULLS"};
+    if (table_backups) part_columns.push_back("BACKUPS");
+    TextTable parts(part_columns);
     for (const psctl::TableInfo& t : report.tables()) {
       bool complete = true;
       for (const psctl::TablePart& p : t.parts()) complete = complete && p.reachable();
@@ -259,11 +291,28 @@ std::string FormatVarsReport(const psctl::VarsReport& report) {
            AtLeast(absl::StrCat(t.rows()), complete), AtLeast(HumanBytes(t.bytes()), complete),
            t.optimizer()});
       for (const psctl::TablePart& p : t.parts()) {
-        parts.AddRow({t.name(), ps_name(p.ps_task()), p.ps_address(),
-                      p.reachable() ? absl::StrCat(p.rows()) : "?",
-                      p.reachable() ? HumanBytes(p.bytes()) : "?",
-                      p.reachable() ? absl::StrCat(p.pushes()) : "?",
-                      p.reachable() ? absl::StrCat(p.pulls()) : "?"});
+        std::vector<std::string> row = {t.name(),
+                                        ps_name(p.ps_task()),
+                                        p.ps_address(),
+                                        p.reachable() ? absl::StrCat(p.rows()) : "?",
+                                        p.reachable() ? HumanBytes(p.bytes()) : "?",
+                                        p.reachable() ? absl::StrCat(p.pushes()) : "?",
+                                        p.reachable() ? absl::StrCat(p.pulls()) : "?"};
+        if (table_backups) {
+          // Each backup task with its lag, in the stripe groups it has yet to apply.
+          std::vector<std::string> backups;
+          for (const psctl::TableBackup& b : p.backups()) {
+            backups.push_back(
+                b.held()
+                    ? absl::StrCat(
+                          ps_name(b.ps_task()), " (",
+                          BehindBy(true, b.groups_sent() - b.groups_applied(), "group").substr(2),
+                          ")")
+                    : absl::StrCat(ps_name(b.ps_task()), " (missing)"));
+          }
+          row.push_back(backups.empty() ? "-" : absl::StrJoin(backups, ", "));
+        }
+        parts.AddRow(row);
       }
     }
     if (!out.empty()) out += "\n";

@@ -1467,7 +1467,18 @@ v1::ListShardsResponse ParameterStore::ListShards() const {
     }
   }
   for (const auto& [name, t] : tables_) {
-    FillTableStats(name, *t.table, *t.counters, out.add_shards());
+    v1::ShardStats* stats = out.add_shards();
+    FillTableStats(name, *t.table, *t.counters, stats);
+    if (t.order == nullptr) continue;
+    int64_t applied = 0;
+    for (TableOrder::Stripe& stripe : t.order->stripes) {
+      absl::MutexLock lock(&stripe.mu);
+      applied += stripe.applied;
+      for (const auto& [backup, sent] : stripe.sent) {
+        (*stats->mutable_table_groups_sent())[backup] += sent;
+      }
+    }
+    stats->set_table_groups_applied(applied);
   }
   return out;
 }

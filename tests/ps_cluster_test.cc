@@ -395,7 +395,7 @@ TEST(PsClusterTest, BackupShardsLiveApartFromATasksOwnAndStayOutOfSaves) {
   }
   const std::string text = FormatVarsReport(report);
   EXPECT_THAT(text, HasSubstr("BACKUP"));
-  EXPECT_THAT(text, HasSubstr(" (0 updates)"));
+  EXPECT_THAT(text, HasSubstr(" (0 updates, in step)"));
 
   // Bad entries, each with a new shard of the task's own beside it: refused, nothing created.
   const int target = 0;
@@ -578,6 +578,33 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
     EXPECT_EQ(rows, static_cast<int64_t>(expected_rows)) << when;
   };
   expect_table_backups("after the pushes", in_checkpoint.size());
+  // psctl vars, read with the replicated placement: every table part's backups, each in step
+  // (every stripe group numbered for it applied), as every partition's backup.
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster->chief_address());
+    absl::StatusOr<LiveCluster> live = ConnectToCluster(*chief, LiveClusterOptions());
+    ASSERT_TRUE(live.ok()) << live.status();
+    *live->model.mutable_placement() = *replicated;
+    absl::Status listed;
+    const psctl::VarsReport report = BuildVarsReport(*live, &listed);
+    ASSERT_TRUE(listed.ok()) << listed;
+    ASSERT_EQ(report.tables_size(), 1);
+    for (const psctl::TablePart& part : report.tables(0).parts()) {
+      // Three tasks: each part's virtual shards are backed up on both others.
+      EXPECT_EQ(part.backups_size(), 2) << "ps:" << part.ps_task();
+      for (const psctl::TableBackup& b : part.backups()) {
+        EXPECT_TRUE(b.held()) << "ps:" << b.ps_task() << " for ps:" << part.ps_task();
+        EXPECT_GT(b.groups_sent(), 0) << "ps:" << b.ps_task() << " for ps:" << part.ps_task();
+        EXPECT_EQ(b.groups_applied(), b.groups_sent())
+            << "ps:" << b.ps_task() << " for ps:" << part.ps_task();
+      }
+    }
+    const std::string text = FormatVarsReport(report);
+    EXPECT_THAT(text, HasSubstr("(in step)")) << text;
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(" (", kClients * kIterations, " updates, in step)")))
+        << text;
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("behind"))) << text;
+  }
   for (const v1::DensePartition& p : replicated->partitions()) {
     const auto [primary, backup] = PrimaryAndBackup(*client, p);
     const std::string name = absl::StrCat(p.variable(), "/", p.partition());
