@@ -580,9 +580,13 @@ void ParameterStore::OweForwards(const v1::RequestId& id,
 
 void ParameterStore::ResendOwed() {
   std::deque<OwedForwards> owed;
+  std::vector<std::pair<uint64_t, uint64_t>> ids;
   {
     absl::MutexLock lock(&owed_mu_);
     owed.swap(owed_);
+    // Still owed while they are sent (Owes): a retry is not answered before they went through.
+    for (const OwedForwards& o : owed) ids.emplace_back(o.id.client(), o.id.seq());
+    resending_.insert(ids.begin(), ids.end());
   }
   // In the order they were owed; those that fail again stay owed, before any owed meanwhile.
   std::deque<OwedForwards> still;
@@ -597,6 +601,10 @@ void ParameterStore::ResendOwed() {
     }
   }
   absl::MutexLock lock(&owed_mu_);
+  for (const auto& id : ids) {
+    auto it = resending_.find(id);
+    if (it != resending_.end()) resending_.erase(it);
+  }
   owed_.insert(owed_.begin(), std::make_move_iterator(still.begin()),
                std::make_move_iterator(still.end()));
   owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
@@ -967,23 +975,25 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     ledger_.Release(request.request_id());
     return applied;
   }
-  ledger_.Record(request.request_id(), outcome);
   if (!forwards.empty()) {
     for (auto& [backup, f] : forwards) f.set_accepted_rows(outcome.accepted);
     // Answered only once the backups applied it too; owed (and sent before the next forward,
-    // or by the worker's retry) when they did not.
+    // or by the worker's retry) when they did not. Recorded in the ledger only then, owed
+    // first: a retry that arrives meanwhile waits for the record, and then finds it owed.
     if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
     absl::Status forwarded = SendSparseNow(forwards);
     if (!forwarded.ok()) {
       forwards_failed_.fetch_add(1, std::memory_order_relaxed);
       OweForwards(request.request_id(), nullptr,
                   std::make_shared<const SparseForwards>(std::move(forwards)));
+      ledger_.Record(request.request_id(), outcome);
       return absl::UnavailableError(
           absl::StrCat("the push was applied on this ps task but not yet on its backup (",
                        forwarded.message(), "); send it again with the same request id"));
     }
     forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
   }
+  ledger_.Record(request.request_id(), outcome);
   response->set_accepted_rows(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
@@ -1119,7 +1129,7 @@ bool ParameterStore::Owes(const v1::RequestId& id) const {
   for (const OwedForwards& o : owed_) {
     if (o.id.client() == id.client() && o.id.seq() == id.seq()) return true;
   }
-  return false;
+  return resending_.count({id.client(), id.seq()}) > 0;
 }
 
 namespace {
@@ -1181,7 +1191,12 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
   const SparseWork work(this);
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, work.pool()));
   PushOutcome outcome;
-  (void)ledger_.Begin(request.request_id(), &outcome);
+  if (ledger_.Begin(request.request_id(), &outcome) == PushLedger::Claim::kDuplicate) {
+    // Recorded here already: this forward went through before, or, on a store promoted since
+    // it was sent, the worker's retry of the push was applied here. Nothing again.
+    response->set_already_applied(request.groups_size());
+    return absl::OkStatus();
+  }
   const absl::Time deadline = absl::Now() + options_.replica_wait;
   const int num_groups = request.groups_size();
   std::vector<int64_t> offsets(num_groups + 1, 0);

@@ -452,6 +452,8 @@ class ParameterStore {
   };
   mutable absl::Mutex owed_mu_;
   std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);
+  // The ids of owed forwards that ResendOwed is sending (client, seq).
+  std::multiset<std::pair<uint64_t, uint64_t>> resending_ ABSL_GUARDED_BY(owed_mu_);
   std::atomic<int64_t> owed_count_{0};  // owed_.size(), read without the lock
   // Forwards by what became of them (ForwardTotals).
   std::atomic<int64_t> forwards_acknowledged_{0};

@@ -475,6 +475,26 @@ TEST(ReplicationTest, TableForwardsThatArriveOutOfOrderAreAppliedInEachStripesOr
   EXPECT_EQ(Rows(backup).first, Rows(primary).first);
 }
 
+// After a failover the task that took the rows over may get the worker's retry of a push
+// before that push's forward, which its dead primary sent earlier: the forward then changes
+// nothing (the backup's ledger has the push), and the rows hold the push once.
+TEST(ReplicationTest, AForwardOfAPushTheBackupTookFromItsWorkerIsNotAppliedAgain) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateTables(primary, backup);
+  v1::PushSparseResponse resp;
+  ASSERT_TRUE(PushRows(primary, 0, 1, &resp).ok());
+  std::vector<v1::ReplicateSparseRequest> kept = forwarder.kept_sparse();
+  ASSERT_EQ(kept.size(), 1u);
+  ASSERT_TRUE(PushRows(backup, 0, 1, &resp).ok());  // the retry, on the promoted store
+  EXPECT_FALSE(resp.duplicate());
+  v1::ReplicateSparseResponse late;
+  ASSERT_TRUE(backup.ApplyReplicatedSparse(kept[0], &late).ok());
+  EXPECT_EQ(late.applied(), 0);
+  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+}
+
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
   DirectForwarder forwarder;  // keeps the forwards
   ParameterStoreOptions options;
