@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/chief_epoch.h"
+#include "common/log_once.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "glog/logging.h"
@@ -917,7 +918,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   // A table with a capacity evicts rather than refuse.
   if (!t.table->has_capacity()) PS_RETURN_IF_ERROR(CheckTableRows(table, *t.table, keys, n));
   PushOutcome outcome;
-  switch (ledger_.Begin(request.request_id(), &outcome)) {
+  uint64_t applied_stripes = 0;
+  switch (ledger_.Begin(request.request_id(), &outcome, nullptr, &applied_stripes)) {
     case PushLedger::Claim::kDuplicate:
       // A retry of a push whose forwards to its backups failed: they go again first.
       if (owed_count_.load(std::memory_order_relaxed) > 0) {
@@ -936,6 +938,24 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       return RequestIdTooOld(request.request_id());
     case PushLedger::Claim::kNew:
       break;
+  }
+  // Part of it was applied here already: this store backed the push's rows up, and the forward
+  // of it, which its primary sent before it died, applied the groups of some stripes and waited
+  // in vain for the others' turn (ApplyReplicatedSparse). Only the rows of the other stripes now.
+  std::vector<int64_t> rest_keys;
+  std::vector<float> rest_grads;
+  if (applied_stripes != 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      if ((applied_stripes >> t.table->StripeOf(keys[i])) & 1) continue;
+      rest_keys.push_back(keys[i]);
+      rest_grads.insert(rest_grads.end(), grads + i * dim, grads + (i + 1) * dim);
+    }
+    PS_LOG_FIRST_N(INFO, 4) << "table " << table << ": a push of " << n << " keys was partly "
+                            << "applied by its forward before; applying the " << rest_keys.size()
+                            << " keys of the stripes it had not";
+    keys = rest_keys.data();
+    grads = rest_grads.data();
+    n = static_cast<int64_t>(rest_keys.size());
   }
   absl::Status applied;
   // With backups (replication 2): what each backup task must apply of it.
@@ -1191,7 +1211,11 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
   const SparseWork work(this);
   PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, work.pool()));
   PushOutcome outcome;
-  if (ledger_.Begin(request.request_id(), &outcome) == PushLedger::Claim::kDuplicate) {
+  // (An earlier attempt's groups applied before it was released are seen by their stripes'
+  // counts below: their stripes have passed them.)
+  uint64_t applied_before = 0;
+  if (ledger_.Begin(request.request_id(), &outcome, nullptr, &applied_before) ==
+      PushLedger::Claim::kDuplicate) {
     // Recorded here already: this forward went through before, or, on a store promoted since
     // it was sent, the worker's retry of the push was applied here. Nothing again.
     response->set_already_applied(request.groups_size());
@@ -1256,7 +1280,15 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(request.gradients().size()));
   }
   if (!status.ok()) {
-    ledger_.Release(request.request_id());
+    // Some groups may have been applied (their turn had come) and others not (their turn never
+    // came: the primary died before sending a group before them). The stripes applied stay in
+    // the ledger, so that the worker's retry of the push, should this store be promoted, or
+    // the forward sent again, applies only the rest.
+    uint64_t applied_stripes = applied_before;
+    for (int i = 0; i < num_groups; ++i) {
+      if (done[i] != 0) applied_stripes |= uint64_t{1} << request.groups(i).stripe();
+    }
+    ledger_.Release(request.request_id(), applied_stripes);
     return status;
   }
   outcome.accepted = request.accepted_rows();

@@ -11,8 +11,10 @@ PushLedger::PushLedger(int ids_per_client, int max_clients)
     : ids_per_client_(std::max(1, ids_per_client)), max_clients_(std::max(1, max_clients)) {}
 
 PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcome,
-                                    std::shared_ptr<const ForwardList>* unreplicated) {
+                                    std::shared_ptr<const ForwardList>* unreplicated,
+                                    uint64_t* applied_stripes) {
   if (unreplicated != nullptr) unreplicated->reset();
+  if (applied_stripes != nullptr) *applied_stripes = 0;
   if (id.client() == 0) return Claim::kNew;
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -31,9 +33,10 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
       if (id.seq() < c.floor) return Claim::kTooOld;
       c.ids[id.seq()].done = false;
       while (static_cast<int>(c.ids.size()) > ids_per_client_) {
-        // Forget the oldest finished id; one still being applied stays.
+        // Forget the oldest id nobody is applying (done, or partly applied: its retry is then
+        // refused as too old rather than applied again); one still being applied stays.
         auto oldest = c.ids.begin();
-        while (oldest != c.ids.end() && !oldest->second.done) ++oldest;
+        while (oldest != c.ids.end() && !oldest->second.done && oldest->second.claimed) ++oldest;
         if (oldest == c.ids.end()) break;
         c.floor = std::max(c.floor, oldest->first + 1);
         c.ids.erase(oldest);
@@ -45,13 +48,19 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
       if (unreplicated != nullptr) *unreplicated = it->second.unreplicated;
       return Claim::kDuplicate;
     }
+    if (!it->second.claimed) {
+      // Partly applied by an attempt released since: this one does the rest.
+      it->second.claimed = true;
+      if (applied_stripes != nullptr) *applied_stripes = it->second.applied_stripes;
+      return Claim::kNew;
+    }
     // The first attempt is being applied: wait for its outcome (or its release).
     const uint64_t client = id.client(), seq = id.seq();
     auto settled = [this, client, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto c = clients_.find(client);
       if (c == clients_.end()) return true;
       auto e = c->second.ids.find(seq);
-      return e == c->second.ids.end() || e->second.done;
+      return e == c->second.ids.end() || e->second.done || !e->second.claimed;
     };
     mu_.Await(absl::Condition(&settled));
   }
@@ -66,6 +75,7 @@ void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome,
   auto it = cit->second.ids.find(id.seq());
   if (it == cit->second.ids.end()) return;
   it->second.done = true;
+  it->second.claimed = true;
   it->second.outcome = outcome;
   it->second.unreplicated = std::move(unreplicated);
 }
@@ -79,13 +89,19 @@ void PushLedger::MarkReplicated(const v1::RequestId& id) {
   if (it != cit->second.ids.end()) it->second.unreplicated.reset();
 }
 
-void PushLedger::Release(const v1::RequestId& id) {
+void PushLedger::Release(const v1::RequestId& id, uint64_t applied_stripes) {
   if (id.client() == 0) return;
   absl::MutexLock lock(&mu_);
   auto cit = clients_.find(id.client());
   if (cit == clients_.end()) return;
   auto it = cit->second.ids.find(id.seq());
-  if (it != cit->second.ids.end() && !it->second.done) cit->second.ids.erase(it);
+  if (it == cit->second.ids.end() || it->second.done) return;
+  it->second.applied_stripes |= applied_stripes;
+  if (it->second.applied_stripes == 0) {
+    cit->second.ids.erase(it);
+  } else {
+    it->second.claimed = false;
+  }
 }
 
 void PushLedger::EvictLocked() {
@@ -93,6 +109,7 @@ void PushLedger::EvictLocked() {
     auto oldest = clients_.end();
     for (auto it = clients_.begin(); it != clients_.end(); ++it) {
       bool busy = false;
+      // (A client with a partly applied id stays too: forgotten, its retry would be new.)
       for (const auto& [seq, e] : it->second.ids) busy |= !e.done;
       if (busy) continue;
       if (oldest == clients_.end() || it->second.last_seen < oldest->second.last_seen) oldest = it;

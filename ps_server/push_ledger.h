@@ -35,14 +35,18 @@ class PushLedger {
   PushLedger(int ids_per_client, int max_clients);
 
   enum class Claim {
-    kNew,        // not seen: apply it, then Record() or Release()
+    kNew,        // not seen, or only partly applied (below): apply it, then Record() or Release()
     kDuplicate,  // seen and done: *outcome is what it did
     kTooOld,     // older than every id kept for its client
   };
   // An id with client 0 is always kNew and never remembered. For kDuplicate, `*unreplicated`
   // (optional) receives the forwards to backups that the push still owes (Record), or null.
+  // For kNew, `*applied_stripes` (optional) receives the table stripes an earlier attempt
+  // applied before it was released (Release's mask; 0 for an id not seen): the caller applies
+  // only the push's keys of the other stripes.
   Claim Begin(const v1::RequestId& id, PushOutcome* outcome,
-              std::shared_ptr<const ForwardList>* unreplicated = nullptr);
+              std::shared_ptr<const ForwardList>* unreplicated = nullptr,
+              uint64_t* applied_stripes = nullptr);
   // The push claimed by Begin() was applied (or dropped as stale): remember what it did, and,
   // where its forwards to backup tasks did not all go through (issue 37), those forwards: a
   // retry of the push sends them again instead of answering at once.
@@ -51,8 +55,12 @@ class PushLedger {
   // The forwards a recorded push owed went through.
   void MarkReplicated(const v1::RequestId& id);
   // The push claimed by Begin() was refused before anything changed: forget the claim, so a
-  // retry is applied.
-  void Release(const v1::RequestId& id);
+  // retry is applied. A table push that was refused after part of it was applied (a backup's
+  // forward whose groups of some stripes waited in vain for their turn, issue 37) names those
+  // stripes in `applied_stripes` (bit s: EmbeddingTable stripe s): the id is kept, unclaimed,
+  // and the next attempt (the worker's retry on a store promoted since, or the forward sent
+  // again) learns them from Begin and applies only the rest.
+  void Release(const v1::RequestId& id, uint64_t applied_stripes = 0);
 
   // Ids remembered (for tests and statistics).
   int64_t size() const;
@@ -60,6 +68,9 @@ class PushLedger {
  private:
   struct Entry {
     bool done = false;
+    // Not done: an attempt holds the claim (false: released after a partial apply).
+    bool claimed = true;
+    uint64_t applied_stripes = 0;  // what released attempts applied
     PushOutcome outcome;
     std::shared_ptr<const ForwardList> unreplicated;
   };

@@ -36,6 +36,31 @@ TEST(PushLedgerTest, AReleasedPushMayBeAppliedByItsRetry) {
   EXPECT_EQ(ledger.Begin(Id(7, 1), &outcome), PushLedger::Claim::kNew);
 }
 
+// A push released after part of it was applied (issue 37: a forward some of whose stripes
+// waited in vain) is kept with those stripes: the next attempt learns them, a retry waiting on
+// the first attempt is let go to claim it, and a further partial release adds to them.
+TEST(PushLedgerTest, APartlyAppliedPushTellsItsRetryWhatWasApplied) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  uint64_t stripes = 99;
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome, nullptr, &stripes), PushLedger::Claim::kNew);
+  EXPECT_EQ(stripes, 0u);
+  PushLedger::Claim claim = PushLedger::Claim::kDuplicate;
+  uint64_t retry_stripes = 0;
+  std::thread retry([&] { claim = ledger.Begin(Id(7, 1), &outcome, nullptr, &retry_stripes); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ledger.Release(Id(7, 1), 0b101);
+  retry.join();
+  EXPECT_EQ(claim, PushLedger::Claim::kNew);
+  EXPECT_EQ(retry_stripes, 0b101u);
+  ledger.Release(Id(7, 1), 0b010);
+  ASSERT_EQ(ledger.Begin(Id(7, 1), &outcome, nullptr, &stripes), PushLedger::Claim::kNew);
+  EXPECT_EQ(stripes, 0b111u);
+  ledger.Record(Id(7, 1), PushOutcome{4, 0});
+  EXPECT_EQ(ledger.Begin(Id(7, 1), &outcome, nullptr, &stripes), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(outcome.accepted, 4);
+}
+
 TEST(PushLedgerTest, NoIdIsNeverRemembered) {
   PushLedger ledger(8, 8);
   PushOutcome outcome;
