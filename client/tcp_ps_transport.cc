@@ -1,14 +1,19 @@
 #include "client/tcp_ps_transport.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "common/row_length.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "common/wire_codec.h"
+#include "glog/logging.h"
 
 namespace pscluster {
 namespace {
@@ -54,12 +59,27 @@ absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expe
   return DecodeFloats(*scratch, wire, out, expected_elements);
 }
 
+int ResolvePullStripes(int configured) {
+  if (configured >= 1) return std::min(configured, 16);
+  const char* env = std::getenv("PSCLUSTER_PULL_STRIPES");
+  if (env == nullptr || *env == '\0') return 1;
+  int stripes = 0;
+  if (!absl::SimpleAtoi(env, &stripes) || stripes < 1 || stripes > 16) {
+    LOG(ERROR) << "PSCLUSTER_PULL_STRIPES is \"" << env << "\"; expected 1 to 16; pulling whole";
+    return 1;
+  }
+  return stripes;
+}
+
 }  // namespace
 
 TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
                                std::vector<std::string> addresses,
                                const TcpPsTransportOptions& options)
-    : grpc_(std::move(grpc)), options_(options) {
+    : grpc_(std::move(grpc)),
+      options_(options),
+      pull_stripes_(ResolvePullStripes(options.pull_stripes)),
+      stripe_pool_(pull_stripes_ > 1 ? std::make_unique<ThreadPool>(pull_stripes_ - 1) : nullptr) {
   for (const std::string& a : addresses) {
     endpoints_.push_back(std::make_unique<Endpoint>());
     absl::MutexLock lock(&endpoints_.back()->mu);
@@ -252,13 +272,74 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
                                        v1::DataType wire_dtype, int64_t step) {
   const v1::DataType wire = WireOrFloat(wire_dtype);
   PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
+  int64_t total = 0;
+  for (const DenseSlice& s : slices) total += s.num_elements;
+  const int stripes = static_cast<int>(std::min<int64_t>(
+      pull_stripes_, total * elem / std::max<int64_t>(1, options_.pull_stripe_min_bytes)));
+  bool no_data_plane = false;
+  if (stripes <= 1) {
+    absl::Status s = PullDenseOnce(ps, slices, {}, wire, step, &no_data_plane);
+    if (no_data_plane) return grpc_->PullDense(ps, slices, wire_dtype, step);
+    return s;
+  }
+  // Stripes of about total / stripes elements each, in order: a slice may be cut between two.
+  std::vector<std::vector<DenseSlice>> parts(stripes);
+  std::vector<std::vector<int64_t>> begins(stripes);
+  {
+    size_t slice = 0;
+    int64_t at = 0;  // within slices[slice]
+    for (int k = 0; k < stripes; ++k) {
+      int64_t want = total * (k + 1) / stripes - total * k / stripes;
+      while (want > 0) {
+        const DenseSlice& s = slices[slice];
+        const int64_t take = std::min(want, s.num_elements - at);
+        DenseSlice part = s;
+        part.num_elements = take;
+        part.pull_into = s.pull_into + at;
+        parts[k].push_back(part);
+        begins[k].push_back(at);
+        at += take;
+        want -= take;
+        if (at == s.num_elements) {
+          ++slice;
+          at = 0;
+        }
+      }
+    }
+  }
+  std::vector<absl::Status> status(stripes);
+  std::unique_ptr<bool[]> none(new bool[stripes]());
+  absl::BlockingCounter others(stripes - 1);
+  for (int k = 1; k < stripes; ++k) {
+    stripe_pool_->Schedule([&, k] {
+      status[k] = PullDenseOnce(ps, parts[k], begins[k], wire, step, &none[k]);
+      others.DecrementCount();
+    });
+  }
+  status[0] = PullDenseOnce(ps, parts[0], begins[0], wire, step, &none[0]);
+  others.Wait();
+  for (int k = 0; k < stripes; ++k) no_data_plane |= none[k];
+  if (no_data_plane) return grpc_->PullDense(ps, slices, wire_dtype, step);
+  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+absl::Status TcpPsTransport::PullDenseOnce(int ps, const std::vector<DenseSlice>& slices,
+                                           const std::vector<int64_t>& begins, v1::DataType wire,
+                                           int64_t step, bool* no_data_plane) {
+  PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
   Exchange x;
   x.request.op = static_cast<uint16_t>(WireOp::kPullDense);
   v1::PullDenseRequest req;
   int64_t total = 0;
-  for (const DenseSlice& s : slices) {
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const DenseSlice& s = slices[i];
     *req.add_shards() = s.ref;
     total += s.num_elements;
+    if (!begins.empty()) {
+      req.add_element_begin(begins[i]);
+      req.add_element_end(begins[i] + s.num_elements);
+    }
   }
   req.set_wire_dtype(wire);
   if (step >= 0) req.set_step(step);
@@ -275,10 +356,7 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
     }
     return absl::OkStatus();
   };
-  bool no_data_plane = false;
-  absl::Status s = Call(ps, &x, &no_data_plane);
-  if (no_data_plane) return grpc_->PullDense(ps, slices, wire_dtype, step);
-  return s;
+  return Call(ps, &x, no_data_plane);
 }
 
 absl::Status TcpPsTransport::PushDense(int ps, const std::vector<DenseSlice>& slices,

@@ -19,6 +19,8 @@
 
 namespace pscluster {
 
+class ThreadPool;
+
 struct TcpPsTransportOptions {
   // Each read or write of a call must finish within this (DEADLINE_EXCEEDED otherwise).
   absl::Duration io_timeout = absl::Seconds(30);
@@ -31,6 +33,13 @@ struct TcpPsTransportOptions {
   // Mutual TLS (security/wire_tls.h, client side), as the gRPC channels have it; null:
   // plaintext. The ps's certificate must name the host of its address.
   std::shared_ptr<WireTlsContext> tls;
+  // A dense pull of at least 2 * pull_stripe_min_bytes is cut into up to pull_stripes stripes
+  // of elements (at least pull_stripe_min_bytes each), pulled over as many connections at once
+  // (PullDenseRequest.element_begin/end): the ps's threads of those connections send (and,
+  // with TLS, seal) them side by side, and this process's pull threads receive them. 1: never
+  // (-1: PSCLUSTER_PULL_STRIPES, 1 to 16, else 1).
+  int pull_stripes = -1;
+  int64_t pull_stripe_min_bytes = 256 << 10;
 };
 
 // PsTransport with pulls and pushes over the tensor data plane (common/tensor_wire.h) and
@@ -131,6 +140,8 @@ class TcpPsTransport : public PsTransport {
 
   // Connections opened so far to task `ps` (for tests).
   int connections_opened(int ps) const;
+  // The stripes a dense pull is cut into (TcpPsTransportOptions::pull_stripes resolved).
+  int pull_stripes() const { return pull_stripes_; }
 
  private:
   struct Connection {
@@ -180,9 +191,16 @@ class TcpPsTransport : public PsTransport {
   // Reads the answer to the request `exchange` sent on `c` (the second half of CallOn).
   absl::Status ReadAnswer(Connection& c, Exchange* exchange, bool* in_step);
   absl::Status Annotate(int ps, const absl::Status& status) const;
+  // One PullDense exchange; `begins` (empty: whole shards) are the slices' first elements
+  // within their shards. Sets *no_data_plane as Call does.
+  absl::Status PullDenseOnce(int ps, const std::vector<DenseSlice>& slices,
+                             const std::vector<int64_t>& begins, v1::DataType wire, int64_t step,
+                             bool* no_data_plane);
 
   const std::unique_ptr<GrpcPsTransport> grpc_;
   const TcpPsTransportOptions options_;
+  const int pull_stripes_;
+  std::unique_ptr<ThreadPool> stripe_pool_;  // pull_stripes_ - 1 threads; null for 1
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_tag_{1};
 };

@@ -290,13 +290,37 @@ int64_t ParameterStore::held_bytes() const {
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {
   PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(request.shards()));
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
-  SettleDense(shards, request.has_step() ? request.step() : -1);
+  // Element ranges (a pull in stripes): one per shard, inside it, not empty.
+  const bool ranged = request.element_begin_size() > 0 || request.element_end_size() > 0;
+  if (ranged && (request.element_begin_size() != request.shards_size() ||
+                 request.element_end_size() != request.shards_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pull names ", request.shards_size(), " shards with ", request.element_begin_size(),
+        " element_begin and ", request.element_end_size(),
+        " element_end; expected none or one of each per shard"));
+  }
+  std::vector<int64_t> begins(shards.size(), 0);
   std::vector<int64_t> counts(shards.size());
-  for (size_t i = 0; i < shards.size(); ++i) counts[i] = shards[i]->num_elements();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int64_t n = shards[i]->num_elements();
+    counts[i] = n;
+    if (!ranged) continue;
+    const int64_t begin = request.element_begin(static_cast<int>(i));
+    const int64_t end = request.element_end(static_cast<int>(i));
+    if (begin < 0 || begin >= end || end > n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the pull asks for elements [", begin, ", ", end, ") of variable ",
+                       DenseName(shards[i]->name(), shards[i]->partition()), ", which has ", n,
+                       "; expected 0 <= begin < end <= ", n));
+    }
+    begins[i] = begin;
+    counts[i] = end - begin;
+  }
+  SettleDense(shards, request.has_step() ? request.step() : -1);
   PS_RETURN_IF_ERROR(sink->Begin(counts));
   for (size_t i = 0; i < shards.size(); ++i) {
-    PS_RETURN_IF_ERROR(shards[i]->WithValues([&](const float* values, int64_t n) {
-      return sink->Values(static_cast<int>(i), values, n);
+    PS_RETURN_IF_ERROR(shards[i]->WithValues([&](const float* values, int64_t) {
+      return sink->Values(static_cast<int>(i), values + begins[i], counts[i]);
     }));
     Touch(shards[i]->counters(), /*push=*/false, counts[i] * elem_bytes);
   }

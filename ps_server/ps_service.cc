@@ -157,6 +157,13 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
     v1::PullDenseRequest one = *req;
     one.clear_shards();
     *one.add_shards() = req->shards(i);
+    if (req->element_begin_size() == req->shards_size() &&
+        req->element_end_size() == req->shards_size()) {
+      one.clear_element_begin();
+      one.clear_element_end();
+      one.add_element_begin(req->element_begin(i));
+      one.add_element_end(req->element_end(i));
+    }
     ChunkStreamSink sink(ctx, writer, WireOrFloat(req->wire_dtype()), chunk_bytes, i);
     absl::Status s = backups_.DenseStore(store_, one.shards())->PullDense(one, &sink);
     if (s.ok()) s = sink.Flush();

@@ -96,6 +96,16 @@ INSTANTIATE_TEST_SUITE_P(
                              return std::make_unique<DaemonEnvironment>(
                                  true, std::vector<std::string>{}, options);
                            }},
+        // Dense pulls in 3 stripes of at least 8 bytes over 3 connections at once, so that
+        // every pull of more than 4 floats is cut, some between two slices.
+        PsTransportFactory{"tensor_wire_striped_pulls",
+                           [] {
+                             TcpPsTransportOptions options;
+                             options.pull_stripes = 3;
+                             options.pull_stripe_min_bytes = 8;
+                             return std::make_unique<DaemonEnvironment>(
+                                 true, std::vector<std::string>{}, options);
+                           }},
         // ps tasks without a data plane: TcpPsTransport falls back to gRPC for everything.
         PsTransportFactory{"tensor_wire_to_grpc_only_ps",
                            [] {
@@ -238,6 +248,24 @@ TEST_F(RawWireTest, BadFramesAreRefusedAndTheDaemonKeepsServing) {
     a = Send(*s, WireOp::kPushSparse, sparse.SerializeAsString(), std::string(16, '\0'), 16);
     EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
     EXPECT_THAT(std::string(a.message()), HasSubstr("carries only 16 payload bytes"));
+    // Pulls of element ranges (stripes) outside the shard, empty, or not one per shard.
+    v1::PullDenseRequest range;
+    range.add_shards()->set_variable("b");
+    range.add_element_begin(8);
+    range.add_element_end(17);
+    a = Send(*s, WireOp::kPullDense, range.SerializeAsString(), "", 0);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()),
+                HasSubstr("asks for elements [8, 17) of variable b/0, which has 16; expected 0 "
+                          "<= begin < end <= 16"));
+    range.set_element_end(0, 8);
+    a = Send(*s, WireOp::kPullDense, range.SerializeAsString(), "", 0);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    range.add_element_end(16);
+    a = Send(*s, WireOp::kPullDense, range.SerializeAsString(), "", 0);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()),
+                HasSubstr("1 element_begin and 2 element_end; expected none or one of each"));
     // A good push on the same connection.
     a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16), Floats(16, 1), 64);
     EXPECT_TRUE(a.ok()) << a;
