@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -61,12 +62,14 @@ absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expe
 
 int ResolvePullStripes(int configured) {
   if (configured >= 1) return std::min(configured, 16);
+  const int by_cores = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
   const char* env = std::getenv("PSCLUSTER_PULL_STRIPES");
-  if (env == nullptr || *env == '\0') return 1;
+  if (env == nullptr || *env == '\0') return by_cores;
   int stripes = 0;
   if (!absl::SimpleAtoi(env, &stripes) || stripes < 1 || stripes > 16) {
-    LOG(ERROR) << "PSCLUSTER_PULL_STRIPES is \"" << env << "\"; expected 1 to 16; pulling whole";
-    return 1;
+    LOG(ERROR) << "PSCLUSTER_PULL_STRIPES is \"" << env << "\"; expected 1 to 16; using "
+               << by_cores << " stripes (a quarter of the cores, 1 to 4)";
+    return by_cores;
   }
   return stripes;
 }

@@ -36,10 +36,16 @@ struct TcpPsTransportOptions {
   // A dense pull of at least 2 * pull_stripe_min_bytes is cut into up to pull_stripes stripes
   // of elements (at least pull_stripe_min_bytes each), pulled over as many connections at once
   // (PullDenseRequest.element_begin/end): the ps's threads of those connections send (and,
-  // with TLS, seal) them side by side, and this process's pull threads receive them. 1: never
-  // (-1: PSCLUSTER_PULL_STRIPES, 1 to 16, else 1).
+  // with TLS, seal) them side by side, and this process's pull threads receive them. 1: never.
+  // -1: PSCLUSTER_PULL_STRIPES (1 to 16) where set, else a quarter of this machine's cores, 1
+  // to 4 (none on the 2-core VM, where the connections' threads already fill the cores). On the
+  // GPU machine's 16 cores (bench/gpu_ps.sh, docs/benchmarks.md) 4 stripes took one client's
+  // pulls of 1 / 16 / 64 MiB from 6.8 / 5.3 / 3.6 GB/s to 10.8 / 14.5 / 12.1 in plaintext and
+  // from 4.6 / 3.7 / 3.0 to 7.0 / 10.8 / 8.9 with TLS; with 2 clients pulling 1 MiB from 2 ps
+  // tasks 4 stripes of 256 KiB lost to whole pulls with TLS (8.9 against 11.1 GB/s), hence
+  // stripes of 512 KiB at least.
   int pull_stripes = -1;
-  int64_t pull_stripe_min_bytes = 256 << 10;
+  int64_t pull_stripe_min_bytes = 512 << 10;
 };
 
 // PsTransport with pulls and pushes over the tensor data plane (common/tensor_wire.h) and
