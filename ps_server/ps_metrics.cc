@@ -112,7 +112,33 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
     backup_shards.Add(count, {{"primary", absl::StrCat("ps:", key.first)},
                               {"state", key.second ? "promoted" : "backup"}});
   }
-  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards}) {
+  // Tables: groups of a push's rows numbered per (backup task, stripe) on the primary and applied
+  // in that order on the backup (docs/replication.md): a backup lags its primary by the
+  // difference of the two, per table.
+  FamilyBuilder groups_forwarded(
+      "pscluster_ps_table_groups_forwarded_total",
+      "Replication: groups of table rows this task numbered for each backup task, by table "
+      "and backup (their backup's pscluster_ps_table_groups_applied_total lags by what is "
+      "still on its way)",
+      MetricType::Counter);
+  for (const v1::ShardStats& s : shards.shards()) {
+    if (!s.is_table()) continue;
+    for (const auto& [backup, sent] : s.table_groups_sent()) {
+      groups_forwarded.Add(static_cast<double>(sent),
+                           {{"table", s.name()}, {"backup", absl::StrCat("ps:", backup)}});
+    }
+  }
+  FamilyBuilder groups_applied("pscluster_ps_table_groups_applied_total",
+                               "Replication: groups of table rows this task applied as a backup, "
+                               "by table and primary task",
+                               MetricType::Counter);
+  for (const v1::ShardStats& s : held.shards()) {
+    if (!s.is_table()) continue;
+    groups_applied.Add(
+        static_cast<double>(s.table_groups_applied()),
+        {{"table", s.name()}, {"primary", absl::StrCat("ps:", s.primary_ps_task())}});
+  }
+  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards, &groups_forwarded, &groups_applied}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

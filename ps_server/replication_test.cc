@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "ps_server/backup_stores.h"
 #include "ps_server/parameter_store.h"
+#include "ps_server/ps_metrics.h"
 #include "ps_server/push_forwarder.h"
 
 namespace pscluster {
@@ -561,6 +562,67 @@ TEST(ReplicationTest, AForwardSentAgainAfterAPartialApplyAppliesTheRest) {
   EXPECT_GT(r.applied(), 0);
   EXPECT_GT(r.already_applied(), 0);
   EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+}
+
+// The value of `name`'s series whose label `key` is `value` (-1 when there is none).
+double Series(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
+              const std::string& key, const std::string& value) {
+  for (const prometheus::MetricFamily& f : families) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == key && l.value == value) return m.counter.value;
+      }
+    }
+  }
+  return -1;
+}
+
+// Prometheus shows how far a table's backup is behind: the groups its primary numbered for it
+// against those it applied.
+TEST(ReplicationTest, PrometheusShowsWhatATablesBackupHasApplied) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore unused{ParameterStoreOptions()};
+  CreateTables(primary, unused);
+  // ps:1 backs up every virtual shard of ps:0's table.
+  BackupStores held{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  v1::BackupShards* b = req.add_backups();
+  b->set_primary_ps_task(0);
+  v1::TableShardSpec* t = b->add_tables();
+  t->mutable_table()->set_name("emb");
+  t->mutable_table()->set_dim(4);
+  t->mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  t->mutable_table()->mutable_initializer()->set_min(-1);
+  t->mutable_table()->mutable_initializer()->set_max(1);
+  t->mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+  t->set_num_virtual_shards(4);
+  for (int v = 0; v < 4; ++v) t->add_virtual_shards(v);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(held.Create(1, req, &created).ok());
+  ParameterStore* backup = held.Find(0);
+  ASSERT_NE(backup, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    v1::PushSparseResponse resp;
+    ASSERT_TRUE(PushRows(primary, 0, i, &resp).ok());
+  }
+  std::vector<v1::ReplicateSparseRequest> kept = forwarder.kept_sparse();
+  ASSERT_EQ(kept.size(), 3u);
+  for (int k = 0; k < 2; ++k) {
+    v1::ReplicateSparseResponse r;
+    ASSERT_TRUE(backup->ApplyReplicatedSparse(kept[k], &r).ok());
+  }
+  BackupStores none{ParameterStoreOptions()};
+  ParameterStore own1{ParameterStoreOptions()};
+  const int sent = kept[0].groups_size() + kept[1].groups_size() + kept[2].groups_size();
+  const int applied = kept[0].groups_size() + kept[1].groups_size();
+  EXPECT_EQ(Series(PsMetricFamilies(primary, &none), "pscluster_ps_table_groups_forwarded_total",
+                   "backup", "ps:1"),
+            sent);
+  EXPECT_EQ(Series(PsMetricFamilies(own1, &held), "pscluster_ps_table_groups_applied_total",
+                   "primary", "ps:0"),
+            applied);
 }
 
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {
