@@ -266,6 +266,21 @@ TEST_F(RawWireTest, BadFramesAreRefusedAndTheDaemonKeepsServing) {
     EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
     EXPECT_THAT(std::string(a.message()),
                 HasSubstr("1 element_begin and 2 element_end; expected none or one of each"));
+    // A table forward (ReplicateSparse) to a task that backs nothing up, and one whose meta
+    // does not parse: refused, their payloads skipped.
+    v1::ReplicateSparseRequest forward;
+    forward.set_table("emb");
+    forward.set_primary_ps_task(1 - b_ps_);
+    v1::SparseStripeGroup* group = forward.add_groups();
+    group->set_stripe(0);
+    group->set_sequence(1);
+    group->set_count(2);
+    a = Send(*s, WireOp::kReplicateSparse, forward.SerializeAsString(), std::string(48, '\0'), 48);
+    EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("holds no backup of ps:"));
+    a = Send(*s, WireOp::kReplicateSparse, std::string("\xff\xff\xff", 3), std::string(8, '\0'), 8);
+    EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_THAT(std::string(a.message()), HasSubstr("ReplicateSparseRequest"));
     // A good push on the same connection.
     a = Send(*s, WireOp::kPushDense, PushHeaderOfB(16), Floats(16, 1), 64);
     EXPECT_TRUE(a.ok()) << a;
