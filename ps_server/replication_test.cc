@@ -496,72 +496,74 @@ TEST(ReplicationTest, AForwardOfAPushTheBackupTookFromItsWorkerIsNotAppliedAgain
   EXPECT_EQ(Rows(backup).first, Rows(primary).first);
 }
 
-// A forward whose groups of some stripes wait in vain for their turn (the primary died before
-// sending the push before it) fails after applying the groups whose turn had come. The worker's
-// retry of that push on this store, promoted since, applies only the other stripes' rows, and a
-// forward sent again changes nothing more: each push is in the rows exactly once, in each
-// row's order, so the rows are the primary's bit for bit.
-TEST(ReplicationTest, TheRetryOfAPartlyForwardedPushAppliesOnlyWhatTheForwardDidNot) {
-  DirectForwarder forwarder;  // keeps the forwards
-  ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Milliseconds(100);
-  ParameterStore backup(waits_briefly);
-  CreateTables(primary, backup);
-  v1::PushSparseResponse resp;
-  ASSERT_TRUE(PushRows(primary, 0, 0, &resp).ok());
-  ASSERT_TRUE(PushRows(primary, 1, 1, &resp).ok());
-  std::vector<v1::ReplicateSparseRequest> kept = forwarder.kept_sparse();
-  ASSERT_EQ(kept.size(), 2u);
-  // The second push has groups of stripes the first one had (number 2: they wait) and of
-  // stripes it had not (number 1: applied at once).
-  int waiting = 0, ready = 0;
-  for (const v1::SparseStripeGroup& g : kept[1].groups()) (g.sequence() == 1 ? ready : waiting)++;
-  ASSERT_GT(waiting, 0);
-  ASSERT_GT(ready, 0);
-  const std::string before = Rows(backup).first;
-  v1::ReplicateSparseResponse r;
-  absl::Status s = backup.ApplyReplicatedSparse(kept[1], &r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  ASSERT_NE(Rows(backup).first, before);  // the ready groups were applied
+// Two table pushes from two workers applied on a primary that keeps their forwards, and a
+// backup that waits briefly for a group's turn: the second push's forward, applied alone, has
+// groups of stripes the first push had (number 2: they wait in vain) and of stripes it had not
+// (number 1: applied at once).
+class PartialForwardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CreateTables(primary_, backup_);
+    v1::PushSparseResponse resp;
+    ASSERT_TRUE(PushRows(primary_, 0, 0, &resp).ok());
+    ASSERT_TRUE(PushRows(primary_, 1, 1, &resp).ok());
+    kept_ = forwarder_.kept_sparse();
+    ASSERT_EQ(kept_.size(), 2u);
+    int waiting = 0, ready = 0;
+    for (const v1::SparseStripeGroup& g : kept_[1].groups())
+      (g.sequence() == 1 ? ready : waiting)++;
+    ASSERT_GT(waiting, 0);
+    ASSERT_GT(ready, 0);
+    const std::string before = Rows(backup_).first;
+    v1::ReplicateSparseResponse r;
+    absl::Status s = backup_.ApplyReplicatedSparse(kept_[1], &r);
+    ASSERT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    ASSERT_NE(Rows(backup_).first, before);  // the ready groups were applied
+  }
 
-  // The primary is gone; its workers retry on the promoted backup, in their order.
-  ASSERT_TRUE(PushRows(backup, 0, 0, &resp).ok());
+  static ParameterStoreOptions WaitsBriefly() {
+    ParameterStoreOptions options;
+    options.replica_wait = absl::Milliseconds(100);
+    return options;
+  }
+
+  DirectForwarder forwarder_;  // keeps the forwards
+  ParameterStore primary_{WithForwarder(&forwarder_)};
+  ParameterStore backup_{WaitsBriefly()};
+  std::vector<v1::ReplicateSparseRequest> kept_;
+};
+
+// The primary died: the worker's retry of the partly forwarded push on the backup, promoted
+// since, applies only the other stripes' rows, and a forward sent late changes nothing more:
+// each push is in the rows exactly once, in each row's order, so the rows are the primary's bit
+// for bit.
+TEST_F(PartialForwardTest, TheWorkersRetryAppliesOnlyWhatTheForwardDidNot) {
+  v1::PushSparseResponse resp;
+  ASSERT_TRUE(PushRows(backup_, 0, 0, &resp).ok());
   EXPECT_FALSE(resp.duplicate());
-  ASSERT_TRUE(PushRows(backup, 1, 1, &resp).ok());
+  ASSERT_TRUE(PushRows(backup_, 1, 1, &resp).ok());
   EXPECT_FALSE(resp.duplicate());
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+  EXPECT_EQ(Rows(backup_).first, Rows(primary_).first);
   // Late forwards, and retries answered again, change nothing.
-  for (const v1::ReplicateSparseRequest& f : kept) {
-    ASSERT_TRUE(backup.ApplyReplicatedSparse(f, &r).ok());
+  for (const v1::ReplicateSparseRequest& f : kept_) {
+    v1::ReplicateSparseResponse r;
+    ASSERT_TRUE(backup_.ApplyReplicatedSparse(f, &r).ok());
     EXPECT_EQ(r.applied(), 0);
   }
-  ASSERT_TRUE(PushRows(backup, 1, 1, &resp).ok());
+  ASSERT_TRUE(PushRows(backup_, 1, 1, &resp).ok());
   EXPECT_TRUE(resp.duplicate());
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+  EXPECT_EQ(Rows(backup_).first, Rows(primary_).first);
 }
 
-// The same forward, sent again by a primary that did not die once the group it waited for came:
-// it applies the groups the first attempt did not, once.
-TEST(ReplicationTest, AForwardSentAgainAfterAPartialApplyAppliesTheRest) {
-  DirectForwarder forwarder;  // keeps the forwards
-  ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Milliseconds(100);
-  ParameterStore backup(waits_briefly);
-  CreateTables(primary, backup);
-  v1::PushSparseResponse resp;
-  ASSERT_TRUE(PushRows(primary, 0, 0, &resp).ok());
-  ASSERT_TRUE(PushRows(primary, 1, 1, &resp).ok());
-  std::vector<v1::ReplicateSparseRequest> kept = forwarder.kept_sparse();
-  ASSERT_EQ(kept.size(), 2u);
+// The primary did not die: the forward it sends again once the group it waited for came applies
+// the groups the first attempt did not, once.
+TEST_F(PartialForwardTest, TheForwardSentAgainAppliesTheRest) {
   v1::ReplicateSparseResponse r;
-  EXPECT_EQ(backup.ApplyReplicatedSparse(kept[1], &r).code(), absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE(backup.ApplyReplicatedSparse(kept[0], &r).ok());
-  ASSERT_TRUE(backup.ApplyReplicatedSparse(kept[1], &r).ok());
+  ASSERT_TRUE(backup_.ApplyReplicatedSparse(kept_[0], &r).ok());
+  ASSERT_TRUE(backup_.ApplyReplicatedSparse(kept_[1], &r).ok());
   EXPECT_GT(r.applied(), 0);
   EXPECT_GT(r.already_applied(), 0);
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
+  EXPECT_EQ(Rows(backup_).first, Rows(primary_).first);
 }
 
 // The value of `name`'s series whose label `key` is `value` (-1 when there is none).
