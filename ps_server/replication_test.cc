@@ -364,18 +364,25 @@ TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
 }
 
 // Tables (async): a table of Adagrad rows (whose result depends on the order of a row's
-// updates), every virtual shard backed up on ps:1.
+// updates), in 4 virtual shards, all held.
+v1::TableShardSpec EmbSpec() {
+  v1::TableShardSpec t;
+  t.mutable_table()->set_name("emb");
+  t.mutable_table()->set_dim(4);
+  t.mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  t.mutable_table()->mutable_initializer()->set_min(-1);
+  t.mutable_table()->mutable_initializer()->set_max(1);
+  t.mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
+  t.set_num_virtual_shards(4);
+  for (int v = 0; v < 4; ++v) t.add_virtual_shards(v);
+  return t;
+}
+
+// The table on a primary with every virtual shard backed up on ps:1, and on that backup.
 void CreateTables(ParameterStore& primary, ParameterStore& backup) {
   v1::CreateShardsRequest req;
   v1::TableShardSpec* t = req.add_tables();
-  t->mutable_table()->set_name("emb");
-  t->mutable_table()->set_dim(4);
-  t->mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
-  t->mutable_table()->mutable_initializer()->set_min(-1);
-  t->mutable_table()->mutable_initializer()->set_max(1);
-  t->mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
-  t->set_num_virtual_shards(4);
-  for (int v = 0; v < 4; ++v) t->add_virtual_shards(v);
+  *t = EmbSpec();
   v1::CreateShardsResponse resp;
   ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
   for (int v = 0; v < 4; ++v) t->add_virtual_shard_backups(1);
@@ -592,15 +599,7 @@ TEST(ReplicationTest, PrometheusShowsWhatATablesBackupHasApplied) {
   v1::CreateShardsRequest req;
   v1::BackupShards* b = req.add_backups();
   b->set_primary_ps_task(0);
-  v1::TableShardSpec* t = b->add_tables();
-  t->mutable_table()->set_name("emb");
-  t->mutable_table()->set_dim(4);
-  t->mutable_table()->mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
-  t->mutable_table()->mutable_initializer()->set_min(-1);
-  t->mutable_table()->mutable_initializer()->set_max(1);
-  t->mutable_table()->mutable_optimizer()->mutable_adagrad()->set_learning_rate(0.1f);
-  t->set_num_virtual_shards(4);
-  for (int v = 0; v < 4; ++v) t->add_virtual_shards(v);
+  *b->add_tables() = EmbSpec();
   v1::CreateShardsResponse created;
   ASSERT_TRUE(held.Create(1, req, &created).ok());
   ParameterStore* backup = held.Find(0);
