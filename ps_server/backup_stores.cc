@@ -51,6 +51,7 @@ absl::Status BackupStores::Create(int self, const v1::CreateShardsRequest& reque
           slot->SetBytesElsewhere(
               [this, own, primary] { return own->held_bytes() + HeldBytes(primary); });
         }
+        if (promoted_.count(primary) > 0) PublishServingLocked();
       }
       store = slot.get();
     }
@@ -110,7 +111,17 @@ void BackupStores::Promote(int primary, int* dense_shards, bool* already) {
   for (const v1::ShardStats& s : listed.shards()) {
     if (!s.is_table()) ++*dense_shards;
   }
-  any_promoted_.store(true);
+  PublishServingLocked();
+  any_promoted_.store(true, std::memory_order_release);
+}
+
+void BackupStores::PublishServingLocked() {
+  auto serving = std::make_shared<std::vector<ParameterStore*>>();
+  for (int primary : promoted_) {
+    auto it = stores_.find(primary);
+    if (it != stores_.end()) serving->push_back(it->second.get());
+  }
+  std::atomic_store(&serving_, std::shared_ptr<const std::vector<ParameterStore*>>(serving));
 }
 
 absl::StatusOr<ParameterStore*> BackupStores::ForForward(int primary) const {
@@ -129,21 +140,21 @@ absl::StatusOr<ParameterStore*> BackupStores::ForForward(int primary) const {
 }
 
 ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
-  if (!any_promoted_.load(std::memory_order_relaxed)) return nullptr;
-  absl::MutexLock lock(&mu_);
-  for (int primary : promoted_) {
-    auto it = stores_.find(primary);
-    if (it != stores_.end() && it->second->HoldsDense(ref)) return it->second.get();
+  if (!any_promoted_.load(std::memory_order_acquire)) return nullptr;
+  const std::shared_ptr<const std::vector<ParameterStore*>> serving = std::atomic_load(&serving_);
+  if (serving == nullptr) return nullptr;
+  for (ParameterStore* store : *serving) {
+    if (store->HoldsDense(ref)) return store;
   }
   return nullptr;
 }
 
 ParameterStore* BackupStores::ServingSparse(const std::string& table, int64_t key) const {
-  if (!any_promoted_.load(std::memory_order_relaxed)) return nullptr;
-  absl::MutexLock lock(&mu_);
-  for (int primary : promoted_) {
-    auto it = stores_.find(primary);
-    if (it != stores_.end() && it->second->HoldsTableKey(table, key)) return it->second.get();
+  if (!any_promoted_.load(std::memory_order_acquire)) return nullptr;
+  const std::shared_ptr<const std::vector<ParameterStore*>> serving = std::atomic_load(&serving_);
+  if (serving == nullptr) return nullptr;
+  for (ParameterStore* store : *serving) {
+    if (store->HoldsTableKey(table, key)) return store;
   }
   return nullptr;
 }

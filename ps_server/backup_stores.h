@@ -125,11 +125,18 @@ class BackupStores {
   }
 
  private:
+  // Publishes the stores of promoted_ as serving_.
+  void PublishServingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   ParameterStoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<int, std::unique_ptr<ParameterStore>> stores_ ABSL_GUARDED_BY(mu_);
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> any_promoted_{false};
+  // The stores of promoted_ (in its order), replaced whole by Promote and read without mu_
+  // (std::atomic_load) by every pull and push that looks for them: a copy of the list, never
+  // changed once published; the stores live as long as this object.
+  std::shared_ptr<const std::vector<ParameterStore*>> serving_;
   std::atomic<bool> replicated_{false};
   std::atomic<bool> fenced_{false};
   std::atomic<int64_t> lease_until_nanos_{0};      // 0: no answer from the chief yet
