@@ -82,7 +82,13 @@ TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
     : grpc_(std::move(grpc)),
       options_(options),
       pull_stripes_(ResolvePullStripes(options.pull_stripes)),
-      stripe_pool_(pull_stripes_ > 1 ? std::make_unique<ThreadPool>(pull_stripes_ - 1) : nullptr) {
+      // Enough threads for every ps task's pull to run its stripes at once (a worker pulls
+      // from its ps tasks in parallel), at most 32.
+      stripe_pool_(
+          pull_stripes_ > 1
+              ? std::make_unique<ThreadPool>(std::min<int>(
+                    32, (pull_stripes_ - 1) * std::max<int>(1, static_cast<int>(addresses.size()))))
+              : nullptr) {
   for (const std::string& a : addresses) {
     endpoints_.push_back(std::make_unique<Endpoint>());
     absl::MutexLock lock(&endpoints_.back()->mu);

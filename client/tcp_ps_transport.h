@@ -206,7 +206,8 @@ class TcpPsTransport : public PsTransport {
   const std::unique_ptr<GrpcPsTransport> grpc_;
   const TcpPsTransportOptions options_;
   const int pull_stripes_;
-  std::unique_ptr<ThreadPool> stripe_pool_;  // pull_stripes_ - 1 threads; null for 1
+  // (pull_stripes_ - 1) threads per ps task, at most 32; null for 1 stripe.
+  std::unique_ptr<ThreadPool> stripe_pool_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_tag_{1};
 };
