@@ -495,9 +495,13 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
                           WireTlsContext::Create(WorkerTls(worker), WireTlsContext::Side::kClient,
                                                  FLAGS_kernel_tls));
     }
-    return ParameterClient::Create(
-        model.model(), model.placement(),
-        std::make_unique<TcpPsTransport>(std::move(transport), addresses, tcp), client_options);
+    auto tcp_transport = std::make_unique<TcpPsTransport>(std::move(transport), addresses, tcp);
+    if (worker == 0) {
+      LOG(INFO) << "dense pulls of 1 MiB or more in up to " << tcp_transport->pull_stripes()
+                << " stripes (PSCLUSTER_PULL_STRIPES; docs/wire.md)";
+    }
+    return ParameterClient::Create(model.model(), model.placement(), std::move(tcp_transport),
+                                   client_options);
   }
   return ParameterClient::Create(model.model(), model.placement(), std::move(transport),
                                  client_options);
