@@ -302,11 +302,13 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
       while (want > 0) {
         const DenseSlice& s = slices[slice];
         const int64_t take = std::min(want, s.num_elements - at);
-        DenseSlice part = s;
-        part.num_elements = take;
-        part.pull_into = s.pull_into + at;
-        parts[k].push_back(part);
-        begins[k].push_back(at);
+        if (take > 0) {  // (an empty shard has nothing to pull)
+          DenseSlice part = s;
+          part.num_elements = take;
+          part.pull_into = s.pull_into + at;
+          parts[k].push_back(part);
+          begins[k].push_back(at);
+        }
         at += take;
         want -= take;
         if (at == s.num_elements) {
