@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
     absl::MutexLock lock(&e.mu);
     if (e.epoch != epoch) return absl::UnavailableError("the task moved to another address");
     e.port = port;
+    e.ranges = status.serves_pull_ranges();
     e.looked_up = absl::Now();
   }
   if (port < 0) return std::unique_ptr<Connection>();
@@ -283,8 +284,15 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
   PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
   int64_t total = 0;
   for (const DenseSlice& s : slices) total += s.num_elements;
-  const int stripes = static_cast<int>(std::min<int64_t>(
+  int stripes = static_cast<int>(std::min<int64_t>(
       pull_stripes_, total * elem / std::max<int64_t>(1, options_.pull_stripe_min_bytes)));
+  if (stripes > 1) {
+    // Only to a ps that serves ranges, as far as its last lookup said (the first pull to a
+    // task, which looks it up, goes whole).
+    Endpoint& e = *endpoints_[ps];
+    absl::MutexLock lock(&e.mu);
+    if (!e.ranges || e.port <= 0) stripes = 1;
+  }
   bool no_data_plane = false;
   if (stripes <= 1) {
     absl::Status s = PullDenseOnce(ps, slices, {}, wire, step, &no_data_plane);

@@ -160,6 +160,9 @@ class TcpPsTransport : public PsTransport {
     // 0: not looked up yet; -1: the ps had no data plane when asked at `looked_up` (use gRPC;
     // asked again after a while).
     int port ABSL_GUARDED_BY(mu) = 0;
+    // Whether the ps said it serves pulls of element ranges (TaskStatus.serves_pull_ranges):
+    // only then are its pulls striped.
+    bool ranges ABSL_GUARDED_BY(mu) = false;
     absl::Time looked_up ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
     int opened ABSL_GUARDED_BY(mu) = 0;

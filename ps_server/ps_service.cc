@@ -336,6 +336,7 @@ grpc::Status PsService::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusR
     resp->set_address(address_);
     resp->set_data_port(data_port_);
   }
+  resp->set_serves_pull_ranges(true);
   resp->set_health(v1::HEALTH_SERVING);
   resp->set_start_unix_micros(absl::ToUnixMicros(start_time_));
   resp->set_uptime_micros(absl::ToInt64Microseconds(absl::Now() - start_time_));
