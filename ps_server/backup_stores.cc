@@ -112,16 +112,18 @@ void BackupStores::Promote(int primary, int* dense_shards, bool* already) {
     if (!s.is_table()) ++*dense_shards;
   }
   PublishServingLocked();
-  any_promoted_.store(true, std::memory_order_release);
 }
 
 void BackupStores::PublishServingLocked() {
-  auto serving = std::make_shared<std::vector<ParameterStore*>>();
+  auto serving = std::make_unique<std::vector<ParameterStore*>>();
   for (int primary : promoted_) {
     auto it = stores_.find(primary);
     if (it != stores_.end()) serving->push_back(it->second.get());
   }
-  std::atomic_store(&serving_, std::shared_ptr<const std::vector<ParameterStore*>>(serving));
+  if (serving->empty()) return;
+  serving_.store(serving.get(), std::memory_order_release);
+  published_.push_back(std::move(serving));
+  any_promoted_.store(true, std::memory_order_release);
 }
 
 absl::StatusOr<ParameterStore*> BackupStores::ForForward(int primary) const {
@@ -141,7 +143,7 @@ absl::StatusOr<ParameterStore*> BackupStores::ForForward(int primary) const {
 
 ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
   if (!any_promoted_.load(std::memory_order_acquire)) return nullptr;
-  const std::shared_ptr<const std::vector<ParameterStore*>> serving = std::atomic_load(&serving_);
+  const std::vector<ParameterStore*>* serving = serving_.load(std::memory_order_acquire);
   if (serving == nullptr) return nullptr;
   for (ParameterStore* store : *serving) {
     if (store->HoldsDense(ref)) return store;
@@ -151,7 +153,7 @@ ParameterStore* BackupStores::ServingDense(const v1::ShardRef& ref) const {
 
 ParameterStore* BackupStores::ServingSparse(const std::string& table, int64_t key) const {
   if (!any_promoted_.load(std::memory_order_acquire)) return nullptr;
-  const std::shared_ptr<const std::vector<ParameterStore*>> serving = std::atomic_load(&serving_);
+  const std::vector<ParameterStore*>* serving = serving_.load(std::memory_order_acquire);
   if (serving == nullptr) return nullptr;
   for (ParameterStore* store : *serving) {
     if (store->HoldsTableKey(table, key)) return store;

@@ -133,10 +133,12 @@ class BackupStores {
   std::map<int, std::unique_ptr<ParameterStore>> stores_ ABSL_GUARDED_BY(mu_);
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> any_promoted_{false};
-  // The stores of promoted_ (in its order), replaced whole by Promote and read without mu_
-  // (std::atomic_load) by every pull and push that looks for them: a copy of the list, never
-  // changed once published; the stores live as long as this object.
-  std::shared_ptr<const std::vector<ParameterStore*>> serving_;
+  // The stores of promoted_ (in its order), replaced whole by Promote (and by Create, for a
+  // store made after its primary's promotion) and read without mu_ by every pull and push
+  // that looks for them: each list published is kept, unchanged, as long as this object (as
+  // the stores are), so a reader never sees one freed; promotions are few.
+  std::atomic<const std::vector<ParameterStore*>*> serving_{nullptr};
+  std::vector<std::unique_ptr<const std::vector<ParameterStore*>>> published_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> replicated_{false};
   std::atomic<bool> fenced_{false};
   std::atomic<int64_t> lease_until_nanos_{0};      // 0: no answer from the chief yet

@@ -64,13 +64,15 @@ SparseAccumulator::ApplyFn ApplyTo(EmbeddingTable* table, ThreadPool* pool,
   };
 }
 
-void Touch(ShardCounters& c, bool push, int64_t bytes) {
+// `count`: whether this is a push or pull of its own (false: a stripe of a pull after its first,
+// whose bytes count but not as another pull).
+void Touch(ShardCounters& c, bool push, int64_t bytes, bool count = true) {
   if (push) {
     c.pushes.fetch_add(1, std::memory_order_relaxed);
     c.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
     c.last_update_unix_micros.store(absl::ToUnixMicros(absl::Now()), std::memory_order_relaxed);
   } else {
-    c.pulls.fetch_add(1, std::memory_order_relaxed);
+    if (count) c.pulls.fetch_add(1, std::memory_order_relaxed);
     c.bytes_out.fetch_add(bytes, std::memory_order_relaxed);
   }
 }
@@ -322,7 +324,8 @@ absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, Dens
     PS_RETURN_IF_ERROR(shards[i]->WithValues([&](const float* values, int64_t) {
       return sink->Values(static_cast<int>(i), values + begins[i], counts[i]);
     }));
-    Touch(shards[i]->counters(), /*push=*/false, counts[i] * elem_bytes);
+    // A shard pulled in stripes counts one pull: the stripe that starts it.
+    Touch(shards[i]->counters(), /*push=*/false, counts[i] * elem_bytes, begins[i] == 0);
   }
   return absl::OkStatus();
 }
@@ -966,6 +969,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   // Part of it was applied here already: this store backed the push's rows up, and the forward
   // of it, which its primary sent before it died, applied the groups of some stripes and waited
   // in vain for the others' turn (ApplyReplicatedSparse). Only the rows of the other stripes now.
+  const int64_t request_keys = n;
   std::vector<int64_t> rest_keys;
   std::vector<float> rest_grads;
   if (applied_stripes != 0) {
@@ -997,7 +1001,8 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads,
                                                     work.pool(), &forwards)
                            : t.table->ApplyPush(keys, n, grads, work.pool());
-      if (applied.ok()) outcome.accepted = static_cast<int32_t>(n);
+      // (A retry of a partly applied push took all of its keys, some of them before.)
+      if (applied.ok()) outcome.accepted = static_cast<int32_t>(request_keys);
     } else {
       switch (t.accumulator->Add(request.step(), request.worker(), request.part(),
                                  request.num_parts(), keys, n, grads,

@@ -573,6 +573,38 @@ TEST_F(PartialForwardTest, TheForwardSentAgainAppliesTheRest) {
   EXPECT_EQ(Rows(backup_).first, Rows(primary_).first);
 }
 
+// After a failover the task that took shards over serves them from their backup store, found
+// without BackupStores' lock; also when that store was made only after the promotion.
+TEST(ReplicationTest, PromotedStoresAreServedWhicheverCameFirst) {
+  BackupStores held{ParameterStoreOptions()};
+  const auto backups_of = [](int primary, const std::string& name) {
+    v1::CreateShardsRequest req;
+    v1::BackupShards* b = req.add_backups();
+    b->set_primary_ps_task(primary);
+    *b->add_dense() = AdamShard(name, 4, 0);
+    return req;
+  };
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(held.Create(1, backups_of(0, "a"), &created).ok());
+  v1::ShardRef a, b;
+  a.set_variable("a");
+  b.set_variable("b");
+  EXPECT_EQ(held.ServingDense(a), nullptr);  // a backup, not served
+  int dense = 0;
+  bool already = false;
+  held.Promote(0, &dense, &already);
+  EXPECT_EQ(dense, 1);
+  EXPECT_EQ(held.ServingDense(a), held.Find(0));
+  // ps:2 is failed over before this task was told it backs up b of ps:2.
+  held.Promote(2, &dense, &already);
+  EXPECT_EQ(dense, 0);
+  EXPECT_EQ(held.ServingDense(b), nullptr);
+  ASSERT_TRUE(held.Create(1, backups_of(2, "b"), &created).ok());
+  EXPECT_EQ(held.ServingDense(b), held.Find(2));
+  EXPECT_EQ(held.ServingDense(a), held.Find(0));
+  EXPECT_EQ(held.Promoted().size(), 2u);
+}
+
 // The value of `name`'s series whose label `key` is `value` (-1 when there is none).
 double Series(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
               const std::string& key, const std::string& value) {

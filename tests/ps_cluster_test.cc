@@ -787,6 +787,35 @@ TEST_F(PsBadInputTest, EachBadRequestIsRefusedClearlyAndChangesNothing) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_THAT(s.error_message(), HasSubstr("unknown variable nope/0"));
   }
+  // Element ranges (a striped pull): one per shard, inside it; and one that is served.
+  const auto pull_range = [&](int shards, std::vector<std::pair<int64_t, int64_t>> ranges,
+                              std::vector<float>* values) {
+    grpc::ClientContext ctx;
+    v1::PullDenseRequest req;
+    for (int i = 0; i < shards; ++i) req.add_shards()->set_variable("b");
+    for (const auto& [begin, end] : ranges) {
+      req.add_element_begin(begin);
+      req.add_element_end(end);
+    }
+    auto reader = stub_->PullDense(&ctx, req);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+      const float* f = reinterpret_cast<const float*>(chunk.data().data());
+      values->insert(values->end(), f, f + chunk.data().size() / sizeof(float));
+    }
+    return reader->Finish();
+  };
+  std::vector<float> got;
+  s = pull_range(2, {{0, 4}}, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("2 shards with 1 element_begin and 1 element_end"));
+  s = pull_range(1, {{4, 17}}, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("asks for elements [4, 17) of variable b/0"));
+  got.clear();
+  s = pull_range(1, {{4, 9}}, &got);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(got, std::vector<float>(before.begin() + 4, before.begin() + 9));
   {
     grpc::ClientContext ctx;
     v1::CreateShardsRequest req;
