@@ -81,14 +81,7 @@ TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
                                const TcpPsTransportOptions& options)
     : grpc_(std::move(grpc)),
       options_(options),
-      pull_stripes_(ResolvePullStripes(options.pull_stripes)),
-      // Enough threads for every ps task's pull to run its stripes at once (a worker pulls
-      // from its ps tasks in parallel), at most 32.
-      stripe_pool_(
-          pull_stripes_ > 1
-              ? std::make_unique<ThreadPool>(std::min<int>(
-                    32, (pull_stripes_ - 1) * std::max<int>(1, static_cast<int>(addresses.size()))))
-              : nullptr) {
+      pull_stripes_(ResolvePullStripes(options.pull_stripes)) {
   for (const std::string& a : addresses) {
     endpoints_.push_back(std::make_unique<Endpoint>());
     absl::MutexLock lock(&endpoints_.back()->mu);
@@ -286,12 +279,18 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
   for (const DenseSlice& s : slices) total += s.num_elements;
   int stripes = static_cast<int>(std::min<int64_t>(
       pull_stripes_, total * elem / std::max<int64_t>(1, options_.pull_stripe_min_bytes)));
+  ThreadPool* pool = nullptr;
   if (stripes > 1) {
     // Only to a ps that serves ranges, as far as its last lookup said (the first pull to a
     // task, which looks it up, goes whole).
     Endpoint& e = *endpoints_[ps];
     absl::MutexLock lock(&e.mu);
-    if (!e.ranges || e.port <= 0) stripes = 1;
+    if (!e.ranges || e.port <= 0) {
+      stripes = 1;
+    } else {
+      if (e.stripe_pool == nullptr) e.stripe_pool = std::make_unique<ThreadPool>(pull_stripes_ - 1);
+      pool = e.stripe_pool.get();  // (never freed before the transport)
+    }
   }
   bool no_data_plane = false;
   if (stripes <= 1) {
@@ -330,7 +329,7 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
   std::unique_ptr<bool[]> none(new bool[stripes]());
   absl::BlockingCounter others(stripes - 1);
   for (int k = 1; k < stripes; ++k) {
-    stripe_pool_->Schedule([&, k] {
+    pool->Schedule([&, k] {
       status[k] = PullDenseOnce(ps, parts[k], begins[k], wire, step, &none[k]);
       others.DecrementCount();
     });

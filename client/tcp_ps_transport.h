@@ -163,6 +163,10 @@ class TcpPsTransport : public PsTransport {
     // Whether the ps said it serves pulls of element ranges (TaskStatus.serves_pull_ranges):
     // only then are its pulls striped.
     bool ranges ABSL_GUARDED_BY(mu) = false;
+    // Where this task's striped pulls run their stripes beyond the first (pull_stripes_ - 1
+    // threads, made at its first striped pull): a task of its own, so that pulls stuck on a
+    // dead task never hold up another's.
+    std::unique_ptr<ThreadPool> stripe_pool ABSL_GUARDED_BY(mu);
     absl::Time looked_up ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
     int opened ABSL_GUARDED_BY(mu) = 0;
@@ -209,8 +213,6 @@ class TcpPsTransport : public PsTransport {
   const std::unique_ptr<GrpcPsTransport> grpc_;
   const TcpPsTransportOptions options_;
   const int pull_stripes_;
-  // (pull_stripes_ - 1) threads per ps task, at most 32; null for 1 stripe.
-  std::unique_ptr<ThreadPool> stripe_pool_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_tag_{1};
 };
