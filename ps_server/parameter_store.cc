@@ -289,18 +289,24 @@ int64_t ParameterStore::held_bytes() const {
   return held;
 }
 
+absl::Status ParameterStore::CheckRangeCounts(const v1::PullDenseRequest& request) {
+  if ((request.element_begin_size() == 0 && request.element_end_size() == 0) ||
+      (request.element_begin_size() == request.shards_size() &&
+       request.element_end_size() == request.shards_size())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("the pull names ", request.shards_size(), " shards with ",
+                   request.element_begin_size(), " element_begin and ", request.element_end_size(),
+                   " element_end; expected none or one of each per shard"));
+}
+
 absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, DensePullSink* sink) {
   PS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<DenseShard>> shards, FindDense(request.shards()));
   PS_ASSIGN_OR_RETURN(const int elem_bytes, WireBytesPerElement(WireOrFloat(request.wire_dtype())));
   // Element ranges (a pull in stripes): one per shard, inside it, not empty.
-  const bool ranged = request.element_begin_size() > 0 || request.element_end_size() > 0;
-  if (ranged && (request.element_begin_size() != request.shards_size() ||
-                 request.element_end_size() != request.shards_size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the pull names ", request.shards_size(), " shards with ", request.element_begin_size(),
-        " element_begin and ", request.element_end_size(),
-        " element_end; expected none or one of each per shard"));
-  }
+  PS_RETURN_IF_ERROR(CheckRangeCounts(request));
+  const bool ranged = request.element_begin_size() > 0;
   std::vector<int64_t> begins(shards.size(), 0);
   std::vector<int64_t> counts(shards.size());
   for (size_t i = 0; i < shards.size(); ++i) {

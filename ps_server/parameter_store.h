@@ -128,6 +128,9 @@ class ParameterStore {
   // NOT_FOUND naming the first unknown shard; UNAVAILABLE while shards created with
   // hold_until_restored wait for their restore; INVALID_ARGUMENT for a bad wire dtype.
   absl::Status PullDense(const v1::PullDenseRequest& request, DensePullSink* sink);
+  // INVALID_ARGUMENT unless the request's element ranges (a striped pull) are none or one of
+  // each per shard; whether each lies inside its shard PullDense checks.
+  static absl::Status CheckRangeCounts(const v1::PullDenseRequest& request);
 
   // A dense push in three parts: StartPushDense validates the header (shards exist, counts
   // match, no shard twice, wire dtype) and prepares `push`; the transport feeds the chunks

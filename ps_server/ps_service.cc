@@ -152,15 +152,9 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
   int64_t chunk_bytes = req->chunk_bytes() > 0 ? req->chunk_bytes() : options_.default_chunk_bytes;
   chunk_bytes = std::min(chunk_bytes, options_.max_chunk_bytes);
   if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
-  const bool ranged = req->element_begin_size() > 0 || req->element_end_size() > 0;
-  if (ranged && (req->element_begin_size() != req->shards_size() ||
-                 req->element_end_size() != req->shards_size())) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("the pull names ", req->shards_size(), " shards with ",
-                     req->element_begin_size(), " element_begin and ", req->element_end_size(),
-                     " element_end; expected none or one of each per shard"));
-  }
+  // (Checked before the request is cut into one per shard.)
+  if (absl::Status s = ParameterStore::CheckRangeCounts(*req); !s.ok()) return ToGrpcStatus(s);
+  const bool ranged = req->element_begin_size() > 0;
   // One shard at a time: encoded under its lock by the store, streamed after.
   for (int i = 0; i < req->shards_size(); ++i) {
     v1::PullDenseRequest one = *req;
