@@ -497,8 +497,10 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectClient(
     }
     auto tcp_transport = std::make_unique<TcpPsTransport>(std::move(transport), addresses, tcp);
     if (worker == 0) {
-      LOG(INFO) << "dense pulls of 1 MiB or more in up to " << tcp_transport->pull_stripes()
-                << " stripes (PSCLUSTER_PULL_STRIPES; docs/wire.md)";
+      LOG(INFO) << "dense pulls in up to " << tcp_transport->pull_stripes()
+                << " stripes (PSCLUSTER_PULL_STRIPES) of at least "
+                << tcp_transport->pull_stripe_bytes()
+                << " bytes (PSCLUSTER_PULL_STRIPE_BYTES; docs/wire.md)";
     }
     return ParameterClient::Create(model.model(), model.placement(), std::move(tcp_transport),
                                    client_options);

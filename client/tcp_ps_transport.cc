@@ -62,16 +62,31 @@ absl::Status ReadFloats(WireSocket& socket, uint64_t payload_bytes, int64_t expe
 
 int ResolvePullStripes(int configured) {
   if (configured >= 1) return std::min(configured, 16);
-  const int by_cores = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int by_cores = cores < 8 ? 1 : std::clamp(cores / 2, 2, 8);
   const char* env = std::getenv("PSCLUSTER_PULL_STRIPES");
   if (env == nullptr || *env == '\0') return by_cores;
   int stripes = 0;
   if (!absl::SimpleAtoi(env, &stripes) || stripes < 1 || stripes > 16) {
     LOG(ERROR) << "PSCLUSTER_PULL_STRIPES is \"" << env << "\"; expected 1 to 16; using "
-               << by_cores << " stripes (a quarter of the cores, 1 to 4)";
+               << by_cores << " stripes (half the cores, 2 to 8; 1 under 8 cores)";
     return by_cores;
   }
   return stripes;
+}
+
+// TcpPsTransportOptions::pull_stripe_min_bytes, or PSCLUSTER_PULL_STRIPE_BYTES (16 KiB to 1 GiB)
+// where set.
+int64_t ResolveStripeBytes(int64_t configured) {
+  const char* env = std::getenv("PSCLUSTER_PULL_STRIPE_BYTES");
+  if (env == nullptr || *env == '\0') return std::max<int64_t>(1, configured);
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(env, &bytes) || bytes < (16 << 10) || bytes > (int64_t{1} << 30)) {
+    LOG(ERROR) << "PSCLUSTER_PULL_STRIPE_BYTES is \"" << env
+               << "\"; expected a byte count from 16384 to 2^30; using " << configured;
+    return std::max<int64_t>(1, configured);
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -81,7 +96,8 @@ TcpPsTransport::TcpPsTransport(std::unique_ptr<GrpcPsTransport> grpc,
                                const TcpPsTransportOptions& options)
     : grpc_(std::move(grpc)),
       options_(options),
-      pull_stripes_(ResolvePullStripes(options.pull_stripes)) {
+      pull_stripes_(ResolvePullStripes(options.pull_stripes)),
+      pull_stripe_bytes_(ResolveStripeBytes(options.pull_stripe_min_bytes)) {
   for (const std::string& a : addresses) {
     endpoints_.push_back(std::make_unique<Endpoint>());
     absl::MutexLock lock(&endpoints_.back()->mu);
@@ -277,8 +293,8 @@ absl::Status TcpPsTransport::PullDense(int ps, const std::vector<DenseSlice>& sl
   PS_ASSIGN_OR_RETURN(const int elem, WireBytesPerElement(wire));
   int64_t total = 0;
   for (const DenseSlice& s : slices) total += s.num_elements;
-  int stripes = static_cast<int>(std::min<int64_t>(
-      pull_stripes_, total * elem / std::max<int64_t>(1, options_.pull_stripe_min_bytes)));
+  int stripes =
+      static_cast<int>(std::min<int64_t>(pull_stripes_, total * elem / pull_stripe_bytes_));
   ThreadPool* pool = nullptr;
   if (stripes > 1) {
     // Only to a ps that serves ranges, as far as its last lookup said (the first pull to a

@@ -37,13 +37,16 @@ struct TcpPsTransportOptions {
   // of elements (at least pull_stripe_min_bytes each), pulled over as many connections at once
   // (PullDenseRequest.element_begin/end): the ps's threads of those connections send (and,
   // with TLS, seal) them side by side, and this process's pull threads receive them. 1: never.
-  // -1: PSCLUSTER_PULL_STRIPES (1 to 16) where set, else a quarter of this machine's cores, 1
-  // to 4 (none on the 2-core VM, where the connections' threads already fill the cores). On the
-  // GPU machine's 16 cores (bench/gpu_ps.sh, docs/benchmarks.md) 4 stripes took one client's
-  // pulls of 1 / 16 / 64 MiB from 6.8 / 5.3 / 3.6 GB/s to 10.8 / 14.5 / 12.1 in plaintext and
-  // from 4.6 / 3.7 / 3.0 to 7.0 / 10.8 / 8.9 with TLS; with 2 clients pulling 1 MiB from 2 ps
-  // tasks 4 stripes of 256 KiB lost to whole pulls with TLS (8.9 against 11.1 GB/s), hence
-  // stripes of 512 KiB at least.
+  // -1: PSCLUSTER_PULL_STRIPES (1 to 16) where set, else half this machine's cores, 2 to 8
+  // (none under 8 cores, as on the 2-core VM, where the connections' threads already fill the
+  // cores). On the GPU machine's 16 cores (bench/gpu_ps.sh, docs/benchmarks.md) 4 stripes took
+  // one client's pulls of 1 / 16 / 64 MiB from 6.8 / 5.3 / 3.6 GB/s to 10.8 / 14.5 / 12.1 in
+  // plaintext and from 4.6 / 3.7 / 3.0 to 7.0 / 10.8 / 8.9 with TLS, and 8 took the 16 and 64
+  // MiB pulls further, to 22-26 GB/s in plaintext and 15-17 with TLS; with 2 clients pulling 1
+  // MiB from 2 ps tasks 4 stripes of 256 KiB lost to whole pulls with TLS (8.9 against 11.1
+  // GB/s), and the MLP's 1 MiB pulls in 8 stripes of 128 KiB ran slower than in 2 of 512 KiB,
+  // hence stripes of 512 KiB at least. PSCLUSTER_PULL_STRIPE_BYTES (16 KiB to 1 GiB) overrides
+  // pull_stripe_min_bytes.
   int pull_stripes = -1;
   int64_t pull_stripe_min_bytes = 512 << 10;
 };
@@ -148,6 +151,7 @@ class TcpPsTransport : public PsTransport {
   int connections_opened(int ps) const;
   // The stripes a dense pull is cut into (TcpPsTransportOptions::pull_stripes resolved).
   int pull_stripes() const { return pull_stripes_; }
+  int64_t pull_stripe_bytes() const { return pull_stripe_bytes_; }
 
  private:
   struct Connection {
@@ -213,6 +217,7 @@ class TcpPsTransport : public PsTransport {
   const std::unique_ptr<GrpcPsTransport> grpc_;
   const TcpPsTransportOptions options_;
   const int pull_stripes_;
+  const int64_t pull_stripe_bytes_;  // pull_stripe_min_bytes resolved
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<uint64_t> next_tag_{1};
 };

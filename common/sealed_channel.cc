@@ -90,6 +90,31 @@ ThreadPool* SharedPool() {
   return pool;
 }
 
+// Writes, stages and reads under way in this process, on any channel. The pool's threads help
+// a call only while it is the only one: with several at once (the stripes of a pull, several
+// clients of a ps) their own threads already keep the cores busy, and helpers shared by all
+// of them cost more in hand-offs and cache misses than they seal (docs/benchmarks.md: 8
+// stripes of a 64 MiB pull on the GPU machine's 16 cores, 9.6 GB/s with 2 helpers for every
+// call, 12.5 with none). PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
+std::atomic<int> g_calls{0};
+
+class CallUnderWay {
+ public:
+  CallUnderWay() { g_calls.fetch_add(1, std::memory_order_relaxed); }
+  ~CallUnderWay() { g_calls.fetch_sub(1, std::memory_order_relaxed); }
+  CallUnderWay(const CallUnderWay&) = delete;
+  CallUnderWay& operator=(const CallUnderWay&) = delete;
+
+  // Whether the pool may help this call now.
+  static bool MayHelp() {
+    static const bool always = [] {
+      const char* env = std::getenv("PSCLUSTER_SEAL_HELP_ALWAYS");
+      return env != nullptr && std::strcmp(env, "1") == 0;
+    }();
+    return always || g_calls.load(std::memory_order_relaxed) == 1;
+  }
+};
+
 // The chunks of one call, sealed or opened by whoever claims each first: a pool thread the
 // call handed it to, or the calling thread when it needs the chunk next (to send it) or has
 // nothing else left to do. A pool thread that starts late finds its chunk claimed and leaves;
@@ -222,6 +247,8 @@ SealedChannel::WorkSplit SealedChannel::Split() {
   return split;
 }
 
+int SealedChannel::CallsUnderWay() { return g_calls.load(std::memory_order_relaxed); }
+
 size_t SealedChannel::WriteChunkBytes() {
   // 48 KiB by default: a sealed chunk of 48 KiB fits one loopback segment (MSS 65,483); one of 128
   // KiB is two and a tail of 126 bytes that the reader must wait for before it can open the chunk.
@@ -328,6 +355,7 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
   if (staged_bytes() > 0) {
     if (absl::Status s = Flush(deadline); !s.ok()) return s;
   }
+  const CallUnderWay call;
   std::vector<Piece> pieces;
   std::vector<Chunk> chunks;
   CutIntoChunks(iov, count, pieces, chunks);
@@ -349,7 +377,9 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
       return Seal(chunks[begin + i], pieces.data());
     };
     auto crew = std::make_shared<Crew>(n, &seal, 0);
-    if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
+    if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp()) {
+      Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
+    }
     absl::Status sent;
     for (int i = 0; i < n && sent.ok();) {
       crew->RunAndWait(i, n);
@@ -376,6 +406,7 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
 
 absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   if (!broken_.ok()) return broken_;
+  const CallUnderWay call;
   std::vector<Piece> pieces;
   std::vector<Chunk> chunks;
   CutIntoChunks(iov, count, pieces, chunks);
@@ -393,7 +424,9 @@ absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   const int n = static_cast<int>(chunks.size());
   const std::function<bool(int)> seal = [&](int i) { return Seal(chunks[i], pieces.data()); };
   auto crew = std::make_shared<Crew>(n, &seal, 0);
-  if (pool_ != nullptr && n > 1) Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
+  if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp()) {
+    Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
+  }
   // In order, as Write does (after the bytes kept before), but sending only what the socket
   // takes at once: once it is full the rest is sealed and kept. (PSCLUSTER_SEAL_STAGE_EAGER=0:
   // nothing is sent before Flush, as before 9e4935f, for A/B.)
@@ -454,6 +487,7 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
   // never past this read's last chunk), each chunk handed to the pool to open as soon as it is
   // whole, straight into `out` but a last one larger than what is left, which is opened aside
   // and handed out in part. While nothing arrives, this thread opens chunks itself.
+  const CallUnderWay call;
   Chunk chunks[kBatchChunks];
   size_t have = 0;  // bytes in receive_buf_: the start of the next batch's chunks
   while (n > 0) {
@@ -464,6 +498,7 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
     char* const buf = receive_buf_.data();
     const std::function<bool(int)> open = [&](int i) { return Open(chunks[i]); };
     auto crew = std::make_shared<Crew>(kBatchChunks, &open, 2);
+    const bool helped = pool_ != nullptr && CallUnderWay::MayHelp();
     int got = 0;          // whole chunks in this batch
     size_t parsed = 0;    // their bytes
     int64_t covered = 0;  // their plaintext bytes
@@ -497,7 +532,7 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
           parsed += whole;
           covered += size;
           ++got;
-          if (pool_ != nullptr && covered < n) Crew::Offer(crew, pool_, got - 1);
+          if (helped && covered < n) Crew::Offer(crew, pool_, got - 1);
           continue;
         }
       }

@@ -84,8 +84,10 @@ class SealedChannel {
   // connections' threads already keep every core busy, and waking helpers cost more than it
   // gave in bench/ps.sh), else 2 with libipsec-mb's cipher and a quarter of the cores, 2 to
   // 8, with OpenSSL's. PSCLUSTER_SEAL_THREADS (0 to 64) overrides it; another value is logged
-  // and ignored. Shared by every channel of the process; they spin a little between chunks
-  // before they sleep (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
+  // and ignored. Shared by every channel of the process, and they help a call only while no
+  // other is under way in the process (with several at once, the calling threads already
+  // fill the cores); they spin a little between chunks before they sleep
+  // (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
   //
   // Whatever the threads, the calling thread does not wait idle: while the socket's buffer is
   // full it seals the chunks that follow, and while nothing has arrived it opens the chunks
@@ -112,6 +114,8 @@ class SealedChannel {
     int64_t opened_by_pool = 0;
   };
   static WorkSplit Split();
+  // Writes, stages and reads under way in this process now, on any channel (for tests).
+  static int CallsUnderWay();
 
   struct Key {
     unsigned char key[16];

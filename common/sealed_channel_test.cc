@@ -166,6 +166,30 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   }
 }
 
+TEST_F(SealedChannelTest, HelpersStayOutOfACallWhileAnotherIsUnderWay) {
+  if (SealedChannel::ParallelThreads() == 0) GTEST_SKIP() << "no helper threads in this variant";
+  // A read under way (waiting for bytes that have not come yet) on one channel, as the other
+  // stripes of a pull are: a large write on another seals every chunk on its own thread.
+  const std::string payload = Bytes(1 << 20, 5);
+  std::string got(payload.size(), '\0');
+  ASSERT_EQ(SealedChannel::CallsUnderWay(), 0);
+  std::thread reading(
+      [&] { EXPECT_TRUE(reader_->Read(&got[0], static_cast<int64_t>(got.size()), Soon()).ok()); });
+  while (SealedChannel::CallsUnderWay() == 0) std::this_thread::yield();
+  const SealedChannel::WorkSplit before = SealedChannel::Split();
+  const std::string sealed = Sealed({Iov(payload)});
+  const SealedChannel::WorkSplit after = SealedChannel::Split();
+  EXPECT_GE(after.sealed_by_caller - before.sealed_by_caller,
+            static_cast<int64_t>(payload.size() / SealedChannel::WriteChunkBytes()));
+  EXPECT_EQ(after.sealed_by_pool - before.sealed_by_pool, 0);
+  // The read, alone now, takes the bytes.
+  std::thread deliver = Deliver(sealed);
+  reading.join();
+  deliver.join();
+  EXPECT_TRUE(got == payload) << "the bytes differ";
+  EXPECT_EQ(SealedChannel::CallsUnderWay(), 0);
+}
+
 TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
   Open(2);  // new keys every 4 chunks
   std::vector<std::string> messages;
