@@ -91,11 +91,12 @@ ThreadPool* SharedPool() {
 }
 
 // Writes, stages and reads under way in this process, on any channel. The pool's threads help
-// a call only while it is the only one: with several at once (the stripes of a pull, several
-// clients of a ps) their own threads already keep the cores busy, and helpers shared by all
-// of them cost more in hand-offs and cache misses than they seal (docs/benchmarks.md: 8
-// stripes of a 64 MiB pull on the GPU machine's 16 cores, 9.6 GB/s with 2 helpers for every
-// call, 12.5 with none). PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
+// a call only while there are no more of them than helpers: with more at once (the 8 stripes
+// of a large pull, several clients of a ps) the calling threads already keep the cores busy,
+// and helpers shared by all of them cost more in hand-offs than they seal (docs/benchmarks.md,
+// the GPU machine's 16 cores: 16 and 64 MiB pulls in 8 stripes sealed 12.2 / 11.8 GB/s with 2
+// helpers for every call, 16.6 / 15.3 with helpers for none; 1 MiB pulls in 2 stripes the other
+// way round, 5.72 against 4.58). PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
 std::atomic<int> g_calls{0};
 
 class CallUnderWay {
@@ -105,13 +106,13 @@ class CallUnderWay {
   CallUnderWay(const CallUnderWay&) = delete;
   CallUnderWay& operator=(const CallUnderWay&) = delete;
 
-  // Whether the pool may help this call now.
-  static bool MayHelp() {
+  // Whether a pool of `helpers` threads may help this call now.
+  static bool MayHelp(int helpers) {
     static const bool always = [] {
       const char* env = std::getenv("PSCLUSTER_SEAL_HELP_ALWAYS");
       return env != nullptr && std::strcmp(env, "1") == 0;
     }();
-    return always || g_calls.load(std::memory_order_relaxed) == 1;
+    return always || g_calls.load(std::memory_order_relaxed) <= helpers;
   }
 };
 
@@ -377,7 +378,7 @@ absl::Status SealedChannel::Write(const struct iovec* iov, int count, absl::Time
       return Seal(chunks[begin + i], pieces.data());
     };
     auto crew = std::make_shared<Crew>(n, &seal, 0);
-    if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp()) {
+    if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp(pool_->num_threads())) {
       Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
     }
     absl::Status sent;
@@ -424,7 +425,7 @@ absl::Status SealedChannel::Stage(const struct iovec* iov, int count) {
   const int n = static_cast<int>(chunks.size());
   const std::function<bool(int)> seal = [&](int i) { return Seal(chunks[i], pieces.data()); };
   auto crew = std::make_shared<Crew>(n, &seal, 0);
-  if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp()) {
+  if (pool_ != nullptr && n > 1 && CallUnderWay::MayHelp(pool_->num_threads())) {
     Crew::Enlist(crew, pool_, std::min(pool_->num_threads(), n - 1));
   }
   // In order, as Write does (after the bytes kept before), but sending only what the socket
@@ -498,7 +499,7 @@ absl::Status SealedChannel::Read(char* out, int64_t n, absl::Time deadline) {
     char* const buf = receive_buf_.data();
     const std::function<bool(int)> open = [&](int i) { return Open(chunks[i]); };
     auto crew = std::make_shared<Crew>(kBatchChunks, &open, 2);
-    const bool helped = pool_ != nullptr && CallUnderWay::MayHelp();
+    const bool helped = pool_ != nullptr && CallUnderWay::MayHelp(pool_->num_threads());
     int got = 0;          // whole chunks in this batch
     size_t parsed = 0;    // their bytes
     int64_t covered = 0;  // their plaintext bytes

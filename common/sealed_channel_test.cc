@@ -166,28 +166,43 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   }
 }
 
-TEST_F(SealedChannelTest, HelpersStayOutOfACallWhileAnotherIsUnderWay) {
-  if (SealedChannel::ParallelThreads() == 0) GTEST_SKIP() << "no helper threads in this variant";
-  // A read under way (waiting for bytes that have not come yet) on one channel, as the other
-  // stripes of a pull are: a large write on another seals every chunk on its own thread.
-  const std::string payload = Bytes(1 << 20, 5);
-  std::string got(payload.size(), '\0');
+TEST_F(SealedChannelTest, HelpersStayOutWhileMoreCallsThanHelpersAreUnderWay) {
+  const int helpers = SealedChannel::ParallelThreads();
+  if (helpers == 0) GTEST_SKIP() << "no helper threads in this variant";
+  // As many reads under way as there are helpers (waiting for bytes that do not come), as the
+  // other stripes of a pull are: a large write besides them seals every chunk on its own
+  // thread.
   ASSERT_EQ(SealedChannel::CallsUnderWay(), 0);
-  std::thread reading(
-      [&] { EXPECT_TRUE(reader_->Read(&got[0], static_cast<int64_t>(got.size()), Soon()).ok()); });
-  while (SealedChannel::CallsUnderWay() == 0) std::this_thread::yield();
-  const SealedChannel::WorkSplit before = SealedChannel::Split();
+  std::vector<std::unique_ptr<SocketPair>> idle;
+  std::vector<std::unique_ptr<SealedChannel>> idle_readers;
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < helpers; ++i) {
+    idle.push_back(std::make_unique<SocketPair>());
+    auto reader = SealedChannel::Create(idle.back()->fd[1], tls_.server());
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    idle_readers.push_back(*std::move(reader));
+    waiting.emplace_back([r = idle_readers.back().get()] {
+      char byte;
+      EXPECT_FALSE(r->Read(&byte, 1, Soon()).ok());  // the peer closes without a byte
+    });
+  }
+  while (SealedChannel::CallsUnderWay() < helpers) std::this_thread::yield();
+  const std::string payload = Bytes(1 << 20, 5);
+  SealedChannel::WorkSplit before = SealedChannel::Split();
   const std::string sealed = Sealed({Iov(payload)});
-  const SealedChannel::WorkSplit after = SealedChannel::Split();
+  SealedChannel::WorkSplit after = SealedChannel::Split();
   EXPECT_GE(after.sealed_by_caller - before.sealed_by_caller,
             static_cast<int64_t>(payload.size() / SealedChannel::WriteChunkBytes()));
   EXPECT_EQ(after.sealed_by_pool - before.sealed_by_pool, 0);
-  // The read, alone now, takes the bytes.
+  for (auto& pair : idle) shutdown(pair->fd[0], SHUT_WR);
+  for (std::thread& t : waiting) t.join();
+  EXPECT_EQ(SealedChannel::CallsUnderWay(), 0);
+  // The read, alone now (and so perhaps helped), opens it whole.
   std::thread deliver = Deliver(sealed);
-  reading.join();
+  std::string got(payload.size(), '\0');
+  ASSERT_TRUE(reader_->Read(&got[0], static_cast<int64_t>(got.size()), Soon()).ok());
   deliver.join();
   EXPECT_TRUE(got == payload) << "the bytes differ";
-  EXPECT_EQ(SealedChannel::CallsUnderWay(), 0);
 }
 
 TEST_F(SealedChannelTest, BothDirectionsAndNewKeysEveryEpoch) {
