@@ -91,12 +91,14 @@ ThreadPool* SharedPool() {
 }
 
 // Writes, stages and reads under way in this process, on any channel. The pool's threads help
-// a call only while there are no more of them than helpers: with more at once (the 8 stripes
-// of a large pull, several clients of a ps) the calling threads already keep the cores busy,
-// and helpers shared by all of them cost more in hand-offs than they seal (docs/benchmarks.md,
-// the GPU machine's 16 cores: 16 and 64 MiB pulls in 8 stripes sealed 12.2 / 11.8 GB/s with 2
-// helpers for every call, 16.6 / 15.3 with helpers for none; 1 MiB pulls in 2 stripes the other
-// way round, 5.72 against 4.58). PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
+// a call only while there are at most one more of them than helpers: with more at once (the 8
+// stripes of a large pull, several clients of a ps) the calling threads already keep the cores
+// busy, and helpers shared by all of them cost more in hand-offs than they seal
+// (docs/benchmarks.md, the GPU machine's 16 cores: 16 and 64 MiB pulls in 8 stripes sealed
+// 12.2 / 11.8 GB/s with 2 helpers for every call, 16.6 / 15.3 with helpers for none; a 1 MiB
+// pull in 2 stripes the other way round, 5.72 against 4.58). The one more keeps them for what a
+// GPU worker's step does at once, a pull's 2 stripes beside a push, as before the rule.
+// PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
 std::atomic<int> g_calls{0};
 
 class CallUnderWay {
@@ -112,7 +114,7 @@ class CallUnderWay {
       const char* env = std::getenv("PSCLUSTER_SEAL_HELP_ALWAYS");
       return env != nullptr && std::strcmp(env, "1") == 0;
     }();
-    return always || g_calls.load(std::memory_order_relaxed) <= helpers;
+    return always || g_calls.load(std::memory_order_relaxed) <= helpers + 1;
   }
 };
 

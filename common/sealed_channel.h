@@ -85,8 +85,8 @@ class SealedChannel {
   // gave in bench/ps.sh), else 2 with libipsec-mb's cipher and a quarter of the cores, 2 to
   // 8, with OpenSSL's. PSCLUSTER_SEAL_THREADS (0 to 64) overrides it; another value is logged
   // and ignored. Shared by every channel of the process, and they help a call only while the
-  // process has no more calls under way than helpers (with more, the calling threads already
-  // fill the cores); they spin a little between chunks before they sleep
+  // process has at most one more call under way than helpers (with more, the calling threads
+  // already fill the cores); they spin a little between chunks before they sleep
   // (PSCLUSTER_SEAL_SPIN=0: they sleep at once).
   //
   // Whatever the threads, the calling thread does not wait idle: while the socket's buffer is

@@ -166,17 +166,17 @@ TEST_F(SealedChannelTest, FramesComeBackWholeInAnySplit) {
   }
 }
 
-TEST_F(SealedChannelTest, HelpersStayOutWhileMoreCallsThanHelpersAreUnderWay) {
+TEST_F(SealedChannelTest, HelpersStayOutWhileManyCallsAreUnderWay) {
   const int helpers = SealedChannel::ParallelThreads();
   if (helpers == 0) GTEST_SKIP() << "no helper threads in this variant";
-  // As many reads under way as there are helpers (waiting for bytes that do not come), as the
-  // other stripes of a pull are: a large write besides them seals every chunk on its own
+  // One more read under way than there are helpers (waiting for bytes that do not come), as
+  // the other stripes of a pull are: a large write besides them seals every chunk on its own
   // thread.
   ASSERT_EQ(SealedChannel::CallsUnderWay(), 0);
   std::vector<std::unique_ptr<SocketPair>> idle;
   std::vector<std::unique_ptr<SealedChannel>> idle_readers;
   std::vector<std::thread> waiting;
-  for (int i = 0; i < helpers; ++i) {
+  for (int i = 0; i <= helpers; ++i) {
     idle.push_back(std::make_unique<SocketPair>());
     auto reader = SealedChannel::Create(idle.back()->fd[1], tls_.server());
     ASSERT_TRUE(reader.ok()) << reader.status();
@@ -186,7 +186,7 @@ TEST_F(SealedChannelTest, HelpersStayOutWhileMoreCallsThanHelpersAreUnderWay) {
       EXPECT_FALSE(r->Read(&byte, 1, Soon()).ok());  // the peer closes without a byte
     });
   }
-  while (SealedChannel::CallsUnderWay() < helpers) std::this_thread::yield();
+  while (SealedChannel::CallsUnderWay() <= helpers) std::this_thread::yield();
   const std::string payload = Bytes(1 << 20, 5);
   SealedChannel::WorkSplit before = SealedChannel::Split();
   const std::string sealed = Sealed({Iov(payload)});
