@@ -75,16 +75,19 @@ int ResolvePullStripes(int configured) {
   return stripes;
 }
 
-// TcpPsTransportOptions::pull_stripe_min_bytes, or PSCLUSTER_PULL_STRIPE_BYTES (16 KiB to 1 GiB)
-// where set.
+// TcpPsTransportOptions::pull_stripe_min_bytes; where it is the default,
+// PSCLUSTER_PULL_STRIPE_BYTES (16 KiB to 1 GiB) where set (as PSCLUSTER_PULL_STRIPES overrides only
+// the default count).
 int64_t ResolveStripeBytes(int64_t configured) {
+  configured = std::max<int64_t>(1, configured);
+  if (configured != TcpPsTransportOptions().pull_stripe_min_bytes) return configured;
   const char* env = std::getenv("PSCLUSTER_PULL_STRIPE_BYTES");
-  if (env == nullptr || *env == '\0') return std::max<int64_t>(1, configured);
+  if (env == nullptr || *env == '\0') return configured;
   int64_t bytes = 0;
   if (!absl::SimpleAtoi(env, &bytes) || bytes < (16 << 10) || bytes > (int64_t{1} << 30)) {
     LOG(ERROR) << "PSCLUSTER_PULL_STRIPE_BYTES is \"" << env
                << "\"; expected a byte count from 16384 to 2^30; using " << configured;
-    return std::max<int64_t>(1, configured);
+    return configured;
   }
   return bytes;
 }

@@ -42,11 +42,11 @@ struct TcpPsTransportOptions {
   // cores). On the GPU machine's 16 cores (bench/gpu_ps.sh, docs/benchmarks.md) 4 stripes took
   // one client's pulls of 1 / 16 / 64 MiB from 6.8 / 5.3 / 3.6 GB/s to 10.8 / 14.5 / 12.1 in
   // plaintext and from 4.6 / 3.7 / 3.0 to 7.0 / 10.8 / 8.9 with TLS, and 8 took the 16 and 64
-  // MiB pulls further, to 22-26 GB/s in plaintext and 15-17 with TLS; with 2 clients pulling 1
+  // MiB pulls further, to 22-26 GB/s in plaintext and 14-17 with TLS; with 2 clients pulling 1
   // MiB from 2 ps tasks 4 stripes of 256 KiB lost to whole pulls with TLS (8.9 against 11.1
   // GB/s), and the MLP's 1 MiB pulls in 8 stripes of 128 KiB ran slower than in 2 of 512 KiB,
   // hence stripes of 512 KiB at least. PSCLUSTER_PULL_STRIPE_BYTES (16 KiB to 1 GiB) overrides
-  // pull_stripe_min_bytes.
+  // the default pull_stripe_min_bytes (not one set here).
   int pull_stripes = -1;
   int64_t pull_stripe_min_bytes = 512 << 10;
 };

@@ -94,10 +94,11 @@ ThreadPool* SharedPool() {
 // a call only while there are at most one more of them than helpers: with more at once (the 8
 // stripes of a large pull, several clients of a ps) the calling threads already keep the cores
 // busy, and helpers shared by all of them cost more in hand-offs than they seal
-// (docs/benchmarks.md, the GPU machine's 16 cores: 16 and 64 MiB pulls in 8 stripes sealed
-// 12.2 / 11.8 GB/s with 2 helpers for every call, 16.6 / 15.3 with helpers for none; a 1 MiB
-// pull in 2 stripes the other way round, 5.72 against 4.58). The one more keeps them for what a
-// GPU worker's step does at once, a pull's 2 stripes beside a push, as before the rule.
+// (docs/benchmarks.md, the GPU machine's 16 cores, one call: 16 and 64 MiB pulls in 8 stripes
+// sealed 12.2 / 11.8 GB/s with 2 helpers for every call, 16.6 / 15.3 with helpers for a lone
+// call only; a 1 MiB pull in 2 stripes the other way round, 5.72 against 4.58). The one more
+// keeps them for what a GPU worker's step does at once with one ps, a pull's 2 stripes beside a
+// push, as before the rule.
 // PSCLUSTER_SEAL_HELP_ALWAYS=1: helpers for every call, for A/B.
 std::atomic<int> g_calls{0};
 

@@ -84,6 +84,7 @@ void FillDenseStats(const DenseShard& shard, v1::ShardStats* s) {
   s->set_bytes(shard.bytes());
   s->set_optimizer(std::string(shard.optimizer().name()));
   s->set_applied_step(shard.updates());
+  if (shard.backup_ps_task() >= 0) s->set_backup_ps_task(shard.backup_ps_task());
   shard.counters().FillStats(s);
 }
 

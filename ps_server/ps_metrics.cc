@@ -112,6 +112,35 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
     backup_shards.Add(count, {{"primary", absl::StrCat("ps:", key.first)},
                               {"state", key.second ? "promoted" : "backup"}});
   }
+  // Dense shards: the updates each one applied, on its primary (those with a backup) and on the
+  // task holding its backup; a backup lags its primary by the difference, shard by shard.
+  FamilyBuilder shard_updates(
+      "pscluster_ps_shard_updates",
+      "Replication: updates applied to each dense shard this task serves that has a backup, by "
+      "variable, partition and backup task (the backup's pscluster_ps_backup_shard_updates lags "
+      "by what is still on its way)",
+      MetricType::Gauge);
+  for (const v1::ShardStats& s : shards.shards()) {
+    if (s.is_table() || !s.has_backup_ps_task()) continue;
+    shard_updates.Add(static_cast<double>(s.applied_step()),
+                      {{"variable", s.name()},
+                       {"partition", absl::StrCat(s.partition())},
+                       {"backup", absl::StrCat("ps:", s.backup_ps_task())}});
+  }
+  FamilyBuilder backup_updates(
+      "pscluster_ps_backup_shard_updates",
+      "Replication: updates applied to each dense shard this task holds of another task, by "
+      "variable, partition, primary task and state (backup; promoted: served as the primary "
+      "since that task failed over)",
+      MetricType::Gauge);
+  for (const v1::ShardStats& s : held.shards()) {
+    if (s.is_table()) continue;
+    backup_updates.Add(static_cast<double>(s.applied_step()),
+                       {{"variable", s.name()},
+                        {"partition", absl::StrCat(s.partition())},
+                        {"primary", absl::StrCat("ps:", s.primary_ps_task())},
+                        {"state", s.promoted() ? "promoted" : "backup"}});
+  }
   // Tables: groups of a push's rows numbered per (backup task, stripe) on the primary and applied
   // in that order on the backup (docs/replication.md): a backup lags its primary by the
   // difference of the two, per table.
@@ -138,7 +167,8 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
         static_cast<double>(s.table_groups_applied()),
         {{"table", s.name()}, {"primary", absl::StrCat("ps:", s.primary_ps_task())}});
   }
-  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards, &groups_forwarded, &groups_applied}) {
+  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards, &shard_updates, &backup_updates,
+                           &groups_forwarded, &groups_applied}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

@@ -612,7 +612,9 @@ double Series(const std::vector<prometheus::MetricFamily>& families, const std::
     if (f.name != name) continue;
     for (const prometheus::ClientMetric& m : f.metric) {
       for (const prometheus::ClientMetric::Label& l : m.label) {
-        if (l.name == key && l.value == value) return m.counter.value;
+        if (l.name == key && l.value == value) {
+          return f.type == prometheus::MetricType::Gauge ? m.gauge.value : m.counter.value;
+        }
       }
     }
   }
@@ -656,6 +658,50 @@ TEST(ReplicationTest, PrometheusShowsWhatATablesBackupHasApplied) {
   EXPECT_EQ(Series(PsMetricFamilies(own1, &held), "pscluster_ps_table_groups_applied_total",
                    "primary", "ps:0"),
             applied);
+}
+
+// Prometheus shows how far a dense shard's backup is behind: the updates its primary applied
+// against those the backup did, shard by shard; shards without a backup are not listed.
+TEST(ReplicationTest, PrometheusShowsWhatADenseShardsBackupHasApplied) {
+  DirectForwarder forwarder;  // keeps the forwards
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore unreplicated{ParameterStoreOptions()};
+  CreateBoth(primary, unreplicated);
+  // ps:1 holds the backups of ps:0's shards.
+  BackupStores held{ParameterStoreOptions()};
+  v1::CreateShardsRequest req;
+  v1::BackupShards* b = req.add_backups();
+  b->set_primary_ps_task(0);
+  *b->add_dense() = AdamShard("a", 6, 1);
+  *b->add_dense() = AdamShard("b", 3, 1);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(held.Create(1, req, &created).ok());
+  ParameterStore* backup = held.Find(0);
+  ASSERT_NE(backup, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    v1::PushDenseResponse resp;
+    ASSERT_TRUE(Push(primary, {"a"}, 1 + i, &resp).ok());
+  }
+  std::vector<DenseForward> kept = forwarder.kept();
+  ASSERT_EQ(kept.size(), 3u);
+  for (int k = 0; k < 2; ++k) {
+    v1::ReplicateResponse r;
+    ASSERT_TRUE(ApplyForward(*backup, kept[k], &r).ok());
+  }
+  BackupStores none{ParameterStoreOptions()};
+  ParameterStore own1{ParameterStoreOptions()};
+  const std::vector<prometheus::MetricFamily> on_primary = PsMetricFamilies(primary, &none);
+  EXPECT_EQ(Series(on_primary, "pscluster_ps_shard_updates", "variable", "a"), 3);
+  EXPECT_EQ(Series(on_primary, "pscluster_ps_shard_updates", "variable", "b"), 0);
+  EXPECT_EQ(Series(on_primary, "pscluster_ps_shard_updates", "backup", "ps:1"), 3);
+  const std::vector<prometheus::MetricFamily> on_backup = PsMetricFamilies(own1, &held);
+  EXPECT_EQ(Series(on_backup, "pscluster_ps_backup_shard_updates", "variable", "a"), 2);
+  EXPECT_EQ(Series(on_backup, "pscluster_ps_backup_shard_updates", "state", "backup"), 2);
+  EXPECT_EQ(Series(on_backup, "pscluster_ps_backup_shard_updates", "primary", "ps:0"), 2);
+  // A store whose shards have no backup lists none.
+  EXPECT_EQ(
+      Series(PsMetricFamilies(unreplicated, &none), "pscluster_ps_shard_updates", "variable", "a"),
+      -1);
 }
 
 TEST(ReplicationTest, ABackupRefusesForwardsThatDoNotFitItsCopy) {

@@ -170,7 +170,8 @@ def main():
         only_sometimes = {"pscluster_ps_table_rows", "pscluster_ps_table_row_events_total",
                           "pscluster_ps_dropped_stale_gradients_total",
                           "pscluster_ps_table_groups_forwarded_total",
-                          "pscluster_ps_table_groups_applied_total"}
+                          "pscluster_ps_table_groups_applied_total",
+                          "pscluster_ps_shard_updates", "pscluster_ps_backup_shard_updates"}
         for panel in panels:
             expr = panel["targets"][0]["expr"]
             prom.query(expr)  # raises on a query Prometheus refuses
