@@ -5,10 +5,12 @@
 # Every argument goes to ps.sh, e.g.
 #   bash .devbundle/bench/gpu_ps.sh --tls --configs 1x1 --only d_1MiB,d_16MiB,d_64MiB,emb
 # The bundle's certificates name 4 ps tasks and 2 workers: configurations up to 4x2. The bundle's binaries are the --config=cuda build (-O2, assertions on), not ps.sh's
-# -c opt. With $OUT set, ps.sh's output is also written there (gpu_ps.txt). --ps_binary NAME
+# -c opt. With $OUT set, ps.sh's output is also added to $OUT/gpu_ps.txt (each run after the
+# ones before it in the same call, under a line naming its arguments and environment knobs). --ps_binary NAME
 # (no slash) runs the bundle's binary of that name (gpu_prepare.sh --extra) as the ps.
 set -euo pipefail
 bundle=$(cd "$(dirname "$0")/.." && pwd)
+called_with="$*"
 [[ -f $bundle/payload.tar.gz ]] ||
   { echo "gpu_ps.sh: $bundle/payload.tar.gz is missing; run bench/gpu_prepare.sh" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_ps.XXXXXX")
@@ -43,5 +45,10 @@ log=$work/gpu_ps.txt
 rc=0
 bash "$bundle/bench/ps.sh" --bin_dir "$work/bin" --certs "$bundle/certs" ${args[@]+"${args[@]}"} 2>&1 |
   tee "$log" || rc=$?
-[[ -n ${OUT:-} && -d ${OUT:-} ]] && cp "$log" "$OUT/"
+if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then
+  {
+    echo "==> gpu_ps.sh $called_with ($( (env | grep -E '^PSCLUSTER_' || true) | sort | tr '\n' ' '))"
+    cat "$log"
+  } >>"$OUT/gpu_ps.txt"
+fi
 exit "$rc"
