@@ -621,6 +621,18 @@ double Series(const std::vector<prometheus::MetricFamily>& families, const std::
   return -1;
 }
 
+// Has `held`, on ps:1, hold `backups` of ps:0's shards; returns their store (null, with a
+// failure, when it could not).
+ParameterStore* HoldForPs0(BackupStores& held, v1::BackupShards backups) {
+  v1::CreateShardsRequest req;
+  backups.set_primary_ps_task(0);
+  *req.add_backups() = std::move(backups);
+  v1::CreateShardsResponse created;
+  const absl::Status s = held.Create(1, req, &created);
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? held.Find(0) : nullptr;
+}
+
 // Prometheus shows how far a table's backup is behind: the groups its primary numbered for it
 // against those it applied.
 TEST(ReplicationTest, PrometheusShowsWhatATablesBackupHasApplied) {
@@ -630,13 +642,9 @@ TEST(ReplicationTest, PrometheusShowsWhatATablesBackupHasApplied) {
   CreateTables(primary, unused);
   // ps:1 backs up every virtual shard of ps:0's table.
   BackupStores held{ParameterStoreOptions()};
-  v1::CreateShardsRequest req;
-  v1::BackupShards* b = req.add_backups();
-  b->set_primary_ps_task(0);
-  *b->add_tables() = EmbSpec();
-  v1::CreateShardsResponse created;
-  ASSERT_TRUE(held.Create(1, req, &created).ok());
-  ParameterStore* backup = held.Find(0);
+  v1::BackupShards table;
+  *table.add_tables() = EmbSpec();
+  ParameterStore* backup = HoldForPs0(held, table);
   ASSERT_NE(backup, nullptr);
   for (int i = 0; i < 3; ++i) {
     v1::PushSparseResponse resp;
@@ -669,14 +677,10 @@ TEST(ReplicationTest, PrometheusShowsWhatADenseShardsBackupHasApplied) {
   CreateBoth(primary, unreplicated);
   // ps:1 holds the backups of ps:0's shards.
   BackupStores held{ParameterStoreOptions()};
-  v1::CreateShardsRequest req;
-  v1::BackupShards* b = req.add_backups();
-  b->set_primary_ps_task(0);
-  *b->add_dense() = AdamShard("a", 6, 1);
-  *b->add_dense() = AdamShard("b", 3, 1);
-  v1::CreateShardsResponse created;
-  ASSERT_TRUE(held.Create(1, req, &created).ok());
-  ParameterStore* backup = held.Find(0);
+  v1::BackupShards dense;
+  *dense.add_dense() = AdamShard("a", 6, 1);
+  *dense.add_dense() = AdamShard("b", 3, 1);
+  ParameterStore* backup = HoldForPs0(held, dense);
   ASSERT_NE(backup, nullptr);
   for (int i = 0; i < 3; ++i) {
     v1::PushDenseResponse resp;
