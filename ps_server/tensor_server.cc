@@ -7,9 +7,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_once.h"
 #include "common/status_macros.h"
@@ -24,6 +26,26 @@ namespace {
 constexpr int64_t kSmallResponseBytes = 64 << 10;
 // Pieces in which payloads are received and encoded.
 constexpr int64_t kPieceBytes = 1 << 20;
+// Pieces in which a push with backups is received (replication 2): each goes on to the backups
+// as soon as it arrived (PushStreams::Piece), so the smaller they are the sooner the forward
+// follows the push. PSCLUSTER_FORWARD_PIECE_BYTES (16 KiB to 1 MiB) overrides it.
+constexpr int64_t kForwardPieceBytes = 256 << 10;
+
+int64_t ForwardPieceBytes() {
+  static const int64_t bytes = [] {
+    const char* env = std::getenv("PSCLUSTER_FORWARD_PIECE_BYTES");
+    if (env == nullptr || *env == '\0') return kForwardPieceBytes;
+    int64_t b = 0;
+    if (!absl::SimpleAtoi(env, &b) || b < (16 << 10) || b > kPieceBytes) {
+      LOG(ERROR) << "PSCLUSTER_FORWARD_PIECE_BYTES is \"" << env
+                 << "\"; expected a byte count from 16384 to " << kPieceBytes << "; using "
+                 << kForwardPieceBytes;
+      return kForwardPieceBytes;
+    }
+    return b;
+  }();
+  return bytes;
+}
 
 }  // namespace
 
@@ -361,7 +383,7 @@ class TensorServer::Connection {
       return true;
     }
     const int elem = push_.wire_bytes_per_element();
-    const int64_t piece = kPieceBytes / elem;
+    const int64_t piece = (streams != nullptr ? ForwardPieceBytes() : kPieceBytes) / elem;
     for (int i = 0; i < push_.num_shards() && bad->ok(); ++i) {
       for (int64_t offset = 0; offset < push_.num_elements(i) && bad->ok(); offset += piece) {
         const int64_t count = std::min(piece, push_.num_elements(i) - offset);
