@@ -467,7 +467,6 @@ absl::Status TcpPsTransport::ReplicateSparse(int ps, int32_t primary_ps_task,
   *meta.mutable_request_id() = request.request_id();
   *meta.mutable_groups() = request.groups();
   meta.set_accepted_rows(request.accepted_rows());
-  meta.set_more(request.more());
   meta.set_primary_ps_task(primary_ps_task);
   x.meta = meta.SerializeAsString();
   x.payload.push_back(Bytes(request.keys().data(), static_cast<int64_t>(request.keys().size())));

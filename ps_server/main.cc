@@ -55,14 +55,6 @@ DEFINE_double(give_up_on_chief_secs, 0,
               "seconds: stop and exit 3 (its Job failed for good; the Kubernetes Jobs fail on "
               "exit 3). 0: wait for it for ever.");
 DEFINE_int64(max_sparse_keys, 8 << 20, "Most keys in one sparse pull or push.");
-DEFINE_int32(sparse_forward_parts, 4,
-             "Replication 2: a table push of at least twice --sparse_forward_part_keys keys goes "
-             "to the backups in up to this many parts of its stripes, each sent once this task "
-             "applied them, so the backups apply one while this task applies the next (1 to 16; "
-             "1: one forward after the whole push).");
-DEFINE_int64(sparse_forward_part_keys, 4096,
-             "Replication 2: the fewest keys of a table push per part forwarded "
-             "(--sparse_forward_parts; >= 1).");
 DEFINE_int64(max_table_rows, 0,
              "Most rows one embedding table may hold on this ps task; pulls and pushes that "
              "would create more are refused (0: no limit). Tables with a capacity of their own "
@@ -134,17 +126,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.max_sparse_keys = FLAGS_max_sparse_keys;
-  if (FLAGS_sparse_forward_parts < 1 || FLAGS_sparse_forward_parts > 16 ||
-      FLAGS_sparse_forward_part_keys < 1) {
-    std::fprintf(stderr,
-                 "ps_server: --sparse_forward_parts must be 1 to 16 (not %d) and "
-                 "--sparse_forward_part_keys >= 1 (not %lld)\n",
-                 FLAGS_sparse_forward_parts,
-                 static_cast<long long>(FLAGS_sparse_forward_part_keys));  // NOLINT: printf
-    return 2;
-  }
-  options.store.sparse_forward_parts = FLAGS_sparse_forward_parts;
-  options.store.sparse_forward_part_keys = FLAGS_sparse_forward_part_keys;
   options.store.checkpoint_dir = FLAGS_checkpoint_dir;
   // The chief's directory, shared: it must be there (mounted), not made empty here, and this
   // task writes its shards into it.

@@ -1,16 +1,12 @@
 #include "ps_server/parameter_store.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <limits>
-#include <set>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/chief_epoch.h"
@@ -929,85 +925,6 @@ absl::Status ParameterStore::PullSparse(const v1::PullSparseRequest& request, co
   return absl::OkStatus();
 }
 
-namespace {
-
-// Sends the parts of a table push's forwards (ApplyPushInStripeOrder with parts) one after the
-// other, on a thread of its own, while the push's later stripes are applied. After a part
-// fails none is sent: Finish gives them back, merged.
-class PartSender {
- public:
-  using Forwards = std::map<int, v1::ReplicateSparseRequest>;
-
-  explicit PartSender(std::function<absl::Status(const Forwards&)> send)
-      : send_(std::move(send)), thread_([this] { Run(); }) {}
-  ~PartSender() {
-    {
-      absl::MutexLock lock(&mu_);
-      closed_ = true;
-    }
-    thread_.join();
-  }
-
-  void Add(Forwards part) {
-    absl::MutexLock lock(&mu_);
-    parts_.push_back(std::move(part));
-  }
-
-  // Waits for every part added to be sent (or for one to fail): OK, or the first failure with
-  // *unsent the forwards not acknowledged, each backup's merged into one (its groups in the
-  // parts' order, the push whole: `more` clear), for the store to owe.
-  absl::Status Finish(Forwards* unsent) {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    mu_.Await(absl::Condition(
-        +[](PartSender* p) { return p->next_ == p->parts_.size() || !p->error_.ok(); }, this));
-    if (error_.ok()) return error_;
-    for (size_t i = next_; i < parts_.size(); ++i) {
-      for (const auto& [backup, f] : parts_[i]) {
-        v1::ReplicateSparseRequest& m = (*unsent)[backup];
-        if (m.table().empty()) {
-          m.set_table(f.table());
-          *m.mutable_request_id() = f.request_id();
-        }
-        m.set_accepted_rows(f.accepted_rows());
-        for (const v1::SparseStripeGroup& g : f.groups()) *m.add_groups() = g;
-        m.mutable_keys()->append(f.keys());
-        m.mutable_gradients()->append(f.gradients());
-      }
-    }
-    return error_;
-  }
-
- private:
-  void Run() {
-    absl::MutexLock lock(&mu_);
-    while (true) {
-      mu_.Await(absl::Condition(
-          +[](PartSender* p) { return p->next_ < p->parts_.size() || p->closed_; }, this));
-      if (next_ == parts_.size()) return;    // closed, all sent
-      const Forwards& part = parts_[next_];  // (a deque's elements stay put)
-      mu_.Unlock();
-      absl::Status s = send_(part);
-      mu_.Lock();
-      if (!s.ok()) {
-        error_ = s;
-        return;
-      }
-      ++next_;
-    }
-  }
-
-  const std::function<absl::Status(const Forwards&)> send_;
-  absl::Mutex mu_;
-  std::deque<Forwards> parts_ ABSL_GUARDED_BY(mu_);
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // parts_[next_] is the one being sent
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // (last: starts once the rest is made)
-};
-
-}  // namespace
-
 absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, const int64_t* keys,
                                         int64_t n, absl::string_view gradient_bytes,
                                         v1::PushSparseResponse* response) {
@@ -1081,23 +998,6 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       t.order != nullptr && options_.forwarder != nullptr ? t.order->Backups() : nullptr;
   const bool replicated = backups != nullptr;
   SparseForwards forwards;
-  // A large push goes to the backups in parts, each once its stripes are applied here.
-  const int parts = replicated && t.accumulator == nullptr ? SparseForwardParts(n) : 1;
-  std::unique_ptr<PartSender> sender;
-  std::function<void(SparseForwards)> send_part;
-  if (parts > 1) {
-    PS_LOG_FIRST_N(INFO, 1) << "forwarding table pushes of " << n << " keys to the backups in "
-                            << parts << " parts, each once its stripes are applied";
-    sender = std::make_unique<PartSender>([this](const SparseForwards& part) {
-      // What the store owes goes first, or the backups would wait for it.
-      if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
-      return SendSparseNow(part);
-    });
-    send_part = [&](SparseForwards part) {
-      for (auto& [backup, f] : part) f.set_accepted_rows(static_cast<int32_t>(request_keys));
-      sender->Add(std::move(part));
-    };
-  }
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
@@ -1106,7 +1006,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       // Only a push that is applied moves the table's clock (sync: the settled step, ApplyTo).
       t.table->ObserveStep(request.step());
       applied = replicated ? ApplyPushInStripeOrder(t, *backups, request, keys, n, grads,
-                                                    work.pool(), &forwards, parts, send_part)
+                                                    work.pool(), &forwards)
                            : t.table->ApplyPush(keys, n, grads, work.pool());
       // (A retry of a partly applied push took all of its keys, some of them before.)
       if (applied.ok()) outcome.accepted = static_cast<int32_t>(request_keys);
@@ -1126,23 +1026,6 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
           break;
       }
     }
-  }
-  if (sender != nullptr) {
-    // The parts sent (or the first that failed) before anything is answered; those not
-    // acknowledged are owed as one forward per backup, as a push forwarded whole would be.
-    SparseForwards unsent;
-    const absl::Status forwarded = sender->Finish(&unsent);
-    sender.reset();
-    if (applied.ok() && !forwarded.ok()) {
-      forwards_failed_.fetch_add(1, std::memory_order_relaxed);
-      OweForwards(request.request_id(), nullptr,
-                  std::make_shared<const SparseForwards>(std::move(unsent)));
-      ledger_.Record(request.request_id(), outcome);
-      return absl::UnavailableError(
-          absl::StrCat("the push was applied on this ps task but not yet on its backup (",
-                       forwarded.message(), "); send it again with the same request id"));
-    }
-    if (applied.ok()) forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
   }
   if (!applied.ok()) {
     ledger_.Release(request.request_id());
@@ -1172,10 +1055,12 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
   return absl::OkStatus();
 }
 
-absl::Status ParameterStore::ApplyPushInStripeOrder(
-    const Table& t, const std::vector<int32_t>& backups, const v1::PushSparseRequest& request,
-    const int64_t* keys, int64_t n, const float* grads, ThreadPool* pool, SparseForwards* forwards,
-    int parts, const std::function<void(SparseForwards)>& send_part) {
+absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
+                                                    const std::vector<int32_t>& backups,
+                                                    const v1::PushSparseRequest& request,
+                                                    const int64_t* keys, int64_t n,
+                                                    const float* grads, ThreadPool* pool,
+                                                    SparseForwards* forwards) {
   EmbeddingTable& table = *t.table;
   TableOrder& order = *t.order;
   const int64_t dim = table.dim();
@@ -1231,107 +1116,44 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(
       }
     }
   };
-  // Stripes [begin, end) of `stripes` applied (on the pool's threads when given).
-  const auto apply_range = [&](size_t begin, size_t end) {
-    if (pool != nullptr && end - begin > 1) {
-      pool->ForEachIndex(static_cast<int64_t>(end - begin),
-                         [&](int64_t i) { apply(static_cast<int64_t>(begin) + i); });
-    } else {
-      for (size_t i = begin; i < end; ++i) apply(static_cast<int64_t>(i));
-    }
-  };
-  // The forwards of stripes [begin, end) of `stripes` into *out: each backup's groups in
-  // increasing stripe order, as every forward lists them, so a backup waiting in one forward
-  // for a group of another never closes a cycle. (Each forward's bytes reserved first: appended
-  // whole, without growing as they come.)
-  const auto assemble = [&](size_t begin, size_t end, SparseForwards* out) {
-    std::map<int, std::pair<size_t, size_t>> bytes;  // backup -> key bytes, gradient bytes
-    for (size_t index = begin; index < end; ++index) {
-      for (const Group& g : groups[index]) {
-        bytes[g.backup].first += g.keys.size();
-        bytes[g.backup].second += g.grads.size();
-      }
-    }
-    for (const auto& [backup, sizes] : bytes) {
-      v1::ReplicateSparseRequest& f = (*out)[backup];
-      f.mutable_keys()->reserve(sizes.first);
-      f.mutable_gradients()->reserve(sizes.second);
-    }
-    for (size_t index = begin; index < end; ++index) {
-      for (Group& g : groups[index]) {
-        v1::ReplicateSparseRequest& f = (*out)[g.backup];
-        if (f.table().empty()) {
-          f.set_table(request.table());
-          *f.mutable_request_id() = request.request_id();
-        }
-        v1::SparseStripeGroup* group = f.add_groups();
-        group->set_stripe(stripes[index]);
-        group->set_sequence(g.sequence);
-        group->set_count(static_cast<int64_t>(g.keys.size() / sizeof(int64_t)));
-        f.mutable_keys()->append(g.keys);
-        f.mutable_gradients()->append(g.grads);
-        std::string().swap(g.keys);  // (appended: freed now)
-        std::string().swap(g.grads);
-      }
-    }
-  };
-  const size_t num = stripes.size();
-  if (send_part == nullptr || parts <= 1 || num <= 1) {
-    apply_range(0, num);
-    table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
-    for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
-    assemble(0, num, forwards);
-    return absl::OkStatus();
+  if (pool != nullptr && stripes.size() > 1) {
+    pool->ForEachIndex(static_cast<int64_t>(stripes.size()), apply);
+  } else {
+    for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i));
   }
-  // In parts: range r's forwards go once its stripes are applied, while the next range is.
-  parts = static_cast<int>(std::min<size_t>(static_cast<size_t>(parts), num));
-  std::set<int> sent_to;  // backup tasks that got a part
-  absl::Status failed;
-  for (int r = 0; r < parts && failed.ok(); ++r) {
-    const size_t begin = num * r / parts, end = num * (r + 1) / parts;
-    apply_range(begin, end);
-    for (size_t i = begin; i < end && failed.ok(); ++i) failed = status[i];
-    if (!failed.ok()) break;
-    SparseForwards part;
-    assemble(begin, end, &part);
-    const bool last = r == parts - 1;
-    for (auto& [backup, f] : part) {
-      f.set_more(!last);
-      sent_to.insert(backup);
+  table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
+  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
+  // Each backup's groups in increasing stripe order, as every forward lists them: a backup
+  // waiting in one forward for a group of another never closes a cycle. (Each forward's bytes
+  // reserved first: appended whole, without growing as they come.)
+  std::map<int, std::pair<size_t, size_t>> bytes;  // backup -> key bytes, gradient bytes
+  for (const std::vector<Group>& stripe_groups : groups) {
+    for (const Group& g : stripe_groups) {
+      bytes[g.backup].first += g.keys.size();
+      bytes[g.backup].second += g.grads.size();
     }
-    if (last) {
-      // Every backup task that got a part is told the push is whole, with no groups if none
-      // of this range's keys is its.
-      for (int backup : sent_to) {
-        v1::ReplicateSparseRequest& f = part[backup];
-        if (f.table().empty()) {
-          f.set_table(request.table());
-          *f.mutable_request_id() = request.request_id();
-        }
-      }
-    }
-    if (!part.empty()) send_part(std::move(part));
   }
-  table.SampleHotKeys(keys, n);
-  return failed;
-}
-
-int ParameterStore::SparseForwardParts(int64_t n) const {
-  static const int from_env = [] {
-    const char* env = std::getenv("PSCLUSTER_SPARSE_FORWARD_PARTS");
-    if (env == nullptr || *env == '\0') return 0;
-    int parts = 0;
-    if (!absl::SimpleAtoi(env, &parts) || parts < 1 || parts > 16) {
-      LOG(ERROR) << "PSCLUSTER_SPARSE_FORWARD_PARTS is \"" << env
-                 << "\"; expected 1 to 16; using the store's option";
-      return 0;
+  for (const auto& [backup, sizes] : bytes) {
+    v1::ReplicateSparseRequest& f = (*forwards)[backup];
+    f.mutable_keys()->reserve(sizes.first);
+    f.mutable_gradients()->reserve(sizes.second);
+  }
+  for (size_t index = 0; index < stripes.size(); ++index) {
+    for (Group& g : groups[index]) {
+      v1::ReplicateSparseRequest& f = (*forwards)[g.backup];
+      if (f.table().empty()) {
+        f.set_table(request.table());
+        *f.mutable_request_id() = request.request_id();
+      }
+      v1::SparseStripeGroup* group = f.add_groups();
+      group->set_stripe(stripes[index]);
+      group->set_sequence(g.sequence);
+      group->set_count(static_cast<int64_t>(g.keys.size() / sizeof(int64_t)));
+      f.mutable_keys()->append(g.keys);
+      f.mutable_gradients()->append(g.grads);
     }
-    return parts;
-  }();
-  const int parts = from_env > 0 ? from_env : options_.sparse_forward_parts;
-  const int64_t least = std::max<int64_t>(1, options_.sparse_forward_part_keys);
-  if (parts <= 1 || n < 2 * least) return 1;
-  return static_cast<int>(std::min<int64_t>(parts, n / least));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterStore::SendSparseNow(const SparseForwards& forwards) {
@@ -1505,18 +1327,8 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     ledger_.Release(request.request_id(), applied_stripes);
     return status;
   }
-  if (request.more()) {
-    // A part of a push forwarded in parts: the id stays open with the stripes applied so far,
-    // for the next part (or the worker's retry, should this store be promoted) to apply the rest.
-    uint64_t applied_stripes = applied_before;
-    for (const v1::SparseStripeGroup& g : request.groups()) {
-      applied_stripes |= uint64_t{1} << g.stripe();
-    }
-    ledger_.Release(request.request_id(), applied_stripes);
-  } else {
-    outcome.accepted = request.accepted_rows();
-    ledger_.Record(request.request_id(), outcome);
-  }
+  outcome.accepted = request.accepted_rows();
+  ledger_.Record(request.request_id(), outcome);
   response->set_applied(applied);
   response->set_already_applied(already);
   return absl::OkStatus();

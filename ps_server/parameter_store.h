@@ -100,13 +100,6 @@ struct ParameterStoreOptions {
   PushForwarder* forwarder = nullptr;
   // How long a backup waits for the updates a forward comes after (ApplyReplicatedDense).
   absl::Duration replica_wait = absl::Seconds(30);
-  // A table push with backups of at least twice `sparse_forward_part_keys` keys is applied in
-  // up to `sparse_forward_parts` ranges of its stripes, and each range's forward (a part,
-  // ReplicateSparseRequest.more) goes to the backups as soon as the range is applied, so that
-  // they apply one range while this store applies the next. 1: one forward after the whole
-  // push. PSCLUSTER_SPARSE_FORWARD_PARTS (1 to 16) overrides the parts.
-  int sparse_forward_parts = 4;
-  int64_t sparse_forward_part_keys = 4096;
 };
 
 // A ps task's shards of every dense variable and sparse table, and every operation on them:
@@ -313,19 +306,11 @@ class ParameterStore {
   // An async push to a table with backups: applied stripe by stripe (on `pool`'s threads when
   // given), each stripe's part under its order lock, numbered for each backup task that holds
   // some of its keys; *forwards gets those parts, in increasing stripe order. Errors as
-  // EmbeddingTable::ApplyPush. With `send_part`, the stripes are applied in `parts` ranges of
-  // increasing stripes instead, and each range's forwards go to send_part once the range is
-  // applied (ReplicateSparseRequest.more set on all but the last range's, which also closes,
-  // with a forward of no groups, each backup task it has nothing for), and none to *forwards.
-  // A range that fails to apply ends the push there.
-  absl::Status ApplyPushInStripeOrder(
-      const Table& t, const std::vector<int32_t>& backups, const v1::PushSparseRequest& request,
-      const int64_t* keys, int64_t n, const float* grads, ThreadPool* pool,
-      SparseForwards* forwards, int parts = 1,
-      const std::function<void(SparseForwards)>& send_part = nullptr);
-  // How many parts a table push of `n` keys with backups is forwarded in
-  // (ParameterStoreOptions::sparse_forward_parts).
-  int SparseForwardParts(int64_t n) const;
+  // EmbeddingTable::ApplyPush.
+  absl::Status ApplyPushInStripeOrder(const Table& t, const std::vector<int32_t>& backups,
+                                      const v1::PushSparseRequest& request, const int64_t* keys,
+                                      int64_t n, const float* grads, ThreadPool* pool,
+                                      SparseForwards* forwards);
   // Sends sparse forwards (the backups lost left out), to every backup task at once; the
   // first error.
   absl::Status SendSparseNow(const SparseForwards& forwards);

@@ -95,9 +95,8 @@ class DirectForwarder : public PushForwarder {
     {
       absl::MutexLock lock(&mu_);
       ++calls_;
-      sparse_sent_.push_back(request);
-      if (fail_next_ > 0 || --fail_in_ == 0) {
-        if (fail_next_ > 0) --fail_next_;
+      if (fail_next_ > 0) {
+        --fail_next_;
         return absl::UnavailableError("ps:1 is not answering");
       }
       to = backup_;
@@ -113,16 +112,6 @@ class DirectForwarder : public PushForwarder {
   std::vector<v1::ReplicateSparseRequest> kept_sparse() {
     absl::MutexLock lock(&mu_);
     return kept_sparse_;
-  }
-  // Every table forward asked for, kept or not, failed or not.
-  std::vector<v1::ReplicateSparseRequest> sparse_sent() {
-    absl::MutexLock lock(&mu_);
-    return sparse_sent_;
-  }
-  // The k-th table forward from now (1: the next) fails.
-  void FailSparseCall(int k) {
-    absl::MutexLock lock(&mu_);
-    fail_in_ = k;
   }
   absl::Status Forward(const ForwardList& list) override {
     ParameterStore* backup = nullptr;
@@ -171,8 +160,6 @@ class DirectForwarder : public PushForwarder {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
-  std::vector<v1::ReplicateSparseRequest> sparse_sent_ ABSL_GUARDED_BY(mu_);
-  int fail_in_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
@@ -494,91 +481,6 @@ TEST(ReplicationTest, TableForwardsThatArriveOutOfOrderAreAppliedInEachStripesOr
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("expected as many keys as the groups count"));
   EXPECT_EQ(Rows(backup).first, Rows(primary).first);
-}
-
-// A primary that forwards a table push of 16 keys or more in parts of at least 8 keys.
-ParameterStoreOptions InParts(PushForwarder* forwarder) {
-  ParameterStoreOptions options = WithForwarder(forwarder);
-  options.sparse_forward_parts = 4;
-  options.sparse_forward_part_keys = 8;
-  return options;
-}
-
-// A push of 31 keys goes in 3 parts, each sent once its stripes were applied: the backup applies
-// every part once and records the push with the last, so the rows are the primary's bit for bit
-// and a retry of the push on the backup (promoted) is a duplicate.
-TEST(ReplicationTest, ALargeTablePushGoesToItsBackupInPartsAppliedOnce) {
-  DirectForwarder forwarder;
-  ParameterStore primary(InParts(&forwarder));
-  // (A group whose turn never comes fails the push in 2 s, not 30.)
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Seconds(2);
-  ParameterStore backup(waits_briefly);
-  CreateTables(primary, backup);
-  forwarder.ApplyTo(&backup);
-  std::vector<std::thread> threads;
-  std::atomic<int> failures{0};
-  for (int c = 0; c < 4; ++c) {
-    threads.emplace_back([&, c] {
-      for (int i = 0; i < 25; ++i) {
-        v1::PushSparseResponse resp;
-        absl::Status s = PushRows(primary, c, i, &resp);
-        if (!s.ok()) {
-          ADD_FAILURE() << "client " << c << " push " << i << ": " << s;
-          ++failures;
-          return;
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);  // bit for bit
-  EXPECT_EQ(Rows(backup).second, 100);
-  int more = 0, last = 0;
-  for (const v1::ReplicateSparseRequest& f : forwarder.sparse_sent()) (f.more() ? more : last)++;
-  EXPECT_EQ(last, 100);      // one per push
-  EXPECT_EQ(more, 2 * 100);  // and two before it
-  v1::PushSparseResponse resp;
-  ASSERT_TRUE(PushRows(backup, 2, 24, &resp).ok());
-  EXPECT_TRUE(resp.duplicate());
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
-}
-
-// The second part of a push fails: the push is answered UNAVAILABLE and owes the parts not
-// acknowledged, as one forward; its retry sends that, which applies the rest once.
-TEST(ReplicationTest, ATablePushWhosePartFailedOwesTheRestAndItsRetryAppliesThemOnce) {
-  DirectForwarder forwarder;
-  ParameterStore primary(InParts(&forwarder));
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Seconds(2);
-  ParameterStore backup(waits_briefly);
-  CreateTables(primary, backup);
-  forwarder.ApplyTo(&backup);
-  v1::PushSparseResponse resp;
-  ASSERT_TRUE(PushRows(primary, 0, 0, &resp).ok());
-  forwarder.FailSparseCall(2);
-  absl::Status s = PushRows(primary, 1, 1, &resp);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("send it again with the same request id"));
-  EXPECT_NE(Rows(backup).first, Rows(primary).first);  // the first part only
-  const size_t before = forwarder.sparse_sent().size();
-  ASSERT_TRUE(PushRows(primary, 1, 1, &resp).ok());  // the worker's retry
-  EXPECT_TRUE(resp.duplicate());
-  const std::vector<v1::ReplicateSparseRequest> sent = forwarder.sparse_sent();
-  ASSERT_EQ(sent.size(), before + 1);  // the owed parts, merged
-  EXPECT_FALSE(sent.back().more());
-  // The failed second part's groups, then the third's, which was never sent.
-  const v1::ReplicateSparseRequest& failed = sent[before - 1];
-  ASSERT_TRUE(failed.more());
-  ASSERT_GT(sent.back().groups_size(), failed.groups_size());
-  for (int g = 0; g < failed.groups_size(); ++g) {
-    EXPECT_EQ(sent.back().groups(g).stripe(), failed.groups(g).stripe());
-    EXPECT_EQ(sent.back().groups(g).sequence(), failed.groups(g).sequence());
-  }
-  EXPECT_EQ(Rows(backup).first, Rows(primary).first);
-  ASSERT_TRUE(PushRows(backup, 1, 1, &resp).ok());
-  EXPECT_TRUE(resp.duplicate());
 }
 
 // After a failover the task that took the rows over may get the worker's retry of a push

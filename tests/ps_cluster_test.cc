@@ -622,11 +622,6 @@ void ExpectBackupsFollowTheirPrimaries(const std::vector<std::string>& ps_flags,
                 HasSubstr(data_plane ? "table updates to the backups over their tensor data plane"
                                      : "table updates to the backups over gRPC"))
         << "ps:" << ps;
-    if (std::find(ps_flags.begin(), ps_flags.end(), "--sparse_forward_part_keys=4") !=
-        ps_flags.end()) {
-      EXPECT_THAT(cluster->ps(ps).LogTail(200), HasSubstr("parts, each once its stripes are"))
-          << "ps:" << ps;
-    }
   }
 
   // A restore takes every backup back to the checkpoint with its primary, so the forwards that
@@ -681,11 +676,8 @@ TEST(PsClusterTest, AsyncDensePushesReachTheirBackupsBitForBit) {
 
 // Workers pushing over the data plane: each primary sends the gradients on to the backups while
 // they arrive, and the versions once applied (ReplicateStream, ReplicateCommit).
-// Also: the table pushes (17 keys on each of the 3 ps tasks) go to the backups in parts of at
-// least 4 keys (ReplicateSparseRequest.more), each once its stripes were applied.
 TEST(PsClusterTest, AsyncDensePushesOverTheDataPlaneReachTheirBackupsWhileTheyArrive) {
-  ExpectBackupsFollowTheirPrimaries({"--sparse_forward_part_keys=4"},
-                                    "over their tensor data plane, while the pushes arrive",
+  ExpectBackupsFollowTheirPrimaries({}, "over their tensor data plane, while the pushes arrive",
                                     /*data_plane_clients=*/true);
 }
 
