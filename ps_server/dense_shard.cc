@@ -249,4 +249,32 @@ absl::Status DenseShard::Restore(const std::vector<float>& values_and_slots, int
   return absl::OkStatus();
 }
 
+void DenseShard::CopyAndSetBackup(int backup, std::string* bytes, int64_t* updates) {
+  absl::ReaderMutexLock lock(&mu_);
+  bytes->assign(reinterpret_cast<const char*>(data_.data()), data_.size() * sizeof(float));
+  *updates = updates_;
+  // (An update takes the lock as a writer: none runs between the copy and this.)
+  backup_ps_task_.store(backup, std::memory_order_relaxed);
+}
+
+absl::Status DenseShard::InstallCopy(absl::string_view bytes, int64_t updates, bool* installed) {
+  *installed = false;
+  absl::MutexLock lock(&mu_);
+  if (bytes.size() != data_.size() * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "variable ", name(), " partition ", partition(), ": a copy of ", bytes.size(),
+        " bytes for a shard whose values and slots take ", data_.size() * sizeof(float)));
+  }
+  if (updates_ >= updates) return absl::OkStatus();
+  std::memcpy(data_.data(), bytes.data(), bytes.size());
+  updates_ = updates;
+  *installed = true;
+  return absl::OkStatus();
+}
+
+int64_t DenseShard::state_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return static_cast<int64_t>(data_.size() * sizeof(float));
+}
+
 }  // namespace pscluster

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/float_stats.h"
@@ -110,6 +111,17 @@ class DenseShard {
   void Snapshot(std::vector<float>* values_and_slots, int64_t* updates) const;
   // Replaces values and slots; INVALID_ARGUMENT if the size does not match.
   absl::Status Restore(const std::vector<float>& values_and_slots, int64_t updates);
+
+  // Rebuild (issue 37): Snapshot into `bytes` (values then slots, float32 little-endian), and
+  // the backup set to `backup`, both under one hold of the lock: every update after the copy
+  // sees the backup (and is forwarded), none before it does.
+  void CopyAndSetBackup(int backup, std::string* bytes, int64_t* updates);
+  // A new backup's side: Restore from such bytes, if the shard has had fewer than `updates`
+  // updates (else it has the copy's state already, or more: *installed false, nothing changes).
+  // INVALID_ARGUMENT, naming both sizes, if the bytes do not fit values and slots.
+  absl::Status InstallCopy(absl::string_view bytes, int64_t updates, bool* installed);
+  // The bytes of values and slots (what CopyAndSetBackup writes).
+  int64_t state_bytes() const;
 
  private:
   DenseShard(v1::DenseShardSpec spec, v1::TensorShape shape, int64_t num_elements,

@@ -515,17 +515,27 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     // The backups have the gradients already: the versions complete the forwards.
     absl::Status committed = CommitStreams(streams, versions, outcome);
     if (committed.ok()) {
-      forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
-      ledger_.Record(header.request_id(), outcome);
-      response->set_accepted(outcome.accepted);
-      response->set_dropped_stale(outcome.dropped_stale);
-      return absl::OkStatus();
+      // A shard given a backup while the push arrived (a rebuild: CopyForNewBackup) has no
+      // stream: its update goes now, as a push without streams would send it.
+      std::vector<int64_t> uncovered = versions;
+      for (int i = 0; i < n; ++i) {
+        if (streams->stream_of_[i] >= 0) uncovered[i] = 0;
+      }
+      owed = ForwardsOf(*push, uncovered, outcome);
+      if (owed == nullptr) {
+        forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+        ledger_.Record(header.request_id(), outcome);
+        response->set_accepted(outcome.accepted);
+        response->set_dropped_stale(outcome.dropped_stale);
+        return absl::OkStatus();
+      }
+    } else {
+      streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
+      LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
+                                << committed << "); forwarding the push again after its apply";
     }
-    streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
-    LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
-                              << committed << "); forwarding the push again after its apply";
   }
-  owed = ForwardsOf(*push, versions, outcome);
+  if (owed == nullptr) owed = ForwardsOf(*push, versions, outcome);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
   if (!forwarded.ok()) {
@@ -576,10 +586,89 @@ std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(const DensePush& p
   return list;
 }
 
+absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backup,
+                                              v1::DenseReplica* replica) {
+  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
+  *refs.Add() = ref;
+  PS_ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
+  DenseShard& shard = *shards[0];
+  const std::string name = DenseName(shard.name(), shard.partition());
+  if (backup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a new backup of ", name, " on ps:", backup, "; expected a task index >= 0"));
+  }
+  if (AccumulatorsOf(shards)[0] != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name,
+                     " accumulates sync steps; a new backup of it needs its accumulator, "
+                     "which is not copied yet"));
+  }
+  bool lost = false;
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    lost = lost_backups_.count(backup) > 0;
+  }
+  const int current = shard.backup_ps_task();
+  if (current >= 0 && current != backup && !lost) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is backed up on ps:", current,
+                                                      " already; a new backup on ps:", backup,
+                                                      " would leave that one behind"));
+  }
+  if (lost) {
+    // The task is back (a new incarnation): what was owed to the one that died is forgotten,
+    // since the copies it gets carry it, and forwards go to it again.
+    {
+      absl::MutexLock lock(&owed_mu_);
+      for (OwedForwards& o : owed_) {
+        if (o.forwards == nullptr) continue;
+        auto kept = std::make_shared<ForwardList>();
+        for (const DenseForward& f : o.forwards->forwards) {
+          if (f.backup != backup) kept->forwards.push_back(f);
+        }
+        o.forwards = std::move(kept);
+      }
+    }
+    absl::MutexLock lock(&lost_backups_mu_);
+    lost_backups_.erase(backup);
+  }
+  replica->Clear();
+  replica->mutable_shard()->set_variable(shard.name());
+  replica->mutable_shard()->set_partition(shard.partition());
+  int64_t updates = 0;
+  shard.CopyAndSetBackup(backup, replica->mutable_values_and_slots(), &updates);
+  replica->set_updates(updates);
+  // The ledger after the copy: a push applied after it is forwarded (and recorded by the
+  // backup); one applied before it is recorded here by now, but for one whose answer is still
+  // on its way (it looked for backups before the copy): its id is not in the copy.
+  ledger_.ExportDone(replica->mutable_ledger());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, bool* installed) {
+  *installed = false;
+  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
+  *refs.Add() = replica.shard();
+  PS_ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
+  if (replica.updates() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a copy of ", DenseName(shards[0]->name(), shards[0]->partition()),
+                     " at update ", replica.updates(), "; expected >= 0"));
+  }
+  {
+    absl::MutexLock lock(&replica_mu_);
+    PS_RETURN_IF_ERROR(
+        shards[0]->InstallCopy(replica.values_and_slots(), replica.updates(), installed));
+    replica_cv_.SignalAll();
+  }
+  ledger_.ImportDone(replica.ledger());
+  return absl::OkStatus();
+}
+
 int ParameterStore::DropBackup(int backup) {
   {
     absl::MutexLock lock(&lost_backups_mu_);
     lost_backups_.insert(backup);
+    lost_table_backups_.insert(backup);
   }
   int dropped = 0;
   absl::ReaderMutexLock lock(&mu_);
@@ -798,11 +887,18 @@ absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& hea
           " shards behind"));
     }
   }
+  PushOutcome outcome;
   if (applied == 0) {
+    // Applied before (a forward sent again), or part of a copy this backup took (a rebuild:
+    // InstallReplica), which may not have its id: remembered either way.
+    if (ledger_.Begin(header.push().request_id(), &outcome) == PushLedger::Claim::kNew) {
+      outcome.accepted = header.accepted();
+      outcome.dropped_stale = header.dropped_stale();
+      ledger_.Record(header.push().request_id(), outcome);
+    }
     response->set_already_applied(already);
     return absl::OkStatus();
   }
-  PushOutcome outcome;
   (void)ledger_.Begin(header.push().request_id(), &outcome);
   for (int i = 0; i < n; ++i) {
     Touch(push->shards_[i]->counters(), /*push=*/true, push->grads_[i].size * push->elem_bytes_);
@@ -1162,7 +1258,7 @@ absl::Status ParameterStore::SendSparseNow(const SparseForwards& forwards) {
     absl::MutexLock lock(&lost_backups_mu_);
     for (const auto& entry : forwards) {
       // A backup that died: its rows have no backup now.
-      if (lost_backups_.count(entry.first) == 0) to_send.push_back(&entry);
+      if (lost_table_backups_.count(entry.first) == 0) to_send.push_back(&entry);
     }
   }
   std::vector<absl::Status> sent(to_send.size());

@@ -212,6 +212,23 @@ class ParameterStore {
   // Whether this store's part of `table` owns `key` (EmbeddingTable::OwnsKey); false for a
   // table it does not hold.
   bool HoldsTableKey(const std::string& table, int64_t key) const;
+  // Rebuild (issue 37, docs/replication.md): a copy of dense shard `ref` as it is now, for a
+  // new backup on task `backup`, which from the copy on gets every update forwarded: the copy
+  // and the backup are taken under one hold of the shard's lock (DenseShard::CopyAndSetBackup),
+  // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
+  // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
+  // done pushes too. Forwards to `backup` go again if DropBackup had stopped them (those it
+  // still owed from before are forgotten: the copy holds what they carried). NOT_FOUND for a
+  // shard not held here; FAILED_PRECONDITION for a shard whose backup is another live task,
+  // and for one that accumulates sync steps (its accumulator is not copied yet).
+  absl::Status CopyForNewBackup(const v1::ShardRef& ref, int backup, v1::DenseReplica* replica);
+  // The new backup's side, on the backup store (its shard created as for any backup): takes
+  // the copy's values, slots and update count unless the shard has had that many updates
+  // already (*installed false), records the copy's done pushes in the ledger, and wakes the
+  // forwards waiting for it. NOT_FOUND for a shard not held; INVALID_ARGUMENT, changing
+  // nothing, for a copy whose size does not fit the shard's values and slots.
+  absl::Status InstallReplica(const v1::DenseReplica& replica, bool* installed);
+
   // Failover (issue 37): ps task `backup` died. The dense shards backed up there are forwarded
   // no more, nor are forwards to it that earlier pushes still owe (their retries are answered
   // without them). Returns how many shards had their backup there.
@@ -448,6 +465,9 @@ class ParameterStore {
   // DropBackup's tasks: forwards to them are skipped.
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
+  // The same for table forwards: a task given dense backups again (CopyForNewBackup) stays
+  // here until its table backups are rebuilt too.
+  std::set<int> lost_table_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   struct OwedForwards {
     v1::RequestId id;
     std::shared_ptr<const ForwardList> forwards;  // or

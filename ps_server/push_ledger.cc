@@ -104,6 +104,43 @@ void PushLedger::Release(const v1::RequestId& id, uint64_t applied_stripes) {
   }
 }
 
+void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [client, c] : clients_) {
+    for (const auto& [seq, e] : c.ids) {
+      if (!e.done) continue;
+      v1::LedgerEntry* entry = out->Add();
+      entry->mutable_id()->set_client(client);
+      entry->mutable_id()->set_seq(seq);
+      entry->set_accepted(e.outcome.accepted);
+      entry->set_dropped_stale(e.outcome.dropped_stale);
+    }
+  }
+}
+
+void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries) {
+  absl::MutexLock lock(&mu_);
+  for (const v1::LedgerEntry& entry : entries) {
+    if (entry.id().client() == 0) continue;
+    Client& c = clients_[entry.id().client()];
+    c.last_seen = ++clock_;
+    if (entry.id().seq() < c.floor || c.ids.count(entry.id().seq()) > 0) continue;
+    Entry& e = c.ids[entry.id().seq()];
+    e.done = true;
+    e.outcome.accepted = entry.accepted();
+    e.outcome.dropped_stale = entry.dropped_stale();
+    // Within the bound, the oldest done ids first (as Begin forgets them).
+    while (static_cast<int>(c.ids.size()) > ids_per_client_) {
+      auto oldest = c.ids.begin();
+      while (oldest != c.ids.end() && !oldest->second.done && oldest->second.claimed) ++oldest;
+      if (oldest == c.ids.end()) break;
+      c.floor = std::max(c.floor, oldest->first + 1);
+      c.ids.erase(oldest);
+    }
+  }
+  EvictLocked();
+}
+
 void PushLedger::EvictLocked() {
   while (static_cast<int>(clients_.size()) > max_clients_) {
     auto oldest = clients_.end();

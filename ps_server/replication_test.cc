@@ -87,9 +87,64 @@ absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
   return backup.ApplyReplicatedDense(f.header, &push, resp);
 }
 
+// A forward's stream that applies it to the backup store at its commit, as the data plane's
+// ReplicateStream does once the versions come.
+class DirectStream : public ForwardStream {
+ public:
+  DirectStream(ParameterStore* backup, v1::ReplicateHeader header)
+      : backup_(backup), header_(std::move(header)) {}
+  absl::Status Write(const float* values, int64_t n) override {
+    values_.insert(values_.end(), values, values + n);
+    return absl::OkStatus();
+  }
+  absl::Status Commit(const v1::ReplicateHeader& commit) override {
+    DenseForward f;
+    f.backup = 1;
+    f.header = header_;
+    *f.header.mutable_versions() = commit.versions();
+    f.header.set_accepted(commit.accepted());
+    f.header.set_dropped_stale(commit.dropped_stale());
+    int64_t at = 0;
+    for (int64_t n : header_.push().num_elements()) {
+      f.grads.emplace_back(values_.data() + at, n);
+      at += n;
+    }
+    result_ = ApplyForward(*backup_, f, &response_);
+    return absl::OkStatus();
+  }
+  absl::Status Await(v1::ReplicateResponse* response) override {
+    *response = response_;
+    return result_;
+  }
+
+ private:
+  ParameterStore* const backup_;
+  const v1::ReplicateHeader header_;
+  std::vector<float> values_;
+  absl::Status result_;
+  v1::ReplicateResponse response_;
+};
+
 // Hands forwards to a backup store (or keeps them), failing when told to.
 class DirectForwarder : public PushForwarder {
  public:
+  // With StreamTo(backup), streams (as the data plane's) to that store.
+  std::unique_ptr<ForwardStream> OpenStream(int backup, const v1::ReplicateHeader& header,
+                                            int64_t values) override {
+    absl::MutexLock lock(&mu_);
+    if (stream_to_ == nullptr) return nullptr;
+    EXPECT_EQ(backup, 1);
+    ++streams_;
+    return std::make_unique<DirectStream>(stream_to_, header);
+  }
+  void StreamTo(ParameterStore* backup) {
+    absl::MutexLock lock(&mu_);
+    stream_to_ = backup;
+  }
+  int streams() {
+    absl::MutexLock lock(&mu_);
+    return streams_;
+  }
   absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override {
     ParameterStore* to = nullptr;
     {
@@ -158,6 +213,8 @@ class DirectForwarder : public PushForwarder {
   ParameterStore* backup_ ABSL_GUARDED_BY(mu_) = nullptr;
   int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  ParameterStore* stream_to_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
 };
@@ -361,6 +418,188 @@ TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
   more.mutable_dense(0)->mutable_variable()->mutable_shape()->set_dims(0, 300);
   more.mutable_dense(0)->mutable_partition()->set_row_end(300);
   EXPECT_TRUE(own.CreateShards(more, &resp).ok());
+}
+
+// Rebuild (issue 37): ps:1, the backup, died and the primary went on alone (DropBackup); ps:1
+// comes back empty. Each shard is copied for it while three clients push, and the copies are
+// installed a little later, so that forwards of pushes applied after the copy reach it first
+// and wait for the copy. Every push ends up in the new backup once, in the primary's order: it
+// is the primary bit for bit (Adam's slots and the update counts included), and a retry of a
+// push applied before the copy, once the new backup is promoted, is a duplicate.
+TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  EXPECT_EQ(primary.DropBackup(1), 2);
+  v1::PushDenseResponse resp;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(Push(primary, {"a", "b"}, i, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), 0);  // nothing forwarded while ps:1 was gone
+
+  ParameterStore fresh{ParameterStoreOptions()};  // ps:1's new incarnation
+  {
+    v1::CreateShardsRequest req;
+    *req.add_dense() = AdamShard("a", 6, 1);
+    *req.add_dense() = AdamShard("b", 3, 1);
+    v1::CreateShardsResponse created;
+    ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
+  }
+  forwarder.ApplyTo(&fresh);
+  std::atomic<bool> copied{false};
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < 3; ++c) {
+    clients.emplace_back([&, c] {
+      for (int j = 0; j < 40; ++j) {
+        // Half before the copies, half after.
+        if (j == 20) {
+          while (!copied.load()) absl::SleepFor(absl::Milliseconds(1));
+        }
+        v1::PushDenseResponse r;
+        absl::Status s = Push(primary, {"a", "b"}, 100 + c * 100 + j, &r);
+        if (!s.ok()) {
+          ADD_FAILURE() << s;
+          ++failures;
+        }
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(5));
+  v1::DenseReplica copy_a, copy_b;
+  v1::ShardRef a, b;
+  a.set_variable("a");
+  b.set_variable("b");
+  ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy_a).ok());
+  ASSERT_TRUE(primary.CopyForNewBackup(b, 1, &copy_b).ok());
+  EXPECT_GE(copy_a.updates(), 20);
+  EXPECT_GT(copy_a.ledger_size(), 0);
+  copied = true;
+  absl::SleepFor(absl::Milliseconds(50));  // forwards after the copies wait for them
+  bool installed = false;
+  ASSERT_TRUE(fresh.InstallReplica(copy_a, &installed).ok());
+  EXPECT_TRUE(installed);
+  ASSERT_TRUE(fresh.InstallReplica(copy_b, &installed).ok());
+  EXPECT_TRUE(installed);
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(forwarder.calls(), 0);
+  EXPECT_EQ(Updates(primary, "a"), 20 + 3 * 40);
+  ExpectSameAs(fresh, primary);
+  // A copy installed again, being older than the shard now, changes nothing.
+  ASSERT_TRUE(fresh.InstallReplica(copy_a, &installed).ok());
+  EXPECT_FALSE(installed);
+  ExpectSameAs(fresh, primary);
+  // Promoted, the new backup answers a retry of a push applied before the copy as a duplicate.
+  ASSERT_TRUE(Push(fresh, {"a", "b"}, 7, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  ExpectSameAs(fresh, primary);
+}
+
+// A push that arrived over the data plane had a stream to the backup for "b" only: "a" got
+// its new backup (ps:1, back after it died) while the push arrived. "a"'s update, applied
+// after the copy, has no stream, and goes to the backup after the apply instead.
+TEST(ReplicationTest, APushThatArrivedBeforeItsShardGotANewBackupIsForwardedAfterItsApply) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  EXPECT_EQ(primary.DropBackup(1), 2);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
+  ParameterStore backup{ParameterStoreOptions()};  // ps:1 back, empty
+  {
+    v1::CreateShardsRequest req;
+    *req.add_dense() = AdamShard("a", 6, 1);
+    *req.add_dense() = AdamShard("b", 3, 1);
+    v1::CreateShardsResponse created;
+    ASSERT_TRUE(backup.CreateShards(req, &created).ok());
+  }
+  forwarder.ApplyTo(&backup);
+  forwarder.StreamTo(&backup);
+  v1::ShardRef a, b;
+  a.set_variable("a");
+  b.set_variable("b");
+  v1::DenseReplica copy;
+  bool installed = false;
+  ASSERT_TRUE(primary.CopyForNewBackup(b, 1, &copy).ok());  // "b" first
+  ASSERT_TRUE(backup.InstallReplica(copy, &installed).ok());
+
+  v1::PushDenseHeader header;
+  std::vector<std::vector<float>> grads = {std::vector<float>(6, 0.5f), {-0.25f, 0.75f, 1.0f}};
+  header.add_shards()->set_variable("a");
+  header.add_num_elements(6);
+  header.add_shards()->set_variable("b");
+  header.add_num_elements(3);
+  header.mutable_request_id()->set_client(7);
+  header.mutable_request_id()->set_seq(2);
+  DensePush push;
+  ASSERT_TRUE(primary.StartPushDense(header, &push).ok());
+  std::unique_ptr<PushStreams> streams = primary.OpenForwardStreams(push);
+  ASSERT_NE(streams, nullptr);
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(push.AddChunk(k, 0,
+                              absl::string_view(reinterpret_cast<const char*>(grads[k].data()),
+                                                grads[k].size() * sizeof(float)))
+                    .ok());
+    streams->Piece(k, push.values(k), static_cast<int64_t>(grads[k].size()));
+  }
+  // "a" gets its backup now, while the push has arrived but is not applied yet.
+  ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy).ok());
+  EXPECT_EQ(copy.updates(), 1);
+  ASSERT_TRUE(backup.InstallReplica(copy, &installed).ok());
+  EXPECT_TRUE(installed);
+  const int calls = forwarder.calls();
+  ASSERT_TRUE(primary.FinishPushDense(&push, &resp, streams.get()).ok());
+  EXPECT_EQ(forwarder.streams(), 1);
+  EXPECT_EQ(forwarder.calls(), calls + 1);  // "a"'s update, after the apply
+  EXPECT_EQ(Updates(primary, "a"), 2);
+  ExpectSameAs(backup, primary);
+}
+
+TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
+  v1::DenseReplica copy;
+  v1::ShardRef ref;
+  ref.set_variable("nope");
+  absl::Status s = primary.CopyForNewBackup(ref, 1, &copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  ref.set_variable("a");
+  // Its backup, ps:1, is alive: a second one would leave it behind.
+  s = primary.CopyForNewBackup(ref, 2, &copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("backed up on ps:1 already"));
+  s = primary.CopyForNewBackup(ref, -1, &copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // The same backup again (a retry) is a copy.
+  ASSERT_TRUE(primary.CopyForNewBackup(ref, 1, &copy).ok());
+  EXPECT_EQ(copy.updates(), 1);
+  const std::vector<float> before = Values(backup, "a");
+  v1::DenseReplica cut = copy;
+  cut.set_updates(5);
+  cut.mutable_values_and_slots()->resize(copy.values_and_slots().size() - 4);
+  bool installed = true;
+  s = backup.InstallReplica(cut, &installed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("a copy of ", cut.values_and_slots().size(),
+                                                  " bytes for a shard whose values and slots take ",
+                                                  copy.values_and_slots().size())));
+  EXPECT_FALSE(installed);
+  cut = copy;
+  cut.set_updates(-1);
+  s = backup.InstallReplica(cut, &installed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  cut.mutable_shard()->set_variable("nope");
+  s = backup.InstallReplica(cut, &installed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(Values(backup, "a"), before);
+  EXPECT_EQ(Updates(backup, "a"), 1);
+  ExpectSameAs(backup, primary);
 }
 
 // Tables (async): a table of Adagrad rows (whose result depends on the order of a row's
