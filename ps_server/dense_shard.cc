@@ -177,11 +177,13 @@ void DenseShard::Apply(const float* grad, ThreadPool* pool) { ApplyAll({this}, {
 
 // The locks are taken and released in loops, which the thread-safety analysis cannot follow;
 // ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.
-void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
-                          const std::vector<const float*>& grads, ThreadPool* pool, bool delta,
-                          std::vector<int64_t>* updates_after) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void DenseShard::ApplyAll(
+    const std::vector<DenseShard*>& shards, const std::vector<const float*>& grads,
+    ThreadPool* pool, bool delta, std::vector<int64_t>* updates_after,
+    std::vector<std::pair<int, int64_t>>* backups) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const size_t n = shards.size();
   if (updates_after != nullptr) updates_after->clear();
+  if (backups != nullptr) backups->clear();
   if (n == 0) return;
   std::vector<DenseShard*> lock_order = shards;
   std::sort(lock_order.begin(), lock_order.end(), std::less<DenseShard*>());
@@ -194,6 +196,11 @@ void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
     t[i] = ++shards[i]->updates_;
   }
   if (updates_after != nullptr) *updates_after = t;
+  if (backups != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      backups->emplace_back(shards[i]->backup_ps_task(), shards[i]->backup_generation());
+    }
+  }
   const auto apply = [&](int64_t begin, int64_t end) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // The shards overlapping [begin, end), each over its part of the range.
     size_t i = std::upper_bound(start.begin(), start.end(), begin) - start.begin() - 1;
@@ -249,12 +256,30 @@ absl::Status DenseShard::Restore(const std::vector<float>& values_and_slots, int
   return absl::OkStatus();
 }
 
-void DenseShard::CopyAndSetBackup(int backup, std::string* bytes, int64_t* updates) {
+absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
+                                          int64_t* updates) {
   absl::ReaderMutexLock lock(&mu_);
+  const int current = backup_ps_task_.load(std::memory_order_relaxed);
+  if (current >= 0 && current != backup) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(DenseName(name(), partition()), " is backed up on ps:", current,
+                     " already; a new backup on ps:", backup, " would leave that one behind"));
+  }
   bytes->assign(reinterpret_cast<const char*>(data_.data()), data_.size() * sizeof(float));
   *updates = updates_;
-  // (An update takes the lock as a writer: none runs between the copy and this.)
+  // (An update takes the lock as a writer, and reads these under it: none runs between the
+  // copy and this.)
+  backup_generation_.store(generation, std::memory_order_relaxed);
   backup_ps_task_.store(backup, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void DenseShard::ClearBackupIf(int backup, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (backup_ps_task_.load(std::memory_order_relaxed) == backup &&
+      backup_generation_.load(std::memory_order_relaxed) == generation) {
+    backup_ps_task_.store(-1, std::memory_order_relaxed);
+  }
 }
 
 absl::Status DenseShard::InstallCopy(absl::string_view bytes, int64_t updates, bool* installed) {

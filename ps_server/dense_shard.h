@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -85,9 +86,12 @@ class DenseShard {
   //
   // `updates_after` (optional) receives each shard's update count right after this update:
   // the update's place in the shard's order (a backup applies it at the same place).
+  // `backups` (optional) receives each shard's backup as the update saw it, under its lock:
+  // the task it goes to (backup_ps_task) and the generation of that backup (CopyAndSetBackup).
   static void ApplyAll(const std::vector<DenseShard*>& shards,
                        const std::vector<const float*>& grads, ThreadPool* pool = nullptr,
-                       bool delta = false, std::vector<int64_t>* updates_after = nullptr);
+                       bool delta = false, std::vector<int64_t>* updates_after = nullptr,
+                       std::vector<std::pair<int, int64_t>>* backups = nullptr);
 
   // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
   // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.
@@ -103,6 +107,8 @@ class DenseShard {
   // forwards its updates; -1: none (CreateShardsRequest.replication below 2).
   int backup_ps_task() const { return backup_ps_task_.load(std::memory_order_relaxed); }
   void set_backup_ps_task(int task) { backup_ps_task_.store(task, std::memory_order_relaxed); }
+  // Which backup of that task it is: 0 as created, then CopyAndSetBackup's generation.
+  int64_t backup_generation() const { return backup_generation_.load(std::memory_order_relaxed); }
 
   // Statistics of the values (not the slots).
   void ComputeValueStats(v1::ValueStats* stats) const;
@@ -113,9 +119,14 @@ class DenseShard {
   absl::Status Restore(const std::vector<float>& values_and_slots, int64_t updates);
 
   // Rebuild (issue 37): Snapshot into `bytes` (values then slots, float32 little-endian), and
-  // the backup set to `backup`, both under one hold of the lock: every update after the copy
-  // sees the backup (and is forwarded), none before it does.
-  void CopyAndSetBackup(int backup, std::string* bytes, int64_t* updates);
+  // the backup set to `backup` (of `generation`), both under one hold of the lock: every
+  // update after the copy sees the backup (and is forwarded), none before it does.
+  // FAILED_PRECONDITION, copying nothing, when the shard's backup is another task.
+  absl::Status CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
+                                int64_t* updates);
+  // Sets the backup to none if it is `backup` of `generation` (a copy whose task was lost
+  // meanwhile).
+  void ClearBackupIf(int backup, int64_t generation);
   // A new backup's side: Restore from such bytes, if the shard has had fewer than `updates`
   // updates (else it has the copy's state already, or more: *installed false, nothing changes).
   // INVALID_ARGUMENT, naming both sizes, if the bytes do not fit values and slots.
@@ -141,6 +152,7 @@ class DenseShard {
   const std::unique_ptr<Optimizer> optimizer_;
   mutable ShardCounters counters_;
   std::atomic<int> backup_ps_task_{-1};
+  std::atomic<int64_t> backup_generation_{0};
 
   mutable absl::Mutex mu_;
   // Values at [0, n), slot s at [(1 + s) * n, (2 + s) * n).

@@ -431,6 +431,7 @@ std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush&
     if (stream == nullptr) return nullptr;  // that backup takes forwards after the apply only
     for (int i : shards) streams->stream_of_[i] = static_cast<int>(streams->streams_.size());
     streams->streams_.push_back(std::move(stream));
+    streams->backups_.push_back(backup);
     streams->headers_.push_back(std::move(header));
     streams->shards_.push_back(shards);
   }
@@ -508,34 +509,39 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
       break;
   }
   std::vector<int64_t> versions;
-  ApplyDensePush(*push, accumulators, &outcome, &versions);
-  if (streams != nullptr && !streams->failed()) {
+  std::vector<std::pair<int, int64_t>> backups;
+  ApplyDensePush(*push, accumulators, &outcome, &versions, &backups);
+  // The streams carry the push only if its update of every shard went where its stream goes: a
+  // shard whose backup changed while the push arrived (lost, or a new one: CopyForNewBackup)
+  // has the whole push forwarded after the apply instead, in one forward per backup (the
+  // streams are abandoned), so that no backup records the push with a part of it missing.
+  bool streams_fit = streams != nullptr && !streams->failed();
+  for (int i = 0; streams_fit && i < n; ++i) {
+    const int k = streams->stream_of_[i];
+    const int went = versions[i] == 0 ? -1 : backups[i].first;
+    streams_fit = k >= 0 ? went == streams->backups_[k] : went < 0;
+  }
+  if (streams_fit) {
     // What the store owes goes first, or the backups would wait for it before applying this.
     if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
     // The backups have the gradients already: the versions complete the forwards.
     absl::Status committed = CommitStreams(streams, versions, outcome);
     if (committed.ok()) {
-      // A shard given a backup while the push arrived (a rebuild: CopyForNewBackup) has no
-      // stream: its update goes now, as a push without streams would send it.
-      std::vector<int64_t> uncovered = versions;
-      for (int i = 0; i < n; ++i) {
-        if (streams->stream_of_[i] >= 0) uncovered[i] = 0;
-      }
-      owed = ForwardsOf(*push, uncovered, outcome);
-      if (owed == nullptr) {
-        forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
-        ledger_.Record(header.request_id(), outcome);
-        response->set_accepted(outcome.accepted);
-        response->set_dropped_stale(outcome.dropped_stale);
-        return absl::OkStatus();
-      }
-    } else {
-      streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
-      LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
-                                << committed << "); forwarding the push again after its apply";
+      forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+      ledger_.Record(header.request_id(), outcome);
+      response->set_accepted(outcome.accepted);
+      response->set_dropped_stale(outcome.dropped_stale);
+      return absl::OkStatus();
     }
+    streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 100) << "a forward sent while the push arrived failed at its commit ("
+                              << committed << "); forwarding the push again after its apply";
+  } else if (streams != nullptr && !streams->failed()) {
+    streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
+    PS_LOG_FIRST_N(INFO, 4) << "a push's shards changed backups while it arrived; forwarding it "
+                               "after its apply";
   }
-  if (owed == nullptr) owed = ForwardsOf(*push, versions, outcome);
+  owed = ForwardsOf(*push, versions, outcome, backups);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
   if (!forwarded.ok()) {
@@ -552,18 +558,19 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   return absl::OkStatus();
 }
 
-std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(const DensePush& push,
-                                                              const std::vector<int64_t>& versions,
-                                                              const PushOutcome& outcome) const {
+std::shared_ptr<const ForwardList> ParameterStore::ForwardsOf(
+    const DensePush& push, const std::vector<int64_t>& versions, const PushOutcome& outcome,
+    const std::vector<std::pair<int, int64_t>>& backups) const {
   if (options_.forwarder == nullptr) return nullptr;
-  std::map<int, DenseForward> by_backup;
+  std::map<std::pair<int, int64_t>, DenseForward> by_backup;
   for (int i = 0; i < push.num_shards(); ++i) {
     const DenseShard& shard = *push.shards_[i];
-    const int backup = shard.backup_ps_task();
+    const int backup = backups[i].first;
     if (backup < 0 || versions[i] == 0) continue;
-    DenseForward& f = by_backup[backup];
+    DenseForward& f = by_backup[backups[i]];
     if (f.backup < 0) {
       f.backup = backup;
+      f.generation = backups[i].second;
       v1::PushDenseHeader* h = f.header.mutable_push();
       h->set_step(push.header_.step());
       h->set_worker(push.header_.worker());
@@ -603,44 +610,41 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
                      " accumulates sync steps; a new backup of it needs its accumulator, "
                      "which is not copied yet"));
   }
-  bool lost = false;
-  {
-    absl::MutexLock lock(&lost_backups_mu_);
-    lost = lost_backups_.count(backup) > 0;
-  }
   const int current = shard.backup_ps_task();
-  if (current >= 0 && current != backup && !lost) {
+  if (current >= 0 && current != backup) {  // (checked again with the copy, under its lock)
     return absl::FailedPreconditionError(absl::StrCat(name, " is backed up on ps:", current,
                                                       " already; a new backup on ps:", backup,
                                                       " would leave that one behind"));
   }
-  if (lost) {
-    // The task is back (a new incarnation): what was owed to the one that died is forgotten,
-    // since the copies it gets carry it, and forwards go to it again.
-    {
-      absl::MutexLock lock(&owed_mu_);
-      for (OwedForwards& o : owed_) {
-        if (o.forwards == nullptr) continue;
-        auto kept = std::make_shared<ForwardList>();
-        for (const DenseForward& f : o.forwards->forwards) {
-          if (f.backup != backup) kept->forwards.push_back(f);
-        }
-        o.forwards = std::move(kept);
-      }
-    }
-    absl::MutexLock lock(&lost_backups_mu_);
-    lost_backups_.erase(backup);
-  }
   replica->Clear();
+  // A task counted lost (DropBackup) is back: its backups from now on are of a new
+  // generation, and what was made for the one that died is not sent to this one.
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    if (lost_backups_.erase(backup) > 0) ++backup_generation_[backup];
+    generation = backup_generation_[backup];
+  }
+  int64_t updates = 0;
+  PS_RETURN_IF_ERROR(
+      shard.CopyAndSetBackup(backup, generation, replica->mutable_values_and_slots(), &updates));
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    if (lost_backups_.count(backup) > 0 || backup_generation_[backup] != generation) {
+      // Lost again meanwhile (DropBackup may have passed this shard before the copy set it).
+      shard.ClearBackupIf(backup, generation);
+      replica->Clear();
+      return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
+                                                 " was copied for it; no backup there now"));
+    }
+  }
   replica->mutable_shard()->set_variable(shard.name());
   replica->mutable_shard()->set_partition(shard.partition());
-  int64_t updates = 0;
-  shard.CopyAndSetBackup(backup, replica->mutable_values_and_slots(), &updates);
   replica->set_updates(updates);
   // The ledger after the copy: a push applied after it is forwarded (and recorded by the
   // backup); one applied before it is recorded here by now, but for one whose answer is still
   // on its way (it looked for backups before the copy): its id is not in the copy.
-  ledger_.ExportDone(replica->mutable_ledger());
+  ledger_.ExportDone(replica->mutable_ledger(), replica->mutable_ledger_floors());
   return absl::OkStatus();
 }
 
@@ -660,7 +664,7 @@ absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, boo
         shards[0]->InstallCopy(replica.values_and_slots(), replica.updates(), installed));
     replica_cv_.SignalAll();
   }
-  ledger_.ImportDone(replica.ledger());
+  ledger_.ImportDone(replica.ledger(), replica.ledger_floors());
   return absl::OkStatus();
 }
 
@@ -749,11 +753,17 @@ absl::Status ParameterStore::SendForwardsNow(const ForwardList& forwards) {
   ForwardList live;
   {
     absl::MutexLock lock(&lost_backups_mu_);
-    bool any_lost = false;
-    for (const DenseForward& f : forwards.forwards) any_lost |= lost_backups_.count(f.backup) > 0;
-    if (any_lost) {
+    // Lost, or made for a backup of the task that was lost before this one (a rebuild).
+    const auto gone = [&](const DenseForward& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lost_backups_mu_) {
+      if (lost_backups_.count(f.backup) > 0) return true;
+      auto it = backup_generation_.find(f.backup);
+      return f.generation != (it == backup_generation_.end() ? 0 : it->second);
+    };
+    bool any_gone = false;
+    for (const DenseForward& f : forwards.forwards) any_gone |= gone(f);
+    if (any_gone) {
       for (const DenseForward& f : forwards.forwards) {
-        if (lost_backups_.count(f.backup) == 0) live.forwards.push_back(f);
+        if (!gone(f)) live.forwards.push_back(f);
       }
       send = &live;
     }
@@ -814,7 +824,7 @@ absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& hea
   bool now_done = now.empty();
   int applied = 0, already = 0;
   const absl::Time deadline = absl::Now() + options_.replica_wait;
-  absl::MutexLock lock(&replica_mu_);
+  absl::ReleasableMutexLock lock(&replica_mu_);
   while (true) {
     bool progressed = false;
     int behind = 0;
@@ -887,6 +897,8 @@ absl::Status ParameterStore::ApplyReplicatedDense(const v1::ReplicateHeader& hea
           " shards behind"));
     }
   }
+  // (The ledger waits for an attempt that holds the id: not while holding replica_mu_.)
+  lock.Release();
   PushOutcome outcome;
   if (applied == 0) {
     // Applied before (a forward sent again), or part of a copy this backup took (a rebuild:
@@ -935,10 +947,16 @@ absl::Status ParameterStore::CheckDeltaPush(
 
 void ParameterStore::ApplyDensePush(
     const DensePush& push, const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
-    PushOutcome* outcome, std::vector<int64_t>* versions) {
+    PushOutcome* outcome, std::vector<int64_t>* versions,
+    std::vector<std::pair<int, int64_t>>* backups) {
   const v1::PushDenseHeader& header = push.header_;
   const int n = push.num_shards();
   versions->assign(n, 0);
+  // (Sync shards: as they are now; CopyForNewBackup never gives them a new backup.)
+  backups->resize(n);
+  for (int i = 0; i < n; ++i) {
+    (*backups)[i] = {push.shards_[i]->backup_ps_task(), push.shards_[i]->backup_generation()};
+  }
   absl::ReaderMutexLock barrier(&apply_barrier_);
   // Shards updated at once (async) are applied together: one parallel loop for the push.
   std::vector<DenseShard*> now;
@@ -951,11 +969,15 @@ void ParameterStore::ApplyDensePush(
     now_index.push_back(i);
   }
   std::vector<int64_t> after;
+  std::vector<std::pair<int, int64_t>> backups_after;
   {
     ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after);
+    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after, &backups_after);
   }
-  for (size_t j = 0; j < after.size(); ++j) (*versions)[now_index[j]] = after[j];
+  for (size_t j = 0; j < after.size(); ++j) {
+    (*versions)[now_index[j]] = after[j];
+    (*backups)[now_index[j]] = backups_after[j];
+  }
   for (int i = 0; i < n; ++i) {
     DenseShard& shard = *push.shards_[i];
     const float* grad = push.grads_[i].values();

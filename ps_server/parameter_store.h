@@ -54,6 +54,7 @@ class PushStreams {
   std::vector<std::unique_ptr<ForwardStream>> streams_;
   std::vector<v1::ReplicateHeader> headers_;  // as opened
   std::vector<std::vector<int>> shards_;      // per stream: the push's shards it carries
+  std::vector<int> backups_;                  // per stream: its backup task
   bool failed_ = false;
 };
 
@@ -370,14 +371,17 @@ class ParameterStore {
       const ABSL_LOCKS_EXCLUDED(mu_);
   // versions[i]: shard i's update count right after this push's update, or its place in the
   // shard's accumulator's order (a sync step's gradient); 0 where it was dropped.
+  // backups[i]: shard i's backup (task, generation) as its update saw it (async: under the
+  // shard's lock, DenseShard::ApplyAll), where its forward goes.
   void ApplyDensePush(const DensePush& push,
                       const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
-                      PushOutcome* outcome, std::vector<int64_t>* versions);
-  // The forwards a push applied with `versions` owes its shards' backups; null when it owes
+                      PushOutcome* outcome, std::vector<int64_t>* versions,
+                      std::vector<std::pair<int, int64_t>>* backups);
+  // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
-  std::shared_ptr<const ForwardList> ForwardsOf(const DensePush& push,
-                                                const std::vector<int64_t>& versions,
-                                                const PushOutcome& outcome) const;
+  std::shared_ptr<const ForwardList> ForwardsOf(
+      const DensePush& push, const std::vector<int64_t>& versions, const PushOutcome& outcome,
+      const std::vector<std::pair<int, int64_t>>& backups) const;
   // Sends `forwards` (options_.forwarder); UNAVAILABLE naming the failure, for the worker to
   // retry (the ledger keeps them for the retry).
   // Owed forwards (OweForwards) go first, in the order they were owed.
@@ -465,6 +469,9 @@ class ParameterStore {
   // DropBackup's tasks: forwards to them are skipped.
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
+  // Per task, the generation of the backups it holds now (CopyForNewBackup counts one more each
+  // time it takes the task back): forwards of an older one are not sent.
+  std::map<int, int64_t> backup_generation_ ABSL_GUARDED_BY(lost_backups_mu_);
   // The same for table forwards: a task given dense backups again (CopyForNewBackup) stays
   // here until its table backups are rebuilt too.
   std::set<int> lost_table_backups_ ABSL_GUARDED_BY(lost_backups_mu_);

@@ -21,7 +21,8 @@ struct DenseForward {
   DenseForward(DenseForward&&) = default;
   DenseForward& operator=(DenseForward&&) = default;
   // Copies the gradients into the new forward's own memory.
-  DenseForward(const DenseForward& other) : backup(other.backup), header(other.header) {
+  DenseForward(const DenseForward& other)
+      : backup(other.backup), generation(other.generation), header(other.header) {
     owned.reserve(other.grads.size());
     for (absl::Span<const float> g : other.grads) {
       owned.emplace_back(g.begin(), g.end());
@@ -34,6 +35,9 @@ struct DenseForward {
   }
 
   int backup = -1;
+  // Which backup of that task (DenseShard::backup_generation): a forward made for one that was
+  // lost since is not sent to the task's next one.
+  int64_t generation = 0;
   v1::ReplicateHeader header;
   // grads[i]: header.push().num_elements(i) floats for header.push().shards(i).
   std::vector<absl::Span<const float>> grads;

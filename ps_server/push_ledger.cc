@@ -1,6 +1,7 @@
 #include "ps_server/push_ledger.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "ps_server/push_forwarder.h"
@@ -104,9 +105,15 @@ void PushLedger::Release(const v1::RequestId& id, uint64_t applied_stripes) {
   }
 }
 
-void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out) const {
+void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out,
+                            google::protobuf::RepeatedPtrField<v1::RequestId>* floors) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [client, c] : clients_) {
+    if (c.floor > 0) {
+      v1::RequestId* floor = floors->Add();
+      floor->set_client(client);
+      floor->set_seq(c.floor);
+    }
     for (const auto& [seq, e] : c.ids) {
       if (!e.done) continue;
       v1::LedgerEntry* entry = out->Add();
@@ -118,8 +125,19 @@ void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>*
   }
 }
 
-void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries) {
+void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries,
+                            const google::protobuf::RepeatedPtrField<v1::RequestId>& floors) {
   absl::MutexLock lock(&mu_);
+  for (const v1::RequestId& floor : floors) {
+    if (floor.client() == 0) continue;
+    Client& c = clients_[floor.client()];
+    if (floor.seq() <= c.floor) continue;
+    c.floor = floor.seq();
+    // (An id below it being applied here stays until it is done.)
+    for (auto it = c.ids.begin(); it != c.ids.end() && it->first < c.floor;) {
+      it = it->second.done ? c.ids.erase(it) : std::next(it);
+    }
+  }
   for (const v1::LedgerEntry& entry : entries) {
     if (entry.id().client() == 0) continue;
     Client& c = clients_[entry.id().client()];

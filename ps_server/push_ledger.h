@@ -62,12 +62,16 @@ class PushLedger {
   // again) learns them from Begin and applies only the rest.
   void Release(const v1::RequestId& id, uint64_t applied_stripes = 0);
 
-  // Rebuild (issue 37): every push recorded as done, for a new backup's ledger.
-  void ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out) const;
-  // Records each entry as done where its id is not known yet (one known, done or being
+  // Rebuild (issue 37): every push recorded as done, and each client's floor (the lowest id
+  // still told: RequestId.seq), for a new backup's ledger.
+  void ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out,
+                  google::protobuf::RepeatedPtrField<v1::RequestId>* floors) const;
+  // Raises each client's floor to the one given (the ids below it forgotten: too old), then
+  // records each entry as done where its id is not known yet (one known, done or being
   // applied, stays as it is; one below its client's floor is too old to keep), within the
   // ledger's bounds.
-  void ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries);
+  void ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries,
+                  const google::protobuf::RepeatedPtrField<v1::RequestId>& floors);
 
   // Ids remembered (for tests and statistics).
   int64_t size() const;

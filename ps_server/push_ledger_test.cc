@@ -103,6 +103,40 @@ TEST(PushLedgerTest, IdsOlderThanTheWindowAreRefused) {
   EXPECT_EQ(ledger.Begin(Id(7, 10), &outcome), PushLedger::Claim::kDuplicate);
 }
 
+// Rebuild (issue 37): a new backup's ledger from its primary's tells the same pushes apart:
+// done ones are duplicates, ids below a client's floor too old, others new; an id the backup
+// knows already keeps what it had.
+TEST(PushLedgerTest, ACopiedLedgerTellsThePushesAsItsOriginalDoes) {
+  PushLedger original(/*ids_per_client=*/4, 8);
+  PushOutcome outcome;
+  for (uint64_t seq = 1; seq <= 10; ++seq) {
+    ASSERT_EQ(original.Begin(Id(7, seq), &outcome), PushLedger::Claim::kNew);
+    original.Record(Id(7, seq), PushOutcome{static_cast<int32_t>(seq), 0});
+  }
+  ASSERT_EQ(original.Begin(Id(9, 1), &outcome), PushLedger::Claim::kNew);  // being applied
+  google::protobuf::RepeatedPtrField<v1::LedgerEntry> entries;
+  google::protobuf::RepeatedPtrField<v1::RequestId> floors;
+  original.ExportDone(&entries, &floors);
+  EXPECT_EQ(entries.size(), 4);  // 7-7 .. 7-10; 9-1 is not done
+  ASSERT_EQ(floors.size(), 1);
+  EXPECT_EQ(floors[0].seq(), 7u);
+
+  PushLedger copy(/*ids_per_client=*/4, 8);
+  ASSERT_EQ(copy.Begin(Id(7, 2), &outcome), PushLedger::Claim::kNew);  // below the floor, done
+  copy.Record(Id(7, 2), PushOutcome{2, 0});
+  ASSERT_EQ(copy.Begin(Id(7, 9), &outcome), PushLedger::Claim::kNew);  // known, done otherwise
+  copy.Record(Id(7, 9), PushOutcome{99, 0});
+  copy.ImportDone(entries, floors);
+  EXPECT_EQ(copy.Begin(Id(7, 2), &outcome), PushLedger::Claim::kTooOld);
+  EXPECT_EQ(copy.Begin(Id(7, 6), &outcome), PushLedger::Claim::kTooOld);
+  ASSERT_EQ(copy.Begin(Id(7, 8), &outcome), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(outcome.accepted, 8);
+  ASSERT_EQ(copy.Begin(Id(7, 9), &outcome), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(outcome.accepted, 99);
+  EXPECT_EQ(copy.Begin(Id(9, 1), &outcome), PushLedger::Claim::kNew);
+  EXPECT_EQ(copy.Begin(Id(7, 11), &outcome), PushLedger::Claim::kNew);
+}
+
 TEST(PushLedgerTest, TheLeastRecentlySeenClientIsForgottenFirst) {
   PushLedger ledger(8, /*max_clients=*/2);
   PushOutcome outcome;

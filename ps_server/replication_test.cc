@@ -91,13 +91,14 @@ absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
 // ReplicateStream does once the versions come.
 class DirectStream : public ForwardStream {
  public:
-  DirectStream(ParameterStore* backup, v1::ReplicateHeader header)
-      : backup_(backup), header_(std::move(header)) {}
+  DirectStream(ParameterStore* backup, v1::ReplicateHeader header, std::atomic<int>* commits)
+      : backup_(backup), header_(std::move(header)), commits_(commits) {}
   absl::Status Write(const float* values, int64_t n) override {
     values_.insert(values_.end(), values, values + n);
     return absl::OkStatus();
   }
   absl::Status Commit(const v1::ReplicateHeader& commit) override {
+    ++*commits_;
     DenseForward f;
     f.backup = 1;
     f.header = header_;
@@ -120,6 +121,7 @@ class DirectStream : public ForwardStream {
  private:
   ParameterStore* const backup_;
   const v1::ReplicateHeader header_;
+  std::atomic<int>* const commits_;
   std::vector<float> values_;
   absl::Status result_;
   v1::ReplicateResponse response_;
@@ -135,7 +137,7 @@ class DirectForwarder : public PushForwarder {
     if (stream_to_ == nullptr) return nullptr;
     EXPECT_EQ(backup, 1);
     ++streams_;
-    return std::make_unique<DirectStream>(stream_to_, header);
+    return std::make_unique<DirectStream>(stream_to_, header, &commits_);
   }
   void StreamTo(ParameterStore* backup) {
     absl::MutexLock lock(&mu_);
@@ -145,6 +147,7 @@ class DirectForwarder : public PushForwarder {
     absl::MutexLock lock(&mu_);
     return streams_;
   }
+  int commits() const { return commits_.load(); }
   absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override {
     ParameterStore* to = nullptr;
     {
@@ -215,6 +218,7 @@ class DirectForwarder : public PushForwarder {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   ParameterStore* stream_to_ ABSL_GUARDED_BY(mu_) = nullptr;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int> commits_{0};
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
 };
@@ -497,7 +501,9 @@ TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
 
 // A push that arrived over the data plane had a stream to the backup for "b" only: "a" got
 // its new backup (ps:1, back after it died) while the push arrived. "a"'s update, applied
-// after the copy, has no stream, and goes to the backup after the apply instead.
+// after the copy, has no stream: the push goes to the backup whole after the apply instead,
+// in one forward (the stream abandoned), so that the backup never records the push with "a"'s
+// update missing.
 TEST(ReplicationTest, APushThatArrivedBeforeItsShardGotANewBackupIsForwardedAfterItsApply) {
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
@@ -550,10 +556,54 @@ TEST(ReplicationTest, APushThatArrivedBeforeItsShardGotANewBackupIsForwardedAfte
   EXPECT_TRUE(installed);
   const int calls = forwarder.calls();
   ASSERT_TRUE(primary.FinishPushDense(&push, &resp, streams.get()).ok());
+  streams.reset();  // (as the data plane does once the push is answered)
   EXPECT_EQ(forwarder.streams(), 1);
-  EXPECT_EQ(forwarder.calls(), calls + 1);  // "a"'s update, after the apply
+  EXPECT_EQ(forwarder.commits(), 0);        // abandoned
+  EXPECT_EQ(forwarder.calls(), calls + 1);  // the whole push, after the apply
   EXPECT_EQ(Updates(primary, "a"), 2);
   ExpectSameAs(backup, primary);
+}
+
+// A forward owed to ps:1 when it died (of "a" and "b") is not sent to its next incarnation,
+// which has a copy of "a" only: the copy holds what it carried, and "b" is not backed up
+// there yet (sent, it would be refused there and stay owed for ever).
+TEST(ReplicationTest, WhatWasOwedToADeadBackupIsNotSentToItsNextIncarnation) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  forwarder.ApplyTo(&died);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
+  forwarder.FailNext(1);
+  ASSERT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(primary.forward_totals().owed, 1);
+  EXPECT_EQ(primary.DropBackup(1), 2);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(2);
+  ParameterStore fresh(waits_briefly);
+  {
+    v1::CreateShardsRequest req;
+    *req.add_dense() = AdamShard("a", 6, 1);
+    *req.add_dense() = AdamShard("b", 3, 1);
+    v1::CreateShardsResponse created;
+    ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
+  }
+  forwarder.ApplyTo(&fresh);
+  v1::ShardRef a;
+  a.set_variable("a");
+  v1::DenseReplica copy;
+  ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy).ok());
+  EXPECT_EQ(copy.updates(), 2);
+  bool installed = false;
+  ASSERT_TRUE(fresh.InstallReplica(copy, &installed).ok());
+  const int calls = forwarder.calls();
+  ASSERT_TRUE(Push(primary, {"a"}, 3, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls + 1);  // this push's forward alone
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Values(fresh, "a"), Values(primary, "a"));
+  EXPECT_EQ(Updates(fresh, "a"), 3);
+  EXPECT_EQ(Updates(fresh, "b"), 0);  // not backed up there yet
 }
 
 TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {
