@@ -538,8 +538,9 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
                               << committed << "); forwarding the push again after its apply";
   } else if (streams != nullptr && !streams->failed()) {
     streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
-    PS_LOG_FIRST_N(INFO, 4) << "a push's shards changed backups while it arrived; forwarding it "
-                               "after its apply";
+    PS_LOG_FIRST_N(INFO, 4) << "a push was not applied as its streams carry it (a shard's "
+                               "backup changed while it arrived, or a sync gradient was "
+                               "dropped); forwarding it after its apply";
   }
   owed = ForwardsOf(*push, versions, outcome, backups);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
