@@ -274,12 +274,14 @@ absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::s
   return absl::OkStatus();
 }
 
-void DenseShard::ClearBackupIf(int backup, int64_t generation) {
+bool DenseShard::ClearBackupIf(int backup, int64_t generation) {
   absl::MutexLock lock(&mu_);
-  if (backup_ps_task_.load(std::memory_order_relaxed) == backup &&
-      backup_generation_.load(std::memory_order_relaxed) == generation) {
-    backup_ps_task_.store(-1, std::memory_order_relaxed);
+  if (backup_ps_task_.load(std::memory_order_relaxed) != backup ||
+      backup_generation_.load(std::memory_order_relaxed) != generation) {
+    return false;
   }
+  backup_ps_task_.store(-1, std::memory_order_relaxed);
+  return true;
 }
 
 absl::Status DenseShard::InstallCopy(absl::string_view bytes, int64_t updates, bool* installed) {

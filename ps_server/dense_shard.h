@@ -106,7 +106,10 @@ class DenseShard {
   // Replication (issue 37): the ps task that holds this shard's backup, where the store
   // forwards its updates; -1: none (CreateShardsRequest.replication below 2).
   int backup_ps_task() const { return backup_ps_task_.load(std::memory_order_relaxed); }
-  void set_backup_ps_task(int task) { backup_ps_task_.store(task, std::memory_order_relaxed); }
+  void set_backup_ps_task(int task, int64_t generation = 0) {
+    backup_generation_.store(generation, std::memory_order_relaxed);
+    backup_ps_task_.store(task, std::memory_order_relaxed);
+  }
   // Which backup of that task it is: 0 as created, then CopyAndSetBackup's generation.
   int64_t backup_generation() const { return backup_generation_.load(std::memory_order_relaxed); }
 
@@ -124,9 +127,9 @@ class DenseShard {
   // FAILED_PRECONDITION, copying nothing, when the shard's backup is another task.
   absl::Status CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
                                 int64_t* updates);
-  // Sets the backup to none if it is `backup` of `generation` (a copy whose task was lost
-  // meanwhile).
-  void ClearBackupIf(int backup, int64_t generation);
+  // Sets the backup to none if it is `backup` of `generation` (a task lost: DropBackup, or
+  // lost again while a copy was made for it); whether it did.
+  bool ClearBackupIf(int backup, int64_t generation);
   // A new backup's side: Restore from such bytes, if the shard has had fewer than `updates`
   // updates (else it has the copy's state already, or more: *installed false, nothing changes).
   // INVALID_ARGUMENT, naming both sizes, if the bytes do not fit values and slots.

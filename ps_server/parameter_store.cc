@@ -403,9 +403,14 @@ void PushStreams::Piece(int index, const float* values, int64_t n) {
 std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush& push) const {
   if (options_.forwarder == nullptr) return nullptr;
   std::map<int, std::vector<int>> by_backup;
+  std::map<int, std::pair<int, int64_t>> backup_of;  // task -> (task, generation)
   for (int i = 0; i < push.num_shards(); ++i) {
+    // (The generation first: CopyAndSetBackup sets it before the task.)
+    const int64_t generation = push.shards_[i]->backup_generation();
     const int backup = push.shards_[i]->backup_ps_task();
-    if (backup >= 0) by_backup[backup].push_back(i);
+    if (backup < 0) continue;
+    by_backup[backup].push_back(i);
+    backup_of.emplace(backup, std::make_pair(backup, generation));
   }
   if (by_backup.empty()) return nullptr;
   auto streams = std::make_unique<PushStreams>();
@@ -431,7 +436,7 @@ std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush&
     if (stream == nullptr) return nullptr;  // that backup takes forwards after the apply only
     for (int i : shards) streams->stream_of_[i] = static_cast<int>(streams->streams_.size());
     streams->streams_.push_back(std::move(stream));
-    streams->backups_.push_back(backup);
+    streams->backups_.push_back(backup_of[backup]);
     streams->headers_.push_back(std::move(header));
     streams->shards_.push_back(shards);
   }
@@ -518,8 +523,11 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   bool streams_fit = streams != nullptr && !streams->failed();
   for (int i = 0; streams_fit && i < n; ++i) {
     const int k = streams->stream_of_[i];
-    const int went = versions[i] == 0 ? -1 : backups[i].first;
-    streams_fit = k >= 0 ? went == streams->backups_[k] : went < 0;
+    if (versions[i] == 0 || backups[i].first < 0) {
+      streams_fit = k < 0;
+    } else {
+      streams_fit = k >= 0 && backups[i] == streams->backups_[k];
+    }
   }
   if (streams_fit) {
     // What the store owes goes first, or the backups would wait for it before applying this.
@@ -542,6 +550,8 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
                                "backup changed while it arrived, or a sync gradient was "
                                "dropped); forwarding it after its apply";
   }
+  // The streams are abandoned first, so their backups stop waiting for a commit.
+  if (streams != nullptr) streams->streams_.clear();
   owed = ForwardsOf(*push, versions, outcome, backups);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
@@ -629,15 +639,17 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
   int64_t updates = 0;
   PS_RETURN_IF_ERROR(
       shard.CopyAndSetBackup(backup, generation, replica->mutable_values_and_slots(), &updates));
+  bool lost_again = false;
   {
     absl::MutexLock lock(&lost_backups_mu_);
-    if (lost_backups_.count(backup) > 0 || backup_generation_[backup] != generation) {
-      // Lost again meanwhile (DropBackup may have passed this shard before the copy set it).
-      shard.ClearBackupIf(backup, generation);
-      replica->Clear();
-      return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
-                                                 " was copied for it; no backup there now"));
-    }
+    lost_again = lost_backups_.count(backup) > 0 || backup_generation_[backup] != generation;
+  }
+  if (lost_again) {
+    // Lost again meanwhile (DropBackup may have passed this shard before the copy set it).
+    shard.ClearBackupIf(backup, generation);
+    replica->Clear();
+    return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
+                                               " was copied for it; no backup there now"));
   }
   replica->mutable_shard()->set_variable(shard.name());
   replica->mutable_shard()->set_partition(shard.partition());
@@ -670,18 +682,18 @@ absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, boo
 }
 
 int ParameterStore::DropBackup(int backup) {
+  int64_t generation = 0;
   {
     absl::MutexLock lock(&lost_backups_mu_);
     lost_backups_.insert(backup);
     lost_table_backups_.insert(backup);
+    generation = backup_generation_[backup];
   }
   int dropped = 0;
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [key, shard] : dense_) {
-    if (shard->backup_ps_task() == backup) {
-      shard->set_backup_ps_task(-1);
-      ++dropped;
-    }
+    // (Of that generation only: a shard CopyForNewBackup gave the task back meanwhile keeps it.)
+    if (shard->ClearBackupIf(backup, generation)) ++dropped;
   }
   return dropped;
 }

@@ -52,9 +52,9 @@ class PushStreams {
   friend class ParameterStore;
   std::vector<int> stream_of_;  // per shard of the push: its stream, or -1
   std::vector<std::unique_ptr<ForwardStream>> streams_;
-  std::vector<v1::ReplicateHeader> headers_;  // as opened
-  std::vector<std::vector<int>> shards_;      // per stream: the push's shards it carries
-  std::vector<int> backups_;                  // per stream: its backup task
+  std::vector<v1::ReplicateHeader> headers_;      // as opened
+  std::vector<std::vector<int>> shards_;          // per stream: the push's shards it carries
+  std::vector<std::pair<int, int64_t>> backups_;  // per stream: its backup (task, generation)
   bool failed_ = false;
 };
 

@@ -252,8 +252,15 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   for (const v1::DenseShardSpec& spec : request.dense()) {
     auto it = dense_.find({spec.variable().name(), spec.partition().partition()});
     if (it == dense_.end()) continue;
-    it->second->set_backup_ps_task(request.replication() >= 2 ? spec.partition().backup_ps_task()
-                                                              : -1);
+    const int backup = request.replication() >= 2 ? spec.partition().backup_ps_task() : -1;
+    int64_t generation = 0;
+    if (backup >= 0) {
+      // The task's backups now (a task given backups again is a new generation:
+      // CopyForNewBackup), or its forwards would be taken for the lost one's.
+      absl::MutexLock generations(&lost_backups_mu_);
+      generation = backup_generation_[backup];
+    }
+    it->second->set_backup_ps_task(backup, generation);
   }
   // And each table's rows, by virtual shard.
   for (const v1::TableShardSpec& spec : request.tables()) {

@@ -131,9 +131,12 @@ void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerE
   for (const v1::RequestId& floor : floors) {
     if (floor.client() == 0) continue;
     Client& c = clients_[floor.client()];
+    c.last_seen = ++clock_;
     if (floor.seq() <= c.floor) continue;
     c.floor = floor.seq();
-    // (An id below it being applied here stays until it is done.)
+    // (An id below it being applied here stays until it is done. One the original was still
+    // applying is below the floor it sent: its forward is then too old here and not recorded,
+    // so a retry after a promotion is refused, not applied twice.)
     for (auto it = c.ids.begin(); it != c.ids.end() && it->first < c.floor;) {
       it = it->second.done ? c.ids.erase(it) : std::next(it);
     }

@@ -604,6 +604,17 @@ TEST(ReplicationTest, WhatWasOwedToADeadBackupIsNotSentToItsNextIncarnation) {
   EXPECT_EQ(Values(fresh, "a"), Values(primary, "a"));
   EXPECT_EQ(Updates(fresh, "a"), 3);
   EXPECT_EQ(Updates(fresh, "b"), 0);  // not backed up there yet
+  // The placement sent again (a CreateShards naming ps:1 as "a"'s backup, as the chief does):
+  // "a"'s forwards still go to the new incarnation.
+  v1::CreateShardsRequest again;
+  *again.add_dense() = AdamShard("a", 6, 1);
+  again.set_replication(2);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(primary.CreateShards(again, &created).ok());
+  ASSERT_TRUE(Push(primary, {"a"}, 4, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls + 2);
+  EXPECT_EQ(Updates(fresh, "a"), 4);
+  EXPECT_EQ(Values(fresh, "a"), Values(primary, "a"));
 }
 
 TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {
