@@ -256,19 +256,25 @@ absl::Status DenseShard::Restore(const std::vector<float>& values_and_slots, int
   return absl::OkStatus();
 }
 
+void DenseShard::set_backup_ps_task(int task, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  backup_generation_.store(generation, std::memory_order_relaxed);
+  backup_ps_task_.store(task, std::memory_order_relaxed);
+}
+
 absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
                                           int64_t* updates) {
-  absl::ReaderMutexLock lock(&mu_);
+  bytes->resize(static_cast<size_t>(state_bytes()));  // (allocated before the lock)
+  absl::MutexLock lock(&mu_);
   const int current = backup_ps_task_.load(std::memory_order_relaxed);
   if (current >= 0 && current != backup) {
+    bytes->clear();
     return absl::FailedPreconditionError(
         absl::StrCat(DenseName(name(), partition()), " is backed up on ps:", current,
                      " already; a new backup on ps:", backup, " would leave that one behind"));
   }
-  bytes->assign(reinterpret_cast<const char*>(data_.data()), data_.size() * sizeof(float));
+  std::memcpy(bytes->data(), data_.data(), data_.size() * sizeof(float));
   *updates = updates_;
-  // (An update takes the lock as a writer, and reads these under it: none runs between the
-  // copy and this.)
   backup_generation_.store(generation, std::memory_order_relaxed);
   backup_ps_task_.store(backup, std::memory_order_relaxed);
   return absl::OkStatus();

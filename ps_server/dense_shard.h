@@ -106,10 +106,8 @@ class DenseShard {
   // Replication (issue 37): the ps task that holds this shard's backup, where the store
   // forwards its updates; -1: none (CreateShardsRequest.replication below 2).
   int backup_ps_task() const { return backup_ps_task_.load(std::memory_order_relaxed); }
-  void set_backup_ps_task(int task, int64_t generation = 0) {
-    backup_generation_.store(generation, std::memory_order_relaxed);
-    backup_ps_task_.store(task, std::memory_order_relaxed);
-  }
+  // Under the shard's lock, as an update reads the pair (ApplyAll).
+  void set_backup_ps_task(int task, int64_t generation = 0);
   // Which backup of that task it is: 0 as created, then CopyAndSetBackup's generation.
   int64_t backup_generation() const { return backup_generation_.load(std::memory_order_relaxed); }
 
@@ -122,9 +120,10 @@ class DenseShard {
   absl::Status Restore(const std::vector<float>& values_and_slots, int64_t updates);
 
   // Rebuild (issue 37): Snapshot into `bytes` (values then slots, float32 little-endian), and
-  // the backup set to `backup` (of `generation`), both under one hold of the lock: every
-  // update after the copy sees the backup (and is forwarded), none before it does.
-  // FAILED_PRECONDITION, copying nothing, when the shard's backup is another task.
+  // the backup set to `backup` (of `generation`), both under one hold of the lock (as a
+  // writer: two copies for two tasks cannot both pass the check): every update after the copy
+  // sees the backup (and is forwarded), none before it does. FAILED_PRECONDITION, copying
+  // nothing, when the shard's backup is another task.
   absl::Status CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
                                 int64_t* updates);
   // Sets the backup to none if it is `backup` of `generation` (a task lost: DropBackup, or

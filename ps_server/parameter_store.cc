@@ -405,9 +405,10 @@ std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush&
   std::map<int, std::vector<int>> by_backup;
   std::map<int, std::pair<int, int64_t>> backup_of;  // task -> (task, generation)
   for (int i = 0; i < push.num_shards(); ++i) {
-    // (The generation first: CopyAndSetBackup sets it before the task.)
-    const int64_t generation = push.shards_[i]->backup_generation();
+    // (Read without the shard's lock: a pair torn by a backup set meanwhile does not match
+    // the one the update reads under it, and the push then goes after its apply.)
     const int backup = push.shards_[i]->backup_ps_task();
+    const int64_t generation = push.shards_[i]->backup_generation();
     if (backup < 0) continue;
     by_backup[backup].push_back(i);
     backup_of.emplace(backup, std::make_pair(backup, generation));
@@ -546,12 +547,16 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
                               << committed << "); forwarding the push again after its apply";
   } else if (streams != nullptr && !streams->failed()) {
     streams_fell_back_.fetch_add(1, std::memory_order_relaxed);
-    PS_LOG_FIRST_N(INFO, 4) << "a push was not applied as its streams carry it (a shard's "
-                               "backup changed while it arrived, or a sync gradient was "
-                               "dropped); forwarding it after its apply";
+    PS_LOG_FIRST_N(INFO, 4) << "a push's streams no longer match where its updates go (a "
+                               "shard's backup changed while it arrived, or a sync gradient "
+                               "was dropped); forwarding it after its apply";
   }
-  // The streams are abandoned first, so their backups stop waiting for a commit.
-  if (streams != nullptr) streams->streams_.clear();
+  // The streams are abandoned first, so their backups stop waiting for a commit (and any
+  // later Piece is ignored).
+  if (streams != nullptr) {
+    streams->failed_ = true;
+    streams->streams_.clear();
+  }
   owed = ForwardsOf(*push, versions, outcome, backups);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
   const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
@@ -671,10 +676,12 @@ absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, boo
         absl::StrCat("a copy of ", DenseName(shards[0]->name(), shards[0]->partition()),
                      " at update ", replica.updates(), "; expected >= 0"));
   }
+  // (Outside replica_mu_, so forwards of other shards go on during the memcpy; a forward
+  // waiting for this one is woken below, whenever it checked.)
+  PS_RETURN_IF_ERROR(
+      shards[0]->InstallCopy(replica.values_and_slots(), replica.updates(), installed));
   {
     absl::MutexLock lock(&replica_mu_);
-    PS_RETURN_IF_ERROR(
-        shards[0]->InstallCopy(replica.values_and_slots(), replica.updates(), installed));
     replica_cv_.SignalAll();
   }
   ledger_.ImportDone(replica.ledger(), replica.ledger_floors());

@@ -230,9 +230,10 @@ class ParameterStore {
   // nothing, for a copy whose size does not fit the shard's values and slots.
   absl::Status InstallReplica(const v1::DenseReplica& replica, bool* installed);
 
-  // Failover (issue 37): ps task `backup` died. The dense shards backed up there are forwarded
-  // no more, nor are forwards to it that earlier pushes still owe (their retries are answered
-  // without them). Returns how many shards had their backup there.
+  // Failover (issue 37): ps task `backup` died. The dense shards backed up there (of the
+  // task's current generation: CopyForNewBackup) are forwarded no more, nor are forwards to it
+  // that earlier pushes still owe (their retries are answered without them), nor table
+  // forwards. Returns how many shards had their backup there.
   int DropBackup(int backup);
   // OK, and the highest chief epoch seen raised to `epoch`, unless a newer chief has been seen
   // (FAILED_PRECONDITION naming both); epoch 0 (not a chief) always passes. For a chief's
@@ -466,7 +467,8 @@ class ParameterStore {
   bool deltas_allowed_ ABSL_GUARDED_BY(mu_) = false;
   // The highest chief epoch seen in CreateShards, SaveShards or RestoreShards (Fence).
   std::atomic<int64_t> chief_epoch_{0};
-  // DropBackup's tasks: forwards to them are skipped.
+  // DropBackup's tasks: dense forwards to them are skipped until CopyForNewBackup takes one
+  // back (as a new generation, below); table forwards stay skipped (lost_table_backups_).
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   // Per task, the generation of the backups it holds now (CopyForNewBackup counts one more each

@@ -249,8 +249,7 @@ grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverP
   int promoted = 0;
   bool already = false;
   backups_.Promote(failed, &promoted, &already);
-  // (Not again on a retry: by then this task may have given shards a new backup there.)
-  const int unreplicated = already ? 0 : store_->DropBackup(failed);
+  const int unreplicated = store_->DropBackup(failed);
   resp->set_dense_promoted(promoted);
   resp->set_dense_unreplicated(unreplicated);
   resp->set_already(already);
