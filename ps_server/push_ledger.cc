@@ -33,15 +33,7 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
     if (it == c.ids.end()) {
       if (id.seq() < c.floor) return Claim::kTooOld;
       c.ids[id.seq()].done = false;
-      while (static_cast<int>(c.ids.size()) > ids_per_client_) {
-        // Forget the oldest id nobody is applying (done, or partly applied: its retry is then
-        // refused as too old rather than applied again); one still being applied stays.
-        auto oldest = c.ids.begin();
-        while (oldest != c.ids.end() && !oldest->second.done && oldest->second.claimed) ++oldest;
-        if (oldest == c.ids.end()) break;
-        c.floor = std::max(c.floor, oldest->first + 1);
-        c.ids.erase(oldest);
-      }
+      TrimLocked(&c);
       return Claim::kNew;
     }
     if (it->second.done) {
@@ -150,16 +142,21 @@ void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerE
     e.done = true;
     e.outcome.accepted = entry.accepted();
     e.outcome.dropped_stale = entry.dropped_stale();
-    // Within the bound, the oldest done ids first (as Begin forgets them).
-    while (static_cast<int>(c.ids.size()) > ids_per_client_) {
-      auto oldest = c.ids.begin();
-      while (oldest != c.ids.end() && !oldest->second.done && oldest->second.claimed) ++oldest;
-      if (oldest == c.ids.end()) break;
-      c.floor = std::max(c.floor, oldest->first + 1);
-      c.ids.erase(oldest);
-    }
+    TrimLocked(&c);
   }
   EvictLocked();
+}
+
+void PushLedger::TrimLocked(Client* c) {
+  while (static_cast<int>(c->ids.size()) > ids_per_client_) {
+    // Forget the oldest id nobody is applying (done, or partly applied: its retry is then
+    // refused as too old rather than applied again); one still being applied stays.
+    auto oldest = c->ids.begin();
+    while (oldest != c->ids.end() && !oldest->second.done && oldest->second.claimed) ++oldest;
+    if (oldest == c->ids.end()) return;
+    c->floor = std::max(c->floor, oldest->first + 1);
+    c->ids.erase(oldest);
+  }
 }
 
 void PushLedger::EvictLocked() {

@@ -92,6 +92,8 @@ class PushLedger {
     uint64_t last_seen = 0;  // ledger clock
   };
 
+  // Keeps at most ids_per_client_ ids of `c`, forgetting the oldest first (its floor rises).
+  void TrimLocked(Client* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int ids_per_client_;

@@ -54,6 +54,15 @@ void CreateBoth(ParameterStore& primary, ParameterStore& backup) {
   ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
 }
 
+// ps:1's shards of "a" and "b" alone, as a backup of ps:0's (a task that came back empty).
+void CreateBackupOnly(ParameterStore& backup) {
+  v1::CreateShardsRequest req;
+  *req.add_dense() = AdamShard("a", 6, 1);
+  *req.add_dense() = AdamShard("b", 3, 1);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(backup.CreateShards(req, &created).ok());
+}
+
 std::vector<float> Values(ParameterStore& store, const std::string& name) {
   v1::InspectShardRequest req;
   req.mutable_shard()->set_variable(name);
@@ -441,13 +450,7 @@ TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
   EXPECT_EQ(forwarder.calls(), 0);  // nothing forwarded while ps:1 was gone
 
   ParameterStore fresh{ParameterStoreOptions()};  // ps:1's new incarnation
-  {
-    v1::CreateShardsRequest req;
-    *req.add_dense() = AdamShard("a", 6, 1);
-    *req.add_dense() = AdamShard("b", 3, 1);
-    v1::CreateShardsResponse created;
-    ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
-  }
+  CreateBackupOnly(fresh);
   forwarder.ApplyTo(&fresh);
   std::atomic<bool> copied{false};
   std::vector<std::thread> clients;
@@ -513,13 +516,7 @@ TEST(ReplicationTest, APushThatArrivedBeforeItsShardGotANewBackupIsForwardedAfte
   v1::PushDenseResponse resp;
   ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
   ParameterStore backup{ParameterStoreOptions()};  // ps:1 back, empty
-  {
-    v1::CreateShardsRequest req;
-    *req.add_dense() = AdamShard("a", 6, 1);
-    *req.add_dense() = AdamShard("b", 3, 1);
-    v1::CreateShardsResponse created;
-    ASSERT_TRUE(backup.CreateShards(req, &created).ok());
-  }
+  CreateBackupOnly(backup);
   forwarder.ApplyTo(&backup);
   forwarder.StreamTo(&backup);
   v1::ShardRef a, b;
@@ -582,13 +579,7 @@ TEST(ReplicationTest, WhatWasOwedToADeadBackupIsNotSentToItsNextIncarnation) {
   ParameterStoreOptions waits_briefly;
   waits_briefly.replica_wait = absl::Seconds(2);
   ParameterStore fresh(waits_briefly);
-  {
-    v1::CreateShardsRequest req;
-    *req.add_dense() = AdamShard("a", 6, 1);
-    *req.add_dense() = AdamShard("b", 3, 1);
-    v1::CreateShardsResponse created;
-    ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
-  }
+  CreateBackupOnly(fresh);
   forwarder.ApplyTo(&fresh);
   v1::ShardRef a;
   a.set_variable("a");
