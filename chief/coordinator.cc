@@ -329,27 +329,62 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     gone[t.index()] = 1;
   }
   for (int ps : FailedOver()) was_failed_over[ps] = 1;
+  // A failed-over task that held rebuilt backups and is lost again: its primaries stop
+  // forwarding to it (before anything below counts on those backups).
+  for (int ps = 0; ps < num_ps_; ++ps) {
+    if (!lost[ps] || rebuilt_.count(ps) == 0) continue;
+    for (const v1::DensePartition& p : client_->placement().partitions()) {
+      if (was_failed_over[p.ps_task()] && p.ps_task() != ps && p.backup_ps_task() == ps) {
+        LOG(ERROR) << "ps:" << ps << " is lost, and with it the only copy of partition "
+                   << p.partition() << " of " << p.variable()
+                   << ", which it took over from ps:" << p.ps_task()
+                   << "; restart the job from its newest checkpoint "
+                   << "(docs/replication.md)";
+      }
+    }
+    absl::MutexLock operation(&operation_mu_);
+    LoseRebuiltBackups(ps);
+  }
   std::vector<int> left;
+  const bool sync = options_.sync.mode() == v1::SYNC;
   for (int ps : restarted) {
     if (!was_failed_over[ps]) continue;
-    // It serves nothing now: its partitions stay with the tasks that took them over.
+    // Its partitions stay with the tasks that took them over; it gets backups again.
     ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
     FollowPs(ps);
-    LOG(WARNING) << "ps:" << ps << " came back after its failover: it holds nothing until "
-                 << "backups are rebuilt onto it (not built yet: docs/replication.md)";
+    if (sync) {
+      LOG(WARNING) << "ps:" << ps << " came back after its failover: it holds nothing (backups "
+                   << "are not rebuilt in sync mode yet: docs/replication.md)";
+    } else {
+      LOG(WARNING) << "ps:" << ps << " came back after its failover: rebuilding onto it the "
+                   << "backups it held of the tasks still serving";
+      rebuild_pending_.insert(ps);
+    }
   }
+  // A dense partition's backup is there when its task is neither lost nor failed over, or
+  // holds the partition's backup again (rebuilt).
+  auto backup_gone = [&](int b) {
+    return lost[b] || (was_failed_over[b] && rebuilt_.count(b) == 0);
+  };
   for (int ps = 0; ps < num_ps_; ++ps) {
     if (!lost[ps] || was_failed_over[ps]) continue;
     // Both copies of a partition lost: the checkpoint's restore, as without replication.
     std::string missing;
     for (const v1::DensePartition& p : client_->placement().partitions()) {
-      if (p.ps_task() == ps && (lost[p.backup_ps_task()] || was_failed_over[p.backup_ps_task()])) {
+      if (p.ps_task() == ps && backup_gone(p.backup_ps_task())) {
         missing = absl::StrCat("ps:", p.backup_ps_task(), ", which backs up partition ",
                                p.partition(), " of ", p.variable());
       }
     }
+    // The partitions of a task failed over earlier that it serves have no other copy.
+    for (const v1::DensePartition& p : client_->placement().partitions()) {
+      if (was_failed_over[p.ps_task()] && p.backup_ps_task() == ps) {
+        missing = absl::StrCat("the only copy of partition ", p.partition(), " of ", p.variable(),
+                               ", which it took over from ps:", p.ps_task());
+      }
+    }
     for (const auto& [v, backup] : TableBackupsOf(ps)) {
-      if (lost[backup] || was_failed_over[backup]) {
+      if (lost[backup] || was_failed_over[backup]) {  // (tables are not rebuilt)
         missing =
             absl::StrCat("ps:", backup, ", which backs up virtual shard ", v, " of the tables");
       }
@@ -383,9 +418,73 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     // When a task does not take the failover, it is tried again on the next round (a restarted
     // task's incarnation is taken only once it failed over).
     absl::MutexLock operation(&operation_mu_);
-    if (FailOver(ps)) ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+    if (FailOver(ps)) {
+      ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
+      if (restarted_now && !sync) rebuild_pending_.insert(ps);  // back already
+    }
+  }
+  // Rebuilds, once the task serves (tried again each round until they succeed).
+  for (auto it = rebuild_pending_.begin(); it != rebuild_pending_.end();) {
+    const int ps = *it;
+    bool done = false;
+    if (!gone[ps]) {
+      absl::MutexLock operation(&operation_mu_);
+      done = RebuildOnto(ps);
+    }
+    it = done ? rebuild_pending_.erase(it) : std::next(it);
   }
   return left;
+}
+
+bool Coordinator::RebuildOnto(int ps) {
+  const absl::Time start = clock_->Now();
+  std::set<int> primaries;  // the tasks that serve their own shards
+  std::vector<char> failed(num_ps_, 0);
+  for (int t : FailedOver()) failed[t] = 1;
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) failed[t.index()] = 1;
+  for (int t = 0; t < num_ps_; ++t) {
+    if (t != ps && !failed[t]) primaries.insert(t);
+  }
+  CreateShardsOptions create;
+  {
+    absl::MutexLock lock(&mu_);
+    create.ps_addresses = ps_addresses_;
+  }
+  int64_t shards = 0, bytes = 0;
+  absl::Status s = client_->RebuildBackupsOn(ps, primaries, options_.sync, create, &shards, &bytes);
+  if (StopIfSuperseded(s)) return true;
+  if (!s.ok()) {
+    LOG(WARNING) << "rebuild of the backups on ps:" << ps << " failed (tried again): " << s;
+    return false;
+  }
+  rebuilt_.insert(ps);
+  int tables = 0;  // virtual shards of the tables it backed up
+  for (int t : primaries) {
+    for (const auto& [v, backup] : TableBackupsOf(t)) tables += backup == ps;
+  }
+  LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << shards << " dense shards, " << bytes
+               << " bytes copied from their primaries while pushes went on, in "
+               << absl::FormatDuration(clock_->Now() - start)
+               << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
+  return true;
+}
+
+void Coordinator::LoseRebuiltBackups(int ps) {
+  rebuilt_.erase(ps);
+  std::vector<char> failed(num_ps_, 0);
+  for (int t : FailedOver()) failed[t] = 1;
+  for (int t = 0; t < num_ps_; ++t) {
+    if (t == ps || failed[t]) continue;
+    // FailOverPs promotes nothing more (what it held of `ps` was promoted at its failover) and
+    // drops the backups rebuilt on it.
+    v1::FailOverPsResponse r;
+    absl::Status s = client_->FailOverPs(t, ps, &r);
+    if (StopIfSuperseded(s)) return;
+    if (!s.ok())
+      LOG(WARNING) << "ps:" << t << " did not drop its backups on ps:" << ps << ": " << s;
+  }
+  LOG(WARNING) << "ps:" << ps << ", which held rebuilt backups, is lost again: their primaries "
+               << "go on without a backup";
 }
 
 std::vector<std::pair<int, int>> Coordinator::TableBackupsOf(int ps) const {

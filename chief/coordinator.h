@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,13 @@ class Coordinator {
   // (Placement.failed_over_ps) to the chief's client and to GetModel. False, with nothing
   // published, when a backup task could not be promoted (tried again later).
   bool FailOver(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // Rebuild (docs/replication.md): gives the dense partitions whose placement backup is the
+  // failed-over task `ps`, back and serving, a backup there again, copied from their primaries
+  // while pushes go on (ParameterClient::RebuildBackupsOn). False when a task did not take it
+  // (tried again on the next round). Tables and sync shards are not rebuilt.
+  bool RebuildOnto(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // A task holding rebuilt backups was lost again: every live task stops forwarding to it.
+  void LoseRebuiltBackups(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
   // The virtual shards of the tables whose primary is `ps`, each with the task backing it up
   // (none for a model without tables).
   std::vector<std::pair<int, int>> TableBackupsOf(int ps) const;
@@ -242,8 +250,13 @@ class Coordinator {
   // Set with client_; background_ only.
   std::unique_ptr<RecoveryDriver> recovery_;
   std::vector<uint64_t> ps_incarnations_;  // as of the last (re)creation; background_ only
-  int64_t chief_epoch_ = 0;                // this chief's fencing epoch; background_ only
-  absl::Mutex metrics_mu_;                 // serializes appends to options_.metrics_path
+  // Rebuild (replication 2), background_ only: failed-over tasks that came back and are to get
+  // backups again (RebuildOnto), and those that hold them now: the dense partitions whose
+  // placement backup they are have a backup there again, if their primary serves.
+  std::set<int> rebuild_pending_;
+  std::set<int> rebuilt_;
+  int64_t chief_epoch_ = 0;  // this chief's fencing epoch; background_ only
+  absl::Mutex metrics_mu_;   // serializes appends to options_.metrics_path
 
   // Held for the whole of a checkpoint or a recovery: one at a time. Taken before mu_.
   absl::Mutex operation_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -143,7 +143,18 @@ psctl::VarsReport BuildVarsReport(LiveCluster& cluster, absl::Status* status) {
         }
         continue;
       }
-      if (placement.options().replication() >= 2 && failed.count(p->backup_ps_task()) > 0) {
+      // A failed-over task holds the partition's backup again once the chief rebuilt it there:
+      // the primary names it as the shard's backup.
+      bool rebuilt = false;
+      if (failed.count(p->backup_ps_task()) > 0 && p->ps_task() >= 0 &&
+          p->ps_task() < static_cast<int>(listings.size())) {
+        const auto& own = listings[p->ps_task()].shards;
+        auto it = own.find({spec.name(), p->partition()});
+        rebuilt = it != own.end() && it->second.has_backup_ps_task() &&
+                  it->second.backup_ps_task() == p->backup_ps_task();
+      }
+      if (placement.options().replication() >= 2 && failed.count(p->backup_ps_task()) > 0 &&
+          !rebuilt) {
         info->set_has_backup(true);
         info->set_backup_ps_task(p->backup_ps_task());
         info->set_backup_lost(true);

@@ -250,6 +250,13 @@ absl::Status GrpcPsTransport::FailOverPs(int ps, const v1::FailOverPsRequest& re
   return Annotate(ps, Stub(ps)->FailOverPs(&ctx, request, response));
 }
 
+absl::Status GrpcPsTransport::RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
+                                            v1::RebuildBackupResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.checkpoint_timeout);  // copies as large as a checkpoint's parts
+  return Annotate(ps, Stub(ps)->RebuildBackup(&ctx, request, response));
+}
+
 absl::StatusOr<v1::TaskStatus> GrpcPsTransport::GetStatus(int ps) {
   v1::TaskStatus resp;
   grpc::ClientContext ctx;

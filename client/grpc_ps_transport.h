@@ -60,6 +60,8 @@ class GrpcPsTransport : public PsTransport {
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
   absl::Status FailOverPs(int ps, const v1::FailOverPsRequest& request,
                           v1::FailOverPsResponse* response) override;
+  absl::Status RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
+                             v1::RebuildBackupResponse* response) override;
   absl::Status SetAddress(int ps, const std::string& address) override;
 
   // The address calls to task `ps` go to now.

@@ -267,12 +267,23 @@ absl::StatusOr<std::vector<v1::SavedShard>> ParameterClient::SaveShards(
     const std::string& checkpoint_path, int64_t step, int64_t* bytes, v1::SavePhase phase,
     const std::string& delta_base, bool track_changes) {
   std::vector<v1::SaveShardsResponse> responses(placement_.num_ps());
-  // A failed-over task holds nothing; the tasks that took its shards over save them.
+  // A failed-over task holds nothing of its own; the tasks that took its shards over save
+  // them, one failed over itself among them when it came back, had backups rebuilt onto it and
+  // then took their partitions over.
   std::vector<char> failed;
   RoutesSnapshot(&failed);
+  std::vector<char> serving(placement_.num_ps(), 0);
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+    serving[ps] = failed.empty() || !failed[ps];
+  }
+  for (const v1::DensePartition& p : placement_.partitions()) {
+    if (!failed.empty() && failed[p.ps_task()] && p.backup_ps_task() >= 0) {
+      serving[p.backup_ps_task()] = 1;
+    }
+  }
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
-    if (failed.empty() || !failed[ps]) all.push_back(ps);
+    if (serving[ps]) all.push_back(ps);
   }
   PS_RETURN_IF_ERROR(ForEachPs(all, [&](int ps) {
     v1::SaveShardsRequest req;
@@ -392,6 +403,60 @@ absl::Status ParameterClient::FailOverPs(int ps, int failed, v1::FailOverPsRespo
   request.set_failed_ps_task(failed);
   request.set_chief_epoch(options_.chief_epoch);
   return WithRetries(ps, [&] { return transport_->FailOverPs(ps, request, response); });
+}
+
+absl::Status ParameterClient::RebuildBackupsOn(int backup, const std::set<int>& primaries,
+                                               const v1::SyncOptions& sync,
+                                               const CreateShardsOptions& create,
+                                               int64_t* shards_copied, int64_t* bytes_copied) {
+  *shards_copied = 0;
+  *bytes_copied = 0;
+  if (backup < 0 || backup >= num_ps() || placement_.options().replication() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("no backups to rebuild on ps:", backup, " (",
+                                                   num_ps(), " ps tasks, replication ",
+                                                   placement_.options().replication(), ")"));
+  }
+  v1::CreateShardsRequest create_request;
+  *create_request.mutable_sync() = sync;
+  create_request.set_start_step(create.start_step);
+  create_request.set_chief_epoch(options_.chief_epoch);
+  create_request.set_replication(placement_.options().replication());
+  create_request.mutable_ps_addresses()->Add(create.ps_addresses.begin(),
+                                             create.ps_addresses.end());
+  std::map<std::string, const v1::VariableSpec*> vars;
+  for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
+  std::map<int, v1::BackupShards*> entries;
+  std::map<int, v1::RebuildBackupRequest> rebuilds;
+  for (const v1::DensePartition& p : placement_.partitions()) {
+    if (p.backup_ps_task() != backup || primaries.count(p.ps_task()) == 0) continue;
+    v1::BackupShards*& e = entries[p.ps_task()];
+    if (e == nullptr) {
+      e = create_request.add_backups();
+      e->set_primary_ps_task(p.ps_task());
+    }
+    v1::DenseShardSpec* spec = e->add_dense();
+    *spec->mutable_variable() = *vars.at(p.variable());
+    *spec->mutable_partition() = p;
+    v1::RebuildBackupRequest& r = rebuilds[p.ps_task()];
+    r.set_backup_ps_task(backup);
+    r.set_chief_epoch(options_.chief_epoch);
+    v1::ShardRef* ref = r.add_shards();
+    ref->set_variable(p.variable());
+    ref->set_partition(p.partition());
+  }
+  if (rebuilds.empty()) return absl::OkStatus();
+  v1::CreateShardsResponse created;
+  PS_RETURN_IF_ERROR(WithRetries(
+      backup, [&] { return transport_->CreateShards(backup, create_request, &created); }));
+  for (auto& [primary, request] : rebuilds) {
+    request.mutable_ps_addresses()->Add(create.ps_addresses.begin(), create.ps_addresses.end());
+    v1::RebuildBackupResponse response;
+    PS_RETURN_IF_ERROR(WithRetries(
+        primary, [&] { return transport_->RebuildBackup(primary, request, &response); }));
+    *shards_copied += response.shards_copied();
+    *bytes_copied += response.bytes_copied();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterClient::Pull(const std::vector<std::string>& variables,

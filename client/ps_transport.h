@@ -91,6 +91,12 @@ class PsTransport {
                                   v1::FailOverPsResponse* response) {
     return absl::UnimplementedError("this transport's ps tasks hold no backups");
   }
+  // Rebuild (issue 37): asks primary `ps` to copy the request's shards to their new backup.
+  // UNIMPLEMENTED for a transport whose tasks hold no backups (in-process).
+  virtual absl::Status RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
+                                     v1::RebuildBackupResponse* response) {
+    return absl::UnimplementedError("this transport's ps tasks hold no backups");
+  }
   // Points later calls for task `ps` at `address` (host:port): the task was restarted
   // elsewhere. Calls under way finish on the old address. UNIMPLEMENTED for a transport
   // without addresses (in-process).

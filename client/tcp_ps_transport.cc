@@ -702,4 +702,9 @@ absl::Status TcpPsTransport::FailOverPs(int ps, const v1::FailOverPsRequest& req
   return grpc_->FailOverPs(ps, request, response);
 }
 
+absl::Status TcpPsTransport::RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
+                                           v1::RebuildBackupResponse* response) {
+  return grpc_->RebuildBackup(ps, request, response);
+}
+
 }  // namespace pscluster

@@ -143,6 +143,8 @@ class TcpPsTransport : public PsTransport {
   absl::StatusOr<v1::TaskStatus> GetStatus(int ps) override;
   absl::Status FailOverPs(int ps, const v1::FailOverPsRequest& request,
                           v1::FailOverPsResponse* response) override;
+  absl::Status RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
+                             v1::RebuildBackupResponse* response) override;
   // Both planes: the gRPC channel, and the data port looked up again on the new host; idle
   // connections to the old address are closed, and those in use are not pooled again.
   absl::Status SetAddress(int ps, const std::string& address) override;

@@ -174,19 +174,23 @@ void BackupStores::RenewLease(absl::Time until) {
 void BackupStores::Fence() {
   if (!fenced_.exchange(true)) {
     LOG(WARNING) << "the chief failed this ps task over: its shards are served by their backups; "
-                    "refusing pulls and pushes from now on ("
+                    "refusing pulls and pushes of its own shards from now on ("
                  << (pushes_applied_ ? pushes_applied_() : -1)
                  << " pushes applied to its own shards)";
   }
 }
 
-absl::Status BackupStores::CheckLease() const {
-  if (!replicated_.load(std::memory_order_relaxed)) return absl::OkStatus();
-  if (fenced_.load(std::memory_order_relaxed)) {
+absl::Status BackupStores::CheckServes(const ParameterStore* store) const {
+  if (store == own_ && fenced_.load(std::memory_order_relaxed)) {
     return absl::UnavailableError(
         "this ps task was failed over: its shards are served by their backups (look up the "
         "placement's failed_over_ps)");
   }
+  return absl::OkStatus();
+}
+
+absl::Status BackupStores::CheckLease() const {
+  if (!replicated_.load(std::memory_order_relaxed)) return absl::OkStatus();
   const int64_t until = lease_until_nanos_.load(std::memory_order_relaxed);
   const int64_t now = absl::GetCurrentTimeNanos();
   if (until != 0 && now > until) {

@@ -112,12 +112,17 @@ class BackupStores {
   // the task serves pulls and pushes (dense and sparse) only while its lease from the chief runs:
   // until three quarters of the chief's heartbeat timeout after the last answered heartbeat was
   // sent (RenewLease), so that it has stopped before the chief can count it lost and fail it over;
-  // and never again once the chief said it was failed over (Fence). CheckLease: OK, or
-  // UNAVAILABLE naming why (the caller retries, and looks up where the shards are now).
+  // and its own shards never again once the chief said it was failed over (Fence). CheckLease:
+  // OK, or UNAVAILABLE naming why (the caller retries, and looks up where the shards are now).
+  // The fence is the task's own shards': a task failed over and back (a new incarnation,
+  // which holds none of them) serves as a backup again once the chief rebuilt backups onto it,
+  // and serves those as their primary if their primary fails over to it in turn. CheckServes:
+  // OK, or UNAVAILABLE for the task's own store (`own`, ShareBudget's) once fenced.
   void SetReplicated() { replicated_.store(true); }
   void RenewLease(absl::Time until);
   void Fence();
   absl::Status CheckLease() const;
+  absl::Status CheckServes(const ParameterStore* store) const;
   // What the lease's and the fence's log lines report: the pushes applied to the task's own
   // shards so far (set once, before serving).
   void SetPushCounter(std::function<int64_t()> pushes_applied) {

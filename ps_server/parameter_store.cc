@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -685,6 +686,49 @@ absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, boo
     replica_cv_.SignalAll();
   }
   ledger_.ImportDone(replica.ledger(), replica.ledger_floors());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& request, int self,
+                                           v1::RebuildBackupResponse* response) {
+  response->Clear();
+  const int backup = request.backup_ps_task();
+  if (backup < 0 || backup == self) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RebuildBackup names ps:", backup, "; expected another ps task's index (the new backup)"));
+  }
+  if (request.shards().empty()) {
+    return absl::InvalidArgumentError("RebuildBackup names no shard; expected at least one");
+  }
+  std::set<std::pair<std::string, int32_t>> named;
+  for (const v1::ShardRef& ref : request.shards()) {
+    if (!named.insert({ref.variable(), ref.partition()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("RebuildBackup names ",
+                                                     DenseName(ref.variable(), ref.partition()),
+                                                     " twice; expected each shard once"));
+    }
+  }
+  // Every shard must be held before anything is copied.
+  PS_RETURN_IF_ERROR(FindDense(request.shards()).status());
+  if (options_.forwarder == nullptr) {
+    return absl::FailedPreconditionError("this ps task has no forwarder to send copies with");
+  }
+  for (const v1::ShardRef& ref : request.shards()) {
+    v1::DenseReplica replica;
+    absl::Status s = CopyForNewBackup(ref, backup, &replica);
+    bool installed = false;
+    if (s.ok()) s = options_.forwarder->SendReplica(backup, replica, &installed);
+    if (!s.ok()) {
+      // Not half a backup: forwards to a shard the copy never reached would wait for it.
+      DropBackup(backup);
+      return absl::Status(s.code(),
+                          absl::StrCat("rebuild of ", DenseName(ref.variable(), ref.partition()),
+                                       " on ps:", backup, ": ", s.message()));
+    }
+    response->set_shards_copied(response->shards_copied() + 1);
+    response->set_bytes_copied(response->bytes_copied() +
+                               static_cast<int64_t>(replica.values_and_slots().size()));
+  }
   return absl::OkStatus();
 }
 

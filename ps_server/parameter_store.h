@@ -229,6 +229,14 @@ class ParameterStore {
   // forwards waiting for it. NOT_FOUND for a shard not held; INVALID_ARGUMENT, changing
   // nothing, for a copy whose size does not fit the shard's values and slots.
   absl::Status InstallReplica(const v1::DenseReplica& replica, bool* installed);
+  // Both halves for the chief's RebuildBackup: each of request.shards() copied for task
+  // request.backup_ps_task() (CopyForNewBackup) and sent there (PushForwarder::SendReplica),
+  // one after the other. On the first failure every shard of this rebuild is given up
+  // (DropBackup: the task is counted lost again, its next rebuild a new generation) and the
+  // error names the shard. INVALID_ARGUMENT, changing nothing, for no shard, a shard named
+  // twice or a backup that is this task (`self`).
+  absl::Status RebuildBackup(const v1::RebuildBackupRequest& request, int self,
+                             v1::RebuildBackupResponse* response);
 
   // Failover (issue 37): ps task `backup` died. The dense shards backed up there (of the
   // task's current generation: CopyForNewBackup) are forwarded no more, nor are forwards to it

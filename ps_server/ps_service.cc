@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
@@ -167,7 +168,9 @@ grpc::Status PsService::PullDense(grpc::ServerContext* ctx, const v1::PullDenseR
       one.add_element_end(req->element_end(i));
     }
     ChunkStreamSink sink(ctx, writer, WireOrFloat(req->wire_dtype()), chunk_bytes, i);
-    absl::Status s = backups_.DenseStore(store_, one.shards())->PullDense(one, &sink);
+    ParameterStore* store = backups_.DenseStore(store_, one.shards());
+    if (absl::Status s = backups_.CheckServes(store); !s.ok()) return ToGrpcStatus(s);
+    absl::Status s = store->PullDense(one, &sink);
     if (s.ok()) s = sink.Flush();
     if (!s.ok()) return ToGrpcStatus(s);
   }
@@ -189,7 +192,8 @@ grpc::Status PsService::PushDense(grpc::ServerContext* ctx,
   if (absl::Status s = backups_.CheckLease(); !s.ok()) return ToGrpcStatus(s);
   std::unique_ptr<DensePush> push = pushes_.Take();
   ParameterStore* store = backups_.DenseStore(store_, msg.header().shards());
-  absl::Status s = store->StartPushDense(msg.header(), push.get());
+  absl::Status s = backups_.CheckServes(store);
+  if (s.ok()) s = store->StartPushDense(msg.header(), push.get());
   if (s.ok()) s = ReadChunks(reader, "PushDense", push.get());
   if (s.ok()) s = store->FinishPushDense(push.get(), resp);
   pushes_.Return(std::move(push));
@@ -263,6 +267,66 @@ grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverP
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::RebuildBackup(grpc::ServerContext* ctx, const v1::RebuildBackupRequest* req,
+                                      v1::RebuildBackupResponse* resp) {
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.RebuildBackup"));
+  if (absl::Status s = store_->CheckChiefEpoch(req->chief_epoch(), "RebuildBackup"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (!req->ps_addresses().empty() && options_.ps_addresses_changed) {
+    options_.ps_addresses_changed({req->ps_addresses().begin(), req->ps_addresses().end()});
+  }
+  const absl::Time start = absl::Now();
+  absl::Status s = store_->RebuildBackup(*req, SelfIndex(), resp);
+  if (s.ok()) {
+    LOG(INFO) << "rebuilt the backup of " << resp->shards_copied()
+              << " dense shards on ps:" << req->backup_ps_task() << " (" << resp->bytes_copied()
+              << " bytes copied in " << absl::FormatDuration(absl::Now() - start)
+              << ", pushes going on)";
+  }
+  return ToGrpcStatus(s);
+}
+
+grpc::Status PsService::InstallReplica(grpc::ServerContext* ctx,
+                                       grpc::ServerReader<v1::InstallReplicaRequest>* reader,
+                                       v1::InstallReplicaResponse* resp) {
+  v1::InstallReplicaRequest msg;
+  const bool has_first = reader->Read(&msg);
+  // A primary sends copies of its own shards only.
+  v1::TaskId primary;
+  primary.set_job("ps");
+  primary.set_index(msg.primary_ps_task());
+  PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.InstallReplica", &primary));
+  if (!has_first || !msg.has_replica() || msg.total_bytes() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "an InstallReplica stream must start with the copy's shard, update "
+                        "count and total_bytes >= 0");
+  }
+  absl::StatusOr<ParameterStore*> store = backups_.ForForward(msg.primary_ps_task());
+  if (!store.ok()) return ToGrpcStatus(store.status());
+  v1::DenseReplica replica = std::move(*msg.mutable_replica());
+  const int64_t total = msg.total_bytes();
+  std::string* bytes = replica.mutable_values_and_slots();
+  bytes->clear();
+  while (reader->Read(&msg)) {
+    if (static_cast<int64_t>(bytes->size() + msg.data().size()) > total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("an InstallReplica stream carries more than its ", total,
+                                       " bytes; expected exactly total_bytes"));
+    }
+    bytes->append(msg.data());
+  }
+  if (static_cast<int64_t>(bytes->size()) != total) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("an InstallReplica stream carries ", bytes->size(),
+                                     " bytes of its ", total, "; expected exactly total_bytes"));
+  }
+  bool installed = false;
+  absl::Status s = (*store)->InstallReplica(replica, &installed);
+  resp->set_installed(installed);
+  return ToGrpcStatus(s);
+}
+
 grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSparseRequest* req,
                                    v1::PullSparseResponse* resp) {
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.PullSparse"));
@@ -273,6 +337,7 @@ grpc::Status PsService::PullSparse(grpc::ServerContext* ctx, const v1::PullSpars
   if (!keys.ok()) return ToGrpcStatus(keys.status());
   std::vector<float> rows;
   ParameterStore* store = backups_.SparseStore(store_, req->table(), *keys, n);
+  if (absl::Status s = backups_.CheckServes(store); !s.ok()) return ToGrpcStatus(s);
   if (absl::Status s = store->PullSparse(*req, *keys, n, &rows); !s.ok()) return ToGrpcStatus(s);
   const v1::DataType wire = WireOrFloat(req->wire_dtype());
   // The store already checked the dtype.
@@ -293,6 +358,7 @@ grpc::Status PsService::PushSparse(grpc::ServerContext* ctx, const v1::PushSpars
   absl::StatusOr<const int64_t*> keys = RequestKeys(req->keys(), req->packed_keys(), &key_copy, &n);
   if (!keys.ok()) return ToGrpcStatus(keys.status());
   ParameterStore* store = backups_.SparseStore(store_, req->table(), *keys, n);
+  if (absl::Status s = backups_.CheckServes(store); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(store->PushSparse(*req, *keys, n, req->gradients(), resp));
 }
 

@@ -71,6 +71,11 @@ class PsService : public v1::ParameterServer::Service {
                                v1::ReplicateSparseResponse* resp) override;
   grpc::Status FailOverPs(grpc::ServerContext* ctx, const v1::FailOverPsRequest* req,
                           v1::FailOverPsResponse* resp) override;
+  grpc::Status RebuildBackup(grpc::ServerContext* ctx, const v1::RebuildBackupRequest* req,
+                             v1::RebuildBackupResponse* resp) override;
+  grpc::Status InstallReplica(grpc::ServerContext* ctx,
+                              grpc::ServerReader<v1::InstallReplicaRequest>* reader,
+                              v1::InstallReplicaResponse* resp) override;
 
  private:
   // This task's index once SetIdentity named a ps task, else -1.

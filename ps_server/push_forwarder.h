@@ -83,6 +83,11 @@ class PushForwarder {
   virtual absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) {
     return absl::UnimplementedError("this forwarder does not forward table updates");
   }
+  // A dense shard's copy to task `backup`, its new backup (ParameterServer.InstallReplica);
+  // `*installed` as the backup answered (ParameterStore::InstallReplica).
+  virtual absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) {
+    return absl::UnimplementedError("this forwarder does not send copies");
+  }
 };
 
 }  // namespace pscluster

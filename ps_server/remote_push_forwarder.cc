@@ -218,6 +218,45 @@ absl::Status RemotePushForwarder::ForwardSparse(int backup,
   return absl::OkStatus();
 }
 
+absl::Status RemotePushForwarder::SendReplica(int backup, const v1::DenseReplica& replica,
+                                              bool* installed) {
+  *installed = false;
+  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), backup);
+  if (stub == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no address for ps:", backup, " (RebuildBackupRequest.ps_addresses)"));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  v1::InstallReplicaResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::InstallReplicaRequest>> writer =
+      stub->InstallReplica(&ctx, &response);
+  const std::string& bytes = replica.values_and_slots();
+  v1::InstallReplicaRequest first;
+  first.set_primary_ps_task(self_);
+  first.set_total_bytes(static_cast<int64_t>(bytes.size()));
+  v1::DenseReplica* head = first.mutable_replica();
+  *head->mutable_shard() = replica.shard();
+  head->set_updates(replica.updates());
+  *head->mutable_ledger() = replica.ledger();
+  *head->mutable_ledger_floors() = replica.ledger_floors();
+  bool sent = writer->Write(first);
+  v1::InstallReplicaRequest msg;
+  for (size_t offset = 0; sent && offset < bytes.size(); offset += kChunkBytes) {
+    msg.set_data(bytes.data() + offset, std::min<size_t>(kChunkBytes, bytes.size() - offset));
+    sent = writer->Write(msg);
+  }
+  if (sent) writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    return absl::Status(FromGrpcStatus(s).code(),
+                        absl::StrCat("copy to ps:", backup, ": ", s.error_message()));
+  }
+  *installed = response.installed();
+  return absl::OkStatus();
+}
+
 absl::Status RemotePushForwarder::ForwardOverGrpc(const DenseForward& forward,
                                                   const v1::ReplicateHeader& header) {
   std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), forward.backup);

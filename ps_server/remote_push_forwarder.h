@@ -40,6 +40,8 @@ class RemotePushForwarder : public PushForwarder {
                                             int64_t values) override;
   // Over gRPC (ParameterServer.ReplicateSparse).
   absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override;
+  // Over gRPC (ParameterServer.InstallReplica, in chunks).
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override;
 
  private:
   struct Peers {

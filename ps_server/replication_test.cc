@@ -180,6 +180,28 @@ class DirectForwarder : public PushForwarder {
     absl::MutexLock lock(&mu_);
     return kept_sparse_;
   }
+  // Installs the copy into the ApplyTo store, as ParameterServer.InstallReplica does; after
+  // FailCopiesAfter(n), only n more.
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override {
+    ParameterStore* to = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      ++copies_;
+      if (copies_left_ == 0) return absl::UnavailableError("ps:1 is not answering");
+      if (copies_left_ > 0) --copies_left_;
+      to = backup_;
+    }
+    EXPECT_EQ(backup, 1);
+    return to->InstallReplica(replica, installed);
+  }
+  void FailCopiesAfter(int n) {
+    absl::MutexLock lock(&mu_);
+    copies_left_ = n;
+  }
+  int copies() {
+    absl::MutexLock lock(&mu_);
+    return copies_;
+  }
   absl::Status Forward(const ForwardList& list) override {
     ParameterStore* backup = nullptr;
     {
@@ -230,6 +252,8 @@ class DirectForwarder : public PushForwarder {
   std::atomic<int> commits_{0};
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
+  int copies_left_ ABSL_GUARDED_BY(mu_) = -1;  // -1: every one
+  int copies_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
@@ -606,6 +630,72 @@ TEST(ReplicationTest, WhatWasOwedToADeadBackupIsNotSentToItsNextIncarnation) {
   EXPECT_EQ(forwarder.calls(), calls + 2);
   EXPECT_EQ(Updates(fresh, "a"), 4);
   EXPECT_EQ(Values(fresh, "a"), Values(primary, "a"));
+}
+
+// The chief's rebuild on the primary (ParameterStore::RebuildBackup): each shard copied and
+// sent; bad requests refused before anything is copied; a copy that cannot be sent gives up
+// the whole rebuild, so that no shard forwards to a backup that never got its copy.
+TEST(ReplicationTest, ARebuildSendsEachShardsCopyOrLeavesNoShardBackedUpThere) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  forwarder.ApplyTo(&died);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
+  EXPECT_EQ(primary.DropBackup(1), 2);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(2);
+  ParameterStore fresh(waits_briefly);
+  CreateBackupOnly(fresh);
+  forwarder.ApplyTo(&fresh);
+  v1::RebuildBackupRequest request;
+  request.set_backup_ps_task(1);
+  request.add_shards()->set_variable("a");
+  request.add_shards()->set_variable("b");
+  v1::RebuildBackupResponse rebuilt;
+  // Bad requests: refused, nothing copied.
+  {
+    v1::RebuildBackupRequest bad = request;
+    bad.set_backup_ps_task(0);
+    absl::Status s = primary.RebuildBackup(bad, /*self=*/0, &rebuilt);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("RebuildBackup names ps:0; expected another"));
+    bad = request;
+    bad.clear_shards();
+    s = primary.RebuildBackup(bad, 0, &rebuilt);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("names no shard"));
+    bad = request;
+    *bad.add_shards() = request.shards(0);
+    s = primary.RebuildBackup(bad, 0, &rebuilt);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("twice"));
+    bad = request;
+    bad.mutable_shards(1)->set_variable("c");
+    s = primary.RebuildBackup(bad, 0, &rebuilt);
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_EQ(forwarder.copies(), 0);
+  }
+  // "b"'s copy cannot be sent: neither shard forwards to ps:1 afterwards.
+  forwarder.FailCopiesAfter(1);
+  absl::Status s = primary.RebuildBackup(request, 0, &rebuilt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rebuild of b/0 on ps:1"));
+  int calls = forwarder.calls();
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls);
+  // Again, with the copies going through: the new backup follows its primary from there.
+  forwarder.FailCopiesAfter(-1);
+  ASSERT_TRUE(primary.RebuildBackup(request, 0, &rebuilt).ok());
+  EXPECT_EQ(rebuilt.shards_copied(), 2);
+  EXPECT_EQ(rebuilt.bytes_copied(), (6 + 3) * 3 * 4);  // Adam: values and two slots
+  ExpectSameAs(fresh, primary);
+  calls = forwarder.calls();
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 3, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls + 1);
+  ExpectSameAs(fresh, primary);
+  EXPECT_EQ(Updates(fresh, "a"), 3);
 }
 
 TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {

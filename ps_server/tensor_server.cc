@@ -128,6 +128,10 @@ class TensorServer::Connection {
   absl::Status Lease() const {
     return options_.backups == nullptr ? absl::OkStatus() : options_.backups->CheckLease();
   }
+  // Whether it serves `store` (BackupStores::CheckServes: not its own once failed over).
+  absl::Status Serves(const ParameterStore* store) const {
+    return options_.backups == nullptr ? absl::OkStatus() : options_.backups->CheckServes(store);
+  }
 
   // The store a sparse pull or push of the n keys read into keys_ goes to
   // (BackupStores::SparseStore).
@@ -206,9 +210,11 @@ class TensorServer::Connection {
                     absl::InvalidArgumentError("a PullDense request carries no payload"));
     }
     if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
+    ParameterStore* store = DenseStore(req.shards());
+    if (absl::Status s = Serves(store); !s.ok()) return Refuse(request, request.payload_bytes, s);
     const v1::DataType wire = WireOrFloat(req.wire_dtype());
     Sink sink(this, request, wire);
-    absl::Status s = DenseStore(req.shards())->PullDense(req, &sink);
+    absl::Status s = store->PullDense(req, &sink);
     if (sink.streaming()) {
       // A broken stream cannot be answered.
       return s.ok() && sink.io().ok() && socket_.Flush(options_.io_timeout).ok();
@@ -229,6 +235,7 @@ class TensorServer::Connection {
     }
     if (absl::Status s = Lease(); !s.ok()) return Refuse(request, request.payload_bytes, s);
     ParameterStore* store = DenseStore(header.shards());
+    if (absl::Status s = Serves(store); !s.ok()) return Refuse(request, request.payload_bytes, s);
     if (absl::Status s = store->StartPushDense(header, &push_); !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
@@ -428,7 +435,9 @@ class TensorServer::Connection {
     if (!socket_.ReadExact(keys_.data(), n * sizeof(int64_t), options_.io_timeout).ok()) {
       return false;
     }
-    absl::Status s = SparseStore(req.table(), n)->PullSparse(req, keys_.data(), n, &rows_);
+    ParameterStore* store = SparseStore(req.table(), n);
+    absl::Status s = Serves(store);
+    if (s.ok()) s = store->PullSparse(req, keys_.data(), n, &rows_);
     if (!s.ok()) return Respond(request, s, "", nullptr, 0);
     const v1::DataType wire = WireOrFloat(req.wire_dtype());
     const int64_t count = static_cast<int64_t>(rows_.size());
@@ -468,10 +477,13 @@ class TensorServer::Connection {
     grads_.resize((grad_bytes + sizeof(float) - 1) / sizeof(float));
     if (!socket_.ReadExact(grads_.data(), grad_bytes, options_.io_timeout).ok()) return false;
     v1::PushSparseResponse resp;
-    s = SparseStore(req.table(), n)
-            ->PushSparse(
-                req, keys_.data(), n,
-                absl::string_view(reinterpret_cast<const char*>(grads_.data()), grad_bytes), &resp);
+    ParameterStore* store = SparseStore(req.table(), n);
+    s = Serves(store);
+    if (s.ok()) {
+      s = store->PushSparse(
+          req, keys_.data(), n,
+          absl::string_view(reinterpret_cast<const char*>(grads_.data()), grad_bytes), &resp);
+    }
     return Respond(request, s, s.ok() ? resp.SerializeAsString() : "", nullptr, 0);
   }
 

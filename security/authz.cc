@@ -52,6 +52,9 @@ const std::vector<MethodRule>& MethodRules() {
       {"ParameterServer.Replicate", {kPs}, /*own_task_only=*/true},
       {"ParameterServer.ReplicateSparse", {kPs}, /*own_task_only=*/true},
       {"ParameterServer.FailOverPs", {kChief}},
+      {"ParameterServer.RebuildBackup", {kChief}},
+      // A primary sends its own shards' copies to their new backups.
+      {"ParameterServer.InstallReplica", {kPs}, /*own_task_only=*/true},
       // The chief: tasks speak only for themselves; operators read, and admins checkpoint.
       {"Coordinator.RegisterTask", {kPs, kWorker, kEvaluator}, /*own_task_only=*/true},
       {"Coordinator.Heartbeat", {kPs, kWorker, kEvaluator}, /*own_task_only=*/true},

@@ -73,9 +73,10 @@ constexpr int kPushesPerClient = 150;
 // Three ps tasks with --replication=2 under a chief serving kModel, with heartbeats every
 // 100 ms and a task lost after 1 s without one. Checkpoints (under `checkpoint_dir`, when
 // given) only when asked for.
-std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "") {
+std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "",
+                                             const char* model = kModel) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << kModel;
+  std::ofstream(model_path) << model;
   TestClusterOptions options;
   options.num_ps = kNumPs;
   options.num_workers = 0;
@@ -427,6 +428,215 @@ TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
   EXPECT_THAT(log, ::testing::Not(HasSubstr(absl::StrCat("ps:", second, " failed over"))));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("lost its shards: holding the workers")));
   EXPECT_EQ(ModelOf(cluster).placement().failed_over_ps_size(), 1);
+}
+
+// kModel's dense variables alone: tables are not rebuilt yet.
+constexpr char kDenseModel[] = R"pb(
+  variables {
+    name: "w"
+    shape { dims: 64 dims: 16 }
+    initializer { kind: CONSTANT value: 0 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+  variables {
+    name: "b"
+    shape { dims: 16 }
+    initializer { kind: CONSTANT value: 0 }
+    optimizer { sgd { learning_rate: 1 } }
+  }
+)pb";
+
+// Rebuild: ps:X is killed and fails over; it comes back (at another address) and the chief
+// rebuilds onto it the backups it held of the tasks still serving, copied while the clients
+// push on; then ps:P, one of those tasks, is killed: its partitions fail over to the rebuilt
+// backups on X, nothing is restored, and every answered push is in the model exactly once,
+// in the values served and in a checkpoint taken after.
+TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
+  const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-rebuild");
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, kDenseModel);
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
+  // X backs up a partition of P, and P backs up none of X's: once X failed over, P holds no
+  // partition of X's, so P's loss after the rebuild leaves every partition a copy.
+  int x = -1, p = -1;
+  for (int a = 0; a < kNumPs && x < 0; ++a) {
+    for (int b = 0; b < kNumPs && x < 0; ++b) {
+      bool a_backs_b = false, b_backs_a = false;
+      for (const v1::DensePartition& part : m.placement().partitions()) {
+        a_backs_b |= part.ps_task() == b && part.backup_ps_task() == a;
+        b_backs_a |= part.ps_task() == a && part.backup_ps_task() == b;
+      }
+      if (a != b && a_backs_b && !b_backs_a) x = a, p = b;
+    }
+  }
+  ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
+  int backed_on_x = 0, rebuilt_on_x = 0;  // P's partitions backed up on X; every task's
+  for (const v1::DensePartition& part : m.placement().partitions()) {
+    backed_on_x += part.ps_task() == p && part.backup_ps_task() == x;
+    rebuilt_on_x += part.backup_ps_task() == x;
+  }
+  auto await_log = [&](const std::string& text) {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return cluster.chief().LogTail(600).find(text) != std::string::npos;
+  };
+  // As a worker's before_retry: the failed-over tasks and the tasks' addresses now.
+  auto follow = [&](ParameterClient& client) {
+    const v1::GetModelResponse now = ModelOf(cluster);
+    for (int i = 0; i < now.ps_addresses_size(); ++i) {
+      CHECK(client.SetPsAddress(i, now.ps_addresses(i)).ok());
+    }
+    CHECK(client
+              .SetFailedOver(std::vector<int>(now.placement().failed_over_ps().begin(),
+                                              now.placement().failed_over_ps().end()))
+              .ok());
+  };
+
+  // Client c pushes c + 1 into every element until told to stop (and at least 20 times).
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::vector<int> pushes(kClients, 0);
+  std::vector<absl::Status> errors(kClients);
+  std::vector<std::thread> threads;
+  // (Stopped and joined however the test ends.)
+  struct Joiner {
+    std::atomic<bool>* stop;
+    std::vector<std::thread>* threads;
+    ~Joiner() {
+      stop->store(true);
+      for (std::thread& t : *threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } joiner{&stop, &threads};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::unique_ptr<ParameterClient> client = ClientFor(m, c);
+      const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
+      for (int i = 0; !stop.load() || i < 20; ++i) {
+        PushTicket ticket;
+        const absl::Time deadline = absl::Now() + absl::Seconds(60);
+        absl::Status s;
+        while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
+          if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+          follow(*client);
+        }
+        if (!s.ok()) {
+          errors[c] = s;
+          return;
+        }
+        pushes[c] = i + 1;
+        answered.fetch_add(1);
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    });
+  }
+  auto await_answers = [&](int more) {
+    const int until = answered.load() + more;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (answered.load() < until && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return answered.load() >= until;
+  };
+  ASSERT_TRUE(await_answers(20));
+  ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
+  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.StartTask("ps", x, /*same_address=*/false).ok()) << cluster.Logs();
+  ASSERT_TRUE(
+      await_log(absl::StrCat("backups rebuilt on ps:", x, ": ", rebuilt_on_x, " dense shards")))
+      << cluster.Logs(40);
+  // psctl vars shows each rebuilt backup held on X, no longer lost.
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+    absl::StatusOr<LiveCluster> live = ConnectToCluster(*chief, LiveClusterOptions());
+    ASSERT_TRUE(live.ok()) << live.status();
+    absl::Status unreachable;
+    const psctl::VarsReport report = BuildVarsReport(*live, &unreachable);
+    int held = 0;
+    for (const psctl::VariableInfo& v : report.variables()) {
+      for (const psctl::PartitionInfo& part : v.partitions()) {
+        if (part.failed_over() || part.backup_ps_task() != x) continue;
+        EXPECT_FALSE(part.backup_lost()) << v.name() << "/" << part.partition();
+        held += part.backup_held();
+      }
+    }
+    EXPECT_EQ(held, rebuilt_on_x) << FormatVarsReport(report);
+  }
+  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(p).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", p, " failed over"))) << cluster.Logs(40);
+  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+
+  const v1::GetModelResponse after = ModelOf(cluster);
+  ASSERT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
+                               after.placement().failed_over_ps().end()),
+              ::testing::UnorderedElementsAre(x, p));
+  float expected = 0;
+  for (int c = 0; c < kClients; ++c) expected -= (c + 1.0f) * pushes[c];
+  {
+    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
+    follow(*reader);
+    std::vector<std::vector<float>> values;
+    ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
+    for (int v = 0; v < 2; ++v) {
+      for (size_t j = 0; j < values[v].size(); ++j) {
+        ASSERT_EQ(values[v][j], expected) << (v == 0 ? "w" : "b") << "[" << j << "]\n"
+                                          << cluster.Logs(40);
+      }
+    }
+    // X serves P's partitions it backed up, as their primary.
+    absl::StatusOr<v1::ListShardsResponse> on_x = reader->ListShards(x, /*include_backups=*/true);
+    ASSERT_TRUE(on_x.ok()) << on_x.status();
+    int promoted = 0;
+    for (const v1::ShardStats& shard : on_x->shards()) {
+      promoted += shard.backup() && shard.promoted() && shard.primary_ps_task() == p;
+    }
+    EXPECT_EQ(promoted, backed_on_x);
+  }
+  // A checkpoint now holds every partition once, X's saves included.
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+    v1::CheckpointResponse saved;
+    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
+    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
+    for (const auto& [part, values] : snapshot->dense) {
+      for (size_t j = 0; j < values.size(); ++j) ASSERT_EQ(values[j], expected) << part;
+    }
+  }
+  // Bad input to RebuildBackup: a task named as its own backup, a shard it does not hold.
+  {
+    std::unique_ptr<PsTransport> admin = NewPsTransport(
+        std::vector<std::string>(after.ps_addresses().begin(), after.ps_addresses().end()),
+        /*tensor_wire=*/false);
+    const int live = 3 - x - p;
+    v1::RebuildBackupRequest bad;
+    bad.set_backup_ps_task(live);
+    bad.add_shards()->set_variable("w");
+    v1::RebuildBackupResponse r;
+    absl::Status s = admin->RebuildBackup(live, bad, &r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("RebuildBackup names ps:", live,
+                                       "; expected another ps task's index")));
+    bad.set_backup_ps_task(x);
+    bad.mutable_shards(0)->set_variable("no_such_variable");
+    s = admin->RebuildBackup(live, bad, &r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_TRUE(admin->GetStatus(live).ok());
+  }
+  const std::string chief_log = cluster.chief().LogTail(600);
+  EXPECT_THAT(chief_log, HasSubstr("no checkpoint restored, nothing rolled back"));
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restoring every ps task")));
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restart the job")));
 }
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
