@@ -193,8 +193,11 @@ void Coordinator::Run() {
   if (stop_requested()) return;
   std::thread evaluation;
   if (HasNetwork(options_.config)) evaluation = std::thread([this] { EvaluationLoop(); });
+  std::thread rebuilder;
+  if (options_.placement.replication() >= 2) rebuilder = std::thread([this] { RebuildLoop(); });
   MaintenanceLoop();
   if (evaluation.joinable()) evaluation.join();
+  if (rebuilder.joinable()) rebuilder.join();
 }
 
 int64_t Coordinator::CurrentStep() const {
@@ -329,24 +332,39 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     gone[t.index()] = 1;
   }
   for (int ps : FailedOver()) was_failed_over[ps] = 1;
-  // A failed-over task that held rebuilt backups and is lost again: its primaries stop
-  // forwarding to it (before anything below counts on those backups).
+  const bool sync = options_.sync.mode() == v1::SYNC;
+  const v1::Placement& placement = client_->placement();
+  // A failed-over task given backups again and lost again: its primaries stop forwarding to it
+  // (the rebuilder tells them) before anything below counts on those backups, and it is
+  // rebuilt once it serves again. What it had taken over is lost with it.
   for (int ps = 0; ps < num_ps_; ++ps) {
-    if (!lost[ps] || rebuilt_.count(ps) == 0) continue;
-    for (const v1::DensePartition& p : client_->placement().partitions()) {
+    if (!lost[ps] || !was_failed_over[ps]) continue;
+    {
+      absl::MutexLock lock(&rebuild_mu_);
+      auto it = rebuild_.find(ps);
+      if (it == rebuild_.end() || it->second.drop ||
+          (it->second.rebuilt.empty() && it->second.asked.empty())) {
+        continue;
+      }
+      it->second.rebuilt.clear();
+      it->second.drop = true;
+      it->second.pending = !sync;
+      rebuild_wake_ = true;
+    }
+    LOG(WARNING) << "ps:" << ps << ", which held rebuilt backups, is lost again: their primaries "
+                 << "go on without a backup until it is rebuilt";
+    for (const v1::DensePartition& p : placement.partitions()) {
       if (was_failed_over[p.ps_task()] && p.ps_task() != ps && p.backup_ps_task() == ps) {
-        LOG(ERROR) << "ps:" << ps << " is lost, and with it the only copy of partition "
-                   << p.partition() << " of " << p.variable()
-                   << ", which it took over from ps:" << p.ps_task()
-                   << "; restart the job from its newest checkpoint "
-                   << "(docs/replication.md)";
+        stranded_.insert(p.ps_task());
       }
     }
-    absl::MutexLock operation(&operation_mu_);
-    LoseRebuiltBackups(ps);
+  }
+  for (int primary : stranded_) {
+    LOG_EVERY_N(ERROR, 50) << "the partitions ps:" << primary << " failed over to were lost with "
+                           << "the task that had taken them over: they have no copy left; restart "
+                           << "the job from its newest checkpoint (docs/replication.md)";
   }
   std::vector<int> left;
-  const bool sync = options_.sync.mode() == v1::SYNC;
   for (int ps : restarted) {
     if (!was_failed_over[ps]) continue;
     // Its partitions stay with the tasks that took them over; it gets backups again.
@@ -358,35 +376,55 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     } else {
       LOG(WARNING) << "ps:" << ps << " came back after its failover: rebuilding onto it the "
                    << "backups it held of the tasks still serving";
-      rebuild_pending_.insert(ps);
+      ScheduleRebuild(ps);
     }
   }
-  // A dense partition's backup is there when its task is neither lost nor failed over, or
-  // holds the partition's backup again (rebuilt).
-  auto backup_gone = [&](int b) {
-    return lost[b] || (was_failed_over[b] && rebuilt_.count(b) == 0);
+  // Which primaries' partitions each failed-over task backs up again.
+  std::map<int, std::set<int>> rebuilt;
+  {
+    absl::MutexLock lock(&rebuild_mu_);
+    for (const auto& [task, state] : rebuild_) rebuilt[task] = state.rebuilt;
+  }
+  // A dense partition's backup is there when its task is neither lost nor failed over, or was
+  // rebuilt from the partition's primary.
+  auto backup_gone = [&](int backup, int primary) {
+    return lost[backup] || (was_failed_over[backup] && rebuilt[backup].count(primary) == 0);
   };
   for (int ps = 0; ps < num_ps_; ++ps) {
     if (!lost[ps] || was_failed_over[ps]) continue;
     // Both copies of a partition lost: the checkpoint's restore, as without replication.
-    std::string missing;
-    for (const v1::DensePartition& p : client_->placement().partitions()) {
-      if (p.ps_task() == ps && backup_gone(p.backup_ps_task())) {
-        missing = absl::StrCat("ps:", p.backup_ps_task(), ", which backs up partition ",
-                               p.partition(), " of ", p.variable());
+    std::string missing;  // the first partition found without a copy
+    auto note = [&missing](std::string why) {
+      if (missing.empty()) missing = std::move(why);
+    };
+    for (const v1::DensePartition& p : placement.partitions()) {
+      if (p.ps_task() == ps && backup_gone(p.backup_ps_task(), ps)) {
+        note(absl::StrCat("ps:", p.backup_ps_task(), ", which backs up partition ", p.partition(),
+                          " of ", p.variable()));
       }
     }
-    // The partitions of a task failed over earlier that it serves have no other copy.
-    for (const v1::DensePartition& p : client_->placement().partitions()) {
+    // What it took over from a task failed over earlier has no other copy.
+    for (const v1::DensePartition& p : placement.partitions()) {
       if (was_failed_over[p.ps_task()] && p.backup_ps_task() == ps) {
-        missing = absl::StrCat("the only copy of partition ", p.partition(), " of ", p.variable(),
-                               ", which it took over from ps:", p.ps_task());
+        note(absl::StrCat("the only copy of partition ", p.partition(), " of ", p.variable(),
+                          ", which it took over from ps:", p.ps_task()));
       }
     }
     for (const auto& [v, backup] : TableBackupsOf(ps)) {
       if (lost[backup] || was_failed_over[backup]) {  // (tables are not rebuilt)
-        missing =
-            absl::StrCat("ps:", backup, ", which backs up virtual shard ", v, " of the tables");
+        note(absl::StrCat("ps:", backup, ", which backs up virtual shard ", v, " of the tables"));
+      }
+    }
+    if (client_->model().tables_size() > 0) {
+      for (int v = 0; v < placement.virtual_shard_to_ps_size() &&
+                      v < placement.virtual_shard_to_backup_ps_size();
+           ++v) {
+        if (was_failed_over[placement.virtual_shard_to_ps(v)] &&
+            placement.virtual_shard_to_backup_ps(v) == ps) {
+          note(absl::StrCat(
+              "the only copy of virtual shard ", v,
+              " of the tables, which it took over from ps:", placement.virtual_shard_to_ps(v)));
+        }
       }
     }
     const bool restarted_now = !gone[ps];
@@ -420,71 +458,149 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     absl::MutexLock operation(&operation_mu_);
     if (FailOver(ps)) {
       ps_incarnations_[ps] = registry_.IncarnationOf(MakeTaskId(kPsJob, ps));
-      if (restarted_now && !sync) rebuild_pending_.insert(ps);  // back already
+      if (restarted_now && !sync) {  // back already
+        FollowPs(ps);
+        ScheduleRebuild(ps);
+      }
     }
-  }
-  // Rebuilds, once the task serves (tried again each round until they succeed).
-  for (auto it = rebuild_pending_.begin(); it != rebuild_pending_.end();) {
-    const int ps = *it;
-    bool done = false;
-    if (!gone[ps]) {
-      absl::MutexLock operation(&operation_mu_);
-      done = RebuildOnto(ps);
-    }
-    it = done ? rebuild_pending_.erase(it) : std::next(it);
   }
   return left;
 }
 
-bool Coordinator::RebuildOnto(int ps) {
-  const absl::Time start = clock_->Now();
-  std::set<int> primaries;  // the tasks that serve their own shards
+void Coordinator::ScheduleRebuild(int ps) {
+  absl::MutexLock lock(&rebuild_mu_);
+  RebuildState& state = rebuild_[ps];
+  state.pending = true;
+  state.shards = 0;
+  state.bytes = 0;
+  state.since = clock_->Now();
+  state.next_try = state.since;
+  state.pause = absl::Milliseconds(500);
+  rebuild_wake_ = true;
+}
+
+void Coordinator::RebuildLoop() {
+  while (!stop_requested()) {
+    std::vector<std::pair<int, bool>> work;  // (task, drop)
+    {
+      absl::MutexLock lock(&rebuild_mu_);
+      rebuild_mu_.AwaitWithTimeout(absl::Condition(&rebuild_wake_), absl::Milliseconds(200));
+      rebuild_wake_ = false;
+      for (const auto& [task, state] : rebuild_) {
+        if (state.drop || state.pending) work.emplace_back(task, state.drop);
+      }
+    }
+    for (const auto& [ps, drop] : work) {
+      if (stop_requested()) return;
+      if (drop) {
+        DropBackupsOn(ps);
+      } else {
+        RebuildOnto(ps);
+      }
+    }
+  }
+}
+
+bool Coordinator::DropBackupsOn(int ps) {
+  std::set<int> asked;
+  {
+    absl::MutexLock lock(&rebuild_mu_);
+    asked = rebuild_[ps].asked;
+  }
   std::vector<char> failed(num_ps_, 0);
   for (int t : FailedOver()) failed[t] = 1;
-  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) failed[t.index()] = 1;
-  for (int t = 0; t < num_ps_; ++t) {
-    if (t != ps && !failed[t]) primaries.insert(t);
+  bool all = true;
+  for (int t : asked) {
+    if (failed[t]) continue;  // it serves nothing of its own any more
+    // FailOverPs promotes nothing more (what `t` held of `ps` was promoted at its failover)
+    // and drops the backups rebuilt on it.
+    v1::FailOverPsResponse r;
+    absl::Status s = client_->FailOverPs(t, ps, &r);
+    if (StopIfSuperseded(s)) return false;
+    if (!s.ok()) {
+      all = false;
+      LOG_EVERY_N(WARNING, 10) << "ps:" << t << " did not drop its backups on ps:" << ps
+                               << " (tried again): " << s;
+    }
+  }
+  absl::MutexLock lock(&rebuild_mu_);
+  if (all) {
+    rebuild_[ps].drop = false;
+    rebuild_[ps].asked.clear();
+  }
+  return all;
+}
+
+void Coordinator::RebuildOnto(int ps) {
+  const absl::Time now = clock_->Now();
+  std::set<int> done;
+  {
+    absl::MutexLock lock(&rebuild_mu_);
+    const RebuildState& state = rebuild_[ps];
+    if (!state.pending || state.drop || now < state.next_try) return;
+    done = state.rebuilt;
+  }
+  std::vector<char> failed(num_ps_, 0), down(num_ps_, 0);
+  for (int t : FailedOver()) failed[t] = 1;
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
+  if (down[ps]) return;  // once it serves
+  // The primaries still serving their own shards whose partitions it backs up.
+  std::set<int> primaries;
+  for (const v1::DensePartition& p : client_->placement().partitions()) {
+    if (p.backup_ps_task() == ps && !failed[p.ps_task()] && done.count(p.ps_task()) == 0) {
+      primaries.insert(p.ps_task());
+    }
   }
   CreateShardsOptions create;
   {
     absl::MutexLock lock(&mu_);
     create.ps_addresses = ps_addresses_;
   }
-  int64_t shards = 0, bytes = 0;
-  absl::Status s = client_->RebuildBackupsOn(ps, primaries, options_.sync, create, &shards, &bytes);
-  if (StopIfSuperseded(s)) return true;
-  if (!s.ok()) {
-    LOG(WARNING) << "rebuild of the backups on ps:" << ps << " failed (tried again): " << s;
-    return false;
-  }
-  rebuilt_.insert(ps);
-  int tables = 0;  // virtual shards of the tables it backed up
-  for (int t : primaries) {
-    for (const auto& [v, backup] : TableBackupsOf(t)) tables += backup == ps;
-  }
-  LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << shards << " dense shards, " << bytes
-               << " bytes copied from their primaries while pushes went on, in "
-               << absl::FormatDuration(clock_->Now() - start)
-               << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
-  return true;
-}
-
-void Coordinator::LoseRebuiltBackups(int ps) {
-  rebuilt_.erase(ps);
-  std::vector<char> failed(num_ps_, 0);
-  for (int t : FailedOver()) failed[t] = 1;
-  for (int t = 0; t < num_ps_; ++t) {
-    if (t == ps || failed[t]) continue;
-    // FailOverPs promotes nothing more (what it held of `ps` was promoted at its failover) and
-    // drops the backups rebuilt on it.
-    v1::FailOverPsResponse r;
-    absl::Status s = client_->FailOverPs(t, ps, &r);
+  bool all = true;
+  for (int primary : primaries) {
+    if (down[primary]) {
+      all = false;
+      continue;
+    }
+    {
+      absl::MutexLock lock(&rebuild_mu_);
+      if (rebuild_[ps].drop) return;  // lost again meanwhile
+      rebuild_[ps].asked.insert(primary);
+    }
+    int64_t shards = 0, bytes = 0;
+    absl::Status s =
+        client_->RebuildBackupOnto(ps, primary, options_.sync, create, &shards, &bytes);
     if (StopIfSuperseded(s)) return;
-    if (!s.ok())
-      LOG(WARNING) << "ps:" << t << " did not drop its backups on ps:" << ps << ": " << s;
+    absl::MutexLock lock(&rebuild_mu_);
+    RebuildState& state = rebuild_[ps];
+    if (state.drop) return;
+    if (!s.ok()) {
+      all = false;
+      LOG_EVERY_N(WARNING, 10) << "rebuild of ps:" << primary << "'s backups on ps:" << ps
+                               << " failed (tried again): " << s;
+      continue;
+    }
+    state.rebuilt.insert(primary);
+    state.shards += shards;
+    state.bytes += bytes;
   }
-  LOG(WARNING) << "ps:" << ps << ", which held rebuilt backups, is lost again: their primaries "
-               << "go on without a backup";
+  absl::MutexLock lock(&rebuild_mu_);
+  RebuildState& state = rebuild_[ps];
+  if (state.drop) return;
+  if (!all) {
+    state.next_try = clock_->Now() + state.pause;
+    state.pause = std::min(2 * state.pause, absl::Seconds(30));
+    return;
+  }
+  state.pending = false;
+  int tables = 0;  // virtual shards of the tables it backed up (not rebuilt)
+  for (int t = 0; t < num_ps_; ++t) {
+    for (const auto& [v, backup] : TableBackupsOf(t)) tables += !failed[t] && backup == ps;
+  }
+  LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << state.shards << " dense shards, "
+               << state.bytes << " bytes copied from their primaries while pushes went on, in "
+               << absl::FormatDuration(clock_->Now() - state.since) << " since it came back"
+               << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
 }
 
 std::vector<std::pair<int, int>> Coordinator::TableBackupsOf(int ps) const {
@@ -505,8 +621,12 @@ bool Coordinator::FailOver(int ps) {
   const absl::Time start = clock_->Now();
   const absl::Time heard = registry_.LastHeardOf(MakeTaskId(kPsJob, ps));
   std::set<int> backups;
+  std::map<int, int> expected;  // dense partitions of `ps` each backup task must promote
   for (const v1::DensePartition& p : client_->placement().partitions()) {
-    if (p.ps_task() == ps) backups.insert(p.backup_ps_task());
+    if (p.ps_task() == ps) {
+      backups.insert(p.backup_ps_task());
+      ++expected[p.backup_ps_task()];
+    }
   }
   for (const auto& [v, backup] : TableBackupsOf(ps)) backups.insert(backup);
   std::vector<char> failed_before(num_ps_, 0);
@@ -527,6 +647,14 @@ bool Coordinator::FailOver(int ps) {
     if (!s.ok()) {
       LOG(WARNING) << "failover of ps:" << ps << ": ps:" << task
                    << " did not take it (tried again): " << s;
+      SetPhase(ServingPhase(), "");
+      return false;
+    }
+    if (r.dense_promoted() < expected[task]) {
+      // Its routes would lead to a task that does not hold what they route.
+      LOG_EVERY_N(ERROR, 20) << "failover of ps:" << ps << ": ps:" << task << " holds "
+                             << r.dense_promoted() << " of the " << expected[task]
+                             << " partitions it backs up; not publishing the failover";
       SetPhase(ServingPhase(), "");
       return false;
     }

@@ -201,13 +201,19 @@ class Coordinator {
   // (Placement.failed_over_ps) to the chief's client and to GetModel. False, with nothing
   // published, when a backup task could not be promoted (tried again later).
   bool FailOver(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
-  // Rebuild (docs/replication.md): gives the dense partitions whose placement backup is the
-  // failed-over task `ps`, back and serving, a backup there again, copied from their primaries
-  // while pushes go on (ParameterClient::RebuildBackupsOn). False when a task did not take it
-  // (tried again on the next round). Tables and sync shards are not rebuilt.
-  bool RebuildOnto(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
-  // A task holding rebuilt backups was lost again: every live task stops forwarding to it.
-  void LoseRebuiltBackups(int ps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(operation_mu_);
+  // Rebuild (docs/replication.md), on a thread of its own (the rebuilder) so that a slow copy
+  // never holds up a failover or a checkpoint: gives the dense partitions whose placement
+  // backup is the failed-over task `ps` (once it serves again) a backup there again, one
+  // primary at a time, copied while pushes go on (ParameterClient::RebuildBackupOnto); what
+  // fails is tried again later, with a growing pause. Tables and sync shards are not rebuilt.
+  void RebuildLoop();
+  void RebuildOnto(int ps);
+  // A task that held rebuilt backups (or was being given some) was lost again: tells the
+  // primaries asked to rebuild onto it to stop forwarding there (FailOverPs); true once all
+  // did.
+  bool DropBackupsOn(int ps);
+  // Maintenance thread: `ps`, failed over, serves (or will) again: rebuild onto it.
+  void ScheduleRebuild(int ps);
   // The virtual shards of the tables whose primary is `ps`, each with the task backing it up
   // (none for a model without tables).
   std::vector<std::pair<int, int>> TableBackupsOf(int ps) const;
@@ -250,11 +256,24 @@ class Coordinator {
   // Set with client_; background_ only.
   std::unique_ptr<RecoveryDriver> recovery_;
   std::vector<uint64_t> ps_incarnations_;  // as of the last (re)creation; background_ only
-  // Rebuild (replication 2), background_ only: failed-over tasks that came back and are to get
-  // backups again (RebuildOnto), and those that hold them now: the dense partitions whose
-  // placement backup they are have a backup there again, if their primary serves.
-  std::set<int> rebuild_pending_;
-  std::set<int> rebuilt_;
+  // Rebuild (replication 2), per failed-over task.
+  struct RebuildState {
+    bool pending = false;   // to get its backups again once it serves
+    bool drop = false;      // lost again: its primaries must stop forwarding to it first
+    std::set<int> rebuilt;  // primaries whose partitions it backs up again
+    std::set<int> asked;    // primaries asked to rebuild onto it since its last drop
+    int64_t shards = 0;     // copied onto it since it came back, and their bytes
+    int64_t bytes = 0;
+    absl::Time since;  // when it came back
+    absl::Time next_try;
+    absl::Duration pause;  // before the next try after a failure
+  };
+  absl::Mutex rebuild_mu_;
+  std::map<int, RebuildState> rebuild_ ABSL_GUARDED_BY(rebuild_mu_);
+  bool rebuild_wake_ ABSL_GUARDED_BY(rebuild_mu_) = false;
+  // Failed-over primaries whose partitions were lost with the task that had taken them over
+  // (background_ only): the job must restart from its newest checkpoint.
+  std::set<int> stranded_;
   int64_t chief_epoch_ = 0;  // this chief's fencing epoch; background_ only
   absl::Mutex metrics_mu_;   // serializes appends to options_.metrics_path
 

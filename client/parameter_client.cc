@@ -405,16 +405,17 @@ absl::Status ParameterClient::FailOverPs(int ps, int failed, v1::FailOverPsRespo
   return WithRetries(ps, [&] { return transport_->FailOverPs(ps, request, response); });
 }
 
-absl::Status ParameterClient::RebuildBackupsOn(int backup, const std::set<int>& primaries,
-                                               const v1::SyncOptions& sync,
-                                               const CreateShardsOptions& create,
-                                               int64_t* shards_copied, int64_t* bytes_copied) {
+absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
+                                                const v1::SyncOptions& sync,
+                                                const CreateShardsOptions& create,
+                                                int64_t* shards_copied, int64_t* bytes_copied) {
   *shards_copied = 0;
   *bytes_copied = 0;
-  if (backup < 0 || backup >= num_ps() || placement_.options().replication() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("no backups to rebuild on ps:", backup, " (",
-                                                   num_ps(), " ps tasks, replication ",
-                                                   placement_.options().replication(), ")"));
+  if (backup < 0 || backup >= num_ps() || primary < 0 || primary >= num_ps() || backup == primary ||
+      placement_.options().replication() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no backups of ps:", primary, " to rebuild on ps:", backup, " (", num_ps(),
+                     " ps tasks, replication ", placement_.options().replication(), ")"));
   }
   v1::CreateShardsRequest create_request;
   *create_request.mutable_sync() = sync;
@@ -423,39 +424,32 @@ absl::Status ParameterClient::RebuildBackupsOn(int backup, const std::set<int>& 
   create_request.set_replication(placement_.options().replication());
   create_request.mutable_ps_addresses()->Add(create.ps_addresses.begin(),
                                              create.ps_addresses.end());
+  v1::BackupShards* entry = create_request.add_backups();
+  entry->set_primary_ps_task(primary);
+  v1::RebuildBackupRequest rebuild;
+  rebuild.set_backup_ps_task(backup);
+  rebuild.set_chief_epoch(options_.chief_epoch);
+  rebuild.mutable_ps_addresses()->Add(create.ps_addresses.begin(), create.ps_addresses.end());
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
-  std::map<int, v1::BackupShards*> entries;
-  std::map<int, v1::RebuildBackupRequest> rebuilds;
   for (const v1::DensePartition& p : placement_.partitions()) {
-    if (p.backup_ps_task() != backup || primaries.count(p.ps_task()) == 0) continue;
-    v1::BackupShards*& e = entries[p.ps_task()];
-    if (e == nullptr) {
-      e = create_request.add_backups();
-      e->set_primary_ps_task(p.ps_task());
-    }
-    v1::DenseShardSpec* spec = e->add_dense();
+    if (p.backup_ps_task() != backup || p.ps_task() != primary) continue;
+    v1::DenseShardSpec* spec = entry->add_dense();
     *spec->mutable_variable() = *vars.at(p.variable());
     *spec->mutable_partition() = p;
-    v1::RebuildBackupRequest& r = rebuilds[p.ps_task()];
-    r.set_backup_ps_task(backup);
-    r.set_chief_epoch(options_.chief_epoch);
-    v1::ShardRef* ref = r.add_shards();
+    v1::ShardRef* ref = rebuild.add_shards();
     ref->set_variable(p.variable());
     ref->set_partition(p.partition());
   }
-  if (rebuilds.empty()) return absl::OkStatus();
+  if (rebuild.shards().empty()) return absl::OkStatus();
   v1::CreateShardsResponse created;
   PS_RETURN_IF_ERROR(WithRetries(
       backup, [&] { return transport_->CreateShards(backup, create_request, &created); }));
-  for (auto& [primary, request] : rebuilds) {
-    request.mutable_ps_addresses()->Add(create.ps_addresses.begin(), create.ps_addresses.end());
-    v1::RebuildBackupResponse response;
-    PS_RETURN_IF_ERROR(WithRetries(
-        primary, [&] { return transport_->RebuildBackup(primary, request, &response); }));
-    *shards_copied += response.shards_copied();
-    *bytes_copied += response.bytes_copied();
-  }
+  v1::RebuildBackupResponse response;
+  PS_RETURN_IF_ERROR(
+      WithRetries(primary, [&] { return transport_->RebuildBackup(primary, rebuild, &response); }));
+  *shards_copied = response.shards_copied();
+  *bytes_copied = response.bytes_copied();
   return absl::OkStatus();
 }
 

@@ -171,15 +171,14 @@ class ParameterClient {
   // Tells task `ps` that task `failed` died (the chief's part of a failover: see
   // ParameterServer.FailOverPs), with the same retries.
   absl::Status FailOverPs(int ps, int failed, v1::FailOverPsResponse* response);
-  // Rebuild (issue 37, docs/replication.md), the chief's part for the dense partitions whose
-  // placement backup is task `backup` and whose primary is one of `primaries`: creates their
-  // backups on `backup` (as CreateAll does with replication 2; nothing of the task's own, no
-  // table), then asks each primary to copy them there (ParameterServer.RebuildBackup), with the
-  // same retries. `*shards_copied`, `*bytes_copied`: what the primaries sent. The first error,
-  // naming the task.
-  absl::Status RebuildBackupsOn(int backup, const std::set<int>& primaries,
-                                const v1::SyncOptions& sync, const CreateShardsOptions& create,
-                                int64_t* shards_copied, int64_t* bytes_copied);
+  // Rebuild (issue 37, docs/replication.md), the chief's part for the dense partitions of
+  // task `primary` whose placement backup is task `backup`: creates their backups on `backup`
+  // (as CreateAll does with replication 2; nothing of the task's own, no table), then asks the
+  // primary to copy them there (ParameterServer.RebuildBackup), with the same retries.
+  // `*shards_copied`, `*bytes_copied`: what the primary sent. The first error, naming the task.
+  absl::Status RebuildBackupOnto(int backup, int primary, const v1::SyncOptions& sync,
+                                 const CreateShardsOptions& create, int64_t* shards_copied,
+                                 int64_t* bytes_copied);
 
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,

@@ -689,8 +689,17 @@ absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, boo
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> ParameterStore::ReplicaBytes(const v1::ShardRef& ref) const {
+  google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
+  *refs.Add() = ref;
+  PS_ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
+  return shards[0]->state_bytes();
+}
+
 absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& request, int self,
-                                           v1::RebuildBackupResponse* response) {
+                                           v1::RebuildBackupResponse* response,
+                                           const std::function<bool()>& cancelled) {
+  absl::MutexLock one_at_a_time(&rebuild_mu_);
   response->Clear();
   const int backup = request.backup_ps_task();
   if (backup < 0 || backup == self) {
@@ -715,7 +724,9 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
   }
   for (const v1::ShardRef& ref : request.shards()) {
     v1::DenseReplica replica;
-    absl::Status s = CopyForNewBackup(ref, backup, &replica);
+    absl::Status s = cancelled && cancelled()
+                         ? absl::CancelledError("the caller gave the rebuild up")
+                         : CopyForNewBackup(ref, backup, &replica);
     bool installed = false;
     if (s.ok()) s = options_.forwarder->SendReplica(backup, replica, &installed);
     if (!s.ok()) {

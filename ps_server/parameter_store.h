@@ -234,9 +234,16 @@ class ParameterStore {
   // one after the other. On the first failure every shard of this rebuild is given up
   // (DropBackup: the task is counted lost again, its next rebuild a new generation) and the
   // error names the shard. INVALID_ARGUMENT, changing nothing, for no shard, a shard named
-  // twice or a backup that is this task (`self`).
+  // twice or a backup that is this task (`self`). One rebuild at a time (a caller's retry
+  // waits for the attempt it gave up on, whose failure would otherwise drop what the retry
+  // copied); `cancelled`, checked between shards, gives the rest up as a failure does
+  // (CANCELLED).
   absl::Status RebuildBackup(const v1::RebuildBackupRequest& request, int self,
-                             v1::RebuildBackupResponse* response);
+                             v1::RebuildBackupResponse* response,
+                             const std::function<bool()>& cancelled = nullptr);
+  // The bytes of a dense shard's values and slots (a DenseReplica's values_and_slots), or
+  // NOT_FOUND.
+  absl::StatusOr<int64_t> ReplicaBytes(const v1::ShardRef& ref) const;
 
   // Failover (issue 37): ps task `backup` died. The dense shards backed up there (of the
   // task's current generation: CopyForNewBackup) are forwarded no more, nor are forwards to it
@@ -477,6 +484,7 @@ class ParameterStore {
   std::atomic<int64_t> chief_epoch_{0};
   // DropBackup's tasks: dense forwards to them are skipped until CopyForNewBackup takes one
   // back (as a new generation, below); table forwards stay skipped (lost_table_backups_).
+  absl::Mutex rebuild_mu_;  // RebuildBackup's, held for the whole call
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   // Per task, the generation of the backups it holds now (CopyForNewBackup counts one more each

@@ -277,7 +277,8 @@ grpc::Status PsService::RebuildBackup(grpc::ServerContext* ctx, const v1::Rebuil
     options_.ps_addresses_changed({req->ps_addresses().begin(), req->ps_addresses().end()});
   }
   const absl::Time start = absl::Now();
-  absl::Status s = store_->RebuildBackup(*req, SelfIndex(), resp);
+  absl::Status s =
+      store_->RebuildBackup(*req, SelfIndex(), resp, [ctx] { return ctx->IsCancelled(); });
   if (s.ok()) {
     LOG(INFO) << "rebuilt the backup of " << resp->shards_copied()
               << " dense shards on ps:" << req->backup_ps_task() << " (" << resp->bytes_copied()
@@ -306,8 +307,19 @@ grpc::Status PsService::InstallReplica(grpc::ServerContext* ctx,
   if (!store.ok()) return ToGrpcStatus(store.status());
   v1::DenseReplica replica = std::move(*msg.mutable_replica());
   const int64_t total = msg.total_bytes();
+  // The size is the shard's, checked before anything is buffered.
+  absl::StatusOr<int64_t> expected = (*store)->ReplicaBytes(replica.shard());
+  if (!expected.ok()) return ToGrpcStatus(expected.status());
+  if (total != *expected) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("a copy of ", replica.shard().variable(), "/", replica.shard().partition(),
+                     " of ", total, " bytes; its backup here holds ", *expected,
+                     " bytes of values and slots"));
+  }
   std::string* bytes = replica.mutable_values_and_slots();
   bytes->clear();
+  bytes->reserve(static_cast<size_t>(total));
   while (reader->Read(&msg)) {
     if (static_cast<int64_t>(bytes->size() + msg.data().size()) > total) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -19,12 +19,14 @@
 #include "cli/live_cluster.h"
 #include "cli/vars_command.h"
 #include "client/cluster_client.h"
+#include "client/grpc_channel.h"
 #include "client/grpc_chief_client.h"
 #include "client/parameter_client.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator_service.grpc.pb.h"
+#include "proto/ps_service.grpc.pb.h"
 #include "sharding/sparse_hash.h"
 #include "testing/model_snapshot.h"
 #include "testing/test_cluster.h"
@@ -565,6 +567,48 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
       }
     }
     EXPECT_EQ(held, rebuilt_on_x) << FormatVarsReport(report);
+  }
+  // Bad copies sent to X as P's (no TLS here: any caller may): a size other than its backup's,
+  // and more bytes than announced, are refused and change nothing (X's copy is what serves
+  // P's partition once P fails over, checked below).
+  {
+    const v1::GetModelResponse now = ModelOf(cluster);
+    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
+    follow(*reader);
+    absl::StatusOr<v1::ListShardsResponse> on_x = reader->ListShards(x, /*include_backups=*/true);
+    ASSERT_TRUE(on_x.ok()) << on_x.status();
+    const v1::ShardStats* target = nullptr;
+    for (const v1::ShardStats& shard : on_x->shards()) {
+      if (shard.backup() && shard.primary_ps_task() == p) target = &shard;
+    }
+    ASSERT_NE(target, nullptr) << "ps:" << x << " lists no backup of ps:" << p;
+    GrpcChannelOptions channel;
+    std::unique_ptr<v1::ParameterServer::Stub> stub =
+        v1::ParameterServer::NewStub(NewGrpcChannel(now.ps_addresses(x), channel));
+    for (const int64_t announced : {target->bytes() + 4, target->bytes()}) {
+      grpc::ClientContext ctx;
+      v1::InstallReplicaResponse response;
+      std::unique_ptr<grpc::ClientWriter<v1::InstallReplicaRequest>> writer =
+          stub->InstallReplica(&ctx, &response);
+      v1::InstallReplicaRequest first;
+      first.set_primary_ps_task(p);
+      first.set_total_bytes(announced);
+      first.mutable_replica()->mutable_shard()->set_variable(target->name());
+      first.mutable_replica()->mutable_shard()->set_partition(target->partition());
+      first.mutable_replica()->set_updates(1 << 30);
+      writer->Write(first);
+      v1::InstallReplicaRequest data;
+      data.set_data(std::string(static_cast<size_t>(announced + 4), '\x7f'));
+      writer->Write(data);
+      writer->WritesDone();
+      const grpc::Status status = writer->Finish();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << announced;
+      EXPECT_THAT(status.error_message(),
+                  HasSubstr(announced == target->bytes()
+                                ? "carries more than its"
+                                : absl::StrCat("its backup here holds ", target->bytes())))
+          << status.error_message();
+    }
   }
   ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
   ASSERT_TRUE(cluster.ps(p).Signal(SIGKILL).ok());
