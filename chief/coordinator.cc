@@ -348,21 +348,29 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
       }
       it->second.rebuilt.clear();
       it->second.drop = true;
-      it->second.pending = !sync;
+      if (!sync) ResetRebuildLocked(&it->second);
       rebuild_wake_ = true;
     }
     LOG(WARNING) << "ps:" << ps << ", which held rebuilt backups, is lost again: their primaries "
                  << "go on without a backup until it is rebuilt";
+    // Told now, not behind a rebuild: until a primary drops it, its pushes wait for forwards
+    // to a dead task. (The rebuilder tells them again, after any rebuild of `ps` under way.)
+    DropBackupsOn(ps, /*keep_for_rebuilder=*/true);
     for (const v1::DensePartition& p : placement.partitions()) {
-      if (was_failed_over[p.ps_task()] && p.ps_task() != ps && p.backup_ps_task() == ps) {
-        stranded_.insert(p.ps_task());
+      if (was_failed_over[p.ps_task()] && p.ps_task() != ps && p.backup_ps_task() == ps &&
+          stranded_.insert(p.ps_task()).second) {
+        LOG(ERROR) << "ps:" << ps << " is lost, and with it the only copy of the partitions it "
+                   << "took over from ps:" << p.ps_task() << "; restart the job from its newest "
+                   << "checkpoint (docs/replication.md)";
       }
     }
   }
-  for (int primary : stranded_) {
-    LOG_EVERY_N(ERROR, 50) << "the partitions ps:" << primary << " failed over to were lost with "
-                           << "the task that had taken them over: they have no copy left; restart "
-                           << "the job from its newest checkpoint (docs/replication.md)";
+  if (!stranded_.empty()) {
+    std::vector<std::string> names;
+    for (int primary : stranded_) names.push_back(absl::StrCat("ps:", primary));
+    LOG_EVERY_N(ERROR, 100) << "partitions of " << absl::StrJoin(names, ", ")
+                            << " have no copy left since the tasks that had taken them over were "
+                            << "lost; restart the job from its newest checkpoint";
   }
   std::vector<int> left;
   for (int ps : restarted) {
@@ -469,14 +477,17 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
 
 void Coordinator::ScheduleRebuild(int ps) {
   absl::MutexLock lock(&rebuild_mu_);
-  RebuildState& state = rebuild_[ps];
-  state.pending = true;
-  state.shards = 0;
-  state.bytes = 0;
-  state.since = clock_->Now();
-  state.next_try = state.since;
-  state.pause = absl::Milliseconds(500);
+  ResetRebuildLocked(&rebuild_[ps]);
   rebuild_wake_ = true;
+}
+
+void Coordinator::ResetRebuildLocked(RebuildState* state) {
+  state->pending = true;
+  state->shards = 0;
+  state->bytes = 0;
+  state->since = clock_->Now();
+  state->next_try = state->since;
+  state->pause = absl::Milliseconds(500);
 }
 
 void Coordinator::RebuildLoop() {
@@ -490,28 +501,36 @@ void Coordinator::RebuildLoop() {
         if (state.drop || state.pending) work.emplace_back(task, state.drop);
       }
     }
+    // Drops first: a primary that still forwards to a lost task answers no push.
     for (const auto& [ps, drop] : work) {
       if (stop_requested()) return;
-      if (drop) {
-        DropBackupsOn(ps);
-      } else {
-        RebuildOnto(ps);
-      }
+      if (drop) DropBackupsOn(ps, /*keep_for_rebuilder=*/false);
+    }
+    for (const auto& [ps, drop] : work) {
+      if (stop_requested()) return;
+      if (!drop) RebuildOnto(ps);
     }
   }
 }
 
-bool Coordinator::DropBackupsOn(int ps) {
+bool Coordinator::DropBackupsOn(int ps, bool keep_for_rebuilder) {
   std::set<int> asked;
   {
     absl::MutexLock lock(&rebuild_mu_);
-    asked = rebuild_[ps].asked;
+    const RebuildState& state = rebuild_[ps];
+    if (!keep_for_rebuilder && clock_->Now() < state.drop_next_try) return false;
+    asked = state.asked;
   }
-  std::vector<char> failed(num_ps_, 0);
+  std::vector<char> failed(num_ps_, 0), down(num_ps_, 0);
   for (int t : FailedOver()) failed[t] = 1;
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
   bool all = true;
   for (int t : asked) {
-    if (failed[t]) continue;  // it serves nothing of its own any more
+    if (failed[t]) continue;              // it serves nothing of its own any more
+    if (keep_for_rebuilder && down[t]) {  // (not on the maintenance thread: retries take long)
+      all = false;
+      continue;
+    }
     // FailOverPs promotes nothing more (what `t` held of `ps` was promoted at its failover)
     // and drops the backups rebuilt on it.
     v1::FailOverPsResponse r;
@@ -524,9 +543,15 @@ bool Coordinator::DropBackupsOn(int ps) {
     }
   }
   absl::MutexLock lock(&rebuild_mu_);
+  RebuildState& state = rebuild_[ps];
+  if (keep_for_rebuilder) return all;
   if (all) {
-    rebuild_[ps].drop = false;
-    rebuild_[ps].asked.clear();
+    state.drop = false;
+    state.asked.clear();
+    state.drop_pause = absl::Milliseconds(200);
+  } else {
+    state.drop_next_try = clock_->Now() + state.drop_pause;
+    state.drop_pause = std::min(2 * state.drop_pause, absl::Seconds(10));
   }
   return all;
 }
@@ -642,8 +667,13 @@ bool Coordinator::FailOver(int ps) {
   int promoted = 0, unreplicated = 0;
   for (int task : order) {
     v1::FailOverPsResponse r;
-    absl::Status s = client_->FailOverPs(task, ps, &r);
+    absl::Status s = client_->FailOverPs(task, ps, &r, expected[task]);
     if (StopIfSuperseded(s)) return false;
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      LOG_EVERY_N(ERROR, 20) << "failover of ps:" << ps << ": ps:" << task << " refused it: " << s;
+      SetPhase(ServingPhase(), "");
+      return false;
+    }
     if (!s.ok()) {
       LOG(WARNING) << "failover of ps:" << ps << ": ps:" << task
                    << " did not take it (tried again): " << s;
@@ -691,6 +721,9 @@ void Coordinator::FollowMovedPs(const std::vector<int>& restarted) {
 }
 
 void Coordinator::FollowPs(int ps) {
+  // (Called from the maintenance thread and from the client's retries on any thread: one at a
+  // time, so that two moves are applied in their order.)
+  absl::MutexLock follow(&follow_mu_);
   absl::StatusOr<std::string> now = registry_.AddressOf(MakeTaskId(kPsJob, ps));
   if (!now.ok()) return;
   std::string before;

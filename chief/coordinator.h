@@ -210,8 +210,9 @@ class Coordinator {
   void RebuildOnto(int ps);
   // A task that held rebuilt backups (or was being given some) was lost again: tells the
   // primaries asked to rebuild onto it to stop forwarding there (FailOverPs); true once all
-  // did.
-  bool DropBackupsOn(int ps);
+  // did. With `keep_for_rebuilder` (the maintenance thread's first try) the task stays marked
+  // for the rebuilder to tell them again, after any rebuild of it under way.
+  bool DropBackupsOn(int ps, bool keep_for_rebuilder);
   // Maintenance thread: `ps`, failed over, serves (or will) again: rebuild onto it.
   void ScheduleRebuild(int ps);
   // The virtual shards of the tables whose primary is `ps`, each with the task backing it up
@@ -266,8 +267,13 @@ class Coordinator {
     int64_t bytes = 0;
     absl::Time since;  // when it came back
     absl::Time next_try;
-    absl::Duration pause;  // before the next try after a failure
+    absl::Duration pause;      // before the next try after a failure
+    absl::Time drop_next_try;  // the same for the drop
+    absl::Duration drop_pause = absl::Milliseconds(200);
   };
+  // A rebuild from the start (its counts and pause).
+  void ResetRebuildLocked(RebuildState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rebuild_mu_);
+  absl::Mutex follow_mu_;  // FollowPs's
   absl::Mutex rebuild_mu_;
   std::map<int, RebuildState> rebuild_ ABSL_GUARDED_BY(rebuild_mu_);
   bool rebuild_wake_ ABSL_GUARDED_BY(rebuild_mu_) = false;

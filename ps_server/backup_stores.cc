@@ -114,6 +114,16 @@ void BackupStores::Promote(int primary, int* dense_shards, bool* already) {
   PublishServingLocked();
 }
 
+int BackupStores::DenseShardsOf(int primary) const {
+  absl::MutexLock lock(&mu_);
+  auto it = stores_.find(primary);
+  if (it == stores_.end()) return 0;
+  const v1::ListShardsResponse listed = it->second->ListShards();
+  int n = 0;
+  for (const v1::ShardStats& s : listed.shards()) n += !s.is_table();
+  return n;
+}
+
 void BackupStores::PublishServingLocked() {
   auto serving = std::make_unique<std::vector<ParameterStore*>>();
   for (int primary : promoted_) {

@@ -80,6 +80,8 @@ class BackupStores {
   // (ForForward). `*dense_shards`: how many dense shards that is; `*already`: promoted before
   // (a retry).
   void Promote(int primary, int* dense_shards, bool* already);
+  // The dense shards this task backs up of `primary` (promoted or not).
+  int DenseShardsOf(int primary) const;
   // The store a forward from `primary` is applied to. FAILED_PRECONDITION when this task backs
   // up nothing of it, or took its shards over (the primary is fenced: it cannot have a push
   // acknowledged any more).

@@ -701,6 +701,11 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
                                            const std::function<bool()>& cancelled) {
   absl::MutexLock one_at_a_time(&rebuild_mu_);
   response->Clear();
+  // An attempt its caller gave up on while it waited: a later one may have done the work
+  // since, which giving this one up (DropBackup) would undo.
+  if (cancelled && cancelled()) {
+    return absl::CancelledError("the caller gave the rebuild up before it started");
+  }
   const int backup = request.backup_ps_task();
   if (backup < 0 || backup == self) {
     return absl::InvalidArgumentError(absl::StrCat(

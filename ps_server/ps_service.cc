@@ -250,6 +250,14 @@ grpc::Status PsService::FailOverPs(grpc::ServerContext* ctx, const v1::FailOverP
                         absl::StrCat("FailOverPs names ps:", failed,
                                      "; expected another ps task's index (the one that died)"));
   }
+  if (const int held = backups_.DenseShardsOf(failed); held < req->min_dense_shards()) {
+    // (Before any promotion: a task that came back empty must not take the failed task's
+    // place, nor refuse its forwards after a failover the chief does not publish.)
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("FailOverPs of ps:", failed, ": this task backs up ", held,
+                                     " of its dense shards; the placement puts ",
+                                     req->min_dense_shards(), " here"));
+  }
   int promoted = 0;
   bool already = false;
   backups_.Promote(failed, &promoted, &already);

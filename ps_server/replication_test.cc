@@ -696,6 +696,14 @@ TEST(ReplicationTest, ARebuildSendsEachShardsCopyOrLeavesNoShardBackedUpThere) {
   EXPECT_EQ(forwarder.calls(), calls + 1);
   ExpectSameAs(fresh, primary);
   EXPECT_EQ(Updates(fresh, "a"), 3);
+  // An attempt whose caller gave up while it waited for the one before it changes nothing
+  // (giving it up would drop what a later attempt did).
+  s = primary.RebuildBackup(request, 0, &rebuilt, [] { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  calls = forwarder.calls();
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 4, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls + 1);
+  ExpectSameAs(fresh, primary);
 }
 
 TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {

@@ -161,6 +161,13 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
                   HasSubstr(absl::StrCat("FailOverPs names ps:", failed,
                                          "; expected another ps task's index")));
     }
+    // A task that backs up fewer of the failed task's dense shards than the placement puts
+    // there refuses, before it promotes anything (the pushes below go on to ps:1's shards,
+    // which ps:0 would otherwise stop taking forwards for).
+    v1::FailOverPsResponse r;
+    absl::Status s = admin->FailOverPs(0, 1, &r, /*min_dense_shards=*/1000);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("the placement puts 1000 here"));
     EXPECT_TRUE(admin->GetStatus(0).ok());
   }
 
