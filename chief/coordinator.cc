@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -514,46 +515,67 @@ void Coordinator::RebuildLoop() {
 }
 
 bool Coordinator::DropBackupsOn(int ps, bool keep_for_rebuilder) {
-  std::set<int> asked;
+  std::map<int, uint64_t> asked;
   {
     absl::MutexLock lock(&rebuild_mu_);
-    const RebuildState& state = rebuild_[ps];
+    RebuildState& state = rebuild_[ps];
     if (!keep_for_rebuilder && clock_->Now() < state.drop_next_try) return false;
     asked = state.asked;
+    // (While it is telling them, no rebuild of `ps` starts: a late drop would undo it.)
+    if (keep_for_rebuilder) ++state.drops_in_flight;
   }
   std::vector<char> failed(num_ps_, 0), down(num_ps_, 0);
   for (int t : FailedOver()) failed[t] = 1;
   for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
-  bool all = true;
-  for (int t : asked) {
-    if (failed[t]) continue;              // it serves nothing of its own any more
-    if (keep_for_rebuilder && down[t]) {  // (not on the maintenance thread: retries take long)
-      all = false;
-      continue;
+  // Told: those that answered, those failed over (they serve nothing of their own any more)
+  // and those restarted since they were asked (a new process forwards nothing to `ps`).
+  std::vector<int> to_tell, told;
+  for (const auto& [t, incarnation] : asked) {
+    if (failed[t] || registry_.IncarnationOf(MakeTaskId(kPsJob, t)) != incarnation) {
+      told.push_back(t);
+    } else if (!down[t]) {
+      to_tell.push_back(t);
     }
-    // FailOverPs promotes nothing more (what `t` held of `ps` was promoted at its failover)
-    // and drops the backups rebuilt on it.
-    v1::FailOverPsResponse r;
-    absl::Status s = client_->FailOverPs(t, ps, &r);
-    if (StopIfSuperseded(s)) return false;
-    if (!s.ok()) {
-      all = false;
-      LOG_EVERY_N(WARNING, 10) << "ps:" << t << " did not drop its backups on ps:" << ps
-                               << " (tried again): " << s;
+  }
+  // One attempt each, all at once: the retries are the rebuilder's, after a pause, so that
+  // neither thread waits long on a task that does not answer.
+  std::vector<absl::Status> results(to_tell.size());
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < to_tell.size(); ++i) {
+    calls.emplace_back([&, i] {
+      // FailOverPs promotes nothing more (what the task held of `ps` was promoted at its
+      // failover) and drops the backups rebuilt on it.
+      v1::FailOverPsResponse r;
+      results[i] = client_->FailOverPs(to_tell[i], ps, &r, /*min_dense_shards=*/0,
+                                       /*once=*/true);
+    });
+  }
+  for (std::thread& t : calls) t.join();
+  for (size_t i = 0; i < to_tell.size(); ++i) {
+    if (StopIfSuperseded(results[i])) break;
+    if (results[i].ok()) {
+      told.push_back(to_tell[i]);
+    } else {
+      LOG_EVERY_N(WARNING, 10) << "ps:" << to_tell[i] << " did not drop its backups on ps:" << ps
+                               << " (tried again): " << results[i];
     }
   }
   absl::MutexLock lock(&rebuild_mu_);
   RebuildState& state = rebuild_[ps];
-  if (keep_for_rebuilder) return all;
-  if (all) {
-    state.drop = false;
-    state.asked.clear();
-    state.drop_pause = absl::Milliseconds(200);
-  } else {
-    state.drop_next_try = clock_->Now() + state.drop_pause;
-    state.drop_pause = std::min(2 * state.drop_pause, absl::Seconds(10));
+  if (keep_for_rebuilder) {
+    // The rebuilder tells them all again, after any rebuild of `ps` under way.
+    --state.drops_in_flight;
+    return told.size() == asked.size();
   }
-  return all;
+  for (int t : told) state.asked.erase(t);
+  if (state.asked.empty()) {
+    state.drop = false;
+    state.drop_pause = absl::Milliseconds(200);
+    return true;
+  }
+  state.drop_next_try = clock_->Now() + state.drop_pause;
+  state.drop_pause = std::min(2 * state.drop_pause, absl::Seconds(10));
+  return false;
 }
 
 void Coordinator::RebuildOnto(int ps) {
@@ -562,7 +584,9 @@ void Coordinator::RebuildOnto(int ps) {
   {
     absl::MutexLock lock(&rebuild_mu_);
     const RebuildState& state = rebuild_[ps];
-    if (!state.pending || state.drop || now < state.next_try) return;
+    if (!state.pending || state.drop || state.drops_in_flight > 0 || now < state.next_try) {
+      return;
+    }
     done = state.rebuilt;
   }
   std::vector<char> failed(num_ps_, 0), down(num_ps_, 0);
@@ -589,8 +613,8 @@ void Coordinator::RebuildOnto(int ps) {
     }
     {
       absl::MutexLock lock(&rebuild_mu_);
-      if (rebuild_[ps].drop) return;  // lost again meanwhile
-      rebuild_[ps].asked.insert(primary);
+      if (rebuild_[ps].drop || rebuild_[ps].drops_in_flight > 0) return;  // lost again
+      rebuild_[ps].asked[primary] = registry_.IncarnationOf(MakeTaskId(kPsJob, primary));
     }
     int64_t shards = 0, bytes = 0;
     absl::Status s =
@@ -624,7 +648,7 @@ void Coordinator::RebuildOnto(int ps) {
   }
   LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << state.shards << " dense shards, "
                << state.bytes << " bytes copied from their primaries while pushes went on, in "
-               << absl::FormatDuration(clock_->Now() - state.since) << " since it came back"
+               << absl::FormatDuration(clock_->Now() - state.since) << " since it was scheduled"
                << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
 }
 

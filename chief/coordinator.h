@@ -262,8 +262,10 @@ class Coordinator {
     bool pending = false;   // to get its backups again once it serves
     bool drop = false;      // lost again: its primaries must stop forwarding to it first
     std::set<int> rebuilt;  // primaries whose partitions it backs up again
-    std::set<int> asked;    // primaries asked to rebuild onto it since its last drop
-    int64_t shards = 0;     // copied onto it since it came back, and their bytes
+    // Primaries asked to rebuild onto it since its last drop, with their incarnation then.
+    std::map<int, uint64_t> asked;
+    int drops_in_flight = 0;  // the maintenance thread's, under way
+    int64_t shards = 0;       // copied onto it since it came back, and their bytes
     int64_t bytes = 0;
     absl::Time since;  // when it came back
     absl::Time next_try;

@@ -399,11 +399,12 @@ std::vector<int> ParameterClient::failed_over() const {
 }
 
 absl::Status ParameterClient::FailOverPs(int ps, int failed, v1::FailOverPsResponse* response,
-                                         int min_dense_shards) {
+                                         int min_dense_shards, bool once) {
   v1::FailOverPsRequest request;
   request.set_min_dense_shards(min_dense_shards);
   request.set_failed_ps_task(failed);
   request.set_chief_epoch(options_.chief_epoch);
+  if (once) return transport_->FailOverPs(ps, request, response);
   return WithRetries(ps, [&] { return transport_->FailOverPs(ps, request, response); });
 }
 

@@ -170,9 +170,9 @@ class ParameterClient {
   int64_t TablePartsPerTable() const;
   // Tells task `ps` that task `failed` died (the chief's part of a failover: see
   // ParameterServer.FailOverPs), with the same retries.
-  // `min_dense_shards`: FailOverPsRequest.min_dense_shards.
+  // `min_dense_shards`: FailOverPsRequest.min_dense_shards. `once`: one attempt, no retries.
   absl::Status FailOverPs(int ps, int failed, v1::FailOverPsResponse* response,
-                          int min_dense_shards = 0);
+                          int min_dense_shards = 0, bool once = false);
   // Rebuild (issue 37, docs/replication.md), the chief's part for the dense partitions of
   // task `primary` whose placement backup is task `backup`: creates their backups on `backup`
   // (as CreateAll does with replication 2; nothing of the task's own, no table), then asks the

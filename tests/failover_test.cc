@@ -169,6 +169,12 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("the placement puts 1000 here"));
     EXPECT_TRUE(admin->GetStatus(0).ok());
+    absl::StatusOr<v1::ListShardsResponse> on_0 = admin->ListShards(0, /*include_backups=*/true);
+    ASSERT_TRUE(on_0.ok()) << on_0.status();
+    for (const v1::ShardStats& shard : on_0->shards()) {
+      EXPECT_FALSE(shard.promoted())
+          << shard.name() << "/" << shard.partition() << " of ps:" << shard.primary_ps_task();
+    }
   }
 
   // Client c pushes c + 1 into every element and every row, kPushesPerClient times, each push
@@ -485,7 +491,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     rebuilt_on_x += part.backup_ps_task() == x;
   }
   auto await_log = [&](const std::string& text) {
-    const absl::Time until = absl::Now() + absl::Seconds(30);
+    const absl::Time until = absl::Now() + absl::Seconds(60);
     while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
       absl::SleepFor(absl::Milliseconds(20));
     }
@@ -684,10 +690,20 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
     EXPECT_TRUE(admin->GetStatus(live).ok());
   }
-  const std::string chief_log = cluster.chief().LogTail(600);
+  const std::string chief_log = cluster.chief().LogTail(5000);
   EXPECT_THAT(chief_log, HasSubstr("no checkpoint restored, nothing rolled back"));
   EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restoring every ps task")));
   EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restart the job")));
+
+  // X lost again: it held P's partitions, which now have no copy; the chief says so (and does
+  // not fail X over or claim anything was saved), and tells the primaries it had rebuilt from
+  // to stop forwarding to it.
+  ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", x, ", which held rebuilt backups, is lost again")))
+      << cluster.Logs(40);
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " is lost, and with it the only copy of the ",
+                                     "partitions it took over from ps:", p)))
+      << cluster.Logs(40);
 }
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
