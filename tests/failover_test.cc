@@ -40,7 +40,8 @@ using ::testing::HasSubstr;
 // gradients applied to it, exactly (small integers in float). "w" is 64 rows of 64 bytes, cut
 // into four partitions of 16 rows (--max_partition_bytes=1024) over the three tasks; the
 // table's virtual shards are spread over them too, each backed up on another task.
-constexpr char kModel[] = R"pb(
+// (The dense variables alone are kDenseModel: tables are not rebuilt yet.)
+constexpr char kDenseModel[] = R"pb(
   variables {
     name: "w"
     shape { dims: 64 dims: 16 }
@@ -53,6 +54,8 @@ constexpr char kModel[] = R"pb(
     initializer { kind: CONSTANT value: 0 }
     optimizer { sgd { learning_rate: 1 } }
   }
+)pb";
+constexpr char kTable[] = R"pb(
   tables {
     name: "emb"
     dim: 4
@@ -72,13 +75,13 @@ constexpr int kNumPs = 3;
 constexpr int kClients = 2;
 constexpr int kPushesPerClient = 150;
 
-// Three ps tasks with --replication=2 under a chief serving kModel, with heartbeats every
-// 100 ms and a task lost after 1 s without one. Checkpoints (under `checkpoint_dir`, when
-// given) only when asked for.
+// Three ps tasks with --replication=2 under a chief serving kDenseModel (and kTable
+// `with_table`), with heartbeats every 100 ms and a task lost after 1 s without one.
+// Checkpoints (under `checkpoint_dir`, when given) only when asked for.
 std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "",
-                                             const char* model = kModel) {
+                                             bool with_table = true) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
-  std::ofstream(model_path) << model;
+  std::ofstream(model_path) << kDenseModel << (with_table ? kTable : "");
   TestClusterOptions options;
   options.num_ps = kNumPs;
   options.num_workers = 0;
@@ -445,22 +448,6 @@ TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
   EXPECT_EQ(ModelOf(cluster).placement().failed_over_ps_size(), 1);
 }
 
-// kModel's dense variables alone: tables are not rebuilt yet.
-constexpr char kDenseModel[] = R"pb(
-  variables {
-    name: "w"
-    shape { dims: 64 dims: 16 }
-    initializer { kind: CONSTANT value: 0 }
-    optimizer { sgd { learning_rate: 1 } }
-  }
-  variables {
-    name: "b"
-    shape { dims: 16 }
-    initializer { kind: CONSTANT value: 0 }
-    optimizer { sgd { learning_rate: 1 } }
-  }
-)pb";
-
 // Rebuild: ps:X is killed and fails over; it comes back (at another address) and the chief
 // rebuilds onto it the backups it held of the tasks still serving, copied while the clients
 // push on; then ps:P, one of those tasks, is killed: its partitions fail over to the rebuilt
@@ -468,7 +455,7 @@ constexpr char kDenseModel[] = R"pb(
 // in the values served and in a checkpoint taken after.
 TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-rebuild");
-  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, kDenseModel);
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/false);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
   // X backs up a partition of P, and P backs up none of X's: once X failed over, P holds no
