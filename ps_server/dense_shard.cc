@@ -177,10 +177,11 @@ void DenseShard::Apply(const float* grad, ThreadPool* pool) { ApplyAll({this}, {
 
 // The locks are taken and released in loops, which the thread-safety analysis cannot follow;
 // ApplyRangeLocked's requirement holds because every shard's lock is held for the whole loop.
-void DenseShard::ApplyAll(
-    const std::vector<DenseShard*>& shards, const std::vector<const float*>& grads,
-    ThreadPool* pool, bool delta, std::vector<int64_t>* updates_after,
-    std::vector<std::pair<int, int64_t>>* backups) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void DenseShard::ApplyAll(const std::vector<DenseShard*>& shards,
+                          const std::vector<const float*>& grads, ThreadPool* pool, bool delta,
+                          std::vector<int64_t>* updates_after,
+                          std::vector<std::pair<int, int64_t>>* backups,
+                          const OrderedFn& ordered) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const size_t n = shards.size();
   if (updates_after != nullptr) updates_after->clear();
   if (backups != nullptr) backups->clear();
@@ -200,6 +201,9 @@ void DenseShard::ApplyAll(
     for (size_t i = 0; i < n; ++i) {
       backups->emplace_back(shards[i]->backup_ps_task(), shards[i]->backup_generation());
     }
+  }
+  if (ordered != nullptr && updates_after != nullptr && backups != nullptr) {
+    ordered(*updates_after, *backups);
   }
   const auto apply = [&](int64_t begin, int64_t end) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     // The shards overlapping [begin, end), each over its part of the range.

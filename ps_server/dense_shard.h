@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,10 +89,17 @@ class DenseShard {
   // the update's place in the shard's order (a backup applies it at the same place).
   // `backups` (optional) receives each shard's backup as the update saw it, under its lock:
   // the task it goes to (backup_ps_task) and the generation of that backup (CopyAndSetBackup).
+  //
+  // `ordered` (optional; needs both outputs) is called with them under the shards' locks, once
+  // the update has its place and before any value changes: a primary commits the update's
+  // forwards there, so that its backups apply it while it does (ParameterStore::FinishPushDense).
+  using OrderedFn = std::function<void(const std::vector<int64_t>& updates_after,
+                                       const std::vector<std::pair<int, int64_t>>& backups)>;
   static void ApplyAll(const std::vector<DenseShard*>& shards,
                        const std::vector<const float*>& grads, ThreadPool* pool = nullptr,
                        bool delta = false, std::vector<int64_t>* updates_after = nullptr,
-                       std::vector<std::pair<int, int64_t>>* backups = nullptr);
+                       std::vector<std::pair<int, int64_t>>* backups = nullptr,
+                       const OrderedFn& ordered = nullptr);
 
   // Calls fn(values, num_elements()) with the current values, under the shard's reader lock:
   // a consistent snapshot without a copy. fn must not keep the pointer or call into the shard.

@@ -1,6 +1,7 @@
 #include "ps_server/parameter_store.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -24,6 +25,16 @@
 
 namespace pscluster {
 namespace {
+
+// Whether an async push's forwards are committed under its shards' locks, before its own apply
+// (FinishPushDense); PSCLUSTER_FORWARD_EARLY_COMMIT=0 commits after the apply, for A/B.
+bool EarlyCommit() {
+  static const bool early = [] {
+    const char* env = std::getenv("PSCLUSTER_FORWARD_EARLY_COMMIT");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return early;
+}
 
 // How a complete sync step's mean reaches its shard or table.
 // Adds an apply's count and duration to `totals` (ParameterStore::apply_totals) when it ends.
@@ -401,6 +412,11 @@ void PushStreams::Piece(int index, const float* values, int64_t n) {
   }
 }
 
+bool PushStreams::commits_queue() const {
+  return std::all_of(streams_.begin(), streams_.end(),
+                     [](const std::unique_ptr<ForwardStream>& s) { return s->CommitQueues(); });
+}
+
 std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush& push) const {
   if (options_.forwarder == nullptr) return nullptr;
   std::map<int, std::vector<int>> by_backup;
@@ -445,9 +461,22 @@ std::unique_ptr<PushStreams> ParameterStore::OpenForwardStreams(const DensePush&
   return streams;
 }
 
-absl::Status ParameterStore::CommitStreams(PushStreams* streams,
-                                           const std::vector<int64_t>& versions,
-                                           const PushOutcome& outcome) {
+bool ParameterStore::StreamsFit(const PushStreams& streams, const std::vector<int64_t>& versions,
+                                const std::vector<std::pair<int, int64_t>>& backups) {
+  if (streams.failed()) return false;
+  for (size_t i = 0; i < versions.size(); ++i) {
+    const int k = streams.stream_of_[i];
+    if (versions[i] == 0 || backups[i].first < 0) {
+      if (k >= 0) return false;
+    } else if (k < 0 || backups[i] != streams.backups_[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status ParameterStore::SendCommits(PushStreams* streams, const std::vector<int64_t>& versions,
+                                         const PushOutcome& outcome) {
   std::vector<v1::ReplicateHeader> commits(streams->streams_.size());
   for (size_t k = 0; k < streams->streams_.size(); ++k) {
     for (int i : streams->shards_[k]) {
@@ -463,6 +492,10 @@ absl::Status ParameterStore::CommitStreams(PushStreams* streams,
   for (size_t k = 0; k < streams->streams_.size(); ++k) {
     PS_RETURN_IF_ERROR(streams->streams_[k]->Commit(commits[k]));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::AwaitCommits(PushStreams* streams) {
   for (size_t k = 0; k < streams->streams_.size(); ++k) {
     v1::ReplicateResponse answer;
     PS_RETURN_IF_ERROR(streams->streams_[k]->Await(&answer));
@@ -517,27 +550,57 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   }
   std::vector<int64_t> versions;
   std::vector<std::pair<int, int64_t>> backups;
-  ApplyDensePush(*push, accumulators, &outcome, &versions, &backups);
   // The streams carry the push only if its update of every shard went where its stream goes: a
   // shard whose backup changed while the push arrived (lost, or a new one: CopyForNewBackup)
   // has the whole push forwarded after the apply instead, in one forward per backup (the
   // streams are abandoned), so that no backup records the push with a part of it missing.
-  bool streams_fit = streams != nullptr && !streams->failed();
-  for (int i = 0; streams_fit && i < n; ++i) {
-    const int k = streams->stream_of_[i];
-    if (versions[i] == 0 || backups[i].first < 0) {
-      streams_fit = k < 0;
-    } else {
-      streams_fit = k >= 0 && backups[i] == streams->backups_[k];
-    }
+  //
+  // An async push (every shard updated at once) commits its streams under the shards' locks,
+  // as soon as it has its place in their order and before its own apply: the backups apply it
+  // while this task does, and the answer waits for the later of the two, not their sum. Only
+  // where the streams queue their commits (a writer thread sends them: the locks are never held
+  // waiting on a backup); not while forwards are owed (they go first, outside the locks), nor
+  // when PSCLUSTER_FORWARD_EARLY_COMMIT=0 (for A/B): then the commit follows the apply.
+  bool committed_early = false;
+  absl::Status early;
+  DenseShard::OrderedFn ordered;
+  if (streams != nullptr && !streams->failed() && EarlyCommit() && streams->commits_queue() &&
+      owed_count_.load(std::memory_order_relaxed) == 0 &&
+      std::all_of(accumulators.begin(), accumulators.end(),
+                  [](const std::shared_ptr<DenseAccumulator>& a) { return a == nullptr; })) {
+    PushOutcome whole = outcome;
+    whole.accepted += n;  // what ApplyDensePush counts for n async shards
+    ordered = [&, whole](const std::vector<int64_t>& at,
+                         const std::vector<std::pair<int, int64_t>>& backups_at) {
+      // (Owed since the check above: the forward that failed comes first, after the apply.)
+      if (owed_count_.load(std::memory_order_relaxed) > 0) return;
+      if (!StreamsFit(*streams, at, backups_at)) return;
+      committed_early = true;
+      early = SendCommits(streams, at, whole);
+    };
   }
-  if (streams_fit) {
+  ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered);
+  bool streams_fit = false;
+  absl::Status committed;
+  if (committed_early) {
+    streams_fit = true;
+    committed = early.ok() ? AwaitCommits(streams) : early;
+  } else if (streams != nullptr && StreamsFit(*streams, versions, backups)) {
+    streams_fit = true;
     // What the store owes goes first, or the backups would wait for it before applying this.
     if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
     // The backups have the gradients already: the versions complete the forwards.
-    absl::Status committed = CommitStreams(streams, versions, outcome);
+    committed = SendCommits(streams, versions, outcome);
+    if (committed.ok()) committed = AwaitCommits(streams);
+  }
+  if (streams_fit) {
     if (committed.ok()) {
       forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+      if (committed_early) {
+        committed_early_.fetch_add(1, std::memory_order_relaxed);
+        PS_LOG_FIRST_N(INFO, 1) << "pushes streamed to the backups are committed before this "
+                                   "task applies them (the backups apply them meanwhile)";
+      }
       ledger_.Record(header.request_id(), outcome);
       response->set_accepted(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
@@ -823,6 +886,7 @@ ParameterStore::ForwardTotals ParameterStore::forward_totals() const {
   t.acknowledged = forwards_acknowledged_.load(std::memory_order_relaxed);
   t.failed = forwards_failed_.load(std::memory_order_relaxed);
   t.streams_fell_back = streams_fell_back_.load(std::memory_order_relaxed);
+  t.committed_early = committed_early_.load(std::memory_order_relaxed);
   t.owed = owed_count_.load(std::memory_order_relaxed);
   return t;
 }
@@ -1028,7 +1092,7 @@ absl::Status ParameterStore::CheckDeltaPush(
 void ParameterStore::ApplyDensePush(
     const DensePush& push, const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
     PushOutcome* outcome, std::vector<int64_t>* versions,
-    std::vector<std::pair<int, int64_t>>* backups) {
+    std::vector<std::pair<int, int64_t>>* backups, const DenseShard::OrderedFn& ordered) {
   const v1::PushDenseHeader& header = push.header_;
   const int n = push.num_shards();
   versions->assign(n, 0);
@@ -1052,7 +1116,9 @@ void ParameterStore::ApplyDensePush(
   std::vector<std::pair<int, int64_t>> backups_after;
   {
     ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after, &backups_after);
+    // `ordered` reads the versions by the push's shard: only when every shard is in `now`.
+    DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after, &backups_after,
+                         static_cast<int>(now.size()) == n ? ordered : nullptr);
   }
   for (size_t j = 0; j < after.size(); ++j) {
     (*versions)[now_index[j]] = after[j];

@@ -47,6 +47,8 @@ class PushStreams {
   // to the shard's backup. A failure marks every stream failed (the forwards go after the apply).
   void Piece(int index, const float* values, int64_t n);
   bool failed() const { return failed_; }
+  // Whether every stream's Commit() only queues (ForwardStream::CommitQueues).
+  bool commits_queue() const;
 
  private:
   friend class ParameterStore;
@@ -286,6 +288,9 @@ class ParameterStore {
     int64_t failed = 0;
     int64_t streams_fell_back = 0;
     int64_t owed = 0;
+    // Of the acknowledged: pushes whose streams were committed before the apply (under the
+    // shards' locks), so that the backups applied them while this task did.
+    int64_t committed_early = 0;
   };
   ForwardTotals forward_totals() const;
 
@@ -392,7 +397,8 @@ class ParameterStore {
   void ApplyDensePush(const DensePush& push,
                       const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
                       PushOutcome* outcome, std::vector<int64_t>* versions,
-                      std::vector<std::pair<int, int64_t>>* backups);
+                      std::vector<std::pair<int, int64_t>>* backups,
+                      const DenseShard::OrderedFn& ordered = nullptr);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -411,11 +417,19 @@ class ParameterStore {
   void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
                    std::shared_ptr<const SparseForwards> sparse = nullptr);
   void ResendOwed();
-  // Completes a push's pipelined forwards with what its apply gave; an error when any did not
+  // Complete a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
   // answers as already applied).
-  absl::Status CommitStreams(PushStreams* streams, const std::vector<int64_t>& versions,
-                             const PushOutcome& outcome);
+  // SendCommits writes the commits (never waiting on a backup: it may run under the shards'
+  // locks), AwaitCommits waits for every backup's answer.
+  absl::Status SendCommits(PushStreams* streams, const std::vector<int64_t>& versions,
+                           const PushOutcome& outcome);
+  absl::Status AwaitCommits(PushStreams* streams);
+  // Whether a push applied with `versions` and `backups` (ApplyDensePush's) goes entirely where
+  // `streams` go: every shard updated with a backup in the stream to that backup (task and
+  // generation), and no other in any.
+  static bool StreamsFit(const PushStreams& streams, const std::vector<int64_t>& versions,
+                         const std::vector<std::pair<int, int64_t>>& backups);
   // UNAVAILABLE while shards created for a restore wait for it.
   absl::Status CheckNotHeldLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The keys and byte limits of a sparse request of n keys of `dim`.
@@ -507,6 +521,7 @@ class ParameterStore {
   std::atomic<int64_t> forwards_acknowledged_{0};
   std::atomic<int64_t> forwards_failed_{0};
   std::atomic<int64_t> streams_fell_back_{0};
+  std::atomic<int64_t> committed_early_{0};
   // OK, and the epoch raised to `epoch`, unless a newer chief has been seen (FAILED_PRECONDITION
   // naming both); epoch 0 (not a chief) always passes.
   absl::Status Fence(int64_t epoch, const char* what);

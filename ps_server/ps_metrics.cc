@@ -92,6 +92,12 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
   forwards.Add(static_cast<double>(f.acknowledged), {{"outcome", "acknowledged"}})
       .Add(static_cast<double>(f.failed), {{"outcome", "failed"}})
       .Add(static_cast<double>(f.streams_fell_back), {{"outcome", "stream_fell_back"}});
+  FamilyBuilder early("pscluster_ps_forwards_committed_early_total",
+                      "Replication: of the acknowledged, pushes streamed to their backups whose "
+                      "commit went out before this task's own apply (the backups applying them "
+                      "meanwhile)",
+                      MetricType::Counter);
+  early.Add(static_cast<double>(f.committed_early), {});
   FamilyBuilder owed("pscluster_ps_forwards_owed",
                      "Replication: pushes applied on this task whose forwards to a backup have "
                      "not gone through yet (what its backups lag behind by)",
@@ -167,8 +173,8 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
         static_cast<double>(s.table_groups_applied()),
         {{"table", s.name()}, {"primary", absl::StrCat("ps:", s.primary_ps_task())}});
   }
-  for (FamilyBuilder* b : {&forwards, &owed, &backup_shards, &shard_updates, &backup_updates,
-                           &groups_forwarded, &groups_applied}) {
+  for (FamilyBuilder* b : {&forwards, &early, &owed, &backup_shards, &shard_updates,
+                           &backup_updates, &groups_forwarded, &groups_applied}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

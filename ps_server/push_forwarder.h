@@ -52,9 +52,10 @@ struct ForwardList {
 
 // A forward whose gradients go to the backup while the primary is still receiving the push
 // (the data plane's ReplicateStream op: docs/wire.md, docs/replication.md): Write() each piece as
-// it arrives, in order, then Commit() the versions and outcome once the primary applied the push,
-// then Await() the backup's answer. Destroyed before Commit(), it abandons the forward: the
-// backup applies nothing of it.
+// it arrives, in order, then Commit() the versions and outcome once the primary gave the push its
+// place in each shard's order (before its own apply, under the shards' locks, where
+// CommitQueues()), then Await() the backup's answer. Destroyed before Commit(), it abandons
+// the forward: the backup applies nothing of it.
 class ForwardStream {
  public:
   virtual ~ForwardStream() = default;
@@ -62,6 +63,10 @@ class ForwardStream {
   virtual absl::Status Write(const float* values, int64_t n) = 0;
   // `header` is the whole forward's (ReplicateHeader with versions and outcome).
   virtual absl::Status Commit(const v1::ReplicateHeader& header) = 0;
+  // Whether Commit() returns without waiting on the backup (it queues the commit for another
+  // thread to write), so that the primary may commit under its shards' locks, before its own
+  // apply. When false the primary commits after the apply.
+  virtual bool CommitQueues() const { return false; }
   virtual absl::Status Await(v1::ReplicateResponse* response) = 0;
 };
 

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/grpc_ps_transport.h"
 #include "common/grpc_status.h"
@@ -16,10 +18,20 @@
 namespace pscluster {
 
 RemotePushForwarder::RemotePushForwarder(int self, TlsConfig tls, absl::Duration timeout)
-    : self_(self),
-      tls_(std::move(tls)),
-      timeout_(timeout),
-      writers_(std::thread::hardware_concurrency() >= 8 ? kStreamWriters : 0) {}
+    : self_(self), tls_(std::move(tls)), timeout_(timeout), writers_(StreamWriters()) {}
+
+int RemotePushForwarder::StreamWriters() {
+  const int by_cores = std::thread::hardware_concurrency() >= 8 ? kStreamWriters : 0;
+  const char* env = std::getenv("PSCLUSTER_FORWARD_WRITERS");
+  if (env == nullptr || *env == '\0') return by_cores;
+  int n = 0;
+  if (!absl::SimpleAtoi(env, &n) || n < 0 || n > 16) {
+    LOG(ERROR) << "PSCLUSTER_FORWARD_WRITERS is \"" << env
+               << "\"; expected a thread count from 0 to 16; using " << by_cores;
+    return by_cores;
+  }
+  return n;
+}
 
 void RemotePushForwarder::SetAddresses(const std::vector<std::string>& addresses) {
   absl::MutexLock lock(&mu_);
@@ -54,7 +66,8 @@ namespace {
 // A ForwardStream over TcpPsTransport's ReplicateStream whose writes are made by a writer
 // thread (of `writers`), in order, so that the thread receiving the push does not also send it:
 // Write() queues the piece (the push's buffer stays put until FinishPushDense returns), Commit()
-// waits for the queue to drain first.
+// queues the commit behind the pieces (the primary commits under its shards' locks, so it never
+// waits here for the backup), Await() waits for the queue to drain first.
 class WireForwardStream : public ForwardStream {
  public:
   WireForwardStream(std::shared_ptr<void> keep,
@@ -69,44 +82,52 @@ class WireForwardStream : public ForwardStream {
           +[](bool* writing) { return !*writing; }, &writing_));
     }
   }
-  absl::Status Write(const float* values, int64_t n) override {
-    bool start = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!error_.ok()) return error_;
-      queue_.push_back({values, n});
-      start = !writing_;
-      writing_ = true;
-    }
-    // Without writer threads (a small machine) the piece is written here, at once.
-    if (start) writers_->Schedule([this] { Drain(); });
-    return absl::OkStatus();
-  }
+  absl::Status Write(const float* values, int64_t n) override { return Queue({values, n, {}}); }
   absl::Status Commit(const v1::ReplicateHeader& header) override {
+    return Queue({nullptr, 0, header, /*commit=*/true});
+  }
+  // Without writer threads Queue() writes at once, on the caller's thread.
+  bool CommitQueues() const override { return writers_->num_threads() > 0; }
+  absl::Status Await(v1::ReplicateResponse* response) override {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](bool* writing) { return !*writing; }, &writing_));
       if (!error_.ok()) return error_;
     }
-    return stream_->Commit(header);
+    return stream_->Await(response);
   }
-  absl::Status Await(v1::ReplicateResponse* response) override { return stream_->Await(response); }
 
  private:
-  struct Piece {
+  struct Item {
     const float* values;
     int64_t n;
+    v1::ReplicateHeader header;  // a commit's
+    bool commit = false;
   };
+  absl::Status Queue(Item item) {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!error_.ok()) return error_;
+      queue_.push_back(std::move(item));
+      start = !writing_;
+      writing_ = true;
+    }
+    // Without writer threads (a small machine) the item is written here, at once.
+    if (start) writers_->Schedule([this] { Drain(); });
+    return absl::OkStatus();
+  }
   void Drain() {
     mu_.Lock();
     while (!queue_.empty() && error_.ok()) {
-      const Piece piece = queue_.front();
+      const Item item = std::move(queue_.front());
+      queue_.pop_front();
       mu_.Unlock();
-      absl::Status s = stream_->Write(piece.values, piece.n);
+      absl::Status s =
+          item.commit ? stream_->Commit(item.header) : stream_->Write(item.values, item.n);
       mu_.Lock();
       if (!s.ok() && error_.ok()) error_ = s;
-      if (!queue_.empty()) queue_.pop_front();
     }
     writing_ = false;
     mu_.Unlock();
@@ -116,7 +137,7 @@ class WireForwardStream : public ForwardStream {
   std::unique_ptr<TcpPsTransport::ReplicateStream> stream_;
   ThreadPool* const writers_;
   absl::Mutex mu_;
-  std::deque<Piece> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a Drain is scheduled or running
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };

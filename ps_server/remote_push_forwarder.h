@@ -64,7 +64,11 @@ class RemotePushForwarder : public PushForwarder {
   // Threads that write the pipelined forwards (OpenStream's), each stream's pieces in order,
   // on machines of 8 cores or more; on smaller ones the thread receiving the push writes them
   // (bench/ps.sh on 2 cores: 0.35-0.53 of R = 1 with writer threads, 0.47-0.63 without).
+  // PSCLUSTER_FORWARD_WRITERS (0 to 16) sets their number whatever the cores (tests, A/B).
+  // Only with writer threads are a push's commits made before its apply
+  // (ForwardStream::CommitQueues).
   static constexpr int kStreamWriters = 4;
+  static int StreamWriters();
   const int self_;
   const TlsConfig tls_;
   const absl::Duration timeout_;

@@ -5,6 +5,7 @@
 // real one (gRPC between ps daemons) is tested in tests/ps_cluster_test.cc.
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,11 +98,16 @@ absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
 }
 
 // A forward's stream that applies it to the backup store at its commit, as the data plane's
-// ReplicateStream does once the versions come.
+// ReplicateStream does once the versions come. It says its commits queue, so the primary
+// commits under its shards' locks, before its apply (the apply here, in-process, waits only for
+// the backup's earlier updates, which were applied at their own commits); `fail_awaits` > 0
+// makes the answer to an applied commit fail (the backup died before it answered).
 class DirectStream : public ForwardStream {
  public:
-  DirectStream(ParameterStore* backup, v1::ReplicateHeader header, std::atomic<int>* commits)
-      : backup_(backup), header_(std::move(header)), commits_(commits) {}
+  DirectStream(ParameterStore* backup, v1::ReplicateHeader header, std::atomic<int>* commits,
+               std::atomic<int>* fail_awaits)
+      : backup_(backup), header_(std::move(header)), commits_(commits), fail_awaits_(fail_awaits) {}
+  bool CommitQueues() const override { return true; }
   absl::Status Write(const float* values, int64_t n) override {
     values_.insert(values_.end(), values, values + n);
     return absl::OkStatus();
@@ -123,6 +129,9 @@ class DirectStream : public ForwardStream {
     return absl::OkStatus();
   }
   absl::Status Await(v1::ReplicateResponse* response) override {
+    if (fail_awaits_->load() > 0 && fail_awaits_->fetch_sub(1) > 0) {
+      return absl::UnavailableError("ps:1 closed the stream before it answered");
+    }
     *response = response_;
     return result_;
   }
@@ -131,6 +140,7 @@ class DirectStream : public ForwardStream {
   ParameterStore* const backup_;
   const v1::ReplicateHeader header_;
   std::atomic<int>* const commits_;
+  std::atomic<int>* const fail_awaits_;
   std::vector<float> values_;
   absl::Status result_;
   v1::ReplicateResponse response_;
@@ -146,7 +156,7 @@ class DirectForwarder : public PushForwarder {
     if (stream_to_ == nullptr) return nullptr;
     EXPECT_EQ(backup, 1);
     ++streams_;
-    return std::make_unique<DirectStream>(stream_to_, header, &commits_);
+    return std::make_unique<DirectStream>(stream_to_, header, &commits_, &fail_awaits_);
   }
   void StreamTo(ParameterStore* backup) {
     absl::MutexLock lock(&mu_);
@@ -157,6 +167,7 @@ class DirectForwarder : public PushForwarder {
     return streams_;
   }
   int commits() const { return commits_.load(); }
+  void FailAwaits(int n) { fail_awaits_ = n; }
   absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override {
     ParameterStore* to = nullptr;
     {
@@ -250,6 +261,7 @@ class DirectForwarder : public PushForwarder {
   ParameterStore* stream_to_ ABSL_GUARDED_BY(mu_) = nullptr;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> commits_{0};
+  std::atomic<int> fail_awaits_{0};
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
   int copies_left_ ABSL_GUARDED_BY(mu_) = -1;  // -1: every one
@@ -263,8 +275,10 @@ ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
 }
 
 // A push of `names` with gradients that differ per push (`i`), as client 7's push number i.
+// With `stream`, as the data plane receives one: each gradient sent on to the backups as it
+// arrives (OpenForwardStreams, PushStreams::Piece).
 absl::Status Push(ParameterStore& store, const std::vector<std::string>& names, int i,
-                  v1::PushDenseResponse* resp) {
+                  v1::PushDenseResponse* resp, bool stream = false) {
   v1::PushDenseHeader header;
   std::vector<std::vector<float>> grads;
   for (const std::string& name : names) {
@@ -279,12 +293,17 @@ absl::Status Push(ParameterStore& store, const std::vector<std::string>& names, 
   header.mutable_request_id()->set_seq(i);
   DensePush push;
   PS_RETURN_IF_ERROR(store.StartPushDense(header, &push));
+  std::unique_ptr<PushStreams> streams = stream ? store.OpenForwardStreams(push) : nullptr;
   for (size_t k = 0; k < grads.size(); ++k) {
     PS_RETURN_IF_ERROR(push.AddChunk(
         static_cast<int>(k), 0,
         absl::string_view(reinterpret_cast<const char*>(grads[k].data()), grads[k].size() * 4)));
+    if (streams != nullptr) {
+      streams->Piece(static_cast<int>(k), push.values(static_cast<int>(k)),
+                     static_cast<int64_t>(grads[k].size()));
+    }
   }
-  return store.FinishPushDense(&push, resp);
+  return store.FinishPushDense(&push, resp, streams.get());
 }
 
 void ExpectSameAs(ParameterStore& backup, ParameterStore& primary) {
@@ -316,6 +335,79 @@ TEST(ReplicationTest, ABackupAppliesWhatItsPrimaryAppliedBitForBit) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(Updates(primary, "a"), 100);
+  ExpectSameAs(backup, primary);
+}
+
+// Pushes streamed to the backup as they arrive (as over the data plane), from several threads:
+// each is committed under its shards' locks, once it has its place in their order and before
+// the primary applies it (the backup applying it meanwhile), and the backup ends bit for bit
+// the primary's: a commit with another push's versions, or numbered before the push had its
+// place, would apply gradients out of the primary's order (Adam) or wait and fail.
+TEST(ReplicationTest, StreamedPushesAreCommittedBeforeTheirApplyAndBackedUpBitForBit) {
+  DirectForwarder forwarder;
+  ParameterStoreOptions options = WithForwarder(&forwarder);
+  options.replica_wait = absl::Seconds(2);
+  ParameterStore primary(options);
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  forwarder.StreamTo(&backup);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        v1::PushDenseResponse resp;
+        const std::vector<std::string> names =
+            i % 3 == 0 ? std::vector<std::string>{"b"} : std::vector<std::string>{"a", "b"};
+        absl::Status s = Push(primary, names, 1 + t * 100 + i, &resp, /*stream=*/true);
+        if (!s.ok()) {
+          ++failures;
+          LOG(ERROR) << s;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(Updates(primary, "b"), 100);
+  EXPECT_EQ(forwarder.streams(), 100);
+  EXPECT_EQ(forwarder.commits(), 100);
+  EXPECT_EQ(forwarder.calls(), 0);  // nothing forwarded after an apply
+  const ParameterStore::ForwardTotals totals = primary.forward_totals();
+  EXPECT_EQ(totals.acknowledged, 100);
+  EXPECT_EQ(totals.committed_early, 100);
+  EXPECT_EQ(totals.streams_fell_back, 0);
+  ExpectSameAs(backup, primary);
+}
+
+// A push committed before its apply whose backup applied it but whose answer never came: the
+// primary forwards it again after its apply, which the backup answers as already applied; the
+// worker is answered, and the backup holds the push once.
+TEST(ReplicationTest, AnEarlyCommitWhoseAnswerFailedIsForwardedAgainAndAppliedOnce) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup{ParameterStoreOptions()};
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  forwarder.StreamTo(&backup);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp, /*stream=*/true).ok());
+  forwarder.FailAwaits(1);
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp, /*stream=*/true).ok());
+  EXPECT_FALSE(resp.duplicate());
+  EXPECT_EQ(resp.accepted(), 2);
+  EXPECT_EQ(forwarder.commits(), 2);
+  EXPECT_EQ(forwarder.calls(), 1);  // the second push again, after its apply
+  const ParameterStore::ForwardTotals totals = primary.forward_totals();
+  EXPECT_EQ(totals.committed_early, 1);
+  EXPECT_EQ(totals.streams_fell_back, 1);
+  EXPECT_EQ(totals.acknowledged, 2);
+  EXPECT_EQ(Updates(backup, "a"), 2);
+  ExpectSameAs(backup, primary);
+  // The push's retry is a duplicate on both.
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp, /*stream=*/true).ok());
+  EXPECT_TRUE(resp.duplicate());
   ExpectSameAs(backup, primary);
 }
 
