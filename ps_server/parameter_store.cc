@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <set>
 #include <thread>
@@ -1328,56 +1329,123 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
   EmbeddingTable& table = *t.table;
   TableOrder& order = *t.order;
   const int64_t dim = table.dim();
-  std::vector<std::vector<int64_t>> by_stripe(EmbeddingTable::kNumStripes);
-  for (int64_t i = 0; i < n; ++i) by_stripe[table.StripeOf(keys[i])].push_back(i);
-  std::vector<int> stripes;
-  for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
-    if (!by_stripe[s].empty()) stripes.push_back(s);
+  constexpr int kStripes = EmbeddingTable::kNumStripes;
+  // Each key goes to a slot: one per backup task this table has, and a last one for the keys of
+  // virtual shards without a backup. A slot's keys and gradients are laid out stripe by stripe
+  // in one buffer: for a backup, the buffer is its forward's own (each stripe's part is applied
+  // here from it and sent from it as it lies), so every key and gradient is copied once.
+  std::vector<int32_t> tasks;  // slot -> backup task
+  std::vector<int32_t> slot_of_vshard(backups.size());
+  for (size_t v = 0; v < backups.size(); ++v) {
+    if (backups[v] < 0) continue;
+    const auto at = std::find(tasks.begin(), tasks.end(), backups[v]);
+    slot_of_vshard[v] = static_cast<int32_t>(at - tasks.begin());
+    if (at == tasks.end()) tasks.push_back(backups[v]);
   }
-  // What one stripe's part sends each backup task: its number in the stripe's order for that
-  // task, and its keys and gradients.
-  struct Group {
-    int backup = -1;
-    int64_t sequence = 0;
-    std::string keys, grads;
+  const int num_slots = static_cast<int>(tasks.size()) + 1;
+  const int unbacked = num_slots - 1;
+  for (size_t v = 0; v < backups.size(); ++v) {
+    if (backups[v] < 0) slot_of_vshard[v] = unbacked;
+  }
+  const int num_buckets = kStripes * num_slots;  // bucket = stripe * num_slots + slot
+  // A counting sort in blocks of keys, on the pool's threads when given: each block counts its
+  // buckets, then writes its keys at its own offsets in them.
+  const int64_t max_blocks = pool == nullptr ? 1 : pool->num_threads() + 1;
+  const int64_t num_blocks = std::max<int64_t>(1, std::min<int64_t>(max_blocks, n / 4096));
+  const auto block_begin = [&](int64_t b) { return n * b / num_blocks; };
+  const auto for_each_block = [&](const std::function<void(int64_t)>& fn) {
+    if (num_blocks > 1) {
+      pool->ForEachIndex(num_blocks, fn);
+    } else {
+      fn(0);
+    }
   };
-  std::vector<std::vector<Group>> groups(stripes.size());
+  std::vector<uint32_t> bucket_of(n);
+  std::vector<int64_t> at(num_blocks * num_buckets, 0);  // counts, then offsets in the slot
+  for_each_block([&](int64_t b) {
+    int64_t* count = at.data() + b * num_buckets;
+    for (int64_t i = block_begin(b); i < block_begin(b + 1); ++i) {
+      const int32_t v =
+          VirtualShardOfTableKey(keys[i], order.vocabulary_size, order.num_virtual_shards);
+      const uint32_t bucket = table.StripeOf(keys[i]) * num_slots + slot_of_vshard[v];
+      bucket_of[i] = bucket;
+      ++count[bucket];
+    }
+  });
+  // Offsets: within a slot's buffer, stripe after stripe, and within a stripe block after block.
+  std::vector<int64_t> bucket_start(num_buckets), bucket_count(num_buckets, 0);
+  std::vector<int64_t> slot_keys(num_slots, 0);
+  for (int s = 0; s < kStripes; ++s) {
+    for (int slot = 0; slot < num_slots; ++slot) {
+      const int bucket = s * num_slots + slot;
+      bucket_start[bucket] = slot_keys[slot];
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t c = at[b * num_buckets + bucket];
+        at[b * num_buckets + bucket] = slot_keys[slot];
+        slot_keys[slot] += c;
+        bucket_count[bucket] += c;
+      }
+    }
+  }
+  // The buffers: the forwards' (an empty slot sends nothing), and one of this call's own.
+  std::vector<int64_t> unbacked_keys(slot_keys[unbacked]);
+  std::vector<float> unbacked_grads(slot_keys[unbacked] * dim);
+  std::vector<int64_t*> slot_key_data(num_slots);
+  std::vector<float*> slot_grad_data(num_slots);
+  for (int slot = 0; slot < unbacked; ++slot) {
+    if (slot_keys[slot] == 0) continue;
+    v1::ReplicateSparseRequest& f = (*forwards)[tasks[slot]];
+    f.set_table(request.table());
+    *f.mutable_request_id() = request.request_id();
+    f.mutable_keys()->resize(slot_keys[slot] * sizeof(int64_t));
+    f.mutable_gradients()->resize(slot_keys[slot] * dim * sizeof(float));
+    // (std::string's storage is aligned for any scalar: malloc's.)
+    slot_key_data[slot] = reinterpret_cast<int64_t*>(f.mutable_keys()->data());
+    slot_grad_data[slot] = reinterpret_cast<float*>(f.mutable_gradients()->data());
+  }
+  slot_key_data[unbacked] = unbacked_keys.data();
+  slot_grad_data[unbacked] = unbacked_grads.data();
+  for_each_block([&](int64_t b) {
+    int64_t* next = at.data() + b * num_buckets;
+    const size_t row_bytes = dim * sizeof(float);
+    for (int64_t i = block_begin(b); i < block_begin(b + 1); ++i) {
+      const uint32_t bucket = bucket_of[i];
+      const int slot = static_cast<int>(bucket % num_slots);
+      const int64_t to = next[bucket]++;
+      slot_key_data[slot][to] = keys[i];
+      std::memcpy(slot_grad_data[slot] + to * dim, grads + i * dim, row_bytes);
+    }
+  });
+  std::vector<int> stripes;
+  for (int s = 0; s < kStripes; ++s) {
+    for (int slot = 0; slot < num_slots; ++slot) {
+      if (bucket_count[s * num_slots + slot] > 0) {
+        stripes.push_back(s);
+        break;
+      }
+    }
+  }
+  // Each stripe's part is applied and numbered under the stripe's order lock (on the pool's
+  // threads, as an unreplicated push's stripes are): the numbers of its groups, by bucket.
+  std::vector<int64_t> sequence(num_buckets, 0);
   std::vector<absl::Status> status(stripes.size());
-  // The stripes apart from each other: each is applied and numbered under its own order lock
-  // (on the pool's threads, as an unreplicated push's stripes are).
   const auto apply = [&](int64_t index) {
     const int s = stripes[index];
-    const std::vector<int64_t>& at = by_stripe[s];
-    const int64_t m = static_cast<int64_t>(at.size());
-    std::vector<int64_t> part_keys(m);
-    std::vector<float> part_grads(m * dim);
-    for (int64_t j = 0; j < m; ++j) {
-      part_keys[j] = keys[at[j]];
-      std::memcpy(part_grads.data() + j * dim, grads + at[j] * dim, dim * sizeof(float));
-    }
-    std::map<int, std::vector<int64_t>> to;  // backup task -> positions in the stripe's part
-    for (int64_t j = 0; j < m; ++j) {
-      const int32_t v =
-          VirtualShardOfTableKey(part_keys[j], order.vocabulary_size, order.num_virtual_shards);
-      const int32_t backup = backups[v];
-      if (backup >= 0) to[backup].push_back(j);
-    }
     TableOrder::Stripe& stripe = order.stripes[s];
     absl::MutexLock lock(&stripe.mu);
-    status[index] = table.ApplyPush(part_keys.data(), m, part_grads.data(), nullptr, -1,
-                                    /*sample_hot_keys=*/false);
-    if (!status[index].ok()) return;
-    for (const auto& [backup, positions] : to) {
-      Group& g = groups[index].emplace_back();
-      g.backup = backup;
-      g.sequence = ++stripe.sent[backup];
-      g.keys.resize(positions.size() * sizeof(int64_t));
-      g.grads.resize(positions.size() * dim * sizeof(float));
-      for (size_t j = 0; j < positions.size(); ++j) {
-        std::memcpy(g.keys.data() + j * sizeof(int64_t), &part_keys[positions[j]], sizeof(int64_t));
-        std::memcpy(g.grads.data() + j * dim * sizeof(float),
-                    part_grads.data() + positions[j] * dim, dim * sizeof(float));
-      }
+    for (int slot = 0; slot < num_slots; ++slot) {
+      const int bucket = s * num_slots + slot;
+      const int64_t m = bucket_count[bucket];
+      if (m == 0) continue;
+      const int64_t begin = bucket_start[bucket];
+      status[index] = table.ApplyPush(slot_key_data[slot] + begin, m,
+                                      slot_grad_data[slot] + begin * dim, nullptr, -1,
+                                      /*sample_hot_keys=*/false);
+      if (!status[index].ok()) return;
+    }
+    for (int slot = 0; slot < unbacked; ++slot) {
+      const int bucket = s * num_slots + slot;
+      if (bucket_count[bucket] > 0) sequence[bucket] = ++stripe.sent[tasks[slot]];
     }
   };
   if (pool != nullptr && stripes.size() > 1) {
@@ -1386,35 +1454,20 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
     for (size_t i = 0; i < stripes.size(); ++i) apply(static_cast<int64_t>(i));
   }
   table.SampleHotKeys(keys, n);  // once for the push, as an unreplicated one
-  for (const absl::Status& s : status) PS_RETURN_IF_ERROR(s);
-  // Each backup's groups in increasing stripe order, as every forward lists them: a backup
-  // waiting in one forward for a group of another never closes a cycle. (Each forward's bytes
-  // reserved first: appended whole, without growing as they come.)
-  std::map<int, std::pair<size_t, size_t>> bytes;  // backup -> key bytes, gradient bytes
-  for (const std::vector<Group>& stripe_groups : groups) {
-    for (const Group& g : stripe_groups) {
-      bytes[g.backup].first += g.keys.size();
-      bytes[g.backup].second += g.grads.size();
-    }
-  }
-  for (const auto& [backup, sizes] : bytes) {
-    v1::ReplicateSparseRequest& f = (*forwards)[backup];
-    f.mutable_keys()->reserve(sizes.first);
-    f.mutable_gradients()->reserve(sizes.second);
-  }
-  for (size_t index = 0; index < stripes.size(); ++index) {
-    for (Group& g : groups[index]) {
-      v1::ReplicateSparseRequest& f = (*forwards)[g.backup];
-      if (f.table().empty()) {
-        f.set_table(request.table());
-        *f.mutable_request_id() = request.request_id();
-      }
+  for (const absl::Status& st : status) PS_RETURN_IF_ERROR(st);
+  // Each backup's groups in increasing stripe order, as its buffer holds them (and as every
+  // forward lists them: a backup waiting in one forward for a group of another never closes a
+  // cycle).
+  for (int slot = 0; slot < unbacked; ++slot) {
+    if (slot_keys[slot] == 0) continue;
+    v1::ReplicateSparseRequest& f = (*forwards)[tasks[slot]];
+    for (int s = 0; s < kStripes; ++s) {
+      const int bucket = s * num_slots + slot;
+      if (bucket_count[bucket] == 0) continue;
       v1::SparseStripeGroup* group = f.add_groups();
-      group->set_stripe(stripes[index]);
-      group->set_sequence(g.sequence);
-      group->set_count(static_cast<int64_t>(g.keys.size() / sizeof(int64_t)));
-      f.mutable_keys()->append(g.keys);
-      f.mutable_gradients()->append(g.grads);
+      group->set_stripe(s);
+      group->set_sequence(sequence[bucket]);
+      group->set_count(bucket_count[bucket]);
     }
   }
   return absl::OkStatus();

@@ -344,8 +344,9 @@ class ParameterStore {
   using SparseForwards = std::map<int, v1::ReplicateSparseRequest>;
   // An async push to a table with backups: applied stripe by stripe (on `pool`'s threads when
   // given), each stripe's part under its order lock, numbered for each backup task that holds
-  // some of its keys; *forwards gets those parts, in increasing stripe order. Errors as
-  // EmbeddingTable::ApplyPush.
+  // some of its keys; *forwards gets those parts, in increasing stripe order. The keys and
+  // gradients are sorted once, straight into the forwards' buffers, and applied from there.
+  // Errors as EmbeddingTable::ApplyPush (*forwards is then not to be sent).
   absl::Status ApplyPushInStripeOrder(const Table& t, const std::vector<int32_t>& backups,
                                       const v1::PushSparseRequest& request, const int64_t* keys,
                                       int64_t n, const float* grads, ThreadPool* pool,
