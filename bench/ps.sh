@@ -38,11 +38,13 @@
 # also gets `BENCH tls_<figure> <value> <unit> ratio=<TLS / plaintext>`. --kernel_tls has the
 # data plane use TLS records, encrypted by the kernel (kTLS) where it has it (the ps log says
 # which), instead of sealed chunks (common/sealed_channel.h).
-# --replication measures every configuration of 2 ps tasks or more twice in the same run (in
-# plaintext): as the chief creates it, and with every dense partition backed up on another ps
+# --replication measures every configuration of 2 ps tasks or more twice in the same run: as
+# the chief creates it, and with every dense partition and table row backed up on another ps
 # task, each push forwarded there before it is answered (issue 37, docs/replication.md);
 # replicated figures' names end in _r2, and each also gets `BENCH replicated_<figure> <value>
-# <unit> ratio=<R = 2 / R = 1>`. Sparse pushes are not forwarded yet: their ratios say nothing.
+# <unit> ratio=<R = 2 / R = 1>`. With --tls too, both are measured in both modes (the
+# forwards then go over the backups' data plane with TLS): replicated_<figure>_tls is R = 2 /
+# R = 1 with TLS, tls_<figure>_r2 TLS / plaintext at R = 2.
 # --bin_dir runs the chief, ps_server and ps_bench found in DIR instead of building them (on
 # a machine without Bazel: bench/gpu_ps.sh runs this script from the GPU machine's bundle);
 # --certs DIR gives --tls the certificates of DIR (deploy/tls/make_certs.sh's, with chief-0,
@@ -278,7 +280,7 @@ for config in $configs; do
 for replication in $replications; do
   num_ps=${config%x*}
   num_workers=${config#*x}
-  if [[ $replication -gt 1 && ( $num_ps -lt 2 || $tls_mode == tls ) ]]; then continue; fi
+  if [[ $replication -gt 1 && $num_ps -lt 2 ]]; then continue; fi
   tag="${num_ps}ps${num_workers}w"
   [[ $transport == grpc ]] && tag="${tag}_grpc"
   [[ $replication -gt 1 ]] && tag="${tag}_r${replication}"
@@ -342,7 +344,8 @@ for line in open(path):
     _, name, value, unit, _ = line.split()
     figures[name] = (float(value), unit)
 for name, (value, unit) in figures.items():
-    if suffix not in name or name.startswith("loopback"):
+    # (Not the ratios of an earlier pass: replicated_<figure>_tls is not a TLS figure.)
+    if suffix not in name or name.startswith(("loopback", "replicated_", "tls_")):
         continue
     plain = name.replace(suffix, "", 1)
     if plain not in figures or figures[plain][0] == 0:

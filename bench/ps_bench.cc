@@ -130,7 +130,7 @@ DEFINE_int32(replication, 1,
              "2: before measuring, give every dense partition a backup on another ps task "
              "(issue 37: the chief's placement with replication 2, created as a chief that runs "
              "it would) so that each push is forwarded to its backup before it is answered. "
-             "Plaintext only (creating shards takes the chief's role).");
+             "With --tls_dir, the backups are created with chief-0's certificate there.");
 DEFINE_string(tls_dir, "",
               "Mutual TLS on both planes, as a deployed cluster runs: a deploy/tls/make_certs.sh "
               "folder; client w uses worker-w's certificate (ca.pem, worker-<w>.pem and .key), "
@@ -140,15 +140,18 @@ DEFINE_bool(kernel_tls, false,
 
 namespace {
 
-// Worker `w`'s TLS files in --tls_dir (plaintext without it).
-pscluster::TlsConfig WorkerTls(int w) {
+// Task `holder`'s TLS files in --tls_dir ("worker-0", "chief-0"; plaintext without it).
+pscluster::TlsConfig TlsOf(const std::string& holder) {
   pscluster::TlsConfig tls;
   if (FLAGS_tls_dir.empty()) return tls;
   tls.ca_file = FLAGS_tls_dir + "/ca.pem";
-  tls.cert_file = absl::StrCat(FLAGS_tls_dir, "/worker-", w, ".pem");
-  tls.key_file = absl::StrCat(FLAGS_tls_dir, "/worker-", w, ".key");
+  tls.cert_file = absl::StrCat(FLAGS_tls_dir, "/", holder, ".pem");
+  tls.key_file = absl::StrCat(FLAGS_tls_dir, "/", holder, ".key");
   return tls;
 }
+
+// Worker `w`'s TLS files in --tls_dir (plaintext without it).
+pscluster::TlsConfig WorkerTls(int w) { return TlsOf(absl::StrCat("worker-", w)); }
 
 }  // namespace
 
@@ -918,18 +921,19 @@ int Main() {
       FetchModel(FLAGS_chief, absl::Seconds(FLAGS_model_timeout_seconds));
   if (!model.ok()) return Fail(std::string(model.status().message()), 1);
   if (FLAGS_replication >= 2) {
-    if (!FLAGS_tls_dir.empty()) return Fail("--replication 2 needs plaintext (no --tls_dir)", 2);
     v1::PlacementOptions options = model->placement().options();
     options.set_replication(FLAGS_replication);
     absl::StatusOr<v1::Placement> replicated =
         ComputePlacement(model->model(), model->placement().num_ps(), options);
     if (!replicated.ok()) return Fail(std::string(replicated.status().message()), 2);
     *model->mutable_placement() = *std::move(replicated);
+    GrpcPsTransportOptions as_chief;  // with TLS, the chief's certificate: creating is its role
+    as_chief.tls = TlsOf("chief-0");
     absl::StatusOr<std::unique_ptr<ParameterClient>> creator = ParameterClient::Create(
         model->model(), model->placement(),
         std::make_unique<GrpcPsTransport>(
             std::vector<std::string>(model->ps_addresses().begin(), model->ps_addresses().end()),
-            GrpcPsTransportOptions()),
+            as_chief),
         ParameterClientOptions());
     if (!creator.ok()) return Fail(std::string(creator.status().message()), 1);
     CreateShardsOptions create;
