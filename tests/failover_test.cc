@@ -28,6 +28,7 @@
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "sharding/sparse_hash.h"
+#include "testing/child_process.h"
 #include "testing/model_snapshot.h"
 #include "testing/test_cluster.h"
 
@@ -697,10 +698,28 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training
 // goes on through the failover to the end, no checkpoint is restored (there is none), and the
 // final model is as good as an undisturbed one.
-TEST(FailoverTrainingTest, WorkersTrainThroughAFailoverToAGoodModel) {
+// Workers training the softmax model in async mode, a ps task killed with SIGKILL in the middle:
+// the chief fails it over, the workers follow, and the model still learns. Also with mutual TLS
+// on every channel, as a deployed cluster runs (a daemon bound off loopback refuses to start
+// without it): the forwards to the backups then go over the backups' sealed data plane, each
+// ps task dialing with its own certificate.
+class FailoverTrainingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FailoverTrainingTest, WorkersTrainThroughAFailoverToAGoodModel) {
+  const bool tls = GetParam();
   TestClusterOptions options;
   options.num_ps = kNumPs;
   options.num_workers = 2;
+  if (tls) {
+    options.tls_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/certs");
+    const ShellResult made = RunShellCommand(
+        absl::StrCat("exec bash '", RunfilePath("deploy/tls/make_certs.sh"), "' --out '",
+                     options.tls_dir,
+                     "' --cluster mnist --chief_hosts 127.0.0.1:0 --ps_hosts "
+                     "127.0.0.1:0,127.0.0.1:0,127.0.0.1:0 --worker_hosts 127.0.0.1:0,127.0.0.1:0"),
+        absl::StrCat(getenv("TEST_TMPDIR"), "/make_certs.log"));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
   options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
                             "--mode=async",
                             "--replication=2",
@@ -736,7 +755,18 @@ TEST(FailoverTrainingTest, WorkersTrainThroughAFailoverToAGoodModel) {
                 HasSubstr("ps tasks failed over to their backups: 2"))
         << "worker:" << w;
   }
+  for (int ps = 0; ps < 2; ++ps) {  // the two that lived
+    const std::string log = cluster.ps(ps).LogTail(5000);
+    EXPECT_THAT(log, HasSubstr("forwarding updates to the backups over their tensor data plane"))
+        << "ps:" << ps;
+    EXPECT_THAT(log, HasSubstr(tls ? " (mutual TLS)" : " (plaintext)")) << "ps:" << ps;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(PlaintextAndTls, FailoverTrainingTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Tls" : "Plaintext";
+                         });
 
 }  // namespace
 }  // namespace pscluster
