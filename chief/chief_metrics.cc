@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -11,6 +13,35 @@
 #include "storage/checkpoint.h"
 
 namespace pscluster {
+
+std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterStatus& status) {
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> families;
+  if (status.rebuilds_size() == 0) return families;
+  FamilyBuilder state("pscluster_backup_rebuild_state",
+                      "1 for the state of the rebuild of backups onto each ps task failed over "
+                      "that came back (copying, done, dropping: lost again)",
+                      MetricType::Gauge);
+  FamilyBuilder primaries("pscluster_backup_rebuild_primaries",
+                          "Primaries whose partitions the task is to back up, and of those "
+                          "(done=\"true\") the ones whose copies it holds",
+                          MetricType::Gauge);
+  FamilyBuilder bytes("pscluster_backup_rebuild_bytes",
+                      "Bytes copied onto the task since its rebuild began", MetricType::Gauge);
+  for (const v1::BackupRebuild& r : status.rebuilds()) {
+    const std::string ps = absl::StrCat(r.ps_task());
+    std::string name = absl::AsciiStrToLower(v1::BackupRebuildState_Name(r.state()));
+    if (absl::StartsWith(name, "backup_rebuild_")) name = name.substr(15);
+    state.Add(1, {{"ps", ps}, {"state", name}});
+    primaries.Add(r.primaries(), {{"ps", ps}, {"done", "false"}});
+    primaries.Add(r.primaries_done(), {{"ps", ps}, {"done", "true"}});
+    bytes.Add(static_cast<double>(r.bytes_copied()), {{"ps", ps}});
+  }
+  families.push_back(std::move(state).Build());
+  families.push_back(std::move(primaries).Build());
+  families.push_back(std::move(bytes).Build());
+  return families;
+}
 
 std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& core) {
   using prometheus::MetricType;
@@ -68,6 +99,10 @@ std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& cor
       FamilyBuilder("pscluster_chief_phase", "1 for the chief's current phase", MetricType::Gauge)
           .Add(1, {{"phase", v1::ChiefPhase_Name(status.phase())}})
           .Build());
+
+  for (prometheus::MetricFamily& f : RebuildMetricFamilies(status)) {
+    families.push_back(std::move(f));
+  }
 
   if (!status.last_checkpoint().empty()) {
     absl::StatusOr<v1::CheckpointManifest> m = ReadManifest(status.last_checkpoint());

@@ -14,6 +14,12 @@ namespace pscluster {
 // age (from its manifest).
 std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& core);
 
+// Part of ChiefMetricFamilies: the rebuilds of backups in `status` (replication 2), one series
+// per ps task rebuilt: pscluster_backup_rebuild_state{ps,state} (1 for its state: copying,
+// done, dropping), pscluster_backup_rebuild_primaries{ps,done} and
+// pscluster_backup_rebuild_bytes{ps}. None without rebuilds.
+std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterStatus& status);
+
 }  // namespace pscluster
 
 #endif  // PSCLUSTER_CHIEF_CHIEF_METRICS_H_

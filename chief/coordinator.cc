@@ -486,7 +486,11 @@ void Coordinator::ResetRebuildLocked(RebuildState* state) {
   state->pending = true;
   state->shards = 0;
   state->bytes = 0;
+  state->primaries = 0;
+  state->tries = 0;
+  state->last_error.clear();
   state->since = clock_->Now();
+  state->done = absl::InfinitePast();
   state->next_try = state->since;
   state->pause = absl::Milliseconds(500);
 }
@@ -600,6 +604,12 @@ void Coordinator::RebuildOnto(int ps) {
       primaries.insert(p.ps_task());
     }
   }
+  {
+    absl::MutexLock lock(&rebuild_mu_);
+    RebuildState& state = rebuild_[ps];
+    state.primaries = static_cast<int>(done.size() + primaries.size());
+    if (!primaries.empty()) ++state.tries;
+  }
   CreateShardsOptions create;
   {
     absl::MutexLock lock(&mu_);
@@ -625,6 +635,7 @@ void Coordinator::RebuildOnto(int ps) {
     if (state.drop) return;
     if (!s.ok()) {
       all = false;
+      state.last_error = absl::StrCat("ps:", primary, ": ", s.ToString());
       LOG_EVERY_N(WARNING, 10) << "rebuild of ps:" << primary << "'s backups on ps:" << ps
                                << " failed (tried again): " << s;
       continue;
@@ -642,6 +653,8 @@ void Coordinator::RebuildOnto(int ps) {
     return;
   }
   state.pending = false;
+  state.done = clock_->Now();
+  state.last_error.clear();
   int tables = 0;  // virtual shards of the tables it backed up (not rebuilt)
   for (int t = 0; t < num_ps_; ++t) {
     for (const auto& [v, backup] : TableBackupsOf(t)) tables += !failed[t] && backup == ps;
@@ -650,6 +663,26 @@ void Coordinator::RebuildOnto(int ps) {
                << state.bytes << " bytes copied from their primaries while pushes went on, in "
                << absl::FormatDuration(clock_->Now() - state.since) << " since it was scheduled"
                << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
+}
+
+void Coordinator::FillRebuilds(v1::ClusterStatus* resp) const {
+  absl::MutexLock lock(&rebuild_mu_);
+  for (const auto& [ps, state] : rebuild_) {
+    if (!state.pending && !state.drop && state.done == absl::InfinitePast()) continue;
+    v1::BackupRebuild* r = resp->add_rebuilds();
+    r->set_ps_task(ps);
+    r->set_state(state.drop      ? v1::BACKUP_REBUILD_DROPPING
+                 : state.pending ? v1::BACKUP_REBUILD_COPYING
+                                 : v1::BACKUP_REBUILD_DONE);
+    r->set_primaries_done(static_cast<int32_t>(state.rebuilt.size()));
+    r->set_primaries(std::max(state.primaries, static_cast<int>(state.rebuilt.size())));
+    r->set_shards_copied(state.shards);
+    r->set_bytes_copied(state.bytes);
+    r->set_tries(state.tries);
+    r->set_last_error(state.last_error);
+    r->set_since_unix_micros(absl::ToUnixMicros(state.since));
+    if (!state.pending && !state.drop) r->set_done_unix_micros(absl::ToUnixMicros(state.done));
+  }
 }
 
 std::vector<std::pair<int, int>> Coordinator::TableBackupsOf(int ps) const {
@@ -1491,6 +1524,7 @@ void Coordinator::GetClusterStatus(v1::ClusterStatus* resp) const {
   }
   resp->set_global_step(CurrentStep());
   *resp->mutable_sync() = options_.sync;
+  FillRebuilds(resp);
   absl::MutexLock lock(&mu_);
   std::string state = names.empty() ? absl::StrCat("all tasks serving; ", init_state_)
                                     : absl::StrCat("waiting for ", absl::StrJoin(names, ", "),

@@ -267,7 +267,11 @@ class Coordinator {
     int drops_in_flight = 0;  // the maintenance thread's, under way
     int64_t shards = 0;       // copied onto it since it came back, and their bytes
     int64_t bytes = 0;
-    absl::Time since;  // when it came back
+    int primaries = 0;  // to back up, as the last try counted them
+    int tries = 0;
+    std::string last_error;  // the last failed copy's
+    absl::Time since;        // when it came back
+    absl::Time done = absl::InfinitePast();
     absl::Time next_try;
     absl::Duration pause;      // before the next try after a failure
     absl::Time drop_next_try;  // the same for the drop
@@ -275,8 +279,10 @@ class Coordinator {
   };
   // A rebuild from the start (its counts and pause).
   void ResetRebuildLocked(RebuildState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rebuild_mu_);
+  // ClusterStatus.rebuilds.
+  void FillRebuilds(v1::ClusterStatus* resp) const ABSL_LOCKS_EXCLUDED(rebuild_mu_);
   absl::Mutex follow_mu_;  // FollowPs's
-  absl::Mutex rebuild_mu_;
+  mutable absl::Mutex rebuild_mu_;
   std::map<int, RebuildState> rebuild_ ABSL_GUARDED_BY(rebuild_mu_);
   bool rebuild_wake_ ABSL_GUARDED_BY(rebuild_mu_) = false;
   // Failed-over primaries whose partitions were lost with the task that had taken them over

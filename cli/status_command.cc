@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cli/command_output.h"
 #include "cli/live_cluster.h"
 #include "cli/table.h"
 #include "client/grpc_channel.h"
@@ -151,6 +152,31 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
       const absl::Duration since =
           absl::Now() - absl::FromUnixMicros(status.phase_since_unix_micros());
       absl::StrAppend(&out, ", for ", absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  // Replication 2: backups rebuilt onto failed-over tasks that came back.
+  for (const v1::BackupRebuild& r : status.rebuilds()) {
+    absl::StrAppend(&out, "backups rebuilt onto ps:", r.ps_task(), ": ");
+    const absl::Time since = absl::FromUnixMicros(r.since_unix_micros());
+    switch (r.state()) {
+      case v1::BACKUP_REBUILD_DONE:
+        absl::StrAppend(&out, "done, ", r.primaries_done(), " of ", r.primaries(), " primaries, ",
+                        r.shards_copied(), " dense shards, ", HumanBytes(r.bytes_copied()),
+                        " copied in ",
+                        absl::FormatDuration(absl::FromUnixMicros(r.done_unix_micros()) - since));
+        break;
+      case v1::BACKUP_REBUILD_DROPPING:
+        absl::StrAppend(&out, "lost again, its primaries told to stop forwarding to it");
+        break;
+      default:
+        absl::StrAppend(&out, "copying, ", r.primaries_done(), " of ", r.primaries(),
+                        " primaries, ", r.shards_copied(), " dense shards, ",
+                        HumanBytes(r.bytes_copied()), " copied, for ",
+                        absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Seconds(1))));
+        if (r.tries() > 1) absl::StrAppend(&out, ", try ", r.tries());
+        if (!r.last_error().empty()) absl::StrAppend(&out, " (last error: ", r.last_error(), ")");
+        break;
     }
     absl::StrAppend(&out, "\n");
   }

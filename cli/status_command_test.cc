@@ -61,5 +61,45 @@ TEST(StatusCommandTest, TableShowsRatesOfMeasuredTasksAndWhoTheStepWaitsFor) {
               HasSubstr("mode: ssp (staleness 2, 8 local steps per worker push)\n"));
 }
 
+// Replication 2: each rebuild of backups onto a failed-over task that came back, in its state.
+TEST(StatusCommandTest, ShowsEachRebuildOfBackups) {
+  v1::ClusterStatus status;
+  EXPECT_THAT(FormatClusterStatus(status), Not(HasSubstr("backups rebuilt")));
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        rebuilds {
+          ps_task: 1
+          state: BACKUP_REBUILD_DONE
+          primaries_done: 2
+          primaries: 2
+          shards_copied: 3
+          bytes_copied: 3072
+          since_unix_micros: 1000000
+          done_unix_micros: 1250000
+        }
+        rebuilds {
+          ps_task: 2
+          state: BACKUP_REBUILD_COPYING
+          primaries_done: 1
+          primaries: 3
+          shards_copied: 1
+          bytes_copied: 1024
+          tries: 2
+          last_error: "ps:0: UNAVAILABLE: connection refused"
+          since_unix_micros: 1000000
+        }
+        rebuilds { ps_task: 0 state: BACKUP_REBUILD_DROPPING }
+      )pb",
+      &status));
+  const std::string text = FormatClusterStatus(status);
+  EXPECT_THAT(text, HasSubstr("backups rebuilt onto ps:1: done, 2 of 2 primaries, 3 dense "
+                              "shards, 3.0 KiB copied in 250ms\n"));
+  EXPECT_THAT(text, HasSubstr("backups rebuilt onto ps:2: copying, 1 of 3 primaries, 1 dense "
+                              "shards, 1.0 KiB copied, for "));
+  EXPECT_THAT(text, HasSubstr(", try 2 (last error: ps:0: UNAVAILABLE: connection refused)\n"));
+  EXPECT_THAT(text, HasSubstr("backups rebuilt onto ps:0: lost again, its primaries told to "
+                              "stop forwarding to it\n"));
+}
+
 }  // namespace
 }  // namespace pscluster

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cli/live_cluster.h"
+#include "cli/status_command.h"
 #include "cli/vars_command.h"
 #include "client/cluster_client.h"
 #include "client/grpc_channel.h"
@@ -474,9 +475,11 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   }
   ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
   int backed_on_x = 0, rebuilt_on_x = 0;  // P's partitions backed up on X; every task's
+  std::set<int> primaries_on_x;           // the tasks whose partitions X backs up
   for (const v1::DensePartition& part : m.placement().partitions()) {
     backed_on_x += part.ps_task() == p && part.backup_ps_task() == x;
     rebuilt_on_x += part.backup_ps_task() == x;
+    if (part.backup_ps_task() == x) primaries_on_x.insert(part.ps_task());
   }
   auto await_log = [&](const std::string& text) {
     const absl::Time until = absl::Now() + absl::Seconds(60);
@@ -568,6 +571,25 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
       }
     }
     EXPECT_EQ(held, rebuilt_on_x) << FormatVarsReport(report);
+  }
+  // psctl status (and Prometheus, from the same ClusterStatus) shows the rebuild done: every
+  // primary that X backs up, its shards and their bytes.
+  std::unique_ptr<v1::Coordinator::Stub> chief_stub = ChiefStubOf(cluster);
+  {
+    const v1::ClusterStatus status = ClusterStatusOf(*chief_stub);
+    ASSERT_EQ(status.rebuilds_size(), 1) << status.DebugString();
+    const v1::BackupRebuild& r = status.rebuilds(0);
+    EXPECT_EQ(r.ps_task(), x);
+    EXPECT_EQ(r.state(), v1::BACKUP_REBUILD_DONE) << r.DebugString();
+    EXPECT_EQ(r.primaries_done(), r.primaries()) << r.DebugString();
+    EXPECT_EQ(r.primaries(), static_cast<int>(primaries_on_x.size())) << r.DebugString();
+    EXPECT_EQ(r.shards_copied(), rebuilt_on_x) << r.DebugString();
+    EXPECT_GE(r.bytes_copied(), 1024 * rebuilt_on_x) << r.DebugString();
+    EXPECT_GE(r.done_unix_micros(), r.since_unix_micros()) << r.DebugString();
+    EXPECT_THAT(FormatClusterStatus(status),
+                HasSubstr(absl::StrCat("backups rebuilt onto ps:", x, ": done, ",
+                                       primaries_on_x.size(), " of ", primaries_on_x.size(),
+                                       " primaries, ", rebuilt_on_x, " dense shards")));
   }
   // Bad copies sent to X as P's (no TLS here: any caller may): a size other than its backup's,
   // and more bytes than announced, are refused and change nothing (X's copy is what serves
@@ -692,6 +714,11 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " is lost, and with it the only copy of the ",
                                      "partitions it took over from ps:", p)))
       << cluster.Logs(40);
+  // Its rebuild is no longer done: dropping, then (async) waiting to copy again once it serves.
+  const v1::ClusterStatus lost = ClusterStatusOf(*chief_stub);
+  ASSERT_EQ(lost.rebuilds_size(), 1) << lost.DebugString();
+  EXPECT_NE(lost.rebuilds(0).state(), v1::BACKUP_REBUILD_DONE) << lost.DebugString();
+  EXPECT_EQ(lost.rebuilds(0).primaries_done(), 0) << lost.DebugString();
 }
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
