@@ -1397,9 +1397,12 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
     v1::ReplicateSparseRequest& f = (*forwards)[tasks[slot]];
     f.set_table(request.table());
     *f.mutable_request_id() = request.request_id();
+    // Reserved beyond any string's inline buffer first, so that the storage is malloc's,
+    // aligned for any scalar (an inline one need not be).
+    f.mutable_keys()->reserve(std::max<size_t>(slot_keys[slot] * sizeof(int64_t), 64));
+    f.mutable_gradients()->reserve(std::max<size_t>(slot_keys[slot] * dim * sizeof(float), 64));
     f.mutable_keys()->resize(slot_keys[slot] * sizeof(int64_t));
     f.mutable_gradients()->resize(slot_keys[slot] * dim * sizeof(float));
-    // (std::string's storage is aligned for any scalar: malloc's.)
     slot_key_data[slot] = reinterpret_cast<int64_t*>(f.mutable_keys()->data());
     slot_grad_data[slot] = reinterpret_cast<float*>(f.mutable_gradients()->data());
   }

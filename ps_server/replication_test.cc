@@ -5,11 +5,13 @@
 // real one (gRPC between ps daemons) is tested in tests/ps_cluster_test.cc.
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -21,6 +23,7 @@
 #include "ps_server/parameter_store.h"
 #include "ps_server/ps_metrics.h"
 #include "ps_server/push_forwarder.h"
+#include "sharding/sparse_hash.h"
 
 namespace pscluster {
 namespace {
@@ -923,6 +926,108 @@ TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
   EXPECT_EQ(count, 100);
   EXPECT_EQ(Rows(backup).first, rows);  // bit for bit
   EXPECT_EQ(Rows(backup).second, count);
+}
+
+// Forwards each table forward to the store of its backup task.
+class TableForwarder : public PushForwarder {
+ public:
+  explicit TableForwarder(std::map<int, ParameterStore*> backups) : backups_(std::move(backups)) {}
+  absl::Status Forward(const ForwardList&) override {
+    return absl::UnimplementedError("tables only");
+  }
+  absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override {
+    auto it = backups_.find(backup);
+    if (it == backups_.end()) return absl::NotFoundError(absl::StrCat("no ps:", backup));
+    forwards_.fetch_add(1);
+    v1::ReplicateSparseResponse resp;
+    return it->second->ApplyReplicatedSparse(request, &resp);
+  }
+  int forwards() const { return forwards_.load(); }
+
+ private:
+  const std::map<int, ParameterStore*> backups_;
+  std::atomic<int> forwards_{0};
+};
+
+// Large pushes (sorted in blocks on the apply pool's threads) to a table whose virtual shards
+// are backed up on two tasks: each backup ends with exactly the rows of its virtual shards, bit
+// for bit the primary's.
+TEST(ReplicationTest, LargeTablePushesReachEachOfTheirBackupsBitForBit) {
+  v1::CreateShardsRequest req;
+  v1::TableShardSpec* t = req.add_tables();
+  *t = EmbSpec();
+  v1::CreateShardsResponse resp;
+  ParameterStoreOptions pooled;
+  pooled.apply_threads = 3;
+  ParameterStore backup1(pooled), backup2(pooled);
+  ASSERT_TRUE(backup1.CreateShards(req, &resp).ok());
+  ASSERT_TRUE(backup2.CreateShards(req, &resp).ok());
+  // Virtual shards 0 and 2 on ps:1, 1 and 3 on ps:2.
+  for (int b : {1, 2, 1, 2}) t->add_virtual_shard_backups(b);
+  req.set_replication(2);
+  TableForwarder forwarder({{1, &backup1}, {2, &backup2}});
+  ParameterStoreOptions options = pooled;
+  options.forwarder = &forwarder;
+  ParameterStore primary(options);
+  const absl::Status created = primary.CreateShards(req, &resp);
+  ASSERT_TRUE(created.ok()) << created;
+  constexpr int64_t kKeys = 40000, kSpace = 60000;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < 3; ++i) {
+        v1::PushSparseRequest push;
+        push.set_table("emb");
+        push.set_worker(c);
+        push.mutable_request_id()->set_client(200 + c);
+        push.mutable_request_id()->set_seq(i);
+        std::vector<int64_t> keys(kKeys);
+        for (int64_t k = 0; k < kKeys; ++k) keys[k] = (k * 7919 + i * 101 + c * 13) % kSpace;
+        keys[kKeys - 1] = keys[0];  // a repeated key
+        std::vector<float> grads(keys.size() * 4);
+        for (size_t j = 0; j < grads.size(); ++j) {
+          grads[j] = 0.125f * static_cast<float>((j * 5 + i * 3 + c) % 9) - 0.5f;
+        }
+        push.set_gradients(
+            std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+        v1::PushSparseResponse answer;
+        if (!primary.PushSparse(push, keys.data(), kKeys, push.gradients(), &answer).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+  EXPECT_EQ(forwarder.forwards(), 2 * 3 * 2);  // each push, to each backup
+  // Every key's row, on the primary and on the backup of its virtual shard (if any).
+  v1::InspectShardRequest ask;
+  ask.mutable_shard()->set_variable("emb");
+  ask.mutable_shard()->set_partition(-1);
+  for (int64_t k = 0; k < kSpace; ++k) ask.add_keys(k);
+  absl::StatusOr<v1::InspectShardResponse> p = primary.Inspect(ask);
+  absl::StatusOr<v1::InspectShardResponse> b1 = backup1.Inspect(ask);
+  absl::StatusOr<v1::InspectShardResponse> b2 = backup2.Inspect(ask);
+  ASSERT_TRUE(p.ok() && b1.ok() && b2.ok());
+  std::map<int64_t, std::string> on[3];  // primary, ps:1, ps:2
+  const v1::InspectShardResponse* from[3] = {&*p, &*b1, &*b2};
+  for (int s = 0; s < 3; ++s) {
+    for (int j = 0; j < from[s]->found_keys_size(); ++j) {
+      on[s][from[s]->found_keys(j)] = from[s]->found_rows().substr(j * 4 * 4, 4 * 4);
+    }
+  }
+  ASSERT_GT(on[0].size(), 40000u);
+  size_t backed = 0;
+  for (const auto& [key, row] : on[0]) {
+    const int v = VirtualShardOfTableKey(key, /*vocabulary_size=*/0, /*num_virtual_shards=*/4);
+    const int b = v % 2 == 0 ? 1 : 2;
+    ASSERT_EQ(on[b].count(key), 1u) << "key " << key << " is not on ps:" << b;
+    EXPECT_EQ(on[b][key], row) << "key " << key << " on ps:" << b;
+    EXPECT_EQ(on[3 - b].count(key), 0u) << "key " << key << " is on ps:" << 3 - b;
+    ++backed;
+  }
+  EXPECT_EQ(on[1].size() + on[2].size(), backed);
 }
 
 TEST(ReplicationTest, TableForwardsThatArriveOutOfOrderAreAppliedInEachStripesOrder) {
