@@ -23,9 +23,9 @@ std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterSta
                       "that came back (copying, done, dropping: lost again)",
                       MetricType::Gauge);
   FamilyBuilder primaries("pscluster_backup_rebuild_primaries",
-                          "Primaries whose partitions the task is to back up, and of those "
-                          "(done=\"true\") the ones whose copies it holds",
-                          MetricType::Gauge);
+                          "Primaries whose partitions the task is to back up", MetricType::Gauge);
+  FamilyBuilder done("pscluster_backup_rebuild_primaries_done",
+                     "Of those, the primaries whose copies it holds", MetricType::Gauge);
   FamilyBuilder bytes("pscluster_backup_rebuild_bytes",
                       "Bytes copied onto the task since its rebuild began", MetricType::Gauge);
   for (const v1::BackupRebuild& r : status.rebuilds()) {
@@ -33,12 +33,13 @@ std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterSta
     std::string name = absl::AsciiStrToLower(v1::BackupRebuildState_Name(r.state()));
     if (absl::StartsWith(name, "backup_rebuild_")) name = name.substr(15);
     state.Add(1, {{"ps", ps}, {"state", name}});
-    primaries.Add(r.primaries(), {{"ps", ps}, {"done", "false"}});
-    primaries.Add(r.primaries_done(), {{"ps", ps}, {"done", "true"}});
+    primaries.Add(r.primaries(), {{"ps", ps}});
+    done.Add(r.primaries_done(), {{"ps", ps}});
     bytes.Add(static_cast<double>(r.bytes_copied()), {{"ps", ps}});
   }
   families.push_back(std::move(state).Build());
   families.push_back(std::move(primaries).Build());
+  families.push_back(std::move(done).Build());
   families.push_back(std::move(bytes).Build());
   return families;
 }

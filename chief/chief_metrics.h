@@ -16,8 +16,9 @@ std::vector<prometheus::MetricFamily> ChiefMetricFamilies(const Coordinator& cor
 
 // Part of ChiefMetricFamilies: the rebuilds of backups in `status` (replication 2), one series
 // per ps task rebuilt: pscluster_backup_rebuild_state{ps,state} (1 for its state: copying,
-// done, dropping), pscluster_backup_rebuild_primaries{ps,done} and
-// pscluster_backup_rebuild_bytes{ps}. None without rebuilds.
+// done, dropping), pscluster_backup_rebuild_primaries{ps} (to back up),
+// pscluster_backup_rebuild_primaries_done{ps} and pscluster_backup_rebuild_bytes{ps}. None
+// without rebuilds.
 std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterStatus& status);
 
 }  // namespace pscluster

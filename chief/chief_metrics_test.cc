@@ -46,8 +46,8 @@ TEST(ChiefMetricsTest, EachRebuildOfBackupsIsASeriesOfItsTask) {
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_state{ps=\"1\",state=\"done\"} 1"));
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_state{ps=\"2\",state=\"copying\"} 1"));
   EXPECT_THAT(text, Not(HasSubstr("state=\"dropping\"")));
-  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_primaries{ps=\"2\",done=\"false\"} 3"));
-  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_primaries{ps=\"2\",done=\"true\"} 1"));
+  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_primaries{ps=\"2\"} 3"));
+  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_primaries_done{ps=\"2\"} 1"));
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_bytes{ps=\"1\"} 3072"));
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_bytes{ps=\"2\"} 1024"));
 }

@@ -343,8 +343,10 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     {
       absl::MutexLock lock(&rebuild_mu_);
       auto it = rebuild_.find(ps);
-      if (it == rebuild_.end() || it->second.drop ||
-          (it->second.rebuilt.empty() && it->second.asked.empty())) {
+      if (it == rebuild_.end() || it->second.drop) continue;
+      if (it->second.rebuilt.empty() && it->second.asked.empty()) {
+        // Nothing to drop; a rebuild done with nothing on it is no longer done.
+        if (!it->second.pending) it->second.done = absl::InfinitePast();
         continue;
       }
       it->second.rebuilt.clear();
@@ -608,7 +610,13 @@ void Coordinator::RebuildOnto(int ps) {
     absl::MutexLock lock(&rebuild_mu_);
     RebuildState& state = rebuild_[ps];
     state.primaries = static_cast<int>(done.size() + primaries.size());
-    if (!primaries.empty()) ++state.tries;
+    // (A try: one that asks a primary; those down are only waited for.)
+    for (int primary : primaries) {
+      if (!down[primary]) {
+        ++state.tries;
+        break;
+      }
+    }
   }
   CreateShardsOptions create;
   {
@@ -681,7 +689,10 @@ void Coordinator::FillRebuilds(v1::ClusterStatus* resp) const {
     r->set_tries(state.tries);
     r->set_last_error(state.last_error);
     r->set_since_unix_micros(absl::ToUnixMicros(state.since));
-    if (!state.pending && !state.drop) r->set_done_unix_micros(absl::ToUnixMicros(state.done));
+    const bool done = !state.pending && !state.drop;
+    if (done) r->set_done_unix_micros(absl::ToUnixMicros(state.done));
+    r->set_elapsed_micros(
+        absl::ToInt64Microseconds((done ? state.done : clock_->Now()) - state.since));
   }
 }
 

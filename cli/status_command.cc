@@ -158,13 +158,12 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
   // Replication 2: backups rebuilt onto failed-over tasks that came back.
   for (const v1::BackupRebuild& r : status.rebuilds()) {
     absl::StrAppend(&out, "backups rebuilt onto ps:", r.ps_task(), ": ");
-    const absl::Time since = absl::FromUnixMicros(r.since_unix_micros());
+    const absl::Duration elapsed = absl::Microseconds(r.elapsed_micros());  // the chief's clock
     switch (r.state()) {
       case v1::BACKUP_REBUILD_DONE:
         absl::StrAppend(&out, "done, ", r.primaries_done(), " of ", r.primaries(), " primaries, ",
                         r.shards_copied(), " dense shards, ", HumanBytes(r.bytes_copied()),
-                        " copied in ",
-                        absl::FormatDuration(absl::FromUnixMicros(r.done_unix_micros()) - since));
+                        " copied in ", absl::FormatDuration(elapsed));
         break;
       case v1::BACKUP_REBUILD_DROPPING:
         absl::StrAppend(&out, "lost again, its primaries told to stop forwarding to it");
@@ -173,7 +172,7 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
         absl::StrAppend(&out, "copying, ", r.primaries_done(), " of ", r.primaries(),
                         " primaries, ", r.shards_copied(), " dense shards, ",
                         HumanBytes(r.bytes_copied()), " copied, for ",
-                        absl::FormatDuration(absl::Trunc(absl::Now() - since, absl::Seconds(1))));
+                        absl::FormatDuration(absl::Trunc(elapsed, absl::Seconds(1))));
         if (r.tries() > 1) absl::StrAppend(&out, ", try ", r.tries());
         if (!r.last_error().empty()) absl::StrAppend(&out, " (last error: ", r.last_error(), ")");
         break;
