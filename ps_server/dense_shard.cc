@@ -267,7 +267,7 @@ void DenseShard::set_backup_ps_task(int task, int64_t generation) {
 }
 
 absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
-                                          int64_t* updates) {
+                                          int64_t* updates, const std::function<void()>& at_copy) {
   bytes->resize(static_cast<size_t>(state_bytes()));  // (allocated before the lock)
   absl::MutexLock lock(&mu_);
   const int current = backup_ps_task_.load(std::memory_order_relaxed);
@@ -281,6 +281,7 @@ absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::s
   *updates = updates_;
   backup_generation_.store(generation, std::memory_order_relaxed);
   backup_ps_task_.store(backup, std::memory_order_relaxed);
+  if (at_copy) at_copy();
   return absl::OkStatus();
 }
 

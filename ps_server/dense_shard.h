@@ -131,9 +131,10 @@ class DenseShard {
   // the backup set to `backup` (of `generation`), both under one hold of the lock (as a
   // writer: two copies for two tasks cannot both pass the check): every update after the copy
   // sees the backup (and is forwarded), none before it does. FAILED_PRECONDITION, copying
-  // nothing, when the shard's backup is another task.
+  // nothing, when the shard's backup is another task. `at_copy` (optional) runs under the same
+  // hold, after the copy: what it reads is ordered with the shard's updates.
   absl::Status CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
-                                int64_t* updates);
+                                int64_t* updates, const std::function<void()>& at_copy = nullptr);
   // Sets the backup to none if it is `backup` of `generation` (a task lost: DropBackup, or
   // lost again while a copy was made for it); whether it did.
   bool ClearBackupIf(int backup, int64_t generation);

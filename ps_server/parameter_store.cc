@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -580,7 +581,15 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
       early = SendCommits(streams, at, whole);
     };
   }
-  ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered);
+  // Answered (recorded in the ledger, or failed) by the time this returns: a copy for a new
+  // backup taken after the apply waits for that (CopyForNewBackup; only a store that forwards
+  // makes copies).
+  int64_t applied_as = -1;
+  const absl::Cleanup answered = [&] {
+    if (applied_as >= 0) NoteAnswered(applied_as);
+  };
+  ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered,
+                 options_.forwarder != nullptr ? &applied_as : nullptr);
   bool streams_fit = false;
   absl::Status committed;
   if (committed_early) {
@@ -707,8 +716,9 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
     generation = backup_generation_[backup];
   }
   int64_t updates = 0;
-  PS_RETURN_IF_ERROR(
-      shard.CopyAndSetBackup(backup, generation, replica->mutable_values_and_slots(), &updates));
+  int64_t applied_before = 0;  // every push applied to the shard before the copy is numbered below
+  PS_RETURN_IF_ERROR(shard.CopyAndSetBackup(backup, generation, replica->mutable_values_and_slots(),
+                                            &updates, [&] { applied_before = AppliedSoFar(); }));
   bool lost_again = false;
   {
     absl::MutexLock lock(&lost_backups_mu_);
@@ -721,14 +731,51 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
     return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
                                                " was copied for it; no backup there now"));
   }
+  // The ledger once every push applied before the copy is answered: a push applied after it
+  // is forwarded (and recorded by the backup); one applied before it is in the copy's values,
+  // and its id must be in the copy's ledger, or its retry on the new backup, promoted before
+  // the push was answered here, would apply it again. Those still on their way (their forwards
+  // to other backups) are waited for; none of them waits for this copy (they were applied
+  // before the shard had this backup, and the shards copied before it have theirs already).
+  if (!AwaitAnswered(applied_before, absl::Now() + options_.replica_wait)) {
+    shard.ClearBackupIf(backup, generation);
+    replica->Clear();
+    return absl::UnavailableError(absl::StrCat(
+        "a push applied to ", name, " before its copy for ps:", backup, " was not answered within ",
+        absl::FormatDuration(options_.replica_wait),
+        " (its forwards to other backups are slow), so the copy cannot tell the new backup "
+        "that it holds it; no backup there now, try again"));
+  }
   replica->mutable_shard()->set_variable(shard.name());
   replica->mutable_shard()->set_partition(shard.partition());
   replica->set_updates(updates);
-  // The ledger after the copy: a push applied after it is forwarded (and recorded by the
-  // backup); one applied before it is recorded here by now, but for one whose answer is still
-  // on its way (it looked for backups before the copy): its id is not in the copy.
   ledger_.ExportDone(replica->mutable_ledger(), replica->mutable_ledger_floors());
   return absl::OkStatus();
+}
+
+int64_t ParameterStore::NoteApplied() {
+  absl::MutexLock lock(&unanswered_mu_);
+  const int64_t number = next_applied_++;
+  unanswered_.insert(number);
+  return number;
+}
+
+void ParameterStore::NoteAnswered(int64_t number) {
+  absl::MutexLock lock(&unanswered_mu_);
+  unanswered_.erase(number);
+}
+
+int64_t ParameterStore::AppliedSoFar() const {
+  absl::MutexLock lock(&unanswered_mu_);
+  return next_applied_;
+}
+
+bool ParameterStore::AwaitAnswered(int64_t below, absl::Time deadline) {
+  absl::MutexLock lock(&unanswered_mu_);
+  const auto answered = [this, below]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(unanswered_mu_) {
+    return unanswered_.empty() || *unanswered_.begin() >= below;
+  };
+  return unanswered_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
 }
 
 absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, bool* installed) {
@@ -1093,7 +1140,8 @@ absl::Status ParameterStore::CheckDeltaPush(
 void ParameterStore::ApplyDensePush(
     const DensePush& push, const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
     PushOutcome* outcome, std::vector<int64_t>* versions,
-    std::vector<std::pair<int, int64_t>>* backups, const DenseShard::OrderedFn& ordered) {
+    std::vector<std::pair<int, int64_t>>* backups, const DenseShard::OrderedFn& ordered,
+    int64_t* applied_as) {
   const v1::PushDenseHeader& header = push.header_;
   const int n = push.num_shards();
   versions->assign(n, 0);
@@ -1115,11 +1163,21 @@ void ParameterStore::ApplyDensePush(
   }
   std::vector<int64_t> after;
   std::vector<std::pair<int, int64_t>> backups_after;
+  if (applied_as != nullptr) *applied_as = -1;
+  // `ordered` reads the versions by the push's shard: only when every shard is in `now`.
+  const bool whole = static_cast<int>(now.size()) == n && ordered != nullptr;
+  DenseShard::OrderedFn under_locks;
+  if (applied_as != nullptr || whole) {
+    under_locks = [&](const std::vector<int64_t>& at,
+                      const std::vector<std::pair<int, int64_t>>& backups_at) {
+      if (applied_as != nullptr) *applied_as = NoteApplied();
+      if (whole) ordered(at, backups_at);
+    };
+  }
   {
     ApplyTimer timer(apply_totals_, static_cast<int64_t>(now.size()));
-    // `ordered` reads the versions by the push's shard: only when every shard is in `now`.
     DenseShard::ApplyAll(now, now_grads, &apply_pool_, header.delta(), &after, &backups_after,
-                         static_cast<int>(now.size()) == n ? ordered : nullptr);
+                         under_locks);
   }
   for (size_t j = 0; j < after.size(); ++j) {
     (*versions)[now_index[j]] = after[j];

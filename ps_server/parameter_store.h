@@ -220,10 +220,12 @@ class ParameterStore {
   // and the backup are taken under one hold of the shard's lock (DenseShard::CopyAndSetBackup),
   // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
   // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
-  // done pushes too. Forwards to `backup` go again if DropBackup had stopped them (those it
-  // still owed from before are forgotten: the copy holds what they carried). NOT_FOUND for a
-  // shard not held here; FAILED_PRECONDITION for a shard whose backup is another live task,
-  // and for one that accumulates sync steps (its accumulator is not copied yet).
+  // done pushes too, once every push applied to the shard before it is answered (waiting up to
+  // options.replica_wait: then UNAVAILABLE, no backup set). Forwards to `backup` go again if
+  // DropBackup had stopped them (those it still owed from before are forgotten: the copy holds
+  // what they carried). NOT_FOUND for a shard not held here; FAILED_PRECONDITION for a shard
+  // whose backup is another live task, and for one that accumulates sync steps (its
+  // accumulator is not copied yet).
   absl::Status CopyForNewBackup(const v1::ShardRef& ref, int backup, v1::DenseReplica* replica);
   // The new backup's side, on the backup store (its shard created as for any backup): takes
   // the copy's values, slots and update count unless the shard has had that many updates
@@ -395,11 +397,25 @@ class ParameterStore {
   // shard's accumulator's order (a sync step's gradient); 0 where it was dropped.
   // backups[i]: shard i's backup (task, generation) as its update saw it (async: under the
   // shard's lock, DenseShard::ApplyAll), where its forward goes.
+  // *applied_as (optional): the number the push's async update took (NoteApplied), -1 where
+  // it updated no shard at once; the caller calls NoteAnswered with it once the push is
+  // recorded in the ledger or has failed.
   void ApplyDensePush(const DensePush& push,
                       const std::vector<std::shared_ptr<DenseAccumulator>>& accumulators,
                       PushOutcome* outcome, std::vector<int64_t>* versions,
                       std::vector<std::pair<int, int64_t>>* backups,
-                      const DenseShard::OrderedFn& ordered = nullptr);
+                      const DenseShard::OrderedFn& ordered = nullptr,
+                      int64_t* applied_as = nullptr);
+  // Async dense pushes applied but not answered yet (issue 37's rebuild): each takes the next
+  // number under its shards' locks as it updates them (NoteApplied) and gives it back once
+  // recorded in the ledger or failed (NoteAnswered). A copy for a new backup reads
+  // AppliedSoFar() under its shard's lock, so every push applied to the shard before the copy
+  // has a lower number, and waits for those to be answered (AwaitAnswered, false at
+  // `deadline`) before it reads the ledger: their ids are in the copy then.
+  int64_t NoteApplied() ABSL_LOCKS_EXCLUDED(unanswered_mu_);
+  void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(unanswered_mu_);
+  int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(unanswered_mu_);
+  bool AwaitAnswered(int64_t below, absl::Time deadline) ABSL_LOCKS_EXCLUDED(unanswered_mu_);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -475,6 +491,10 @@ class ParameterStore {
   // apply_totals(): dense then sparse, count then nanoseconds.
   mutable std::atomic<int64_t> apply_totals_[4] = {};
   PushLedger ledger_;
+  // NoteApplied's numbers: the next one, and those applied but not answered yet.
+  mutable absl::Mutex unanswered_mu_;
+  int64_t next_applied_ ABSL_GUARDED_BY(unanswered_mu_) = 0;
+  std::set<int64_t> unanswered_ ABSL_GUARDED_BY(unanswered_mu_);
   // A backup's forwarded updates wait here for those before them (ApplyReplicatedDense).
   absl::Mutex replica_mu_;
   absl::CondVar replica_cv_;

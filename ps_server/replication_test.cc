@@ -621,6 +621,102 @@ TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
   ExpectSameAs(fresh, primary);
 }
 
+// Holds every forward (to any task) until Release(), then lets it through as applied: a
+// push applied on its primary whose answer waits for a slow backup elsewhere.
+class HoldingForwarder : public PushForwarder {
+ public:
+  absl::Status Forward(const ForwardList& list) override {
+    absl::MutexLock lock(&mu_);
+    ++held_;
+    mu_.Await(absl::Condition(&released_));
+    return absl::OkStatus();
+  }
+  // Waits until `n` forwards have come (and are held).
+  void AwaitHeld(int n) {
+    absl::MutexLock lock(&mu_);
+    const auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_ >= n; };
+    mu_.Await(absl::Condition(&reached));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override {
+    return absl::UnimplementedError("the test sends the copies itself");
+  }
+
+ private:
+  absl::Mutex mu_;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A push applied to a shard before its copy for a new backup, but not answered yet when the
+// copy is taken (its forward to another task's backup is slow), is in the copy's values: its
+// id must be in the copy's ledger too, or the worker's retry on the new backup, promoted once
+// the primary died before answering, would apply it a second time. The copy waits for such
+// pushes (up to replica_wait; UNAVAILABLE after, with no backup set), then carries their ids.
+TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet) {
+  HoldingForwarder forwarder;
+  ParameterStoreOptions options = WithForwarder(&forwarder);
+  options.replica_wait = absl::Milliseconds(300);
+  ParameterStore primary(options);
+  v1::CreateShardsRequest req;
+  *req.add_dense() = AdamShard("a", 6, 1);  // ps:1 died and came back empty: backed up again
+  *req.add_dense() = AdamShard("c", 3, 2);  // ps:2, alive but slow
+  req.set_replication(2);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(primary.CreateShards(req, &created).ok());
+  EXPECT_EQ(primary.DropBackup(1), 1);
+  v1::ShardRef a;
+  a.set_variable("a");
+
+  // Push 5 applied to "a" and "c"; its answer waits for ps:2.
+  v1::PushDenseResponse resp5;
+  std::thread push5([&] { EXPECT_TRUE(Push(primary, {"a", "c"}, 5, &resp5).ok()); });
+  forwarder.AwaitHeld(1);
+  const std::vector<float> a_after_5 = Values(primary, "a");
+
+  // Never answered within replica_wait: no copy, and "a" is not backed up on ps:1.
+  v1::DenseReplica copy;
+  absl::Status s = primary.CopyForNewBackup(a, 1, &copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not answered"));
+  EXPECT_EQ(copy.values_and_slots().size(), 0u);
+  v1::InspectShardRequest inspect;
+  *inspect.mutable_shard() = a;
+  absl::StatusOr<v1::InspectShardResponse> shard = primary.Inspect(inspect);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_FALSE(shard->shard().has_backup_ps_task()) << shard->shard().backup_ps_task();
+
+  // Answered while the copy waits: the copy carries its id.
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    forwarder.Release();
+  });
+  ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy).ok());
+  release.join();
+  push5.join();
+  EXPECT_EQ(copy.updates(), 1);
+  bool carried = false;
+  for (const v1::LedgerEntry& e : copy.ledger()) {
+    carried |= e.id().client() == 7 && e.id().seq() == 5;
+  }
+  EXPECT_TRUE(carried);
+
+  // ps:1, given the copy and promoted: the retry of push 5 is a duplicate, "a" unchanged.
+  ParameterStore fresh{ParameterStoreOptions()};
+  CreateBackupOnly(fresh);
+  bool installed = false;
+  ASSERT_TRUE(fresh.InstallReplica(copy, &installed).ok());
+  EXPECT_TRUE(installed);
+  v1::PushDenseResponse retry;
+  ASSERT_TRUE(Push(fresh, {"a"}, 5, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(Values(fresh, "a"), a_after_5);
+  EXPECT_EQ(Updates(fresh, "a"), 1);
+}
+
 // A push that arrived over the data plane had a stream to the backup for "b" only: "a" got
 // its new backup (ps:1, back after it died) while the push arrived. "a"'s update, applied
 // after the copy, has no stream: the push goes to the backup whole after the apply instead,
