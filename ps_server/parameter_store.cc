@@ -581,15 +581,17 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
       early = SendCommits(streams, at, whole);
     };
   }
-  // Answered (recorded in the ledger, or failed) by the time this returns: a copy for a new
-  // backup taken after the apply waits for that (CopyForNewBackup; only a store that forwards
-  // makes copies).
+  // Numbered as applied (on a store with backups), told as soon as the apply is over, and
+  // answered (recorded in the ledger with its number, or failed) by the time this returns: a
+  // copy for a new backup carries the pushes it holds whose answers are on their way, and
+  // leaves out those applied after it (CopyForNewBackup).
   int64_t applied_as = -1;
   const absl::Cleanup answered = [&] {
     if (applied_as >= 0) NoteAnswered(applied_as);
   };
   ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered,
-                 options_.forwarder != nullptr ? &applied_as : nullptr);
+                 replicated_.load(std::memory_order_relaxed) ? &applied_as : nullptr);
+  if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome);
   bool streams_fit = false;
   absl::Status committed;
   if (committed_early) {
@@ -611,7 +613,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
         PS_LOG_FIRST_N(INFO, 1) << "pushes streamed to the backups are committed before this "
                                    "task applies them (the backups apply them meanwhile)";
       }
-      ledger_.Record(header.request_id(), outcome);
+      ledger_.Record(header.request_id(), outcome, nullptr, applied_as);
       response->set_accepted(outcome.accepted);
       response->set_dropped_stale(outcome.dropped_stale);
       return absl::OkStatus();
@@ -638,11 +640,11 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     // Kept for the retry and for the next forward: a copy that owns its gradients (the push's
     // buffers are reused).
     auto kept = std::make_shared<const ForwardList>(*owed);
-    ledger_.Record(header.request_id(), outcome, kept);
+    ledger_.Record(header.request_id(), outcome, kept, applied_as);
     OweForwards(header.request_id(), std::move(kept));
     return forwarded;
   }
-  ledger_.Record(header.request_id(), outcome);
+  ledger_.Record(header.request_id(), outcome, nullptr, applied_as);
   response->set_accepted(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
@@ -731,51 +733,74 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
     return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
                                                " was copied for it; no backup there now"));
   }
-  // The ledger once every push applied before the copy is answered: a push applied after it
-  // is forwarded (and recorded by the backup); one applied before it is in the copy's values,
-  // and its id must be in the copy's ledger, or its retry on the new backup, promoted before
-  // the push was answered here, would apply it again. Those still on their way (their forwards
-  // to other backups) are waited for; none of them waits for this copy (they were applied
-  // before the shard had this backup, and the shards copied before it have theirs already).
-  if (!AwaitAnswered(applied_before, absl::Now() + options_.replica_wait)) {
+  // The pushes the copy holds, by their ids, for the new backup's ledger: a worker's retry of
+  // one there, once it is promoted, is a duplicate. Those applied before the copy whose answers
+  // are still on their way (their forwards to other backups) are not recorded here yet: taken
+  // from their numbers, first (one answered meanwhile is in the ledger read after). Those
+  // applied after it (numbered from applied_before) are left out even where already recorded:
+  // the copy does not hold them, and their forwards bring them to the new backup.
+  if (!AppliedUnanswered(applied_before, absl::Now() + options_.replica_wait,
+                         replica->mutable_ledger())) {
     shard.ClearBackupIf(backup, generation);
     replica->Clear();
     return absl::UnavailableError(absl::StrCat(
-        "a push applied to ", name, " before its copy for ps:", backup, " was not answered within ",
-        absl::FormatDuration(options_.replica_wait),
-        " (its forwards to other backups are slow), so the copy cannot tell the new backup "
-        "that it holds it; no backup there now, try again"));
+        "a push applied to ", name, " before its copy for ps:", backup,
+        " did not finish its apply within ", absl::FormatDuration(options_.replica_wait),
+        "; no backup there now, try again"));
   }
   replica->mutable_shard()->set_variable(shard.name());
   replica->mutable_shard()->set_partition(shard.partition());
   replica->set_updates(updates);
-  ledger_.ExportDone(replica->mutable_ledger(), replica->mutable_ledger_floors());
+  ledger_.ExportDone(replica->mutable_ledger(), replica->mutable_ledger_floors(), applied_before);
   return absl::OkStatus();
 }
 
 int64_t ParameterStore::NoteApplied() {
-  absl::MutexLock lock(&unanswered_mu_);
+  absl::MutexLock lock(&applied_mu_);
   const int64_t number = next_applied_++;
-  unanswered_.insert(number);
+  applied_.emplace_hint(applied_.end(), number, AppliedPush());
   return number;
 }
 
+void ParameterStore::NoteOutcome(int64_t number, const v1::RequestId& id,
+                                 const PushOutcome& outcome) {
+  absl::MutexLock lock(&applied_mu_);
+  auto it = applied_.find(number);
+  if (it == applied_.end()) return;
+  it->second.told = true;
+  it->second.id = id;
+  it->second.outcome = outcome;
+}
+
 void ParameterStore::NoteAnswered(int64_t number) {
-  absl::MutexLock lock(&unanswered_mu_);
-  unanswered_.erase(number);
+  absl::MutexLock lock(&applied_mu_);
+  applied_.erase(number);
 }
 
 int64_t ParameterStore::AppliedSoFar() const {
-  absl::MutexLock lock(&unanswered_mu_);
+  absl::MutexLock lock(&applied_mu_);
   return next_applied_;
 }
 
-bool ParameterStore::AwaitAnswered(int64_t below, absl::Time deadline) {
-  absl::MutexLock lock(&unanswered_mu_);
-  const auto answered = [this, below]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(unanswered_mu_) {
-    return unanswered_.empty() || *unanswered_.begin() >= below;
+bool ParameterStore::AppliedUnanswered(int64_t below, absl::Time deadline,
+                                       google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out) {
+  absl::MutexLock lock(&applied_mu_);
+  const auto told = [this, below]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(applied_mu_) {
+    for (auto it = applied_.begin(); it != applied_.end() && it->first < below; ++it) {
+      if (!it->second.told) return false;
+    }
+    return true;
   };
-  return unanswered_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+  if (!applied_mu_.AwaitWithDeadline(absl::Condition(&told), deadline)) return false;
+  for (auto it = applied_.begin(); it != applied_.end() && it->first < below; ++it) {
+    const AppliedPush& p = it->second;
+    if (p.id.client() == 0) continue;  // (never remembered: RequestId)
+    v1::LedgerEntry* entry = out->Add();
+    *entry->mutable_id() = p.id;
+    entry->set_accepted(p.outcome.accepted);
+    entry->set_dropped_stale(p.outcome.dropped_stale);
+  }
+  return true;
 }
 
 absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, bool* installed) {

@@ -220,8 +220,8 @@ class ParameterStore {
   // and the backup are taken under one hold of the shard's lock (DenseShard::CopyAndSetBackup),
   // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
   // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
-  // done pushes too, once every push applied to the shard before it is answered (waiting up to
-  // options.replica_wait: then UNAVAILABLE, no backup set). Forwards to `backup` go again if
+  // done pushes too, and those applied before it whose answers are still on their way (but
+  // none applied after it). Forwards to `backup` go again if
   // DropBackup had stopped them (those it still owed from before are forgotten: the copy holds
   // what they carried). NOT_FOUND for a shard not held here; FAILED_PRECONDITION for a shard
   // whose backup is another live task, and for one that accumulates sync steps (its
@@ -406,16 +406,23 @@ class ParameterStore {
                       std::vector<std::pair<int, int64_t>>* backups,
                       const DenseShard::OrderedFn& ordered = nullptr,
                       int64_t* applied_as = nullptr);
-  // Async dense pushes applied but not answered yet (issue 37's rebuild): each takes the next
-  // number under its shards' locks as it updates them (NoteApplied) and gives it back once
-  // recorded in the ledger or failed (NoteAnswered). A copy for a new backup reads
-  // AppliedSoFar() under its shard's lock, so every push applied to the shard before the copy
-  // has a lower number, and waits for those to be answered (AwaitAnswered, false at
-  // `deadline`) before it reads the ledger: their ids are in the copy then.
-  int64_t NoteApplied() ABSL_LOCKS_EXCLUDED(unanswered_mu_);
-  void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(unanswered_mu_);
-  int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(unanswered_mu_);
-  bool AwaitAnswered(int64_t below, absl::Time deadline) ABSL_LOCKS_EXCLUDED(unanswered_mu_);
+  // Async dense pushes applied but not answered yet (issue 37's rebuild), numbered only on a
+  // store with backups (CreateShards with replication 2): each takes the next number under its
+  // shards' locks as it updates them (NoteApplied), tells its id and outcome once its apply is
+  // over (NoteOutcome, before its forwards), and gives the number back once recorded in the
+  // ledger (with the number) or failed (NoteAnswered). A copy for a new backup reads
+  // AppliedSoFar() under its shard's lock: every push applied to the shard before the copy has
+  // a lower number, every one after it a higher one.
+  int64_t NoteApplied() ABSL_LOCKS_EXCLUDED(applied_mu_);
+  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome)
+      ABSL_LOCKS_EXCLUDED(applied_mu_);
+  void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(applied_mu_);
+  int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(applied_mu_);
+  // The pushes numbered below `below` not answered yet, as ledger entries, once each has told
+  // its outcome (waiting for that, which never waits on a backup, until `deadline`: false).
+  bool AppliedUnanswered(int64_t below, absl::Time deadline,
+                         google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out)
+      ABSL_LOCKS_EXCLUDED(applied_mu_);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -491,10 +498,17 @@ class ParameterStore {
   // apply_totals(): dense then sparse, count then nanoseconds.
   mutable std::atomic<int64_t> apply_totals_[4] = {};
   PushLedger ledger_;
-  // NoteApplied's numbers: the next one, and those applied but not answered yet.
-  mutable absl::Mutex unanswered_mu_;
-  int64_t next_applied_ ABSL_GUARDED_BY(unanswered_mu_) = 0;
-  std::set<int64_t> unanswered_ ABSL_GUARDED_BY(unanswered_mu_);
+  // NoteApplied's numbers: the next one, and the pushes applied but not answered yet, with
+  // their ids and outcomes once told (NoteOutcome).
+  struct AppliedPush {
+    bool told = false;
+    v1::RequestId id;
+    PushOutcome outcome;
+  };
+  std::atomic<bool> replicated_{false};  // a CreateShards asked for replication 2
+  mutable absl::Mutex applied_mu_;
+  int64_t next_applied_ ABSL_GUARDED_BY(applied_mu_) = 0;
+  std::map<int64_t, AppliedPush> applied_ ABSL_GUARDED_BY(applied_mu_);
   // A backup's forwarded updates wait here for those before them (ApplyReplicatedDense).
   absl::Mutex replica_mu_;
   absl::CondVar replica_cv_;

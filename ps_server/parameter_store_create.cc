@@ -245,6 +245,9 @@ absl::Status ParameterStore::CreateShards(const v1::CreateShardsRequest& request
   sync_ = sync;
   sync_set_ = true;
   deltas_allowed_ = request.sync().local_steps() > 1;
+  // From now on its async dense pushes are numbered as they are applied (NoteApplied), for the
+  // copies of its shards for new backups.
+  if (request.replication() >= 2) replicated_.store(true, std::memory_order_relaxed);
   PS_RETURN_IF_ERROR(FindPresentLocked(shards));
   const int created = InsertLocked(shards, request.start_step());
   // Where each dense shard's updates are forwarded: as this request says, for shards created

@@ -60,7 +60,7 @@ PushLedger::Claim PushLedger::Begin(const v1::RequestId& id, PushOutcome* outcom
 }
 
 void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome,
-                        std::shared_ptr<const ForwardList> unreplicated) {
+                        std::shared_ptr<const ForwardList> unreplicated, int64_t applied_as) {
   if (id.client() == 0) return;
   absl::MutexLock lock(&mu_);
   auto cit = clients_.find(id.client());
@@ -71,6 +71,7 @@ void PushLedger::Record(const v1::RequestId& id, const PushOutcome& outcome,
   it->second.claimed = true;
   it->second.outcome = outcome;
   it->second.unreplicated = std::move(unreplicated);
+  it->second.applied_as = applied_as;
 }
 
 void PushLedger::MarkReplicated(const v1::RequestId& id) {
@@ -98,7 +99,8 @@ void PushLedger::Release(const v1::RequestId& id, uint64_t applied_stripes) {
 }
 
 void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out,
-                            google::protobuf::RepeatedPtrField<v1::RequestId>* floors) const {
+                            google::protobuf::RepeatedPtrField<v1::RequestId>* floors,
+                            int64_t applied_below) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [client, c] : clients_) {
     if (c.floor > 0) {
@@ -107,7 +109,7 @@ void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>*
       floor->set_seq(c.floor);
     }
     for (const auto& [seq, e] : c.ids) {
-      if (!e.done) continue;
+      if (!e.done || e.applied_as >= applied_below) continue;
       v1::LedgerEntry* entry = out->Add();
       entry->mutable_id()->set_client(client);
       entry->mutable_id()->set_seq(seq);

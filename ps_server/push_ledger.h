@@ -2,6 +2,7 @@
 #define PSCLUSTER_PS_SERVER_PUSH_LEDGER_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -50,8 +51,10 @@ class PushLedger {
   // The push claimed by Begin() was applied (or dropped as stale): remember what it did, and,
   // where its forwards to backup tasks did not all go through (issue 37), those forwards: a
   // retry of the push sends them again instead of answering at once.
+  // `applied_as`: the number the push's apply took on this store (ParameterStore::NoteApplied),
+  // -1 for none; ExportDone leaves out what was applied after a copy.
   void Record(const v1::RequestId& id, const PushOutcome& outcome,
-              std::shared_ptr<const ForwardList> unreplicated = nullptr);
+              std::shared_ptr<const ForwardList> unreplicated = nullptr, int64_t applied_as = -1);
   // The forwards a recorded push owed went through.
   void MarkReplicated(const v1::RequestId& id);
   // The push claimed by Begin() was refused before anything changed: forget the claim, so a
@@ -63,9 +66,12 @@ class PushLedger {
   void Release(const v1::RequestId& id, uint64_t applied_stripes = 0);
 
   // Rebuild (issue 37): every push recorded as done, and each client's floor (the lowest id
-  // still told: RequestId.seq), for a new backup's ledger.
+  // still told: RequestId.seq), for a new backup's ledger; but those recorded with an
+  // `applied_as` of `applied_below` or more (applied after the copy: the copy does not hold
+  // them, so a retry must not be taken for a duplicate there).
   void ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out,
-                  google::protobuf::RepeatedPtrField<v1::RequestId>* floors) const;
+                  google::protobuf::RepeatedPtrField<v1::RequestId>* floors,
+                  int64_t applied_below = std::numeric_limits<int64_t>::max()) const;
   // Raises each client's floor to the one given (the ids below it forgotten: too old), then
   // records each entry as done where its id is not known yet (one known, done or being
   // applied, stays as it is; one below its client's floor is too old to keep), within the
@@ -84,6 +90,7 @@ class PushLedger {
     uint64_t applied_stripes = 0;  // what released attempts applied
     PushOutcome outcome;
     std::shared_ptr<const ForwardList> unreplicated;
+    int64_t applied_as = -1;  // Record's
   };
   struct Client {
     std::map<uint64_t, Entry> ids;

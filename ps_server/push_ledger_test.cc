@@ -137,6 +137,30 @@ TEST(PushLedgerTest, ACopiedLedgerTellsThePushesAsItsOriginalDoes) {
   EXPECT_EQ(copy.Begin(Id(7, 11), &outcome), PushLedger::Claim::kNew);
 }
 
+// A copy for a new backup exports only what it holds: pushes recorded with the number their
+// apply took at or above the copy's (applied after it) are left out; pushes with no number
+// (applied where nothing is numbered) go as before.
+TEST(PushLedgerTest, AnExportLeavesOutWhatWasAppliedAfterTheCopy) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    ASSERT_EQ(ledger.Begin(Id(7, seq), &outcome), PushLedger::Claim::kNew);
+  }
+  ledger.Record(Id(7, 1), PushOutcome{1, 0}, nullptr, /*applied_as=*/10);
+  ledger.Record(Id(7, 2), PushOutcome{1, 0}, nullptr, /*applied_as=*/11);  // after the copy
+  ledger.Record(Id(7, 3), PushOutcome{1, 0});                              // not numbered
+  ledger.Record(Id(7, 4), PushOutcome{1, 0}, nullptr, /*applied_as=*/12);  // after the copy
+  google::protobuf::RepeatedPtrField<v1::LedgerEntry> entries;
+  google::protobuf::RepeatedPtrField<v1::RequestId> floors;
+  ledger.ExportDone(&entries, &floors, /*applied_below=*/11);
+  ASSERT_EQ(entries.size(), 2);
+  EXPECT_EQ(entries[0].id().seq(), 1u);
+  EXPECT_EQ(entries[1].id().seq(), 3u);
+  entries.Clear();
+  ledger.ExportDone(&entries, &floors);  // no copy: every done push
+  EXPECT_EQ(entries.size(), 4);
+}
+
 TEST(PushLedgerTest, TheLeastRecentlySeenClientIsForgottenFirst) {
   PushLedger ledger(8, /*max_clients=*/2);
   PushOutcome outcome;

@@ -654,13 +654,12 @@ class HoldingForwarder : public PushForwarder {
 // A push applied to a shard before its copy for a new backup, but not answered yet when the
 // copy is taken (its forward to another task's backup is slow), is in the copy's values: its
 // id must be in the copy's ledger too, or the worker's retry on the new backup, promoted once
-// the primary died before answering, would apply it a second time. The copy waits for such
-// pushes (up to replica_wait; UNAVAILABLE after, with no backup set), then carries their ids.
+// the primary died before answering, would apply it a second time. The copy takes it from the
+// pushes applied but not answered, without waiting for the answer (which may wait for a
+// backup for as long as replica_wait).
 TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet) {
   HoldingForwarder forwarder;
-  ParameterStoreOptions options = WithForwarder(&forwarder);
-  options.replica_wait = absl::Milliseconds(300);
-  ParameterStore primary(options);
+  ParameterStore primary(WithForwarder(&forwarder));
   v1::CreateShardsRequest req;
   *req.add_dense() = AdamShard("a", 6, 1);  // ps:1 died and came back empty: backed up again
   *req.add_dense() = AdamShard("c", 3, 2);  // ps:2, alive but slow
@@ -671,38 +670,24 @@ TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet
   v1::ShardRef a;
   a.set_variable("a");
 
-  // Push 5 applied to "a" and "c"; its answer waits for ps:2.
+  // Push 5 applied to "a" and "c"; its answer waits for ps:2 until the copy is taken.
   v1::PushDenseResponse resp5;
   std::thread push5([&] { EXPECT_TRUE(Push(primary, {"a", "c"}, 5, &resp5).ok()); });
   forwarder.AwaitHeld(1);
   const std::vector<float> a_after_5 = Values(primary, "a");
-
-  // Never answered within replica_wait: no copy, and "a" is not backed up on ps:1.
   v1::DenseReplica copy;
-  absl::Status s = primary.CopyForNewBackup(a, 1, &copy);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("not answered"));
-  EXPECT_EQ(copy.values_and_slots().size(), 0u);
-  v1::InspectShardRequest inspect;
-  *inspect.mutable_shard() = a;
-  absl::StatusOr<v1::InspectShardResponse> shard = primary.Inspect(inspect);
-  ASSERT_TRUE(shard.ok()) << shard.status();
-  EXPECT_FALSE(shard->shard().has_backup_ps_task()) << shard->shard().backup_ps_task();
-
-  // Answered while the copy waits: the copy carries its id.
-  std::thread release([&] {
-    absl::SleepFor(absl::Milliseconds(50));
-    forwarder.Release();
-  });
   ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy).ok());
-  release.join();
+  forwarder.Release();
   push5.join();
   EXPECT_EQ(copy.updates(), 1);
-  bool carried = false;
+  int carried = 0;
   for (const v1::LedgerEntry& e : copy.ledger()) {
-    carried |= e.id().client() == 7 && e.id().seq() == 5;
+    if (e.id().client() == 7 && e.id().seq() == 5) {
+      ++carried;
+      EXPECT_EQ(e.accepted(), 2);  // as the push was answered
+    }
   }
-  EXPECT_TRUE(carried);
+  EXPECT_EQ(carried, 1);
 
   // ps:1, given the copy and promoted: the retry of push 5 is a duplicate, "a" unchanged.
   ParameterStore fresh{ParameterStoreOptions()};
@@ -713,6 +698,7 @@ TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet
   v1::PushDenseResponse retry;
   ASSERT_TRUE(Push(fresh, {"a"}, 5, &retry).ok());
   EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(retry.accepted(), 2);
   EXPECT_EQ(Values(fresh, "a"), a_after_5);
   EXPECT_EQ(Updates(fresh, "a"), 1);
 }
