@@ -696,6 +696,12 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
     return absl::InvalidArgumentError(
         absl::StrCat("a new backup of ", name, " on ps:", backup, "; expected a task index >= 0"));
   }
+  if (!replicated_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name,
+                     ": this ps task's shards were not created with replication 2, so its "
+                     "pushes are not numbered and a copy could not tell which it holds"));
+  }
   if (AccumulatorsOf(shards)[0] != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(name,

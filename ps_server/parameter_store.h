@@ -220,12 +220,16 @@ class ParameterStore {
   // and the backup are taken under one hold of the shard's lock (DenseShard::CopyAndSetBackup),
   // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
   // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
-  // done pushes too, and those applied before it whose answers are still on their way (but
-  // none applied after it). Forwards to `backup` go again if
-  // DropBackup had stopped them (those it still owed from before are forgotten: the copy holds
-  // what they carried). NOT_FOUND for a shard not held here; FAILED_PRECONDITION for a shard
-  // whose backup is another live task, and for one that accumulates sync steps (its
-  // accumulator is not copied yet).
+  // done pushes too, and those applied before it whose answers are still on their way, but no
+  // dense push applied after it (NoteApplied's numbers; a push applied after the copy of
+  // another shard copied earlier for the same backup is not told apart: docs/replication.md).
+  // Forwards to `backup` go again if DropBackup had stopped them (those it still owed from
+  // before are forgotten: the copy holds what they carried). NOT_FOUND for a shard not held
+  // here; FAILED_PRECONDITION for a shard whose backup is another live task, for one that
+  // accumulates sync steps (its accumulator is not copied yet), and on a store not created
+  // with replication 2 (whose pushes are not numbered); UNAVAILABLE when the task was lost
+  // again meanwhile, or a push applied before the copy did not finish its apply within
+  // options.replica_wait (no backup set).
   absl::Status CopyForNewBackup(const v1::ShardRef& ref, int backup, v1::DenseReplica* replica);
   // The new backup's side, on the backup store (its shard created as for any backup): takes
   // the copy's values, slots and update count unless the shard has had that many updates
