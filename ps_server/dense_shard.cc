@@ -268,55 +268,21 @@ void DenseShard::set_backup_ps_task(int task, int64_t generation) {
 
 absl::Status DenseShard::CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
                                           int64_t* updates, const std::function<void()>& at_copy) {
-  std::vector<int64_t> one(1, 0);
-  PS_RETURN_IF_ERROR(CopyAllAndSetBackup({this}, backup, generation, {bytes}, &one, at_copy));
-  *updates = one[0];
+  bytes->resize(static_cast<size_t>(state_bytes()));  // (allocated before the lock)
+  absl::MutexLock lock(&mu_);
+  const int current = backup_ps_task_.load(std::memory_order_relaxed);
+  if (current >= 0 && current != backup) {
+    bytes->clear();
+    return absl::FailedPreconditionError(
+        absl::StrCat(DenseName(name(), partition()), " is backed up on ps:", current,
+                     " already; a new backup on ps:", backup, " would leave that one behind"));
+  }
+  std::memcpy(bytes->data(), data_.data(), data_.size() * sizeof(float));
+  *updates = updates_;
+  backup_generation_.store(generation, std::memory_order_relaxed);
+  backup_ps_task_.store(backup, std::memory_order_relaxed);
+  if (at_copy) at_copy();
   return absl::OkStatus();
-}
-
-absl::Status DenseShard::CopyAllAndSetBackup(
-    const std::vector<DenseShard*>& shards, int backup, int64_t generation,
-    const std::vector<std::string*>& bytes, std::vector<int64_t>* updates,
-    const std::function<void()>& at_copy) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const size_t n = shards.size();
-  std::vector<DenseShard*> lock_order = shards;
-  std::sort(lock_order.begin(), lock_order.end(), std::less<DenseShard*>());
-  for (size_t i = 1; i < n; ++i) {
-    if (lock_order[i] == lock_order[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(DenseName(lock_order[i]->name(), lock_order[i]->partition()),
-                       " is named twice; expected each shard once"));
-    }
-  }
-  // (Allocated before the locks.)
-  for (size_t i = 0; i < n; ++i) bytes[i]->resize(static_cast<size_t>(shards[i]->state_bytes()));
-  updates->assign(n, 0);
-  for (DenseShard* shard : lock_order) shard->mu_.Lock();
-  absl::Status status;
-  for (DenseShard* shard : shards) {
-    const int current = shard->backup_ps_task_.load(std::memory_order_relaxed);
-    if (current >= 0 && current != backup) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          DenseName(shard->name(), shard->partition()), " is backed up on ps:", current,
-          " already; a new backup on ps:", backup, " would leave that one behind"));
-      break;
-    }
-  }
-  if (status.ok()) {
-    for (size_t i = 0; i < n; ++i) {
-      DenseShard& shard = *shards[i];
-      std::memcpy(bytes[i]->data(), shard.data_.data(), shard.data_.size() * sizeof(float));
-      (*updates)[i] = shard.updates_;
-      shard.backup_generation_.store(generation, std::memory_order_relaxed);
-      shard.backup_ps_task_.store(backup, std::memory_order_relaxed);
-    }
-    if (at_copy) at_copy();
-  }
-  for (auto it = lock_order.rbegin(); it != lock_order.rend(); ++it) (*it)->mu_.Unlock();
-  if (!status.ok()) {
-    for (std::string* b : bytes) b->clear();
-  }
-  return status;
 }
 
 bool DenseShard::ClearBackupIf(int backup, int64_t generation) {

@@ -135,15 +135,6 @@ class DenseShard {
   // hold, after the copy: what it reads is ordered with the shard's updates.
   absl::Status CopyAndSetBackup(int backup, int64_t generation, std::string* bytes,
                                 int64_t* updates, const std::function<void()>& at_copy = nullptr);
-  // The same for several shards under one hold of all their locks (taken in address order, as
-  // ApplyAll takes a push's): no update falls between two of the copies. bytes[i] and
-  // (*updates)[i] are shards[i]'s. FAILED_PRECONDITION, copying and setting nothing, when a
-  // shard's backup is another task; INVALID_ARGUMENT for a shard named twice.
-  static absl::Status CopyAllAndSetBackup(const std::vector<DenseShard*>& shards, int backup,
-                                          int64_t generation,
-                                          const std::vector<std::string*>& bytes,
-                                          std::vector<int64_t>* updates,
-                                          const std::function<void()>& at_copy = nullptr);
   // Sets the backup to none if it is `backup` of `generation` (a task lost: DropBackup, or
   // lost again while a copy was made for it); whether it did.
   bool ClearBackupIf(int backup, int64_t generation);

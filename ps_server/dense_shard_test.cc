@@ -1,13 +1,11 @@
 #include "ps_server/dense_shard.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -63,55 +61,6 @@ TEST(DenseShardTest, ApplyRunsTheOptimizerAndCounts) {
   (*shard)->ReadValues(after.data());
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f * grad[i]);
   EXPECT_EQ((*shard)->updates(), 1);
-}
-
-// Rebuild (issue 37): shards copied together (CopyAllAndSetBackup) are copied at one point of
-// their updates: with every update touching both, their copies always have the same count
-// (copied one after the other they would not, with updates between); a shard whose backup is
-// another task fails the whole copy, setting nothing; a shard named twice is refused.
-TEST(DenseShardTest, ShardsCopiedTogetherAreCopiedAtOnePointOfTheirUpdates) {
-  std::vector<std::unique_ptr<DenseShard>> owned;
-  for (int i = 0; i < 2; ++i) {
-    auto shard = DenseShard::Create(Spec({4096}, 0, 4096));
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    owned.push_back(*std::move(shard));
-  }
-  std::vector<DenseShard*> shards = {owned[0].get(), owned[1].get()};
-  const std::vector<float> grad(4096, 0.001f);
-  std::atomic<bool> stop{false};
-  std::atomic<int> applied{0};
-  std::thread updates([&] {
-    while (!stop.load()) {
-      DenseShard::ApplyAll(shards, {grad.data(), grad.data()});
-      ++applied;
-    }
-  });
-  while (applied.load() == 0) std::this_thread::yield();
-  std::string bytes0, bytes1;
-  std::vector<int64_t> counts;
-  int copies_with_updates = 0;
-  for (int k = 0; k < 200 || applied.load() < 200; ++k) {
-    ASSERT_TRUE(DenseShard::CopyAllAndSetBackup({shards[1], shards[0]}, /*backup=*/1,
-                                                /*generation=*/0, {&bytes1, &bytes0}, &counts)
-                    .ok());
-    EXPECT_EQ(counts[0], counts[1]) << "copy " << k;
-    copies_with_updates += counts[0] > 0;
-  }
-  stop = true;
-  updates.join();
-  EXPECT_GT(copies_with_updates, 0);
-  EXPECT_EQ(bytes0.size(), static_cast<size_t>(shards[0]->state_bytes()));
-
-  owned[1]->set_backup_ps_task(2);
-  absl::Status s =
-      DenseShard::CopyAllAndSetBackup(shards, /*backup=*/3, 0, {&bytes0, &bytes1}, &counts);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("already; a new backup on ps:3"));
-  EXPECT_EQ(owned[0]->backup_ps_task(), 1);  // unchanged
-  EXPECT_EQ(owned[1]->backup_ps_task(), 2);
-  EXPECT_TRUE(bytes0.empty());
-  s = DenseShard::CopyAllAndSetBackup({shards[0], shards[0]}, 1, 0, {&bytes0, &bytes1}, &counts);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
 TEST(DenseShardTest, ApplyAllEqualsOneShardAtATimeBitForBit) {

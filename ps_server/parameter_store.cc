@@ -689,47 +689,32 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
                                               v1::DenseReplica* replica) {
   google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
   *refs.Add() = ref;
-  std::vector<v1::DenseReplica> replicas;
-  PS_RETURN_IF_ERROR(CopyForNewBackups(refs, backup, &replicas));
-  *replica = std::move(replicas[0]);
-  return absl::OkStatus();
-}
-
-absl::Status ParameterStore::CopyForNewBackups(
-    const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs, int backup,
-    std::vector<v1::DenseReplica>* replicas) {
-  replicas->clear();
   PS_ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<DenseShard>> shards, FindDense(refs));
-  const auto name_of = [](const DenseShard& shard) {
-    return DenseName(shard.name(), shard.partition());
-  };
-  if (shards.empty()) return absl::InvalidArgumentError("no shard to copy; expected at least one");
+  DenseShard& shard = *shards[0];
+  const std::string name = DenseName(shard.name(), shard.partition());
   if (backup < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a new backup of ", name_of(*shards[0]),
-                                                   " on ps:", backup,
-                                                   "; expected a task index >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a new backup of ", name, " on ps:", backup, "; expected a task index >= 0"));
   }
   if (!replicated_.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(name_of(*shards[0]),
+        absl::StrCat(name,
                      ": this ps task's shards were not created with replication 2, so its "
                      "pushes are not numbered and a copy could not tell which it holds"));
   }
-  const std::vector<std::shared_ptr<DenseAccumulator>> accumulators = AccumulatorsOf(shards);
-  for (size_t i = 0; i < shards.size(); ++i) {
-    if (accumulators[i] != nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name_of(*shards[i]),
-                       " accumulates sync steps; a new backup of it needs its accumulator, "
-                       "which is not copied yet"));
-    }
-    const int current = shards[i]->backup_ps_task();
-    if (current >= 0 && current != backup) {  // (checked again with the copy, under its lock)
-      return absl::FailedPreconditionError(
-          absl::StrCat(name_of(*shards[i]), " is backed up on ps:", current,
-                       " already; a new backup on ps:", backup, " would leave that one behind"));
-    }
+  if (AccumulatorsOf(shards)[0] != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name,
+                     " accumulates sync steps; a new backup of it needs its accumulator, "
+                     "which is not copied yet"));
   }
+  const int current = shard.backup_ps_task();
+  if (current >= 0 && current != backup) {  // (checked again with the copy, under its lock)
+    return absl::FailedPreconditionError(absl::StrCat(name, " is backed up on ps:", current,
+                                                      " already; a new backup on ps:", backup,
+                                                      " would leave that one behind"));
+  }
+  replica->Clear();
   // A task counted lost (DropBackup) is back: its backups from now on are of a new
   // generation, and what was made for the one that died is not sent to this one.
   int64_t generation = 0;
@@ -738,67 +723,41 @@ absl::Status ParameterStore::CopyForNewBackups(
     if (lost_backups_.erase(backup) > 0) ++backup_generation_[backup];
     generation = backup_generation_[backup];
   }
-  // Every shard at once, under one hold of all their locks, with one cut of the pushes'
-  // numbers: a push is then in every copy or in none (and forwarded for each shard), so the
-  // ledger sent with them can tell which pushes the new backup holds. Copied one by one, a push
-  // applied after one shard's copy (forwarded there) and before another's would go out as done
-  // with the second, and a failed forward for the first would leave the backup, once promoted,
-  // answering the worker's retry as a duplicate with the first shard's update missing.
-  const size_t n = shards.size();
-  replicas->resize(n);
-  std::vector<DenseShard*> raw(n);
-  std::vector<std::string*> bytes(n);
-  for (size_t i = 0; i < n; ++i) {
-    raw[i] = shards[i].get();
-    bytes[i] = (*replicas)[i].mutable_values_and_slots();
-  }
-  std::vector<int64_t> updates;
-  int64_t applied_before = 0;  // every push the copies hold is numbered below, every later one not
-  absl::Status copied = DenseShard::CopyAllAndSetBackup(raw, backup, generation, bytes, &updates,
-                                                        [&] { applied_before = AppliedSoFar(); });
-  if (!copied.ok()) {
-    replicas->clear();
-    return copied;
-  }
-  const auto undo = [&] {
-    for (DenseShard* shard : raw) shard->ClearBackupIf(backup, generation);
-    replicas->clear();
-  };
+  int64_t updates = 0;
+  int64_t applied_before = 0;  // every push applied to the shard before the copy is numbered below
+  PS_RETURN_IF_ERROR(shard.CopyAndSetBackup(backup, generation, replica->mutable_values_and_slots(),
+                                            &updates, [&] { applied_before = AppliedSoFar(); }));
   bool lost_again = false;
   {
     absl::MutexLock lock(&lost_backups_mu_);
     lost_again = lost_backups_.count(backup) > 0 || backup_generation_[backup] != generation;
   }
   if (lost_again) {
-    // Lost again meanwhile (DropBackup may have passed these shards before the copy set them).
-    undo();
-    return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name_of(*raw[0]),
-                                               (n > 1 ? " (and others)" : ""),
+    // Lost again meanwhile (DropBackup may have passed this shard before the copy set it).
+    shard.ClearBackupIf(backup, generation);
+    replica->Clear();
+    return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
                                                " was copied for it; no backup there now"));
   }
-  // The pushes the copies hold, by their ids, for the new backup's ledger (in the first copy,
-  // which goes first): a worker's retry of one there, once it is promoted, is a duplicate.
-  // Those applied before the copy whose answers are still on their way (their forwards to
-  // other backups) are not recorded here yet: taken from their numbers, first (one answered
-  // meanwhile is in the ledger read after). Those applied after it (numbered from
-  // applied_before) are left out even where already recorded: the copies do not hold them,
-  // and their forwards bring them to the new backup.
-  v1::DenseReplica& first = (*replicas)[0];
+  // The pushes the copy holds, by their ids, for the new backup's ledger: a worker's retry of
+  // one there, once it is promoted, is a duplicate. Those applied before the copy whose answers
+  // are still on their way (their forwards to other backups) are not recorded here yet: taken
+  // from their numbers, first (one answered meanwhile is in the ledger read after). Those
+  // applied after it (numbered from applied_before) are left out even where already recorded:
+  // the copy does not hold them, and their forwards bring them to the new backup.
   if (!AppliedUnanswered(applied_before, absl::Now() + options_.replica_wait,
-                         first.mutable_ledger())) {
-    undo();
+                         replica->mutable_ledger())) {
+    shard.ClearBackupIf(backup, generation);
+    replica->Clear();
     return absl::UnavailableError(absl::StrCat(
-        "a push applied to ", name_of(*raw[0]), (n > 1 ? " (or the others copied with it)" : ""),
-        " before its copy for ps:", backup, " did not finish its apply within ",
-        absl::FormatDuration(options_.replica_wait), "; no backup there now, try again"));
+        "a push applied to ", name, " before its copy for ps:", backup,
+        " did not finish its apply within ", absl::FormatDuration(options_.replica_wait),
+        "; no backup there now, try again"));
   }
-  ledger_.ExportDone(first.mutable_ledger(), first.mutable_ledger_floors(), applied_before);
-  for (size_t i = 0; i < n; ++i) {
-    v1::DenseReplica& replica = (*replicas)[i];
-    replica.mutable_shard()->set_variable(raw[i]->name());
-    replica.mutable_shard()->set_partition(raw[i]->partition());
-    replica.set_updates(updates[i]);
-  }
+  replica->mutable_shard()->set_variable(shard.name());
+  replica->mutable_shard()->set_partition(shard.partition());
+  replica->set_updates(updates);
+  ledger_.ExportDone(replica->mutable_ledger(), replica->mutable_ledger_floors(), applied_before);
   return absl::OkStatus();
 }
 
@@ -910,31 +869,19 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
   if (options_.forwarder == nullptr) {
     return absl::FailedPreconditionError("this ps task has no forwarder to send copies with");
   }
-  // Copied all at once (one cut: CopyForNewBackups), sent one after the other, the first
-  // with the ledger.
-  std::vector<v1::DenseReplica> replicas;
-  absl::Status copied = cancelled && cancelled()
-                            ? absl::CancelledError("the caller gave the rebuild up")
-                            : CopyForNewBackups(request.shards(), backup, &replicas);
-  if (!copied.ok()) {
-    DropBackup(backup);
-    return absl::Status(copied.code(),
-                        absl::StrCat("rebuild on ps:", backup, " of ", request.shards_size(),
-                                     " shards: ", copied.message()));
-  }
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    const v1::DenseReplica& replica = replicas[i];
-    bool installed = false;
+  for (const v1::ShardRef& ref : request.shards()) {
+    v1::DenseReplica replica;
     absl::Status s = cancelled && cancelled()
                          ? absl::CancelledError("the caller gave the rebuild up")
-                         : options_.forwarder->SendReplica(backup, replica, &installed);
+                         : CopyForNewBackup(ref, backup, &replica);
+    bool installed = false;
+    if (s.ok()) s = options_.forwarder->SendReplica(backup, replica, &installed);
     if (!s.ok()) {
       // Not half a backup: forwards to a shard the copy never reached would wait for it.
       DropBackup(backup);
-      return absl::Status(
-          s.code(), absl::StrCat("rebuild of ",
-                                 DenseName(replica.shard().variable(), replica.shard().partition()),
-                                 " on ps:", backup, ": ", s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("rebuild of ", DenseName(ref.variable(), ref.partition()),
+                                       " on ps:", backup, ": ", s.message()));
     }
     response->set_shards_copied(response->shards_copied() + 1);
     response->set_bytes_copied(response->bytes_copied() +

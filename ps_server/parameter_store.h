@@ -221,8 +221,8 @@ class ParameterStore {
   // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
   // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
   // done pushes too, and those applied before it whose answers are still on their way, but no
-  // dense push applied after it (NoteApplied's numbers; shards copied one at a time each have
-  // a cut of their own, and the ledger is the store's: CopyForNewBackups copies them at once).
+  // dense push applied after it (NoteApplied's numbers; a push applied after the copy of
+  // another shard copied earlier for the same backup is not told apart: docs/replication.md).
   // Forwards to `backup` go again if DropBackup had stopped them (those it still owed from
   // before are forgotten: the copy holds what they carried). NOT_FOUND for a shard not held
   // here; FAILED_PRECONDITION for a shard whose backup is another live task, for one that
@@ -231,12 +231,6 @@ class ParameterStore {
   // again meanwhile, or a push applied before the copy did not finish its apply within
   // options.replica_wait (no backup set).
   absl::Status CopyForNewBackup(const v1::ShardRef& ref, int backup, v1::DenseReplica* replica);
-  // The same for several shards at once (RebuildBackup's), under one hold of all their locks:
-  // every push is in all the copies or in none, so the ledger, carried by the first copy alone,
-  // holds exactly the pushes they hold. Every copy is in memory at once, and pushes to these
-  // shards wait for the whole copy (a memcpy of their values and slots).
-  absl::Status CopyForNewBackups(const google::protobuf::RepeatedPtrField<v1::ShardRef>& refs,
-                                 int backup, std::vector<v1::DenseReplica>* replicas);
   // The new backup's side, on the backup store (its shard created as for any backup): takes
   // the copy's values, slots and update count unless the shard has had that many updates
   // already (*installed false), records the copy's done pushes in the ledger, and wakes the

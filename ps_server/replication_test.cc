@@ -703,56 +703,6 @@ TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet
   EXPECT_EQ(Updates(fresh, "a"), 1);
 }
 
-// A rebuild copies all its shards under one cut, while three clients push to both: every
-// push is then in both copies (and its id in the ledger the first one carries) or in neither
-// (forwarded for both). So on the new backup, promoted, a retry of every push answered is a
-// duplicate and changes nothing, and the shards end bit for bit as the primary's.
-TEST(ReplicationTest, ARebuildCopiesItsShardsAtOneCutWhilePushesGoOn) {
-  DirectForwarder forwarder;
-  ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStore died{ParameterStoreOptions()};
-  CreateBoth(primary, died);
-  EXPECT_EQ(primary.DropBackup(1), 2);
-  ParameterStore fresh{ParameterStoreOptions()};
-  CreateBackupOnly(fresh);
-  forwarder.ApplyTo(&fresh);
-  std::atomic<bool> stop{false};
-  std::atomic<int> pushed{0};
-  int sent[3] = {0, 0, 0};  // each client's pushes, ids 1000 * (c + 1) + [0, sent[c])
-  std::vector<std::thread> clients;
-  for (int c = 0; c < 3; ++c) {
-    clients.emplace_back([&, c] {
-      // At least 20 each, then until the rebuild is over.
-      for (int j = 0; j < 20 || !stop.load(); ++j) {
-        v1::PushDenseResponse r;
-        ASSERT_TRUE(Push(primary, {"a", "b"}, 1000 * (c + 1) + j, &r).ok());
-        sent[c] = j + 1;
-        ++pushed;
-      }
-    });
-  }
-  while (pushed.load() < 10) absl::SleepFor(absl::Milliseconds(1));
-  v1::RebuildBackupRequest request;
-  request.set_backup_ps_task(1);
-  request.add_shards()->set_variable("a");
-  request.add_shards()->set_variable("b");
-  v1::RebuildBackupResponse rebuilt;
-  ASSERT_TRUE(primary.RebuildBackup(request, /*self=*/0, &rebuilt).ok());
-  EXPECT_EQ(rebuilt.shards_copied(), 2);
-  stop = true;
-  for (std::thread& t : clients) t.join();
-  ExpectSameAs(fresh, primary);
-  // Promoted: every push answered is known there.
-  for (int c = 0; c < 3; ++c) {
-    for (int j = 0; j < sent[c]; ++j) {
-      v1::PushDenseResponse r;
-      ASSERT_TRUE(Push(fresh, {"a", "b"}, 1000 * (c + 1) + j, &r).ok());
-      EXPECT_TRUE(r.duplicate()) << "client " << c << " push " << j << " of " << sent[c];
-    }
-  }
-  ExpectSameAs(fresh, primary);
-}
-
 // A push that arrived over the data plane had a stream to the backup for "b" only: "a" got
 // its new backup (ps:1, back after it died) while the push arrived. "a"'s update, applied
 // after the copy, has no stream: the push goes to the backup whole after the apply instead,
