@@ -631,11 +631,11 @@ class HoldingForwarder : public PushForwarder {
     mu_.Await(absl::Condition(&released_));
     return absl::OkStatus();
   }
-  // Waits until `n` forwards have come (and are held).
-  void AwaitHeld(int n) {
+  // Whether `n` forwards have come (and are held) within 10 s.
+  bool AwaitHeld(int n) {
     absl::MutexLock lock(&mu_);
     const auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_ >= n; };
-    mu_.Await(absl::Condition(&reached));
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(10));
   }
   void Release() {
     absl::MutexLock lock(&mu_);
@@ -673,12 +673,17 @@ TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet
   // Push 5 applied to "a" and "c"; its answer waits for ps:2 until the copy is taken.
   v1::PushDenseResponse resp5;
   std::thread push5([&] { EXPECT_TRUE(Push(primary, {"a", "c"}, 5, &resp5).ok()); });
-  forwarder.AwaitHeld(1);
+  if (!forwarder.AwaitHeld(1)) {
+    forwarder.Release();
+    push5.join();
+    FAIL() << "push 5 never reached its forward to ps:2";
+  }
   const std::vector<float> a_after_5 = Values(primary, "a");
   v1::DenseReplica copy;
-  ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy).ok());
-  forwarder.Release();
+  const absl::Status copied = primary.CopyForNewBackup(a, 1, &copy);
+  forwarder.Release();  // (before any ASSERT: the push must end either way)
   push5.join();
+  ASSERT_TRUE(copied.ok()) << copied;
   EXPECT_EQ(copy.updates(), 1);
   int carried = 0;
   for (const v1::LedgerEntry& e : copy.ledger()) {
