@@ -875,7 +875,20 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
                          ? absl::CancelledError("the caller gave the rebuild up")
                          : CopyForNewBackup(ref, backup, &replica);
     bool installed = false;
-    if (s.ok()) s = options_.forwarder->SendReplica(backup, replica, &installed);
+    if (s.ok()) {
+      const int64_t size = static_cast<int64_t>(replica.values_and_slots().size());
+      const int64_t sent_before = rebuild_bytes_sent_.load();  // (one rebuild at a time)
+      rebuild_bytes_copied_ += size;
+      s = options_.forwarder->SendReplica(backup, replica, &installed, &rebuild_bytes_sent_);
+      const int64_t sent = rebuild_bytes_sent_.load() - sent_before;
+      if (s.ok()) {
+        ++rebuild_copies_sent_;
+        if (sent < size) rebuild_bytes_sent_ += size - sent;  // (a forwarder that does not count)
+      } else {
+        ++rebuild_copies_failed_;
+        rebuild_bytes_abandoned_ += std::max<int64_t>(0, size - sent);
+      }
+    }
     if (!s.ok()) {
       // Not half a backup: forwards to a shard the copy never reached would wait for it.
       DropBackup(backup);
@@ -967,6 +980,16 @@ ParameterStore::ForwardTotals ParameterStore::forward_totals() const {
   t.streams_fell_back = streams_fell_back_.load(std::memory_order_relaxed);
   t.committed_early = committed_early_.load(std::memory_order_relaxed);
   t.owed = owed_count_.load(std::memory_order_relaxed);
+  return t;
+}
+
+ParameterStore::RebuildTotals ParameterStore::rebuild_totals() const {
+  RebuildTotals t;
+  t.bytes_copied = rebuild_bytes_copied_.load(std::memory_order_relaxed);
+  t.bytes_sent = rebuild_bytes_sent_.load(std::memory_order_relaxed);
+  t.bytes_abandoned = rebuild_bytes_abandoned_.load(std::memory_order_relaxed);
+  t.copies_sent = rebuild_copies_sent_.load(std::memory_order_relaxed);
+  t.copies_failed = rebuild_copies_failed_.load(std::memory_order_relaxed);
   return t;
 }
 

@@ -299,6 +299,17 @@ class ParameterStore {
     int64_t committed_early = 0;
   };
   ForwardTotals forward_totals() const;
+  // Rebuilds (RebuildBackup) on this task as a primary: the bytes of the copies taken, sent so
+  // far (a copy on its way counts as its messages go out), and given up with a copy that could
+  // not be sent; copied - sent - abandoned is on its way now. And the copies sent and failed.
+  struct RebuildTotals {
+    int64_t bytes_copied = 0;
+    int64_t bytes_sent = 0;
+    int64_t bytes_abandoned = 0;
+    int64_t copies_sent = 0;
+    int64_t copies_failed = 0;
+  };
+  RebuildTotals rebuild_totals() const;
 
   const ParameterStoreOptions& options() const { return options_; }
 
@@ -538,6 +549,12 @@ class ParameterStore {
   // DropBackup's tasks: dense forwards to them are skipped until CopyForNewBackup takes one
   // back (as a new generation, below); table forwards stay skipped (lost_table_backups_).
   absl::Mutex rebuild_mu_;  // RebuildBackup's, held for the whole call
+  // rebuild_totals()'s.
+  std::atomic<int64_t> rebuild_bytes_copied_{0};
+  std::atomic<int64_t> rebuild_bytes_sent_{0};
+  std::atomic<int64_t> rebuild_bytes_abandoned_{0};
+  std::atomic<int64_t> rebuild_copies_sent_{0};
+  std::atomic<int64_t> rebuild_copies_failed_{0};
   mutable absl::Mutex lost_backups_mu_;
   std::set<int> lost_backups_ ABSL_GUARDED_BY(lost_backups_mu_);
   // Per task, the generation of the backups it holds now (CopyForNewBackup counts one more each

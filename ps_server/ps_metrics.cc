@@ -103,6 +103,22 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
                      "not gone through yet (what its backups lag behind by)",
                      MetricType::Gauge);
   owed.Add(static_cast<double>(f.owed), {});
+  const ParameterStore::RebuildTotals r = store.rebuild_totals();
+  FamilyBuilder rebuild_bytes(
+      "pscluster_ps_rebuild_bytes_total",
+      "Replication: bytes of the copies this task took of its shards for new backups (copied), "
+      "sent so far (a copy on its way counts as it goes out), and given up with a copy that "
+      "could not be sent (abandoned); copied - sent - abandoned is on its way now",
+      MetricType::Counter);
+  rebuild_bytes.Add(static_cast<double>(r.bytes_copied), {{"state", "copied"}})
+      .Add(static_cast<double>(r.bytes_sent), {{"state", "sent"}})
+      .Add(static_cast<double>(r.bytes_abandoned), {{"state", "abandoned"}});
+  FamilyBuilder rebuild_copies("pscluster_ps_rebuild_copies_total",
+                               "Replication: copies of this task's shards for new backups, by "
+                               "outcome (sent: installed or found there already; failed)",
+                               MetricType::Counter);
+  rebuild_copies.Add(static_cast<double>(r.copies_sent), {{"outcome", "sent"}})
+      .Add(static_cast<double>(r.copies_failed), {{"outcome", "failed"}});
   v1::ListShardsResponse held;
   backups->AppendShards(&held);
   std::map<std::pair<int, bool>, double> by_primary;
@@ -173,8 +189,9 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
         static_cast<double>(s.table_groups_applied()),
         {{"table", s.name()}, {"primary", absl::StrCat("ps:", s.primary_ps_task())}});
   }
-  for (FamilyBuilder* b : {&forwards, &early, &owed, &backup_shards, &shard_updates,
-                           &backup_updates, &groups_forwarded, &groups_applied}) {
+  for (FamilyBuilder* b :
+       {&forwards, &early, &owed, &rebuild_bytes, &rebuild_copies, &backup_shards, &shard_updates,
+        &backup_updates, &groups_forwarded, &groups_applied}) {
     families.push_back(std::move(*b).Build());
   }
   return families;

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_PS_SERVER_PUSH_FORWARDER_H_
 #define PSCLUSTER_PS_SERVER_PUSH_FORWARDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -89,8 +90,10 @@ class PushForwarder {
     return absl::UnimplementedError("this forwarder does not forward table updates");
   }
   // A dense shard's copy to task `backup`, its new backup (ParameterServer.InstallReplica);
-  // `*installed` as the backup answered (ParameterStore::InstallReplica).
-  virtual absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) {
+  // `*installed` as the backup answered (ParameterStore::InstallReplica). `*sent` (optional)
+  // grows by the copy's bytes as they go out (the progress of a copy on its way).
+  virtual absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
+                                   std::atomic<int64_t>* sent = nullptr) {
     return absl::UnimplementedError("this forwarder does not send copies");
   }
 };

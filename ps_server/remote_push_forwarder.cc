@@ -240,7 +240,7 @@ absl::Status RemotePushForwarder::ForwardSparse(int backup,
 }
 
 absl::Status RemotePushForwarder::SendReplica(int backup, const v1::DenseReplica& replica,
-                                              bool* installed) {
+                                              bool* installed, std::atomic<int64_t>* sent) {
   *installed = false;
   std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), backup);
   if (stub == nullptr) {
@@ -262,13 +262,15 @@ absl::Status RemotePushForwarder::SendReplica(int backup, const v1::DenseReplica
   head->set_updates(replica.updates());
   *head->mutable_ledger() = replica.ledger();
   *head->mutable_ledger_floors() = replica.ledger_floors();
-  bool sent = writer->Write(first);
+  bool written = writer->Write(first);
   v1::InstallReplicaRequest msg;
-  for (size_t offset = 0; sent && offset < bytes.size(); offset += kChunkBytes) {
-    msg.set_data(bytes.data() + offset, std::min<size_t>(kChunkBytes, bytes.size() - offset));
-    sent = writer->Write(msg);
+  for (size_t offset = 0; written && offset < bytes.size(); offset += kChunkBytes) {
+    const size_t n = std::min<size_t>(kChunkBytes, bytes.size() - offset);
+    msg.set_data(bytes.data() + offset, n);
+    written = writer->Write(msg);
+    if (written && sent != nullptr) sent->fetch_add(static_cast<int64_t>(n));
   }
-  if (sent) writer->WritesDone();
+  if (written) writer->WritesDone();
   const grpc::Status s = writer->Finish();
   if (!s.ok()) {
     return absl::Status(FromGrpcStatus(s).code(),

@@ -41,7 +41,8 @@ class RemotePushForwarder : public PushForwarder {
   // Over gRPC (ParameterServer.ReplicateSparse).
   absl::Status ForwardSparse(int backup, const v1::ReplicateSparseRequest& request) override;
   // Over gRPC (ParameterServer.InstallReplica, in chunks).
-  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override;
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
+                           std::atomic<int64_t>* sent = nullptr) override;
 
  private:
   struct Peers {

@@ -196,7 +196,8 @@ class DirectForwarder : public PushForwarder {
   }
   // Installs the copy into the ApplyTo store, as ParameterServer.InstallReplica does; after
   // FailCopiesAfter(n), only n more.
-  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override {
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
+                           std::atomic<int64_t>* sent) override {
     ParameterStore* to = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -206,6 +207,7 @@ class DirectForwarder : public PushForwarder {
       to = backup_;
     }
     EXPECT_EQ(backup, 1);
+    if (sent != nullptr) *sent += static_cast<int64_t>(replica.values_and_slots().size());
     return to->InstallReplica(replica, installed);
   }
   void FailCopiesAfter(int n) {
@@ -641,7 +643,8 @@ class HoldingForwarder : public PushForwarder {
     absl::MutexLock lock(&mu_);
     released_ = true;
   }
-  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed) override {
+  absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
+                           std::atomic<int64_t>* sent) override {
     return absl::UnimplementedError("the test sends the copies itself");
   }
 
@@ -814,6 +817,10 @@ TEST(ReplicationTest, WhatWasOwedToADeadBackupIsNotSentToItsNextIncarnation) {
   EXPECT_EQ(Values(fresh, "a"), Values(primary, "a"));
 }
 
+// The value of the series of `name` labelled key=value in `families` (below); -1 if none.
+double Series(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
+              const std::string& key, const std::string& value);
+
 // The chief's rebuild on the primary (ParameterStore::RebuildBackup): each shard copied and
 // sent; bad requests refused before anything is copied; a copy that cannot be sent gives up
 // the whole rebuild, so that no shard forwards to a backup that never got its copy.
@@ -864,6 +871,17 @@ TEST(ReplicationTest, ARebuildSendsEachShardsCopyOrLeavesNoShardBackedUpThere) {
   absl::Status s = primary.RebuildBackup(request, 0, &rebuilt);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("rebuild of b/0 on ps:1"));
+  // What the copies did, as Prometheus shows it: "a"'s 72 bytes sent, "b"'s 36 taken and given
+  // up.
+  {
+    BackupStores none{ParameterStoreOptions()};
+    const std::vector<prometheus::MetricFamily> f = PsMetricFamilies(primary, &none);
+    EXPECT_EQ(Series(f, "pscluster_ps_rebuild_bytes_total", "state", "copied"), 108);
+    EXPECT_EQ(Series(f, "pscluster_ps_rebuild_bytes_total", "state", "sent"), 72);
+    EXPECT_EQ(Series(f, "pscluster_ps_rebuild_bytes_total", "state", "abandoned"), 36);
+    EXPECT_EQ(Series(f, "pscluster_ps_rebuild_copies_total", "outcome", "sent"), 1);
+    EXPECT_EQ(Series(f, "pscluster_ps_rebuild_copies_total", "outcome", "failed"), 1);
+  }
   int calls = forwarder.calls();
   ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp).ok());
   EXPECT_EQ(forwarder.calls(), calls);
@@ -872,6 +890,10 @@ TEST(ReplicationTest, ARebuildSendsEachShardsCopyOrLeavesNoShardBackedUpThere) {
   ASSERT_TRUE(primary.RebuildBackup(request, 0, &rebuilt).ok());
   EXPECT_EQ(rebuilt.shards_copied(), 2);
   EXPECT_EQ(rebuilt.bytes_copied(), (6 + 3) * 3 * 4);  // Adam: values and two slots
+  const ParameterStore::RebuildTotals totals = primary.rebuild_totals();
+  EXPECT_EQ(totals.bytes_copied, 2 * (6 + 3) * 3 * 4);
+  EXPECT_EQ(totals.bytes_sent + totals.bytes_abandoned, totals.bytes_copied);  // none on its way
+  EXPECT_EQ(totals.copies_sent, 3);
   ExpectSameAs(fresh, primary);
   calls = forwarder.calls();
   ASSERT_TRUE(Push(primary, {"a", "b"}, 3, &resp).ok());
