@@ -985,9 +985,11 @@ ParameterStore::ForwardTotals ParameterStore::forward_totals() const {
 
 ParameterStore::RebuildTotals ParameterStore::rebuild_totals() const {
   RebuildTotals t;
-  t.bytes_copied = rebuild_bytes_copied_.load(std::memory_order_relaxed);
-  t.bytes_sent = rebuild_bytes_sent_.load(std::memory_order_relaxed);
-  t.bytes_abandoned = rebuild_bytes_abandoned_.load(std::memory_order_relaxed);
+  // Read in the reverse of the order RebuildBackup raises them (copied, then sent, then
+  // abandoned), so that copied - sent - abandoned is never below 0 in what a scrape sees.
+  t.bytes_abandoned = rebuild_bytes_abandoned_.load();
+  t.bytes_sent = rebuild_bytes_sent_.load();
+  t.bytes_copied = rebuild_bytes_copied_.load();
   t.copies_sent = rebuild_copies_sent_.load(std::memory_order_relaxed);
   t.copies_failed = rebuild_copies_failed_.load(std::memory_order_relaxed);
   return t;

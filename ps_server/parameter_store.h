@@ -300,8 +300,10 @@ class ParameterStore {
   };
   ForwardTotals forward_totals() const;
   // Rebuilds (RebuildBackup) on this task as a primary: the bytes of the copies taken, sent so
-  // far (a copy on its way counts as its messages go out), and given up with a copy that could
-  // not be sent; copied - sent - abandoned is on its way now. And the copies sent and failed.
+  // far (a copy on its way counts as its messages go out), and not gone out when their copy
+  // failed (a copy refused at its end counts as sent); copied - sent - abandoned is on its way
+  // now. And the copies the backup took (also those a later failure of the same rebuild gave
+  // up) and those that failed.
   struct RebuildTotals {
     int64_t bytes_copied = 0;
     int64_t bytes_sent = 0;

@@ -107,15 +107,17 @@ std::vector<prometheus::MetricFamily> PsMetricFamilies(const ParameterStore& sto
   FamilyBuilder rebuild_bytes(
       "pscluster_ps_rebuild_bytes_total",
       "Replication: bytes of the copies this task took of its shards for new backups (copied), "
-      "sent so far (a copy on its way counts as it goes out), and given up with a copy that "
-      "could not be sent (abandoned); copied - sent - abandoned is on its way now",
+      "sent so far (a copy on its way counts as it goes out), and not gone out when their copy "
+      "failed (abandoned; a copy refused at its end counts as sent); copied - sent - abandoned "
+      "is on its way now",
       MetricType::Counter);
   rebuild_bytes.Add(static_cast<double>(r.bytes_copied), {{"state", "copied"}})
       .Add(static_cast<double>(r.bytes_sent), {{"state", "sent"}})
       .Add(static_cast<double>(r.bytes_abandoned), {{"state", "abandoned"}});
   FamilyBuilder rebuild_copies("pscluster_ps_rebuild_copies_total",
                                "Replication: copies of this task's shards for new backups, by "
-                               "outcome (sent: installed or found there already; failed)",
+                               "outcome (sent: taken by the backup, also those a later failure "
+                               "of the same rebuild gave up; failed)",
                                MetricType::Counter);
   rebuild_copies.Add(static_cast<double>(r.copies_sent), {{"outcome", "sent"}})
       .Add(static_cast<double>(r.copies_failed), {{"outcome", "failed"}});
