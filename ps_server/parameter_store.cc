@@ -591,7 +591,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   };
   ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered,
                  replicated_.load(std::memory_order_relaxed) ? &applied_as : nullptr);
-  if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome);
+  if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome, backups);
   bool streams_fit = false;
   absl::Status committed;
   if (committed_early) {
@@ -739,6 +739,20 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
     return absl::UnavailableError(absl::StrCat("ps:", backup, " was lost while ", name,
                                                " was copied for it; no backup there now"));
   }
+  // A push the copy holds that went to this task as a forward too (it was applied after an
+  // earlier copy of this rebuild, to a shard of it): its id goes out as done below, so its
+  // forward must have been applied there first. Waited for (those forwards find their shards'
+  // copies installed there already), and the copy given up when one failed or is owed: the
+  // task would hold the push here and count it done, without it in that other shard.
+  if (!ForwardsSettled(backup, generation, applied_before, absl::Now() + options_.replica_wait)) {
+    shard.ClearBackupIf(backup, generation);
+    replica->Clear();
+    return absl::UnavailableError(
+        absl::StrCat("a push applied to ", name, " before its copy for ps:", backup,
+                     " has a forward to ps:", backup, " that failed or was not answered within ",
+                     absl::FormatDuration(options_.replica_wait),
+                     " (it went there for a shard copied before); no backup there now, try again"));
+  }
   // The pushes the copy holds, by their ids, for the new backup's ledger: a worker's retry of
   // one there, once it is promoted, is a duplicate. Those applied before the copy whose answers
   // are still on their way (their forwards to other backups) are not recorded here yet: taken
@@ -769,13 +783,18 @@ int64_t ParameterStore::NoteApplied() {
 }
 
 void ParameterStore::NoteOutcome(int64_t number, const v1::RequestId& id,
-                                 const PushOutcome& outcome) {
+                                 const PushOutcome& outcome,
+                                 const std::vector<std::pair<int, int64_t>>& backups) {
   absl::MutexLock lock(&applied_mu_);
   auto it = applied_.find(number);
   if (it == applied_.end()) return;
   it->second.told = true;
   it->second.id = id;
   it->second.outcome = outcome;
+  for (const std::pair<int, int64_t>& b : backups) {
+    std::vector<std::pair<int, int64_t>>& to = it->second.backups;
+    if (b.first >= 0 && std::find(to.begin(), to.end(), b) == to.end()) to.push_back(b);
+  }
 }
 
 void ParameterStore::NoteAnswered(int64_t number) {
@@ -807,6 +826,37 @@ bool ParameterStore::AppliedUnanswered(int64_t below, absl::Time deadline,
     entry->set_dropped_stale(p.outcome.dropped_stale);
   }
   return true;
+}
+
+bool ParameterStore::ForwardsSettled(int backup, int64_t generation, int64_t below,
+                                     absl::Time deadline) {
+  {
+    absl::MutexLock lock(&applied_mu_);
+    const std::pair<int, int64_t> to(backup, generation);
+    const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(applied_mu_) {
+      for (auto it = applied_.begin(); it != applied_.end() && it->first < below; ++it) {
+        const std::vector<std::pair<int, int64_t>>& b = it->second.backups;
+        // (One not told yet has not forwarded: AppliedUnanswered waits for it.)
+        if (std::find(b.begin(), b.end(), to) != b.end()) return false;
+      }
+      return true;
+    };
+    if (!applied_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) return false;
+  }
+  // A failed forward is owed before its push is answered (FinishPushDense).
+  return !OwesTo(backup, generation);
+}
+
+bool ParameterStore::OwesTo(int backup, int64_t generation) const {
+  absl::MutexLock lock(&owed_mu_);
+  if (resending_to_.count({backup, generation}) > 0) return true;
+  for (const OwedForwards& o : owed_) {
+    if (o.forwards == nullptr) continue;
+    for (const DenseForward& f : o.forwards->forwards) {
+      if (f.backup == backup && f.generation == generation) return true;
+    }
+  }
+  return false;
 }
 
 absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, bool* installed) {
@@ -944,12 +994,18 @@ void ParameterStore::OweForwards(const v1::RequestId& id,
 void ParameterStore::ResendOwed() {
   std::deque<OwedForwards> owed;
   std::vector<std::pair<uint64_t, uint64_t>> ids;
+  std::vector<std::pair<int, int64_t>> to;  // (task, generation) of each dense forward
   {
     absl::MutexLock lock(&owed_mu_);
     owed.swap(owed_);
     // Still owed while they are sent (Owes): a retry is not answered before they went through.
-    for (const OwedForwards& o : owed) ids.emplace_back(o.id.client(), o.id.seq());
+    for (const OwedForwards& o : owed) {
+      ids.emplace_back(o.id.client(), o.id.seq());
+      if (o.forwards == nullptr) continue;
+      for (const DenseForward& f : o.forwards->forwards) to.emplace_back(f.backup, f.generation);
+    }
     resending_.insert(ids.begin(), ids.end());
+    resending_to_.insert(to.begin(), to.end());
   }
   // In the order they were owed; those that fail again stay owed, before any owed meanwhile.
   std::deque<OwedForwards> still;
@@ -967,6 +1023,10 @@ void ParameterStore::ResendOwed() {
   for (const auto& id : ids) {
     auto it = resending_.find(id);
     if (it != resending_.end()) resending_.erase(it);
+  }
+  for (const auto& backup : to) {
+    auto it = resending_to_.find(backup);
+    if (it != resending_to_.end()) resending_to_.erase(it);
   }
   owed_.insert(owed_.begin(), std::make_move_iterator(still.begin()),
                std::make_move_iterator(still.end()));

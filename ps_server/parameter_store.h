@@ -221,15 +221,19 @@ class ParameterStore {
   // so the copy and the forwards meet at replica->updates(), and a forward that comes to the
   // backup before the copy waits for it (ApplyReplicatedDense). The copy carries the ledger's
   // done pushes too, and those applied before it whose answers are still on their way, but no
-  // dense push applied after it (NoteApplied's numbers; a push applied after the copy of
-  // another shard copied earlier for the same backup is not told apart: docs/replication.md).
+  // dense push applied after it (NoteApplied's numbers). A push it holds that went to `backup`
+  // as a forward (applied after the copy of another shard for the same backup, in one
+  // rebuild) is carried only once that forward is answered: the copy waits for it (until
+  // options.replica_wait), and gives up when it failed (the push would be in this shard's
+  // copy and its id done there, without its update of the other shard).
   // Forwards to `backup` go again if DropBackup had stopped them (those it still owed from
   // before are forgotten: the copy holds what they carried). NOT_FOUND for a shard not held
   // here; FAILED_PRECONDITION for a shard whose backup is another live task, for one that
   // accumulates sync steps (its accumulator is not copied yet), and on a store not created
   // with replication 2 (whose pushes are not numbered); UNAVAILABLE when the task was lost
-  // again meanwhile, or a push applied before the copy did not finish its apply within
-  // options.replica_wait (no backup set).
+  // again meanwhile, when a push applied before the copy did not finish its apply within
+  // options.replica_wait, or when one of its forwards to `backup` failed or was not answered
+  // within it (no backup set).
   absl::Status CopyForNewBackup(const v1::ShardRef& ref, int backup, v1::DenseReplica* replica);
   // The new backup's side, on the backup store (its shard created as for any backup): takes
   // the copy's values, slots and update count unless the shard has had that many updates
@@ -431,7 +435,9 @@ class ParameterStore {
   // AppliedSoFar() under its shard's lock: every push applied to the shard before the copy has
   // a lower number, every one after it a higher one.
   int64_t NoteApplied() ABSL_LOCKS_EXCLUDED(applied_mu_);
-  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome)
+  // `backups`: where the push's forwards go (ApplyDensePush's backups), for ForwardsSettled.
+  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome,
+                   const std::vector<std::pair<int, int64_t>>& backups)
       ABSL_LOCKS_EXCLUDED(applied_mu_);
   void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(applied_mu_);
   int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(applied_mu_);
@@ -440,6 +446,13 @@ class ParameterStore {
   bool AppliedUnanswered(int64_t below, absl::Time deadline,
                          google::protobuf::RepeatedPtrField<v1::LedgerEntry>* out)
       ABSL_LOCKS_EXCLUDED(applied_mu_);
+  // Whether every push numbered below `below` that forwards to `backup` of `generation` has been
+  // answered by `deadline`, and none of those forwards is owed (OwesTo): what a copy for that
+  // task carries as done then holds on the task (CopyForNewBackup).
+  bool ForwardsSettled(int backup, int64_t generation, int64_t below, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(applied_mu_, owed_mu_);
+  // Whether a forward to `backup` of `generation` is owed, or being sent again (ResendOwed).
+  bool OwesTo(int backup, int64_t generation) const ABSL_LOCKS_EXCLUDED(owed_mu_);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -521,6 +534,7 @@ class ParameterStore {
     bool told = false;
     v1::RequestId id;
     PushOutcome outcome;
+    std::vector<std::pair<int, int64_t>> backups;  // (task, generation) its forwards go to
   };
   std::atomic<bool> replicated_{false};  // a CreateShards asked for replication 2
   mutable absl::Mutex applied_mu_;
@@ -574,6 +588,8 @@ class ParameterStore {
   std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);
   // The ids of owed forwards that ResendOwed is sending (client, seq).
   std::multiset<std::pair<uint64_t, uint64_t>> resending_ ABSL_GUARDED_BY(owed_mu_);
+  // The (task, generation) of the dense forwards ResendOwed is sending, for OwesTo.
+  std::multiset<std::pair<int, int64_t>> resending_to_ ABSL_GUARDED_BY(owed_mu_);
   std::atomic<int64_t> owed_count_{0};  // owed_.size(), read without the lock
   // Forwards by what became of them (ForwardTotals).
   std::atomic<int64_t> forwards_acknowledged_{0};

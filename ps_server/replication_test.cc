@@ -5,6 +5,7 @@
 // real one (gRPC between ps daemons) is tested in tests/ps_cluster_test.cc.
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -208,7 +209,21 @@ class DirectForwarder : public PushForwarder {
     }
     EXPECT_EQ(backup, 1);
     if (sent != nullptr) *sent += static_cast<int64_t>(replica.values_and_slots().size());
-    return to->InstallReplica(replica, installed);
+    PS_RETURN_IF_ERROR(to->InstallReplica(replica, installed));
+    std::function<void(int)> after;
+    int copies = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      after = after_copy_;
+      copies = copies_;
+    }
+    if (after) after(copies);
+    return absl::OkStatus();
+  }
+  // Called (outside the lock) with the number of copies so far after each copy is installed.
+  void AfterCopy(std::function<void(int)> f) {
+    absl::MutexLock lock(&mu_);
+    after_copy_ = std::move(f);
   }
   void FailCopiesAfter(int n) {
     absl::MutexLock lock(&mu_);
@@ -220,18 +235,25 @@ class DirectForwarder : public PushForwarder {
   }
   absl::Status Forward(const ForwardList& list) override {
     ParameterStore* backup = nullptr;
+    bool fail = false;
+    absl::Duration fail_after;
     {
       absl::MutexLock lock(&mu_);
       ++calls_;
       if (fail_next_ > 0) {
         --fail_next_;
-        return absl::UnavailableError("ps:1 is not answering");
+        fail = true;
       }
+      fail_after = fail_after_;
       backup = backup_;
-      if (backup == nullptr) {
+      if (backup == nullptr && !fail) {
         kept_.insert(kept_.end(), list.forwards.begin(), list.forwards.end());
         return absl::OkStatus();
       }
+    }
+    if (fail) {
+      absl::SleepFor(fail_after);
+      return absl::UnavailableError("ps:1 is not answering");
     }
     // Outside the lock: a forward may wait for another push's, as over the network.
     for (const DenseForward& f : list.forwards) {
@@ -245,9 +267,11 @@ class DirectForwarder : public PushForwarder {
     absl::MutexLock lock(&mu_);
     backup_ = backup;
   }
-  void FailNext(int n) {
+  // The next n forwards fail, each after `after` (a backup that stopped answering).
+  void FailNext(int n, absl::Duration after = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
     fail_next_ = n;
+    fail_after_ = after;
   }
   int calls() {
     absl::MutexLock lock(&mu_);
@@ -262,6 +286,7 @@ class DirectForwarder : public PushForwarder {
   absl::Mutex mu_;
   ParameterStore* backup_ ABSL_GUARDED_BY(mu_) = nullptr;
   int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration fail_after_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   ParameterStore* stream_to_ ABSL_GUARDED_BY(mu_) = nullptr;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
@@ -270,6 +295,7 @@ class DirectForwarder : public PushForwarder {
   std::vector<DenseForward> kept_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ReplicateSparseRequest> kept_sparse_ ABSL_GUARDED_BY(mu_);
   int copies_left_ ABSL_GUARDED_BY(mu_) = -1;  // -1: every one
+  std::function<void(int)> after_copy_ ABSL_GUARDED_BY(mu_);
   int copies_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -908,6 +934,107 @@ TEST(ReplicationTest, ARebuildSendsEachShardsCopyOrLeavesNoShardBackedUpThere) {
   ASSERT_TRUE(Push(primary, {"a", "b"}, 4, &resp).ok());
   EXPECT_EQ(forwarder.calls(), calls + 1);
   ExpectSameAs(fresh, primary);
+}
+
+// One rebuild onto ps:1 copies "a", then "b". A push applied between the two copies updates
+// "a" with a forward to ps:1 and "b" before its copy: it is in "b"'s copy, so "b"'s copy
+// carries its id as done. If its forward to ps:1 failed, ps:1, promoted, would hold the push
+// in "b" alone and answer the worker's retry as a duplicate: "a" would never have it. The
+// copy of "b" waits for such forwards and gives the rebuild up when one failed; the next
+// rebuild copies "a" with the push in it. The forward fails at once, or (Slow) only after
+// "b"'s copy was taken: the copy must wait for it, not read it as not owed yet.
+class ForwardFailingBetweenCopiesTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ForwardFailingBetweenCopiesTest, GivesTheRebuildUp) {
+  const bool slow = GetParam();
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  EXPECT_EQ(primary.DropBackup(1), 2);
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(5);
+  ParameterStore fresh(waits_briefly);  // ps:1, back
+  CreateBackupOnly(fresh);
+  forwarder.ApplyTo(&fresh);
+  absl::Status push9 = absl::UnknownError("not pushed");
+  std::thread pusher;
+  forwarder.AfterCopy([&](int copies) {
+    if (copies != 1) return;  // after "a"'s copy, before "b"'s
+    forwarder.FailNext(1, slow ? absl::Milliseconds(300) : absl::ZeroDuration());
+    const int calls = forwarder.calls();
+    pusher = std::thread([&] {
+      v1::PushDenseResponse r;
+      push9 = Push(primary, {"a", "b"}, 9, &r);
+    });
+    // Applied, and its forward on its way (failing now, or in 300 ms).
+    while (forwarder.calls() == calls) absl::SleepFor(absl::Milliseconds(1));
+    if (!slow) pusher.join();
+  });
+  v1::RebuildBackupRequest request;
+  request.set_backup_ps_task(1);
+  request.add_shards()->set_variable("a");
+  request.add_shards()->set_variable("b");
+  v1::RebuildBackupResponse rebuilt;
+  absl::Status s = primary.RebuildBackup(request, /*self=*/0, &rebuilt);
+  forwarder.AfterCopy(nullptr);
+  if (pusher.joinable()) pusher.join();
+  EXPECT_EQ(push9.code(), absl::StatusCode::kUnavailable) << push9;  // applied, not on ps:1
+  if (s.ok()) {
+    // ps:1 would count as a backup now. Promoted, it would take the retry of push 9 as a
+    // duplicate and stay without it in "a".
+    v1::PushDenseResponse retry;
+    ASSERT_TRUE(Push(fresh, {"a", "b"}, 9, &retry).ok());
+    ExpectSameAs(fresh, primary);
+    FAIL() << "the rebuild went through with push 9 in b's copy alone";
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rebuild of b/0 on ps:1"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has a forward to ps:1 that failed"));
+  EXPECT_EQ(Updates(fresh, "a"), 1);  // without push 9
+  // The chief's next try: both copies hold push 9, and ps:1 follows its primary from there.
+  ASSERT_TRUE(primary.RebuildBackup(request, 0, &rebuilt).ok());
+  EXPECT_EQ(rebuilt.shards_copied(), 2);
+  ExpectSameAs(fresh, primary);
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 10, &resp).ok());
+  ExpectSameAs(fresh, primary);
+  // Promoted: the retry of push 9 is a duplicate, and each shard has it once.
+  v1::PushDenseResponse retry;
+  ASSERT_TRUE(Push(fresh, {"a", "b"}, 9, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(Updates(fresh, "a"), 3);
+  EXPECT_EQ(Updates(fresh, "b"), 3);
+  ExpectSameAs(fresh, primary);
+}
+
+INSTANTIATE_TEST_SUITE_P(AtOnceOrSlow, ForwardFailingBetweenCopiesTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Slow" : "AtOnce";
+                         });
+
+// A store not created with replication 2 numbers none of its pushes, so a copy could not tell
+// which pushes it holds: it refuses, and its shard keeps no backup.
+TEST(ReplicationTest, AStoreWithoutReplicationRefusesCopiesForANewBackup) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  v1::CreateShardsRequest req;
+  *req.add_dense() = AdamShard("a", 6, 1);
+  v1::CreateShardsResponse created;
+  ASSERT_TRUE(primary.CreateShards(req, &created).ok());  // (no replication)
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(Push(primary, {"a"}, 1, &resp).ok());
+  v1::ShardRef a;
+  a.set_variable("a");
+  v1::DenseReplica copy;
+  const absl::Status s = primary.CopyForNewBackup(a, 1, &copy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not created with replication 2"));
+  EXPECT_EQ(copy.values_and_slots().size(), 0u);
+  ASSERT_TRUE(Push(primary, {"a"}, 2, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), 0);  // nothing forwarded: no backup was set
+  EXPECT_EQ(Updates(primary, "a"), 2);
 }
 
 TEST(ReplicationTest, ACopyForANewBackupRefusesWhatDoesNotFitAndChangesNothing) {
