@@ -591,7 +591,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   };
   ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered,
                  replicated_.load(std::memory_order_relaxed) ? &applied_as : nullptr);
-  if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome, backups);
+  if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome);
   bool streams_fit = false;
   absl::Status committed;
   if (committed_early) {
@@ -641,7 +641,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
     // buffers are reused).
     auto kept = std::make_shared<const ForwardList>(*owed);
     ledger_.Record(header.request_id(), outcome, kept, applied_as);
-    OweForwards(header.request_id(), std::move(kept));
+    OweForwards(header.request_id(), std::move(kept), nullptr, applied_as);
     return forwarded;
   }
   ledger_.Record(header.request_id(), outcome, nullptr, applied_as);
@@ -744,7 +744,9 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
   // forward must have been applied there first. Waited for (those forwards find their shards'
   // copies installed there already), and the copy given up when one failed or is owed: the
   // task would hold the push here and count it done, without it in that other shard.
-  if (!ForwardsSettled(backup, generation, applied_before, absl::Now() + options_.replica_wait)) {
+  // (One deadline for both waits: a copy gives up after replica_wait, not twice that.)
+  const absl::Time deadline = absl::Now() + options_.replica_wait;
+  if (!ForwardsSettled(backup, generation, applied_before, deadline)) {
     shard.ClearBackupIf(backup, generation);
     replica->Clear();
     return absl::UnavailableError(
@@ -759,8 +761,7 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
   // from their numbers, first (one answered meanwhile is in the ledger read after). Those
   // applied after it (numbered from applied_before) are left out even where already recorded:
   // the copy does not hold them, and their forwards bring them to the new backup.
-  if (!AppliedUnanswered(applied_before, absl::Now() + options_.replica_wait,
-                         replica->mutable_ledger())) {
+  if (!AppliedUnanswered(applied_before, deadline, replica->mutable_ledger())) {
     shard.ClearBackupIf(backup, generation);
     replica->Clear();
     return absl::UnavailableError(absl::StrCat(
@@ -775,26 +776,26 @@ absl::Status ParameterStore::CopyForNewBackup(const v1::ShardRef& ref, int backu
   return absl::OkStatus();
 }
 
-int64_t ParameterStore::NoteApplied() {
+int64_t ParameterStore::NoteApplied(const std::vector<std::pair<int, int64_t>>& backups) {
   absl::MutexLock lock(&applied_mu_);
   const int64_t number = next_applied_++;
-  applied_.emplace_hint(applied_.end(), number, AppliedPush());
+  AppliedPush& p = applied_.emplace_hint(applied_.end(), number, AppliedPush())->second;
+  for (const std::pair<int, int64_t>& b : backups) {
+    if (b.first >= 0 && std::find(p.backups.begin(), p.backups.end(), b) == p.backups.end()) {
+      p.backups.push_back(b);
+    }
+  }
   return number;
 }
 
 void ParameterStore::NoteOutcome(int64_t number, const v1::RequestId& id,
-                                 const PushOutcome& outcome,
-                                 const std::vector<std::pair<int, int64_t>>& backups) {
+                                 const PushOutcome& outcome) {
   absl::MutexLock lock(&applied_mu_);
   auto it = applied_.find(number);
   if (it == applied_.end()) return;
   it->second.told = true;
   it->second.id = id;
   it->second.outcome = outcome;
-  for (const std::pair<int, int64_t>& b : backups) {
-    std::vector<std::pair<int, int64_t>>& to = it->second.backups;
-    if (b.first >= 0 && std::find(to.begin(), to.end(), b) == to.end()) to.push_back(b);
-  }
 }
 
 void ParameterStore::NoteAnswered(int64_t number) {
@@ -835,8 +836,8 @@ bool ParameterStore::ForwardsSettled(int backup, int64_t generation, int64_t bel
     const std::pair<int, int64_t> to(backup, generation);
     const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(applied_mu_) {
       for (auto it = applied_.begin(); it != applied_.end() && it->first < below; ++it) {
+        // (Its backups were noted with its number, under the locks its update took.)
         const std::vector<std::pair<int, int64_t>>& b = it->second.backups;
-        // (One not told yet has not forwarded: AppliedUnanswered waits for it.)
         if (std::find(b.begin(), b.end(), to) != b.end()) return false;
       }
       return true;
@@ -844,14 +845,16 @@ bool ParameterStore::ForwardsSettled(int backup, int64_t generation, int64_t bel
     if (!applied_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) return false;
   }
   // A failed forward is owed before its push is answered (FinishPushDense).
-  return !OwesTo(backup, generation);
+  return !OwesTo(backup, generation, below);
 }
 
-bool ParameterStore::OwesTo(int backup, int64_t generation) const {
+bool ParameterStore::OwesTo(int backup, int64_t generation, int64_t below) const {
   absl::MutexLock lock(&owed_mu_);
-  if (resending_to_.count({backup, generation}) > 0) return true;
+  for (const auto& [task, gen, number] : resending_to_) {
+    if (task == backup && gen == generation && number < below) return true;
+  }
   for (const OwedForwards& o : owed_) {
-    if (o.forwards == nullptr) continue;
+    if (o.forwards == nullptr || o.applied_as >= below) continue;
     for (const DenseForward& f : o.forwards->forwards) {
       if (f.backup == backup && f.generation == generation) return true;
     }
@@ -985,16 +988,16 @@ absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
 
 void ParameterStore::OweForwards(const v1::RequestId& id,
                                  std::shared_ptr<const ForwardList> forwards,
-                                 std::shared_ptr<const SparseForwards> sparse) {
+                                 std::shared_ptr<const SparseForwards> sparse, int64_t applied_as) {
   absl::MutexLock lock(&owed_mu_);
-  owed_.push_back(OwedForwards{id, std::move(forwards), std::move(sparse)});
+  owed_.push_back(OwedForwards{id, std::move(forwards), std::move(sparse), applied_as});
   owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
 }
 
 void ParameterStore::ResendOwed() {
   std::deque<OwedForwards> owed;
   std::vector<std::pair<uint64_t, uint64_t>> ids;
-  std::vector<std::pair<int, int64_t>> to;  // (task, generation) of each dense forward
+  std::vector<std::tuple<int, int64_t, int64_t>> to;  // (task, generation, push) per forward
   {
     absl::MutexLock lock(&owed_mu_);
     owed.swap(owed_);
@@ -1002,7 +1005,9 @@ void ParameterStore::ResendOwed() {
     for (const OwedForwards& o : owed) {
       ids.emplace_back(o.id.client(), o.id.seq());
       if (o.forwards == nullptr) continue;
-      for (const DenseForward& f : o.forwards->forwards) to.emplace_back(f.backup, f.generation);
+      for (const DenseForward& f : o.forwards->forwards) {
+        to.emplace_back(f.backup, f.generation, o.applied_as);
+      }
     }
     resending_.insert(ids.begin(), ids.end());
     resending_to_.insert(to.begin(), to.end());
@@ -1286,7 +1291,7 @@ void ParameterStore::ApplyDensePush(
   if (applied_as != nullptr || whole) {
     under_locks = [&](const std::vector<int64_t>& at,
                       const std::vector<std::pair<int, int64_t>>& backups_at) {
-      if (applied_as != nullptr) *applied_as = NoteApplied();
+      if (applied_as != nullptr) *applied_as = NoteApplied(backups_at);
       if (whole) ordered(at, backups_at);
     };
   }

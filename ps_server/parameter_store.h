@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -434,10 +435,11 @@ class ParameterStore {
   // ledger (with the number) or failed (NoteAnswered). A copy for a new backup reads
   // AppliedSoFar() under its shard's lock: every push applied to the shard before the copy has
   // a lower number, every one after it a higher one.
-  int64_t NoteApplied() ABSL_LOCKS_EXCLUDED(applied_mu_);
-  // `backups`: where the push's forwards go (ApplyDensePush's backups), for ForwardsSettled.
-  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome,
-                   const std::vector<std::pair<int, int64_t>>& backups)
+  // `backups`: where the push's forwards go (DenseShard::ApplyAll's, under the same locks), for
+  // ForwardsSettled.
+  int64_t NoteApplied(const std::vector<std::pair<int, int64_t>>& backups)
+      ABSL_LOCKS_EXCLUDED(applied_mu_);
+  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome)
       ABSL_LOCKS_EXCLUDED(applied_mu_);
   void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(applied_mu_);
   int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(applied_mu_);
@@ -451,8 +453,10 @@ class ParameterStore {
   // task carries as done then holds on the task (CopyForNewBackup).
   bool ForwardsSettled(int backup, int64_t generation, int64_t below, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(applied_mu_, owed_mu_);
-  // Whether a forward to `backup` of `generation` is owed, or being sent again (ResendOwed).
-  bool OwesTo(int backup, int64_t generation) const ABSL_LOCKS_EXCLUDED(owed_mu_);
+  // Whether a forward to `backup` of `generation` of a push numbered below `below` (or not
+  // numbered) is owed, or being sent again (ResendOwed). Conservative: a forward list owed
+  // because another of its backups failed counts too.
+  bool OwesTo(int backup, int64_t generation, int64_t below) const ABSL_LOCKS_EXCLUDED(owed_mu_);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -469,7 +473,7 @@ class ParameterStore {
   // waiting for an update whose pusher never retries (it died, or gave up). Each one that goes
   // through is marked replicated in the ledger.
   void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
-                   std::shared_ptr<const SparseForwards> sparse = nullptr);
+                   std::shared_ptr<const SparseForwards> sparse = nullptr, int64_t applied_as = -1);
   void ResendOwed();
   // Complete a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
@@ -583,13 +587,14 @@ class ParameterStore {
     v1::RequestId id;
     std::shared_ptr<const ForwardList> forwards;  // or
     std::shared_ptr<const SparseForwards> sparse;
+    int64_t applied_as = -1;  // the push's number (NoteApplied), -1 if none
   };
   mutable absl::Mutex owed_mu_;
   std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);
   // The ids of owed forwards that ResendOwed is sending (client, seq).
   std::multiset<std::pair<uint64_t, uint64_t>> resending_ ABSL_GUARDED_BY(owed_mu_);
-  // The (task, generation) of the dense forwards ResendOwed is sending, for OwesTo.
-  std::multiset<std::pair<int, int64_t>> resending_to_ ABSL_GUARDED_BY(owed_mu_);
+  // The (task, generation, push number) of the dense forwards ResendOwed is sending, for OwesTo.
+  std::multiset<std::tuple<int, int64_t, int64_t>> resending_to_ ABSL_GUARDED_BY(owed_mu_);
   std::atomic<int64_t> owed_count_{0};  // owed_.size(), read without the lock
   // Forwards by what became of them (ForwardTotals).
   std::atomic<int64_t> forwards_acknowledged_{0};
