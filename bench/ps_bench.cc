@@ -65,6 +65,7 @@
 #include "client/tcp_ps_transport.h"
 #include "common/grpc_status.h"
 #include "common/hash.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -1005,5 +1006,6 @@ int main(int argc, char** argv) {
       "       ps_bench --loopback_rtt_only");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  pscluster::SetMutexChecksFromEnvironment();  // (off: as the daemons)
   return pscluster::Main();
 }

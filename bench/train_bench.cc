@@ -43,6 +43,7 @@
 #include "chief/in_process_chief.h"
 #include "client/parameter_client.h"
 #include "common/clock.h"
+#include "common/mutex_checks.h"
 #include "common/proto_file.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -419,6 +420,7 @@ int main(int argc, char** argv) {
       "[--batch_size=N] [--seconds=S] [--model_config=F] [--data_path=DIR]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  pscluster::SetMutexChecksFromEnvironment();  // (off: as the daemons)
   FLAGS_logtostderr = true;
   if (FLAGS_batch_size < 1 || FLAGS_num_ps < 1 || FLAGS_seconds <= 0 || FLAGS_warmup_seconds < 0) {
     std::fprintf(stderr,

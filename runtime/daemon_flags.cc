@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/cluster_spec.h"
+#include "common/mutex_checks.h"
 #include "common/version.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -169,6 +170,7 @@ void InitDaemonMain(const char* usage, int* argc, char*** argv) {
   }
   gflags::HandleCommandLineHelpFlags();
   google::InitGoogleLogging((*argv)[0]);
+  SetMutexChecksFromEnvironment();
 }
 
 absl::StatusOr<v1::ClusterConfig> ClusterConfigFromFlags() {

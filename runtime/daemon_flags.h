@@ -17,7 +17,8 @@ namespace pscluster {
 // The start of every daemon's main(): blocks SIGTERM/SIGINT (see BlockTerminationSignals),
 // logs to stderr unless --logtostderr=false, parses flags and starts glog. --help (and
 // --helpshort) lists the project's flags by group, --helpfull every flag, --version the
-// version and commit (common/version.h); each exits 0.
+// version and commit (common/version.h); each exits 0. absl::Mutex's deadlock detection is off
+// unless PSCLUSTER_MUTEX_DEADLOCK_DETECTION asks for it (common/mutex_checks.h).
 void InitDaemonMain(const char* usage, int* argc, char*** argv);
 
 // The cluster spec from --ps_hosts, --worker_hosts, --chief_hosts, --evaluator_hosts,
