@@ -31,6 +31,11 @@
 # _towers<T> (e.g. local16_towers2) has one worker on GPUs 0..T-1 instead (its --device lists
 # them: each step's batch of <batch> per GPU split over them, gradients all-reduced with NCCL,
 # DDP's arithmetic inside the worker); the BENCH line says <T>gpu. Only with --workers 1.
+# --seeds "S1 S2 ...": repeat r draws from seed S_r on both sides, instead of seed 1 every time
+# (then --repeats is the number of seeds): the model's initial values (the config's `seed`, in a
+# copy of it; torch_cnn.py --seed) and the order of the examples (the chief's --shuffle_seed;
+# PyTorch's shuffle follows its seed), so that the times and epochs to the target show how
+# much they move with the draw.
 # Every run is cut off after --timeout s. With $OUT set the report and a tarball of every run's
 # logs are also written there. DEVICE (default gpu:0) and PYTHON (default python3) as usual.
 set -euo pipefail
@@ -41,6 +46,7 @@ specs="mlp 128 1 0.885 20;cnn 128 2 0.90 15;resnet20 128 2 0.92 30"
 run_timeout=600
 ours_runs=async
 num_workers=1
+seeds=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --repeats) repeats=$2; shift 2 ;;
@@ -49,12 +55,15 @@ while [[ $# -gt 0 ]]; do
     --timeout) run_timeout=$2; shift 2 ;;
     --ours) ours_runs=$2; shift 2 ;;
     --workers) num_workers=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --seeds) seeds=$2; shift 2 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "gpu_tta.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 read -r -a worker_counts <<<"$num_workers"
-for n in "$repeats" "$run_timeout" "${worker_counts[@]}"; do
+read -r -a seed_list <<<"$seeds"
+[[ ${#seed_list[@]} -gt 0 ]] && repeats=${#seed_list[@]}
+for n in "$repeats" "$run_timeout" "${worker_counts[@]}" "${seed_list[@]}"; do
   [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_tta.sh: not a number: $n" >&2; exit 2; }
 done
 read -r -a mode_list <<<"$modes"
@@ -114,11 +123,22 @@ for spec in "${spec_list[@]}"; do
     status=1
     continue
   fi
-  cl_model=$bundle/configs/$name.pbtxt
-  [[ -f $cl_model ]] || { say "==> $name: no $cl_model"; status=1; continue; }
+  config=$bundle/configs/$name.pbtxt
+  [[ -f $config ]] || { say "==> $name: no $config"; status=1; continue; }
   say "==> $name, batch $batch, target test accuracy $target, at most $max_epochs epochs"
   declare -A times=()
   for ((r = 1; r <= repeats; r++)); do
+    cl_model=$config
+    seed_flags=()
+    if [[ ${#seed_list[@]} -gt 0 ]]; then
+      seed=${seed_list[r - 1]}
+      cl_model=$work/${name}_seed$seed.pbtxt
+      grep -q '^seed: ' "$config" ||
+        { say "==> $name: $config has no top-level seed to change"; status=1; break; }
+      sed "s/^seed: .*/seed: $seed/" "$config" >"$cl_model"
+      seed_flags=(--seed="$seed")
+      say "    repeat $r: seed $seed"
+    fi
     # Ours: the evaluator reads the model each time the global step (one worker: its steps) has
     # moved half an epoch.
     for key in "${ours_keys[@]}"; do
@@ -138,6 +158,7 @@ for spec in "${spec_list[@]}"; do
       # (at 1.4 M ex/s, 50 ms was 540 steps of 128, more than half an epoch).
       cl_ours_flags "$o" "$bundle/certs"
       cl_worker_flags+=(--report_every_secs=0.01)
+      [[ ${#seed_flags[@]} -gt 0 ]] && cl_chief_flags+=(--shuffle_seed="$seed")
       cl_target_accuracy=$target
       seconds=inf
       if cl_train_to_end "$run" "$cl_mode" "$num_ps" "$workers" "$worker_batch" "$max_epochs" "$device" \
@@ -170,6 +191,7 @@ for spec in "${spec_list[@]}"; do
       ddp=()
       [[ $mode == ddp* ]] && ddp=(--ddp)
       timeout -k 10 "$run_timeout" "${launch[@]}" "$bundle/bench/torch_cnn.py" "${ddp[@]}" \
+        ${seed_flags[@]+"${seed_flags[@]}"} \
         --model="$cl_model" --data="$bundle/data" --batch_size="$batch" --capture="$capture" \
         --target_accuracy="$target" --eval_every_examples=30000 --max_epochs="$max_epochs" \
         >"$work/$run.out" 2>"$work/$run.err" || rc=$?
