@@ -351,7 +351,8 @@ absl::Status ParameterStore::PullDense(const v1::PullDenseRequest& request, Dens
   return absl::OkStatus();
 }
 
-absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, DensePush* push) {
+absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, DensePush* push,
+                                            bool forwarded) {
   push->shards_.clear();
   push->payload_bytes_ = 0;
   push->received_bytes_ = 0;
@@ -369,7 +370,7 @@ absl::Status ParameterStore::StartPushDense(const v1::PushDenseHeader& header, D
     return elem_bytes.status();
   }
   push->elem_bytes_ = *elem_bytes;
-  push->allow_non_finite_ = options_.allow_non_finite;
+  push->allow_non_finite_ = options_.allow_non_finite || forwarded;
   const int n = static_cast<int>(push->shards_.size());
   if (static_cast<int>(push->grads_.size()) < n) push->grads_.resize(n);
   for (int i = 0; i < n; ++i) {

@@ -142,8 +142,12 @@ class ParameterStore {
   // at once (ASYNC, SSP), or through the shard's accumulator for header.step (SYNC: the mean
   // of replicas_to_aggregate workers' gradients is applied once, when the next step needs it;
   // gradients of other steps are dropped and counted per worker). A request id seen before is
-  // answered with the first outcome (`duplicate`), applying nothing.
-  absl::Status StartPushDense(const v1::PushDenseHeader& header, DensePush* push);
+  // answered with the first outcome (`duplicate`), applying nothing. `forwarded`: a primary's
+  // forward to this backup store (ApplyReplicatedDense), whose gradients are taken as they
+  // are: the primary checked them against its own --nan_policy, and a backup that refused what
+  // its primary applied would leave the two copies apart (so its NaN and Inf scan is skipped).
+  absl::Status StartPushDense(const v1::PushDenseHeader& header, DensePush* push,
+                              bool forwarded = false);
   absl::Status FinishPushDense(DensePush* push, v1::PushDenseResponse* response,
                                PushStreams* streams = nullptr);
 

@@ -218,7 +218,7 @@ grpc::Status PsService::Replicate(grpc::ServerContext* ctx,
   absl::StatusOr<ParameterStore*> store = backups_.ForForward(header.primary_ps_task());
   if (!store.ok()) return ToGrpcStatus(store.status());
   std::unique_ptr<DensePush> push = pushes_.Take();
-  absl::Status s = (*store)->StartPushDense(header.push(), push.get());
+  absl::Status s = (*store)->StartPushDense(header.push(), push.get(), /*forwarded=*/true);
   if (s.ok()) s = ReadChunks(reader, "Replicate", push.get());
   if (s.ok()) s = (*store)->ApplyReplicatedDense(header, push.get(), resp);
   pushes_.Return(std::move(push));

@@ -4,8 +4,10 @@
 // in, and never twice. The forwarder here hands forwards to the backup store directly; the
 // real one (gRPC between ps daemons) is tested in tests/ps_cluster_test.cc.
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,7 +93,7 @@ int64_t Updates(ParameterStore& store, const std::string& name) {
 absl::Status ApplyForward(ParameterStore& backup, const DenseForward& f,
                           v1::ReplicateResponse* resp) {
   DensePush push;
-  PS_RETURN_IF_ERROR(backup.StartPushDense(f.header.push(), &push));
+  PS_RETURN_IF_ERROR(backup.StartPushDense(f.header.push(), &push, /*forwarded=*/true));
   for (size_t i = 0; i < f.grads.size(); ++i) {
     PS_RETURN_IF_ERROR(
         push.AddChunk(static_cast<int>(i), 0,
@@ -1017,6 +1019,65 @@ INSTANTIATE_TEST_SUITE_P(AtOnceOrSlow, ForwardFailingBetweenCopiesTest, ::testin
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Slow" : "AtOnce";
                          });
+
+// A push of `grads` ("a" then "b") as client 7's push number `seq`.
+absl::Status PushGrads(ParameterStore& store, const std::vector<std::vector<float>>& grads, int seq,
+                       v1::PushDenseResponse* resp) {
+  v1::PushDenseHeader header;
+  header.add_shards()->set_variable("a");
+  header.add_num_elements(6);
+  header.add_shards()->set_variable("b");
+  header.add_num_elements(3);
+  header.mutable_request_id()->set_client(7);
+  header.mutable_request_id()->set_seq(seq);
+  DensePush push;
+  PS_RETURN_IF_ERROR(store.StartPushDense(header, &push));
+  for (int k = 0; k < 2; ++k) {
+    PS_RETURN_IF_ERROR(push.AddChunk(
+        k, 0,
+        absl::string_view(reinterpret_cast<const char*>(grads[k].data()), grads[k].size() * 4)));
+  }
+  return store.FinishPushDense(&push, resp, nullptr);
+}
+
+// The bytes of a shard's values (NaN compares unequal as a float, equal as its bytes).
+std::string Bytes(ParameterStore& store, const std::string& name) {
+  const std::vector<float> v = Values(store, name);
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A primary whose --nan_policy lets NaN gradients through applies one; its backup, whose own
+// policy refuses them, takes the forward as it is (the primary decided), so the two stay
+// equal: before, the backup refused it and was left behind its primary for good. A worker's
+// push of NaN to the backup store itself is still refused by its own policy.
+TEST(ReplicationTest, ABackupTakesWhatItsPrimaryAppliedWhateverItsOwnNanPolicy) {
+  DirectForwarder forwarder;
+  ParameterStoreOptions allows = WithForwarder(&forwarder);
+  allows.allow_non_finite = true;
+  ParameterStore primary(allows);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(2);
+  ParameterStore backup(waits_briefly);  // refuses NaN from workers
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  v1::PushDenseResponse resp;
+  ASSERT_TRUE(
+      PushGrads(primary, {std::vector<float>(6, 0.5f), {0.25f, nan, -1.0f}}, 1, &resp).ok());
+  EXPECT_EQ(resp.accepted(), 2);
+  ASSERT_TRUE(
+      PushGrads(primary, {std::vector<float>(6, -0.5f), {1.0f, 1.0f, 1.0f}}, 2, &resp).ok());
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_TRUE(std::isnan(Values(primary, "b")[1]));
+  for (const char* name : {"a", "b"}) {
+    EXPECT_EQ(Bytes(backup, name), Bytes(primary, name)) << name;
+    EXPECT_EQ(Updates(backup, name), 2) << name;
+  }
+  const absl::Status worker = PushGrads(backup, {std::vector<float>(6, nan), {0, 0, 0}}, 3, &resp);
+  EXPECT_EQ(worker.code(), absl::StatusCode::kInvalidArgument) << worker;
+  EXPECT_THAT(std::string(worker.message()), HasSubstr("NaN and Inf gradients are refused"));
+  EXPECT_EQ(Updates(backup, "a"), 2);
+}
 
 // A store not created with replication 2 numbers none of its pushes, so a copy could not tell
 // which pushes it holds: it refuses, and its shard keeps no backup.

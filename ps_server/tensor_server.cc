@@ -258,7 +258,8 @@ class TensorServer::Connection {
     v1::ReplicateHeader header;
     absl::StatusOr<ParameterStore*> store = ForwardTarget(request, &header);
     if (!store.ok()) return Fatal(request, store.status());
-    if (absl::Status s = (*store)->StartPushDense(header.push(), &push_); !s.ok()) {
+    if (absl::Status s = (*store)->StartPushDense(header.push(), &push_, /*forwarded=*/true);
+        !s.ok()) {
       return Fatal(request, s);
     }
     uint64_t left = request.payload_bytes;
@@ -366,7 +367,8 @@ class TensorServer::Connection {
     absl::StatusOr<ParameterStore*> found = ForwardTarget(request, &header);
     if (!found.ok()) return Refuse(request, request.payload_bytes, found.status());
     ParameterStore* store = *found;
-    if (absl::Status s = store->StartPushDense(header.push(), &push_); !s.ok()) {
+    if (absl::Status s = store->StartPushDense(header.push(), &push_, /*forwarded=*/true);
+        !s.ok()) {
       return Refuse(request, request.payload_bytes, s);
     }
     uint64_t left = request.payload_bytes;
