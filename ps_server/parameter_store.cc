@@ -1745,7 +1745,8 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     grads = grad_copy.data();
   }
   const SparseWork work(this);
-  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, options_.allow_non_finite, work.pool()));
+  // The gradients as the primary applied them (it checked them against its --nan_policy).
+  PS_RETURN_IF_ERROR(t.table->CheckPush(keys, n, grads, /*allow_non_finite=*/true, work.pool()));
   PushOutcome outcome;
   // (An earlier attempt's groups applied before it was released are seen by their stripes'
   // counts below: their stripes have passed them.)

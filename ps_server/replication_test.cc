@@ -1209,6 +1209,35 @@ std::pair<std::string, int64_t> Rows(ParameterStore& store) {
   return {r->found_rows(), r->shard().rows()};
 }
 
+// As for dense shards: a table's backup takes the rows its primary applied, NaN included when
+// the primary's --nan_policy let it through, whatever its own policy.
+TEST(ReplicationTest, ATablesBackupTakesWhatItsPrimaryAppliedWhateverItsOwnNanPolicy) {
+  DirectForwarder forwarder;
+  ParameterStoreOptions allows = WithForwarder(&forwarder);
+  allows.allow_non_finite = true;
+  ParameterStore primary(allows);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(2);
+  ParameterStore backup(waits_briefly);
+  CreateTables(primary, backup);
+  forwarder.ApplyTo(&backup);
+  v1::PushSparseRequest req;
+  req.set_table("emb");
+  req.mutable_request_id()->set_client(100);
+  req.mutable_request_id()->set_seq(1);
+  const std::vector<int64_t> keys = {3, 17, 42};
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  grads[5] = std::numeric_limits<float>::infinity();  // key 17's second element
+  req.set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  v1::PushSparseResponse resp;
+  const absl::Status s = primary.PushSparse(req, keys.data(), 3, req.gradients(), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Rows(backup), Rows(primary));  // bit for bit, the non-finite row too
+  ASSERT_TRUE(PushRows(primary, 0, 2, &resp).ok());
+  EXPECT_EQ(Rows(backup), Rows(primary));
+}
+
 TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
