@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/mutex_checks.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/model.pb.h"
@@ -451,5 +452,6 @@ int Main() {
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  pscluster::SetMutexChecksFromEnvironment();  // (off: as the daemons)
   return pscluster::Main();
 }

@@ -48,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/huge_page_pool.h"
+#include "common/mutex_checks.h"
 #include "common/thread_pool.h"
 #include "gflags/gflags.h"
 #include "proto/model.pb.h"
@@ -441,6 +442,7 @@ int RunMemory() {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  pscluster::SetMutexChecksFromEnvironment();  // (off: as the daemons)
   if (FLAGS_occurrences < 1 || FLAGS_occurrences > FLAGS_keys) {
     std::fprintf(stderr, "table_bench: --occurrences %d: expected 1 to --keys (%lld)\n",
                  FLAGS_occurrences, static_cast<long long>(FLAGS_keys));

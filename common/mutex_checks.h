@@ -10,8 +10,8 @@ namespace pscluster {
 // Off by default because Debian's Abseil is built with the detection on (no NDEBUG): every
 // Mutex::Lock then takes one process-wide spin lock to look the mutex up in a graph
 // (synchronization_internal::GraphCycles), which serializes the lock acquisitions of every
-// thread of a ps task. tools/test.sh turns it on ("abort") for the daemons the tests start;
-// unit tests keep Abseil's default (on).
+// thread of a ps task. .bazelrc turns it on ("abort") for every `bazel test`, so the daemons the
+// tests start check their lock order too; unit tests keep Abseil's default (on) besides.
 //
 // Returns the mode set, as the variable's value ("off" when unset or unknown).
 const char* SetMutexChecksFromEnvironment();

@@ -29,6 +29,9 @@ TEST(MutexChecksTest, OffUnlessAsked) {
   setenv("PSCLUSTER_MUTEX_DEADLOCK_DETECTION", "yes", 1);
   EXPECT_STREQ(SetMutexChecksFromEnvironment(), "off");
   LockInBothOrders();
+  // As the tests run (.bazelrc), for whatever runs after this test in the binary.
+  setenv("PSCLUSTER_MUTEX_DEADLOCK_DETECTION", "abort", 1);
+  EXPECT_STREQ(SetMutexChecksFromEnvironment(), "abort");
 }
 
 TEST(MutexChecksDeathTest, AbortStopsAtALockOrderCycle) {
