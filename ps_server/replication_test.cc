@@ -61,6 +61,14 @@ void CreateBoth(ParameterStore& primary, ParameterStore& backup) {
   ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
 }
 
+// The primary's shards as CreateBoth makes them, after their backup ps:1 died (DropBackup): no
+// shard forwards anywhere until a copy gives it a new backup.
+void CreateWithBackupLost(ParameterStore& primary) {
+  ParameterStore died{ParameterStoreOptions()};
+  CreateBoth(primary, died);
+  EXPECT_EQ(primary.DropBackup(1), 2);
+}
+
 // ps:1's shards of "a" and "b" alone, as a backup of ps:0's (a task that came back empty).
 void CreateBackupOnly(ParameterStore& backup) {
   v1::CreateShardsRequest req;
@@ -591,9 +599,7 @@ TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
 TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStore died{ParameterStoreOptions()};
-  CreateBoth(primary, died);
-  EXPECT_EQ(primary.DropBackup(1), 2);
+  CreateWithBackupLost(primary);
   v1::PushDenseResponse resp;
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(Push(primary, {"a", "b"}, i, &resp).ok());
   EXPECT_EQ(forwarder.calls(), 0);  // nothing forwarded while ps:1 was gone
@@ -747,9 +753,7 @@ TEST(ReplicationTest, ACopyCarriesTheIdsOfPushesAppliedBeforeItButNotAnsweredYet
 TEST(ReplicationTest, APushThatArrivedBeforeItsShardGotANewBackupIsForwardedAfterItsApply) {
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStore died{ParameterStoreOptions()};
-  CreateBoth(primary, died);
-  EXPECT_EQ(primary.DropBackup(1), 2);
+  CreateWithBackupLost(primary);
   v1::PushDenseResponse resp;
   ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
   ParameterStore backup{ParameterStoreOptions()};  // ps:1 back, empty
@@ -951,9 +955,7 @@ TEST_P(ForwardFailingBetweenCopiesTest, GivesTheRebuildUp) {
   const bool slow = GetParam();
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
-  ParameterStore died{ParameterStoreOptions()};
-  CreateBoth(primary, died);
-  EXPECT_EQ(primary.DropBackup(1), 2);
+  CreateWithBackupLost(primary);
   v1::PushDenseResponse resp;
   ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &resp).ok());
   ParameterStoreOptions waits_briefly;
