@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -884,9 +885,99 @@ absl::Status Coordinator::Checkpoint(const v1::CheckpointRequest&, v1::Checkpoin
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int>> Coordinator::FailedOverEarlier(
+    const std::vector<std::string>& addresses) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
+                      options_.make_ps_transport(addresses));
+  std::vector<char> down(num_ps_, 0);
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
+  std::set<int> failed;
+  v1::ListShardsRequest request;
+  request.set_include_backups(true);
+  for (int ps = 0; ps < num_ps_; ++ps) {
+    if (down[ps]) continue;
+    absl::StatusOr<v1::ListShardsResponse> listed = transport->ListShards(ps, request);
+    if (!listed.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot list the shards of ps:", ps,
+                                                 " to learn which tasks an earlier "
+                                                 "chief failed over: ",
+                                                 listed.status().message()));
+    }
+    for (const v1::ShardStats& s : listed->shards()) {
+      if (s.backup() && s.promoted()) failed.insert(s.primary_ps_task());
+    }
+  }
+  return std::vector<int>(failed.begin(), failed.end());
+}
+
+absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
+  std::vector<char> is_failed(num_ps_, 0);
+  for (int ps : failed) is_failed[ps] = 1;
+  for (int ps : failed) {
+    std::map<int, int> expected;  // dense partitions of `ps` each backup task must promote
+    for (const v1::DensePartition& p : client_->placement().partitions()) {
+      if (p.ps_task() == ps) ++expected[p.backup_ps_task()];
+    }
+    for (const auto& [backup, count] : expected) {
+      if (is_failed[backup]) {
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", ps, " was failed over by an earlier chief, but ps:", backup, ", which holds ",
+            count, " of its partitions, failed over too: waiting for the tasks to serve"));
+      }
+    }
+    // Every live task, as FailOver tells them (a task told before answers as it did): the
+    // backups promote what an earlier chief that died mid-failover had not, the primaries stop
+    // forwarding to `ps`.
+    for (int task = 0; task < num_ps_; ++task) {
+      if (is_failed[task]) continue;
+      v1::FailOverPsResponse r;
+      absl::Status s = client_->FailOverPs(task, ps, &r, expected[task]);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("cannot complete the failover of ps:", ps,
+                                                   " on ps:", task, ": ", s.message()));
+      }
+      if (r.dense_promoted() < expected[task]) {
+        return absl::UnavailableError(absl::StrCat("ps:", task, " holds ", r.dense_promoted(),
+                                                   " of the ", expected[task],
+                                                   " partitions of ps:", ps, " it backs up"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::InitializeModel() {
-  while (!registry_.AwaitServing({std::string(kPsJob)}, clock_->Now() + kWaitSlice)) {
+  const bool replicated = options_.placement.replication() >= 2;
+  // Replication 2: the ps tasks an earlier chief failed over. Their partitions are served by
+  // the tasks that took them over, so a task among them that is down is not waited for, and
+  // nothing is created on one that is back (which would restore every task from the checkpoint
+  // and roll back what was pushed since).
+  std::vector<int> failed_earlier;
+  absl::Time next_look = absl::InfinitePast();
+  while (true) {
+    const bool all = registry_.AwaitServing({std::string(kPsJob)}, clock_->Now() + kWaitSlice);
     if (stop_requested()) return absl::OkStatus();
+    if (!replicated) {
+      if (all) break;
+      continue;
+    }
+    if (!all && clock_->Now() < next_look) continue;
+    next_look = clock_->Now() + absl::Seconds(1);
+    std::vector<std::string> now;
+    for (int i = 0; i < num_ps_; ++i) now.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
+    absl::StatusOr<std::vector<int>> failed = FailedOverEarlier(now);
+    if (!failed.ok()) {
+      if (all) return failed.status();
+      continue;
+    }
+    failed_earlier = *std::move(failed);
+    if (all) break;
+    bool waiting = false;  // for a task that is down and was not failed over
+    for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
+      waiting |= std::find(failed_earlier.begin(), failed_earlier.end(), t.index()) ==
+                 failed_earlier.end();
+    }
+    if (!waiting) break;
   }
   std::vector<std::string> addresses;
   for (int i = 0; i < num_ps_; ++i) {
@@ -898,6 +989,7 @@ absl::Status Coordinator::InitializeModel() {
     return absl::Status(placement.status().code(),
                         absl::StrCat("cannot place the model: ", placement.status().message()));
   }
+  for (int ps : failed_earlier) placement->add_failed_over_ps(ps);
   LOG(INFO) << "placement of " << options_.model.variables_size() << " variables and "
             << options_.model.tables_size() << " tables on " << num_ps_ << " ps tasks:\n"
             << PlacementDebugString(*placement);
@@ -922,6 +1014,17 @@ absl::Status Coordinator::InitializeModel() {
   client_options.chief_epoch = chief_epoch_;
   // A ps task restarted elsewhere while the chief calls it is followed at its new address.
   client_options.before_retry = [this](int ps) { FollowPs(ps); };
+  if (replicated) {
+    // A call to a task whose heartbeats stopped is not retried for the client's 20 attempts
+    // (about 30 s): with backups, the maintenance thread fails the task over instead, which a
+    // checkpoint's save waiting for the task would hold up as long.
+    client_options.lost = [this](int ps) {
+      for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
+        if (t.index() == ps) return true;
+      }
+      return false;
+    };
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));
   PS_ASSIGN_OR_RETURN(
@@ -953,6 +1056,14 @@ absl::Status Coordinator::InitializeModel() {
   for (int i = 0; i < num_ps_; ++i) {
     ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
   }
+  if (!failed_earlier.empty()) {
+    // Routed around from the start: CreateAll sends them nothing.
+    PS_RETURN_IF_ERROR(client_->SetFailedOver(failed_earlier));
+    LOG(WARNING) << "ps:" << absl::StrJoin(failed_earlier, ", ps:")
+                 << " failed over under an earlier chief: their partitions stay on the tasks "
+                    "that took them over (not waiting for them, creating nothing on them, "
+                    "restoring nothing)";
+  }
   // With a checkpoint to start from, new shards wait for it (held): a chief that dies before
   // restoring leaves them refusing service, never serving initial values as if trained.
   const bool have_checkpoint = checkpoints_ != nullptr && checkpoints_->HasCheckpoint();
@@ -967,6 +1078,9 @@ absl::Status Coordinator::InitializeModel() {
     return absl::Status(created.code(),
                         absl::StrCat("cannot create the variables: ", created.message()));
   }
+  // After CreateAll, which set every primary's backups as placed: told again, the primaries
+  // stop forwarding to the failed-over tasks (and psctl shows those backups lost).
+  PS_RETURN_IF_ERROR(AdoptFailovers(failed_earlier));
   int64_t restored_step = -1;
   const std::vector<std::string> why = recovery_->ReasonsToRestoreAtStart(fresh, awaiting);
   if (!why.empty()) {
@@ -987,12 +1101,19 @@ absl::Status Coordinator::InitializeModel() {
   if (options_.sync.mode() == v1::SYNC && restored_step < 0) {
     // After a chief restart the ps tasks still hold the model: the steps their accumulators
     // have applied are the global step, so workers neither repeat nor skip steps.
+    // (A failed-over task's partitions are counted where they were promoted.)
     int64_t applied = 0;
     for (int ps = 0; ps < num_ps_; ++ps) {
-      absl::StatusOr<v1::ListShardsResponse> shards = client_->ListShards(ps);
+      if (std::find(failed_earlier.begin(), failed_earlier.end(), ps) != failed_earlier.end()) {
+        continue;
+      }
+      absl::StatusOr<v1::ListShardsResponse> shards =
+          client_->ListShards(ps, /*include_backups=*/replicated);
       if (!shards.ok()) return shards.status();
       for (const v1::ShardStats& s : shards->shards()) {
-        if (!s.is_table()) applied = std::max(applied, s.applied_step());
+        if (!s.is_table() && (!s.backup() || s.promoted())) {
+          applied = std::max(applied, s.applied_step());
+        }
       }
     }
     if (applied > 0) {
@@ -1020,6 +1141,15 @@ absl::Status Coordinator::InitializeModel() {
   model_ready_ = true;
   SetPhaseLocked(ServingPhase(), "");
   LOG(INFO) << "every variable is created and initialized on its ps task";
+  // A failed-over task that serves again gets its backups rebuilt, as when it comes back under
+  // the chief that failed it over (one down now is, once it registers: MaintenanceLoop).
+  for (int ps : failed_earlier) {
+    if (options_.sync.mode() != v1::SYNC && registry_.IncarnationOf(MakeTaskId(kPsJob, ps)) != 0) {
+      LOG(WARNING) << "ps:" << ps << " serves again after its failover: rebuilding onto it the "
+                   << "backups it held of the tasks still serving";
+      ScheduleRebuild(ps);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -145,6 +145,10 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
     cancelled_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
     if (options_.before_retry && !cancelled_.HasBeenNotified()) options_.before_retry(ps);
+    if (options_.lost && options_.lost(ps)) {
+      return absl::UnavailableError(absl::StrCat(s.message(), " (gave up after ", attempt,
+                                                 " attempts: ps:", ps, " is lost)"));
+    }
     if (routes >= 0 && RoutesChanged(routes)) {
       return absl::AbortedError(absl::StrCat(
           "ps:", ps, " failed over while a call to it waited: planned again (", s.message(), ")"));
@@ -183,6 +187,9 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
     r.set_replication(placement_.options().replication());
     r.mutable_ps_addresses()->Add(create.ps_addresses.begin(), create.ps_addresses.end());
   }
+  std::vector<char> failed;  // empty: none failed over
+  RoutesSnapshot(&failed);
+  const auto failed_over = [&failed](int ps) { return !failed.empty() && failed[ps]; };
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
   for (const v1::DensePartition& p : placement_.partitions()) {
@@ -211,7 +218,9 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
   }
   if (placement_.options().replication() >= 2) AddBackups(&requests);
   std::vector<int> all;
-  for (int ps = 0; ps < placement_.num_ps(); ++ps) all.push_back(ps);
+  for (int ps = 0; ps < placement_.num_ps(); ++ps) {
+    if (!failed_over(ps)) all.push_back(ps);
+  }
   std::vector<v1::CreateShardsResponse> responses(placement_.num_ps());
   PS_RETURN_IF_ERROR(ForEachPs(
       all, [&](int ps) { return transport_->CreateShards(ps, requests[ps], &responses[ps]); }));

@@ -45,6 +45,10 @@ struct ParameterClientOptions {
   // Called before a call to ps task `ps` is tried again (after the backoff), on the calling
   // thread: for example to look up where the task is now and SetPsAddress there. May be null.
   std::function<void(int ps)> before_retry;
+  // Called after before_retry: true when task `ps` is known to be lost (the chief's view: its
+  // heartbeats stopped), so that the call is given up (UNAVAILABLE) instead of tried again
+  // until max_attempts. May be null.
+  std::function<bool(int ps)> lost;
 };
 
 // How ParameterClient::CreateAll creates shards, and what it found.
@@ -98,7 +102,10 @@ class ParameterClient {
   // everything, e.g. after a chief restart); `*awaiting_restore` (optional) the ps tasks that
   // still wait for a restore of shards created with hold_until_restored. With a placement of
   // replication 2, each task is also sent the backups it holds (CreateShardsRequest.backups;
-  // not counted in `*created`).
+  // not counted in `*created`). After SetFailedOver, a failed-over task is sent nothing: the
+  // tasks that took its partitions over hold them, as promoted backups. (Its primaries are
+  // sent their shards with the placement's backups, that task included: a primary told of the
+  // failover, FailOverPs, forwards nothing to it whatever the spec says.)
   absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr,
                          const CreateShardsOptions& create = CreateShardsOptions(),
                          std::vector<int>* awaiting_restore = nullptr);

@@ -1,5 +1,6 @@
 #include "client/parameter_client.h"
 
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -154,6 +155,29 @@ TEST(ParameterClientTest, RetriesUnavailableThenGivesUp) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(s.message()), HasSubstr("ps:1 is unavailable"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 3 attempts"));
+}
+
+// A task its caller knows to be lost (ParameterClientOptions::lost: the chief's, for one whose
+// heartbeats stopped) is not tried again; the others are, as before.
+TEST(ParameterClientTest, GivesUpAtOnceOnATaskKnownLost) {
+  ParameterClientOptions options;
+  options.max_attempts = 20;
+  std::atomic<int> asked{0};
+  options.lost = [&asked](int ps) {
+    asked.fetch_add(1);
+    return ps == 1;
+  };
+  Fixture f = Make(2, options);
+  std::vector<std::vector<float>> values;
+  f.transport->FailNextCalls(1, 5);
+  absl::Status s = f.client->Pull({"w"}, &values);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 1 attempts: ps:1 is lost"));
+  EXPECT_EQ(asked.load(), 1);
+  f.transport->FailNextCalls(1, 0);  // (the rest of ps:1's failures cleared)
+  f.transport->FailNextCalls(0, 3);
+  EXPECT_TRUE(f.client->Pull({"w"}, &values).ok());
+  EXPECT_EQ(asked.load(), 4);  // ps:0's three retries asked too
 }
 
 TEST(ParameterClientTest, Fp16WireRoundsWithinItsBound) {

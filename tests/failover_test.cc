@@ -122,6 +122,93 @@ void FollowFailovers(TestCluster& cluster, ParameterClient& client) {
   CHECK(client.SetFailedOver(failed).ok());
 }
 
+// As a worker's before_retry: the failed-over tasks and the tasks' addresses now.
+void FollowChief(TestCluster& cluster, ParameterClient& client) {
+  const v1::GetModelResponse now = ModelOf(cluster);
+  for (int i = 0; i < now.ps_addresses_size(); ++i) {
+    CHECK(client.SetPsAddress(i, now.ps_addresses(i)).ok());
+  }
+  CHECK(client
+            .SetFailedOver(std::vector<int>(now.placement().failed_over_ps().begin(),
+                                            now.placement().failed_over_ps().end()))
+            .ok());
+}
+
+// kClients clients pushing as workers do until Stop() (and at least 20 times each): client c
+// pushes c + 1 into every element of "w" and "b" and, with `rows`, into every row of
+// TableKeys(), each push until it is answered (its tickets keep its request ids across
+// attempts), following the chief's routes after an UNAVAILABLE answer (FollowChief).
+class Pushers {
+ public:
+  Pushers(TestCluster& cluster, const v1::GetModelResponse& m, bool rows)
+      : pushes_(kClients), errors_(kClients) {
+    for (int c = 0; c < kClients; ++c) {
+      threads_.emplace_back([this, &cluster, m, rows, c] {
+        std::unique_ptr<ParameterClient> client = ClientFor(m, c);
+        const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
+        const std::vector<int64_t> keys = TableKeys();
+        const std::vector<float> grows(keys.size() * 4, c + 1.0f);
+        for (int i = 0; !stop_.load() || i < 20; ++i) {
+          PushTicket ticket, rows_ticket;
+          const absl::Time deadline = absl::Now() + absl::Seconds(60);
+          absl::Status s;
+          while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
+            if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+            FollowChief(cluster, *client);
+          }
+          while (s.ok() && rows) {
+            s = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i, &rows_ticket);
+            if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) {
+              break;
+            }
+            s = absl::OkStatus();  // again, after a look at the routes
+            FollowChief(cluster, *client);
+          }
+          if (!s.ok()) {
+            errors_[c] = s;
+            return;
+          }
+          pushes_[c].store(i + 1);
+          answered_.fetch_add(1);
+          absl::SleepFor(absl::Milliseconds(2));
+        }
+      });
+    }
+  }
+  ~Pushers() { Stop(); }
+
+  // Waits (60 s at most) until `more` further pushes were answered; false if they were not.
+  bool AwaitAnswers(int more) {
+    const int until = answered_.load() + more;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (answered_.load() < until && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return answered_.load() >= until;
+  }
+  // Stops the clients and waits for them; each client's error, if it stopped on one.
+  const std::vector<absl::Status>& Stop() {
+    stop_.store(true);
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    return errors_;
+  }
+  // Once stopped: every element's (and row's) value, minus the sum of the answered pushes.
+  float Expected() const {
+    float expected = 0;
+    for (int c = 0; c < kClients; ++c) expected -= (c + 1.0f) * pushes_[c].load();
+    return expected;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> answered_{0};
+  std::vector<std::atomic<int>> pushes_;
+  std::vector<absl::Status> errors_;
+  std::vector<std::thread> threads_;
+};
+
 // Which task dies, and after how many of the clients' pushes were answered.
 struct KillPoint {
   int ps;
@@ -492,69 +579,11 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     }
     return cluster.chief().LogTail(600).find(text) != std::string::npos;
   };
-  // As a worker's before_retry: the failed-over tasks and the tasks' addresses now.
-  auto follow = [&](ParameterClient& client) {
-    const v1::GetModelResponse now = ModelOf(cluster);
-    for (int i = 0; i < now.ps_addresses_size(); ++i) {
-      CHECK(client.SetPsAddress(i, now.ps_addresses(i)).ok());
-    }
-    CHECK(client
-              .SetFailedOver(std::vector<int>(now.placement().failed_over_ps().begin(),
-                                              now.placement().failed_over_ps().end()))
-              .ok());
-  };
-
-  // Client c pushes c + 1 into every element until told to stop (and at least 20 times).
-  std::atomic<bool> stop{false};
-  std::atomic<int> answered{0};
-  std::vector<int> pushes(kClients, 0);
-  std::vector<absl::Status> errors(kClients);
-  std::vector<std::thread> threads;
-  // (Stopped and joined however the test ends.)
-  struct Joiner {
-    std::atomic<bool>* stop;
-    std::vector<std::thread>* threads;
-    ~Joiner() {
-      stop->store(true);
-      for (std::thread& t : *threads) {
-        if (t.joinable()) t.join();
-      }
-    }
-  } joiner{&stop, &threads};
-  for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([&, c] {
-      std::unique_ptr<ParameterClient> client = ClientFor(m, c);
-      const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
-      for (int i = 0; !stop.load() || i < 20; ++i) {
-        PushTicket ticket;
-        const absl::Time deadline = absl::Now() + absl::Seconds(60);
-        absl::Status s;
-        while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
-          if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
-          follow(*client);
-        }
-        if (!s.ok()) {
-          errors[c] = s;
-          return;
-        }
-        pushes[c] = i + 1;
-        answered.fetch_add(1);
-        absl::SleepFor(absl::Milliseconds(2));
-      }
-    });
-  }
-  auto await_answers = [&](int more) {
-    const int until = answered.load() + more;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (answered.load() < until && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return answered.load() >= until;
-  };
-  ASSERT_TRUE(await_answers(20));
+  Pushers pushers(cluster, m, /*rows=*/false);
+  ASSERT_TRUE(pushers.AwaitAnswers(20));
   ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
   ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
-  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
   ASSERT_TRUE(cluster.StartTask("ps", x, /*same_address=*/false).ok()) << cluster.Logs();
   ASSERT_TRUE(
       await_log(absl::StrCat("backups rebuilt on ps:", x, ": ", rebuilt_on_x, " dense shards")))
@@ -601,7 +630,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   {
     const v1::GetModelResponse now = ModelOf(cluster);
     std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    follow(*reader);
+    FollowChief(cluster, *reader);
     absl::StatusOr<v1::ListShardsResponse> on_x = reader->ListShards(x, /*include_backups=*/true);
     ASSERT_TRUE(on_x.ok()) << on_x.status();
     const v1::ShardStats* target = nullptr;
@@ -637,23 +666,22 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
           << status.error_message();
     }
   }
-  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
   ASSERT_TRUE(cluster.ps(p).Signal(SIGKILL).ok());
   ASSERT_TRUE(await_log(absl::StrCat("ps:", p, " failed over"))) << cluster.Logs(40);
-  ASSERT_TRUE(await_answers(20)) << cluster.Logs(40);
-  stop.store(true);
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  for (const absl::Status& e : pushers.Stop()) {
+    ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+  }
 
   const v1::GetModelResponse after = ModelOf(cluster);
   ASSERT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
                                after.placement().failed_over_ps().end()),
               ::testing::UnorderedElementsAre(x, p));
-  float expected = 0;
-  for (int c = 0; c < kClients; ++c) expected -= (c + 1.0f) * pushes[c];
+  const float expected = pushers.Expected();
   {
     std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    follow(*reader);
+    FollowChief(cluster, *reader);
     std::vector<std::vector<float>> values;
     ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
     for (int v = 0; v < 2; ++v) {
@@ -724,6 +752,109 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   EXPECT_NE(lost.rebuilds(0).state(), v1::BACKUP_REBUILD_DONE) << lost.DebugString();
   EXPECT_EQ(lost.rebuilds(0).primaries_done(), 0) << lost.DebugString();
 }
+
+// A chief restarted after a failover (docs/replication.md, "A chief restarted after a
+// failover"): ps:1 is killed and fails over while the clients push; then the chief is killed
+// with SIGKILL and started again, with ps:1 still down, or back already and given its backups
+// again by the first chief. The new chief learns the failover from the tasks that took ps:1's
+// partitions over: it does not wait for ps:1, creates nothing on it and restores no
+// checkpoint (a restore would roll the model back to the one taken before the first push);
+// every answered push is in the model exactly once, dense and rows, served and in a checkpoint
+// it takes; and ps:1, serving again, gets its backups rebuilt by the new chief.
+class ChiefRestartTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
+  const bool back_before = GetParam();
+  constexpr int kKilled = 1;
+  const std::string name = absl::StrCat("ps:", kKilled);
+  const std::string checkpoint_dir =
+      absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-chief-restart-", back_before);
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir);
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
+  auto await_log = [&](const std::string& text) {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return cluster.chief().LogTail(600).find(text) != std::string::npos;
+  };
+  const std::string rebuilt = absl::StrCat("backups rebuilt on ", name, ": ");
+  Pushers pushers(cluster, m, /*rows=*/true);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(kKilled).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(name + " failed over")) << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  if (back_before) {
+    ASSERT_TRUE(cluster.StartTask("ps", kKilled).ok()) << cluster.Logs();
+    ASSERT_TRUE(await_log(rebuilt)) << cluster.Logs(40);
+  }
+
+  ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
+  ASSERT_TRUE(await_log(name + " failed over under an earlier chief")) << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  if (!back_before) {
+    // Back under the new chief: its backups are rebuilt, as under the chief that failed it over.
+    ASSERT_TRUE(cluster.StartTask("ps", kKilled).ok()) << cluster.Logs();
+  }
+  ASSERT_TRUE(await_log(rebuilt)) << cluster.Logs(40);
+  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  for (const absl::Status& e : pushers.Stop()) {
+    ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+  }
+
+  const v1::GetModelResponse after = ModelOf(cluster);
+  EXPECT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
+                               after.placement().failed_over_ps().end()),
+              ::testing::ElementsAre(kKilled));
+  const float expected = pushers.Expected();
+  const std::vector<int64_t> keys = TableKeys();
+  {
+    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
+    FollowChief(cluster, *reader);
+    std::vector<std::vector<float>> values;
+    ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
+    for (int v = 0; v < 2; ++v) {
+      for (size_t j = 0; j < values[v].size(); ++j) {
+        ASSERT_EQ(values[v][j], expected) << (v == 0 ? "w" : "b") << "[" << j << "]\n"
+                                          << cluster.Logs(40);
+      }
+    }
+    std::vector<float> rows(keys.size() * 4);
+    ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), rows.data()).ok())
+        << cluster.Logs(40);
+    for (size_t j = 0; j < rows.size(); ++j) {
+      ASSERT_EQ(rows[j], expected) << "row of key " << keys[j / 4] << "\n" << cluster.Logs(40);
+    }
+  }
+  {
+    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+    v1::CheckpointResponse saved;
+    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
+    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
+    for (const auto& [part, values] : snapshot->dense) {
+      for (size_t j = 0; j < values.size(); ++j) ASSERT_EQ(values[j], expected) << part;
+    }
+    for (int64_t key : keys) {
+      auto row = snapshot->rows.find({"emb", key});
+      ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
+      for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
+    }
+  }
+  const std::string chief_log = cluster.chief().LogTail(5000);
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restored checkpoint")));
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restoring every ps task")));
+  EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restart the job")));
+  EXPECT_THAT(chief_log, HasSubstr("resuming from the cluster's state"));
+}
+
+INSTANTIATE_TEST_SUITE_P(FailedTaskDownOrBack, ChiefRestartTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "BackBeforeTheRestart" : "DownAtTheRestart";
+                         });
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training

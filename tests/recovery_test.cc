@@ -454,6 +454,38 @@ TEST_P(SyncFailoverTest, APsKilledAtAnyStepFailsOverAndTheRunEndsAsUndisturbed) 
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SyncFailoverTest, ::testing::Values(1, 2, 3));
 
+// (h) A ps task dies in the middle of writing a checkpoint (ps:1, SIGKILL at its second save's
+// midpoint: the checkpoint of step 40), in sync mode with replication 2. The chief's save gives
+// the lost task up once its heartbeats stop (before, it tried it again for about 30 s, and the
+// failover waited that long behind it), the chief fails it over, and training goes on. Then
+// the chief itself is killed and started again, with ps:1 still down: the new chief learns the
+// failover from the task that took ps:1's partitions over (it neither waits for ps:1 nor
+// restores a checkpoint, which would compute the steps since again), takes the global step
+// from the shards as served, and the run ends with the undisturbed run's model bit for bit.
+// (Before, it waited for ps:1; started again, ps:1's new shards had every task restored.)
+TEST_F(RecoveryTest, APsLostMidCheckpointFailsOverAndARestartedChiefKeepsTheFailover) {
+  StartCluster("failover-chief-restart",
+               {{"chief:0", {"--replication=2"}},
+                {"ps:1", {absl::StrCat("--crash_at=", kCrashSaveMidway, "@2")}}});
+  const v1::ClusterStatus after = AwaitStatus(
+      *chief_, [](const v1::ClusterStatus& s) { return s.global_step() >= 80; },
+      absl::Seconds(120));
+  ASSERT_GE(after.global_step(), 80) << cluster_->Logs(40);
+  absl::StatusOr<int> died = cluster_->ps(1).WaitForExit(absl::Seconds(1));
+  ASSERT_TRUE(died.ok()) << "ps:1 did not crash: " << cluster_->Logs(40);
+  const std::string first = cluster_->chief().LogTail(400);
+  EXPECT_THAT(first, HasSubstr("checkpoint skipped"));
+  EXPECT_THAT(first, HasSubstr("ps:1 is lost)"));
+  EXPECT_THAT(first, HasSubstr("ps:1 failed over: "));
+  KillAndRestart("chief", 0);
+  ExpectFinishedAsUndisturbed();
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr("ps:1 failed over under an earlier chief"));
+  EXPECT_THAT(log, HasSubstr("from the ps tasks (steps their shards have applied)"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("restored checkpoint")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("computed again")));
+}
+
 // A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
 // chief restores the previous one instead, saying so.
 TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
