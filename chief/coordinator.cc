@@ -911,27 +911,38 @@ absl::StatusOr<std::vector<int>> Coordinator::FailedOverEarlier(
 }
 
 absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
-  std::vector<char> is_failed(num_ps_, 0);
+  std::vector<char> is_failed(num_ps_, 0), down(num_ps_, 0);
   for (int ps : failed) is_failed[ps] = 1;
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
   for (int ps : failed) {
     std::map<int, int> expected;  // dense partitions of `ps` each backup task must promote
     for (const v1::DensePartition& p : client_->placement().partitions()) {
       if (p.ps_task() == ps) ++expected[p.backup_ps_task()];
     }
     for (const auto& [backup, count] : expected) {
-      if (is_failed[backup]) {
-        return absl::UnavailableError(absl::StrCat(
-            "ps:", ps, " was failed over by an earlier chief, but ps:", backup, ", which holds ",
-            count, " of its partitions, failed over too: waiting for the tasks to serve"));
+      if (down[backup]) {
+        return absl::UnavailableError(
+            absl::StrCat("ps:", ps, " was failed over by an earlier chief, and ps:", backup,
+                         ", which took over ", count,
+                         " of its partitions, is down: no copy of them serves "
+                         "until it comes back"));
       }
     }
-    // Every live task, as FailOver tells them (a task told before answers as it did): the
-    // backups promote what an earlier chief that died mid-failover had not, the primaries stop
-    // forwarding to `ps`.
+    // Every task that serves (one failed over earlier and back included, which may have taken
+    // partitions of `ps` over), as FailOver tells them; a task told before answers as it did.
+    // The backups promote what an earlier chief that died mid-failover had not, the primaries
+    // stop forwarding to `ps`.
     for (int task = 0; task < num_ps_; ++task) {
-      if (is_failed[task]) continue;
+      if (task == ps || down[task]) continue;
       v1::FailOverPsResponse r;
       absl::Status s = client_->FailOverPs(task, ps, &r, expected[task]);
+      if (s.code() == absl::StatusCode::kFailedPrecondition) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ps:", ps, " was failed over by an earlier chief, but ps:", task,
+            " no longer holds the partitions of it that it took over (it restarted since?): no "
+            "copy of them is left; restart the job from its newest checkpoint (",
+            s.message(), ")"));
+      }
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrCat("cannot complete the failover of ps:", ps,
                                                    " on ps:", task, ": ", s.message()));
@@ -939,7 +950,7 @@ absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
       if (r.dense_promoted() < expected[task]) {
         return absl::UnavailableError(absl::StrCat("ps:", task, " holds ", r.dense_promoted(),
                                                    " of the ", expected[task],
-                                                   " partitions of ps:", ps, " it backs up"));
+                                                   " partitions of ps:", ps, " it took over"));
       }
     }
   }
@@ -971,6 +982,14 @@ absl::Status Coordinator::InitializeModel() {
       continue;
     }
     failed_earlier = *std::move(failed);
+    {
+      // Known at once to Heartbeat, which tells such a task it was failed over: one cut off
+      // from the earlier chief (and never told) must not renew its lease and serve its own
+      // shards again.
+      absl::MutexLock lock(&mu_);
+      model_.mutable_placement()->clear_failed_over_ps();
+      for (int ps : failed_earlier) model_.mutable_placement()->add_failed_over_ps(ps);
+    }
     if (all) break;
     bool waiting = false;  // for a task that is down and was not failed over
     for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
@@ -1083,6 +1102,16 @@ absl::Status Coordinator::InitializeModel() {
   PS_RETURN_IF_ERROR(AdoptFailovers(failed_earlier));
   int64_t restored_step = -1;
   const std::vector<std::string> why = recovery_->ReasonsToRestoreAtStart(fresh, awaiting);
+  if (!why.empty() && !failed_earlier.empty()) {
+    // A restore re-creates every task's shards as first placed, which the failovers moved
+    // (as FailOverLostPs refuses it after a failover).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks need a restore (", absl::StrJoin(why, ", "),
+        "), but ps:", absl::StrJoin(failed_earlier, ", ps:"),
+        " failed over under an earlier chief, and a "
+        "restore cannot put their partitions back where the failover moved them; restart the "
+        "job from its newest checkpoint"));
+  }
   if (!why.empty()) {
     absl::MutexLock operation(&operation_mu_);
     SetPhase(v1::RESTORING, absl::StrJoin(why, ", "));

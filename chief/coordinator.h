@@ -230,10 +230,11 @@ class Coordinator {
   // serving tasks (at `addresses`) hold their partitions promoted; UNAVAILABLE when a serving
   // task does not answer.
   absl::StatusOr<std::vector<int>> FailedOverEarlier(const std::vector<std::string>& addresses);
-  // Tells every other task of those failovers again (FailOverPs: a task told before answers as
-  // it did, so a failover the earlier chief left half done is completed). UNAVAILABLE when a
-  // task does not take it, or when partitions of one are backed up on another of them (no copy
-  // serves: the tasks are waited for).
+  // Tells every other serving task of those failovers again (FailOverPs: a task told before
+  // answers as it did, so a failover the earlier chief left half done is completed).
+  // UNAVAILABLE when a task does not take it, or when partitions of one are backed up on a task
+  // that is down (no copy serves: the chief initializes again, waiting for it);
+  // FAILED_PRECONDITION when a task no longer holds the partitions it took over.
   absl::Status AdoptFailovers(const std::vector<int>& failed);
   // Evaluates periodically (without an evaluator task), then, once every worker is done,
   // takes the final checkpoint, has the final model evaluated (by the evaluator, or by the

@@ -145,13 +145,14 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
     cancelled_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
     if (options_.before_retry && !cancelled_.HasBeenNotified()) options_.before_retry(ps);
-    if (options_.lost && options_.lost(ps)) {
-      return absl::UnavailableError(absl::StrCat(s.message(), " (gave up after ", attempt,
-                                                 " attempts: ps:", ps, " is lost)"));
-    }
     if (routes >= 0 && RoutesChanged(routes)) {
       return absl::AbortedError(absl::StrCat(
           "ps:", ps, " failed over while a call to it waited: planned again (", s.message(), ")"));
+    }
+    // (Not a routed call's: one to a lost task waits for the failover that re-plans it.)
+    if (routes < 0 && options_.lost && options_.lost(ps)) {
+      return absl::UnavailableError(absl::StrCat(s.message(), " (gave up after ", attempt,
+                                                 " attempts: ps:", ps, " is lost)"));
     }
   }
 }
@@ -216,7 +217,7 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
       }
     }
   }
-  if (placement_.options().replication() >= 2) AddBackups(&requests);
+  if (placement_.options().replication() >= 2) AddBackups(failed, &requests);
   std::vector<int> all;
   for (int ps = 0; ps < placement_.num_ps(); ++ps) {
     if (!failed_over(ps)) all.push_back(ps);
@@ -237,7 +238,12 @@ absl::Status ParameterClient::CreateAll(const v1::SyncOptions& sync, int64_t* cr
   return absl::OkStatus();
 }
 
-void ParameterClient::AddBackups(std::vector<v1::CreateShardsRequest>* requests) const {
+void ParameterClient::AddBackups(const std::vector<char>& failed,
+                                 std::vector<v1::CreateShardsRequest>* requests) const {
+  // A failed-over primary's backups are promoted where they serve; one made again here (on a
+  // task that restarted since) would hold initial values, and a later FailOverPs would promote
+  // it as if it were a copy.
+  const auto failed_over = [&failed](int ps) { return !failed.empty() && failed[ps]; };
   // (backup task, primary task) -> the entry of the backup task's request for that primary.
   std::map<std::pair<int, int>, v1::BackupShards*> entries;
   auto entry = [&](int backup, int primary) {
@@ -251,6 +257,7 @@ void ParameterClient::AddBackups(std::vector<v1::CreateShardsRequest>* requests)
   std::map<std::string, const v1::VariableSpec*> vars;
   for (const v1::VariableSpec& v : model_.variables()) vars[v.name()] = &v;
   for (const v1::DensePartition& p : placement_.partitions()) {
+    if (failed_over(p.ps_task())) continue;
     v1::DenseShardSpec* spec = entry(p.backup_ps_task(), p.ps_task())->add_dense();
     *spec->mutable_variable() = *vars.at(p.variable());
     *spec->mutable_partition() = p;
@@ -259,6 +266,7 @@ void ParameterClient::AddBackups(std::vector<v1::CreateShardsRequest>* requests)
   for (const v1::TableSpec& t : model_.tables()) {
     std::map<std::pair<int, int>, v1::TableShardSpec*> specs;
     for (int v = 0; v < num_virtual && v < placement_.virtual_shard_to_backup_ps_size(); ++v) {
+      if (failed_over(placement_.virtual_shard_to_ps(v))) continue;
       const std::pair<int, int> key{placement_.virtual_shard_to_backup_ps(v),
                                     placement_.virtual_shard_to_ps(v)};
       v1::TableShardSpec*& spec = specs[key];

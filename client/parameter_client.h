@@ -47,7 +47,8 @@ struct ParameterClientOptions {
   std::function<void(int ps)> before_retry;
   // Called after before_retry: true when task `ps` is known to be lost (the chief's view: its
   // heartbeats stopped), so that the call is given up (UNAVAILABLE) instead of tried again
-  // until max_attempts. May be null.
+  // until max_attempts. Not asked for pulls and pushes, which a failover plans again
+  // (ABORTED). May be null.
   std::function<bool(int ps)> lost;
 };
 
@@ -102,10 +103,11 @@ class ParameterClient {
   // everything, e.g. after a chief restart); `*awaiting_restore` (optional) the ps tasks that
   // still wait for a restore of shards created with hold_until_restored. With a placement of
   // replication 2, each task is also sent the backups it holds (CreateShardsRequest.backups;
-  // not counted in `*created`). After SetFailedOver, a failed-over task is sent nothing: the
-  // tasks that took its partitions over hold them, as promoted backups. (Its primaries are
-  // sent their shards with the placement's backups, that task included: a primary told of the
-  // failover, FailOverPs, forwards nothing to it whatever the spec says.)
+  // not counted in `*created`). After SetFailedOver, a failed-over task is sent nothing, and
+  // nor are the backups of its partitions: the tasks that took them over hold them, promoted.
+  // (The primaries are sent their shards with the placement's backups, a failed-over task
+  // included: one told of the failover, FailOverPs, forwards nothing to it whatever the spec
+  // says.)
   absl::Status CreateAll(const v1::SyncOptions& sync, int64_t* created = nullptr,
                          const CreateShardsOptions& create = CreateShardsOptions(),
                          std::vector<int>* awaiting_restore = nullptr);
@@ -209,7 +211,9 @@ class ParameterClient {
   // Adds to requests[t] the backups task t holds (placement_.options().replication() >= 2):
   // one CreateShardsRequest.backups entry per primary task, with its dense partitions and the
   // virtual shards of each table that t backs up.
-  void AddBackups(std::vector<v1::CreateShardsRequest>* requests) const;
+  // Not the backups of the primaries `failed` marks (empty: none).
+  void AddBackups(const std::vector<char>& failed,
+                  std::vector<v1::CreateShardsRequest>* requests) const;
   struct Part {
     v1::ShardRef ref;
     int ps = 0;          // its primary: the task whose store (and push ledger) holds it

@@ -158,7 +158,8 @@ TEST(ParameterClientTest, RetriesUnavailableThenGivesUp) {
 }
 
 // A task its caller knows to be lost (ParameterClientOptions::lost: the chief's, for one whose
-// heartbeats stopped) is not tried again; the others are, as before.
+// heartbeats stopped) is not tried again; the others are, as before, and so are pulls and
+// pushes (a failover plans those again: the client's routes change, ABORTED).
 TEST(ParameterClientTest, GivesUpAtOnceOnATaskKnownLost) {
   ParameterClientOptions options;
   options.max_attempts = 20;
@@ -168,15 +169,18 @@ TEST(ParameterClientTest, GivesUpAtOnceOnATaskKnownLost) {
     return ps == 1;
   };
   Fixture f = Make(2, options);
-  std::vector<std::vector<float>> values;
   f.transport->FailNextCalls(1, 5);
-  absl::Status s = f.client->Pull({"w"}, &values);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 1 attempts: ps:1 is lost"));
+  absl::StatusOr<v1::ListShardsResponse> listed = f.client->ListShards(1);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(listed.status().message()),
+              HasSubstr("gave up after 1 attempts: ps:1 is lost"));
   EXPECT_EQ(asked.load(), 1);
-  f.transport->FailNextCalls(1, 0);  // (the rest of ps:1's failures cleared)
-  f.transport->FailNextCalls(0, 3);
+  f.transport->FailNextCalls(1, 3);
+  std::vector<std::vector<float>> values;
   EXPECT_TRUE(f.client->Pull({"w"}, &values).ok());
+  EXPECT_EQ(asked.load(), 1);
+  f.transport->FailNextCalls(0, 3);
+  EXPECT_TRUE(f.client->ListShards(0).ok());
   EXPECT_EQ(asked.load(), 4);  // ps:0's three retries asked too
 }
 

@@ -91,6 +91,7 @@ v1::GetModelResponse ModelOf(TestCluster& cluster) {
   std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_wait_for_ready(true);  // (a chief a test restarts may not listen yet)
   v1::GetModelRequest req;
   req.set_wait_until_ready(true);
   v1::GetModelResponse resp;

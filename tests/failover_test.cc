@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cli/live_cluster.h"
@@ -122,9 +123,20 @@ void FollowFailovers(TestCluster& cluster, ParameterClient& client) {
   CHECK(client.SetFailedOver(failed).ok());
 }
 
-// As a worker's before_retry: the failed-over tasks and the tasks' addresses now.
-void FollowChief(TestCluster& cluster, ParameterClient& client) {
-  const v1::GetModelResponse now = ModelOf(cluster);
+// As a worker's before_retry: the failed-over tasks and the tasks' addresses now, from the
+// chief at `chief_address` (waiting for it while it restarts there, 30 s at most).
+void FollowChief(const std::string& chief_address, ParameterClient& client) {
+  GrpcChannelOptions channel;
+  std::unique_ptr<v1::Coordinator::Stub> chief =
+      v1::Coordinator::NewStub(NewGrpcChannel(chief_address, channel));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_wait_for_ready(true);
+  v1::GetModelRequest req;
+  req.set_wait_until_ready(true);
+  v1::GetModelResponse now;
+  const grpc::Status s = chief->GetModel(&ctx, req, &now);
+  CHECK(s.ok()) << "the chief at " << chief_address << ": " << s.error_message();
   for (int i = 0; i < now.ps_addresses_size(); ++i) {
     CHECK(client.SetPsAddress(i, now.ps_addresses(i)).ok());
   }
@@ -142,8 +154,10 @@ class Pushers {
  public:
   Pushers(TestCluster& cluster, const v1::GetModelResponse& m, bool rows)
       : pushes_(kClients), errors_(kClients) {
+    // (The chief's address, not the cluster: a chief the test restarts comes back there.)
+    const std::string chief = cluster.chief_address();
     for (int c = 0; c < kClients; ++c) {
-      threads_.emplace_back([this, &cluster, m, rows, c] {
+      threads_.emplace_back([this, chief, m, rows, c] {
         std::unique_ptr<ParameterClient> client = ClientFor(m, c);
         const std::vector<float> gw(64 * 16, c + 1.0f), gb(16, c + 1.0f);
         const std::vector<int64_t> keys = TableKeys();
@@ -154,7 +168,7 @@ class Pushers {
           absl::Status s;
           while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
             if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
-            FollowChief(cluster, *client);
+            FollowChief(chief, *client);
           }
           while (s.ok() && rows) {
             s = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i, &rows_ticket);
@@ -162,7 +176,7 @@ class Pushers {
               break;
             }
             s = absl::OkStatus();  // again, after a look at the routes
-            FollowChief(cluster, *client);
+            FollowChief(chief, *client);
           }
           if (!s.ok()) {
             errors_[c] = s;
@@ -208,6 +222,23 @@ class Pushers {
   std::vector<absl::Status> errors_;
   std::vector<std::thread> threads_;
 };
+
+// Two tasks to lose one after the other, with a rebuild between: X backs up a partition of P,
+// and P backs up none of X's, so that once X failed over P holds no partition of X's and P's
+// loss after X's rebuild leaves every partition a copy. {-1, -1} when the placement has none.
+std::pair<int, int> TasksToLoseInTurn(const v1::Placement& placement) {
+  for (int a = 0; a < kNumPs; ++a) {
+    for (int b = 0; b < kNumPs; ++b) {
+      bool a_backs_b = false, b_backs_a = false;
+      for (const v1::DensePartition& part : placement.partitions()) {
+        a_backs_b |= part.ps_task() == b && part.backup_ps_task() == a;
+        b_backs_a |= part.ps_task() == a && part.backup_ps_task() == b;
+      }
+      if (a != b && a_backs_b && !b_backs_a) return {a, b};
+    }
+  }
+  return {-1, -1};
+}
 
 // Which task dies, and after how many of the clients' pushes were answered.
 struct KillPoint {
@@ -547,19 +578,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/false);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
-  // X backs up a partition of P, and P backs up none of X's: once X failed over, P holds no
-  // partition of X's, so P's loss after the rebuild leaves every partition a copy.
-  int x = -1, p = -1;
-  for (int a = 0; a < kNumPs && x < 0; ++a) {
-    for (int b = 0; b < kNumPs && x < 0; ++b) {
-      bool a_backs_b = false, b_backs_a = false;
-      for (const v1::DensePartition& part : m.placement().partitions()) {
-        a_backs_b |= part.ps_task() == b && part.backup_ps_task() == a;
-        b_backs_a |= part.ps_task() == a && part.backup_ps_task() == b;
-      }
-      if (a != b && a_backs_b && !b_backs_a) x = a, p = b;
-    }
-  }
+  const auto [x, p] = TasksToLoseInTurn(m.placement());
   ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
   int backed_on_x = 0, rebuilt_on_x = 0;  // P's partitions backed up on X; every task's
   std::set<int> primaries_on_x;           // the tasks whose partitions X backs up
@@ -630,7 +649,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   {
     const v1::GetModelResponse now = ModelOf(cluster);
     std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    FollowChief(cluster, *reader);
+    FollowChief(cluster.chief_address(), *reader);
     absl::StatusOr<v1::ListShardsResponse> on_x = reader->ListShards(x, /*include_backups=*/true);
     ASSERT_TRUE(on_x.ok()) << on_x.status();
     const v1::ShardStats* target = nullptr;
@@ -681,7 +700,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   const float expected = pushers.Expected();
   {
     std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    FollowChief(cluster, *reader);
+    FollowChief(cluster.chief_address(), *reader);
     std::vector<std::vector<float>> values;
     ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
     for (int v = 0; v < 2; ++v) {
@@ -754,24 +773,31 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
 }
 
 // A chief restarted after a failover (docs/replication.md, "A chief restarted after a
-// failover"): ps:1 is killed and fails over while the clients push; then the chief is killed
-// with SIGKILL and started again, with ps:1 still down, or back already and given its backups
-// again by the first chief. The new chief learns the failover from the tasks that took ps:1's
-// partitions over: it does not wait for ps:1, creates nothing on it and restores no
-// checkpoint (a restore would roll the model back to the one taken before the first push);
-// every answered push is in the model exactly once, dense and rows, served and in a checkpoint
-// it takes; and ps:1, serving again, gets its backups rebuilt by the new chief.
-class ChiefRestartTest : public ::testing::TestWithParam<bool> {};
+// failover"). While clients push, ps:X is killed and fails over; then the chief is killed with
+// SIGKILL and started again, with X still down (kDown), or back already and given its backups
+// again by the first chief (kBack), or back and then holding partitions of ps:P, killed after
+// X's rebuild and failed over onto X (kChained: X is failed over and serving). The new chief
+// learns the failovers from the tasks that took the partitions over: it waits for no task that
+// is down, creates nothing on the failed-over tasks and restores no checkpoint (a restore would
+// roll the model back to the one taken before the first push); every answered push is in the
+// model exactly once, dense and rows, served and in a checkpoint it takes; and X, serving again,
+// gets its backups rebuilt by the new chief.
+enum class Before { kDown, kBack, kChained };
+
+class ChiefRestartTest : public ::testing::TestWithParam<Before> {};
 
 TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
-  const bool back_before = GetParam();
-  constexpr int kKilled = 1;
-  const std::string name = absl::StrCat("ps:", kKilled);
+  const Before before = GetParam();
   const std::string checkpoint_dir =
-      absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-chief-restart-", back_before);
-  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir);
+      absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-chief-restart-", static_cast<int>(before));
+  // (Tables are not rebuilt: the chained case, which needs X's rebuild to take P's failover,
+  // pushes dense variables alone.)
+  const bool rows = before != Before::kChained;
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/rows);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
+  const auto [x, p] = TasksToLoseInTurn(m.placement());
+  ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
   auto await_log = [&](const std::string& text) {
     const absl::Time until = absl::Now() + absl::Seconds(60);
     while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
@@ -779,24 +805,34 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
     }
     return cluster.chief().LogTail(600).find(text) != std::string::npos;
   };
-  const std::string rebuilt = absl::StrCat("backups rebuilt on ", name, ": ");
-  Pushers pushers(cluster, m, /*rows=*/true);
+  const std::string rebuilt = absl::StrCat("backups rebuilt on ps:", x, ": ");
+  Pushers pushers(cluster, m, rows);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  ASSERT_TRUE(cluster.ps(kKilled).Signal(SIGKILL).ok());
-  ASSERT_TRUE(await_log(name + " failed over")) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+  ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  if (back_before) {
-    ASSERT_TRUE(cluster.StartTask("ps", kKilled).ok()) << cluster.Logs();
+  std::vector<int> failed = {x};
+  if (before != Before::kDown) {
+    ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
     ASSERT_TRUE(await_log(rebuilt)) << cluster.Logs(40);
+  }
+  if (before == Before::kChained) {
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    ASSERT_TRUE(cluster.ps(p).Signal(SIGKILL).ok());
+    ASSERT_TRUE(await_log(absl::StrCat("ps:", p, " failed over"))) << cluster.Logs(40);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    failed = {std::min(x, p), std::max(x, p)};
   }
 
   ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
   ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
-  ASSERT_TRUE(await_log(name + " failed over under an earlier chief")) << cluster.Logs(40);
+  ASSERT_TRUE(await_log(
+      absl::StrCat("ps:", absl::StrJoin(failed, ", ps:"), " failed over under an earlier chief")))
+      << cluster.Logs(40);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  if (!back_before) {
+  if (before == Before::kDown) {
     // Back under the new chief: its backups are rebuilt, as under the chief that failed it over.
-    ASSERT_TRUE(cluster.StartTask("ps", kKilled).ok()) << cluster.Logs();
+    ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
   }
   ASSERT_TRUE(await_log(rebuilt)) << cluster.Logs(40);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
@@ -807,12 +843,12 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   const v1::GetModelResponse after = ModelOf(cluster);
   EXPECT_THAT(std::vector<int>(after.placement().failed_over_ps().begin(),
                                after.placement().failed_over_ps().end()),
-              ::testing::ElementsAre(kKilled));
+              ::testing::ElementsAreArray(failed));
   const float expected = pushers.Expected();
   const std::vector<int64_t> keys = TableKeys();
   {
     std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    FollowChief(cluster, *reader);
+    FollowChief(cluster.chief_address(), *reader);
     std::vector<std::vector<float>> values;
     ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
     for (int v = 0; v < 2; ++v) {
@@ -821,11 +857,13 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
                                           << cluster.Logs(40);
       }
     }
-    std::vector<float> rows(keys.size() * 4);
-    ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), rows.data()).ok())
-        << cluster.Logs(40);
-    for (size_t j = 0; j < rows.size(); ++j) {
-      ASSERT_EQ(rows[j], expected) << "row of key " << keys[j / 4] << "\n" << cluster.Logs(40);
+    if (rows) {
+      std::vector<float> got(keys.size() * 4);
+      ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), got.data()).ok())
+          << cluster.Logs(40);
+      for (size_t j = 0; j < got.size(); ++j) {
+        ASSERT_EQ(got[j], expected) << "row of key " << keys[j / 4] << "\n" << cluster.Logs(40);
+      }
     }
   }
   {
@@ -838,7 +876,7 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
     for (const auto& [part, values] : snapshot->dense) {
       for (size_t j = 0; j < values.size(); ++j) ASSERT_EQ(values[j], expected) << part;
     }
-    for (int64_t key : keys) {
+    for (int64_t key : rows ? keys : std::vector<int64_t>()) {
       auto row = snapshot->rows.find({"emb", key});
       ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
       for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
@@ -851,9 +889,18 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   EXPECT_THAT(chief_log, HasSubstr("resuming from the cluster's state"));
 }
 
-INSTANTIATE_TEST_SUITE_P(FailedTaskDownOrBack, ChiefRestartTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "BackBeforeTheRestart" : "DownAtTheRestart";
+INSTANTIATE_TEST_SUITE_P(FailedTasks, ChiefRestartTest,
+                         ::testing::Values(Before::kDown, Before::kBack, Before::kChained),
+                         [](const ::testing::TestParamInfo<Before>& info) {
+                           switch (info.param) {
+                             case Before::kDown:
+                               return "DownAtTheRestart";
+                             case Before::kBack:
+                               return "BackBeforeTheRestart";
+                             case Before::kChained:
+                               return "BackAndHoldingAnotherTasksPartitions";
+                           }
+                           return "";
                          });
 
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
