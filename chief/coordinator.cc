@@ -885,13 +885,13 @@ absl::Status Coordinator::Checkpoint(const v1::CheckpointRequest&, v1::Checkpoin
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int>> Coordinator::FailedOverEarlier(
-    const std::vector<std::string>& addresses) {
+absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
+    const std::vector<std::string>& addresses, bool down_is_lost) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));
-  std::vector<char> down(num_ps_, 0);
+  std::vector<char> down(num_ps_, 0), holds_own(num_ps_, 0), trained_backup(num_ps_, 0);
   for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
-  std::set<int> failed;
+  std::set<int> promoted;
   v1::ListShardsRequest request;
   request.set_include_backups(true);
   for (int ps = 0; ps < num_ps_; ++ps) {
@@ -904,15 +904,31 @@ absl::StatusOr<std::vector<int>> Coordinator::FailedOverEarlier(
                                                  listed.status().message()));
     }
     for (const v1::ShardStats& s : listed->shards()) {
-      if (s.backup() && s.promoted()) failed.insert(s.primary_ps_task());
+      if (!s.backup()) {
+        holds_own[ps] = 1;
+      } else if (s.promoted()) {
+        promoted.insert(s.primary_ps_task());
+      } else if (s.primary_ps_task() >= 0 && s.primary_ps_task() < num_ps_ &&
+                 (s.applied_step() > 0 || s.rows() > 0)) {
+        trained_backup[s.primary_ps_task()] = 1;
+      }
     }
   }
-  return std::vector<int>(failed.begin(), failed.end());
+  FailoversFound found;
+  found.promoted.assign(promoted.begin(), promoted.end());
+  for (int ps = 0; ps < num_ps_; ++ps) {
+    // Its backups were trained, so the model was, and it holds nothing of its own: it
+    // restarted, or is gone, while no chief ran.
+    if (promoted.count(ps) == 0 && trained_backup[ps] &&
+        (down[ps] ? down_is_lost : !holds_own[ps])) {
+      found.lost.push_back(ps);
+    }
+  }
+  return found;
 }
 
 absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
-  std::vector<char> is_failed(num_ps_, 0), down(num_ps_, 0);
-  for (int ps : failed) is_failed[ps] = 1;
+  std::vector<char> down(num_ps_, 0);
   for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
   for (int ps : failed) {
     std::map<int, int> expected;  // dense partitions of `ps` each backup task must promote
@@ -921,11 +937,16 @@ absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
     }
     for (const auto& [backup, count] : expected) {
       if (down[backup]) {
-        return absl::UnavailableError(
-            absl::StrCat("ps:", ps, " was failed over by an earlier chief, and ps:", backup,
-                         ", which took over ", count,
-                         " of its partitions, is down: no copy of them serves "
-                         "until it comes back"));
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", ps, " failed over, and ps:", backup, ", which backs up ", count,
+            " of its partitions, is down: no copy of them serves until it comes back"));
+      }
+    }
+    for (const auto& [v, backup] : TableBackupsOf(ps)) {
+      if (down[backup]) {
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", ps, " failed over, and ps:", backup, ", which backs up virtual ", "shard ", v,
+            " of its tables, is down: no copy of it serves until it ", "comes back"));
       }
     }
     // Every task that serves (one failed over earlier and back included, which may have taken
@@ -938,9 +959,10 @@ absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
       absl::Status s = client_->FailOverPs(task, ps, &r, expected[task]);
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "ps:", ps, " was failed over by an earlier chief, but ps:", task,
-            " no longer holds the partitions of it that it took over (it restarted since?): no "
-            "copy of them is left; restart the job from its newest checkpoint (",
+            "ps:", ps, " failed over, but ps:", task,
+            " no longer holds the partitions of it "
+            "that it backs up (it restarted since?): no copy of them is left; restart the job "
+            "from its newest checkpoint (",
             s.message(), ")"));
       }
       if (!s.ok()) {
@@ -964,7 +986,12 @@ absl::Status Coordinator::InitializeModel() {
   // nothing is created on one that is back (which would restore every task from the checkpoint
   // and roll back what was pushed since).
   std::vector<int> failed_earlier;
+  // Also replication 2: tasks lost while no chief ran (restarted empty, or down for a
+  // heartbeat timeout since this chief began waiting) whose backups were trained: failed over
+  // now, as the running chief would have, instead of created again and restored.
+  std::vector<int> lost_meanwhile;
   absl::Time next_look = absl::InfinitePast();
+  const absl::Time waiting_since = clock_->Now();
   while (true) {
     const bool all = registry_.AwaitServing({std::string(kPsJob)}, clock_->Now() + kWaitSlice);
     if (stop_requested()) return absl::OkStatus();
@@ -976,12 +1003,16 @@ absl::Status Coordinator::InitializeModel() {
     next_look = clock_->Now() + absl::Seconds(1);
     std::vector<std::string> now;
     for (int i = 0; i < num_ps_; ++i) now.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
-    absl::StatusOr<std::vector<int>> failed = FailedOverEarlier(now);
-    if (!failed.ok()) {
-      if (all) return failed.status();
+    absl::StatusOr<FailoversFound> found = FailedOverEarlier(
+        now, /*down_is_lost=*/clock_->Now() - waiting_since >= options_.heartbeat_timeout);
+    if (!found.ok()) {
+      if (all) return found.status();
       continue;
     }
-    failed_earlier = *std::move(failed);
+    lost_meanwhile = found->lost;
+    failed_earlier = found->promoted;
+    failed_earlier.insert(failed_earlier.end(), found->lost.begin(), found->lost.end());
+    std::sort(failed_earlier.begin(), failed_earlier.end());
     {
       // Known at once to Heartbeat, which tells such a task it was failed over: one cut off
       // from the earlier chief (and never told) must not renew its lease and serve its own
@@ -991,7 +1022,7 @@ absl::Status Coordinator::InitializeModel() {
       for (int ps : failed_earlier) model_.mutable_placement()->add_failed_over_ps(ps);
     }
     if (all) break;
-    bool waiting = false;  // for a task that is down and was not failed over
+    bool waiting = false;  // for a task that is down and not failed over
     for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
       waiting |= std::find(failed_earlier.begin(), failed_earlier.end(), t.index()) ==
                  failed_earlier.end();
@@ -1078,10 +1109,24 @@ absl::Status Coordinator::InitializeModel() {
   if (!failed_earlier.empty()) {
     // Routed around from the start: CreateAll sends them nothing.
     PS_RETURN_IF_ERROR(client_->SetFailedOver(failed_earlier));
-    LOG(WARNING) << "ps:" << absl::StrJoin(failed_earlier, ", ps:")
-                 << " failed over under an earlier chief: their partitions stay on the tasks "
-                    "that took them over (not waiting for them, creating nothing on them, "
-                    "restoring nothing)";
+    std::vector<int> before;
+    for (int ps : failed_earlier) {
+      if (std::find(lost_meanwhile.begin(), lost_meanwhile.end(), ps) == lost_meanwhile.end()) {
+        before.push_back(ps);
+      }
+    }
+    if (!before.empty()) {
+      LOG(WARNING) << "ps:" << absl::StrJoin(before, ", ps:")
+                   << " failed over under an earlier chief: their partitions stay on the tasks "
+                      "that took them over (not waiting for them, creating nothing on them, "
+                      "restoring nothing)";
+    }
+    if (!lost_meanwhile.empty()) {
+      LOG(WARNING) << "ps:" << absl::StrJoin(lost_meanwhile, ", ps:")
+                   << " lost its shards while no chief ran (restarted empty, or down since "
+                      "this chief started) and its backups hold trained state: failing it "
+                      "over to them (creating nothing on it, restoring nothing)";
+    }
   }
   // With a checkpoint to start from, new shards wait for it (held): a chief that dies before
   // restoring leaves them refusing service, never serving initial values as if trained.

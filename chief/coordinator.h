@@ -226,10 +226,17 @@ class Coordinator {
   // Runs on background_.
   void Run();
   absl::Status InitializeModel();
-  // Replication 2, as the chief starts: the ps tasks an earlier chief failed over, as the
-  // serving tasks (at `addresses`) hold their partitions promoted; UNAVAILABLE when a serving
-  // task does not answer.
-  absl::StatusOr<std::vector<int>> FailedOverEarlier(const std::vector<std::string>& addresses);
+  // Replication 2, as the chief starts, from the serving tasks' shards (at `addresses`):
+  // `promoted`, the ps tasks an earlier chief failed over (a serving task holds their
+  // partitions promoted); `lost`, the others whose backups hold trained state while they hold
+  // nothing of their own (restarted while no chief ran) or, with `down_is_lost`, are down.
+  // UNAVAILABLE when a serving task does not answer.
+  struct FailoversFound {
+    std::vector<int> promoted;
+    std::vector<int> lost;
+  };
+  absl::StatusOr<FailoversFound> FailedOverEarlier(const std::vector<std::string>& addresses,
+                                                   bool down_is_lost);
   // Tells every other serving task of those failovers again (FailOverPs: a task told before
   // answers as it did, so a failover the earlier chief left half done is completed).
   // UNAVAILABLE when a task does not take it, or when partitions of one are backed up on a task

@@ -781,8 +781,12 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
 // is down, creates nothing on the failed-over tasks and restores no checkpoint (a restore would
 // roll the model back to the one taken before the first push); every answered push is in the
 // model exactly once, dense and rows, served and in a checkpoint it takes; and X, serving again,
-// gets its backups rebuilt by the new chief.
-enum class Before { kDown, kBack, kChained };
+// gets its backups rebuilt by the new chief. Or X dies with the chief (both SIGKILLed before the
+// chief saw X's loss: a node that ran both lost) and comes back empty as the new chief starts
+// (kDiedWithTheChief), or stays down (kDownWithTheChief): the new chief fails X over itself,
+// finding its backups trained and X empty, or X still down a heartbeat timeout after it began
+// to wait, instead of creating X's shards again and restoring the checkpoint.
+enum class Before { kDown, kBack, kChained, kDiedWithTheChief, kDownWithTheChief };
 
 class ChiefRestartTest : public ::testing::TestWithParam<Before> {};
 
@@ -808,11 +812,32 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   const std::string rebuilt = absl::StrCat("backups rebuilt on ps:", x, ": ");
   Pushers pushers(cluster, m, rows);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
-  ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
-  ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  const bool with_the_chief =
+      before == Before::kDiedWithTheChief || before == Before::kDownWithTheChief;
   std::vector<int> failed = {x};
-  if (before != Before::kDown) {
+  if (with_the_chief) {
+    ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+    ASSERT_TRUE(cluster.chief().WaitForExit(absl::Seconds(5)).ok());
+    ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+    ASSERT_TRUE(cluster.ps(x).WaitForExit(absl::Seconds(5)).ok());
+    if (before == Before::kDiedWithTheChief) {
+      // X back (and registered: a ps task serves once the chief knows it) well within the new
+      // chief's heartbeat timeout: it is failed over for serving empty, not for being down.
+      cluster.SetFlags("chief:0", {"--heartbeat_timeout_ms=30000"});
+    }
+    ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
+    if (before == Before::kDiedWithTheChief) {
+      ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
+    }
+    ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " lost its shards while no chief ran")))
+        << cluster.Logs(40);
+  }
+  if (!with_the_chief) {
+    ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+    ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+  }
+  if (before == Before::kBack || before == Before::kChained) {
     ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
     ASSERT_TRUE(await_log(rebuilt)) << cluster.Logs(40);
   }
@@ -824,13 +849,15 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
     failed = {std::min(x, p), std::max(x, p)};
   }
 
-  ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
-  ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
-  ASSERT_TRUE(await_log(
-      absl::StrCat("ps:", absl::StrJoin(failed, ", ps:"), " failed over under an earlier chief")))
-      << cluster.Logs(40);
+  if (!with_the_chief) {
+    ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+    ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
+    ASSERT_TRUE(await_log(
+        absl::StrCat("ps:", absl::StrJoin(failed, ", ps:"), " failed over under an earlier chief")))
+        << cluster.Logs(40);
+  }
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  if (before == Before::kDown) {
+  if (before == Before::kDown || before == Before::kDownWithTheChief) {
     // Back under the new chief: its backups are rebuilt, as under the chief that failed it over.
     ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
   }
@@ -890,9 +917,14 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FailedTasks, ChiefRestartTest,
-                         ::testing::Values(Before::kDown, Before::kBack, Before::kChained),
+                         ::testing::Values(Before::kDown, Before::kBack, Before::kChained,
+                                           Before::kDiedWithTheChief, Before::kDownWithTheChief),
                          [](const ::testing::TestParamInfo<Before>& info) {
                            switch (info.param) {
+                             case Before::kDiedWithTheChief:
+                               return "DiedWithTheChiefAndBackEmpty";
+                             case Before::kDownWithTheChief:
+                               return "DiedWithTheChiefAndDown";
                              case Before::kDown:
                                return "DownAtTheRestart";
                              case Before::kBack:
