@@ -759,6 +759,7 @@ bool Coordinator::FailOver(int ps) {
     }
     promoted += r.dense_promoted();
     unreplicated += r.dense_unreplicated();
+    MaybeCrash(options_.crash_points, kCrashFailoverMidway);
   }
   std::vector<int> failed_over;
   {

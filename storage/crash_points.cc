@@ -28,6 +28,7 @@ constexpr const char* kKnownPoints[] = {
     kCrashPsCreateShards,
     kCrashTrainingEnded,
     kCrashFinalCheckpointDone,
+    kCrashFailoverMidway,
 };
 
 }  // namespace

@@ -51,6 +51,9 @@ inline constexpr char kCrashPsCreateShards[] = "ps_create_shards";
 inline constexpr char kCrashTrainingEnded[] = "training_ended";
 // The final checkpoint committed, training not yet marked finished (the final evaluation to come).
 inline constexpr char kCrashFinalCheckpointDone[] = "final_checkpoint_done";
+// The chief's failover of a ps task (replication 2): the first live task told (FailOverPs),
+// the others not yet, nothing published (a chief that dies mid-failover).
+inline constexpr char kCrashFailoverMidway[] = "failover_midway";
 
 // One armed point. Thread-safe.
 class CrashPoints {

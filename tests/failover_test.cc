@@ -30,6 +30,7 @@
 #include "proto/coordinator_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "sharding/sparse_hash.h"
+#include "storage/crash_points.h"
 #include "testing/child_process.h"
 #include "testing/model_snapshot.h"
 #include "testing/test_cluster.h"
@@ -82,7 +83,8 @@ constexpr int kPushesPerClient = 150;
 // `with_table`), with heartbeats every 100 ms and a task lost after 1 s without one.
 // Checkpoints (under `checkpoint_dir`, when given) only when asked for.
 std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "",
-                                             bool with_table = true) {
+                                             bool with_table = true,
+                                             std::vector<std::string> chief0_flags = {}) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
   std::ofstream(model_path) << kDenseModel << (with_table ? kTable : "");
   TestClusterOptions options;
@@ -95,6 +97,7 @@ std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir =
     options.flags["chief"].push_back("--checkpoint_dir=" + checkpoint_dir);
     options.flags["chief"].push_back("--checkpoint_every_secs=0");
   }
+  if (!chief0_flags.empty()) options.flags["chief:0"] = std::move(chief0_flags);
   absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
   CHECK(started.ok()) << started.status();
   return *std::move(started);
@@ -786,7 +789,9 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
 // (kDiedWithTheChief), or stays down (kDownWithTheChief): the new chief fails X over itself,
 // finding its backups trained and X empty, or X still down a heartbeat timeout after it began
 // to wait, instead of creating X's shards again and restoring the checkpoint.
-enum class Before { kDown, kBack, kChained, kDiedWithTheChief, kDownWithTheChief };
+// And the first chief dies in the middle of X's failover (kHalfDone: after the first task it
+// told, SIGKILL at --crash_at=failover_midway): the new chief completes it, telling the others.
+enum class Before { kDown, kBack, kChained, kDiedWithTheChief, kDownWithTheChief, kHalfDone };
 
 class ChiefRestartTest : public ::testing::TestWithParam<Before> {};
 
@@ -797,7 +802,12 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   // (Tables are not rebuilt: the chained case, which needs X's rebuild to take P's failover,
   // pushes dense variables alone.)
   const bool rows = before != Before::kChained;
-  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/rows);
+  std::vector<std::string> chief0_flags;
+  if (before == Before::kHalfDone) {
+    chief0_flags = {absl::StrCat("--crash_at=", kCrashFailoverMidway)};
+  }
+  std::unique_ptr<TestCluster> started =
+      StartReplicated(checkpoint_dir, /*with_table=*/rows, chief0_flags);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
   const auto [x, p] = TasksToLoseInTurn(m.placement());
@@ -832,7 +842,13 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
     ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " lost its shards while no chief ran")))
         << cluster.Logs(40);
   }
-  if (!with_the_chief) {
+  if (before == Before::kHalfDone) {
+    ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+    absl::StatusOr<int> crashed = cluster.chief().WaitForExit(absl::Seconds(30));
+    ASSERT_TRUE(crashed.ok()) << "no crash mid-failover: " << cluster.Logs(40);
+    ASSERT_THAT(cluster.chief().LogTail(5), HasSubstr(kCrashFailoverMidway));
+    cluster.SetFlags("chief:0", {});
+  } else if (!with_the_chief) {
     ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
     ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
     ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
@@ -850,14 +866,15 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   }
 
   if (!with_the_chief) {
-    ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+    if (before != Before::kHalfDone) ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
     ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
     ASSERT_TRUE(await_log(
         absl::StrCat("ps:", absl::StrJoin(failed, ", ps:"), " failed over under an earlier chief")))
         << cluster.Logs(40);
   }
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
-  if (before == Before::kDown || before == Before::kDownWithTheChief) {
+  if (before == Before::kDown || before == Before::kDownWithTheChief ||
+      before == Before::kHalfDone) {
     // Back under the new chief: its backups are rebuilt, as under the chief that failed it over.
     ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
   }
@@ -918,13 +935,16 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
 
 INSTANTIATE_TEST_SUITE_P(FailedTasks, ChiefRestartTest,
                          ::testing::Values(Before::kDown, Before::kBack, Before::kChained,
-                                           Before::kDiedWithTheChief, Before::kDownWithTheChief),
+                                           Before::kDiedWithTheChief, Before::kDownWithTheChief,
+                                           Before::kHalfDone),
                          [](const ::testing::TestParamInfo<Before>& info) {
                            switch (info.param) {
                              case Before::kDiedWithTheChief:
                                return "DiedWithTheChiefAndBackEmpty";
                              case Before::kDownWithTheChief:
                                return "DiedWithTheChiefAndDown";
+                             case Before::kHalfDone:
+                               return "FailoverLeftHalfDone";
                              case Before::kDown:
                                return "DownAtTheRestart";
                              case Before::kBack:
