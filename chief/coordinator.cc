@@ -887,7 +887,7 @@ absl::Status Coordinator::Checkpoint(const v1::CheckpointRequest&, v1::Checkpoin
 }
 
 absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
-    const std::vector<std::string>& addresses, bool down_is_lost) {
+    const std::vector<std::string>& addresses, const v1::Placement& placement, bool down_is_lost) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));
   std::vector<char> down(num_ps_, 0), holds_own(num_ps_, 0), trained_backup(num_ps_, 0);
@@ -915,12 +915,28 @@ absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
       }
     }
   }
+  // Whose backups are on a task failed over earlier: that task's backups may be a rebuild
+  // the earlier chief did not finish, and its table rows are never rebuilt (the running chief
+  // does not fail such a task over either).
+  std::vector<char> backed_up_on_failed(num_ps_, 0);
+  for (const v1::DensePartition& p : placement.partitions()) {
+    if (promoted.count(p.backup_ps_task()) > 0) backed_up_on_failed[p.ps_task()] = 1;
+  }
+  if (options_.model.tables_size() > 0) {
+    for (int v = 0; v < placement.virtual_shard_to_ps_size() &&
+                    v < placement.virtual_shard_to_backup_ps_size();
+         ++v) {
+      if (promoted.count(placement.virtual_shard_to_backup_ps(v)) > 0) {
+        backed_up_on_failed[placement.virtual_shard_to_ps(v)] = 1;
+      }
+    }
+  }
   FailoversFound found;
   found.promoted.assign(promoted.begin(), promoted.end());
   for (int ps = 0; ps < num_ps_; ++ps) {
     // Its backups were trained, so the model was, and it holds nothing of its own: it
     // restarted, or is gone, while no chief ran.
-    if (promoted.count(ps) == 0 && trained_backup[ps] &&
+    if (promoted.count(ps) == 0 && trained_backup[ps] && !backed_up_on_failed[ps] &&
         (down[ps] ? down_is_lost : !holds_own[ps])) {
       found.lost.push_back(ps);
     }
@@ -986,6 +1002,12 @@ absl::Status Coordinator::InitializeModel() {
   // the tasks that took them over, so a task among them that is down is not waited for, and
   // nothing is created on one that is back (which would restore every task from the checkpoint
   // and roll back what was pushed since).
+  absl::StatusOr<v1::Placement> placement =
+      ComputePlacement(options_.model, num_ps_, options_.placement);
+  if (!placement.ok()) {
+    return absl::Status(placement.status().code(),
+                        absl::StrCat("cannot place the model: ", placement.status().message()));
+  }
   std::vector<int> failed_earlier;
   // Also replication 2: tasks lost while no chief ran (restarted empty, or down for a
   // heartbeat timeout since this chief began waiting) whose backups were trained: failed over
@@ -993,6 +1015,10 @@ absl::Status Coordinator::InitializeModel() {
   std::vector<int> lost_meanwhile;
   absl::Time next_look = absl::InfinitePast();
   const absl::Time waiting_since = clock_->Now();
+  // A task that serves re-registers within its reconnect backoff (up to 1 s) and a retry
+  // after it: one not heard of for longer than this is down.
+  const absl::Duration grace =
+      std::max(2 * options_.heartbeat_timeout, options_.heartbeat_timeout + absl::Seconds(2));
   while (true) {
     const bool all = registry_.AwaitServing({std::string(kPsJob)}, clock_->Now() + kWaitSlice);
     if (stop_requested()) return absl::OkStatus();
@@ -1004,8 +1030,8 @@ absl::Status Coordinator::InitializeModel() {
     next_look = clock_->Now() + absl::Seconds(1);
     std::vector<std::string> now;
     for (int i = 0; i < num_ps_; ++i) now.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
-    absl::StatusOr<FailoversFound> found = FailedOverEarlier(
-        now, /*down_is_lost=*/clock_->Now() - waiting_since >= options_.heartbeat_timeout);
+    absl::StatusOr<FailoversFound> found =
+        FailedOverEarlier(now, *placement, /*down_is_lost=*/clock_->Now() - waiting_since >= grace);
     if (!found.ok()) {
       if (all) return found.status();
       continue;
@@ -1017,10 +1043,11 @@ absl::Status Coordinator::InitializeModel() {
     {
       // Known at once to Heartbeat, which tells such a task it was failed over: one cut off
       // from the earlier chief (and never told) must not renew its lease and serve its own
-      // shards again.
+      // shards again. (Not the lost ones, which are empty or down, until they are failed over:
+      // the fence is for good, and a later look may find one whole.)
       absl::MutexLock lock(&mu_);
       model_.mutable_placement()->clear_failed_over_ps();
-      for (int ps : failed_earlier) model_.mutable_placement()->add_failed_over_ps(ps);
+      for (int ps : found->promoted) model_.mutable_placement()->add_failed_over_ps(ps);
     }
     if (all) break;
     bool waiting = false;  // for a task that is down and not failed over
@@ -1034,13 +1061,6 @@ absl::Status Coordinator::InitializeModel() {
   for (int i = 0; i < num_ps_; ++i) {
     addresses.push_back(*registry_.AddressOf(MakeTaskId(kPsJob, i)));
   }
-  absl::StatusOr<v1::Placement> placement =
-      ComputePlacement(options_.model, num_ps_, options_.placement);
-  if (!placement.ok()) {
-    return absl::Status(placement.status().code(),
-                        absl::StrCat("cannot place the model: ", placement.status().message()));
-  }
-  for (int ps : failed_earlier) placement->add_failed_over_ps(ps);
   LOG(INFO) << "placement of " << options_.model.variables_size() << " variables and "
             << options_.model.tables_size() << " tables on " << num_ps_ << " ps tasks:\n"
             << PlacementDebugString(*placement);
@@ -1107,6 +1127,19 @@ absl::Status Coordinator::InitializeModel() {
   for (int i = 0; i < num_ps_; ++i) {
     ps_incarnations_.push_back(registry_.IncarnationOf(MakeTaskId(kPsJob, i)));
   }
+  if (!lost_meanwhile.empty() && checkpoints_ != nullptr &&
+      checkpoints_->UnfinishedRecovery().ok()) {
+    // Shards a recovery re-created count steps and rows that are not training: their backups
+    // are no proof (ReasonsToRestoreAtStart redoes the recovery).
+    LOG(WARNING) << "ps:" << absl::StrJoin(lost_meanwhile, ", ps:")
+                 << " holds nothing, but an earlier chief's recovery was under way: not failing "
+                    "it over";
+    for (int ps : lost_meanwhile) {
+      failed_earlier.erase(std::find(failed_earlier.begin(), failed_earlier.end(), ps));
+    }
+    lost_meanwhile.clear();
+  }
+  for (int ps : failed_earlier) placement->add_failed_over_ps(ps);
   if (!failed_earlier.empty()) {
     // Routed around from the start: CreateAll sends them nothing.
     PS_RETURN_IF_ERROR(client_->SetFailedOver(failed_earlier));

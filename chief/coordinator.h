@@ -229,13 +229,15 @@ class Coordinator {
   // Replication 2, as the chief starts, from the serving tasks' shards (at `addresses`):
   // `promoted`, the ps tasks an earlier chief failed over (a serving task holds their
   // partitions promoted); `lost`, the others whose backups hold trained state while they hold
-  // nothing of their own (restarted while no chief ran) or, with `down_is_lost`, are down.
+  // nothing of their own (restarted while no chief ran) or, with `down_is_lost`, are down,
+  // and none of whose backups (as `placement` puts them) is on a `promoted` task.
   // UNAVAILABLE when a serving task does not answer.
   struct FailoversFound {
     std::vector<int> promoted;
     std::vector<int> lost;
   };
   absl::StatusOr<FailoversFound> FailedOverEarlier(const std::vector<std::string>& addresses,
+                                                   const v1::Placement& placement,
                                                    bool down_is_lost);
   // Tells every other serving task of those failovers again (FailOverPs: a task told before
   // answers as it did, so a failover the earlier chief left half done is completed).

@@ -955,6 +955,58 @@ INSTANTIATE_TEST_SUITE_P(FailedTasks, ChiefRestartTest,
                            return "";
                          });
 
+// What a new chief refuses to fail over (docs/replication.md): ps:X failed over, came back and
+// had its backups rebuilt; then the chief and ps:P, whose partitions X backs up, are killed
+// together. X's copy of P may be a rebuild the dead chief did not finish (the new chief cannot
+// tell), so P is not failed over onto it: the new chief waits for P, and once P is back empty
+// it refuses to restore over the failover, failing with advice, and nothing of P's is served
+// from initial values.
+TEST(ChiefRestartTest, ATaskBackedUpOnAFailedOverTaskIsNotFailedOverAtStart) {
+  const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-refused");
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/false);
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
+  const auto [x, p] = TasksToLoseInTurn(m.placement());
+  ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
+  auto await_log = [&](const std::string& text) {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return cluster.chief().LogTail(600).find(text) != std::string::npos;
+  };
+  {
+    Pushers pushers(cluster, m, /*rows=*/false);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+    ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
+    ASSERT_TRUE(cluster.StartTask("ps", x).ok()) << cluster.Logs();
+    ASSERT_TRUE(await_log(absl::StrCat("backups rebuilt on ps:", x, ": "))) << cluster.Logs(40);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    for (const absl::Status& e : pushers.Stop()) {
+      ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+    }
+  }
+  ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.chief().WaitForExit(absl::Seconds(5)).ok());
+  ASSERT_TRUE(cluster.ps(p).Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.ps(p).WaitForExit(absl::Seconds(5)).ok());
+  ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
+  // Past the grace for a task that is down (2 s beyond the 1 s heartbeat timeout): still waiting.
+  absl::SleepFor(absl::Seconds(4));
+  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
+  EXPECT_EQ(ClusterStatusOf(*chief).phase(), v1::WAITING_FOR_PS) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.StartTask("ps", p).ok()) << cluster.Logs();
+  const v1::ClusterStatus failed = AwaitStatus(
+      *chief, [](const v1::ClusterStatus& s) { return s.phase() == v1::FAILED; },
+      absl::Seconds(30));
+  ASSERT_EQ(failed.phase(), v1::FAILED) << cluster.Logs(40);
+  EXPECT_THAT(failed.phase_detail(), HasSubstr("restart the job from its newest checkpoint"));
+  const std::string log = cluster.chief().LogTail(600);
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("lost its shards while no chief ran")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("restored checkpoint")));
+}
+
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training
 // goes on through the failover to the end, no checkpoint is restored (there is none), and the
