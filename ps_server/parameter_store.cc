@@ -601,7 +601,7 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   } else if (streams != nullptr && StreamsFit(*streams, versions, backups)) {
     streams_fit = true;
     // What the store owes goes first, or the backups would wait for it before applying this.
-    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed(applied_as);
     // The backups have the gradients already: the versions complete the forwards.
     committed = SendCommits(streams, versions, outcome);
     if (committed.ok()) committed = AwaitCommits(streams);
@@ -636,7 +636,8 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   }
   owed = ForwardsOf(*push, versions, outcome, backups);
   // Answered only once the backups applied it too (chain replication: docs/replication.md).
-  const absl::Status forwarded = owed == nullptr ? absl::OkStatus() : SendForwards(*owed);
+  const absl::Status forwarded =
+      owed == nullptr ? absl::OkStatus() : SendForwards(*owed, applied_as);
   if (!forwarded.ok()) {
     // Kept for the retry and for the next forward: a copy that owns its gradients (the push's
     // buffers are reused).
@@ -974,8 +975,8 @@ int ParameterStore::DropBackup(int backup) {
   return dropped;
 }
 
-absl::Status ParameterStore::SendForwards(const ForwardList& forwards) {
-  if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+absl::Status ParameterStore::SendForwards(const ForwardList& forwards, int64_t applied_as) {
+  if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed(applied_as);
   absl::Status s = SendForwardsNow(forwards);
   if (s.ok()) {
     forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
@@ -995,13 +996,24 @@ void ParameterStore::OweForwards(const v1::RequestId& id,
   owed_count_.store(static_cast<int64_t>(owed_.size()), std::memory_order_relaxed);
 }
 
-void ParameterStore::ResendOwed() {
+void ParameterStore::ResendOwed(int64_t below) {
   std::deque<OwedForwards> owed;
   std::vector<std::pair<uint64_t, uint64_t>> ids;
   std::vector<std::tuple<int, int64_t, int64_t>> to;  // (task, generation, push) per forward
   {
     absl::MutexLock lock(&owed_mu_);
-    owed.swap(owed_);
+    if (below < 0) {
+      owed.swap(owed_);
+    } else {
+      // A push applied after the caller's stays owed: sent first, its backup would wait for
+      // the caller's forward (one number below it) for replica_wait, while the caller waits
+      // for it to be answered. Its retry, or a later push, sends it.
+      std::deque<OwedForwards> later;
+      for (OwedForwards& o : owed_) {
+        (o.forwards != nullptr && o.applied_as >= below ? later : owed).push_back(std::move(o));
+      }
+      owed_.swap(later);
+    }
     // Still owed while they are sent (Owes): a retry is not answered before they went through.
     for (const OwedForwards& o : owed) {
       ids.emplace_back(o.id.client(), o.id.seq());

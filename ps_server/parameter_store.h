@@ -469,7 +469,9 @@ class ParameterStore {
   // Sends `forwards` (options_.forwarder); UNAVAILABLE naming the failure, for the worker to
   // retry (the ledger keeps them for the retry).
   // Owed forwards (OweForwards) go first, in the order they were owed.
-  absl::Status SendForwards(const ForwardList& forwards);
+  // `applied_as`: the push's number (NoteApplied), or -1; owed forwards of later pushes are
+  // not sent first (ResendOwed).
+  absl::Status SendForwards(const ForwardList& forwards, int64_t applied_as);
   // SendForwards' send, without the owed ones: to the backups not lost, as they are.
   absl::Status SendForwardsNow(const ForwardList& forwards);
   // A push applied here whose forwards failed owes them (its ledger entry too, for the worker's
@@ -478,7 +480,9 @@ class ParameterStore {
   // through is marked replicated in the ledger.
   void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
                    std::shared_ptr<const SparseForwards> sparse = nullptr, int64_t applied_as = -1);
-  void ResendOwed();
+  // Sends the owed forwards again, in the order they were owed; with `below` >= 0 only those
+  // of pushes numbered below it (and the table forwards, which are not numbered).
+  void ResendOwed(int64_t below = -1);
   // Complete a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
   // answers as already applied).

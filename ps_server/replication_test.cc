@@ -591,7 +591,7 @@ TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
 }
 
 // Rebuild (issue 37): ps:1, the backup, died and the primary went on alone (DropBackup); ps:1
-// comes back empty. Each shard is copied for it while three clients push, and the copies are
+// comes back empty. Each shard is copied for it while three clients push, and each copy is
 // installed a little later, so that forwards of pushes applied after the copy reach it first
 // and wait for the copy. Every push ends up in the new backup once, in the primary's order: it
 // is the primary bit for bit (Adam's slots and the update counts included), and a retry of a
@@ -631,15 +631,19 @@ TEST(ReplicationTest, ANewBackupCopiedWhilePushesGoOnEndsEqualToItsPrimary) {
   v1::ShardRef a, b;
   a.set_variable("a");
   b.set_variable("b");
+  // One shard after the other, each copy sent before the next is taken, as RebuildBackup does
+  // (b's copy waits for the pushes below its cut that forward a's update, which wait for a's
+  // copy: taken both first, they would wait for each other until the primary's replica_wait).
+  bool installed = false;
   ASSERT_TRUE(primary.CopyForNewBackup(a, 1, &copy_a).ok());
+  absl::SleepFor(absl::Milliseconds(50));  // forwards after the copy wait for it
+  ASSERT_TRUE(fresh.InstallReplica(copy_a, &installed).ok());
+  EXPECT_TRUE(installed);
   ASSERT_TRUE(primary.CopyForNewBackup(b, 1, &copy_b).ok());
   EXPECT_GE(copy_a.updates(), 20);
   EXPECT_GT(copy_a.ledger_size(), 0);
   copied = true;
-  absl::SleepFor(absl::Milliseconds(50));  // forwards after the copies wait for them
-  bool installed = false;
-  ASSERT_TRUE(fresh.InstallReplica(copy_a, &installed).ok());
-  EXPECT_TRUE(installed);
+  absl::SleepFor(absl::Milliseconds(50));
   ASSERT_TRUE(fresh.InstallReplica(copy_b, &installed).ok());
   EXPECT_TRUE(installed);
   for (std::thread& t : clients) t.join();

@@ -149,10 +149,16 @@ void FollowChief(const std::string& chief_address, ParameterClient& client) {
             .ok());
 }
 
+// What a worker tries again (Trainer::RetryStep): a task restarting, or back empty (NOT_FOUND:
+// it holds no shard until the chief fails it over or creates them).
+bool Retried(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kNotFound;
+}
+
 // kClients clients pushing as workers do until Stop() (and at least 20 times each): client c
 // pushes c + 1 into every element of "w" and "b" and, with `rows`, into every row of
 // TableKeys(), each push until it is answered (its tickets keep its request ids across
-// attempts), following the chief's routes after an UNAVAILABLE answer (FollowChief).
+// attempts), following the chief's routes after an answer a worker retries (FollowChief).
 class Pushers {
  public:
   Pushers(TestCluster& cluster, const v1::GetModelResponse& m, bool rows)
@@ -170,14 +176,12 @@ class Pushers {
           const absl::Time deadline = absl::Now() + absl::Seconds(60);
           absl::Status s;
           while (!(s = client->Push({"w", "b"}, {gw.data(), gb.data()}, i, &ticket)).ok()) {
-            if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) break;
+            if (!Retried(s) || absl::Now() > deadline) break;
             FollowChief(chief, *client);
           }
           while (s.ok() && rows) {
             s = client->PushRows("emb", keys.data(), keys.size(), grows.data(), i, &rows_ticket);
-            if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() > deadline) {
-              break;
-            }
+            if (s.ok() || !Retried(s) || absl::Now() > deadline) break;
             s = absl::OkStatus();  // again, after a look at the routes
             FollowChief(chief, *client);
           }
