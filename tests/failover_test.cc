@@ -149,6 +149,15 @@ void FollowChief(const std::string& chief_address, ParameterClient& client) {
             .ok());
 }
 
+// Whether the chief's log (its last 600 lines) says `text` within 60 s.
+bool AwaitChiefLog(TestCluster& cluster, const std::string& text) {
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return cluster.chief().LogTail(600).find(text) != std::string::npos;
+}
+
 // What a worker tries again (Trainer::RetryStep): a task restarting, or back empty (NOT_FOUND:
 // it holds no shard until the chief fails it over or creates them).
 bool Retried(const absl::Status& s) {
@@ -551,13 +560,7 @@ TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
     if (p.backup_ps_task() == 1) second = p.ps_task();
   }
   ASSERT_GE(second, 0) << "ps:1 backs up nothing";
-  auto await_log = [&](const std::string& text) {
-    const absl::Time until = absl::Now() + absl::Seconds(30);
-    while (cluster.chief().LogTail(400).find(text) == std::string::npos && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return cluster.chief().LogTail(400).find(text) != std::string::npos;
-  };
+  auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
   ASSERT_TRUE(cluster.ps(1).Signal(SIGKILL).ok());
   ASSERT_TRUE(await_log("ps:1 failed over")) << cluster.Logs(40);
   ASSERT_TRUE(cluster.ps(second).Signal(SIGKILL).ok());
@@ -598,13 +601,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
       bytes_on_x += part.bytes();
     }
   }
-  auto await_log = [&](const std::string& text) {
-    const absl::Time until = absl::Now() + absl::Seconds(60);
-    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return cluster.chief().LogTail(600).find(text) != std::string::npos;
-  };
+  auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
   Pushers pushers(cluster, m, /*rows=*/false);
   ASSERT_TRUE(pushers.AwaitAnswers(20));
   ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
@@ -816,13 +813,7 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   const v1::GetModelResponse m = ModelOf(cluster);
   const auto [x, p] = TasksToLoseInTurn(m.placement());
   ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
-  auto await_log = [&](const std::string& text) {
-    const absl::Time until = absl::Now() + absl::Seconds(60);
-    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return cluster.chief().LogTail(600).find(text) != std::string::npos;
-  };
+  auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
   const std::string rebuilt = absl::StrCat("backups rebuilt on ps:", x, ": ");
   Pushers pushers(cluster, m, rows);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
@@ -972,13 +963,7 @@ TEST(ChiefRestartTest, ATaskBackedUpOnAFailedOverTaskIsNotFailedOverAtStart) {
   const v1::GetModelResponse m = ModelOf(cluster);
   const auto [x, p] = TasksToLoseInTurn(m.placement());
   ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
-  auto await_log = [&](const std::string& text) {
-    const absl::Time until = absl::Now() + absl::Seconds(60);
-    while (cluster.chief().LogTail(600).find(text) == std::string::npos && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return cluster.chief().LogTail(600).find(text) != std::string::npos;
-  };
+  auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
   {
     Pushers pushers(cluster, m, /*rows=*/false);
     ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
