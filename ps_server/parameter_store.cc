@@ -1493,8 +1493,15 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     // Answered only once the backups applied it too; owed (and sent before the next forward,
     // or by the worker's retry) when they did not. Recorded in the ledger only then, owed
     // first: a retry that arrives meanwhile waits for the record, and then finds it owed.
-    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed();
+    // What is owed goes at the same time as this push's forward, not before it: an owed push
+    // numbered after this one in a stripe would have the backup wait replica_wait for this
+    // one's group while this thread waited for that answer (as for dense, ResendOwed's
+    // `below`); two pushes can also meet stripes in opposite orders, so neither order would do.
+    std::thread resend;
+    if (owed_count_.load(std::memory_order_relaxed) > 0)
+      resend = std::thread([this] { ResendOwed(); });
     absl::Status forwarded = SendSparseNow(forwards);
+    if (resend.joinable()) resend.join();
     if (!forwarded.ok()) {
       forwards_failed_.fetch_add(1, std::memory_order_relaxed);
       OweForwards(request.request_id(), nullptr,
