@@ -149,6 +149,54 @@ void FollowChief(const std::string& chief_address, ParameterClient& client) {
             .ok());
 }
 
+// Every element of "w" and "b" and, with `rows`, every row of TableKeys() is `expected` as the
+// cluster serves them now (routed as the chief says). `when` names the moment in failures.
+void ExpectServed(TestCluster& cluster, const v1::GetModelResponse& m, float expected, bool rows,
+                  const std::string& when) {
+  std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
+  FollowChief(cluster.chief_address(), *reader);
+  std::vector<std::vector<float>> values;
+  ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
+  for (int v = 0; v < 2; ++v) {
+    for (size_t j = 0; j < values[v].size(); ++j) {
+      ASSERT_EQ(values[v][j], expected) << when << ": " << (v == 0 ? "w" : "b") << "[" << j << "]\n"
+                                        << cluster.Logs(40);
+    }
+  }
+  if (!rows) return;
+  const std::vector<int64_t> keys = TableKeys();
+  std::vector<float> got(keys.size() * 4);
+  ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), got.data()).ok())
+      << cluster.Logs(40);
+  for (size_t j = 0; j < got.size(); ++j) {
+    ASSERT_EQ(got[j], expected) << when << ": row of key " << keys[j / 4] << "\n"
+                                << cluster.Logs(40);
+  }
+}
+
+// A checkpoint the chief takes now holds every partition (values only: SGD keeps no slots)
+// and, with `rows`, every row of TableKeys(), each `expected`.
+void ExpectCheckpointHolds(TestCluster& cluster, const v1::GetModelResponse& m, float expected,
+                           bool rows) {
+  std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
+  v1::CheckpointResponse saved;
+  ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
+  absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
+  for (const auto& [part, values] : snapshot->dense) {
+    for (size_t j = 0; j < values.size(); ++j) {
+      ASSERT_EQ(values[j], expected) << part << "[" << j << "]";
+    }
+  }
+  if (!rows) return;
+  for (int64_t key : TableKeys()) {
+    auto row = snapshot->rows.find({"emb", key});
+    ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
+    for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
+  }
+}
+
 // Whether the chief's log (its last 600 lines) says `text` within 60 s.
 bool AwaitChiefLog(TestCluster& cluster, const std::string& text) {
   const absl::Time until = absl::Now() + absl::Seconds(60);
@@ -368,47 +416,13 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
   // Every push answered, each applied once: -(1 + 2) * kPushesPerClient everywhere.
   const float expected = -3.0f * kPushesPerClient;
   auto expect_exact = [&](const std::string& when) {
-    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    ASSERT_TRUE(reader->SetFailedOver({killed}).ok());
-    std::vector<std::vector<float>> values;
-    ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
-    for (int v = 0; v < 2; ++v) {
-      for (size_t j = 0; j < values[v].size(); ++j) {
-        ASSERT_EQ(values[v][j], expected)
-            << when << ": " << (v == 0 ? "w" : "b") << "[" << j << "]\n"
-            << cluster.Logs(40);
-      }
-    }
-    std::vector<float> rows(keys.size() * 4);
-    ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), rows.data()).ok())
-        << cluster.Logs(40);
-    for (size_t j = 0; j < rows.size(); ++j) {
-      ASSERT_EQ(rows[j], expected) << when << ": row of key " << keys[j / 4] << "\n"
-                                   << cluster.Logs(40);
-    }
+    ExpectServed(cluster, m, expected, /*rows=*/true, when);
   };
   expect_exact("after the failover");
 
   // A checkpoint after the failover is whole: the tasks that took the dead task's partitions
   // and virtual shards over save them, and it holds every push once.
-  {
-    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
-    v1::CheckpointResponse saved;
-    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
-    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
-    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
-    for (const auto& [part, values] : snapshot->dense) {  // values (SGD keeps no slots)
-      for (size_t j = 0; j < values.size(); ++j) {
-        ASSERT_EQ(values[j], expected) << part << "[" << j << "]";
-      }
-    }
-    for (int64_t key : keys) {
-      auto row = snapshot->rows.find({"emb", key});
-      ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
-      for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectCheckpointHolds(cluster, m, expected, /*rows=*/true));
 
   // psctl vars: each of the dead task's partitions on the task that took it over, with its
   // updates there; each partition it backed up, its backup lost.
@@ -723,17 +737,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     EXPECT_EQ(promoted, backed_on_x);
   }
   // A checkpoint now holds every partition once, X's saves included.
-  {
-    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
-    v1::CheckpointResponse saved;
-    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
-    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
-    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
-    for (const auto& [part, values] : snapshot->dense) {
-      for (size_t j = 0; j < values.size(); ++j) ASSERT_EQ(values[j], expected) << part;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectCheckpointHolds(cluster, m, expected, /*rows=*/false));
   // Bad input to RebuildBackup: a task named as its own backup, a shard it does not hold.
   {
     std::unique_ptr<PsTransport> admin = NewPsTransport(
@@ -884,43 +888,8 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
                                after.placement().failed_over_ps().end()),
               ::testing::ElementsAreArray(failed));
   const float expected = pushers.Expected();
-  const std::vector<int64_t> keys = TableKeys();
-  {
-    std::unique_ptr<ParameterClient> reader = ClientFor(m, -1);
-    FollowChief(cluster.chief_address(), *reader);
-    std::vector<std::vector<float>> values;
-    ASSERT_TRUE(reader->Pull({"w", "b"}, &values).ok()) << cluster.Logs(40);
-    for (int v = 0; v < 2; ++v) {
-      for (size_t j = 0; j < values[v].size(); ++j) {
-        ASSERT_EQ(values[v][j], expected) << (v == 0 ? "w" : "b") << "[" << j << "]\n"
-                                          << cluster.Logs(40);
-      }
-    }
-    if (rows) {
-      std::vector<float> got(keys.size() * 4);
-      ASSERT_TRUE(reader->PullRows("emb", keys.data(), keys.size(), got.data()).ok())
-          << cluster.Logs(40);
-      for (size_t j = 0; j < got.size(); ++j) {
-        ASSERT_EQ(got[j], expected) << "row of key " << keys[j / 4] << "\n" << cluster.Logs(40);
-      }
-    }
-  }
-  {
-    std::unique_ptr<ChiefClient> chief = NewGrpcChiefClient(cluster.chief_address());
-    v1::CheckpointResponse saved;
-    ASSERT_TRUE(chief->Checkpoint(&saved).ok()) << cluster.Logs(40);
-    absl::StatusOr<ModelSnapshot> snapshot = ReadModelSnapshot(saved.path());
-    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-    EXPECT_EQ(snapshot->dense.size(), static_cast<size_t>(m.placement().partitions_size()));
-    for (const auto& [part, values] : snapshot->dense) {
-      for (size_t j = 0; j < values.size(); ++j) ASSERT_EQ(values[j], expected) << part;
-    }
-    for (int64_t key : rows ? keys : std::vector<int64_t>()) {
-      auto row = snapshot->rows.find({"emb", key});
-      ASSERT_NE(row, snapshot->rows.end()) << "key " << key << " is not in " << saved.path();
-      for (int j = 0; j < 4; ++j) ASSERT_EQ(row->second[j], expected) << "key " << key;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectServed(cluster, m, expected, rows, "after the restart"));
+  ASSERT_NO_FATAL_FAILURE(ExpectCheckpointHolds(cluster, m, expected, rows));
   const std::string chief_log = cluster.chief().LogTail(5000);
   EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restored checkpoint")));
   EXPECT_THAT(chief_log, ::testing::Not(HasSubstr("restoring every ps task")));
