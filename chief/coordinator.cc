@@ -886,12 +886,18 @@ absl::Status Coordinator::Checkpoint(const v1::CheckpointRequest&, v1::Checkpoin
   return absl::OkStatus();
 }
 
+std::vector<char> Coordinator::PsDown() const {
+  std::vector<char> down(num_ps_, 0);
+  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
+  return down;
+}
+
 absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
     const std::vector<std::string>& addresses, const v1::Placement& placement, bool down_is_lost) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));
-  std::vector<char> down(num_ps_, 0), holds_own(num_ps_, 0), trained_backup(num_ps_, 0);
-  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
+  const std::vector<char> down = PsDown();
+  std::vector<char> holds_own(num_ps_, 0), trained_backup(num_ps_, 0);
   std::set<int> promoted;
   v1::ListShardsRequest request;
   request.set_include_backups(true);
@@ -945,8 +951,7 @@ absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
 }
 
 absl::Status Coordinator::AdoptFailovers(const std::vector<int>& failed) {
-  std::vector<char> down(num_ps_, 0);
-  for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
+  const std::vector<char> down = PsDown();
   for (int ps : failed) {
     std::map<int, int> expected;  // dense partitions of `ps` each backup task must promote
     for (const v1::DensePartition& p : client_->placement().partitions()) {
@@ -1050,12 +1055,9 @@ absl::Status Coordinator::InitializeModel() {
       for (int ps : found->promoted) model_.mutable_placement()->add_failed_over_ps(ps);
     }
     if (all) break;
-    bool waiting = false;  // for a task that is down and not failed over
-    for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
-      waiting |= std::find(failed_earlier.begin(), failed_earlier.end(), t.index()) ==
-                 failed_earlier.end();
-    }
-    if (!waiting) break;
+    std::vector<char> waiting = PsDown();  // down and not failed over
+    for (int ps : failed_earlier) waiting[ps] = 0;
+    if (std::find(waiting.begin(), waiting.end(), 1) == waiting.end()) break;
   }
   std::vector<std::string> addresses;
   for (int i = 0; i < num_ps_; ++i) {
@@ -1089,12 +1091,7 @@ absl::Status Coordinator::InitializeModel() {
     // A call to a task whose heartbeats stopped is not retried for the client's 20 attempts
     // (about 30 s): with backups, the maintenance thread fails the task over instead, which a
     // checkpoint's save waiting for the task would hold up as long.
-    client_options.lost = [this](int ps) {
-      for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) {
-        if (t.index() == ps) return true;
-      }
-      return false;
-    };
+    client_options.lost = [this](int ps) { return PsDown()[ps] != 0; };
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<PsTransport> transport,
                       options_.make_ps_transport(addresses));

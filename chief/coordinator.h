@@ -226,6 +226,9 @@ class Coordinator {
   // Runs on background_.
   void Run();
   absl::Status InitializeModel();
+  // By ps task index: 1 for a task the registry does not see serving (never registered, or
+  // its heartbeats stopped).
+  std::vector<char> PsDown() const;
   // Replication 2, as the chief starts, from the serving tasks' shards (at `addresses`):
   // `promoted`, the ps tasks an earlier chief failed over (a serving task holds their
   // partitions promoted); `lost`, the others whose backups hold trained state while they hold
