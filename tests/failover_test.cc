@@ -127,18 +127,24 @@ void FollowFailovers(TestCluster& cluster, ParameterClient& client) {
 }
 
 // As a worker's before_retry: the failed-over tasks and the tasks' addresses now, from the
-// chief at `chief_address` (waiting for it while it restarts there, 30 s at most).
+// chief at `chief_address` (waiting for it while it restarts there, 30 s at most; a call the
+// chief dies in is asked again).
 void FollowChief(const std::string& chief_address, ParameterClient& client) {
   GrpcChannelOptions channel;
   std::unique_ptr<v1::Coordinator::Stub> chief =
       v1::Coordinator::NewStub(NewGrpcChannel(chief_address, channel));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  ctx.set_wait_for_ready(true);
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
   v1::GetModelRequest req;
   req.set_wait_until_ready(true);
   v1::GetModelResponse now;
-  const grpc::Status s = chief->GetModel(&ctx, req, &now);
+  grpc::Status s;
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    ctx.set_wait_for_ready(true);
+    s = chief->GetModel(&ctx, req, &now);
+  } while (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           std::chrono::system_clock::now() < deadline);
   CHECK(s.ok()) << "the chief at " << chief_address << ": " << s.error_message();
   for (int i = 0; i < now.ps_addresses_size(); ++i) {
     CHECK(client.SetPsAddress(i, now.ps_addresses(i)).ok());
