@@ -593,6 +593,9 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   ApplyDensePush(*push, accumulators, &outcome, &versions, &backups, ordered,
                  replicated_.load(std::memory_order_relaxed) ? &applied_as : nullptr);
   if (applied_as >= 0) NoteOutcome(applied_as, header.request_id(), outcome);
+  if (options_.crash_points != nullptr && replicated_.load(std::memory_order_relaxed)) {
+    options_.crash_points->Reach(kCrashPushApplied);
+  }
   bool streams_fit = false;
   absl::Status committed;
   if (committed_early) {
@@ -1489,6 +1492,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     return applied;
   }
   if (!forwards.empty()) {
+    if (options_.crash_points != nullptr) options_.crash_points->Reach(kCrashPushApplied);
     for (auto& [backup, f] : forwards) f.set_accepted_rows(outcome.accepted);
     // Answered only once the backups applied it too; owed (and sent before the next forward,
     // or by the worker's retry) when they did not. Recorded in the ledger only then, owed

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -27,6 +28,7 @@
 #include "ps_server/ps_metrics.h"
 #include "ps_server/push_forwarder.h"
 #include "sharding/sparse_hash.h"
+#include "storage/crash_points.h"
 
 namespace pscluster {
 namespace {
@@ -551,6 +553,57 @@ TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
   ASSERT_TRUE(Push(primary, {"a", "b"}, 1, &retry).ok());
   EXPECT_TRUE(retry.duplicate());
   EXPECT_EQ(forwarder.calls(), calls);
+  ExpectSameAs(backup, primary);
+}
+
+// Push P is applied (number n) and held before its forward (the crash point push_applied, in
+// its test form); push A is applied after it (n + 1) and its forward fails: owed. P's forward
+// must not send A's first: the backup would wait replica_wait for P's update while P's thread
+// waited for A's answer (the 30 s stall docs/replication.md tells of). A stays owed for its
+// retry, which then finds the backup ready for it.
+TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirst) {
+  DirectForwarder forwarder;
+  absl::Notification held, release;
+  const std::unique_ptr<CrashPoints> points = CrashPoints::ForTest(kCrashPushApplied, 1, [&] {
+    held.Notify();
+    release.WaitForNotification();
+  });
+  ParameterStoreOptions options = WithForwarder(&forwarder);
+  options.crash_points = points.get();
+  ParameterStore primary(options);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(3);
+  ParameterStore backup(waits_briefly);
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+
+  absl::Status first;
+  std::thread p([&] {
+    v1::PushDenseResponse resp;
+    first = Push(primary, {"a", "b"}, 1, &resp);
+  });
+  held.WaitForNotification();
+  EXPECT_EQ(Updates(primary, "a"), 1);  // P applied here, not forwarded yet
+  forwarder.FailNext(1);
+  v1::PushDenseResponse resp;
+  EXPECT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(primary.forward_totals().owed, 1);
+  EXPECT_EQ(Updates(primary, "a"), 2);
+  const absl::Time start = absl::Now();
+  release.Notify();
+  p.join();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_LT(took, absl::Seconds(1)) << "P's forward waited for A's owed one";
+  EXPECT_EQ(Updates(backup, "a"), 1);
+  EXPECT_EQ(primary.forward_totals().owed, 1);  // A's, for its retry
+
+  // A's retry (same id): its forward goes now, the backup applies it after P's.
+  v1::PushDenseResponse retry;
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Updates(backup, "a"), 2);
   ExpectSameAs(backup, primary);
 }
 
@@ -1266,6 +1319,51 @@ TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
   EXPECT_EQ(count, 100);
   EXPECT_EQ(Rows(backup).first, rows);  // bit for bit
   EXPECT_EQ(Rows(backup).second, count);
+}
+
+// The table form of the test above: push P of client 0 held between its apply and its
+// forwards, push A of client 1 (rows in the same stripes, numbered after P's there) applied
+// meanwhile with its forward failing. P's thread sends A's owed forward at the same time as its
+// own, not before it (the backup would wait for P's groups in the stripes they share, and
+// before, for A's, whichever order one thread chose): both reach the backup at once.
+TEST(ReplicationTest, AnEarlierTablePushsForwardGoesBesideALaterPushsOwedOne) {
+  DirectForwarder forwarder;
+  absl::Notification held, release;
+  const std::unique_ptr<CrashPoints> points = CrashPoints::ForTest(kCrashPushApplied, 1, [&] {
+    held.Notify();
+    release.WaitForNotification();
+  });
+  ParameterStoreOptions options = WithForwarder(&forwarder);
+  options.crash_points = points.get();
+  ParameterStore primary(options);
+  ParameterStoreOptions waits_briefly;
+  waits_briefly.replica_wait = absl::Seconds(3);
+  ParameterStore backup(waits_briefly);
+  CreateTables(primary, backup);
+  forwarder.ApplyTo(&backup);
+
+  absl::Status first;
+  std::thread p([&] {
+    v1::PushSparseResponse resp;
+    first = PushRows(primary, 0, 1, &resp);
+  });
+  held.WaitForNotification();
+  forwarder.FailNext(1);
+  v1::PushSparseResponse resp;
+  EXPECT_EQ(PushRows(primary, 1, 1, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(primary.forward_totals().owed, 1);
+  const absl::Time start = absl::Now();
+  release.Notify();
+  p.join();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_LT(took, absl::Seconds(1)) << "P's forward waited behind A's owed one";
+  EXPECT_EQ(primary.forward_totals().owed, 0);  // A's went with P's
+  EXPECT_EQ(Rows(backup), Rows(primary));       // bit for bit
+  // A's retry: a duplicate that owes nothing.
+  ASSERT_TRUE(PushRows(primary, 1, 1, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  EXPECT_EQ(Rows(backup), Rows(primary));
 }
 
 // Forwards each table forward to the store of its backup task.

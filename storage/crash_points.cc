@@ -29,6 +29,7 @@ constexpr const char* kKnownPoints[] = {
     kCrashTrainingEnded,
     kCrashFinalCheckpointDone,
     kCrashFailoverMidway,
+    kCrashPushApplied,
 };
 
 }  // namespace

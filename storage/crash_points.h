@@ -55,6 +55,12 @@ inline constexpr char kCrashFinalCheckpointDone[] = "final_checkpoint_done";
 // the others not yet, nothing published (a chief that dies mid-failover).
 inline constexpr char kCrashFailoverMidway[] = "failover_midway";
 
+// A ps task with backups (replication 2): a worker's dense or table push applied here, its
+// forwards to the backups not sent yet (a streamed async push may be committed on them
+// already). A primary that dies between its apply and its forward leaves the worker
+// unanswered; its retry reaches the promoted backup.
+inline constexpr char kCrashPushApplied[] = "push_applied";
+
 // One armed point. Thread-safe.
 class CrashPoints {
  public:
