@@ -1468,9 +1468,11 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
         std::find(failed.begin(), failed.end(), req.task().index()) != failed.end()) {
       resp->set_failed_over(true);
     }
+    *resp->mutable_failed_over_ps() = failed;
     if (telling_tasks_to_stop_) {
       resp->set_stop(true);
-      told_to_stop_.insert(TaskName(req.task()));
+      // Only once the task says it heard it: this answer may never reach it.
+      if (req.stopping()) told_to_stop_.insert(TaskName(req.task()));
     }
   }
   return absl::OkStatus();
@@ -1502,11 +1504,20 @@ void Coordinator::NoteWorkerFinished(int worker, int64_t step) {
 bool Coordinator::AllTasksToldToStop(std::vector<std::string>* waiting) const {
   // The registry's lock is not taken under mu_.
   std::vector<v1::TaskStatus> tasks = registry_.Snapshot();
+  // A task missing for a moment (its network cut off, or TCP still backing off after a cut)
+  // is waited for: it would never hear `stop` once the chief is gone, and wait for it for
+  // ever. One missing for longer is taken as gone (killed, its node lost).
+  const absl::Duration gone_after = std::max(4 * options_.heartbeat_timeout, absl::Seconds(10));
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   waiting->clear();
   for (const v1::TaskStatus& t : tasks) {
     const std::string name = TaskName(t.task());
-    if (t.task().job() == kChiefJob || t.health() != v1::HEALTH_SERVING) continue;
+    if (t.task().job() == kChiefJob || t.health() == v1::HEALTH_UNKNOWN) continue;
+    if (t.health() != v1::HEALTH_SERVING &&
+        now - absl::FromUnixMicros(t.last_heartbeat_unix_micros()) > gone_after) {
+      continue;
+    }
     if (!told_to_stop_.contains(name)) waiting->push_back(name);
   }
   return waiting->empty();

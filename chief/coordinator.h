@@ -65,9 +65,11 @@ struct CoordinatorOptions {
   // the chief evaluates it itself.
   absl::Duration final_eval_timeout = absl::Seconds(60);
   // Once training is over (final checkpoint and evaluation taken): answer every task's next
-  // heartbeat with `stop`, wait until each has heard it or is gone (no heartbeat for
-  // heartbeat_timeout), for at most exit_grace, then stop the chief too, so the whole cluster
-  // exits 0 (a Kubernetes Job completes). Off: the cluster keeps serving the trained model.
+  // heartbeat with `stop`, wait until each has said it heard it (HeartbeatRequest.stopping)
+  // or is gone (no heartbeat for max(4 x heartbeat_timeout, 10 s): a task missing for less
+  // may be cut off for a moment and come back), for at most exit_grace, then stop the chief
+  // too, so the whole cluster exits 0 (a Kubernetes Job completes). Off: the cluster keeps
+  // serving the trained model.
   bool exit_after_training = false;
   absl::Duration exit_grace = absl::Seconds(30);
   // Each evaluation is appended here as a JSON line (empty: not written).
@@ -334,7 +336,8 @@ class Coordinator {
   // A worker's heartbeat says it finished after `step` steps, and its final report went to a
   // chief before this one: counted as that report (ReportStep) once the model is ready.
   void NoteWorkerFinished(int worker, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
-  // exit_after_training: has every task but the chief heard `stop`, or gone? Lists the others.
+  // exit_after_training: has every task but the chief heard `stop` (said so), or gone for
+  // good? Lists the others.
   bool AllTasksToldToStop(std::vector<std::string>* waiting) const;
   // exit_after_training, after FINISHED: tells every task to stop, waits (exit_grace at most),
   // then stops the chief.
@@ -363,7 +366,7 @@ class Coordinator {
   // FINAL_EVALUATION: the step whose model the evaluator must evaluate, and whether it has.
   int64_t final_step_ ABSL_GUARDED_BY(mu_) = -1;
   bool final_evaluated_ ABSL_GUARDED_BY(mu_) = false;
-  // exit_after_training: heartbeats are answered with `stop`, and who has heard it.
+  // exit_after_training: heartbeats are answered with `stop`, and who has said it heard it.
   bool telling_tasks_to_stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> told_to_stop_ ABSL_GUARDED_BY(mu_);

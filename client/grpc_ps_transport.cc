@@ -63,6 +63,26 @@ absl::Status GrpcPsTransport::SetAddress(int ps, const std::string& address) {
   return absl::OkStatus();
 }
 
+GrpcPsTransport::TrackedContext::TrackedContext(const GrpcPsTransport* transport, int ps)
+    : transport_(transport), ps_(ps) {
+  absl::MutexLock lock(&transport_->calls_mu_);
+  transport_->calls_[ps_].insert(&ctx_);
+}
+
+GrpcPsTransport::TrackedContext::~TrackedContext() {
+  absl::MutexLock lock(&transport_->calls_mu_);
+  auto it = transport_->calls_.find(ps_);
+  it->second.erase(&ctx_);
+  if (it->second.empty()) transport_->calls_.erase(it);
+}
+
+void GrpcPsTransport::AbortCalls(int ps) {
+  absl::MutexLock lock(&calls_mu_);
+  auto it = calls_.find(ps);
+  if (it == calls_.end()) return;
+  for (grpc::ClientContext* ctx : it->second) ctx->TryCancel();
+}
+
 void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {
   SetDeadline(ctx, options_.rpc_timeout);
 }
@@ -74,13 +94,19 @@ void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx, absl::Duration timeo
 
 absl::Status GrpcPsTransport::Annotate(int ps, const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::CANCELLED) {
+    // Ended by AbortCalls (the task was failed over): retried, and planned again.
+    return absl::UnavailableError(absl::StrCat("ps:", ps, " (", address(ps),
+                                               "): the call was ended: ", status.error_message()));
+  }
   absl::Status s = FromGrpcStatus(status);
   return absl::Status(s.code(), absl::StrCat("ps:", ps, " (", address(ps), "): ", s.message()));
 }
 
 absl::Status GrpcPsTransport::CreateShards(int ps, const v1::CreateShardsRequest& request,
                                            v1::CreateShardsResponse* response) {
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   return Annotate(ps, Stub(ps)->CreateShards(&ctx, request, response));
 }
@@ -94,7 +120,8 @@ absl::Status GrpcPsTransport::PullDense(int ps, const std::vector<DenseSlice>& s
   req.set_wire_dtype(wire);
   if (step >= 0) req.set_step(step);
   req.set_chunk_bytes(options_.chunk_bytes);
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   // The stub (and its channel) lives as long as the stream, even if SetAddress replaces it.
   const std::shared_ptr<v1::ParameterServer::StubInterface> stub = Stub(ps);
@@ -134,7 +161,8 @@ absl::Status GrpcPsTransport::PushDense(int ps, const std::vector<DenseSlice>& s
                                         const PushMeta& meta, v1::PushDenseResponse* response) {
   const v1::DataType wire = WireOrFloat(meta.wire_dtype);
   PS_ASSIGN_OR_RETURN(int elem_bytes, WireBytesPerElement(wire));
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   const std::shared_ptr<v1::ParameterServer::StubInterface> stub = Stub(ps);
   std::unique_ptr<grpc::ClientWriterInterface<v1::PushDenseRequest>> writer =
@@ -181,7 +209,8 @@ absl::Status GrpcPsTransport::PullSparse(int ps, const std::string& table, const
   req.set_wire_dtype(wire);
   if (step >= 0) req.set_step(step);
   v1::PullSparseResponse resp;
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->PullSparse(&ctx, req, &resp)));
   absl::Status decoded = DecodeFloats(resp.values(), wire, out, n * dim);
@@ -206,7 +235,8 @@ absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const
   *req.mutable_request_id() = meta.request_id;
   req.set_part(meta.part);
   req.set_num_parts(meta.num_parts);
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   return Annotate(ps, Stub(ps)->PushSparse(&ctx, req, response));
 }
@@ -214,7 +244,8 @@ absl::Status GrpcPsTransport::PushSparse(int ps, const std::string& table, const
 absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(
     int ps, const v1::ListShardsRequest& request) {
   v1::ListShardsResponse resp;
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->ListShards(&ctx, request, &resp)));
   return resp;
@@ -223,7 +254,8 @@ absl::StatusOr<v1::ListShardsResponse> GrpcPsTransport::ListShards(
 absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
     int ps, const v1::InspectShardRequest& request) {
   v1::InspectShardResponse resp;
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->InspectShard(&ctx, request, &resp)));
   return resp;
@@ -231,35 +263,40 @@ absl::StatusOr<v1::InspectShardResponse> GrpcPsTransport::InspectShard(
 
 absl::Status GrpcPsTransport::SaveShards(int ps, const v1::SaveShardsRequest& request,
                                          v1::SaveShardsResponse* response) {
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx, options_.checkpoint_timeout);
   return Annotate(ps, Stub(ps)->SaveShards(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::RestoreShards(int ps, const v1::RestoreShardsRequest& request,
                                             v1::RestoreShardsResponse* response) {
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx, options_.checkpoint_timeout);
   return Annotate(ps, Stub(ps)->RestoreShards(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::FailOverPs(int ps, const v1::FailOverPsRequest& request,
                                          v1::FailOverPsResponse* response) {
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   return Annotate(ps, Stub(ps)->FailOverPs(&ctx, request, response));
 }
 
 absl::Status GrpcPsTransport::RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
                                             v1::RebuildBackupResponse* response) {
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx, options_.checkpoint_timeout);  // copies as large as a checkpoint's parts
   return Annotate(ps, Stub(ps)->RebuildBackup(&ctx, request, response));
 }
 
 absl::StatusOr<v1::TaskStatus> GrpcPsTransport::GetStatus(int ps) {
   v1::TaskStatus resp;
-  grpc::ClientContext ctx;
+  TrackedContext call(this, ps);
+  grpc::ClientContext& ctx = *call.get();
   SetDeadline(&ctx);
   PS_RETURN_IF_ERROR(Annotate(ps, Stub(ps)->GetStatus(&ctx, v1::GetStatusRequest(), &resp)));
   return resp;

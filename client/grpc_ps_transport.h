@@ -1,10 +1,14 @@
 #ifndef PSCLUSTER_CLIENT_GRPC_PS_TRANSPORT_H_
 #define PSCLUSTER_CLIENT_GRPC_PS_TRANSPORT_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/ps_transport.h"
 #include "proto/ps_service.grpc.pb.h"
@@ -63,6 +67,8 @@ class GrpcPsTransport : public PsTransport {
   absl::Status RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
                              v1::RebuildBackupResponse* response) override;
   absl::Status SetAddress(int ps, const std::string& address) override;
+  // Cancels the calls under way to `ps` (they fail, CANCELLED).
+  void AbortCalls(int ps) override;
 
   // The address calls to task `ps` go to now.
   std::string address(int ps) const;
@@ -73,6 +79,20 @@ class GrpcPsTransport : public PsTransport {
     std::string address;
     std::shared_ptr<v1::ParameterServer::StubInterface> stub;
   };
+  // A call's context, which AbortCalls reaches while it lives.
+  class TrackedContext {
+   public:
+    TrackedContext(const GrpcPsTransport* transport, int ps);
+    ~TrackedContext();
+    TrackedContext(const TrackedContext&) = delete;
+    TrackedContext& operator=(const TrackedContext&) = delete;
+    grpc::ClientContext* get() { return &ctx_; }
+
+   private:
+    const GrpcPsTransport* const transport_;
+    const int ps_;
+    grpc::ClientContext ctx_;
+  };
   std::shared_ptr<v1::ParameterServer::StubInterface> Stub(int ps) const;
   std::shared_ptr<v1::ParameterServer::StubInterface> NewStub(const std::string& address) const;
   void SetDeadline(grpc::ClientContext* ctx) const;
@@ -82,6 +102,10 @@ class GrpcPsTransport : public PsTransport {
   const GrpcPsTransportOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Target> targets_ ABSL_GUARDED_BY(mu_);  // size fixed at construction
+  // The calls under way, by task (TrackedContext, AbortCalls).
+  mutable absl::Mutex calls_mu_;
+  mutable std::map<int, absl::flat_hash_set<grpc::ClientContext*>> calls_
+      ABSL_GUARDED_BY(calls_mu_);
   const int num_ps_;
 };
 

@@ -383,10 +383,20 @@ absl::Status ParameterClient::SetFailedOver(const std::vector<int>& failed_over)
     failed[ps] = 1;
   }
   if (failed_over.empty()) failed.clear();
-  absl::MutexLock lock(&routes_mu_);
-  if (failed == failed_over_) return absl::OkStatus();
-  failed_over_ = std::move(failed);
-  routes_generation_.fetch_add(1);
+  std::vector<int> newly;
+  {
+    absl::MutexLock lock(&routes_mu_);
+    if (failed == failed_over_) return absl::OkStatus();
+    for (int ps : failed_over) {
+      if (failed_over_.empty() || !failed_over_[ps]) newly.push_back(ps);
+    }
+    failed_over_ = std::move(failed);
+    routes_generation_.fetch_add(1);
+  }
+  // Calls under way to a task failed over just now end at once and are planned again (the
+  // routes changed): one that hangs, frozen or cut off without a reset, would otherwise hold
+  // them for the transport's I/O timeout.
+  for (int ps : newly) transport_->AbortCalls(ps);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 #include "client/ps_follower.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,30 @@ void PsFollower::Follow() {
                  << ": ps tasks failed over to their backups: " << absl::StrJoin(failed_over, ", ")
                  << (s.ok() ? "" : absl::StrCat(" (not followed: ", s.message(), ")"));
   }
+}
+
+void PsFollower::FollowFailovers(const std::vector<int>& failed_over_ps) {
+  std::vector<int> heard = failed_over_ps;
+  std::sort(heard.begin(), heard.end());
+  heard.erase(std::unique(heard.begin(), heard.end()), heard.end());
+  {
+    absl::MutexLock lock(&mu_);
+    if (client_ == nullptr) return;
+    std::vector<int> routed = client_->failed_over();
+    std::sort(routed.begin(), routed.end());
+    if (routed == heard) return;
+  }
+  Follow();
+}
+
+void FailoverWatch::Set(PsFollower* follower) {
+  absl::MutexLock lock(&mu_);
+  follower_ = follower;
+}
+
+void FailoverWatch::Heard(const std::vector<int>& failed_over_ps) {
+  absl::MutexLock lock(&mu_);
+  if (follower_ != nullptr) follower_->FollowFailovers(failed_over_ps);
 }
 
 }  // namespace pscluster

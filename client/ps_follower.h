@@ -28,6 +28,10 @@ class PsFollower {
   // follower's use.
   void Attach(ParameterClient* client) ABSL_LOCKS_EXCLUDED(mu_);
   void Follow() ABSL_LOCKS_EXCLUDED(mu_);
+  // Follow(), when the chief's heartbeat answer names a failed-over task (`failed_over_ps`)
+  // the client does not route around yet. The client then ends its calls to that task at once
+  // (ParameterClient::SetFailedOver): a task that hangs would hold them for their I/O timeout.
+  void FollowFailovers(const std::vector<int>& failed_over_ps) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ChiefClient* const chief_;
@@ -37,6 +41,21 @@ class PsFollower {
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   ParameterClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Time last_lookup_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// Where a task's heartbeat answers (its registrar's thread) meet the follower of its current
+// training or evaluation attempt, which has one of its own: Heard() hands each answer's
+// failed-over tasks to the follower set, if any. The attempt sets its follower once its client
+// is attached, and sets null before either goes (Heard holds the lock while it follows).
+// Thread-safe.
+class FailoverWatch {
+ public:
+  void Set(PsFollower* follower) ABSL_LOCKS_EXCLUDED(mu_);
+  void Heard(const std::vector<int>& failed_over_ps) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  PsFollower* follower_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace pscluster

@@ -103,7 +103,10 @@ void TaskRegistrar::Run() {
       absl::Status s = chief_->Heartbeat(req, &resp);
       if (s.ok()) last_answer = absl::Now();
       if (s.ok() && !resp.reregister() && options_.on_answer) {
-        options_.on_answer({sent, heartbeat_timeout_, resp.failed_over()});
+        options_.on_answer({sent,
+                            heartbeat_timeout_,
+                            resp.failed_over(),
+                            {resp.failed_over_ps().begin(), resp.failed_over_ps().end()}});
       }
       if (s.ok() && resp.reregister()) {
         LOG(INFO) << TaskName(options_.task) << ": the chief does not know us; registering again";
@@ -117,6 +120,15 @@ void TaskRegistrar::Run() {
       if (s.ok() && resp.stop() && !told_to_stop_) {
         told_to_stop_ = true;
         LOG(INFO) << TaskName(options_.task) << ": the chief says training is over; stopping";
+        // Said back at once: the chief waits for it before it exits (an answer it sent
+        // earlier may have been lost with a call this task gave up). If this fails, the chief
+        // takes the task as gone once its heartbeats stop.
+        req.set_stopping(true);
+        v1::HeartbeatResponse ignored;
+        if (absl::Status said = chief_->Heartbeat(req, &ignored); !said.ok()) {
+          LOG(WARNING) << TaskName(options_.task)
+                       << ": could not tell the chief this task is stopping: " << said.message();
+        }
         if (options_.on_stop) options_.on_stop();
       }
     }

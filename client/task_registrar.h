@@ -39,6 +39,7 @@ struct TaskRegistrarOptions {
     absl::Time sent;
     absl::Duration heartbeat_timeout;
     bool failed_over = false;
+    std::vector<int> failed_over_ps;  // HeartbeatResponse.failed_over_ps
   };
   std::function<void(const Answer&)> on_answer;
 };

@@ -186,9 +186,27 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);
   c->epoch = epoch;
+  c->endpoint = &e;
   absl::MutexLock lock(&e.mu);
   ++e.opened;
+  e.live.insert(c->socket.get());
   return c;
+}
+
+TcpPsTransport::Connection::~Connection() {
+  if (endpoint == nullptr) return;
+  absl::MutexLock lock(&endpoint->mu);
+  endpoint->live.erase(socket.get());
+}
+
+void TcpPsTransport::AbortCalls(int ps) {
+  Endpoint& e = *endpoints_[ps];
+  e.aborts.fetch_add(1);
+  grpc_->AbortCalls(ps);  // (a data-port lookup, or a call without a data plane)
+  std::vector<std::unique_ptr<Connection>> dropped;  // (closed once the lock is released)
+  absl::MutexLock lock(&e.mu);
+  dropped.swap(e.idle);
+  for (WireSocket* socket : e.live) socket->Shutdown();
 }
 
 void TcpPsTransport::Release(int ps, std::unique_ptr<Connection> connection) {
@@ -265,6 +283,7 @@ absl::Status TcpPsTransport::ReadAnswer(Connection& c, Exchange* x, bool* in_ste
 absl::Status TcpPsTransport::Call(int ps, Exchange* x, bool* no_data_plane) {
   *no_data_plane = false;
   x->request.tag = next_tag_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t aborts = endpoints_[ps]->aborts.load();
   for (int attempt = 0;; ++attempt) {
     bool pooled = false;
     absl::StatusOr<std::unique_ptr<Connection>> c = Acquire(ps, &pooled);
@@ -285,6 +304,10 @@ absl::Status TcpPsTransport::Call(int ps, Exchange* x, bool* no_data_plane) {
     // The connection is out of step (an I/O failure or a garbled answer): drop it, and the
     // pool with it, since the ps may have restarted.
     Forget(ps);
+    if (endpoints_[ps]->aborts.load() != aborts) {
+      return Annotate(ps, absl::UnavailableError(absl::StrCat(
+                              "the call was ended (the task was failed over): ", s.message())));
+    }
     // A pooled connection may have died with a restarted ps: one more try on a new one.
     if (!pooled || attempt > 0 || absl::IsDeadlineExceeded(s)) return Annotate(ps, s);
   }

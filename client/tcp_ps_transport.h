@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -148,6 +149,8 @@ class TcpPsTransport : public PsTransport {
   // Both planes: the gRPC channel, and the data port looked up again on the new host; idle
   // connections to the old address are closed, and those in use are not pooled again.
   absl::Status SetAddress(int ps, const std::string& address) override;
+  // Shuts down every socket open to `ps` (calls blocked on them return UNAVAILABLE).
+  void AbortCalls(int ps) override;
 
   // Connections opened so far to task `ps` (for tests).
   int connections_opened(int ps) const;
@@ -156,10 +159,14 @@ class TcpPsTransport : public PsTransport {
   int64_t pull_stripe_bytes() const { return pull_stripe_bytes_; }
 
  private:
+  struct Endpoint;
   struct Connection {
+    // Leaves the endpoint's `live` (AbortCalls reaches it no more).
+    ~Connection();
     std::unique_ptr<WireSocket> socket;
     std::string scratch;  // encodings of non-float32 tensors, kept between calls
     uint64_t epoch = 0;   // the endpoint's epoch when it was opened
+    Endpoint* endpoint = nullptr;
   };
   struct Endpoint {
     mutable absl::Mutex mu;
@@ -174,6 +181,11 @@ class TcpPsTransport : public PsTransport {
     // dead task never hold up another's.
     std::unique_ptr<ThreadPool> stripe_pool ABSL_GUARDED_BY(mu);
     absl::Time looked_up ABSL_GUARDED_BY(mu);
+    // The sockets of every connection open to the task, idle or in a call (AbortCalls).
+    // (Before `idle`: destroyed after it, as each connection leaves it.)
+    absl::flat_hash_set<WireSocket*> live ABSL_GUARDED_BY(mu);
+    // AbortCalls so far: a call it ended is not tried again on a new connection.
+    std::atomic<uint64_t> aborts{0};
     std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
     int opened ABSL_GUARDED_BY(mu) = 0;
     // The host the data port is on, and how many times the address has changed.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,9 @@ absl::Status EvaluatorServer::Start() {
   serving.cluster = options_.cluster;
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
+  serving.on_chief_answer = [this](const TaskRegistrarOptions::Answer& answer) {
+    if (!answer.failed_over_ps.empty()) failovers_.Heard(answer.failed_over_ps);
+  };
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {}, [this](v1::HeartbeatRequest* r) {
                         const int64_t step = evaluated_step_.load();
                         r->set_step(std::max<int64_t>(step, 0));
@@ -154,6 +158,8 @@ absl::Status EvaluatorServer::EvaluateOnce() {
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
   follower.Attach(client.get());
+  failovers_.Set(&follower);  // (as the worker's: docs/replication.md)
+  const absl::Cleanup unwatch = [this] { failovers_.Set(nullptr); };
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> evaluator,
                       Evaluator::Create(model.config(), client.get(), std::move(test), batch_size,
                                         gpu_kernels_.get()));

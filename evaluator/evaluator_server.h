@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/ps_follower.h"
 #include "kernels/kernels.h"
 #include "proto/cluster.pb.h"
 #include "runtime/daemon.h"
@@ -69,6 +70,9 @@ class EvaluatorServer : public Daemon {
   const EvaluatorOptions options_;
   const int gpu_;                         // options_.device's index; -1 for the CPU
   std::unique_ptr<Kernels> gpu_kernels_;  // gpu_'s, from Start
+  // The heartbeat answers' failed-over tasks, to the evaluation's follower (before task_: its
+  // registrar's thread uses it until task_ goes).
+  FailoverWatch failovers_;
   std::unique_ptr<ServingTask> task_;
   std::atomic<int64_t> evaluated_step_{-1};
   std::atomic<bool> finished_{false};

@@ -177,7 +177,9 @@ void BackupStores::RenewLease(absl::Time until) {
   while (nanos > seen && !lease_until_nanos_.compare_exchange_weak(seen, nanos)) {
   }
   if (nanos > absl::GetCurrentTimeNanos() && lapse_logged_.exchange(false)) {
-    LOG(WARNING) << "the chief answers again: serving pulls and pushes";
+    LOG(WARNING) << "the chief answers again: serving pulls and pushes"
+                 << (fenced_.load() ? " of what this task backs up (its own shards stay fenced)"
+                                    : "");
   }
 }
 

@@ -969,6 +969,9 @@ int ParameterStore::DropBackup(int backup) {
     lost_table_backups_.insert(backup);
     generation = backup_generation_[backup];
   }
+  // Forwards under way to it end now (counted lost above, they are not sent again): one that
+  // hangs would hold its push, and the worker's answer, for the forwarder's I/O timeout.
+  if (options_.forwarder != nullptr) options_.forwarder->AbortCalls(backup);
   int dropped = 0;
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [key, shard] : dense_) {

@@ -96,6 +96,10 @@ class PushForwarder {
                                    std::atomic<int64_t>* sent = nullptr) {
     return absl::UnimplementedError("this forwarder does not send copies");
   }
+  // Ends the forwards and streams under way to task `backup` (they fail): it was counted lost
+  // (ParameterStore::DropBackup), and one that hangs, frozen or cut off without a reset, would
+  // hold its primary's pushes for the I/O timeout.
+  virtual void AbortCalls(int backup) {}
 };
 
 }  // namespace pscluster

@@ -239,6 +239,15 @@ absl::Status RemotePushForwarder::ForwardSparse(int backup,
   return absl::OkStatus();
 }
 
+void RemotePushForwarder::AbortCalls(int backup) {
+  std::shared_ptr<Peers> p = peers();
+  if (p == nullptr || p->wire == nullptr || backup < 0 ||
+      backup >= static_cast<int>(p->addresses.size())) {
+    return;
+  }
+  p->wire->AbortCalls(backup);
+}
+
 absl::Status RemotePushForwarder::SendReplica(int backup, const v1::DenseReplica& replica,
                                               bool* installed, std::atomic<int64_t>* sent) {
   *installed = false;

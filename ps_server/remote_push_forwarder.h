@@ -43,6 +43,8 @@ class RemotePushForwarder : public PushForwarder {
   // Over gRPC (ParameterServer.InstallReplica, in chunks).
   absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
                            std::atomic<int64_t>* sent = nullptr) override;
+  // Over the data plane (TcpPsTransport::AbortCalls); forwards over gRPC end at their deadline.
+  void AbortCalls(int backup) override;
 
  private:
   struct Peers {

@@ -567,6 +567,59 @@ TEST(FencingTest, APrimaryCutOffAndFailedOverAppliesNothingWhenItRunsAgain) {
   }
 }
 
+// A primary frozen (SIGSTOP) near the end of training: the calls hung on it end once the chief
+// fails it over, training ends, it hears the chief's `stop` once it runs again, and the whole
+// cluster exits 0. The chief waits for a task missing for a moment (cut off, or
+// its TCP still backing off after a cut) rather than leave it waiting for a chief that is gone,
+// for ever; and it counts a task as told only once the task says it heard it (an answer may
+// never arrive). netns_test's replicated run met the hang in CI: ps-1, cut off and failed over,
+// was still running 240 s after the chief had exited.
+TEST(FencingTest, APrimaryFrozenWhenTrainingEndsHearsTheStopOnceItRunsAgain) {
+  TestClusterOptions options;
+  options.num_ps = kNumPs;
+  options.num_workers = 2;
+  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+                            "--mode=async",
+                            "--replication=2",
+                            "--max_partition_bytes=8192",
+                            "--max_train_examples=12000",
+                            "--max_test_examples=2000",
+                            "--epochs=2",
+                            "--batch_size=50",
+                            "--eval_every_secs=60",
+                            "--heartbeat_interval_ms=100",
+                            "--heartbeat_timeout_ms=1000",
+                            "--exit_after_training"};
+  options.flags["worker"] = {"--step_delay_ms=10"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
+  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
+  // 2 epochs of 12,000 examples in batches of 50 over 2 workers: 480 steps in all. Frozen near
+  // the end: training goes on once ps:1 failed over, and ends a moment later.
+  ASSERT_TRUE(AwaitGlobalStep(*chief, 400)) << cluster.Logs(40);
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGSTOP).ok());
+  const absl::Time frozen = absl::Now();
+  ASSERT_TRUE(AwaitChiefLog(cluster, "telling every task to stop")) << cluster.Logs(40);
+  // The calls that hung on ps:1 (the workers' to it, and its primaries' forwards to it) end
+  // once the chief fails it over (about 1 s in): before, they held training for their 30 s
+  // I/O timeout.
+  EXPECT_LT(absl::Now() - frozen, absl::Seconds(15)) << cluster.Logs(40);
+  absl::SleepFor(absl::Milliseconds(500));  // (before, the chief exited here)
+  ASSERT_TRUE(cluster.ps(1).Signal(SIGCONT).ok());
+
+  absl::StatusOr<int> chief_exit = cluster.chief().WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(chief_exit.ok()) << chief_exit.status() << cluster.Logs(40);
+  EXPECT_EQ(DescribeWaitStatus(*chief_exit), "exit 0") << cluster.chief().LogTail(30);
+  for (ChildProcess* p : cluster.processes()) {
+    absl::StatusOr<int> exit = p->WaitForExit(absl::Seconds(20));
+    ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << p->options().binary << "\n" << p->LogTail();
+    EXPECT_EQ(DescribeWaitStatus(*exit), "exit 0") << p->options().binary << "\n" << p->LogTail();
+  }
+  EXPECT_THAT(cluster.ps(1).LogTail(100), HasSubstr("the chief says training is over"));
+  EXPECT_THAT(cluster.chief().LogTail(600), HasSubstr("ps:1 failed over"));
+}
+
 // A second loss after a failover that leaves a partition with no copy: the chief neither fails
 // over nor restores a checkpoint into the tasks as first placed (which would leave the shards
 // taken over behind, or roll part of the model back); it says what happened and what to do.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -122,6 +123,9 @@ absl::Status WorkerServer::Start() {
   serving.host = options_.host;
   serving.heartbeat_interval = options_.heartbeat_interval;
   serving.give_up_on_chief_after = options_.give_up_on_chief_after;
+  serving.on_chief_answer = [this](const TaskRegistrarOptions::Answer& answer) {
+    if (!answer.failed_over_ps.empty()) failovers_.Heard(answer.failed_over_ps);
+  };
   PS_ASSIGN_OR_RETURN(task_, ServingTask::Start(serving, {this}, [this](v1::HeartbeatRequest* r) {
                         r->set_step(steps_.load());
                         r->set_detail(Detail());
@@ -224,6 +228,10 @@ absl::Status WorkerServer::TrainOnce() {
                               NewPsTransport(addresses, options_.tensor_wire, options_.host.tls),
                               client_options));
   follower.Attach(client.get());
+  // A failover the chief's heartbeat answers tell of is followed at once, even while every
+  // call of this worker hangs on the task that was failed over.
+  failovers_.Set(&follower);
+  const absl::Cleanup unwatch = [this] { failovers_.Set(nullptr); };
   TrainerOptions trainer_options;
   trainer_options.before_retry = [&follower] { follower.Follow(); };
   trainer_options.worker = index;

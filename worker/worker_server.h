@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/chief_client.h"
+#include "client/ps_follower.h"
 #include "kernels/kernels.h"
 #include "proto/model.pb.h"
 #include "proto/worker_service.grpc.pb.h"
@@ -94,6 +95,9 @@ class WorkerServer : public Daemon, private v1::Worker::Service {
   const absl::Time start_time_;
   const std::vector<std::unique_ptr<Kernels>> kernels_;  // one per tower
   const Authorizer authorizer_;
+  // The heartbeat answers' failed-over tasks, to the follower of the training attempt
+  // (before task_: its registrar's thread uses it until task_ goes).
+  FailoverWatch failovers_;
   std::unique_ptr<ServingTask> task_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int> max_staleness_{0};
