@@ -3,6 +3,8 @@
 // they push, at a point that varies from run to run; the chief promotes its partitions'
 // backups, the clients follow the new routes, and every push a client got an answer for is in
 // the final model exactly once: in its dense variables and in its embedding table's rows.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -81,10 +83,12 @@ constexpr int kPushesPerClient = 150;
 
 // Three ps tasks with --replication=2 under a chief serving kDenseModel (and kTable
 // `with_table`), with heartbeats every 100 ms and a task lost after 1 s without one.
-// Checkpoints (under `checkpoint_dir`, when given) only when asked for.
-std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir = "",
-                                             bool with_table = true,
-                                             std::vector<std::string> chief0_flags = {}) {
+// Checkpoints (under `checkpoint_dir`, when given) only when asked for. `task_flags`: extra
+// flags of single tasks ("ps:1").
+std::unique_ptr<TestCluster> StartReplicated(
+    const std::string& checkpoint_dir = "", bool with_table = true,
+    std::vector<std::string> chief0_flags = {},
+    std::map<std::string, std::vector<std::string>> task_flags = {}) {
   const std::string model_path = absl::StrCat(getenv("TEST_TMPDIR"), "/model.pbtxt");
   std::ofstream(model_path) << kDenseModel << (with_table ? kTable : "");
   TestClusterOptions options;
@@ -98,6 +102,7 @@ std::unique_ptr<TestCluster> StartReplicated(const std::string& checkpoint_dir =
     options.flags["chief"].push_back("--checkpoint_every_secs=0");
   }
   if (!chief0_flags.empty()) options.flags["chief:0"] = std::move(chief0_flags);
+  for (auto& [task, flags] : task_flags) options.flags[task] = std::move(flags);
   absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
   CHECK(started.ok()) << started.status();
   return *std::move(started);
@@ -310,10 +315,14 @@ std::pair<int, int> TasksToLoseInTurn(const v1::Placement& placement) {
   return {-1, -1};
 }
 
-// Which task dies, and after how many of the clients' pushes were answered.
+// Which task dies, and after how many of the clients' pushes were answered; or, with
+// `push_applied`, at its crash point of that name: the task kills itself (SIGKILL) right
+// after it applied its `after`-th push as a primary, before it forwarded it to the backup,
+// with the worker unanswered.
 struct KillPoint {
   int ps;
   int after;
+  bool push_applied = false;
 };
 
 class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
@@ -321,9 +330,13 @@ class FailoverTest : public ::testing::TestWithParam<KillPoint> {};
 TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce) {
   const int killed = GetParam().ps;
   const std::string name = absl::StrCat("ps:", killed);
-  const std::string checkpoint_dir =
-      absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-", killed, "-", GetParam().after);
-  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir);
+  const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-", killed, "-",
+                                                  GetParam().after, GetParam().push_applied);
+  std::map<std::string, std::vector<std::string>> task_flags;
+  if (GetParam().push_applied) {
+    task_flags[name] = {absl::StrCat("--crash_at=push_applied@", GetParam().after)};
+  }
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, true, {}, task_flags);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
   ASSERT_EQ(m.placement().options().replication(), 2);
@@ -409,8 +422,14 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
       }
     });
   }
-  while (answered.load() < GetParam().after) absl::SleepFor(absl::Microseconds(200));
-  ASSERT_TRUE(cluster.ps(killed).Signal(SIGKILL).ok());
+  if (GetParam().push_applied) {
+    absl::StatusOr<int> died = cluster.ps(killed).WaitForExit(absl::Seconds(60));
+    ASSERT_TRUE(died.ok()) << died.status() << "\n" << cluster.Logs(40);
+    ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL) << DescribeWaitStatus(*died);
+  } else {
+    while (answered.load() < GetParam().after) absl::SleepFor(absl::Microseconds(200));
+    ASSERT_TRUE(cluster.ps(killed).Signal(SIGKILL).ok());
+  }
   const absl::Time killed_at = absl::Now();
   for (std::thread& t : threads) t.join();
   for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
@@ -479,6 +498,7 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
   EXPECT_LT(pause, absl::Seconds(30));
 
   // The killed task comes back empty: it takes nothing back, and nothing is rolled back.
+  cluster.SetFlags(name, {});
   ASSERT_TRUE(cluster.StartTask("ps", killed).ok()) << cluster.Logs();
   const std::string came_back = name + " came back after its failover";
   const absl::Time until = absl::Now() + absl::Seconds(30);
@@ -490,12 +510,17 @@ TEST_P(FailoverTest, AKilledPsTaskFailsOverAndEveryAnsweredPushIsInTheModelOnce)
   EXPECT_THAT(cluster.chief().LogTail(400), ::testing::Not(HasSubstr("restoring every ps task")));
 }
 
-// Every task, each at an early, a middle and a late point of the 300 pushes.
+// Every task, each at an early, a middle and a late point of the 300 pushes; and ps:1 between
+// its apply of a push and its forward.
 INSTANTIATE_TEST_SUITE_P(EveryTaskAtSeveralPoints, FailoverTest,
                          ::testing::Values(KillPoint{0, 20}, KillPoint{1, 100}, KillPoint{2, 170},
-                                           KillPoint{0, 250}, KillPoint{1, 5}, KillPoint{2, 290}),
+                                           KillPoint{0, 250}, KillPoint{1, 5}, KillPoint{2, 290},
+                                           KillPoint{1, 120, /*push_applied=*/true}),
                          [](const ::testing::TestParamInfo<KillPoint>& info) {
-                           return absl::StrCat("ps", info.param.ps, "_after", info.param.after);
+                           return absl::StrCat(
+                               "ps", info.param.ps,
+                               info.param.push_applied ? "_at_push_applied_" : "_after",
+                               info.param.after);
                          });
 
 // Fencing: a primary cut off from everyone (frozen with SIGSTOP: it sends no heartbeat and
