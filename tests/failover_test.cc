@@ -1049,6 +1049,68 @@ TEST(ChiefRestartTest, ATaskBackedUpOnAFailedOverTaskIsNotFailedOverAtStart) {
   EXPECT_THAT(log, ::testing::Not(HasSubstr("restored checkpoint")));
 }
 
+// The other refusal at start: ps:X failed over (its partitions promoted on both other tasks),
+// then the chief and ps:Y, one of the tasks that took X's partitions over, are lost together,
+// and Y comes back empty: the only copy of what Y had taken over is gone. The new chief finds X
+// failed over (the third task still serves X's other partitions) and tells Y the failover
+// again (AdoptFailovers); Y holds none of X's partitions, and the chief FAILS with the advice
+// to restart the job from its newest checkpoint, restoring nothing (a restore would put X's
+// partitions back on X, which is down, and roll back the others).
+TEST(ChiefRestartTest, ATaskThatLostWhatItTookOverIsRefusedAtStart) {
+  const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-lost-taken");
+  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/false);
+  TestCluster& cluster = *started;
+  const v1::GetModelResponse m = ModelOf(cluster);
+  // X: a task whose partitions are backed up on both other tasks; Y: one of those, with a
+  // partition of its own backed up on X (so that the new chief does not fail Y over itself).
+  std::map<int, std::set<int>> backups_of;
+  for (const v1::DensePartition& p : m.placement().partitions()) {
+    backups_of[p.ps_task()].insert(p.backup_ps_task());
+  }
+  int x = -1, y = -1;
+  for (int a = 0; a < kNumPs && y < 0; ++a) {
+    if (backups_of[a].size() != 2) continue;
+    for (int b : backups_of[a]) {
+      if (backups_of[b].count(a) > 0) {
+        x = a;
+        y = b;
+        break;
+      }
+    }
+  }
+  ASSERT_GE(y, 0) << "no task backed up on both others, backing up one that backs it up";
+  auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
+  {
+    Pushers pushers(cluster, m, /*rows=*/false);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
+    ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
+    ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
+    for (const absl::Status& e : pushers.Stop()) {
+      ASSERT_TRUE(e.ok()) << e << "\n" << cluster.Logs(40);
+    }
+  }
+  ASSERT_TRUE(cluster.chief().Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.chief().WaitForExit(absl::Seconds(5)).ok());
+  ASSERT_TRUE(cluster.ps(y).Signal(SIGKILL).ok());
+  ASSERT_TRUE(cluster.ps(y).WaitForExit(absl::Seconds(5)).ok());
+  // (A task registers with the chief as it starts: Y once the new chief serves.)
+  ASSERT_TRUE(cluster.StartTask("chief", 0).ok()) << cluster.Logs();
+  ASSERT_TRUE(cluster.StartTask("ps", y).ok()) << cluster.Logs();
+  std::unique_ptr<v1::Coordinator::Stub> chief = ChiefStubOf(cluster);
+  const v1::ClusterStatus failed = AwaitStatus(
+      *chief, [](const v1::ClusterStatus& s) { return s.phase() == v1::FAILED; },
+      absl::Seconds(30));
+  ASSERT_EQ(failed.phase(), v1::FAILED) << cluster.Logs(40);
+  EXPECT_THAT(failed.phase_detail(),
+              HasSubstr(absl::StrCat("ps:", x, " failed over, but ps:", y,
+                                     " no longer holds the partitions of it")));
+  EXPECT_THAT(failed.phase_detail(), HasSubstr("restart the job from its newest checkpoint"));
+  const std::string log = cluster.chief().LogTail(600);
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("ps:", x, " failed over under an earlier chief")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("restored checkpoint")));
+}
+
 // The real thing: worker daemons training the softmax model on Fashion-MNIST, async, with
 // --replication=2 over three ps tasks, and one ps task killed with SIGKILL midway. Training
 // goes on through the failover to the end, no checkpoint is restored (there is none), and the
