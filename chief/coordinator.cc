@@ -195,11 +195,15 @@ void Coordinator::Run() {
   if (stop_requested()) return;
   std::thread evaluation;
   if (HasNetwork(options_.config)) evaluation = std::thread([this] { EvaluationLoop(); });
-  std::thread rebuilder;
-  if (options_.placement.replication() >= 2) rebuilder = std::thread([this] { RebuildLoop(); });
+  std::thread rebuilder, loss_watch;
+  if (options_.placement.replication() >= 2) {
+    rebuilder = std::thread([this] { RebuildLoop(); });
+    loss_watch = std::thread([this] { LossWatchLoop(); });
+  }
   MaintenanceLoop();
   if (evaluation.joinable()) evaluation.join();
   if (rebuilder.joinable()) rebuilder.join();
+  if (loss_watch.joinable()) loss_watch.join();
 }
 
 int64_t Coordinator::CurrentStep() const {
@@ -477,6 +481,32 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
     }
   }
   return left;
+}
+
+void Coordinator::LossWatchLoop() {
+  std::vector<char> ended(num_ps_, 0);  // calls ended since the task was last heard from
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      // (Real time, as the rebuilder's: a test's clock may stand still.)
+      mu_.AwaitWithTimeout(absl::Condition(&stop_requested_), absl::Milliseconds(100));
+      if (stop_requested_) return;
+    }
+    const std::vector<char> down = PsDown();
+    for (int ps = 0; ps < num_ps_; ++ps) {
+      if (!down[ps]) {
+        ended[ps] = 0;
+        continue;
+      }
+      if (ended[ps]) continue;
+      ended[ps] = 1;
+      // The maintenance thread fails it over next, unless it is held in a call to it: one
+      // that hangs (a frozen task, or one cut off without a reset) would hold it, and the
+      // failover, until the call's deadline (a save's: --checkpoint_timeout_secs).
+      LOG(WARNING) << "ps:" << ps << " missed its heartbeats: ending the chief's calls to it";
+      client_->AbortCalls(ps);
+    }
+  }
 }
 
 void Coordinator::ScheduleRebuild(int ps) {

@@ -217,6 +217,10 @@ class Coordinator {
   bool DropBackupsOn(int ps, bool keep_for_rebuilder);
   // Maintenance thread: `ps`, failed over, serves (or will) again: rebuild onto it.
   void ScheduleRebuild(int ps);
+  // Replication 2: ends the chief's calls to a ps task as soon as its heartbeats stop
+  // (ParameterClient::AbortCalls), so that a call to a task that hangs does not hold the
+  // maintenance thread, and the task's failover, until the call's deadline.
+  void LossWatchLoop();
   // The virtual shards of the tables whose primary is `ps`, each with the task backing it up
   // (none for a model without tables).
   std::vector<std::pair<int, int>> TableBackupsOf(int ps) const;

@@ -95,6 +95,9 @@ class ParameterClient {
   const v1::ModelSpec& model() const { return model_; }
   const v1::Placement& placement() const { return placement_; }
   int num_ps() const { return transport_->num_ps(); }
+  // Ends the calls under way to task `ps` at once (PsTransport::AbortCalls): it stopped
+  // answering (its heartbeats stopped), and is about to be failed over.
+  void AbortCalls(int ps) { transport_->AbortCalls(ps); }
   // The id this client's pushes carry (RequestId.client).
   uint64_t client_id() const { return client_id_; }
 

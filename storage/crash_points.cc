@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "glog/logging.h"
 
 namespace pscluster {
@@ -36,6 +37,7 @@ constexpr const char* kKnownPoints[] = {
 
 absl::StatusOr<std::unique_ptr<CrashPoints>> CrashPoints::Parse(absl::string_view spec) {
   if (spec.empty()) return std::unique_ptr<CrashPoints>();
+  const bool stop = absl::ConsumeSuffix(&spec, ":stop");
   absl::string_view point = spec;
   int64_t nth = 1;
   if (const size_t at = spec.find('@'); at != absl::string_view::npos) {
@@ -47,7 +49,7 @@ absl::StatusOr<std::unique_ptr<CrashPoints>> CrashPoints::Parse(absl::string_vie
   }
   for (const char* known : kKnownPoints) {
     if (point == known) {
-      return std::unique_ptr<CrashPoints>(new CrashPoints(std::string(point), nth));
+      return std::unique_ptr<CrashPoints>(new CrashPoints(std::string(point), nth, nullptr, stop));
     }
   }
   return absl::InvalidArgumentError(
@@ -71,9 +73,14 @@ void CrashPoints::Reach(absl::string_view point) {
     return;
   }
   // Said on stderr with write(2) so the line is out before the signal lands.
-  const std::string line = absl::StrCat("crash point ", point_, "@", nth_, " reached: SIGKILL\n");
+  const std::string line = absl::StrCat("crash point ", point_, "@", nth_,
+                                        " reached: ", stop_ ? "SIGSTOP" : "SIGKILL", "\n");
   ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;
+  if (stop_) {
+    kill(getpid(), SIGSTOP);  // (goes on from here if sent SIGCONT)
+    return;
+  }
   kill(getpid(), SIGKILL);
   pause();
 }

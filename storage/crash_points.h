@@ -65,8 +65,10 @@ inline constexpr char kCrashPushApplied[] = "push_applied";
 class CrashPoints {
  public:
   // `spec` is "<point>" or "<point>@<n>": die the n-th time (counting from 1) the point is
-  // reached; "" gives null (nothing armed). INVALID_ARGUMENT naming the known points for an
-  // unknown one or a bad count.
+  // reached; "" gives null (nothing armed). With ":stop" after it ("save_midway@2:stop") the
+  // process stops itself there with SIGSTOP instead, every thread of it, as a frozen machine
+  // or a process that hangs would (a test sends SIGCONT or SIGKILL). INVALID_ARGUMENT naming
+  // the known points for an unknown one or a bad count.
   static absl::StatusOr<std::unique_ptr<CrashPoints>> Parse(absl::string_view spec);
 
   // For tests of a component in one process: at the n-th visit of `point`, calls `reached` on
@@ -83,12 +85,14 @@ class CrashPoints {
   const std::string& point() const { return point_; }
 
  private:
-  CrashPoints(std::string point, int64_t nth, std::function<void()> reached = nullptr)
-      : point_(std::move(point)), nth_(nth), reached_(std::move(reached)) {}
+  CrashPoints(std::string point, int64_t nth, std::function<void()> reached = nullptr,
+              bool stop = false)
+      : point_(std::move(point)), nth_(nth), reached_(std::move(reached)), stop_(stop) {}
 
   const std::string point_;
   const int64_t nth_;
   const std::function<void()> reached_;
+  const bool stop_;  // SIGSTOP rather than SIGKILL
   std::atomic<int64_t> visits_{0};
 };
 

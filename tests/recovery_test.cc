@@ -486,6 +486,38 @@ TEST_F(RecoveryTest, APsLostMidCheckpointFailsOverAndARestartedChiefKeepsTheFail
   EXPECT_THAT(log, ::testing::Not(HasSubstr("computed again")));
 }
 
+// The same loss as a hang rather than a crash: ps:1 stops itself (SIGSTOP, every thread) in the
+// middle of the checkpoint of step 40 and stays stopped, answering nothing and resetting no
+// connection. The chief's save waits on it; before, that wait, and with it the failover, lasted
+// until the save's deadline (--checkpoint_timeout_secs, 600 s by default). Now the chief ends
+// its calls to a task whose heartbeats stopped: ps:1 fails over within seconds, the workers end
+// their calls to it as they hear of the failover, and the run ends bit for bit as the
+// undisturbed one.
+TEST_F(RecoveryTest, APsFrozenMidCheckpointFailsOverWithinSeconds) {
+  StartCluster("failover-frozen-save",
+               {{"chief:0", {"--replication=2"}},
+                {"ps:1", {absl::StrCat("--crash_at=", kCrashSaveMidway, "@2:stop")}}});
+  const v1::ClusterStatus after = AwaitStatus(
+      *chief_, [](const v1::ClusterStatus& s) { return s.global_step() >= 80; },
+      absl::Seconds(120));
+  ASSERT_GE(after.global_step(), 80) << cluster_->Logs(40);
+  EXPECT_THAT(cluster_->ps(1).LogTail(20), HasSubstr("reached: SIGSTOP"));
+  const std::string log = cluster_->chief().LogTail(400);
+  EXPECT_THAT(log, HasSubstr("ps:1 missed its heartbeats: ending the chief's calls to it"));
+  // "ps:1 failed over: ... (1.9s after its last heartbeat)"
+  const size_t at = log.find("ps:1 failed over: ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const size_t open = log.find(" (", log.find(" in ", at));
+  const size_t unit = log.find(" after its last heartbeat)", open);
+  ASSERT_NE(unit, std::string::npos) << log.substr(at, 300);
+  absl::Duration since_heartbeat;
+  ASSERT_TRUE(absl::ParseDuration(log.substr(open + 2, unit - open - 2), &since_heartbeat))
+      << log.substr(at, 300);
+  EXPECT_LT(since_heartbeat, absl::Seconds(10)) << log.substr(at, 300);
+  ExpectFinishedAsUndisturbed();
+  EXPECT_THAT(cluster_->chief().LogTail(400), ::testing::Not(HasSubstr("restored checkpoint")));
+}
+
 // A checkpoint whose shard file is corrupted is refused with DATA_LOSS naming the file, and the
 // chief restores the previous one instead, saying so.
 TEST(CorruptCheckpointTest, TheChiefFallsBackToThePreviousCheckpoint) {
