@@ -158,7 +158,11 @@ absl::Status ParameterClient::WithRetries(int ps, const std::function<absl::Stat
 }
 
 void ParameterClient::Cancel() {
-  std::call_once(cancel_once_, [this] { cancelled_.Notify(); });
+  std::call_once(cancel_once_, [this] {
+    cancelled_.Notify();
+    // And the attempts under way end now (a copy for a rebuild or a save may take minutes).
+    for (int ps = 0; ps < num_ps(); ++ps) transport_->AbortCalls(ps);
+  });
 }
 
 absl::Status ParameterClient::ForEachPs(const std::vector<int>& tasks,

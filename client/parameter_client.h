@@ -158,8 +158,9 @@ class ParameterClient {
                              const std::vector<int>* tasks = nullptr,
                              const std::vector<v1::CheckpointLink>& chain = {});
 
-  // Makes every retry loop give up at once (CANCELLED), now and for every later call: for a
-  // daemon that is stopping. Thread-safe.
+  // Makes every retry loop give up at once (CANCELLED), now and for every later call, and ends
+  // the attempts under way (PsTransport::AbortCalls): for a daemon that is stopping.
+  // Thread-safe.
   void Cancel();
 
   // Sends later calls for ps task `ps` to `address` (it was restarted elsewhere; see

@@ -186,6 +186,38 @@ TEST(LifecycleTest, SigtermEndsTheChiefDuringAStuckRecovery) {
   LOG(INFO) << "the chief stopped " << absl::FormatDuration(took) << " after SIGTERM";
 }
 
+// SIGTERM also ends a call under way, not only the retries: here the chief's checkpoint save
+// waits on ps:1, which stopped itself (SIGSTOP, every thread) in the middle of it and answers
+// nothing. Before, the chief stopped only once the save's deadline passed
+// (--checkpoint_timeout_secs, 600 s by default); a rebuild's copy held it the same way.
+TEST(LifecycleTest, SigtermEndsTheChiefDuringASaveStuckOnAFrozenPs) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/frozen-save");
+  TestClusterOptions options = EndlessSyncTraining(2, 1);
+  options.flags["chief"].push_back("--checkpoint_dir=" + dir);
+  options.flags["chief"].push_back("--checkpoint_every_steps=20");
+  options.flags["ps:1"] = {"--crash_at=save_midway@2:stop"};
+  auto cluster = TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  TestCluster& c = **cluster;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (c.ps(1).LogTail(5).find("reached: SIGSTOP") == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_THAT(c.ps(1).LogTail(5), HasSubstr("crash point save_midway@2 reached: SIGSTOP"))
+      << c.Logs();
+  absl::SleepFor(absl::Milliseconds(300));  // the save is waiting on ps:1
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(c.chief().Signal(SIGTERM).ok());
+  auto exit = c.chief().WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << exit.status() << "\n" << c.chief().LogTail(30);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Seconds(6)) << c.chief().LogTail(30);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << DescribeWaitStatus(*exit) << "\n"
+                                                           << c.chief().LogTail(30);
+  LOG(INFO) << "the chief stopped " << absl::FormatDuration(took)
+            << " after SIGTERM, its save stuck on a frozen ps task";
+}
+
 TEST(LifecycleTest, SigintStopsADaemonToo) {
   auto cluster = StartChiefAndOnePs();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
