@@ -1479,6 +1479,10 @@ absl::Status Coordinator::CheckEvaluationReport(const v1::ReportEvaluationReques
 absl::Status Coordinator::RegisterTask(const v1::RegisterTaskRequest& req,
                                        v1::RegisterTaskResponse* resp) {
   PS_RETURN_IF_ERROR(registry_.Register(req.task(), req.address(), req.incarnation()));
+  {
+    absl::MutexLock lock(&mu_);
+    told_to_stop_.erase(TaskName(req.task()));  // a new incarnation has heard nothing
+  }
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   return absl::OkStatus();
@@ -1499,11 +1503,10 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
       resp->set_failed_over(true);
     }
     *resp->mutable_failed_over_ps() = failed;
-    if (telling_tasks_to_stop_) {
-      resp->set_stop(true);
-      // Only once the task says it heard it: this answer may never reach it.
-      if (req.stopping()) told_to_stop_.insert(TaskName(req.task()));
-    }
+    if (telling_tasks_to_stop_) resp->set_stop(true);
+    // Counted as told only once the task says it is stopping (an answer with `stop` may never
+    // reach it); a task that ends by itself once training is over says so too.
+    if (req.stopping()) told_to_stop_.insert(TaskName(req.task()));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,20 @@ void TaskRegistrar::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void TaskRegistrar::SayStopping() {
+  if (said_stopping_.exchange(true)) return;
+  v1::HeartbeatRequest req;
+  if (filler_) filler_(&req);
+  *req.mutable_task() = options_.task;
+  req.set_incarnation(incarnation_);
+  req.set_stopping(true);
+  v1::HeartbeatResponse ignored;
+  if (absl::Status s = chief_->Heartbeat(req, &ignored); !s.ok()) {
+    LOG(WARNING) << TaskName(options_.task)
+                 << ": could not tell the chief this task is stopping: " << s.message();
+  }
+}
+
 bool TaskRegistrar::AwaitRegistered(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   return mu_.AwaitWithDeadline(absl::Condition(&registered_), deadline);
@@ -123,12 +137,7 @@ void TaskRegistrar::Run() {
         // Said back at once: the chief waits for it before it exits (an answer it sent
         // earlier may have been lost with a call this task gave up). If this fails, the chief
         // takes the task as gone once its heartbeats stop.
-        req.set_stopping(true);
-        v1::HeartbeatResponse ignored;
-        if (absl::Status said = chief_->Heartbeat(req, &ignored); !said.ok()) {
-          LOG(WARNING) << TaskName(options_.task)
-                       << ": could not tell the chief this task is stopping: " << said.message();
-        }
+        SayStopping();
         if (options_.on_stop) options_.on_stop();
       }
     }

@@ -1,6 +1,7 @@
 #ifndef PSCLUSTER_CLIENT_TASK_REGISTRAR_H_
 #define PSCLUSTER_CLIENT_TASK_REGISTRAR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,6 +65,10 @@ class TaskRegistrar {
   bool AwaitRegistered(absl::Time deadline);
   // Stops the background thread; idempotent.
   void Stop();
+  // Tells the chief this task is stopping (a heartbeat with HeartbeatRequest.stopping), on the
+  // caller's thread: for a task that ends by itself once training is over, so that a chief
+  // telling every task to stop need not wait for it to go missing. Best effort; once.
+  void SayStopping();
 
   uint64_t incarnation() const { return incarnation_; }
 
@@ -76,6 +81,7 @@ class TaskRegistrar {
   const StatusFiller filler_;
   const uint64_t incarnation_;
   std::thread thread_;
+  std::atomic<bool> said_stopping_{false};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

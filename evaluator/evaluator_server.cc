@@ -107,7 +107,10 @@ void EvaluatorServer::EvaluateLoop() {
       if (!task_->stop_requested()) {
         finished_ = true;
         LOG(INFO) << "evaluator:0: training is over";
-        if (options_.exit_after_training) task_->RequestStop();
+        if (options_.exit_after_training) {
+          task_->SayStopping();  // (a chief telling every task to stop waits for this)
+          task_->RequestStop();
+        }
       }
       return;
     }

@@ -66,6 +66,11 @@ class ServingTask {
 
   // Stops heartbeats and the server (calls in flight get the grace period). Idempotent.
   void Shutdown();
+  // For a task that ends by itself once training is over: tells the chief it is stopping
+  // (TaskRegistrar::SayStopping), before RequestStop.
+  void SayStopping() {
+    if (registrar_) registrar_->SayStopping();
+  }
 
  private:
   ServingTask(v1::TaskId task, std::unique_ptr<ServiceHost> host);

@@ -189,7 +189,11 @@ void WorkerServer::AwaitTrainingOver() {
     const absl::Status s = (*chief)->GetClusterStatus(&status);
     if (s.ok()) {
       last_answer = absl::Now();
-      if (status.progress().finished()) return;
+      if (status.progress().finished()) {
+        // (A chief telling every task to stop waits for this.)
+        task_->SayStopping();
+        return;
+      }
     } else if (absl::Now() - last_answer > options_.chief_gone_after) {
       LOG(WARNING) << name << ": the chief has not answered for "
                    << absl::FormatDuration(absl::Now() - last_answer) << " (" << s << "); exiting";
