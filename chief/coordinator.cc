@@ -484,7 +484,7 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
 }
 
 void Coordinator::LossWatchLoop() {
-  std::vector<char> ended(num_ps_, 0);  // calls ended since the task was last heard from
+  std::vector<char> logged(num_ps_, 0);  // since the task was last heard from
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -495,15 +495,17 @@ void Coordinator::LossWatchLoop() {
     const std::vector<char> down = PsDown();
     for (int ps = 0; ps < num_ps_; ++ps) {
       if (!down[ps]) {
-        ended[ps] = 0;
+        logged[ps] = 0;
         continue;
       }
-      if (ended[ps]) continue;
-      ended[ps] = 1;
       // The maintenance thread fails it over next, unless it is held in a call to it: one
       // that hangs (a frozen task, or one cut off without a reset) would hold it, and the
-      // failover, until the call's deadline (a save's: --checkpoint_timeout_secs).
-      LOG(WARNING) << "ps:" << ps << " missed its heartbeats: ending the chief's calls to it";
+      // failover, until the call's deadline (a save's: --checkpoint_timeout_secs). Every round
+      // while it is down: a call begun after the last one (a save's next phase) hangs too.
+      if (!logged[ps]) {
+        logged[ps] = 1;
+        LOG(WARNING) << "ps:" << ps << " missed its heartbeats: ending the chief's calls to it";
+      }
       client_->AbortCalls(ps);
     }
   }
@@ -1479,10 +1481,6 @@ absl::Status Coordinator::CheckEvaluationReport(const v1::ReportEvaluationReques
 absl::Status Coordinator::RegisterTask(const v1::RegisterTaskRequest& req,
                                        v1::RegisterTaskResponse* resp) {
   PS_RETURN_IF_ERROR(registry_.Register(req.task(), req.address(), req.incarnation()));
-  {
-    absl::MutexLock lock(&mu_);
-    told_to_stop_.erase(TaskName(req.task()));  // a new incarnation has heard nothing
-  }
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   return absl::OkStatus();
@@ -1506,7 +1504,7 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbe
     if (telling_tasks_to_stop_) resp->set_stop(true);
     // Counted as told only once the task says it is stopping (an answer with `stop` may never
     // reach it); a task that ends by itself once training is over says so too.
-    if (req.stopping()) told_to_stop_.insert(TaskName(req.task()));
+    if (req.stopping()) told_to_stop_[TaskName(req.task())] = req.incarnation();
   }
   return absl::OkStatus();
 }
@@ -1551,7 +1549,9 @@ bool Coordinator::AllTasksToldToStop(std::vector<std::string>* waiting) const {
         now - absl::FromUnixMicros(t.last_heartbeat_unix_micros()) > gone_after) {
       continue;
     }
-    if (!told_to_stop_.contains(name)) waiting->push_back(name);
+    // (Said by this incarnation: one that restarted since has heard nothing.)
+    auto told = told_to_stop_.find(name);
+    if (told == told_to_stop_.end() || told->second != t.incarnation()) waiting->push_back(name);
   }
   return waiting->empty();
 }

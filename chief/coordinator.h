@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -373,7 +374,8 @@ class Coordinator {
   // exit_after_training: heartbeats are answered with `stop`, and who has said it heard it.
   bool telling_tasks_to_stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_set<std::string> told_to_stop_ ABSL_GUARDED_BY(mu_);
+  // Task name -> the incarnation that said it is stopping.
+  absl::flat_hash_map<std::string, uint64_t> told_to_stop_ ABSL_GUARDED_BY(mu_);
   // Workers whose finish (NoteWorkerFinished) was refused, each logged once.
   absl::flat_hash_set<int> refused_finish_ ABSL_GUARDED_BY(mu_);
 };

@@ -16,7 +16,9 @@ namespace pscluster {
 
 GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
                                  const GrpcPsTransportOptions& options)
-    : options_(options), num_ps_(static_cast<int>(ps_addresses.size())) {
+    : options_(options),
+      num_ps_(static_cast<int>(ps_addresses.size())),
+      calls_(new CallSet[ps_addresses.size()]) {
   absl::MutexLock lock(&mu_);
   for (const std::string& address : ps_addresses) {
     targets_.push_back(Target{address, NewStub(address)});
@@ -26,7 +28,9 @@ GrpcPsTransport::GrpcPsTransport(const std::vector<std::string>& ps_addresses,
 GrpcPsTransport::GrpcPsTransport(
     std::vector<std::unique_ptr<v1::ParameterServer::StubInterface>> stubs,
     const GrpcPsTransportOptions& options)
-    : options_(options), num_ps_(static_cast<int>(stubs.size())) {
+    : options_(options),
+      num_ps_(static_cast<int>(stubs.size())),
+      calls_(new CallSet[stubs.size()]) {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < stubs.size(); ++i) {
     targets_.push_back(Target{absl::StrCat("stub ", i), std::move(stubs[i])});
@@ -65,22 +69,21 @@ absl::Status GrpcPsTransport::SetAddress(int ps, const std::string& address) {
 
 GrpcPsTransport::TrackedContext::TrackedContext(const GrpcPsTransport* transport, int ps)
     : transport_(transport), ps_(ps) {
-  absl::MutexLock lock(&transport_->calls_mu_);
-  transport_->calls_[ps_].insert(&ctx_);
+  CallSet& calls = transport_->calls_[ps_];
+  absl::MutexLock lock(&calls.mu);
+  calls.live.insert(&ctx_);
 }
 
 GrpcPsTransport::TrackedContext::~TrackedContext() {
-  absl::MutexLock lock(&transport_->calls_mu_);
-  auto it = transport_->calls_.find(ps_);
-  it->second.erase(&ctx_);
-  if (it->second.empty()) transport_->calls_.erase(it);
+  CallSet& calls = transport_->calls_[ps_];
+  absl::MutexLock lock(&calls.mu);
+  calls.live.erase(&ctx_);
 }
 
 void GrpcPsTransport::AbortCalls(int ps) {
-  absl::MutexLock lock(&calls_mu_);
-  auto it = calls_.find(ps);
-  if (it == calls_.end()) return;
-  for (grpc::ClientContext* ctx : it->second) ctx->TryCancel();
+  CallSet& calls = calls_[ps];
+  absl::MutexLock lock(&calls.mu);
+  for (grpc::ClientContext* ctx : calls.live) ctx->TryCancel();
 }
 
 void GrpcPsTransport::SetDeadline(grpc::ClientContext* ctx) const {

@@ -67,7 +67,7 @@ class GrpcPsTransport : public PsTransport {
   absl::Status RebuildBackup(int ps, const v1::RebuildBackupRequest& request,
                              v1::RebuildBackupResponse* response) override;
   absl::Status SetAddress(int ps, const std::string& address) override;
-  // Cancels the calls under way to `ps` (they fail, CANCELLED).
+  // Cancels the calls under way to `ps`: they fail UNAVAILABLE ("the call was ended").
   void AbortCalls(int ps) override;
 
   // The address calls to task `ps` go to now.
@@ -102,10 +102,13 @@ class GrpcPsTransport : public PsTransport {
   const GrpcPsTransportOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Target> targets_ ABSL_GUARDED_BY(mu_);  // size fixed at construction
-  // The calls under way, by task (TrackedContext, AbortCalls).
-  mutable absl::Mutex calls_mu_;
-  mutable std::map<int, absl::flat_hash_set<grpc::ClientContext*>> calls_
-      ABSL_GUARDED_BY(calls_mu_);
+  // The calls under way to one task (TrackedContext, AbortCalls): a lock of its own per task,
+  // so that calls to different tasks never meet here.
+  struct CallSet {
+    absl::Mutex mu;
+    absl::flat_hash_set<grpc::ClientContext*> live ABSL_GUARDED_BY(mu);
+  };
+  const std::unique_ptr<CallSet[]> calls_;  // num_ps_ of them
   const int num_ps_;
 };
 

@@ -106,8 +106,7 @@ class PsTransport {
   // Ends the calls under way to task `ps` at once (they fail, UNAVAILABLE) and closes its idle
   // connections: the task was failed over, and a call to a task that hangs (frozen, or cut off
   // without a reset) would otherwise wait out its I/O timeout before anything is retried
-  // elsewhere. Later calls connect again. Does nothing where the transport has no connections
-  // of its own to end (in-process; gRPC, whose calls end at their deadlines).
+  // elsewhere. Later calls connect again. Does nothing in-process.
   virtual void AbortCalls(int ps) {}
 };
 

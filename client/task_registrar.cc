@@ -112,6 +112,8 @@ void TaskRegistrar::Run() {
       if (filler_) filler_(&req);
       *req.mutable_task() = options_.task;
       req.set_incarnation(incarnation_);
+      // Said again with every heartbeat (SayStopping's own call may have failed).
+      if (said_stopping_.load()) req.set_stopping(true);
       v1::HeartbeatResponse resp;
       const absl::Time sent = absl::Now();
       absl::Status s = chief_->Heartbeat(req, &resp);

@@ -133,19 +133,24 @@ absl::Status TcpPsTransport::Annotate(int ps, const absl::Status& status) const 
                                                   ", data plane): ", status.message()));
 }
 
-absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acquire(int ps,
-                                                                                    bool* pooled) {
+absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acquire(
+    int ps, bool* pooled, const uint64_t* aborts_seen) {
   Endpoint& e = *endpoints_[ps];
   int port = 0;
   std::string host;
   uint64_t epoch = 0;
+  uint64_t aborts = 0;
   {
     absl::MutexLock lock(&e.mu);
+    aborts = e.aborts.load();
+    // A call AbortCalls ended before it had a connection is not given one.
+    if (aborts_seen != nullptr && *aborts_seen != aborts) return Ended();
     host = e.host;
     epoch = e.epoch;
     if (!e.idle.empty()) {
       std::unique_ptr<Connection> c = std::move(e.idle.back());
       e.idle.pop_back();
+      c->aborts = aborts;
       *pooled = true;
       return c;
     }
@@ -186,11 +191,18 @@ absl::StatusOr<std::unique_ptr<TcpPsTransport::Connection>> TcpPsTransport::Acqu
   auto c = std::make_unique<Connection>();
   c->socket = std::move(socket);
   c->epoch = epoch;
-  c->endpoint = &e;
+  c->aborts = aborts;
   absl::MutexLock lock(&e.mu);
+  // (Aborted while it connected: closed here, not reached by that AbortCalls.)
+  if (e.aborts.load() != aborts) return Ended();
+  c->endpoint = &e;
   ++e.opened;
   e.live.insert(c->socket.get());
   return c;
+}
+
+absl::Status TcpPsTransport::Ended() {
+  return absl::UnavailableError("the call was ended (the task was failed over)");
 }
 
 TcpPsTransport::Connection::~Connection() {
@@ -201,10 +213,11 @@ TcpPsTransport::Connection::~Connection() {
 
 void TcpPsTransport::AbortCalls(int ps) {
   Endpoint& e = *endpoints_[ps];
-  e.aborts.fetch_add(1);
   grpc_->AbortCalls(ps);  // (a data-port lookup, or a call without a data plane)
   std::vector<std::unique_ptr<Connection>> dropped;  // (closed once the lock is released)
   absl::MutexLock lock(&e.mu);
+  // Under the lock: Acquire and Release compare it there, so no connection escapes.
+  e.aborts.fetch_add(1);
   dropped.swap(e.idle);
   for (WireSocket* socket : e.live) socket->Shutdown();
 }
@@ -212,7 +225,8 @@ void TcpPsTransport::AbortCalls(int ps) {
 void TcpPsTransport::Release(int ps, std::unique_ptr<Connection> connection) {
   Endpoint& e = *endpoints_[ps];
   absl::MutexLock lock(&e.mu);
-  if (connection->epoch != e.epoch) return;  // to an address no longer the task's
+  if (connection->epoch != e.epoch) return;           // to an address no longer the task's
+  if (connection->aborts != e.aborts.load()) return;  // shut down by AbortCalls meanwhile
   e.idle.push_back(std::move(connection));
 }
 
@@ -286,7 +300,7 @@ absl::Status TcpPsTransport::Call(int ps, Exchange* x, bool* no_data_plane) {
   const uint64_t aborts = endpoints_[ps]->aborts.load();
   for (int attempt = 0;; ++attempt) {
     bool pooled = false;
-    absl::StatusOr<std::unique_ptr<Connection>> c = Acquire(ps, &pooled);
+    absl::StatusOr<std::unique_ptr<Connection>> c = Acquire(ps, &pooled, &aborts);
     if (!c.ok()) {
       Forget(ps);
       return Annotate(ps, c.status());
@@ -305,8 +319,8 @@ absl::Status TcpPsTransport::Call(int ps, Exchange* x, bool* no_data_plane) {
     // pool with it, since the ps may have restarted.
     Forget(ps);
     if (endpoints_[ps]->aborts.load() != aborts) {
-      return Annotate(ps, absl::UnavailableError(absl::StrCat(
-                              "the call was ended (the task was failed over): ", s.message())));
+      return Annotate(ps,
+                      absl::UnavailableError(absl::StrCat(Ended().message(), ": ", s.message())));
     }
     // A pooled connection may have died with a restarted ps: one more try on a new one.
     if (!pooled || attempt > 0 || absl::IsDeadlineExceeded(s)) return Annotate(ps, s);

@@ -166,6 +166,7 @@ class TcpPsTransport : public PsTransport {
     std::unique_ptr<WireSocket> socket;
     std::string scratch;  // encodings of non-float32 tensors, kept between calls
     uint64_t epoch = 0;   // the endpoint's epoch when it was opened
+    uint64_t aborts = 0;  // the endpoint's AbortCalls count when it was acquired
     Endpoint* endpoint = nullptr;
   };
   struct Endpoint {
@@ -184,7 +185,8 @@ class TcpPsTransport : public PsTransport {
     // The sockets of every connection open to the task, idle or in a call (AbortCalls).
     // (Before `idle`: destroyed after it, as each connection leaves it.)
     absl::flat_hash_set<WireSocket*> live ABSL_GUARDED_BY(mu);
-    // AbortCalls so far: a call it ended is not tried again on a new connection.
+    // AbortCalls so far (raised under mu): a call it ended is not tried again on a new
+    // connection, and a connection it shut down is not pooled again.
     std::atomic<uint64_t> aborts{0};
     std::vector<std::unique_ptr<Connection>> idle ABSL_GUARDED_BY(mu);
     int opened ABSL_GUARDED_BY(mu) = 0;
@@ -210,7 +212,11 @@ class TcpPsTransport : public PsTransport {
 
   // A connection to ps's data plane; *pooled tells whether it came from the idle pool.
   // nullptr with OK: the ps has no data plane.
-  absl::StatusOr<std::unique_ptr<Connection>> Acquire(int ps, bool* pooled);
+  // `aborts_seen` (optional): the endpoint's AbortCalls count when the call began; a call
+  // aborted since gets no connection (UNAVAILABLE).
+  absl::StatusOr<std::unique_ptr<Connection>> Acquire(int ps, bool* pooled,
+                                                      const uint64_t* aborts_seen = nullptr);
+  static absl::Status Ended();
   void Release(int ps, std::unique_ptr<Connection> connection);
   // Forgets the port and the idle connections of ps (after a failure).
   void Forget(int ps);
