@@ -1,11 +1,14 @@
 // The PsTransport conformance suite against real ps_server daemons, over gRPC and over the
 // tensor data plane; and requests no well-behaved client sends, written on the data plane's
 // socket by hand.
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/grpc_ps_transport.h"
@@ -113,6 +116,55 @@ INSTANTIATE_TEST_SUITE_P(
                                  true, std::vector<std::string>{"--data_plane=false"});
                            }}),
     PsTransportFactoryName);
+
+// AbortCalls ends a call to a task that hangs (frozen with SIGSTOP: it answers nothing and
+// resets nothing) at once, UNAVAILABLE "the call was ended", where the call would otherwise
+// wait for its I/O timeout (30 s); the call is not tried again on a new connection to the
+// frozen task; and once the task runs again, the next call connects anew and is served. Over
+// the data plane (a pull of "b") and over gRPC.
+class AbortCallsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AbortCallsTest, EndACallToAFrozenTaskAtOnce) {
+  DaemonEnvironment env(/*tcp=*/GetParam());
+  int ps = -1;
+  for (const v1::DensePartition& p : env.model().placement().partitions()) {
+    if (p.variable() == "b") ps = p.ps_task();
+  }
+  ASSERT_GE(ps, 0);
+  std::unique_ptr<PsTransport> transport = env.NewTransport();
+  std::vector<float> v(16);
+  DenseSlice slice;
+  slice.ref.set_variable("b");
+  slice.num_elements = 16;
+  slice.pull_into = v.data();
+  ASSERT_TRUE(transport->PullDense(ps, {slice}, v1::DT_FLOAT32, -1).ok());  // connected
+
+  ChildProcess& task = env.cluster().ps(ps);
+  ASSERT_TRUE(task.Signal(SIGSTOP).ok());
+  absl::Status pulled;
+  absl::Time ended;
+  std::thread call([&] {
+    pulled = transport->PullDense(ps, {slice}, v1::DT_FLOAT32, -1);
+    ended = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // (the call is waiting on the frozen task)
+  const absl::Time aborted = absl::Now();
+  transport->AbortCalls(ps);
+  call.join();
+  EXPECT_LT(ended - aborted, absl::Seconds(2));
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kUnavailable) << pulled;
+  EXPECT_THAT(std::string(pulled.message()), ::testing::HasSubstr("the call was ended")) << pulled;
+
+  ASSERT_TRUE(task.Signal(SIGCONT).ok());
+  std::fill(v.begin(), v.end(), -1.0f);
+  const absl::Status again = transport->PullDense(ps, {slice}, v1::DT_FLOAT32, -1);
+  EXPECT_TRUE(again.ok()) << again;
+}
+
+INSTANTIATE_TEST_SUITE_P(DataPlaneAndGrpc, AbortCallsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "TensorWire" : "Grpc";
+                         });
 
 // A client of the data plane written from common/tensor_wire.h alone.
 class RawWireTest : public ::testing::Test {
