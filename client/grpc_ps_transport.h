@@ -108,8 +108,8 @@ class GrpcPsTransport : public PsTransport {
     absl::Mutex mu;
     absl::flat_hash_set<grpc::ClientContext*> live ABSL_GUARDED_BY(mu);
   };
-  const std::unique_ptr<CallSet[]> calls_;  // num_ps_ of them
   const int num_ps_;
+  const std::unique_ptr<CallSet[]> calls_;  // num_ps_ of them
 };
 
 }  // namespace pscluster

@@ -556,24 +556,46 @@ TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
   ExpectSameAs(backup, primary);
 }
 
+// A primary (ps:0, forwarding with a DirectForwarder) whose first push to reach the crash point
+// push_applied, in its test form, is held there (applied, not forwarded) until `release` is
+// notified; and its backup, which waits 3 s (replica_wait) for a forward's predecessors.
+struct HeldAfterItsFirstApply {
+  HeldAfterItsFirstApply()
+      : points(CrashPoints::ForTest(kCrashPushApplied, 1,
+                                    [this] {
+                                      held.Notify();
+                                      release.WaitForNotification();
+                                    })),
+        primary(PrimaryOptions(&forwarder, points.get())),
+        backup(BackupOptions()) {}
+  static ParameterStoreOptions PrimaryOptions(PushForwarder* forwarder, CrashPoints* points) {
+    ParameterStoreOptions options = WithForwarder(forwarder);
+    options.crash_points = points;
+    return options;
+  }
+  static ParameterStoreOptions BackupOptions() {
+    ParameterStoreOptions options;
+    options.replica_wait = absl::Seconds(3);
+    return options;
+  }
+
+  DirectForwarder forwarder;
+  absl::Notification held, release;
+  std::unique_ptr<CrashPoints> points;
+  ParameterStore primary;
+  ParameterStore backup;
+};
+
 // Push P is applied (number n) and held before its forward (the crash point push_applied, in
 // its test form); push A is applied after it (n + 1) and its forward fails: owed. P's forward
 // must not send A's first: the backup would wait replica_wait for P's update while P's thread
 // waited for A's answer (the 30 s stall docs/replication.md tells of). A stays owed for its
 // retry, which then finds the backup ready for it.
 TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirst) {
-  DirectForwarder forwarder;
-  absl::Notification held, release;
-  const std::unique_ptr<CrashPoints> points = CrashPoints::ForTest(kCrashPushApplied, 1, [&] {
-    held.Notify();
-    release.WaitForNotification();
-  });
-  ParameterStoreOptions options = WithForwarder(&forwarder);
-  options.crash_points = points.get();
-  ParameterStore primary(options);
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Seconds(3);
-  ParameterStore backup(waits_briefly);
+  HeldAfterItsFirstApply h;
+  DirectForwarder& forwarder = h.forwarder;
+  ParameterStore& primary = h.primary;
+  ParameterStore& backup = h.backup;
   CreateBoth(primary, backup);
   forwarder.ApplyTo(&backup);
 
@@ -582,7 +604,7 @@ TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirs
     v1::PushDenseResponse resp;
     first = Push(primary, {"a", "b"}, 1, &resp);
   });
-  held.WaitForNotification();
+  h.held.WaitForNotification();
   EXPECT_EQ(Updates(primary, "a"), 1);  // P applied here, not forwarded yet
   forwarder.FailNext(1);
   v1::PushDenseResponse resp;
@@ -590,7 +612,7 @@ TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirs
   EXPECT_EQ(primary.forward_totals().owed, 1);
   EXPECT_EQ(Updates(primary, "a"), 2);
   const absl::Time start = absl::Now();
-  release.Notify();
+  h.release.Notify();
   p.join();
   const absl::Duration took = absl::Now() - start;
   ASSERT_TRUE(first.ok()) << first;
@@ -1327,18 +1349,10 @@ TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
 // own, not before it (the backup would wait for P's groups in the stripes they share, and
 // before, for A's, whichever order one thread chose): both reach the backup at once.
 TEST(ReplicationTest, AnEarlierTablePushsForwardGoesBesideALaterPushsOwedOne) {
-  DirectForwarder forwarder;
-  absl::Notification held, release;
-  const std::unique_ptr<CrashPoints> points = CrashPoints::ForTest(kCrashPushApplied, 1, [&] {
-    held.Notify();
-    release.WaitForNotification();
-  });
-  ParameterStoreOptions options = WithForwarder(&forwarder);
-  options.crash_points = points.get();
-  ParameterStore primary(options);
-  ParameterStoreOptions waits_briefly;
-  waits_briefly.replica_wait = absl::Seconds(3);
-  ParameterStore backup(waits_briefly);
+  HeldAfterItsFirstApply h;
+  DirectForwarder& forwarder = h.forwarder;
+  ParameterStore& primary = h.primary;
+  ParameterStore& backup = h.backup;
   CreateTables(primary, backup);
   forwarder.ApplyTo(&backup);
 
@@ -1347,13 +1361,13 @@ TEST(ReplicationTest, AnEarlierTablePushsForwardGoesBesideALaterPushsOwedOne) {
     v1::PushSparseResponse resp;
     first = PushRows(primary, 0, 1, &resp);
   });
-  held.WaitForNotification();
+  h.held.WaitForNotification();
   forwarder.FailNext(1);
   v1::PushSparseResponse resp;
   EXPECT_EQ(PushRows(primary, 1, 1, &resp).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(primary.forward_totals().owed, 1);
   const absl::Time start = absl::Now();
-  release.Notify();
+  h.release.Notify();
   p.join();
   const absl::Duration took = absl::Now() - start;
   ASSERT_TRUE(first.ok()) << first;

@@ -108,6 +108,23 @@ std::unique_ptr<TestCluster> StartReplicated(
   return *std::move(started);
 }
 
+// The chief of worker daemons training the softmax model on Fashion-MNIST, async, with
+// --replication=2 over the ps tasks, for `epochs` of 12,000 examples in batches of 50, with
+// heartbeats every 100 ms and a task lost after 1 s without one.
+std::vector<std::string> SoftmaxTrainingChiefFlags(int epochs) {
+  return {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
+          "--mode=async",
+          "--replication=2",
+          "--max_partition_bytes=8192",
+          "--max_train_examples=12000",
+          "--max_test_examples=2000",
+          absl::StrCat("--epochs=", epochs),
+          "--batch_size=50",
+          "--eval_every_secs=60",
+          "--heartbeat_interval_ms=100",
+          "--heartbeat_timeout_ms=1000"};
+}
+
 // A client as a worker has one: the tensor data plane, few attempts before the caller looks
 // up the routes again.
 std::unique_ptr<ParameterClient> ClientFor(const v1::GetModelResponse& m, int worker) {
@@ -603,18 +620,8 @@ TEST(FencingTest, APrimaryFrozenWhenTrainingEndsHearsTheStopOnceItRunsAgain) {
   TestClusterOptions options;
   options.num_ps = kNumPs;
   options.num_workers = 2;
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=async",
-                            "--replication=2",
-                            "--max_partition_bytes=8192",
-                            "--max_train_examples=12000",
-                            "--max_test_examples=2000",
-                            "--epochs=2",
-                            "--batch_size=50",
-                            "--eval_every_secs=60",
-                            "--heartbeat_interval_ms=100",
-                            "--heartbeat_timeout_ms=1000",
-                            "--exit_after_training"};
+  options.flags["chief"] = SoftmaxTrainingChiefFlags(/*epochs=*/2);
+  options.flags["chief"].push_back("--exit_after_training");
   options.flags["worker"] = {"--step_delay_ms=10"};
   absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
@@ -1137,17 +1144,7 @@ TEST_P(FailoverTrainingTest, WorkersTrainThroughAFailoverToAGoodModel) {
         absl::StrCat(getenv("TEST_TMPDIR"), "/make_certs.log"));
     ASSERT_EQ(made.exit_code, 0) << made.output;
   }
-  options.flags["chief"] = {"--model_config=" + RunfilePath("configs/softmax_regression.pbtxt"),
-                            "--mode=async",
-                            "--replication=2",
-                            "--max_partition_bytes=8192",
-                            "--max_train_examples=12000",
-                            "--max_test_examples=2000",
-                            "--epochs=4",
-                            "--batch_size=50",
-                            "--eval_every_secs=60",
-                            "--heartbeat_interval_ms=100",
-                            "--heartbeat_timeout_ms=1000"};
+  options.flags["chief"] = SoftmaxTrainingChiefFlags(/*epochs=*/4);
   options.flags["worker"] = {"--step_delay_ms=10"};
   absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
