@@ -604,9 +604,14 @@ absl::Status ParameterStore::FinishPushDense(DensePush* push, v1::PushDenseRespo
   } else if (streams != nullptr && StreamsFit(*streams, versions, backups)) {
     streams_fit = true;
     // What the store owes goes first, or the backups would wait for it before applying this.
-    if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed(applied_as);
+    if (owed_count_.load(std::memory_order_relaxed) > 0) {
+      ResendOwed(applied_as);
+      if (OwesAnyBelow(backups, applied_as)) {
+        committed = absl::UnavailableError("an earlier push's forward to a backup is owed");
+      }
+    }
     // The backups have the gradients already: the versions complete the forwards.
-    committed = SendCommits(streams, versions, outcome);
+    if (committed.ok()) committed = SendCommits(streams, versions, outcome);
     if (committed.ok()) committed = AwaitCommits(streams);
   }
   if (streams_fit) {
@@ -853,6 +858,15 @@ bool ParameterStore::ForwardsSettled(int backup, int64_t generation, int64_t bel
   return !OwesTo(backup, generation, below);
 }
 
+bool ParameterStore::OwesAnyBelow(const std::vector<std::pair<int, int64_t>>& backups,
+                                  int64_t below) const {
+  if (below < 0) return false;  // (a push not numbered: not ordered against the owed ones)
+  for (const auto& [task, generation] : backups) {
+    if (task >= 0 && OwesTo(task, generation, below)) return true;
+  }
+  return false;
+}
+
 bool ParameterStore::OwesTo(int backup, int64_t generation, int64_t below) const {
   absl::MutexLock lock(&owed_mu_);
   for (const auto& [task, gen, number] : resending_to_) {
@@ -982,7 +996,21 @@ int ParameterStore::DropBackup(int backup) {
 }
 
 absl::Status ParameterStore::SendForwards(const ForwardList& forwards, int64_t applied_as) {
-  if (owed_count_.load(std::memory_order_relaxed) > 0) ResendOwed(applied_as);
+  if (owed_count_.load(std::memory_order_relaxed) > 0) {
+    ResendOwed(applied_as);
+    // An earlier push's forward to one of these backups failed again (or is on its way on
+    // another thread): this one would wait for it there, replica_wait, and hold its thread.
+    // Owed instead; the retry sends them in order.
+    std::vector<std::pair<int, int64_t>> to;
+    for (const DenseForward& f : forwards.forwards) to.emplace_back(f.backup, f.generation);
+    if (OwesAnyBelow(to, applied_as)) {
+      forwards_failed_.fetch_add(1, std::memory_order_relaxed);
+      return absl::UnavailableError(
+          "the push was applied on this ps task but not yet on its backup (an earlier push's "
+          "forward to it is owed: this one goes after it); send it again with the same request "
+          "id");
+    }
+  }
   absl::Status s = SendForwardsNow(forwards);
   if (s.ok()) {
     forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
@@ -1031,11 +1059,37 @@ void ParameterStore::ResendOwed(int64_t below) {
     resending_.insert(ids.begin(), ids.end());
     resending_to_.insert(to.begin(), to.end());
   }
-  // In the order they were owed; those that fail again stay owed, before any owed meanwhile.
+  // The dense ones in their pushes' order, which every backup applies them in (owed_ has them
+  // in the order their sends failed: two pushes failing at once may be owed either way round,
+  // and a later one sent first would wait at its backup for the earlier, replica_wait, behind
+  // this very loop); the table forwards after them, in the order they were owed.
+  std::stable_sort(owed.begin(), owed.end(), [](const OwedForwards& x, const OwedForwards& y) {
+    const bool x_dense = x.forwards != nullptr, y_dense = y.forwards != nullptr;
+    if (x_dense != y_dense) return x_dense;
+    return x_dense && x.applied_as < y.applied_as;
+  });
+  // Backups (task, generation) a dense forward failed to reach in this pass: the later ones to
+  // them stay owed unsent, for the same reason.
+  std::set<std::pair<int, int64_t>> failed_to;
+  const auto held_back = [&failed_to](const OwedForwards& o) {
+    if (o.forwards == nullptr || failed_to.empty()) return false;
+    for (const DenseForward& f : o.forwards->forwards) {
+      if (failed_to.count({f.backup, f.generation}) > 0) return true;
+    }
+    return false;
+  };
+  // Those that fail again, or are held back, stay owed, before any owed meanwhile.
   std::deque<OwedForwards> still;
   for (OwedForwards& o : owed) {
+    if (held_back(o)) {
+      still.push_back(std::move(o));
+      continue;
+    }
     const bool sent =
         o.sparse != nullptr ? SendSparseNow(*o.sparse).ok() : SendForwardsNow(*o.forwards).ok();
+    if (!sent && o.forwards != nullptr) {
+      for (const DenseForward& f : o.forwards->forwards) failed_to.insert({f.backup, f.generation});
+    }
     if (sent) {
       if (o.forwards != nullptr) ledger_.MarkReplicated(o.id);
       forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);

@@ -480,9 +480,16 @@ class ParameterStore {
   // through is marked replicated in the ledger.
   void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
                    std::shared_ptr<const SparseForwards> sparse = nullptr, int64_t applied_as = -1);
-  // Sends the owed forwards again, in the order they were owed; with `below` >= 0 only those
-  // of pushes numbered below it (and the table forwards, which are not numbered).
+  // Sends the owed forwards again: the dense ones in their pushes' order (the order each
+  // backup applies them in), the table forwards after them in the order they were owed; with
+  // `below` >= 0 only those of pushes numbered below it (and the table forwards, which are not
+  // numbered). A dense forward that fails again holds back the later ones to the same backup
+  // (they stay owed, unsent): sent, each would wait replica_wait there for the one that failed.
   void ResendOwed(int64_t below = -1);
+  // Whether a dense forward of a push numbered below `below` to any backup `backups` names
+  // (task, generation) is owed or being sent again: a forward of push `below` itself, sent to
+  // that backup now, would wait there for it.
+  bool OwesAnyBelow(const std::vector<std::pair<int, int64_t>>& backups, int64_t below) const;
   // Complete a push's pipelined forwards with what its apply gave; an error when any did not
   // go through (the caller then forwards after the apply, which a backup that applied one
   // answers as already applied).

@@ -629,6 +629,83 @@ TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirs
   ExpectSameAs(backup, primary);
 }
 
+// Two owed forwards, owed the wrong way round: P (applied first) held at push_applied while A
+// (applied after it) has its forward fail, then P's own forward fails too, so the store owes A's
+// before P's. A's retry resends them in their pushes' order, P's first: sent A first, the backup
+// waited replica_wait for P's update behind it, in the same loop (a 30 s stall seen in
+// failover_test's ChiefRestartTest, where two pushes' forwards failed at once after a rebuild).
+TEST(ReplicationTest, ARetryResendsOwedForwardsInTheirPushesOrder) {
+  HeldAfterItsFirstApply h;
+  DirectForwarder& forwarder = h.forwarder;
+  ParameterStore& primary = h.primary;
+  ParameterStore& backup = h.backup;
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+
+  absl::Status first;
+  std::thread p([&] {
+    v1::PushDenseResponse resp;
+    first = Push(primary, {"a", "b"}, 1, &resp);
+  });
+  h.held.WaitForNotification();
+  forwarder.FailNext(1);
+  v1::PushDenseResponse resp;
+  EXPECT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
+  forwarder.FailNext(1);  // P's own forward, after A's owed one was left for A's retry
+  h.release.Notify();
+  p.join();
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_EQ(primary.forward_totals().owed, 2);
+  EXPECT_EQ(Updates(backup, "a"), 0);
+
+  const absl::Time start = absl::Now();
+  v1::PushDenseResponse retry;
+  const absl::Status again = Push(primary, {"a", "b"}, 2, &retry);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "A's forward waited for P's at the backup";
+  ASSERT_TRUE(again.ok()) << again;
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Updates(backup, "a"), 2);
+  ExpectSameAs(backup, primary);
+}
+
+// An owed forward that fails again holds back the later pushes' forwards to the same backup:
+// they stay owed, unsent, and the retry is answered at once, rather than after each of them
+// waited replica_wait at the backup for the one that failed.
+TEST(ReplicationTest, AnOwedForwardThatFailsAgainHoldsBackTheLaterOnes) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  ParameterStore backup(HeldAfterItsFirstApply::BackupOptions());
+  CreateBoth(primary, backup);
+  forwarder.ApplyTo(&backup);
+  v1::PushDenseResponse resp;
+  forwarder.FailNext(1);
+  EXPECT_EQ(Push(primary, {"a", "b"}, 1, &resp).code(), absl::StatusCode::kUnavailable);
+  // Push 2 resends push 1's forward first, which fails again: push 2's own is not sent.
+  forwarder.FailNext(1);
+  int calls = forwarder.calls();
+  EXPECT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(forwarder.calls(), calls + 1);
+  EXPECT_EQ(primary.forward_totals().owed, 2);
+
+  // Push 2's retry: push 1's forward fails once more, push 2's stays owed, unsent.
+  forwarder.FailNext(1);
+  calls = forwarder.calls();
+  absl::Time start = absl::Now();
+  EXPECT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(forwarder.calls(), calls + 1);
+  EXPECT_EQ(Updates(backup, "a"), 0);
+
+  // The next retry finds the backup answering: both go, in order.
+  start = absl::Now();
+  ASSERT_TRUE(Push(primary, {"a", "b"}, 2, &resp).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(resp.duplicate());
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  ExpectSameAs(backup, primary);
+}
+
 // A task's own shards and the backups it holds share its memory budget: neither side can take
 // the task past it, whichever is created first.
 TEST(ReplicationTest, BackupsCountAgainstTheTasksMemoryBudget) {
