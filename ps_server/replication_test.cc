@@ -556,18 +556,37 @@ TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
   ExpectSameAs(backup, primary);
 }
 
+// (Below: the table "emb" on both, its virtual shards backed up on ps:1.)
+void CreateTables(ParameterStore& primary, ParameterStore& backup);
+
 // A primary (ps:0, forwarding with a DirectForwarder) whose first push to reach the crash point
 // push_applied, in its test form, is held there (applied, not forwarded) until `release` is
 // notified; and its backup, which waits 3 s (replica_wait) for a forward's predecessors.
 struct HeldAfterItsFirstApply {
-  HeldAfterItsFirstApply()
+  // Both stores hold the dense shards "a" and "b" (CreateBoth), or the table "emb"
+  // (CreateTables), and the forwarder applies the primary's forwards to the backup.
+  explicit HeldAfterItsFirstApply(bool tables = false)
       : points(CrashPoints::ForTest(kCrashPushApplied, 1,
                                     [this] {
                                       held.Notify();
                                       release.WaitForNotification();
                                     })),
         primary(PrimaryOptions(&forwarder, points.get())),
-        backup(BackupOptions()) {}
+        backup(BackupOptions()) {
+    if (tables) {
+      CreateTables(primary, backup);
+    } else {
+      CreateBoth(primary, backup);
+    }
+    forwarder.ApplyTo(&backup);
+  }
+  // Runs `push` on a thread of its own and returns once it is held at push_applied; *status is
+  // its result once the thread ends (after `release`).
+  std::thread StartHeld(std::function<absl::Status()> push, absl::Status* status) {
+    std::thread t([push = std::move(push), status] { *status = push(); });
+    held.WaitForNotification();
+    return t;
+  }
   static ParameterStoreOptions PrimaryOptions(PushForwarder* forwarder, CrashPoints* points) {
     ParameterStoreOptions options = WithForwarder(forwarder);
     options.crash_points = points;
@@ -596,15 +615,14 @@ TEST(ReplicationTest, AnEarlierPushsForwardDoesNotSendALaterPushsOwedForwardFirs
   DirectForwarder& forwarder = h.forwarder;
   ParameterStore& primary = h.primary;
   ParameterStore& backup = h.backup;
-  CreateBoth(primary, backup);
-  forwarder.ApplyTo(&backup);
 
   absl::Status first;
-  std::thread p([&] {
-    v1::PushDenseResponse resp;
-    first = Push(primary, {"a", "b"}, 1, &resp);
-  });
-  h.held.WaitForNotification();
+  std::thread p = h.StartHeld(
+      [&] {
+        v1::PushDenseResponse resp;
+        return Push(primary, {"a", "b"}, 1, &resp);
+      },
+      &first);
   EXPECT_EQ(Updates(primary, "a"), 1);  // P applied here, not forwarded yet
   forwarder.FailNext(1);
   v1::PushDenseResponse resp;
@@ -639,15 +657,14 @@ TEST(ReplicationTest, ARetryResendsOwedForwardsInTheirPushesOrder) {
   DirectForwarder& forwarder = h.forwarder;
   ParameterStore& primary = h.primary;
   ParameterStore& backup = h.backup;
-  CreateBoth(primary, backup);
-  forwarder.ApplyTo(&backup);
 
   absl::Status first;
-  std::thread p([&] {
-    v1::PushDenseResponse resp;
-    first = Push(primary, {"a", "b"}, 1, &resp);
-  });
-  h.held.WaitForNotification();
+  std::thread p = h.StartHeld(
+      [&] {
+        v1::PushDenseResponse resp;
+        return Push(primary, {"a", "b"}, 1, &resp);
+      },
+      &first);
   forwarder.FailNext(1);
   v1::PushDenseResponse resp;
   EXPECT_EQ(Push(primary, {"a", "b"}, 2, &resp).code(), absl::StatusCode::kUnavailable);
@@ -1426,19 +1443,18 @@ TEST(ReplicationTest, TableUpdatesReachTheBackupInEachRowsOrder) {
 // own, not before it (the backup would wait for P's groups in the stripes they share, and
 // before, for A's, whichever order one thread chose): both reach the backup at once.
 TEST(ReplicationTest, AnEarlierTablePushsForwardGoesBesideALaterPushsOwedOne) {
-  HeldAfterItsFirstApply h;
+  HeldAfterItsFirstApply h(/*tables=*/true);
   DirectForwarder& forwarder = h.forwarder;
   ParameterStore& primary = h.primary;
   ParameterStore& backup = h.backup;
-  CreateTables(primary, backup);
-  forwarder.ApplyTo(&backup);
 
   absl::Status first;
-  std::thread p([&] {
-    v1::PushSparseResponse resp;
-    first = PushRows(primary, 0, 1, &resp);
-  });
-  h.held.WaitForNotification();
+  std::thread p = h.StartHeld(
+      [&] {
+        v1::PushSparseResponse resp;
+        return PushRows(primary, 0, 1, &resp);
+      },
+      &first);
   forwarder.FailNext(1);
   v1::PushSparseResponse resp;
   EXPECT_EQ(PushRows(primary, 1, 1, &resp).code(), absl::StatusCode::kUnavailable);
