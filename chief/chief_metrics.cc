@@ -28,6 +28,10 @@ std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterSta
                      "Of those, the primaries whose copies it holds", MetricType::Gauge);
   FamilyBuilder bytes("pscluster_backup_rebuild_bytes",
                       "Bytes copied onto the task since its rebuild began", MetricType::Gauge);
+  FamilyBuilder rows("pscluster_backup_rebuild_rows",
+                     "Table rows copied onto the task since its rebuild began (their bytes in "
+                     "pscluster_backup_rebuild_bytes)",
+                     MetricType::Gauge);
   for (const v1::BackupRebuild& r : status.rebuilds()) {
     const std::string ps = absl::StrCat(r.ps_task());
     std::string name = absl::AsciiStrToLower(v1::BackupRebuildState_Name(r.state()));
@@ -36,11 +40,13 @@ std::vector<prometheus::MetricFamily> RebuildMetricFamilies(const v1::ClusterSta
     primaries.Add(r.primaries(), {{"ps", ps}});
     done.Add(r.primaries_done(), {{"ps", ps}});
     bytes.Add(static_cast<double>(r.bytes_copied()), {{"ps", ps}});
+    rows.Add(static_cast<double>(r.rows_copied()), {{"ps", ps}});
   }
   families.push_back(std::move(state).Build());
   families.push_back(std::move(primaries).Build());
   families.push_back(std::move(done).Build());
   families.push_back(std::move(bytes).Build());
+  families.push_back(std::move(rows).Build());
   return families;
 }
 

@@ -32,6 +32,7 @@ TEST(ChiefMetricsTest, EachRebuildOfBackupsIsASeriesOfItsTask) {
           primaries: 2
           shards_copied: 3
           bytes_copied: 3072
+          rows_copied: 40
         }
         rebuilds {
           ps_task: 2
@@ -50,6 +51,8 @@ TEST(ChiefMetricsTest, EachRebuildOfBackupsIsASeriesOfItsTask) {
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_primaries_done{ps=\"2\"} 1"));
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_bytes{ps=\"1\"} 3072"));
   EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_bytes{ps=\"2\"} 1024"));
+  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_rows{ps=\"1\"} 40"));
+  EXPECT_THAT(text, HasSubstr("pscluster_backup_rebuild_rows{ps=\"2\"} 0"));
 }
 
 }  // namespace

@@ -427,7 +427,7 @@ std::vector<int> Coordinator::FailOverLostPs(const std::vector<int>& restarted) 
       }
     }
     for (const auto& [v, backup] : TableBackupsOf(ps)) {
-      if (lost[backup] || was_failed_over[backup]) {  // (tables are not rebuilt)
+      if (backup_gone(backup, ps)) {  // (rebuilt with the primary's dense backups)
         note(absl::StrCat("ps:", backup, ", which backs up virtual shard ", v, " of the tables"));
       }
     }
@@ -632,11 +632,18 @@ void Coordinator::RebuildOnto(int ps) {
   for (int t : FailedOver()) failed[t] = 1;
   for (const v1::TaskId& t : registry_.NotServing(std::string(kPsJob))) down[t.index()] = 1;
   if (down[ps]) return;  // once it serves
-  // The primaries still serving their own shards whose partitions it backs up.
+  // The primaries still serving their own shards whose partitions or table virtual shards it
+  // backs up.
   std::set<int> primaries;
   for (const v1::DensePartition& p : client_->placement().partitions()) {
     if (p.backup_ps_task() == ps && !failed[p.ps_task()] && done.count(p.ps_task()) == 0) {
       primaries.insert(p.ps_task());
+    }
+  }
+  for (int primary = 0; primary < num_ps_; ++primary) {
+    if (failed[primary] || done.count(primary) > 0) continue;
+    for (const auto& [v, backup] : TableBackupsOf(primary)) {
+      if (backup == ps) primaries.insert(primary);
     }
   }
   {
@@ -667,9 +674,9 @@ void Coordinator::RebuildOnto(int ps) {
       if (rebuild_[ps].drop || rebuild_[ps].drops_in_flight > 0) return;  // lost again
       rebuild_[ps].asked[primary] = registry_.IncarnationOf(MakeTaskId(kPsJob, primary));
     }
-    int64_t shards = 0, bytes = 0;
+    int64_t shards = 0, bytes = 0, rows = 0;
     absl::Status s =
-        client_->RebuildBackupOnto(ps, primary, options_.sync, create, &shards, &bytes);
+        client_->RebuildBackupOnto(ps, primary, options_.sync, create, &shards, &bytes, &rows);
     if (StopIfSuperseded(s)) return;
     absl::MutexLock lock(&rebuild_mu_);
     RebuildState& state = rebuild_[ps];
@@ -684,6 +691,7 @@ void Coordinator::RebuildOnto(int ps) {
     state.rebuilt.insert(primary);
     state.shards += shards;
     state.bytes += bytes;
+    state.rows += rows;
   }
   absl::MutexLock lock(&rebuild_mu_);
   RebuildState& state = rebuild_[ps];
@@ -696,14 +704,10 @@ void Coordinator::RebuildOnto(int ps) {
   state.pending = false;
   state.done = clock_->Now();
   state.last_error.clear();
-  int tables = 0;  // virtual shards of the tables it backed up (not rebuilt)
-  for (int t = 0; t < num_ps_; ++t) {
-    for (const auto& [v, backup] : TableBackupsOf(t)) tables += !failed[t] && backup == ps;
-  }
-  LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << state.shards << " dense shards, "
-               << state.bytes << " bytes copied from their primaries while pushes went on, in "
-               << absl::FormatDuration(clock_->Now() - state.since) << " since it was scheduled"
-               << (tables > 0 ? " (table rows are not rebuilt yet: docs/replication.md)" : "");
+  LOG(WARNING) << "backups rebuilt on ps:" << ps << ": " << state.shards << " dense shards and "
+               << state.rows << " table rows, " << state.bytes
+               << " bytes copied from their primaries while pushes went on, in "
+               << absl::FormatDuration(clock_->Now() - state.since) << " since it was scheduled";
 }
 
 void Coordinator::FillRebuilds(v1::ClusterStatus* resp) const {
@@ -719,6 +723,7 @@ void Coordinator::FillRebuilds(v1::ClusterStatus* resp) const {
     r->set_primaries(std::max(state.primaries, static_cast<int>(state.rebuilt.size())));
     r->set_shards_copied(state.shards);
     r->set_bytes_copied(state.bytes);
+    r->set_rows_copied(state.rows);
     r->set_tries(state.tries);
     r->set_last_error(state.last_error);
     r->set_since_unix_micros(absl::ToUnixMicros(state.since));
@@ -954,8 +959,8 @@ absl::StatusOr<Coordinator::FailoversFound> Coordinator::FailedOverEarlier(
     }
   }
   // Whose backups are on a task failed over earlier: that task's backups may be a rebuild
-  // the earlier chief did not finish, and its table rows are never rebuilt (the running chief
-  // does not fail such a task over either).
+  // the earlier chief did not finish (this chief does not know which it finished), and the
+  // running chief fails such a task over only once its rebuild is done.
   std::vector<char> backed_up_on_failed(num_ps_, 0);
   for (const v1::DensePartition& p : placement.partitions()) {
     if (promoted.count(p.backup_ps_task()) > 0) backed_up_on_failed[p.ps_task()] = 1;

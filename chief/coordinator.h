@@ -208,7 +208,8 @@ class Coordinator {
   // never holds up a failover or a checkpoint: gives the dense partitions whose placement
   // backup is the failed-over task `ps` (once it serves again) a backup there again, one
   // primary at a time, copied while pushes go on (ParameterClient::RebuildBackupOnto); what
-  // fails is tried again later, with a growing pause. Tables and sync shards are not rebuilt.
+  // fails is tried again later, with a growing pause. Async tables are rebuilt with the dense
+  // shards (their rows, stripe by stripe); sync shards are not rebuilt.
   void RebuildLoop();
   void RebuildOnto(int ps);
   // A task that held rebuilt backups (or was being given some) was lost again: tells the
@@ -296,6 +297,7 @@ class Coordinator {
     int drops_in_flight = 0;  // the maintenance thread's, under way
     int64_t shards = 0;       // copied onto it since it came back, and their bytes
     int64_t bytes = 0;
+    int64_t rows = 0;   // table rows copied (their bytes in `bytes`)
     int primaries = 0;  // to back up, as the last try counted them
     int tries = 0;
     std::string last_error;  // the last failed copy's

@@ -159,10 +159,12 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
   for (const v1::BackupRebuild& r : status.rebuilds()) {
     absl::StrAppend(&out, "backups rebuilt onto ps:", r.ps_task(), ": ");
     const absl::Duration elapsed = absl::Microseconds(r.elapsed_micros());  // the chief's clock
+    const std::string rows =
+        r.rows_copied() > 0 ? absl::StrCat(r.rows_copied(), " table rows, ") : std::string();
     switch (r.state()) {
       case v1::BACKUP_REBUILD_DONE:
         absl::StrAppend(&out, "done, ", r.primaries_done(), " of ", r.primaries(), " primaries, ",
-                        r.shards_copied(), " dense shards, ", HumanBytes(r.bytes_copied()),
+                        r.shards_copied(), " dense shards, ", rows, HumanBytes(r.bytes_copied()),
                         " copied in ", absl::FormatDuration(elapsed));
         break;
       case v1::BACKUP_REBUILD_DROPPING:
@@ -170,7 +172,7 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status,
         break;
       default:
         absl::StrAppend(&out, "copying, ", r.primaries_done(), " of ", r.primaries(),
-                        " primaries, ", r.shards_copied(), " dense shards, ",
+                        " primaries, ", r.shards_copied(), " dense shards, ", rows,
                         HumanBytes(r.bytes_copied()), " copied, for ",
                         absl::FormatDuration(absl::Trunc(elapsed, absl::Seconds(1))));
         if (r.tries() > 1) absl::StrAppend(&out, ", try ", r.tries());

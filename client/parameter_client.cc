@@ -442,7 +442,8 @@ absl::Status ParameterClient::FailOverPs(int ps, int failed, v1::FailOverPsRespo
 absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
                                                 const v1::SyncOptions& sync,
                                                 const CreateShardsOptions& create,
-                                                int64_t* shards_copied, int64_t* bytes_copied) {
+                                                int64_t* shards_copied, int64_t* bytes_copied,
+                                                int64_t* rows_copied) {
   *shards_copied = 0;
   *bytes_copied = 0;
   if (backup < 0 || backup >= num_ps() || primary < 0 || primary >= num_ps() || backup == primary ||
@@ -475,7 +476,27 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
     ref->set_variable(p.variable());
     ref->set_partition(p.partition());
   }
-  if (rebuild.shards().empty()) return absl::OkStatus();
+  // And the rows of the tables' virtual shards the task backs up of the primary, each stripe
+  // copied while pushes go on (the backup's parts wait for those copies: await_copy).
+  const int num_virtual = placement_.virtual_shard_to_ps_size();
+  for (const v1::TableSpec& t : model_.tables()) {
+    v1::TableShardSpec* spec = nullptr;
+    for (int v = 0; v < num_virtual && v < placement_.virtual_shard_to_backup_ps_size(); ++v) {
+      if (placement_.virtual_shard_to_ps(v) != primary ||
+          placement_.virtual_shard_to_backup_ps(v) != backup) {
+        continue;
+      }
+      if (spec == nullptr) {
+        spec = entry->add_tables();
+        *spec->mutable_table() = t;
+        spec->set_num_virtual_shards(num_virtual);
+        spec->set_await_copy(true);
+        rebuild.add_tables(t.name());
+      }
+      spec->add_virtual_shards(v);
+    }
+  }
+  if (rebuild.shards().empty() && rebuild.tables().empty()) return absl::OkStatus();
   v1::CreateShardsResponse created;
   PS_RETURN_IF_ERROR(WithRetries(
       backup, [&] { return transport_->CreateShards(backup, create_request, &created); }));
@@ -484,6 +505,7 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
       WithRetries(primary, [&] { return transport_->RebuildBackup(primary, rebuild, &response); }));
   *shards_copied = response.shards_copied();
   *bytes_copied = response.bytes_copied();
+  if (rows_copied != nullptr) *rows_copied = response.rows_copied();
   return absl::OkStatus();
 }
 

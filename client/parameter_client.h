@@ -186,14 +186,15 @@ class ParameterClient {
   // `min_dense_shards`: FailOverPsRequest.min_dense_shards. `once`: one attempt, no retries.
   absl::Status FailOverPs(int ps, int failed, v1::FailOverPsResponse* response,
                           int min_dense_shards = 0, bool once = false);
-  // Rebuild (issue 37, docs/replication.md), the chief's part for the dense partitions of
-  // task `primary` whose placement backup is task `backup`: creates their backups on `backup`
-  // (as CreateAll does with replication 2; nothing of the task's own, no table), then asks the
-  // primary to copy them there (ParameterServer.RebuildBackup), with the same retries.
-  // `*shards_copied`, `*bytes_copied`: what the primary sent. The first error, naming the task.
+  // Rebuild (issue 37, docs/replication.md), the chief's part for the dense partitions and
+  // table virtual shards of task `primary` whose placement backup is task `backup`: creates
+  // their backups on `backup` (as CreateAll does with replication 2, the table parts waiting
+  // for their copies; nothing of the task's own), then asks the primary to copy them there
+  // (ParameterServer.RebuildBackup), with the same retries. `*shards_copied`, `*bytes_copied`,
+  // `*rows_copied` (optional): what the primary sent. The first error, naming the task.
   absl::Status RebuildBackupOnto(int backup, int primary, const v1::SyncOptions& sync,
                                  const CreateShardsOptions& create, int64_t* shards_copied,
-                                 int64_t* bytes_copied);
+                                 int64_t* bytes_copied, int64_t* rows_copied = nullptr);
 
   // Gradients grads[0..n*dim) for rows of `keys`; duplicates are summed by the ps.
   absl::Status PushRows(const std::string& table, const int64_t* keys, int64_t n,

@@ -277,6 +277,11 @@ class EmbeddingTable {
   // holds the pushes while it copies).
   // REQUIRES: out is non-null. Not owned.
   void CopyRows(RowsCopy* out) const;
+  // CopyRows for stripe `stripe` alone, and of its rows only those whose key `keep` takes
+  // (replication's rebuild copies a backup's virtual shards stripe by stripe: ParameterStore).
+  // REQUIRES: 0 <= stripe < kNumStripes; out non-null.
+  void CopyStripeRows(int stripe, const std::function<bool(int64_t key)>& keep,
+                      RowsCopy* out) const;
 
   // A checkpoint's cut without a copy (copy-on-write), for a hashed table (a vocabulary
   // table's rows are copied at the cut: CopyRows). MarkCut records the rows as they are now,

@@ -175,6 +175,29 @@ void EmbeddingTable::CopyRows(RowsCopy* out) const {
   }
 }
 
+void EmbeddingTable::CopyStripeRows(int s, const std::function<bool(int64_t key)>& keep,
+                                    RowsCopy* out) const {
+  const size_t stride = static_cast<size_t>(stride_);
+  const uint32_t now = tracks_last_ ? Now() : 0;
+  const Stripe& stripe = stripes_[s];
+  absl::ReaderMutexLock lock(&stripe.mu);
+  std::vector<RowIndex::Entry> entries;
+  stripe.rows.ForEach([&](const RowIndex::Entry& entry) {
+    if (keep(entry.key)) entries.push_back(entry);
+  });
+  AppendRowsLocked(&stripe, entries, now, out);
+  if (vocabulary_size_ > 0) {
+    vocabulary_.ForEachCreated(s, [&](int64_t key, int64_t row) {
+      if (!keep(key)) return;
+      out->keys.push_back(key);
+      out->counts.push_back(vocabulary_.Count(row) - 1);
+      out->last.push_back(0);
+      const float* values = vocabulary_.Values(row);
+      out->rows.insert(out->rows.end(), values, values + stride);
+    });
+  }
+}
+
 void EmbeddingTable::AppendRowsLocked(const Stripe* stripe,
                                       const std::vector<RowIndex::Entry>& entries, uint32_t now,
                                       RowsCopy* out) const {

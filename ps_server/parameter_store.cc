@@ -799,13 +799,14 @@ int64_t ParameterStore::NoteApplied(const std::vector<std::pair<int, int64_t>>& 
 }
 
 void ParameterStore::NoteOutcome(int64_t number, const v1::RequestId& id,
-                                 const PushOutcome& outcome) {
+                                 const PushOutcome& outcome, std::vector<int> table_backups) {
   absl::MutexLock lock(&applied_mu_);
   auto it = applied_.find(number);
   if (it == applied_.end()) return;
   it->second.told = true;
   it->second.id = id;
   it->second.outcome = outcome;
+  it->second.table_backups = std::move(table_backups);
 }
 
 void ParameterStore::NoteAnswered(int64_t number) {
@@ -881,6 +882,32 @@ bool ParameterStore::OwesTo(int backup, int64_t generation, int64_t below) const
   return false;
 }
 
+bool ParameterStore::TableForwardsSettled(int backup, int64_t generation, int64_t below,
+                                          absl::Time deadline) {
+  {
+    absl::MutexLock lock(&applied_mu_);
+    const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(applied_mu_) {
+      for (auto it = applied_.begin(); it != applied_.end() && it->first < below; ++it) {
+        // (A table push's forwards are known once it told its outcome.)
+        if (!it->second.told) return false;
+        const std::vector<int>& b = it->second.table_backups;
+        if (std::find(b.begin(), b.end(), backup) != b.end()) return false;
+      }
+      return true;
+    };
+    if (!applied_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) return false;
+  }
+  // A failed table forward is owed before its push is answered (PushSparse).
+  absl::MutexLock lock(&owed_mu_);
+  if (resending_sparse_to_.count({backup, generation}) > 0) return false;
+  for (const OwedForwards& o : owed_) {
+    if (o.sparse == nullptr) continue;
+    auto it = o.sparse->find(backup);
+    if (it != o.sparse->end() && it->second.generation() == generation) return false;
+  }
+  return true;
+}
+
 absl::Status ParameterStore::InstallReplica(const v1::DenseReplica& replica, bool* installed) {
   *installed = false;
   google::protobuf::RepeatedPtrField<v1::ShardRef> refs;
@@ -910,6 +937,55 @@ absl::StatusOr<int64_t> ParameterStore::ReplicaBytes(const v1::ShardRef& ref) co
   return shards[0]->state_bytes();
 }
 
+absl::StatusOr<int64_t> ParameterStore::TableReplicaStride(const std::string& table) const {
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(table));
+  return (1 + static_cast<int64_t>(t.table->optimizer().num_slots())) * t.table->dim();
+}
+
+absl::Status ParameterStore::InstallTableReplica(const v1::TableReplica& replica,
+                                                 const int64_t* keys, const int64_t* counts,
+                                                 const float* rows, bool* installed) {
+  *installed = false;
+  if (replica.stripe() == -1) {
+    // The pushes the copies hold, for a retry once this store is promoted (InstallReplica).
+    ledger_.ImportDone(replica.ledger(), replica.ledger_floors());
+    *installed = true;
+    return absl::OkStatus();
+  }
+  PS_ASSIGN_OR_RETURN(Table t, FindTable(replica.table()));
+  if (replica.stripe() < 0 || replica.stripe() >= EmbeddingTable::kNumStripes ||
+      replica.sequence() < 0 || replica.rows() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a copy of table ", replica.table(), "'s stripe ", replica.stripe(), " at number ",
+        replica.sequence(), " with ", replica.rows(), " rows; expected a stripe 0 to ",
+        EmbeddingTable::kNumStripes - 1, " (or -1 for the ledger), a number and rows >= 0"));
+  }
+  if (t.order == nullptr || t.accumulator != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", replica.table(), " takes no copies here (not an async backup part)"));
+  }
+  const int64_t n = replica.rows();
+  for (int64_t i = 0; i < n; ++i) {
+    if (t.table->StripeOf(keys[i]) != replica.stripe() || counts[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a copy of table ", replica.table(), "'s stripe ", replica.stripe(), " has key ", keys[i],
+          " of stripe ", t.table->StripeOf(keys[i]), " with update count ", counts[i],
+          "; expected keys of that stripe alone, counts >= 0"));
+    }
+  }
+  const std::vector<uint32_t> last(n, 0);  // (replicated tables have no eviction)
+  TableOrder::Stripe& stripe = t.order->stripes[replica.stripe()];
+  absl::MutexLock lock(&stripe.mu);
+  // A stripe that applied this many groups already is at the copy or past it: its rows stay.
+  if (stripe.copied && stripe.applied >= replica.sequence()) return absl::OkStatus();
+  // (Checked whole before anything changes: a key not held is FAILED_PRECONDITION.)
+  PS_RETURN_IF_ERROR(t.table->InsertRows(keys, rows, counts, last.data(), n));
+  stripe.applied = std::max(stripe.applied, replica.sequence());
+  stripe.copied = true;  // (the groups waiting for it look again as the lock is let go)
+  *installed = true;
+  return absl::OkStatus();
+}
+
 absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& request, int self,
                                            v1::RebuildBackupResponse* response,
                                            const std::function<bool()>& cancelled) {
@@ -925,8 +1001,23 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
     return absl::InvalidArgumentError(absl::StrCat(
         "RebuildBackup names ps:", backup, "; expected another ps task's index (the new backup)"));
   }
-  if (request.shards().empty()) {
-    return absl::InvalidArgumentError("RebuildBackup names no shard; expected at least one");
+  if (request.shards().empty() && request.tables().empty()) {
+    return absl::InvalidArgumentError(
+        "RebuildBackup names no shard and no table; expected at least one");
+  }
+  std::set<std::string> named_tables;
+  for (const std::string& name : request.tables()) {
+    if (!named_tables.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RebuildBackup names table ", name, " twice; expected each table once"));
+    }
+    PS_ASSIGN_OR_RETURN(Table t, FindTable(name));
+    if (t.order == nullptr || t.accumulator != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table ", name,
+                       " accumulates sync steps or has no backups; only async tables' rows "
+                       "are copied for a new backup so far"));
+    }
   }
   std::set<std::pair<std::string, int32_t>> named;
   for (const v1::ShardRef& ref : request.shards()) {
@@ -937,7 +1028,7 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
     }
   }
   // Every shard must be held before anything is copied.
-  PS_RETURN_IF_ERROR(FindDense(request.shards()).status());
+  if (!request.shards().empty()) PS_RETURN_IF_ERROR(FindDense(request.shards()).status());
   if (options_.forwarder == nullptr) {
     return absl::FailedPreconditionError("this ps task has no forwarder to send copies with");
   }
@@ -972,6 +1063,120 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
     response->set_bytes_copied(response->bytes_copied() +
                                static_cast<int64_t>(replica.values_and_slots().size()));
   }
+  if (!request.tables().empty()) {
+    const absl::Status s = CopyTablesForNewBackup(
+        {request.tables().begin(), request.tables().end()}, backup, response, cancelled);
+    if (!s.ok()) {
+      DropBackup(backup);  // (its stripes forward to it no more)
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::CopyTablesForNewBackup(const std::vector<std::string>& tables,
+                                                    int backup, v1::RebuildBackupResponse* response,
+                                                    const std::function<bool()>& cancelled) {
+  if (!replicated_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(
+        "this ps task's shards were not created with replication 2, so its pushes are not "
+        "numbered and a copy could not tell which it holds");
+  }
+  // As CopyForNewBackup: a task counted lost is back, as a new generation; its table forwards
+  // go again from now on, each stripe's once that stripe is copied (TableOrder::Stripe::off).
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    if (lost_backups_.erase(backup) > 0) ++backup_generation_[backup];
+    generation = backup_generation_[backup];
+    lost_table_backups_.erase(backup);
+  }
+  const auto lost_again = [&] {
+    absl::MutexLock lock(&lost_backups_mu_);
+    return lost_table_backups_.count(backup) > 0 || backup_generation_[backup] != generation;
+  };
+  for (const std::string& name : tables) {
+    PS_ASSIGN_OR_RETURN(Table t, FindTable(name));
+    PS_ASSIGN_OR_RETURN(const int64_t stride, TableReplicaStride(name));
+    TableOrder& order = *t.order;
+    for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
+      if (cancelled && cancelled()) return absl::CancelledError("the caller gave the rebuild up");
+      v1::TableReplica replica;
+      replica.set_table(name);
+      replica.set_stripe(s);
+      EmbeddingTable::RowsCopy rows;
+      {
+        // Under the stripe's order lock: every group of it numbered for the task so far is in
+        // the copy, every later one is numbered after it and sent there.
+        TableOrder::Stripe& stripe = order.stripes[s];
+        absl::MutexLock lock(&stripe.mu);
+        const std::shared_ptr<const std::vector<int32_t>> backups = order.Backups();
+        const auto backed_up_there = [&](int64_t key) {
+          const int32_t v =
+              VirtualShardOfTableKey(key, order.vocabulary_size, order.num_virtual_shards);
+          return backups != nullptr && v < static_cast<int32_t>(backups->size()) &&
+                 (*backups)[v] == backup;
+        };
+        t.table->CopyStripeRows(s, backed_up_there, &rows);
+        auto it = stripe.sent.find(backup);
+        replica.set_sequence(it == stripe.sent.end() ? 0 : it->second);
+        stripe.off.erase(backup);
+      }
+      const int64_t n = static_cast<int64_t>(rows.keys.size());
+      replica.set_rows(n);
+      const int64_t bytes = n * (2 * static_cast<int64_t>(sizeof(int64_t)) +
+                                 stride * static_cast<int64_t>(sizeof(float)));
+      const int64_t sent_before = rebuild_bytes_sent_.load();
+      rebuild_bytes_copied_ += bytes;
+      bool installed = false;
+      const absl::Status sent_status = options_.forwarder->SendTableReplica(
+          backup, replica, rows.keys, rows.counts,
+          absl::MakeConstSpan(rows.rows.data(), rows.rows.size()), &installed,
+          &rebuild_bytes_sent_);
+      const int64_t sent = rebuild_bytes_sent_.load() - sent_before;
+      if (!sent_status.ok()) {
+        ++rebuild_copies_failed_;
+        rebuild_bytes_abandoned_ += std::max<int64_t>(0, bytes - sent);
+        return absl::Status(sent_status.code(),
+                            absl::StrCat("rebuild of table ", name, "'s stripe ", s,
+                                         " on ps:", backup, ": ", sent_status.message()));
+      }
+      ++rebuild_copies_sent_;
+      if (sent < bytes) rebuild_bytes_sent_ += bytes - sent;
+      response->set_rows_copied(response->rows_copied() + n);
+      response->set_bytes_copied(response->bytes_copied() + bytes);
+    }
+    response->set_tables_copied(response->tables_copied() + 1);
+  }
+  if (lost_again()) {
+    return absl::UnavailableError(absl::StrCat(
+        "ps:", backup, " was lost while the tables were copied for it; no backup there now"));
+  }
+  // The pushes the copies hold, by their ids, for the new backup's ledger (as a dense copy's).
+  // Every push numbered from here on began after every stripe was copied: its groups for the
+  // task are all forwarded there, and bring its id. One numbered before may hold groups in the
+  // copies and groups forwarded: it goes out as done once those forwards were applied there
+  // (waited for; the rebuild given up where one failed).
+  const int64_t at_end = AppliedSoFar();
+  const absl::Time deadline = absl::Now() + options_.replica_wait;
+  v1::TableReplica ledger;
+  ledger.set_table(tables.empty() ? "" : tables.front());
+  ledger.set_stripe(-1);
+  if (!TableForwardsSettled(backup, generation, at_end, deadline) ||
+      !AppliedUnanswered(at_end, deadline, ledger.mutable_ledger())) {
+    return absl::UnavailableError(absl::StrCat(
+        "a table push applied while its tables were copied for ps:", backup,
+        " has a forward there that failed or was not answered within ",
+        absl::FormatDuration(options_.replica_wait), "; no backup there now, try again"));
+  }
+  ledger_.ExportDone(ledger.mutable_ledger(), ledger.mutable_ledger_floors(), at_end);
+  bool installed = false;
+  const absl::Status s =
+      options_.forwarder->SendTableReplica(backup, ledger, {}, {}, {}, &installed, nullptr);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("rebuild of the tables on ps:", backup,
+                                               ": the ledger: ", s.message()));
+  }
   return absl::OkStatus();
 }
 
@@ -991,6 +1196,14 @@ int ParameterStore::DropBackup(int backup) {
   for (const auto& [key, shard] : dense_) {
     // (Of that generation only: a shard CopyForNewBackup gave the task back meanwhile keeps it.)
     if (shard->ClearBackupIf(backup, generation)) ++dropped;
+  }
+  // No table group is numbered for it any more (a rebuild copies each stripe again first).
+  for (const auto& [name, t] : tables_) {
+    if (t.order == nullptr) continue;
+    for (TableOrder::Stripe& stripe : t.order->stripes) {
+      absl::MutexLock stripe_lock(&stripe.mu);
+      stripe.off.insert(backup);
+    }
   }
   return dropped;
 }
@@ -1034,6 +1247,7 @@ void ParameterStore::ResendOwed(int64_t below) {
   std::deque<OwedForwards> owed;
   std::vector<std::pair<uint64_t, uint64_t>> ids;
   std::vector<std::tuple<int, int64_t, int64_t>> to;  // (task, generation, push) per forward
+  std::vector<std::pair<int, int64_t>> sparse_to;     // (task, generation) per table forward
   {
     absl::MutexLock lock(&owed_mu_);
     if (below < 0) {
@@ -1051,6 +1265,9 @@ void ParameterStore::ResendOwed(int64_t below) {
     // Still owed while they are sent (Owes): a retry is not answered before they went through.
     for (const OwedForwards& o : owed) {
       ids.emplace_back(o.id.client(), o.id.seq());
+      if (o.sparse != nullptr) {
+        for (const auto& [task, f] : *o.sparse) sparse_to.emplace_back(task, f.generation());
+      }
       if (o.forwards == nullptr) continue;
       for (const DenseForward& f : o.forwards->forwards) {
         to.emplace_back(f.backup, f.generation, o.applied_as);
@@ -1058,6 +1275,7 @@ void ParameterStore::ResendOwed(int64_t below) {
     }
     resending_.insert(ids.begin(), ids.end());
     resending_to_.insert(to.begin(), to.end());
+    resending_sparse_to_.insert(sparse_to.begin(), sparse_to.end());
   }
   // The dense ones in their pushes' order, which every backup applies them in (owed_ has them
   // in the order their sends failed: two pushes failing at once may be owed either way round,
@@ -1105,6 +1323,10 @@ void ParameterStore::ResendOwed(int64_t below) {
   for (const auto& backup : to) {
     auto it = resending_to_.find(backup);
     if (it != resending_to_.end()) resending_to_.erase(it);
+  }
+  for (const auto& backup : sparse_to) {
+    auto it = resending_sparse_to_.find(backup);
+    if (it != resending_sparse_to_.end()) resending_sparse_to_.erase(it);
   }
   owed_.insert(owed_.begin(), std::make_move_iterator(still.begin()),
                std::make_move_iterator(still.end()));
@@ -1515,6 +1737,16 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       t.order != nullptr && options_.forwarder != nullptr ? t.order->Backups() : nullptr;
   const bool replicated = backups != nullptr;
   SparseForwards forwards;
+  // Numbered before its apply on a store with backups, told once the apply is over, answered
+  // by the time this returns (as a dense push: FinishPushDense): a table copy for a new backup
+  // carries the pushes numbered before its end (CopyTablesForNewBackup).
+  int64_t applied_as = -1;
+  const absl::Cleanup answered = [&] {
+    if (applied_as >= 0) NoteAnswered(applied_as);
+  };
+  if (replicated && t.accumulator == nullptr && replicated_.load(std::memory_order_relaxed)) {
+    applied_as = NoteApplied({});
+  }
   {
     absl::ReaderMutexLock barrier(&apply_barrier_);
     Touch(*t.counters, /*push=*/true, static_cast<int64_t>(gradient_bytes.size()));
@@ -1548,6 +1780,11 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     ledger_.Release(request.request_id());
     return applied;
   }
+  if (applied_as >= 0) {
+    std::vector<int> to;
+    for (const auto& [backup, f] : forwards) to.push_back(backup);
+    NoteOutcome(applied_as, request.request_id(), outcome, std::move(to));
+  }
   if (!forwards.empty()) {
     if (options_.crash_points != nullptr) options_.crash_points->Reach(kCrashPushApplied);
     for (auto& [backup, f] : forwards) f.set_accepted_rows(outcome.accepted);
@@ -1567,14 +1804,14 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
       forwards_failed_.fetch_add(1, std::memory_order_relaxed);
       OweForwards(request.request_id(), nullptr,
                   std::make_shared<const SparseForwards>(std::move(forwards)));
-      ledger_.Record(request.request_id(), outcome);
+      ledger_.Record(request.request_id(), outcome, nullptr, applied_as);
       return absl::UnavailableError(
           absl::StrCat("the push was applied on this ps task but not yet on its backup (",
                        forwarded.message(), "); send it again with the same request id"));
     }
     forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
   }
-  ledger_.Record(request.request_id(), outcome);
+  ledger_.Record(request.request_id(), outcome, nullptr, applied_as);
   response->set_accepted_rows(outcome.accepted);
   response->set_dropped_stale(outcome.dropped_stale);
   return absl::OkStatus();
@@ -1708,7 +1945,10 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
     }
     for (int slot = 0; slot < unbacked; ++slot) {
       const int bucket = s * num_slots + slot;
-      if (bucket_count[bucket] > 0) sequence[bucket] = ++stripe.sent[tasks[slot]];
+      // (Not for a task lost, until a rebuild copies the stripe for it: number 0, not sent.)
+      if (bucket_count[bucket] > 0 && (stripe.off.empty() || stripe.off.count(tasks[slot]) == 0)) {
+        sequence[bucket] = ++stripe.sent[tasks[slot]];
+      }
     }
   };
   if (pool != nullptr && stripes.size() > 1) {
@@ -1720,17 +1960,47 @@ absl::Status ParameterStore::ApplyPushInStripeOrder(const Table& t,
   for (const absl::Status& st : status) PS_RETURN_IF_ERROR(st);
   // Each backup's groups in increasing stripe order, as its buffer holds them (and as every
   // forward lists them: a backup waiting in one forward for a group of another never closes a
-  // cycle).
+  // cycle). Groups not numbered (the stripe is off for the task) are left out of the buffer.
+  std::vector<int64_t> generation_of(num_slots, 0);
+  {
+    absl::MutexLock lock(&lost_backups_mu_);
+    for (int slot = 0; slot < unbacked; ++slot) {
+      auto it = backup_generation_.find(tasks[slot]);
+      if (it != backup_generation_.end()) generation_of[slot] = it->second;
+    }
+  }
   for (int slot = 0; slot < unbacked; ++slot) {
     if (slot_keys[slot] == 0) continue;
-    v1::ReplicateSparseRequest& f = (*forwards)[tasks[slot]];
+    auto it = forwards->find(tasks[slot]);
+    v1::ReplicateSparseRequest& f = it->second;
+    f.set_generation(generation_of[slot]);
+    int64_t kept = 0;
     for (int s = 0; s < kStripes; ++s) {
       const int bucket = s * num_slots + slot;
-      if (bucket_count[bucket] == 0) continue;
+      if (bucket_count[bucket] == 0 || sequence[bucket] == 0) continue;
       v1::SparseStripeGroup* group = f.add_groups();
       group->set_stripe(s);
       group->set_sequence(sequence[bucket]);
       group->set_count(bucket_count[bucket]);
+      kept += bucket_count[bucket];
+    }
+    if (kept == 0) {
+      forwards->erase(it);
+    } else if (kept < slot_keys[slot]) {
+      // Some stripes are off for the task (a rebuild under way): their keys out of the forward.
+      std::string keys, grads;
+      keys.reserve(std::max<size_t>(kept * sizeof(int64_t), 64));
+      grads.reserve(std::max<size_t>(kept * dim * sizeof(float), 64));
+      for (int s = 0; s < kStripes; ++s) {
+        const int bucket = s * num_slots + slot;
+        if (bucket_count[bucket] == 0 || sequence[bucket] == 0) continue;
+        keys.append(f.keys(), bucket_start[bucket] * sizeof(int64_t),
+                    bucket_count[bucket] * sizeof(int64_t));
+        grads.append(f.gradients(), bucket_start[bucket] * dim * sizeof(float),
+                     bucket_count[bucket] * dim * sizeof(float));
+      }
+      *f.mutable_keys() = std::move(keys);
+      *f.mutable_gradients() = std::move(grads);
     }
   }
   return absl::OkStatus();
@@ -1741,8 +2011,12 @@ absl::Status ParameterStore::SendSparseNow(const SparseForwards& forwards) {
   {
     absl::MutexLock lock(&lost_backups_mu_);
     for (const auto& entry : forwards) {
-      // A backup that died: its rows have no backup now.
-      if (lost_table_backups_.count(entry.first) == 0) to_send.push_back(&entry);
+      // A backup that died: its rows have no backup now. Nor is a forward made for it sent to
+      // the task's next backup (a rebuild's copies hold what it carried).
+      if (lost_table_backups_.count(entry.first) > 0) continue;
+      auto it = backup_generation_.find(entry.first);
+      if (entry.second.generation() != (it == backup_generation_.end() ? 0 : it->second)) continue;
+      to_send.push_back(&entry);
     }
   }
   std::vector<absl::Status> sent(to_send.size());
@@ -1771,10 +2045,11 @@ bool ParameterStore::Owes(const v1::RequestId& id) const {
 namespace {
 
 struct GroupReady {
+  const bool* copied;  // (a part created for a rebuild waits for the stripe's copy first)
   const int64_t* applied;
   int64_t sequence;
 };
-bool GroupIsNext(GroupReady* g) { return *g->applied >= g->sequence - 1; }
+bool GroupIsNext(GroupReady* g) { return *g->copied && *g->applied >= g->sequence - 1; }
 
 }  // namespace
 
@@ -1851,14 +2126,14 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     const v1::SparseStripeGroup& g = request.groups(i);
     TableOrder::Stripe& stripe = t.order->stripes[g.stripe()];
     absl::MutexLock lock(&stripe.mu);
-    GroupReady ready{&stripe.applied, g.sequence()};
+    GroupReady ready{&stripe.copied, &stripe.applied, g.sequence()};
     if (!GroupIsNext(&ready)) {
       if (!wait) return;
       if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
-        failed[i] = absl::DeadlineExceededError(
-            absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait), " for group ",
-                         g.sequence() - 1, " of stripe ", g.stripe(), " of backup table ",
-                         request.table(), " (it has applied ", stripe.applied, ")"));
+        failed[i] = absl::DeadlineExceededError(absl::StrCat(
+            "waited ", absl::FormatDuration(options_.replica_wait), " for group ", g.sequence() - 1,
+            " of stripe ", g.stripe(), " of backup table ", request.table(), " (it has applied ",
+            stripe.applied, stripe.copied ? ")" : "; its copy for a rebuild has not come)"));
         return;
       }
     }

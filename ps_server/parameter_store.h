@@ -261,6 +261,18 @@ class ParameterStore {
   // The bytes of a dense shard's values and slots (a DenseReplica's values_and_slots), or
   // NOT_FOUND.
   absl::StatusOr<int64_t> ReplicaBytes(const v1::ShardRef& ref) const;
+  // The new backup's side of a table stripe's copy (RebuildBackup's tables), on the backup
+  // store: under the stripe's order lock, unless it applied replica.sequence() groups already,
+  // takes the rows (keys[i], update count counts[i], values and slots at rows + i * stride)
+  // over its own and counts the stripe's groups applied up to that number; then the stripe's
+  // groups go on from there (a part created with await_copy waits for this). A replica of
+  // stripe -1 carries only the ledger (recorded as InstallReplica's). NOT_FOUND for a table not
+  // held; INVALID_ARGUMENT, changing nothing, for a stripe out of range, a negative number or
+  // count, or a key of another stripe; FAILED_PRECONDITION for a key not held here.
+  absl::Status InstallTableReplica(const v1::TableReplica& replica, const int64_t* keys,
+                                   const int64_t* counts, const float* rows, bool* installed);
+  // The floats per row of a table's copy ((1 + slots) * dim), or NOT_FOUND.
+  absl::StatusOr<int64_t> TableReplicaStride(const std::string& table) const;
 
   // Failover (issue 37): ps task `backup` died. The dense shards backed up there (of the
   // task's current generation: CopyForNewBackup) are forwarded no more, nor are forwards to it
@@ -359,6 +371,12 @@ class ParameterStore {
       absl::Mutex mu;
       std::map<int, int64_t> sent ABSL_GUARDED_BY(mu);
       int64_t applied ABSL_GUARDED_BY(mu) = 0;
+      // On a primary: backup tasks this stripe's groups are neither numbered for nor sent to
+      // (lost: DropBackup; until a rebuild copies the stripe for the task again).
+      std::set<int> off ABSL_GUARDED_BY(mu);
+      // On a backup: whether the stripe's rows are in (false in a part created for a rebuild,
+      // TableShardSpec.await_copy, until its copy is installed: its groups wait for it).
+      bool copied ABSL_GUARDED_BY(mu) = true;
     };
     Stripe stripes[EmbeddingTable::kNumStripes];
   };
@@ -443,8 +461,8 @@ class ParameterStore {
   // ForwardsSettled.
   int64_t NoteApplied(const std::vector<std::pair<int, int64_t>>& backups)
       ABSL_LOCKS_EXCLUDED(applied_mu_);
-  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome)
-      ABSL_LOCKS_EXCLUDED(applied_mu_);
+  void NoteOutcome(int64_t number, const v1::RequestId& id, const PushOutcome& outcome,
+                   std::vector<int> table_backups = {}) ABSL_LOCKS_EXCLUDED(applied_mu_);
   void NoteAnswered(int64_t number) ABSL_LOCKS_EXCLUDED(applied_mu_);
   int64_t AppliedSoFar() const ABSL_LOCKS_EXCLUDED(applied_mu_);
   // The pushes numbered below `below` not answered yet, as ledger entries, once each has told
@@ -461,6 +479,19 @@ class ParameterStore {
   // numbered) is owed, or being sent again (ResendOwed). Conservative: a forward list owed
   // because another of its backups failed counts too.
   bool OwesTo(int backup, int64_t generation, int64_t below) const ABSL_LOCKS_EXCLUDED(owed_mu_);
+  // Tables (RebuildBackup): whether every push numbered below `below` has told its outcome and,
+  // where its table forwards go to `backup`, been answered by `deadline`, and no table forward
+  // to `backup` of `generation` is owed or being sent again: what the copies' ledger carries as
+  // done then holds on the task.
+  bool TableForwardsSettled(int backup, int64_t generation, int64_t below, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(applied_mu_, owed_mu_);
+  // RebuildBackup's tables: each stripe of each of `tables` copied for `backup` (the rows of
+  // the virtual shards backed up there, under the stripe's order lock, where its forwards to
+  // the task are numbered and from where they go again) and sent there, then the ledger.
+  // Adds to *response. An error gives nothing up itself (the caller drops the backup).
+  absl::Status CopyTablesForNewBackup(const std::vector<std::string>& tables, int backup,
+                                      v1::RebuildBackupResponse* response,
+                                      const std::function<bool()>& cancelled);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).
   std::shared_ptr<const ForwardList> ForwardsOf(
@@ -554,6 +585,7 @@ class ParameterStore {
     v1::RequestId id;
     PushOutcome outcome;
     std::vector<std::pair<int, int64_t>> backups;  // (task, generation) its forwards go to
+    std::vector<int> table_backups;  // a table push: the tasks its forwards go to, once told
   };
   std::atomic<bool> replicated_{false};  // a CreateShards asked for replication 2
   mutable absl::Mutex applied_mu_;
@@ -606,6 +638,9 @@ class ParameterStore {
   };
   mutable absl::Mutex owed_mu_;
   std::deque<OwedForwards> owed_ ABSL_GUARDED_BY(owed_mu_);
+  // The backup tasks of the owed table forwards that ResendOwed is sending (as they were owed:
+  // task, generation), for TableForwardsSettled.
+  std::multiset<std::pair<int, int64_t>> resending_sparse_to_ ABSL_GUARDED_BY(owed_mu_);
   // The ids of owed forwards that ResendOwed is sending (client, seq).
   std::multiset<std::pair<uint64_t, uint64_t>> resending_ ABSL_GUARDED_BY(owed_mu_);
   // The (task, generation, push number) of the dense forwards ResendOwed is sending, for OwesTo.

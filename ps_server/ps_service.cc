@@ -288,8 +288,9 @@ grpc::Status PsService::RebuildBackup(grpc::ServerContext* ctx, const v1::Rebuil
   absl::Status s =
       store_->RebuildBackup(*req, SelfIndex(), resp, [ctx] { return ctx->IsCancelled(); });
   if (s.ok()) {
-    LOG(INFO) << "rebuilt the backup of " << resp->shards_copied()
-              << " dense shards on ps:" << req->backup_ps_task() << " (" << resp->bytes_copied()
+    LOG(INFO) << "rebuilt the backup of " << resp->shards_copied() << " dense shards and "
+              << resp->tables_copied() << " tables (" << resp->rows_copied()
+              << " rows) on ps:" << req->backup_ps_task() << " (" << resp->bytes_copied()
               << " bytes copied in " << absl::FormatDuration(absl::Now() - start)
               << ", pushes going on)";
   }
@@ -306,13 +307,14 @@ grpc::Status PsService::InstallReplica(grpc::ServerContext* ctx,
   primary.set_job("ps");
   primary.set_index(msg.primary_ps_task());
   PS_RETURN_IF_DENIED(options_.authorizer.Check(*ctx, "ParameterServer.InstallReplica", &primary));
-  if (!has_first || !msg.has_replica() || msg.total_bytes() < 0) {
+  if (!has_first || (msg.has_replica() == msg.has_table_replica()) || msg.total_bytes() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "an InstallReplica stream must start with the copy's shard, update "
-                        "count and total_bytes >= 0");
+                        "count and total_bytes >= 0, or with a table stripe's copy");
   }
   absl::StatusOr<ParameterStore*> store = backups_.ForForward(msg.primary_ps_task());
   if (!store.ok()) return ToGrpcStatus(store.status());
+  if (msg.has_table_replica()) return InstallTableReplica(*store, msg, reader, resp);
   v1::DenseReplica replica = std::move(*msg.mutable_replica());
   const int64_t total = msg.total_bytes();
   // The size is the shard's, checked before anything is buffered.
@@ -343,6 +345,64 @@ grpc::Status PsService::InstallReplica(grpc::ServerContext* ctx,
   }
   bool installed = false;
   absl::Status s = (*store)->InstallReplica(replica, &installed);
+  resp->set_installed(installed);
+  return ToGrpcStatus(s);
+}
+
+grpc::Status PsService::InstallTableReplica(ParameterStore* store,
+                                            const v1::InstallReplicaRequest& first,
+                                            grpc::ServerReader<v1::InstallReplicaRequest>* reader,
+                                            v1::InstallReplicaResponse* resp) {
+  const v1::TableReplica& replica = first.table_replica();
+  int64_t stride = 0;
+  if (replica.stripe() >= 0) {
+    absl::StatusOr<int64_t> s = store->TableReplicaStride(replica.table());
+    if (!s.ok()) return ToGrpcStatus(s.status());
+    stride = *s;
+  }
+  // The size is the rows', checked before anything is buffered.
+  const int64_t rows = replica.rows();
+  const int64_t row_bytes =
+      2 * static_cast<int64_t>(sizeof(int64_t)) + stride * static_cast<int64_t>(sizeof(float));
+  if (rows < 0 || rows > (int64_t{1} << 40) / row_bytes ||
+      first.total_bytes() != rows * row_bytes || (replica.stripe() < 0 && rows != 0)) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("a copy of table ", replica.table(), "'s stripe ", replica.stripe(), " of ",
+                     rows, " rows in ", first.total_bytes(), " bytes; expected ", row_bytes,
+                     " bytes per row (key, count, ", stride,
+                     " floats), and no rows with the ledger (stripe -1)"));
+  }
+  const int64_t total = first.total_bytes();
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(total));
+  v1::InstallReplicaRequest msg;
+  while (reader->Read(&msg)) {
+    if (static_cast<int64_t>(bytes.size() + msg.data().size()) > total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("an InstallReplica stream carries more than its ", total,
+                                       " bytes; expected exactly total_bytes"));
+    }
+    bytes.append(msg.data());
+  }
+  if (static_cast<int64_t>(bytes.size()) != total) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("an InstallReplica stream carries ", bytes.size(),
+                                     " bytes of its ", total, "; expected exactly total_bytes"));
+  }
+  // (A std::string's storage is malloc's, aligned for any scalar, once past its inline buffer;
+  // the parts are copied out where it is not.)
+  std::vector<int64_t> keys(rows), counts(rows);
+  std::vector<float> values(rows * stride);
+  if (rows > 0) {
+    std::memcpy(keys.data(), bytes.data(), rows * sizeof(int64_t));
+    std::memcpy(counts.data(), bytes.data() + rows * sizeof(int64_t), rows * sizeof(int64_t));
+    std::memcpy(values.data(), bytes.data() + 2 * rows * sizeof(int64_t),
+                values.size() * sizeof(float));
+  }
+  bool installed = false;
+  absl::Status s =
+      store->InstallTableReplica(replica, keys.data(), counts.data(), values.data(), &installed);
   resp->set_installed(installed);
   return ToGrpcStatus(s);
 }

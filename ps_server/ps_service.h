@@ -80,6 +80,12 @@ class PsService : public v1::ParameterServer::Service {
  private:
   // This task's index once SetIdentity named a ps task, else -1.
   int SelfIndex() ABSL_LOCKS_EXCLUDED(mu_);
+  // InstallReplica's table form, after `first` (its table_replica) was read and the caller
+  // allowed: the rows' bytes read, checked against their announced size, and installed in
+  // `store` (ParameterStore::InstallTableReplica).
+  grpc::Status InstallTableReplica(ParameterStore* store, const v1::InstallReplicaRequest& first,
+                                   grpc::ServerReader<v1::InstallReplicaRequest>* reader,
+                                   v1::InstallReplicaResponse* resp);
 
   ParameterStore* const store_;  // Not owned.
   const PsServiceOptions options_;

@@ -96,6 +96,17 @@ class PushForwarder {
                                    std::atomic<int64_t>* sent = nullptr) {
     return absl::UnimplementedError("this forwarder does not send copies");
   }
+  // A table stripe's copy to task `backup`, its new backup (ParameterServer.InstallReplica
+  // with a TableReplica): `replica` names it (its `rows` the number of keys), then the rows'
+  // keys, update counts and values and slots (`stride` floats each). `*installed` as the
+  // backup answered (ParameterStore::InstallTableReplica); `*sent` as for SendReplica.
+  virtual absl::Status SendTableReplica(int backup, const v1::TableReplica& replica,
+                                        absl::Span<const int64_t> keys,
+                                        absl::Span<const int64_t> counts,
+                                        absl::Span<const float> rows, bool* installed,
+                                        std::atomic<int64_t>* sent = nullptr) {
+    return absl::UnimplementedError("this forwarder does not send table copies");
+  }
   // Ends the forwards and streams under way to task `backup` (they fail): it was counted lost
   // (ParameterStore::DropBackup), and one that hangs, frozen or cut off without a reset, would
   // hold its primary's pushes for the I/O timeout.

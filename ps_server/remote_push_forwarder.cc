@@ -289,6 +289,53 @@ absl::Status RemotePushForwarder::SendReplica(int backup, const v1::DenseReplica
   return absl::OkStatus();
 }
 
+absl::Status RemotePushForwarder::SendTableReplica(int backup, const v1::TableReplica& replica,
+                                                   absl::Span<const int64_t> keys,
+                                                   absl::Span<const int64_t> counts,
+                                                   absl::Span<const float> rows, bool* installed,
+                                                   std::atomic<int64_t>* sent) {
+  *installed = false;
+  std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), backup);
+  if (stub == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no address for ps:", backup, " (RebuildBackupRequest.ps_addresses)"));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  v1::InstallReplicaResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::InstallReplicaRequest>> writer =
+      stub->InstallReplica(&ctx, &response);
+  // The keys, then the counts, then the rows, in messages of up to kChunkBytes.
+  const absl::string_view parts[] = {
+      {reinterpret_cast<const char*>(keys.data()), keys.size() * sizeof(int64_t)},
+      {reinterpret_cast<const char*>(counts.data()), counts.size() * sizeof(int64_t)},
+      {reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float)}};
+  v1::InstallReplicaRequest first;
+  first.set_primary_ps_task(self_);
+  *first.mutable_table_replica() = replica;
+  first.set_total_bytes(static_cast<int64_t>(parts[0].size() + parts[1].size() + parts[2].size()));
+  bool written = writer->Write(first);
+  v1::InstallReplicaRequest msg;
+  for (absl::string_view part : parts) {
+    for (size_t offset = 0; written && offset < part.size(); offset += kChunkBytes) {
+      const size_t n = std::min<size_t>(kChunkBytes, part.size() - offset);
+      msg.set_data(part.data() + offset, n);
+      written = writer->Write(msg);
+      if (written && sent != nullptr) sent->fetch_add(static_cast<int64_t>(n));
+    }
+  }
+  if (written) writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    return absl::Status(FromGrpcStatus(s).code(),
+                        absl::StrCat("copy of table ", replica.table(), "'s stripe ",
+                                     replica.stripe(), " to ps:", backup, ": ", s.error_message()));
+  }
+  *installed = response.installed();
+  return absl::OkStatus();
+}
+
 absl::Status RemotePushForwarder::ForwardOverGrpc(const DenseForward& forward,
                                                   const v1::ReplicateHeader& header) {
   std::shared_ptr<v1::ParameterServer::Stub> stub = StubFor(peers(), forward.backup);

@@ -43,6 +43,10 @@ class RemotePushForwarder : public PushForwarder {
   // Over gRPC (ParameterServer.InstallReplica, in chunks).
   absl::Status SendReplica(int backup, const v1::DenseReplica& replica, bool* installed,
                            std::atomic<int64_t>* sent = nullptr) override;
+  absl::Status SendTableReplica(int backup, const v1::TableReplica& replica,
+                                absl::Span<const int64_t> keys, absl::Span<const int64_t> counts,
+                                absl::Span<const float> rows, bool* installed,
+                                std::atomic<int64_t>* sent) override;
   // Over the data plane (TcpPsTransport::AbortCalls); forwards over gRPC end at their deadline.
   void AbortCalls(int backup) override;
 

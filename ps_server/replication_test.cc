@@ -232,6 +232,41 @@ class DirectForwarder : public PushForwarder {
     if (after) after(copies);
     return absl::OkStatus();
   }
+  // A table stripe's copy, installed as ParameterServer.InstallReplica does (not counted in
+  // copies(): table_copies()).
+  absl::Status SendTableReplica(int backup, const v1::TableReplica& replica,
+                                absl::Span<const int64_t> keys, absl::Span<const int64_t> counts,
+                                absl::Span<const float> rows, bool* installed,
+                                std::atomic<int64_t>* sent) override {
+    ParameterStore* to = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      ++table_copies_;
+      to = backup_;
+    }
+    EXPECT_EQ(backup, 1);
+    EXPECT_EQ(keys.size(), static_cast<size_t>(replica.rows()));
+    EXPECT_EQ(counts.size(), keys.size());
+    if (sent != nullptr) *sent += static_cast<int64_t>(16 * keys.size() + 4 * rows.size());
+    PS_RETURN_IF_ERROR(
+        to->InstallTableReplica(replica, keys.data(), counts.data(), rows.data(), installed));
+    std::function<void(int)> after;
+    {
+      absl::MutexLock lock(&mu_);
+      after = after_table_copy_;
+    }
+    if (after) after(replica.stripe());
+    return absl::OkStatus();
+  }
+  // Called (outside the lock) with the stripe of each table copy once it is installed.
+  void AfterTableCopy(std::function<void(int)> f) {
+    absl::MutexLock lock(&mu_);
+    after_table_copy_ = std::move(f);
+  }
+  int table_copies() {
+    absl::MutexLock lock(&mu_);
+    return table_copies_;
+  }
   // Called (outside the lock) with the number of copies so far after each copy is installed.
   void AfterCopy(std::function<void(int)> f) {
     absl::MutexLock lock(&mu_);
@@ -309,6 +344,8 @@ class DirectForwarder : public PushForwarder {
   int copies_left_ ABSL_GUARDED_BY(mu_) = -1;  // -1: every one
   std::function<void(int)> after_copy_ ABSL_GUARDED_BY(mu_);
   int copies_ ABSL_GUARDED_BY(mu_) = 0;
+  int table_copies_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(int)> after_table_copy_ ABSL_GUARDED_BY(mu_);
 };
 
 ParameterStoreOptions WithForwarder(PushForwarder* forwarder) {
@@ -1382,6 +1419,106 @@ std::pair<std::string, int64_t> Rows(ParameterStore& store) {
   absl::StatusOr<v1::InspectShardResponse> r = store.Inspect(req);
   CHECK(r.ok()) << r.status();
   return {r->found_rows(), r->shard().rows()};
+}
+
+// Rebuild of a table's backup (RebuildBackup with tables): ps:1 died before any push, so its
+// stripes were never numbered and every copy is at number 0. The new incarnation's part waits
+// for each stripe's copy (await_copy) while four clients push on until the rebuild is over,
+// and ten pushes go in when half the stripes are copied (their groups of those stripes
+// forwarded, the rest in the later copies): it ends bit for bit its primary's, and, promoted,
+// answers a retry of a push applied before the copies as a duplicate.
+TEST(ReplicationTest, ATablesNewBackupCopiedStripeByStripeWhilePushesGoOnEndsEqualToItsPrimary) {
+  DirectForwarder forwarder;
+  ParameterStore primary(WithForwarder(&forwarder));
+  {
+    ParameterStore died{ParameterStoreOptions()};
+    CreateTables(primary, died);
+    primary.DropBackup(1);
+  }
+  v1::PushSparseResponse resp;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(PushRows(primary, 9, i, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), 0);                // nothing forwarded while ps:1 was gone
+  ParameterStore fresh{ParameterStoreOptions()};  // ps:1's new incarnation
+  {
+    v1::CreateShardsRequest req;
+    *req.add_tables() = EmbSpec();
+    req.mutable_tables(0)->set_await_copy(true);
+    v1::CreateShardsResponse created;
+    ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
+  }
+  forwarder.ApplyTo(&fresh);
+  std::atomic<int> started{0};
+  std::atomic<int> failures{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < 20 || !done.load(); ++i) {
+        if (i == 1) ++started;
+        v1::PushSparseResponse r;
+        const absl::Status st = PushRows(primary, c, 100 + i, &r);
+        if (!st.ok()) {
+          ADD_FAILURE() << st;
+          ++failures;
+        }
+      }
+    });
+  }
+  int forwards_midway = 0;
+  forwarder.AfterTableCopy([&](int stripe) {
+    if (stripe != EmbeddingTable::kNumStripes / 2) return;
+    const int before = forwarder.calls();
+    for (int i = 0; i < 10; ++i) {
+      v1::PushSparseResponse r;
+      EXPECT_TRUE(PushRows(primary, 8, i, &r).ok());
+    }
+    forwards_midway = forwarder.calls() - before;
+  });
+  while (started.load() < 4) absl::SleepFor(absl::Milliseconds(1));
+  v1::RebuildBackupRequest rebuild;
+  rebuild.set_backup_ps_task(1);
+  rebuild.add_tables("emb");
+  v1::RebuildBackupResponse rebuilt;
+  const absl::Status s = primary.RebuildBackup(rebuild, /*self=*/0, &rebuilt);
+  ASSERT_TRUE(s.ok()) << s;
+  done = true;
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(rebuilt.tables_copied(), 1);
+  EXPECT_GT(rebuilt.rows_copied(), 50);  // the rows of the 20 pushes before, at least
+  EXPECT_EQ(forwarder.table_copies(), EmbeddingTable::kNumStripes + 1);  // and the ledger
+  EXPECT_GT(forwards_midway, 0);  // the copied stripes' groups of those pushes were forwarded
+  EXPECT_EQ(Rows(fresh), Rows(primary));  // bit for bit
+  // And after more pushes, which take the copied slots and counts too.
+  for (int i = 0; i < 10; ++i) {
+    v1::PushSparseResponse r;
+    ASSERT_TRUE(PushRows(primary, 7, i, &r).ok());
+    EXPECT_FALSE(r.duplicate());
+  }
+  EXPECT_EQ(Rows(fresh), Rows(primary));
+  // Promoted, it answers a retry of a push applied before the copies as a duplicate.
+  v1::PushSparseResponse retried;
+  ASSERT_TRUE(PushRows(fresh, 9, 3, &retried).ok());
+  EXPECT_TRUE(retried.duplicate());
+  // A copy that names a key of another stripe is refused, and changes nothing.
+  const auto before = Rows(fresh);
+  v1::TableReplica bad;
+  bad.set_table("emb");
+  bad.set_stripe(0);
+  bad.set_rows(1);
+  // (A table of the same spec puts each key in the same stripe.)
+  absl::StatusOr<std::unique_ptr<EmbeddingTable>> same =
+      EmbeddingTable::Create(EmbSpec().table(), {0, 1, 2, 3}, 4);
+  ASSERT_TRUE(same.ok());
+  int64_t key = 0;
+  while ((*same)->StripeOf(key) == 0) ++key;
+  const int64_t count = 0;
+  const std::vector<float> row(2 * 4, 0.5f);
+  bool installed = false;
+  const absl::Status refused = fresh.InstallTableReplica(bad, &key, &count, row.data(), &installed);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_FALSE(installed);
+  EXPECT_EQ(Rows(fresh), before);
 }
 
 // As for dense shards: a table's backup takes the rows its primary applied, NaN included when

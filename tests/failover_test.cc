@@ -46,7 +46,7 @@ using ::testing::HasSubstr;
 // gradients applied to it, exactly (small integers in float). "w" is 64 rows of 64 bytes, cut
 // into four partitions of 16 rows (--max_partition_bytes=1024) over the three tasks; the
 // table's virtual shards are spread over them too, each backed up on another task.
-// (The dense variables alone are kDenseModel: tables are not rebuilt yet.)
+// (The dense variables alone are kDenseModel.)
 constexpr char kDenseModel[] = R"pb(
   variables {
     name: "w"
@@ -317,16 +317,23 @@ class Pushers {
 
 // Two tasks to lose one after the other, with a rebuild between: X backs up a partition of P,
 // and P backs up none of X's, so that once X failed over P holds no partition of X's and P's
-// loss after X's rebuild leaves every partition a copy. {-1, -1} when the placement has none.
-std::pair<int, int> TasksToLoseInTurn(const v1::Placement& placement) {
+// loss after X's rebuild leaves every partition a copy. With `tables`, the same holds for the
+// tables' virtual shards, and X backs up one of P's. {-1, -1} when the placement has none.
+std::pair<int, int> TasksToLoseInTurn(const v1::Placement& placement, bool tables = false) {
   for (int a = 0; a < kNumPs; ++a) {
     for (int b = 0; b < kNumPs; ++b) {
-      bool a_backs_b = false, b_backs_a = false;
+      bool a_backs_b = false, b_backs_a = false, a_backs_b_rows = !tables;
       for (const v1::DensePartition& part : placement.partitions()) {
         a_backs_b |= part.ps_task() == b && part.backup_ps_task() == a;
         b_backs_a |= part.ps_task() == a && part.backup_ps_task() == b;
       }
-      if (a != b && a_backs_b && !b_backs_a) return {a, b};
+      for (int v = 0; tables && v < placement.virtual_shard_to_backup_ps_size(); ++v) {
+        const int primary = placement.virtual_shard_to_ps(v);
+        const int backup = placement.virtual_shard_to_backup_ps(v);
+        a_backs_b_rows |= primary == b && backup == a;
+        b_backs_a |= primary == a && backup == b;
+      }
+      if (a != b && a_backs_b && a_backs_b_rows && !b_backs_a) return {a, b};
     }
   }
   return {-1, -1};
@@ -684,17 +691,22 @@ TEST(FailoverTest, ASecondLossThatLeavesNoCopyIsReportedNotRolledBack) {
 }
 
 // Rebuild: ps:X is killed and fails over; it comes back (at another address) and the chief
-// rebuilds onto it the backups it held of the tasks still serving, copied while the clients
-// push on; then ps:P, one of those tasks, is killed: its partitions fail over to the rebuilt
-// backups on X, nothing is restored, and every answered push is in the model exactly once,
-// in the values served and in a checkpoint taken after.
+// rebuilds onto it the backups it held of the tasks still serving, dense partitions and table
+// rows, copied while the clients push on; then ps:P, one of those tasks, is killed: its
+// partitions and virtual shards fail over to the rebuilt backups on X, nothing is restored,
+// and every answered push is in the model exactly once, dense and rows, in the values served
+// and in a checkpoint taken after. (Three virtual shards, one per task, each backed up on the
+// next: so that P takes over none of X's, whose only copy it would then hold.)
 TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
   const std::string checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-rebuild");
-  std::unique_ptr<TestCluster> started = StartReplicated(checkpoint_dir, /*with_table=*/false);
+  std::unique_ptr<TestCluster> started =
+      StartReplicated(checkpoint_dir, /*with_table=*/true, {"--num_virtual_shards=3"});
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
-  const auto [x, p] = TasksToLoseInTurn(m.placement());
-  ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
+  const auto [x, p] = TasksToLoseInTurn(m.placement(), /*tables=*/true);
+  ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other\n"
+                  << m.placement().DebugString();
+
   int backed_on_x = 0, rebuilt_on_x = 0;  // P's partitions backed up on X; every task's
   std::set<int> primaries_on_x;           // the tasks whose partitions X backs up
   int64_t bytes_on_x = 0;                 // and their values' bytes
@@ -706,15 +718,23 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
       bytes_on_x += part.bytes();
     }
   }
+  int rows_on_x = 0;  // the rows of TableKeys() whose virtual shard X backs up
+  for (int64_t key : TableKeys()) {
+    const int32_t v = VirtualShardOfTableKey(key, 0, m.placement().virtual_shard_to_ps_size());
+    if (m.placement().virtual_shard_to_backup_ps(v) != x) continue;
+    ++rows_on_x;
+    primaries_on_x.insert(m.placement().virtual_shard_to_ps(v));
+  }
+  ASSERT_GT(rows_on_x, 0);
   auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
-  Pushers pushers(cluster, m, /*rows=*/false);
+  Pushers pushers(cluster, m, /*rows=*/true);
   ASSERT_TRUE(pushers.AwaitAnswers(20));
   ASSERT_TRUE(cluster.ps(x).Signal(SIGKILL).ok());
   ASSERT_TRUE(await_log(absl::StrCat("ps:", x, " failed over"))) << cluster.Logs(40);
   ASSERT_TRUE(pushers.AwaitAnswers(20)) << cluster.Logs(40);
   ASSERT_TRUE(cluster.StartTask("ps", x, /*same_address=*/false).ok()) << cluster.Logs();
-  ASSERT_TRUE(
-      await_log(absl::StrCat("backups rebuilt on ps:", x, ": ", rebuilt_on_x, " dense shards")))
+  ASSERT_TRUE(await_log(absl::StrCat("backups rebuilt on ps:", x, ": ", rebuilt_on_x,
+                                     " dense shards and ", rows_on_x, " table rows")))
       << cluster.Logs(40);
   // psctl vars shows each rebuilt backup held on X, no longer lost.
   {
@@ -745,12 +765,14 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     EXPECT_EQ(r.primaries_done(), r.primaries()) << r.DebugString();
     EXPECT_EQ(r.primaries(), static_cast<int>(primaries_on_x.size())) << r.DebugString();
     EXPECT_EQ(r.shards_copied(), rebuilt_on_x) << r.DebugString();
+    EXPECT_EQ(r.rows_copied(), rows_on_x) << r.DebugString();
     EXPECT_GE(r.bytes_copied(), bytes_on_x) << r.DebugString();  // values, and any slots
     EXPECT_GE(r.done_unix_micros(), r.since_unix_micros()) << r.DebugString();
-    EXPECT_THAT(FormatClusterStatus(status),
-                HasSubstr(absl::StrCat("backups rebuilt onto ps:", x, ": done, ",
-                                       primaries_on_x.size(), " of ", primaries_on_x.size(),
-                                       " primaries, ", rebuilt_on_x, " dense shards")));
+    EXPECT_THAT(
+        FormatClusterStatus(status),
+        HasSubstr(absl::StrCat("backups rebuilt onto ps:", x, ": done, ", primaries_on_x.size(),
+                               " of ", primaries_on_x.size(), " primaries, ", rebuilt_on_x,
+                               " dense shards, ", rows_on_x, " table rows, ")));
   }
   // Bad copies sent to X as P's (no TLS here: any caller may): a size other than its backup's,
   // and more bytes than announced, are refused and change nothing (X's copy is what serves
@@ -763,7 +785,7 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
     ASSERT_TRUE(on_x.ok()) << on_x.status();
     const v1::ShardStats* target = nullptr;
     for (const v1::ShardStats& shard : on_x->shards()) {
-      if (shard.backup() && shard.primary_ps_task() == p) target = &shard;
+      if (shard.backup() && shard.primary_ps_task() == p && !shard.is_table()) target = &shard;
     }
     ASSERT_NE(target, nullptr) << "ps:" << x << " lists no backup of ps:" << p;
     GrpcChannelOptions channel;
@@ -818,17 +840,23 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
                                           << cluster.Logs(40);
       }
     }
-    // X serves P's partitions it backed up, as their primary.
+    // X serves P's partitions it backed up, as their primary, and P's table rows it backed up.
     absl::StatusOr<v1::ListShardsResponse> on_x = reader->ListShards(x, /*include_backups=*/true);
     ASSERT_TRUE(on_x.ok()) << on_x.status();
-    int promoted = 0;
+    int promoted = 0, promoted_tables = 0;
     for (const v1::ShardStats& shard : on_x->shards()) {
-      promoted += shard.backup() && shard.promoted() && shard.primary_ps_task() == p;
+      const bool of_p = shard.backup() && shard.promoted() && shard.primary_ps_task() == p;
+      promoted += of_p && !shard.is_table();
+      promoted_tables += of_p && shard.is_table();
     }
     EXPECT_EQ(promoted, backed_on_x);
+    EXPECT_EQ(promoted_tables, 1);
   }
-  // A checkpoint now holds every partition once, X's saves included.
-  ASSERT_NO_FATAL_FAILURE(ExpectCheckpointHolds(cluster, m, expected, /*rows=*/false));
+  // Every row too, P's served by X from its rebuilt copy and the pushes forwarded after it.
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectServed(cluster, m, expected, /*rows=*/true, "after P's failover onto X"));
+  // A checkpoint now holds every partition and row once, X's saves included.
+  ASSERT_NO_FATAL_FAILURE(ExpectCheckpointHolds(cluster, m, expected, /*rows=*/true));
   // Bad input to RebuildBackup: a task named as its own backup, a shard it does not hold.
   {
     std::unique_ptr<PsTransport> admin = NewPsTransport(
