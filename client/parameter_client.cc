@@ -446,6 +446,7 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
                                                 int64_t* rows_copied) {
   *shards_copied = 0;
   *bytes_copied = 0;
+  if (rows_copied != nullptr) *rows_copied = 0;
   if (backup < 0 || backup >= num_ps() || primary < 0 || primary >= num_ps() || backup == primary ||
       placement_.options().replication() < 2) {
     return absl::InvalidArgumentError(
@@ -477,7 +478,7 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
     ref->set_partition(p.partition());
   }
   // And the rows of the tables' virtual shards the task backs up of the primary, each stripe
-  // copied while pushes go on (the backup's parts wait for those copies: await_copy).
+  // copied while pushes go on.
   const int num_virtual = placement_.virtual_shard_to_ps_size();
   for (const v1::TableSpec& t : model_.tables()) {
     v1::TableShardSpec* spec = nullptr;
@@ -490,7 +491,6 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
         spec = entry->add_tables();
         *spec->mutable_table() = t;
         spec->set_num_virtual_shards(num_virtual);
-        spec->set_await_copy(true);
         rebuild.add_tables(t.name());
       }
       spec->add_virtual_shards(v);
@@ -503,6 +503,12 @@ absl::Status ParameterClient::RebuildBackupOnto(int backup, int primary,
   v1::RebuildBackupResponse response;
   PS_RETURN_IF_ERROR(
       WithRetries(primary, [&] { return transport_->RebuildBackup(primary, rebuild, &response); }));
+  if (response.tables_copied() != rebuild.tables_size()) {
+    // (A primary that does not copy tables yet answers without them.)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ps:", primary, " copied ", response.tables_copied(), " of the ", rebuild.tables_size(),
+        " tables asked for onto ps:", backup, "; its table backups there are not rebuilt"));
+  }
   *shards_copied = response.shards_copied();
   *bytes_copied = response.bytes_copied();
   if (rows_copied != nullptr) *rows_copied = response.rows_copied();

@@ -901,7 +901,7 @@ bool ParameterStore::TableForwardsSettled(int backup, int64_t generation, int64_
   absl::MutexLock lock(&owed_mu_);
   if (resending_sparse_to_.count({backup, generation}) > 0) return false;
   for (const OwedForwards& o : owed_) {
-    if (o.sparse == nullptr) continue;
+    if (o.sparse == nullptr || o.applied_as >= below) continue;
     auto it = o.sparse->find(backup);
     if (it != o.sparse->end() && it->second.generation() == generation) return false;
   }
@@ -948,7 +948,7 @@ absl::Status ParameterStore::InstallTableReplica(const v1::TableReplica& replica
   *installed = false;
   if (replica.stripe() == -1) {
     // The pushes the copies hold, for a retry once this store is promoted (InstallReplica).
-    ledger_.ImportDone(replica.ledger(), replica.ledger_floors());
+    ledger_.ImportDone(replica.ledger(), replica.ledger_floors(), /*over_partial=*/true);
     *installed = true;
     return absl::OkStatus();
   }
@@ -976,12 +976,12 @@ absl::Status ParameterStore::InstallTableReplica(const v1::TableReplica& replica
   const std::vector<uint32_t> last(n, 0);  // (replicated tables have no eviction)
   TableOrder::Stripe& stripe = t.order->stripes[replica.stripe()];
   absl::MutexLock lock(&stripe.mu);
-  // A stripe that applied this many groups already is at the copy or past it: its rows stay.
-  if (stripe.copied && stripe.applied >= replica.sequence()) return absl::OkStatus();
+  // The copy has a number of its own, which no group has: only this copy takes the stripe to
+  // it (a copy sent again finds it there, and changes nothing).
+  if (stripe.applied >= replica.sequence()) return absl::OkStatus();
   // (Checked whole before anything changes: a key not held is FAILED_PRECONDITION.)
   PS_RETURN_IF_ERROR(t.table->InsertRows(keys, rows, counts, last.data(), n));
-  stripe.applied = std::max(stripe.applied, replica.sequence());
-  stripe.copied = true;  // (the groups waiting for it look again as the lock is let go)
+  stripe.applied = replica.sequence();  // (the groups waiting for it look again as it is let go)
   *installed = true;
   return absl::OkStatus();
 }
@@ -1012,11 +1012,11 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
           absl::StrCat("RebuildBackup names table ", name, " twice; expected each table once"));
     }
     PS_ASSIGN_OR_RETURN(Table t, FindTable(name));
-    if (t.order == nullptr || t.accumulator != nullptr) {
+    if (t.order == nullptr || t.accumulator != nullptr || t.order->Backups() == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("table ", name,
-                       " accumulates sync steps or has no backups; only async tables' rows "
-                       "are copied for a new backup so far"));
+                       " accumulates sync steps or has no backups; only async tables with "
+                       "backups have their rows copied for a new backup"));
     }
   }
   std::set<std::pair<std::string, int32_t>> named;
@@ -1064,8 +1064,9 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
                                static_cast<int64_t>(replica.values_and_slots().size()));
   }
   if (!request.tables().empty()) {
-    const absl::Status s = CopyTablesForNewBackup(
-        {request.tables().begin(), request.tables().end()}, backup, response, cancelled);
+    const absl::Status s =
+        CopyTablesForNewBackup({request.tables().begin(), request.tables().end()}, backup,
+                               !request.shards().empty(), response, cancelled);
     if (!s.ok()) {
       DropBackup(backup);  // (its stripes forward to it no more)
       return s;
@@ -1075,19 +1076,29 @@ absl::Status ParameterStore::RebuildBackup(const v1::RebuildBackupRequest& reque
 }
 
 absl::Status ParameterStore::CopyTablesForNewBackup(const std::vector<std::string>& tables,
-                                                    int backup, v1::RebuildBackupResponse* response,
+                                                    int backup, bool dense_copied,
+                                                    v1::RebuildBackupResponse* response,
                                                     const std::function<bool()>& cancelled) {
   if (!replicated_.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(
         "this ps task's shards were not created with replication 2, so its pushes are not "
         "numbered and a copy could not tell which it holds");
   }
-  // As CopyForNewBackup: a task counted lost is back, as a new generation; its table forwards
-  // go again from now on, each stripe's once that stripe is copied (TableOrder::Stripe::off).
+  // As CopyForNewBackup: a task counted lost is back, as a new generation (taken by the dense
+  // copies of the same rebuild already, when there were any: lost again since, it is given
+  // up); its table forwards go again from now on, each stripe's once that stripe is copied
+  // (TableOrder::Stripe::off).
   int64_t generation = 0;
   {
     absl::MutexLock lock(&lost_backups_mu_);
-    if (lost_backups_.erase(backup) > 0) ++backup_generation_[backup];
+    if (dense_copied) {
+      if (lost_backups_.count(backup) > 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", backup, " was lost after its dense shards were copied; no backup there now"));
+      }
+    } else if (lost_backups_.erase(backup) > 0) {
+      ++backup_generation_[backup];
+    }
     generation = backup_generation_[backup];
     lost_table_backups_.erase(backup);
   }
@@ -1101,6 +1112,10 @@ absl::Status ParameterStore::CopyTablesForNewBackup(const std::vector<std::strin
     TableOrder& order = *t.order;
     for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) {
       if (cancelled && cancelled()) return absl::CancelledError("the caller gave the rebuild up");
+      if (lost_again()) {
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", backup, " was lost while the tables were copied for it; no backup there now"));
+      }
       v1::TableReplica replica;
       replica.set_table(name);
       replica.set_stripe(s);
@@ -1118,8 +1133,11 @@ absl::Status ParameterStore::CopyTablesForNewBackup(const std::vector<std::strin
                  (*backups)[v] == backup;
         };
         t.table->CopyStripeRows(s, backed_up_there, &rows);
-        auto it = stripe.sent.find(backup);
-        replica.set_sequence(it == stripe.sent.end() ? 0 : it->second);
+        // A number of its own, after every group numbered for the task so far: the task takes
+        // the copy even where its part already holds the stripe at an earlier number (a rebuild
+        // onto a part an earlier one filled, behind pushes applied here while the task was
+        // off), and its later groups wait for the copy.
+        replica.set_sequence(++stripe.sent[backup]);
         stripe.off.erase(backup);
       }
       const int64_t n = static_cast<int64_t>(rows.keys.size());
@@ -1156,13 +1174,15 @@ absl::Status ParameterStore::CopyTablesForNewBackup(const std::vector<std::strin
   // Every push numbered from here on began after every stripe was copied: its groups for the
   // task are all forwarded there, and bring its id. One numbered before may hold groups in the
   // copies and groups forwarded: it goes out as done once those forwards were applied there
-  // (waited for; the rebuild given up where one failed).
+  // (waited for; the rebuild given up where one failed). So may a dense push applied after the
+  // dense copies, whose forward went there: the same.
   const int64_t at_end = AppliedSoFar();
   const absl::Time deadline = absl::Now() + options_.replica_wait;
   v1::TableReplica ledger;
   ledger.set_table(tables.empty() ? "" : tables.front());
   ledger.set_stripe(-1);
   if (!TableForwardsSettled(backup, generation, at_end, deadline) ||
+      !ForwardsSettled(backup, generation, at_end, deadline) ||
       !AppliedUnanswered(at_end, deadline, ledger.mutable_ledger())) {
     return absl::UnavailableError(absl::StrCat(
         "a table push applied while its tables were copied for ps:", backup,
@@ -1803,7 +1823,7 @@ absl::Status ParameterStore::PushSparse(const v1::PushSparseRequest& request, co
     if (!forwarded.ok()) {
       forwards_failed_.fetch_add(1, std::memory_order_relaxed);
       OweForwards(request.request_id(), nullptr,
-                  std::make_shared<const SparseForwards>(std::move(forwards)));
+                  std::make_shared<const SparseForwards>(std::move(forwards)), applied_as);
       ledger_.Record(request.request_id(), outcome, nullptr, applied_as);
       return absl::UnavailableError(
           absl::StrCat("the push was applied on this ps task but not yet on its backup (",
@@ -2045,11 +2065,10 @@ bool ParameterStore::Owes(const v1::RequestId& id) const {
 namespace {
 
 struct GroupReady {
-  const bool* copied;  // (a part created for a rebuild waits for the stripe's copy first)
   const int64_t* applied;
   int64_t sequence;
 };
-bool GroupIsNext(GroupReady* g) { return *g->copied && *g->applied >= g->sequence - 1; }
+bool GroupIsNext(GroupReady* g) { return *g->applied >= g->sequence - 1; }
 
 }  // namespace
 
@@ -2126,14 +2145,14 @@ absl::Status ParameterStore::ApplyReplicatedSparse(const v1::ReplicateSparseRequ
     const v1::SparseStripeGroup& g = request.groups(i);
     TableOrder::Stripe& stripe = t.order->stripes[g.stripe()];
     absl::MutexLock lock(&stripe.mu);
-    GroupReady ready{&stripe.copied, &stripe.applied, g.sequence()};
+    GroupReady ready{&stripe.applied, g.sequence()};
     if (!GroupIsNext(&ready)) {
       if (!wait) return;
       if (!stripe.mu.AwaitWithDeadline(absl::Condition(&GroupIsNext, &ready), deadline)) {
-        failed[i] = absl::DeadlineExceededError(absl::StrCat(
-            "waited ", absl::FormatDuration(options_.replica_wait), " for group ", g.sequence() - 1,
-            " of stripe ", g.stripe(), " of backup table ", request.table(), " (it has applied ",
-            stripe.applied, stripe.copied ? ")" : "; its copy for a rebuild has not come)"));
+        failed[i] = absl::DeadlineExceededError(
+            absl::StrCat("waited ", absl::FormatDuration(options_.replica_wait), " for group ",
+                         g.sequence() - 1, " of stripe ", g.stripe(), " of backup table ",
+                         request.table(), " (it has applied ", stripe.applied, ")"));
         return;
       }
     }

@@ -264,8 +264,9 @@ class ParameterStore {
   // The new backup's side of a table stripe's copy (RebuildBackup's tables), on the backup
   // store: under the stripe's order lock, unless it applied replica.sequence() groups already,
   // takes the rows (keys[i], update count counts[i], values and slots at rows + i * stride)
-  // over its own and counts the stripe's groups applied up to that number; then the stripe's
-  // groups go on from there (a part created with await_copy waits for this). A replica of
+  // over its own and counts the stripe's groups applied up to that number (the copy's own:
+  // CopyTablesForNewBackup), so that the stripe's later groups, which wait for it, go on from
+  // there. A replica of
   // stripe -1 carries only the ledger (recorded as InstallReplica's). NOT_FOUND for a table not
   // held; INVALID_ARGUMENT, changing nothing, for a stripe out of range, a negative number or
   // count, or a key of another stripe; FAILED_PRECONDITION for a key not held here.
@@ -374,9 +375,6 @@ class ParameterStore {
       // On a primary: backup tasks this stripe's groups are neither numbered for nor sent to
       // (lost: DropBackup; until a rebuild copies the stripe for the task again).
       std::set<int> off ABSL_GUARDED_BY(mu);
-      // On a backup: whether the stripe's rows are in (false in a part created for a rebuild,
-      // TableShardSpec.await_copy, until its copy is installed: its groups wait for it).
-      bool copied ABSL_GUARDED_BY(mu) = true;
     };
     Stripe stripes[EmbeddingTable::kNumStripes];
   };
@@ -489,8 +487,10 @@ class ParameterStore {
   // the virtual shards backed up there, under the stripe's order lock, where its forwards to
   // the task are numbered and from where they go again) and sent there, then the ledger.
   // Adds to *response. An error gives nothing up itself (the caller drops the backup).
+  // `dense_copied`: the same rebuild copied dense shards first (which took the task's new
+  // generation).
   absl::Status CopyTablesForNewBackup(const std::vector<std::string>& tables, int backup,
-                                      v1::RebuildBackupResponse* response,
+                                      bool dense_copied, v1::RebuildBackupResponse* response,
                                       const std::function<bool()>& cancelled);
   // The forwards a push applied with `versions` owes its shards' `backups`; null when it owes
   // none (no forwarder, no shard with a backup, nothing taken).

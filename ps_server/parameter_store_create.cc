@@ -141,13 +141,6 @@ absl::StatusOr<ParameterStore::NewShards> ParameterStore::BuildShards(
     auto order = std::make_shared<TableOrder>();
     order->num_virtual_shards = spec.num_virtual_shards();
     order->vocabulary_size = spec.table().vocabulary_size();
-    if (spec.await_copy()) {
-      // A backup part for a rebuild: every stripe's groups wait for its copy.
-      for (TableOrder::Stripe& stripe : order->stripes) {
-        absl::MutexLock lock(&stripe.mu);
-        stripe.copied = false;
-      }
-    }
     built.table_orders.push_back(std::move(order));
   }
   built.present_dense.assign(built.dense.size(), false);

@@ -375,7 +375,9 @@ grpc::Status PsService::InstallTableReplica(ParameterStore* store,
   }
   const int64_t total = first.total_bytes();
   std::string bytes;
-  bytes.reserve(static_cast<size_t>(total));
+  // (Room for what is announced only up to 64 MiB: more grows as it comes, so that a size
+  // announced but never sent costs nothing.)
+  bytes.reserve(static_cast<size_t>(std::min<int64_t>(total, int64_t{64} << 20)));
   v1::InstallReplicaRequest msg;
   while (reader->Read(&msg)) {
     if (static_cast<int64_t>(bytes.size() + msg.data().size()) > total) {

@@ -120,7 +120,8 @@ void PushLedger::ExportDone(google::protobuf::RepeatedPtrField<v1::LedgerEntry>*
 }
 
 void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries,
-                            const google::protobuf::RepeatedPtrField<v1::RequestId>& floors) {
+                            const google::protobuf::RepeatedPtrField<v1::RequestId>& floors,
+                            bool over_partial) {
   absl::MutexLock lock(&mu_);
   for (const v1::RequestId& floor : floors) {
     if (floor.client() == 0) continue;
@@ -139,8 +140,13 @@ void PushLedger::ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerE
     if (entry.id().client() == 0) continue;
     Client& c = clients_[entry.id().client()];
     c.last_seen = ++clock_;
-    if (entry.id().seq() < c.floor || c.ids.count(entry.id().seq()) > 0) continue;
+    if (entry.id().seq() < c.floor) continue;
+    auto known = c.ids.find(entry.id().seq());
+    if (known != c.ids.end() && (!over_partial || known->second.done || known->second.claimed)) {
+      continue;
+    }
     Entry& e = c.ids[entry.id().seq()];
+    e.applied_stripes = 0;
     e.done = true;
     e.outcome.accepted = entry.accepted();
     e.outcome.dropped_stale = entry.dropped_stale();

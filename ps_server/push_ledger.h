@@ -75,9 +75,12 @@ class PushLedger {
   // Raises each client's floor to the one given (the ids below it forgotten: too old), then
   // records each entry as done where its id is not known yet (one known, done or being
   // applied, stays as it is; one below its client's floor is too old to keep), within the
-  // ledger's bounds.
+  // ledger's bounds. With `over_partial` (the ledger of table copies, which hold whole every
+  // push they name), also where its id is known as partly applied (released: Release's
+  // applied_stripes), which would otherwise have a retry apply the rest again.
   void ImportDone(const google::protobuf::RepeatedPtrField<v1::LedgerEntry>& entries,
-                  const google::protobuf::RepeatedPtrField<v1::RequestId>& floors);
+                  const google::protobuf::RepeatedPtrField<v1::RequestId>& floors,
+                  bool over_partial = false);
 
   // Ids remembered (for tests and statistics).
   int64_t size() const;

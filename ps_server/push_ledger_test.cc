@@ -137,6 +137,28 @@ TEST(PushLedgerTest, ACopiedLedgerTellsThePushesAsItsOriginalDoes) {
   EXPECT_EQ(copy.Begin(Id(7, 11), &outcome), PushLedger::Claim::kNew);
 }
 
+// A table push a forward applied part of (released with its stripes) stays partial when a
+// dense copy's ledger names it (that copy holds none of its rows), and is done once the
+// ledger of table copies names it (they hold all of it): a retry then applies nothing again.
+TEST(PushLedgerTest, ATableCopysLedgerMakesAPartlyAppliedPushDone) {
+  PushLedger ledger(8, 8);
+  PushOutcome outcome;
+  ASSERT_EQ(ledger.Begin(Id(7, 3), &outcome), PushLedger::Claim::kNew);
+  ledger.Release(Id(7, 3), /*applied_stripes=*/0b1000);
+  google::protobuf::RepeatedPtrField<v1::LedgerEntry> entries;
+  v1::LedgerEntry* entry = entries.Add();
+  *entry->mutable_id() = Id(7, 3);
+  entry->set_accepted(30);
+  ledger.ImportDone(entries, {});
+  uint64_t stripes = 0;
+  ASSERT_EQ(ledger.Begin(Id(7, 3), &outcome, nullptr, &stripes), PushLedger::Claim::kNew);
+  EXPECT_EQ(stripes, 0b1000u);
+  ledger.Release(Id(7, 3), stripes);
+  ledger.ImportDone(entries, {}, /*over_partial=*/true);
+  ASSERT_EQ(ledger.Begin(Id(7, 3), &outcome, nullptr, &stripes), PushLedger::Claim::kDuplicate);
+  EXPECT_EQ(outcome.accepted, 30);
+}
+
 // A copy for a new backup exports only what it holds: pushes recorded with the number their
 // apply took at or above the copy's (applied after it) are left out; pushes with no number
 // (applied where nothing is numbered) go as before.

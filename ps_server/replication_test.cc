@@ -594,7 +594,9 @@ TEST(ReplicationTest, ForwardsOwedByAPushNeverRetriedGoWithTheNextPush) {
 }
 
 // (Below: the table "emb" on both, its virtual shards backed up on ps:1.)
-void CreateTables(ParameterStore& primary, ParameterStore& backup);
+v1::TableShardSpec EmbSpec();
+void CreateTables(ParameterStore& primary, ParameterStore& backup,
+                  const v1::TableShardSpec& spec = EmbSpec());
 
 // A primary (ps:0, forwarding with a DirectForwarder) whose first push to reach the crash point
 // push_applied, in its test form, is held there (applied, not forwarded) until `release` is
@@ -1380,10 +1382,10 @@ v1::TableShardSpec EmbSpec() {
 }
 
 // The table on a primary with every virtual shard backed up on ps:1, and on that backup.
-void CreateTables(ParameterStore& primary, ParameterStore& backup) {
+void CreateTables(ParameterStore& primary, ParameterStore& backup, const v1::TableShardSpec& spec) {
   v1::CreateShardsRequest req;
   v1::TableShardSpec* t = req.add_tables();
-  *t = EmbSpec();
+  *t = spec;
   v1::CreateShardsResponse resp;
   ASSERT_TRUE(backup.CreateShards(req, &resp).ok());
   for (int v = 0; v < 4; ++v) t->add_virtual_shard_backups(1);
@@ -1421,18 +1423,21 @@ std::pair<std::string, int64_t> Rows(ParameterStore& store) {
   return {r->found_rows(), r->shard().rows()};
 }
 
-// Rebuild of a table's backup (RebuildBackup with tables): ps:1 died before any push, so its
-// stripes were never numbered and every copy is at number 0. The new incarnation's part waits
-// for each stripe's copy (await_copy) while four clients push on until the rebuild is over,
-// and ten pushes go in when half the stripes are copied (their groups of those stripes
-// forwarded, the rest in the later copies): it ends bit for bit its primary's, and, promoted,
-// answers a retry of a push applied before the copies as a duplicate.
+// Rebuild of a table's backup (RebuildBackup with tables), Adam (whose update counts and
+// slots the copies must carry): ps:1 died before any push, so nothing was numbered for it.
+// Four clients push on until the rebuild is over, and ten pushes go in when half the stripes
+// are copied (their groups of those stripes forwarded, the rest in the later copies): the new
+// incarnation's part ends bit for bit its primary's. Lost again and rebuilt again onto the same
+// part, behind ten pushes applied while it was off, it is again. Promoted, it answers a retry
+// of a push applied before the copies as a duplicate.
 TEST(ReplicationTest, ATablesNewBackupCopiedStripeByStripeWhilePushesGoOnEndsEqualToItsPrimary) {
   DirectForwarder forwarder;
   ParameterStore primary(WithForwarder(&forwarder));
+  v1::TableShardSpec adam = EmbSpec();
+  adam.mutable_table()->mutable_optimizer()->mutable_adam()->set_learning_rate(0.05f);
   {
     ParameterStore died{ParameterStoreOptions()};
-    CreateTables(primary, died);
+    CreateTables(primary, died, adam);
     primary.DropBackup(1);
   }
   v1::PushSparseResponse resp;
@@ -1441,8 +1446,7 @@ TEST(ReplicationTest, ATablesNewBackupCopiedStripeByStripeWhilePushesGoOnEndsEqu
   ParameterStore fresh{ParameterStoreOptions()};  // ps:1's new incarnation
   {
     v1::CreateShardsRequest req;
-    *req.add_tables() = EmbSpec();
-    req.mutable_tables(0)->set_await_copy(true);
+    *req.add_tables() = adam;
     v1::CreateShardsResponse created;
     ASSERT_TRUE(fresh.CreateShards(req, &created).ok());
   }
@@ -1495,6 +1499,20 @@ TEST(ReplicationTest, ATablesNewBackupCopiedStripeByStripeWhilePushesGoOnEndsEqu
     ASSERT_TRUE(PushRows(primary, 7, i, &r).ok());
     EXPECT_FALSE(r.duplicate());
   }
+  EXPECT_EQ(Rows(fresh), Rows(primary));
+  // Lost again (its part kept, as for a rebuild tried again), ten pushes applied meanwhile,
+  // then rebuilt again onto that part.
+  primary.DropBackup(1);
+  const int calls = forwarder.calls();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PushRows(primary, 6, i, &resp).ok());
+  EXPECT_EQ(forwarder.calls(), calls);  // nothing forwarded while it was off
+  EXPECT_NE(Rows(fresh), Rows(primary));
+  forwarder.AfterTableCopy(nullptr);
+  rebuilt.Clear();
+  const absl::Status again = primary.RebuildBackup(rebuild, /*self=*/0, &rebuilt);
+  ASSERT_TRUE(again.ok()) << again;
+  EXPECT_EQ(Rows(fresh), Rows(primary));
+  for (int i = 10; i < 20; ++i) ASSERT_TRUE(PushRows(primary, 6, i, &resp).ok());
   EXPECT_EQ(Rows(fresh), Rows(primary));
   // Promoted, it answers a retry of a push applied before the copies as a duplicate.
   v1::PushSparseResponse retried;

@@ -923,18 +923,19 @@ TEST_P(ChiefRestartTest, ANewChiefKeepsAnEarlierFailoverAndRollsNothingBack) {
   const Before before = GetParam();
   const std::string checkpoint_dir =
       absl::StrCat(getenv("TEST_TMPDIR"), "/ckpt-chief-restart-", static_cast<int>(before));
-  // (Tables are not rebuilt: the chained case, which needs X's rebuild to take P's failover,
-  // pushes dense variables alone.)
-  const bool rows = before != Before::kChained;
+  const bool rows = true;
   std::vector<std::string> chief0_flags;
   if (before == Before::kHalfDone) {
     chief0_flags = {absl::StrCat("--crash_at=", kCrashFailoverMidway)};
   }
+  // The chained case needs X's rebuild, rows included, to take P's failover: three virtual
+  // shards, so that P takes over none of X's (RebuildTest), under both chiefs.
+  if (before == Before::kChained) chief0_flags = {"--num_virtual_shards=3"};
   std::unique_ptr<TestCluster> started =
       StartReplicated(checkpoint_dir, /*with_table=*/rows, chief0_flags);
   TestCluster& cluster = *started;
   const v1::GetModelResponse m = ModelOf(cluster);
-  const auto [x, p] = TasksToLoseInTurn(m.placement());
+  const auto [x, p] = TasksToLoseInTurn(m.placement(), /*tables=*/before == Before::kChained);
   ASSERT_GE(x, 0) << "no pair of tasks to kill one after the other";
   auto await_log = [&](const std::string& text) { return AwaitChiefLog(cluster, text); };
   const std::string rebuilt = absl::StrCat("backups rebuilt on ps:", x, ": ");
