@@ -1300,7 +1300,7 @@ void ParameterStore::ResendOwed(int64_t below) {
   // The dense ones in their pushes' order, which every backup applies them in (owed_ has them
   // in the order their sends failed: two pushes failing at once may be owed either way round,
   // and a later one sent first would wait at its backup for the earlier, replica_wait, behind
-  // this very loop); the table forwards after them, in the order they were owed.
+  // this very loop); the table forwards after them (below).
   std::stable_sort(owed.begin(), owed.end(), [](const OwedForwards& x, const OwedForwards& y) {
     const bool x_dense = x.forwards != nullptr, y_dense = y.forwards != nullptr;
     if (x_dense != y_dense) return x_dense;
@@ -1318,21 +1318,43 @@ void ParameterStore::ResendOwed(int64_t below) {
   };
   // Those that fail again, or are held back, stay owed, before any owed meanwhile.
   std::deque<OwedForwards> still;
+  // The table forwards all at once, after the dense ones: two table pushes may meet stripes in
+  // opposite orders, so no order of them would do one after the other (the backup would wait
+  // replica_wait for the second's group in a stripe while this loop held the second behind
+  // the first); sent together, each waits there for the other's groups as it needs them.
+  std::vector<OwedForwards*> tables;
   for (OwedForwards& o : owed) {
+    if (o.sparse != nullptr) {
+      tables.push_back(&o);
+      continue;
+    }
     if (held_back(o)) {
       still.push_back(std::move(o));
       continue;
     }
-    const bool sent =
-        o.sparse != nullptr ? SendSparseNow(*o.sparse).ok() : SendForwardsNow(*o.forwards).ok();
-    if (!sent && o.forwards != nullptr) {
-      for (const DenseForward& f : o.forwards->forwards) failed_to.insert({f.backup, f.generation});
-    }
+    const bool sent = SendForwardsNow(*o.forwards).ok();
     if (sent) {
-      if (o.forwards != nullptr) ledger_.MarkReplicated(o.id);
+      ledger_.MarkReplicated(o.id);
       forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
     } else {
+      for (const DenseForward& f : o.forwards->forwards) failed_to.insert({f.backup, f.generation});
       still.push_back(std::move(o));
+    }
+  }
+  std::vector<char> sent(tables.size(), 0);
+  {
+    std::vector<std::thread> others;
+    for (size_t i = 1; i < tables.size(); ++i) {
+      others.emplace_back([&, i] { sent[i] = SendSparseNow(*tables[i]->sparse).ok(); });
+    }
+    if (!tables.empty()) sent[0] = SendSparseNow(*tables[0]->sparse).ok();
+    for (std::thread& t : others) t.join();
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (sent[i]) {
+      forwards_acknowledged_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      still.push_back(std::move(*tables[i]));
     }
   }
   absl::MutexLock lock(&owed_mu_);

@@ -512,7 +512,8 @@ class ParameterStore {
   void OweForwards(const v1::RequestId& id, std::shared_ptr<const ForwardList> forwards,
                    std::shared_ptr<const SparseForwards> sparse = nullptr, int64_t applied_as = -1);
   // Sends the owed forwards again: the dense ones in their pushes' order (the order each
-  // backup applies them in), the table forwards after them in the order they were owed; with
+  // backup applies them in), the table forwards after them, all at once (no order of two table
+  // pushes is right for every stripe: each waits at the backup for the other's groups); with
   // `below` >= 0 only those of pushes numbered below it (and the table forwards, which are not
   // numbered). A dense forward that fails again holds back the later ones to the same backup
   // (they stay owed, unsent): sent, each would wait replica_wait there for the one that failed.

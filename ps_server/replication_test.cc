@@ -1628,6 +1628,42 @@ TEST(ReplicationTest, AnEarlierTablePushsForwardGoesBesideALaterPushsOwedOne) {
   EXPECT_EQ(Rows(backup), Rows(primary));
 }
 
+// The table form of ARetryResendsOwedForwardsInTheirPushesOrder: push P of client 0 held
+// between its apply and its forward while push A of client 1 (numbered after P in the stripes
+// they share) is applied with its forward failing; then P's forward fails too, and so does
+// A's, sent again beside it. Both are owed. P's retry sends them again, together: one after
+// the other, in whichever order they were owed, the first would wait at the backup for the
+// other's groups (3 s, its replica_wait) while the other waited behind it.
+TEST(ReplicationTest, ARetryResendsOwedTableForwardsTogether) {
+  HeldAfterItsFirstApply h(/*tables=*/true);
+  DirectForwarder& forwarder = h.forwarder;
+  ParameterStore& primary = h.primary;
+  ParameterStore& backup = h.backup;
+
+  absl::Status first;
+  std::thread p = h.StartHeld(
+      [&] {
+        v1::PushSparseResponse resp;
+        return PushRows(primary, 0, 1, &resp);
+      },
+      &first);
+  forwarder.FailNext(1);
+  v1::PushSparseResponse resp;
+  EXPECT_EQ(PushRows(primary, 1, 1, &resp).code(), absl::StatusCode::kUnavailable);
+  forwarder.FailNext(2);  // P's forward, and A's sent again with it
+  h.release.Notify();
+  p.join();
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_EQ(primary.forward_totals().owed, 2);
+  const absl::Time start = absl::Now();
+  v1::PushSparseResponse retry;
+  ASSERT_TRUE(PushRows(primary, 0, 1, &retry).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "an owed forward waited behind another";
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(primary.forward_totals().owed, 0);
+  EXPECT_EQ(Rows(backup), Rows(primary));  // bit for bit
+}
+
 // Forwards each table forward to the store of its backup task.
 class TableForwarder : public PushForwarder {
  public:
