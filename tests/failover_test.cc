@@ -752,6 +752,19 @@ TEST(RebuildTest, BackupsRebuiltOntoATaskThatCameBackTakeTheNextFailover) {
       }
     }
     EXPECT_EQ(held, rebuilt_on_x) << FormatVarsReport(report);
+    // And P's table part backed up on X again: held there, its groups applied.
+    bool table_held = false;
+    for (const psctl::TableInfo& t : report.tables()) {
+      for (const psctl::TablePart& part : t.parts()) {
+        if (part.ps_task() != p) continue;
+        for (const psctl::TableBackup& b : part.backups()) {
+          if (b.ps_task() != x) continue;
+          table_held = b.held();
+          EXPECT_GT(b.groups_applied(), 0) << FormatVarsReport(report);
+        }
+      }
+    }
+    EXPECT_TRUE(table_held) << FormatVarsReport(report);
   }
   // psctl status (and Prometheus, from the same ClusterStatus) shows the rebuild done: every
   // primary that X backs up, its shards and their bytes.
